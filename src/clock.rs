@@ -1,0 +1,269 @@
+//! The one clock. Everything that waits (rollout deadlines, twin reboots, poll intervals)
+//! asks this clock, so the twin can run a simulated hour in a second and tests never sleep
+//! on wall time.
+//!
+//! Three flavours share one type:
+//! - `Clock::system()`: real time, for a real cluster.
+//! - `Clock::scaled(speed)`: simulated time running `speed`× faster than the wall clock
+//!   (`ichor sim --speed 60`).
+//! - `Clock::manual()`: simulated time that moves only when `advance` is called; tests use it
+//!   so every step is deterministic.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+
+/// A point in time as milliseconds since the Unix epoch. Plain data so it can be stored in
+/// the rollout record, compared, and printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Timestamp(pub u64);
+
+impl Timestamp {
+    pub fn from_millis(ms: u64) -> Self {
+        Timestamp(ms)
+    }
+    pub fn as_millis(self) -> u64 {
+        self.0
+    }
+    pub fn plus(self, d: Duration) -> Self {
+        Timestamp(self.0.saturating_add(d.as_millis() as u64))
+    }
+    /// Time elapsed from `earlier` to `self`; zero if `earlier` is later.
+    pub fn since(self, earlier: Timestamp) -> Duration {
+        Duration::from_millis(self.0.saturating_sub(earlier.0))
+    }
+    pub fn as_system_time(self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(self.0)
+    }
+    /// RFC 3339 in UTC with second precision, e.g. `2026-11-30T07:12:06Z`.
+    pub fn rfc3339(self) -> String {
+        let secs = self.0 / 1000;
+        let (days, rem) = (secs / 86_400, secs % 86_400);
+        let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
+        let (y, mo, d) = civil_from_days(days as i64);
+        format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}Z")
+    }
+}
+
+/// Days since 1970-01-01 to (year, month, day); Howard Hinnant's algorithm.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = (z - era * 146_097) as u64;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe as i64 + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[derive(Clone)]
+pub struct Clock {
+    inner: Arc<Inner>,
+}
+
+enum Mode {
+    System,
+    Scaled {
+        speed: f64,
+        wall_start: Instant,
+        sim_start: Timestamp,
+    },
+    Manual,
+}
+
+struct Inner {
+    mode: Mode,
+    /// Manual mode: the current time. Other modes: unused.
+    now: Mutex<Timestamp>,
+    /// Manual mode: wakes sleepers whenever time moves.
+    tick: watch::Sender<Timestamp>,
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = match &self.inner.mode {
+            Mode::System => "system".to_string(),
+            Mode::Scaled { speed, .. } => format!("scaled x{speed}"),
+            Mode::Manual => "manual".to_string(),
+        };
+        f.debug_struct("Clock").field("mode", &mode).field("now", &self.now()).finish()
+    }
+}
+
+fn wall_now() -> Timestamp {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    Timestamp(d.as_millis() as u64)
+}
+
+impl Clock {
+    fn new(mode: Mode, start: Timestamp) -> Self {
+        let (tick, _) = watch::channel(start);
+        Clock {
+            inner: Arc::new(Inner {
+                mode,
+                now: Mutex::new(start),
+                tick,
+            }),
+        }
+    }
+
+    /// Real time.
+    pub fn system() -> Self {
+        Self::new(Mode::System, wall_now())
+    }
+
+    /// Simulated time starting now and running `speed` times faster than the wall clock.
+    /// A speed of zero or less is treated as 1.
+    pub fn scaled(speed: f64) -> Self {
+        let speed = if speed.is_finite() && speed > 0.0 { speed } else { 1.0 };
+        let start = wall_now();
+        Self::new(
+            Mode::Scaled {
+                speed,
+                wall_start: Instant::now(),
+                sim_start: start,
+            },
+            start,
+        )
+    }
+
+    /// Simulated time that starts at `start` and moves only through [`Clock::advance`].
+    pub fn manual_at(start: Timestamp) -> Self {
+        Self::new(Mode::Manual, start)
+    }
+
+    /// Simulated time that starts at a fixed, reproducible instant (2026-01-01T00:00:00Z).
+    pub fn manual() -> Self {
+        Self::manual_at(Timestamp(1_767_225_600_000))
+    }
+
+    pub fn is_simulated(&self) -> bool {
+        !matches!(self.inner.mode, Mode::System)
+    }
+
+    pub fn now(&self) -> Timestamp {
+        match &self.inner.mode {
+            Mode::System => wall_now(),
+            Mode::Scaled {
+                speed,
+                wall_start,
+                sim_start,
+            } => {
+                let wall = wall_start.elapsed().as_secs_f64() * speed;
+                sim_start.plus(Duration::from_secs_f64(wall))
+            }
+            Mode::Manual => *self.lock_now(),
+        }
+    }
+
+    fn lock_now(&self) -> std::sync::MutexGuard<'_, Timestamp> {
+        // A poisoned lock only means a panic elsewhere; the timestamp itself is always valid.
+        self.inner.now.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Manual mode: move time forward by `d` and wake every sleeper whose deadline passed.
+    /// Other modes: no effect (time moves by itself).
+    pub fn advance(&self, d: Duration) {
+        if let Mode::Manual = self.inner.mode {
+            let now = {
+                let mut now = self.lock_now();
+                *now = now.plus(d);
+                *now
+            };
+            self.inner.tick.send_replace(now);
+        }
+    }
+
+    /// Manual mode: move time to `t` if it is later than now.
+    pub fn advance_to(&self, t: Timestamp) {
+        let now = self.now();
+        if t > now {
+            self.advance(t.since(now));
+        }
+    }
+
+    /// Wait until the clock reads at least `t`.
+    pub async fn sleep_until(&self, t: Timestamp) {
+        match &self.inner.mode {
+            Mode::System => {
+                let d = t.since(wall_now());
+                if !d.is_zero() {
+                    tokio::time::sleep(d).await;
+                }
+            }
+            Mode::Scaled { speed, .. } => loop {
+                let left = t.since(self.now());
+                if left.is_zero() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs_f64(left.as_secs_f64() / speed)).await;
+            },
+            Mode::Manual => {
+                let mut rx = self.inner.tick.subscribe();
+                loop {
+                    if self.now() >= t {
+                        return;
+                    }
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Wait for `d` of this clock's time.
+    pub async fn sleep(&self, d: Duration) {
+        let t = self.now().plus(d);
+        self.sleep_until(t).await
+    }
+
+    /// A receiver that changes whenever manual time moves (never for other modes). Lets a
+    /// simulation driver react to `advance` without polling.
+    pub fn ticks(&self) -> watch::Receiver<Timestamp> {
+        self.inner.tick.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamp_formats_as_rfc3339() {
+        assert_eq!(Timestamp(0).rfc3339(), "1970-01-01T00:00:00Z");
+        assert_eq!(Timestamp(1_767_225_600_000).rfc3339(), "2026-01-01T00:00:00Z");
+        assert_eq!(Timestamp(1_796_023_926_000).rfc3339(), "2026-11-30T07:32:06Z");
+    }
+
+    #[tokio::test]
+    async fn manual_clock_wakes_sleepers_only_when_advanced() {
+        let clock = Clock::manual();
+        let start = clock.now();
+        let c = clock.clone();
+        let sleeper = tokio::spawn(async move {
+            c.sleep(Duration::from_secs(60)).await;
+            c.now()
+        });
+        tokio::task::yield_now().await;
+        clock.advance(Duration::from_secs(30));
+        tokio::task::yield_now().await;
+        assert!(!sleeper.is_finished());
+        clock.advance(Duration::from_secs(30));
+        let woke_at = sleeper.await.unwrap_or_default();
+        assert_eq!(woke_at.since(start), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn scaled_clock_runs_faster_than_the_wall() {
+        let clock = Clock::scaled(1000.0);
+        let a = clock.now();
+        std::thread::sleep(Duration::from_millis(5));
+        // 5 ms of wall time is at least 5 s of simulated time at x1000.
+        assert!(clock.now().since(a) >= Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,8 @@
+//! ichor: gate and roll out Talos Linux and Kubernetes upgrades from Git.
+//!
+//! The walk of one change: `releaseset` (documents, bump) → `policy` (compatibility data,
+//! verdict) → `plan` (staged rollout). `git` reads documents at any revision. `sim` is the
+//! twin: a simulated cluster and forge served over the real protocols.
+
+pub mod clock;
+pub mod sim;
