@@ -5,4 +5,5 @@
 //! twin: a simulated cluster and forge served over the real protocols.
 
 pub mod clock;
+pub mod releaseset;
 pub mod sim;

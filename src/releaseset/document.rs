@@ -1,0 +1,716 @@
+//! The two documents a user keeps per cluster: `clusters/<name>/release-set.yaml`
+//! (kind ReleaseSet: what versions should run) and `clusters/<name>/cluster.yaml` (kind
+//! Cluster: how to reach the cluster and how to roll it). Parsing is strict: unknown fields
+//! are refused, and every error names the file, line and column and what was expected.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::num::NonZeroU32;
+
+use serde::{Deserialize, Serialize};
+
+use super::duration::HumanDuration;
+use super::scalar::{self, FromScalar};
+use super::version::Version;
+
+pub const API_VERSION: &str = "ichor.dev/v1alpha1";
+
+/// A document that could not be read. `Display` gives `file:line:column: message`, the form
+/// compilers use, so editors and terminals can jump to it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct DocumentError {
+    pub file: String,
+    pub line: Option<usize>,
+    pub column: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for DocumentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, "{}:{}:{}: {}", self.file, l, c, self.message),
+            (Some(l), None) => write!(f, "{}:{}: {}", self.file, l, self.message),
+            _ => write!(f, "{}: {}", self.file, self.message),
+        }
+    }
+}
+
+impl DocumentError {
+    pub fn new(file: &str, message: impl Into<String>) -> Self {
+        DocumentError {
+            file: file.to_string(),
+            line: None,
+            column: None,
+            message: message.into(),
+        }
+    }
+
+    pub fn at(file: &str, pos: Option<(usize, usize)>, message: impl Into<String>) -> Self {
+        DocumentError {
+            file: file.to_string(),
+            line: pos.map(|p| p.0),
+            column: pos.map(|p| p.1),
+            message: message.into(),
+        }
+    }
+
+    /// From a serde_yaml error, moving its "at line X column Y" into the structured fields.
+    pub fn from_yaml(file: &str, e: &serde_yaml::Error) -> Self {
+        let mut message = e.to_string();
+        if let Some(i) = message.find(" at line ") {
+            message.truncate(i);
+        }
+        if message.trim().is_empty() || message == "EOF while parsing a value" {
+            message = "the document is empty; expected apiVersion, kind, metadata and spec".into();
+        }
+        let loc = e.location();
+        DocumentError {
+            file: file.to_string(),
+            line: loc.as_ref().map(|l| l.line()),
+            column: loc.as_ref().map(|l| l.column()),
+            message,
+        }
+    }
+}
+
+/// 1-based (line, column) of the `nth` (0-based) line whose trimmed text starts with `needle`.
+/// Used for checks that span several fields, after serde has already accepted the document.
+pub fn locate(text: &str, needle: &str, nth: usize) -> Option<(usize, usize)> {
+    text.lines()
+        .enumerate()
+        .filter_map(|(i, line)| {
+            let trimmed = line.trim_start().trim_start_matches("- ");
+            trimmed
+                .starts_with(needle)
+                .then(|| (i + 1, line.len() - trimmed.len() + 1))
+        })
+        .nth(nth)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ApiVersion {
+    #[serde(rename = "ichor.dev/v1alpha1")]
+    V1alpha1,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReleaseSetKind {
+    ReleaseSet,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClusterKind {
+    Cluster,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metadata {
+    pub name: String,
+}
+
+/// What versions the cluster should run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ReleaseSet {
+    pub api_version: ApiVersion,
+    pub kind: ReleaseSetKind,
+    pub metadata: Metadata,
+    pub spec: ReleaseSetSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseSetSpec {
+    pub talos: Version,
+    pub kubernetes: Version,
+    pub cni: Component,
+    #[serde(default)]
+    pub addons: Vec<Component>,
+}
+
+/// A named, versioned piece: the CNI or an add-on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Component {
+    pub name: String,
+    pub version: Version,
+}
+
+impl ReleaseSet {
+    pub fn parse(file: &str, text: &str) -> Result<Self, DocumentError> {
+        let doc: ReleaseSet =
+            serde_yaml::from_str(text).map_err(|e| DocumentError::from_yaml(file, &e))?;
+        doc.validate(file, text)?;
+        Ok(doc)
+    }
+
+    fn validate(&self, file: &str, text: &str) -> Result<(), DocumentError> {
+        check_name(file, text, &self.metadata.name)?;
+        check_component_name(file, text, &self.spec.cni.name, 0)?;
+        let mut seen = BTreeSet::new();
+        for (i, addon) in self.spec.addons.iter().enumerate() {
+            check_component_name(file, text, &addon.name, 0)?;
+            if addon.name == self.spec.cni.name {
+                return Err(DocumentError::at(
+                    file,
+                    locate(text, &format!("name: {}", addon.name), 1),
+                    format!(
+                        "spec.addons[{i}]: `{}` is already the CNI (spec.cni); list it once",
+                        addon.name
+                    ),
+                ));
+            }
+            if !seen.insert(addon.name.as_str()) {
+                return Err(DocumentError::at(
+                    file,
+                    locate(text, &format!("name: {}", addon.name), 1),
+                    format!(
+                        "spec.addons[{i}]: add-on `{}` is listed twice; each add-on appears once",
+                        addon.name
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn name(&self) -> &str {
+        &self.metadata.name
+    }
+}
+
+fn check_name(file: &str, text: &str, name: &str) -> Result<(), DocumentError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(DocumentError::at(
+            file,
+            locate(text, "name:", 0),
+            format!("metadata.name `{name}` is not a valid name; expected lower-case letters, digits and `-` (at most 63)"),
+        ))
+    }
+}
+
+fn check_component_name(
+    file: &str,
+    text: &str,
+    name: &str,
+    nth: usize,
+) -> Result<(), DocumentError> {
+    if name.trim().is_empty() || name.chars().any(char::is_whitespace) {
+        return Err(DocumentError::at(
+            file,
+            locate(text, &format!("name: {name}"), nth),
+            format!(
+                "component name `{name}` must be a single word such as `cilium` or `cert-manager`"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// How to reach the cluster and how to roll it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Cluster {
+    pub api_version: ApiVersion,
+    pub kind: ClusterKind,
+    pub metadata: Metadata,
+    pub spec: ClusterSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClusterSpec {
+    #[serde(default)]
+    pub talos: TalosAccess,
+    #[serde(default)]
+    pub cni: CniSettings,
+    #[serde(default)]
+    pub rollout: RolloutPolicy,
+    #[serde(default)]
+    pub volumes: Volumes,
+    /// Nodes as the user describes them, for planning without cluster access.
+    #[serde(default)]
+    pub inventory: Option<Inventory>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TalosAccess {
+    /// Control-plane addresses the Talos API is reached through.
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    /// Installer image without a tag; the tag is the release set's Talos version.
+    #[serde(default)]
+    pub installer_image: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CniSettings {
+    #[serde(default)]
+    pub handover: Handover,
+    /// The CNI replaces kube-proxy (e.g. Cilium kube-proxy replacement): the rollout skips
+    /// the kube-proxy step.
+    #[serde(default)]
+    pub replaces_kube_proxy: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Handover {
+    #[serde(default)]
+    pub mode: HandoverMode,
+    #[serde(default)]
+    pub argocd_application: Option<ObjectRef>,
+}
+
+/// Whether Argo CD takes the CNI over from Talos's inline manifests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum HandoverMode {
+    Automatic,
+    Manual,
+    #[default]
+    Disabled,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectRef {
+    pub name: String,
+    #[serde(default = "default_argocd_namespace")]
+    pub namespace: String,
+}
+
+fn default_argocd_namespace() -> String {
+    "argocd".into()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RolloutPolicy {
+    /// Workers down at once (batch size).
+    #[serde(default = "default_max_unavailable")]
+    pub max_unavailable: NonZeroU32,
+    /// How long a drain may wait on PodDisruptionBudgets before the rollout pauses.
+    #[serde(default = "default_drain_timeout")]
+    pub drain_timeout: HumanDuration,
+    /// How long one node may take from cordon to uncordon before the rollout pauses.
+    #[serde(default = "default_node_timeout")]
+    pub node_timeout: HumanDuration,
+    #[serde(default)]
+    pub estimates: StepEstimates,
+    /// When the rollout may act; empty means any time.
+    #[serde(default)]
+    pub maintenance_windows: Vec<MaintenanceWindow>,
+    #[serde(default)]
+    pub paused: bool,
+}
+
+impl Default for RolloutPolicy {
+    fn default() -> Self {
+        RolloutPolicy {
+            max_unavailable: default_max_unavailable(),
+            drain_timeout: default_drain_timeout(),
+            node_timeout: default_node_timeout(),
+            estimates: StepEstimates::default(),
+            maintenance_windows: Vec::new(),
+            paused: false,
+        }
+    }
+}
+
+fn default_max_unavailable() -> NonZeroU32 {
+    NonZeroU32::MIN
+}
+fn default_drain_timeout() -> HumanDuration {
+    HumanDuration::from_mins(10)
+}
+fn default_node_timeout() -> HumanDuration {
+    HumanDuration::from_mins(30)
+}
+
+/// Expected duration of each kind of step, for the plan's estimate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct StepEstimates {
+    /// One node's Talos upgrade: pre-pull, cordon, drain, install, reboot, Ready, uncordon.
+    pub talos_node: HumanDuration,
+    /// kube-apiserver on one control plane.
+    pub api_server: HumanDuration,
+    /// kube-controller-manager and kube-scheduler on one control plane.
+    pub controller_manager_scheduler: HumanDuration,
+    /// kube-proxy roll-out and the bootstrap-manifest sync.
+    pub kube_proxy_and_manifests: HumanDuration,
+    /// One node's kubelet: cordon, drain, restart, Ready, uncordon.
+    pub kubelet: HumanDuration,
+    /// The final whole-cluster verification.
+    pub verify: HumanDuration,
+}
+
+impl Default for StepEstimates {
+    fn default() -> Self {
+        StepEstimates {
+            talos_node: HumanDuration::from_mins(8),
+            api_server: HumanDuration::from_mins(2),
+            controller_manager_scheduler: HumanDuration::from_mins(2),
+            kube_proxy_and_manifests: HumanDuration::from_mins(3),
+            kubelet: HumanDuration::from_mins(3),
+            verify: HumanDuration::from_mins(2),
+        }
+    }
+}
+
+/// A weekly window in UTC, e.g. `{days: [sat, sun], start: "02:00", duration: 4h}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MaintenanceWindow {
+    pub days: Vec<Weekday>,
+    pub start: TimeOfDay,
+    pub duration: HumanDuration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Weekday {
+    Mon,
+    Tue,
+    Wed,
+    Thu,
+    Fri,
+    Sat,
+    Sun,
+}
+
+/// `HH:MM`, 24-hour, UTC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TimeOfDay {
+    pub hour: u8,
+    pub minute: u8,
+}
+
+impl FromScalar for TimeOfDay {
+    const EXPECTING: &'static str =
+        "a time of day as a quoted \"HH:MM\" (24-hour, UTC), e.g. \"02:30\"";
+    fn from_text(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!("`{s}` is not a time of day; expected \"HH:MM\" (24-hour, UTC), e.g. \"02:30\"")
+        };
+        let (h, m) = s.split_once(':').ok_or_else(bad)?;
+        let hour: u8 = h.parse().map_err(|_| bad())?;
+        let minute: u8 = m.parse().map_err(|_| bad())?;
+        if hour > 23 || minute > 59 || m.len() != 2 {
+            return Err(bad());
+        }
+        Ok(TimeOfDay { hour, minute })
+    }
+}
+
+impl<'de> Deserialize<'de> for TimeOfDay {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        scalar::deserialize(d)
+    }
+}
+
+impl Serialize for TimeOfDay {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&format_args!("{:02}:{:02}", self.hour, self.minute))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Volumes {
+    #[serde(default)]
+    pub provider: VolumeProvider,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum VolumeProvider {
+    Longhorn,
+    LocalPath,
+    #[default]
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Inventory {
+    pub nodes: Vec<InventoryNode>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InventoryNode {
+    pub name: String,
+    pub role: Role,
+    #[serde(default)]
+    pub address: Option<String>,
+    /// Talos version the node runs; defaults to the base release set's.
+    #[serde(default)]
+    pub talos: Option<Version>,
+    /// Kubelet version the node runs; defaults to the base release set's Kubernetes.
+    #[serde(default)]
+    pub kubelet: Option<Version>,
+    /// Volumes this node holds a replica of (Longhorn volume names, local-path PVs).
+    #[serde(default)]
+    pub volumes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    #[serde(alias = "control-plane")]
+    Controlplane,
+    Worker,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Controlplane => "controlplane",
+            Role::Worker => "worker",
+        })
+    }
+}
+
+impl Cluster {
+    pub fn parse(file: &str, text: &str) -> Result<Self, DocumentError> {
+        let doc: Cluster =
+            serde_yaml::from_str(text).map_err(|e| DocumentError::from_yaml(file, &e))?;
+        doc.validate(file, text)?;
+        Ok(doc)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.metadata.name
+    }
+
+    fn validate(&self, file: &str, text: &str) -> Result<(), DocumentError> {
+        check_name(file, text, &self.metadata.name)?;
+        let spec = &self.spec;
+        if let Some(image) = &spec.talos.installer_image {
+            let last = image.rsplit('/').next().unwrap_or(image);
+            if image.trim().is_empty() || last.contains(':') || image.contains('@') {
+                return Err(DocumentError::at(
+                    file,
+                    locate(text, "installerImage:", 0),
+                    format!("spec.talos.installerImage `{image}` must be an image name without a tag or digest; the tag comes from release-set.yaml spec.talos"),
+                ));
+            }
+        }
+        if spec.cni.handover.mode != HandoverMode::Disabled
+            && spec.cni.handover.argocd_application.is_none()
+        {
+            return Err(DocumentError::at(
+                file,
+                locate(text, "mode:", 0),
+                "spec.cni.handover.argocdApplication is required when the hand-over mode is automatic or manual (the Argo CD Application that takes the CNI over)",
+            ));
+        }
+        for (i, w) in spec.rollout.maintenance_windows.iter().enumerate() {
+            if w.days.is_empty() || w.duration.0.is_zero() {
+                return Err(DocumentError::at(
+                    file,
+                    locate(text, "maintenanceWindows:", 0),
+                    format!("spec.rollout.maintenanceWindows[{i}] needs at least one day and a non-zero duration"),
+                ));
+            }
+        }
+        if let Some(inv) = &spec.inventory {
+            let mut names = BTreeSet::new();
+            for (i, n) in inv.nodes.iter().enumerate() {
+                if n.name.trim().is_empty() {
+                    return Err(DocumentError::at(
+                        file,
+                        locate(text, "nodes:", 0),
+                        format!("spec.inventory.nodes[{i}].name is empty"),
+                    ));
+                }
+                if !names.insert(n.name.as_str()) {
+                    return Err(DocumentError::at(
+                        file,
+                        locate(text, &format!("name: {}", n.name), 1),
+                        format!(
+                            "spec.inventory.nodes[{i}]: node `{}` is listed twice",
+                            n.name
+                        ),
+                    ));
+                }
+            }
+            if !inv.nodes.is_empty() && !inv.nodes.iter().any(|n| n.role == Role::Controlplane) {
+                return Err(DocumentError::at(
+                    file,
+                    locate(text, "inventory:", 0),
+                    "spec.inventory lists no node with role controlplane; a Talos cluster has at least one",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RS: &str = "apiVersion: ichor.dev/v1alpha1
+kind: ReleaseSet
+metadata:
+  name: homelab
+spec:
+  talos: v1.13.8
+  kubernetes: 1.35.4
+  cni:
+    name: cilium
+    version: 1.19.6
+  addons:
+    - name: cert-manager
+      version: v1.21.0
+";
+
+    #[test]
+    fn parses_a_release_set() {
+        let rs = ReleaseSet::parse("release-set.yaml", RS).unwrap();
+        assert_eq!(rs.spec.talos.tag(), "v1.13.8");
+        assert_eq!(rs.spec.kubernetes.tag(), "v1.35.4");
+        assert_eq!(rs.spec.kubernetes.original(), "1.35.4");
+        assert_eq!(rs.spec.addons[0].name, "cert-manager");
+    }
+
+    #[test]
+    fn unknown_field_names_file_line_and_column() {
+        let text = RS.replace("  kubernetes: 1.35.4", "  kubernets: 1.35.4");
+        let e = ReleaseSet::parse("clusters/homelab/release-set.yaml", &text).unwrap_err();
+        assert_eq!(e.line, Some(7), "{e}");
+        assert!(e.message.contains("unknown field `kubernets`"), "{e}");
+        assert!(e.message.contains("expected one of"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("clusters/homelab/release-set.yaml:7:"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_version_names_its_line() {
+        let text = RS.replace("1.35.4", "1.35");
+        let e = ReleaseSet::parse("rs.yaml", &text).unwrap_err();
+        assert_eq!(e.line, Some(7), "{e}");
+        assert!(e.message.contains("invalid version `1.35`"), "{e}");
+    }
+
+    #[test]
+    fn wrong_kind_and_api_version_are_refused() {
+        let e = ReleaseSet::parse("rs.yaml", &RS.replace("kind: ReleaseSet", "kind: Cluster"))
+            .unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("expected `ReleaseSet`"), "{e}");
+        let e = ReleaseSet::parse("rs.yaml", &RS.replace("ichor.dev/v1alpha1", "ichor.dev/v2"))
+            .unwrap_err();
+        assert_eq!(e.line, Some(1), "{e}");
+    }
+
+    #[test]
+    fn duplicate_addon_is_refused_at_its_second_line() {
+        let text = format!("{RS}    - name: cert-manager\n      version: v1.20.0\n");
+        let e = ReleaseSet::parse("rs.yaml", &text).unwrap_err();
+        assert_eq!(e.line, Some(14), "{e}");
+        assert!(e.message.contains("listed twice"), "{e}");
+    }
+
+    #[test]
+    fn empty_document_says_what_is_expected() {
+        let e = ReleaseSet::parse("rs.yaml", "").unwrap_err();
+        assert!(
+            e.message.contains("expected") || e.message.contains("missing"),
+            "{e}"
+        );
+    }
+
+    const CL: &str = "apiVersion: ichor.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: homelab
+spec:
+  talos:
+    endpoints: [10.0.0.11]
+    installerImage: factory.talos.dev/metal-installer/abc
+  rollout:
+    maxUnavailable: 2
+    drainTimeout: 15m
+    maintenanceWindows:
+      - days: [sat, sun]
+        start: \"02:00\"
+        duration: 4h
+  volumes:
+    provider: longhorn
+  inventory:
+    nodes:
+      - name: cp-1
+        role: controlplane
+      - name: w-1
+        role: worker
+        volumes: [pvc-a]
+";
+
+    #[test]
+    fn parses_a_cluster_with_defaults() {
+        let c = Cluster::parse("cluster.yaml", CL).unwrap();
+        assert_eq!(c.spec.rollout.max_unavailable.get(), 2);
+        assert_eq!(c.spec.rollout.drain_timeout.0.as_secs(), 900);
+        assert_eq!(c.spec.rollout.node_timeout.0.as_secs(), 1800);
+        assert_eq!(c.spec.volumes.provider, VolumeProvider::Longhorn);
+        assert_eq!(c.spec.cni.handover.mode, HandoverMode::Disabled);
+        assert_eq!(c.spec.inventory.unwrap().nodes[1].volumes, vec!["pvc-a"]);
+    }
+
+    #[test]
+    fn cluster_errors_are_specific() {
+        let e = Cluster::parse(
+            "c.yaml",
+            &CL.replace("maxUnavailable: 2", "maxUnavailable: 0"),
+        )
+        .unwrap_err();
+        assert_eq!(e.line, Some(10), "{e}");
+        assert!(e.message.contains("nonzero"), "{e}");
+        let e = Cluster::parse(
+            "c.yaml",
+            &CL.replace("drainTimeout: 15m", "drainTimeout: 15"),
+        )
+        .unwrap_err();
+        assert_eq!(e.line, Some(11), "{e}");
+        let e = Cluster::parse(
+            "c.yaml",
+            &CL.replace("metal-installer/abc", "metal-installer/abc:v1.13.8"),
+        )
+        .unwrap_err();
+        assert_eq!(e.line, Some(8), "{e}");
+        let e = Cluster::parse(
+            "c.yaml",
+            &CL.replace("provider: longhorn", "provider: ceph"),
+        )
+        .unwrap_err();
+        assert!(
+            e.message
+                .contains("expected one of `longhorn`, `local-path`, `none`"),
+            "{e}"
+        );
+        let e = Cluster::parse("c.yaml", &CL.replace("name: w-1", "name: cp-1")).unwrap_err();
+        assert!(e.message.contains("listed twice"), "{e}");
+        assert_eq!(e.line, Some(22), "{e}");
+        let e = Cluster::parse("c.yaml", &CL.replace("\"02:00\"", "\"25:00\"")).unwrap_err();
+        assert_eq!(e.line, Some(14), "{e}");
+    }
+}

@@ -1,0 +1,13 @@
+//! The release set (what versions a cluster should run), the cluster document (how to reach
+//! and roll it), and the bump between two release sets.
+
+mod bump;
+mod document;
+mod duration;
+mod scalar;
+mod version;
+
+pub use bump::{Bump, Change, ChangeKind, ComponentId};
+pub use document::*;
+pub use duration::HumanDuration;
+pub use version::{MinorVersion, Version, VersionError};
