@@ -5,5 +5,6 @@
 //! twin: a simulated cluster and forge served over the real protocols.
 
 pub mod clock;
+pub mod policy;
 pub mod releaseset;
 pub mod sim;

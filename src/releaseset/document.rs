@@ -714,3 +714,33 @@ spec:
         assert_eq!(e.line, Some(14), "{e}");
     }
 }
+
+/// A node as the gate and the plan see it: from the static inventory today, from the live
+/// cluster once ichor talks to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Node {
+    pub name: String,
+    pub role: Role,
+    pub talos: Version,
+    pub kubelet: Version,
+    pub volumes: Vec<String>,
+}
+
+impl Inventory {
+    /// Nodes with their versions, defaulting to what the base release set declares.
+    pub fn resolve(&self, base: &ReleaseSet) -> Vec<Node> {
+        self.nodes
+            .iter()
+            .map(|n| Node {
+                name: n.name.clone(),
+                role: n.role,
+                talos: n.talos.clone().unwrap_or_else(|| base.spec.talos.clone()),
+                kubelet: n
+                    .kubelet
+                    .clone()
+                    .unwrap_or_else(|| base.spec.kubernetes.clone()),
+                volumes: n.volumes.clone(),
+            })
+            .collect()
+    }
+}

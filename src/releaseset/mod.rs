@@ -4,10 +4,12 @@
 mod bump;
 mod document;
 mod duration;
-mod scalar;
+pub(crate) mod scalar;
 mod version;
 
 pub use bump::{Bump, Change, ChangeKind, ComponentId};
 pub use document::*;
 pub use duration::HumanDuration;
 pub use version::{MinorVersion, Version, VersionError};
+
+pub use scalar::{deserialize as deserialize_scalar, FromScalar as FromScalarText};
