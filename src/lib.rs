@@ -5,6 +5,7 @@
 //! twin: a simulated cluster and forge served over the real protocols.
 
 pub mod clock;
+pub mod plan;
 pub mod policy;
 pub mod releaseset;
 pub mod sim;

@@ -1,0 +1,552 @@
+//! The staged plan for one bump: which steps run, in which order, on which nodes, and how
+//! long it should take. Pure data derived from the bump, the cluster's rollout policy and
+//! the nodes; the rollout engine re-derives the same steps from observed state.
+//!
+//! Order (DESIGN.md, "The rollout"): Talos on control planes one at a time, then workers in
+//! batches; then Kubernetes: (a) kube-apiserver on each control plane, (b) controller-manager
+//! and scheduler on each control plane, (c) kube-proxy (unless the CNI replaces it) and the
+//! bootstrap manifests, (d) kubelets, control planes then workers; then a final verification.
+
+mod batch;
+mod render;
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::releaseset::{Bump, ClusterSpec, HumanDuration, Node, Role, Version, VolumeProvider};
+
+pub use batch::{plan_batches, Batches, Placeable};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StageId {
+    Talos,
+    KubeApiserver,
+    KubeControllerManagerScheduler,
+    KubeProxyManifests,
+    Kubelet,
+    Verify,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StepKind {
+    /// Pre-pull, cordon, drain, install, reboot, wait for the new boot id and Ready, uncordon.
+    TalosUpgrade,
+    ApiServer,
+    ControllerManagerScheduler,
+    KubeProxyAndManifests,
+    /// Bootstrap-manifest sync only (the CNI replaces kube-proxy).
+    Manifests,
+    /// Cordon, drain, switch the kubelet image, wait for Ready and the version, uncordon.
+    Kubelet,
+    Verify,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Step {
+    /// Stable id, e.g. `talos/cp-1`, `talos/workers-2`, `kubelet/w-3`.
+    pub id: String,
+    pub kind: StepKind,
+    /// Nodes the step acts on, all at once.
+    pub nodes: Vec<String>,
+    pub description: String,
+    /// Offset from the start of the rollout, in seconds.
+    pub start_secs: u64,
+    pub duration_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Stage {
+    pub id: StageId,
+    pub title: String,
+    pub steps: Vec<Step>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchReport {
+    pub max_unavailable: u32,
+    pub count: usize,
+    pub lower_bound: usize,
+    /// Whether volume replicas constrained the batches.
+    pub volume_aware: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    pub cluster: String,
+    pub summary: String,
+    pub control_planes: usize,
+    pub workers: usize,
+    pub stages: Vec<Stage>,
+    pub worker_batches: BatchReport,
+    pub estimate_secs: u64,
+    /// The (Talos, Kubernetes) pairs the cluster runs, in order, as the stages complete:
+    /// Talos moves first, so every pair here must be supported.
+    pub pairings: Vec<Pairing>,
+    /// What the plan leaves out and why (nodes already at the target, kube-proxy replaced…).
+    pub notes: Vec<String>,
+}
+
+impl Plan {
+    pub fn estimate(&self) -> Duration {
+        Duration::from_secs(self.estimate_secs)
+    }
+
+    pub fn steps(&self) -> impl Iterator<Item = &Step> {
+        self.stages.iter().flat_map(|s| s.steps.iter())
+    }
+
+    pub fn render_text(&self) -> String {
+        render::text(self)
+    }
+    pub fn render_mermaid(&self) -> String {
+        render::mermaid(self)
+    }
+    pub fn render_markdown(&self) -> String {
+        render::markdown(self)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pairing {
+    pub talos: Version,
+    pub kubernetes: Version,
+}
+
+/// Options that come from outside the documents.
+#[derive(Debug, Clone, Default)]
+pub struct PlanOptions {
+    /// The node running ichor: its batch goes last, so ichor is evicted at the very end.
+    pub ichor_node: Option<String>,
+}
+
+struct Timeline {
+    at: u64,
+}
+
+impl Timeline {
+    fn step(
+        &mut self,
+        id: String,
+        kind: StepKind,
+        nodes: Vec<String>,
+        description: String,
+        d: HumanDuration,
+    ) -> Step {
+        let s = Step {
+            id,
+            kind,
+            nodes,
+            description,
+            start_secs: self.at,
+            duration_secs: d.0.as_secs(),
+        };
+        self.at += s.duration_secs;
+        s
+    }
+}
+
+fn only<'a>(nodes: &[&'a Node], keep: impl Fn(&Node) -> bool) -> Vec<&'a Node> {
+    nodes.iter().copied().filter(|n| keep(n)).collect()
+}
+
+/// Build the plan for `bump` on `cluster`'s `nodes`.
+pub fn plan(
+    cluster_name: &str,
+    bump: &Bump,
+    spec: &ClusterSpec,
+    nodes: &[Node],
+    opts: &PlanOptions,
+) -> Plan {
+    let est = spec.rollout.estimates;
+    let max_unavailable = spec.rollout.max_unavailable.get();
+    let volume_aware = spec.volumes.provider != VolumeProvider::None;
+    let mut cps: Vec<&Node> = nodes
+        .iter()
+        .filter(|n| n.role == Role::Controlplane)
+        .collect();
+    let mut workers: Vec<&Node> = nodes.iter().filter(|n| n.role == Role::Worker).collect();
+    cps.sort_by(|a, b| a.name.cmp(&b.name));
+    workers.sort_by(|a, b| a.name.cmp(&b.name));
+    // The control plane running ichor goes last among control planes too.
+    if let Some(me) = &opts.ichor_node {
+        if let Some(pos) = cps.iter().position(|n| &n.name == me) {
+            let n = cps.remove(pos);
+            cps.push(n);
+        }
+    }
+
+    let batch = |ws: &[&Node]| {
+        let no_volumes: Vec<String> = Vec::new();
+        let placeable: Vec<Placeable> = ws
+            .iter()
+            .map(|n| Placeable {
+                name: &n.name,
+                volumes: if volume_aware {
+                    &n.volumes
+                } else {
+                    &no_volumes
+                },
+            })
+            .collect();
+        plan_batches(
+            &placeable,
+            max_unavailable as usize,
+            opts.ichor_node.as_deref(),
+        )
+    };
+
+    let mut t = Timeline { at: 0 };
+    let mut stages = Vec::new();
+    let mut notes = Vec::new();
+    let mut report = BatchReport {
+        max_unavailable,
+        count: 0,
+        lower_bound: 0,
+        volume_aware,
+    };
+
+    let talos = &bump.head.spec.talos;
+    let behind = |n: &Node| &n.talos != talos;
+    let (talos_cps, talos_workers) = (only(&cps, behind), only(&workers, behind));
+    let at_target = nodes.len() - talos_cps.len() - talos_workers.len();
+    if at_target > 0 && at_target < nodes.len() {
+        notes.push(format!(
+            "{at_target} node(s) already run Talos {talos} and are skipped"
+        ));
+    }
+    if !talos_cps.is_empty() || !talos_workers.is_empty() {
+        let mut steps = Vec::new();
+        for n in &talos_cps {
+            steps.push(t.step(
+                format!("talos/{}", n.name),
+                StepKind::TalosUpgrade,
+                vec![n.name.clone()],
+                format!("control plane {}: Talos {} → {talos} (etcd quorum checked, leadership moved off first)", n.name, n.talos),
+                est.talos_node,
+            ));
+        }
+        let b = batch(&talos_workers);
+        report.count = b.batches.len();
+        report.lower_bound = b.lower_bound;
+        for (i, members) in b.batches.into_iter().enumerate() {
+            steps.push(t.step(
+                format!("talos/workers-{}", i + 1),
+                StepKind::TalosUpgrade,
+                members.clone(),
+                format!("workers {}: Talos → {talos}", members.join(", ")),
+                est.talos_node,
+            ));
+        }
+        stages.push(Stage {
+            id: StageId::Talos,
+            title: format!("Talos {} → {talos}", bump.base.spec.talos),
+            steps,
+        });
+    }
+
+    let k8s = &bump.head.spec.kubernetes;
+    if bump.kubernetes_moves() {
+        let from = &bump.base.spec.kubernetes;
+        let per_cp = |t: &mut Timeline, prefix: &str, kind, what: &str, d| -> Vec<Step> {
+            cps.iter()
+                .map(|n| {
+                    t.step(
+                        format!("{prefix}/{}", n.name),
+                        kind,
+                        vec![n.name.clone()],
+                        format!("{what} on {}: {from} → {k8s}", n.name),
+                        d,
+                    )
+                })
+                .collect()
+        };
+        let steps = per_cp(
+            &mut t,
+            "apiserver",
+            StepKind::ApiServer,
+            "kube-apiserver",
+            est.api_server,
+        );
+        stages.push(Stage {
+            id: StageId::KubeApiserver,
+            title: format!("kube-apiserver {from} → {k8s}"),
+            steps,
+        });
+        let steps = per_cp(
+            &mut t,
+            "controller-manager-scheduler",
+            StepKind::ControllerManagerScheduler,
+            "kube-controller-manager and kube-scheduler",
+            est.controller_manager_scheduler,
+        );
+        stages.push(Stage {
+            id: StageId::KubeControllerManagerScheduler,
+            title: format!("kube-controller-manager and kube-scheduler {from} → {k8s}"),
+            steps,
+        });
+        let step = if spec.cni.replaces_kube_proxy {
+            notes.push("kube-proxy is skipped: the CNI replaces it".into());
+            t.step(
+                "manifests".into(),
+                StepKind::Manifests,
+                vec![],
+                format!("bootstrap-manifest sync for {k8s} (every apiserver runs {k8s})"),
+                est.kube_proxy_and_manifests,
+            )
+        } else {
+            t.step(
+                "kube-proxy-manifests".into(),
+                StepKind::KubeProxyAndManifests,
+                vec![],
+                format!("kube-proxy {from} → {k8s} and the bootstrap-manifest sync (every apiserver runs {k8s})"),
+                est.kube_proxy_and_manifests,
+            )
+        };
+        stages.push(Stage {
+            id: StageId::KubeProxyManifests,
+            title: if spec.cni.replaces_kube_proxy {
+                "bootstrap manifests".into()
+            } else {
+                "kube-proxy and bootstrap manifests".into()
+            },
+            steps: vec![step],
+        });
+
+        let stale = |n: &Node| &n.kubelet != k8s;
+        let (kcps, kworkers) = (only(&cps, stale), only(&workers, stale));
+        let mut steps = Vec::new();
+        for n in &kcps {
+            steps.push(t.step(
+                format!("kubelet/{}", n.name),
+                StepKind::Kubelet,
+                vec![n.name.clone()],
+                format!("kubelet on control plane {}: {} → {k8s}", n.name, n.kubelet),
+                est.kubelet,
+            ));
+        }
+        let b = batch(&kworkers);
+        if report.count == 0 {
+            report.count = b.batches.len();
+            report.lower_bound = b.lower_bound;
+        }
+        for (i, members) in b.batches.into_iter().enumerate() {
+            steps.push(t.step(
+                format!("kubelet/workers-{}", i + 1),
+                StepKind::Kubelet,
+                members.clone(),
+                format!("kubelets on workers {}: → {k8s}", members.join(", ")),
+                est.kubelet,
+            ));
+        }
+        if !steps.is_empty() {
+            stages.push(Stage {
+                id: StageId::Kubelet,
+                title: format!("kubelets {from} → {k8s}, control planes then workers"),
+                steps,
+            });
+        }
+    }
+
+    if !stages.is_empty() {
+        let step = t.step("verify".into(), StepKind::Verify, vec![], "verify the whole cluster: every node Ready at the target versions, etcd healthy, volumes healthy".into(), est.verify);
+        stages.push(Stage {
+            id: StageId::Verify,
+            title: "verify".into(),
+            steps: vec![step],
+        });
+    } else {
+        notes
+            .push("nothing to roll out: Talos and Kubernetes already match the release set".into());
+    }
+    if !spec.rollout.maintenance_windows.is_empty() {
+        notes.push("the rollout acts only inside the maintenance windows; the estimate counts working time only".into());
+    }
+    let changes: Vec<String> = bump
+        .changes
+        .iter()
+        .filter(|c| {
+            !matches!(
+                c.component,
+                crate::releaseset::ComponentId::Talos | crate::releaseset::ComponentId::Kubernetes
+            )
+        })
+        .map(|c| c.to_string())
+        .collect();
+    if !changes.is_empty() {
+        notes.push(format!(
+            "not rolled by ichor (applied by your GitOps tool): {}",
+            changes.join("; ")
+        ));
+    }
+    let mut pairings = vec![Pairing {
+        talos: bump.base.spec.talos.clone(),
+        kubernetes: bump.base.spec.kubernetes.clone(),
+    }];
+    for stage in &stages {
+        let next = match stage.id {
+            StageId::Talos => Pairing {
+                talos: talos.clone(),
+                kubernetes: pairings[pairings.len() - 1].kubernetes.clone(),
+            },
+            StageId::Kubelet | StageId::KubeApiserver => Pairing {
+                talos: pairings[pairings.len() - 1].talos.clone(),
+                kubernetes: k8s.clone(),
+            },
+            _ => continue,
+        };
+        if pairings.last() != Some(&next) {
+            pairings.push(next);
+        }
+    }
+    Plan {
+        cluster: cluster_name.to_string(),
+        summary: bump.summary(),
+        control_planes: cps.len(),
+        workers: workers.len(),
+        stages,
+        worker_batches: report,
+        estimate_secs: t.at,
+        pairings,
+        notes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::releaseset::{Cluster, ReleaseSet};
+
+    fn rs(talos: &str, k8s: &str) -> ReleaseSet {
+        ReleaseSet::parse(
+            "t",
+            &format!("apiVersion: ichor.dev/v1alpha1\nkind: ReleaseSet\nmetadata: {{name: t}}\nspec:\n  talos: {talos}\n  kubernetes: {k8s}\n  cni: {{name: cilium, version: 1.18.3}}\n"),
+        )
+        .unwrap()
+    }
+
+    fn cluster(extra: &str) -> Cluster {
+        let text = format!(
+            "apiVersion: ichor.dev/v1alpha1\nkind: Cluster\nmetadata: {{name: t}}\nspec:\n{extra}  volumes: {{provider: longhorn}}\n  inventory:\n    nodes:\n      - {{name: cp-2, role: controlplane}}\n      - {{name: cp-1, role: controlplane}}\n      - {{name: cp-3, role: controlplane}}\n      - {{name: w-1, role: worker, volumes: [a, b]}}\n      - {{name: w-2, role: worker, volumes: [a]}}\n      - {{name: w-3, role: worker, volumes: [b]}}\n      - {{name: w-4, role: worker}}\n"
+        );
+        Cluster::parse("c", &text).unwrap()
+    }
+
+    fn build(base: &ReleaseSet, head: &ReleaseSet, c: &Cluster) -> Plan {
+        let nodes = c.spec.inventory.as_ref().unwrap().resolve(base);
+        plan(
+            "t",
+            &Bump::between(base, head),
+            &c.spec,
+            &nodes,
+            &PlanOptions::default(),
+        )
+    }
+
+    #[test]
+    fn talos_then_kubernetes_in_the_design_order() {
+        let c = cluster("  rollout: {maxUnavailable: 2}\n");
+        let p = build(&rs("v1.12.6", "v1.33.5"), &rs("v1.13.9", "v1.34.1"), &c);
+        let stages: Vec<StageId> = p.stages.iter().map(|s| s.id).collect();
+        assert_eq!(
+            stages,
+            [
+                StageId::Talos,
+                StageId::KubeApiserver,
+                StageId::KubeControllerManagerScheduler,
+                StageId::KubeProxyManifests,
+                StageId::Kubelet,
+                StageId::Verify
+            ]
+        );
+        let talos: Vec<&str> = p.stages[0].steps.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(
+            &talos[..3],
+            ["talos/cp-1", "talos/cp-2", "talos/cp-3"],
+            "control planes one at a time, in order"
+        );
+        // Workers: w-1 shares a volume with w-2 and with w-3; at most 2 at once.
+        for s in &p.stages[0].steps[3..] {
+            assert!(s.nodes.len() <= 2);
+            assert!(
+                !(s.nodes.contains(&"w-1".to_string())
+                    && (s.nodes.contains(&"w-2".to_string())
+                        || s.nodes.contains(&"w-3".to_string())))
+            );
+        }
+        assert_eq!(
+            p.worker_batches.count, p.worker_batches.lower_bound,
+            "{:?}",
+            p.worker_batches
+        );
+        let kubelets = &p.stages[4].steps;
+        assert_eq!(kubelets[0].id, "kubelet/cp-1");
+        assert!(kubelets[3].id.starts_with("kubelet/workers-"));
+        // Steps are sequential and the estimate is their sum.
+        let mut at = 0;
+        for s in p.steps() {
+            assert_eq!(s.start_secs, at);
+            at += s.duration_secs;
+        }
+        assert_eq!(p.estimate_secs, at);
+        let pairs: Vec<(String, String)> = p
+            .pairings
+            .iter()
+            .map(|x| (x.talos.tag(), x.kubernetes.tag()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("v1.12.6".into(), "v1.33.5".into()),
+                ("v1.13.9".into(), "v1.33.5".into()),
+                ("v1.13.9".into(), "v1.34.1".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_kubernetes_patch_skips_talos_and_kube_proxy_when_replaced() {
+        let c = cluster("  cni: {replacesKubeProxy: true}\n");
+        let p = build(&rs("v1.12.6", "v1.33.5"), &rs("v1.12.6", "v1.33.7"), &c);
+        assert_eq!(p.stages[0].id, StageId::KubeApiserver);
+        let manifests = p
+            .stages
+            .iter()
+            .find(|s| s.id == StageId::KubeProxyManifests)
+            .unwrap();
+        assert_eq!(manifests.steps[0].kind, StepKind::Manifests);
+        assert!(p.notes.iter().any(|n| n.contains("CNI replaces")));
+    }
+
+    #[test]
+    fn nothing_to_do_is_said() {
+        let c = cluster("");
+        let p = build(&rs("v1.12.6", "v1.33.5"), &rs("v1.12.6", "v1.33.5"), &c);
+        assert!(p.stages.is_empty());
+        assert_eq!(p.estimate_secs, 0);
+        assert!(p.notes[0].contains("nothing to roll out"));
+    }
+
+    #[test]
+    fn renderings_carry_every_step() {
+        let c = cluster("");
+        let p = build(&rs("v1.12.6", "v1.33.5"), &rs("v1.13.9", "v1.33.5"), &c);
+        let gantt = p.render_mermaid();
+        assert!(gantt.starts_with("gantt\n"));
+        assert_eq!(
+            gantt
+                .lines()
+                .filter(|l| l.contains("s\n") || l.trim_end().ends_with('s') && l.contains(" :"))
+                .count(),
+            p.steps().count()
+        );
+        assert!(p
+            .render_text()
+            .contains("Stage 1 — Talos v1.12.6 → v1.13.9"));
+        assert!(p.render_markdown().contains("```mermaid"));
+    }
+}
