@@ -46,6 +46,43 @@ impl Timestamp {
     }
 }
 
+impl Timestamp {
+    /// Parse `YYYY-MM-DDTHH:MM:SSZ` (UTC, the form [`Timestamp::rfc3339`] prints).
+    pub fn parse_rfc3339(text: &str) -> Option<Timestamp> {
+        let b = text.as_bytes();
+        if b.len() != 20
+            || b[4] != b'-'
+            || b[7] != b'-'
+            || b[10] != b'T'
+            || b[13] != b':'
+            || b[16] != b':'
+            || b[19] != b'Z'
+        {
+            return None;
+        }
+        let num = |r: std::ops::Range<usize>| text.get(r)?.parse::<i64>().ok();
+        let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+        let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
+        if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
+            return None;
+        }
+        let days = days_from_civil(y, mo as u32, d as u32);
+        let secs = days * 86_400 + h * 3600 + mi * 60 + s;
+        u64::try_from(secs).ok().map(|s| Timestamp(s * 1000))
+    }
+}
+
+/// (year, month, day) to days since 1970-01-01; Howard Hinnant's algorithm.
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = if y >= 0 { y } else { y - 399 } / 400;
+    let yoe = (y - era * 400) as u64;
+    let mp = if m > 2 { m - 3 } else { m + 9 } as u64;
+    let doy = (153 * mp + 2) / 5 + d as u64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe as i64 - 719_468
+}
+
 /// Days since 1970-01-01 to (year, month, day); Howard Hinnant's algorithm.
 fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;

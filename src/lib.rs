@@ -5,6 +5,8 @@
 //! twin: a simulated cluster and forge served over the real protocols.
 
 pub mod clock;
+pub mod gate;
+pub mod git;
 pub mod plan;
 pub mod policy;
 pub mod releaseset;

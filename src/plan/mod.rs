@@ -150,6 +150,14 @@ impl Timeline {
     }
 }
 
+fn plural(word: &str, n: usize) -> String {
+    if n == 1 {
+        word.to_string()
+    } else {
+        format!("{word}s")
+    }
+}
+
 fn only<'a>(nodes: &[&'a Node], keep: impl Fn(&Node) -> bool) -> Vec<&'a Node> {
     nodes.iter().copied().filter(|n| keep(n)).collect()
 }
@@ -238,7 +246,11 @@ pub fn plan(
                 format!("talos/workers-{}", i + 1),
                 StepKind::TalosUpgrade,
                 members.clone(),
-                format!("workers {}: Talos → {talos}", members.join(", ")),
+                format!(
+                    "{} {}: Talos → {talos}",
+                    plural("worker", members.len()),
+                    members.join(", ")
+                ),
                 est.talos_node,
             ));
         }
@@ -339,7 +351,12 @@ pub fn plan(
                 format!("kubelet/workers-{}", i + 1),
                 StepKind::Kubelet,
                 members.clone(),
-                format!("kubelets on workers {}: → {k8s}", members.join(", ")),
+                format!(
+                    "{} on {} {}: → {k8s}",
+                    plural("kubelet", members.len()),
+                    plural("worker", members.len()),
+                    members.join(", ")
+                ),
                 est.kubelet,
             ));
         }

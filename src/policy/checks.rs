@@ -251,7 +251,7 @@ pub fn talos_kubernetes_pairing(bump: &Bump, p: &Policies) -> CheckItem {
         .hint(hint)
         .source(&row.source);
     }
-    let stages = if talos_moves && k0 != k1 {
+    let stages = if talos_moves && k0.minor_version() != k1.minor_version() {
         format!(
             "Talos {} supports Kubernetes {} and {} ({range})",
             row.version,
@@ -560,7 +560,7 @@ pub fn blockers(bump: &Bump, p: &Policies) -> Vec<CheckItem> {
             "blockers",
             "No known blocker applies",
             Status::Pass,
-            format!("none of the {} known blockers applies", p.blockers.len()),
+            format!("no known blocker applies ({} checked)", p.blockers.len()),
         ));
     }
     items

@@ -7,4 +7,4 @@ mod verdict;
 
 pub use checks::evaluate;
 pub use data::*;
-pub use verdict::{CheckItem, Outcome, Status, Verdict};
+pub use verdict::{CheckItem, Counts, Outcome, Status, Verdict};

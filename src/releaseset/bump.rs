@@ -40,8 +40,7 @@ impl fmt::Display for ComponentId {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChangeKind {
     /// Same major.minor, higher patch (or pre-release to release).
     Patch,
@@ -69,12 +68,44 @@ impl fmt::Display for ChangeKind {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
     pub component: ComponentId,
     pub from: Option<Version>,
     pub to: Option<Version>,
     pub kind: ChangeKind,
+}
+
+/// JSON: `{"component": "kubernetes", "name": "kubernetes", "from": "v1.33.5", "to":
+/// "v1.34.2", "kind": "minor", "minors": 1}`; `type` is talos|kubernetes|cni|addon.
+impl Serialize for Change {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        let ty = match &self.component {
+            ComponentId::Talos => "talos",
+            ComponentId::Kubernetes => "kubernetes",
+            ComponentId::Cni(_) => "cni",
+            ComponentId::Addon(_) => "addon",
+        };
+        m.serialize_entry("type", ty)?;
+        m.serialize_entry("name", self.component.name())?;
+        m.serialize_entry("from", &self.from)?;
+        m.serialize_entry("to", &self.to)?;
+        let kind = match self.kind {
+            ChangeKind::Patch => "patch",
+            ChangeKind::Minor { .. } => "minor",
+            ChangeKind::Major => "major",
+            ChangeKind::Downgrade => "downgrade",
+            ChangeKind::Added => "added",
+            ChangeKind::Removed => "removed",
+        };
+        m.serialize_entry("kind", kind)?;
+        if let ChangeKind::Minor { minors } = self.kind {
+            m.serialize_entry("minors", &minors)?;
+        }
+        m.end()
+    }
 }
 
 impl fmt::Display for Change {
