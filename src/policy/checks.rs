@@ -251,6 +251,20 @@ pub fn talos_kubernetes_pairing(bump: &Bump, p: &Policies) -> CheckItem {
         .hint(hint)
         .source(&row.source);
     }
+    // The pair the cluster runs today is not ichor's doing, but say so when it is unsupported.
+    let current = p
+        .talos_row(t0.minor_version())
+        .filter(|r| !r.kubernetes.contains(k0.minor_version()));
+    if let Some(r) = current {
+        return CheckItem::new(
+            id,
+            title,
+            Status::Warn,
+            format!("the target pairing is supported, but the cluster already runs Talos {} with Kubernetes {k0}, outside {}", r.version, r.kubernetes),
+        )
+        .hint("bring the cluster back into a supported pairing as part of this upgrade")
+        .source(&r.source);
+    }
     let stages = if talos_moves && k0.minor_version() != k1.minor_version() {
         format!(
             "Talos {} supports Kubernetes {} and {} ({range})",

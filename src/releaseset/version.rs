@@ -26,6 +26,11 @@ impl Version {
         if body.starts_with(['v', 'V']) {
             return Err(VersionError::new(raw, "more than one leading `v`"));
         }
+        let core = body.split(['-', '+']).next().unwrap_or(body);
+        let numeric = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit());
+        if core.split('.').count() < 3 && core.split('.').all(numeric) {
+            return Err(VersionError::new(raw, "the patch number is missing"));
+        }
         let semver =
             semver::Version::parse(body).map_err(|e| VersionError::new(raw, &e.to_string()))?;
         Ok(Version {

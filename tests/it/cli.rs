@@ -1,0 +1,380 @@
+//! `ichor check` and `ichor plan` on the homelab fixture, one test per pull-request branch.
+
+use ichor::sim::fixture::{Expect, Fixture};
+use serde_json::Value;
+
+use crate::{homelab, ichor, stderr, stdout};
+
+fn repo() -> String {
+    homelab().to_string_lossy().into_owned()
+}
+
+fn check(base: &str, head: &str, output: &str) -> std::process::Output {
+    ichor(&[
+        "check",
+        "--repo",
+        &repo(),
+        "--base",
+        base,
+        "--head",
+        head,
+        "--output",
+        output,
+    ])
+}
+
+fn check_json(base: &str, head: &str) -> (i32, Value) {
+    let o = check(base, head, "json");
+    let code = o.status.code().unwrap_or(-1);
+    let v: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("json from {head}: {e}\n{}{}", stdout(&o), stderr(&o)));
+    (code, v)
+}
+
+fn item<'a>(v: &'a Value, id: &str) -> &'a Value {
+    v["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|i| i["id"] == id))
+        .unwrap_or_else(|| panic!("no item {id} in {v:#}"))
+}
+
+#[test]
+fn every_fixture_branch_gets_its_expected_exit_code() {
+    for b in Fixture::homelab().history.branches {
+        let o = check(&b.base, &b.name, "text");
+        let want = match b.expect {
+            Expect::Pass | Expect::Warn => 0,
+            Expect::Fail => 1,
+            Expect::Invalid => 2,
+            Expect::Wait => 3,
+        };
+        assert_eq!(
+            o.status.code(),
+            Some(want),
+            "{}:\n{}{}",
+            b.name,
+            stdout(&o),
+            stderr(&o)
+        );
+    }
+}
+
+#[test]
+fn clean_patch_bump_passes_without_warnings() {
+    let (code, v) = check_json("main", "renovate/cilium-1.18.x");
+    assert_eq!(code, 0);
+    assert_eq!(v["outcome"], "pass");
+    assert_eq!(v["counts"]["warn"], 0);
+    assert_eq!(v["changes"][0]["type"], "cni");
+    assert_eq!(v["changes"][0]["kind"], "patch");
+    assert_eq!(v["changes"][0]["from"], "1.18.3");
+    assert_eq!(v["changes"][0]["to"], "1.18.6");
+}
+
+#[test]
+fn kubernetes_minor_blocked_by_the_cni_names_the_version_needed() {
+    let (code, v) = check_json("main", "renovate/ghcr.io-siderolabs-kubelet-1.x");
+    assert_eq!(code, 1);
+    assert_eq!(v["outcome"], "blocked");
+    let cni = item(&v, "cni");
+    assert_eq!(cni["status"], "fail");
+    assert_eq!(
+        cni["message"],
+        "Kubernetes 1.34 is blocked on cilium >= 1.19 (release set has 1.18.3)"
+    );
+    assert!(cni["hint"]
+        .as_str()
+        .unwrap_or("")
+        .contains("cilium to >= 1.19"));
+    assert!(cni["source"]
+        .as_str()
+        .unwrap_or("")
+        .contains("cilium/cilium"));
+    // Text output: the hint sits under the failing item.
+    let text = stdout(&check(
+        "main",
+        "renovate/ghcr.io-siderolabs-kubelet-1.x",
+        "text",
+    ));
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.contains("blocked on cilium"))
+        .expect("cni line");
+    assert!(lines[at + 1].contains("↳ bump cilium"), "{text}");
+    assert!(text.contains("BLOCKED"));
+}
+
+#[test]
+fn skipped_kubernetes_minor_fails() {
+    let (code, v) = check_json("main", "renovate/ghcr.io-siderolabs-kubelet-1.35.x");
+    assert_eq!(code, 1);
+    let step = item(&v, "kubernetes-step");
+    assert_eq!(step["status"], "fail");
+    assert!(
+        step["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("skips 1.34"),
+        "{step}"
+    );
+    assert_eq!(v["changes"][0]["minors"], 2);
+}
+
+#[test]
+fn skipped_talos_minor_fails() {
+    let (code, v) = check_json("main", "renovate/siderolabs-talos-1.14.x");
+    assert_eq!(code, 1);
+    let step = item(&v, "talos-step");
+    assert_eq!(step["status"], "fail");
+    assert!(
+        step["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("skips 1.13"),
+        "{step}"
+    );
+}
+
+#[test]
+fn talos_target_that_cannot_run_the_current_kubernetes_fails() {
+    let (code, v) = check_json("homelab-2026-03", "renovate/siderolabs-talos-1.x");
+    assert_eq!(code, 1);
+    let pairing = item(&v, "talos-kubernetes");
+    assert_eq!(pairing["status"], "fail");
+    assert!(
+        pairing["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("the cluster runs v1.30.14"),
+        "{pairing}"
+    );
+    assert_eq!(
+        pairing["hint"],
+        "upgrade Kubernetes to 1.31 or later on Talos 1.12 first, then bump Talos"
+    );
+}
+
+#[test]
+fn downgrade_fails() {
+    let (code, v) = check_json("main", "revert-kubelet-v1.33.4");
+    assert_eq!(code, 1);
+    assert_eq!(item(&v, "no-downgrade")["status"], "fail");
+    assert_eq!(v["changes"][0]["kind"], "downgrade");
+}
+
+#[test]
+fn unknown_addon_warns_but_passes() {
+    let (code, v) = check_json("main", "feat/external-dns");
+    assert_eq!(code, 0);
+    assert_eq!(v["outcome"], "pass");
+    let addon = item(&v, "addon/external-dns");
+    assert_eq!(addon["status"], "warn");
+    assert!(addon["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("unknown add-on"));
+    assert_eq!(v["changes"][0]["kind"], "added");
+}
+
+#[test]
+fn malformed_release_set_exits_2_naming_file_and_line() {
+    let o = check("main", "chore/tidy-release-set", "text");
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("clusters/homelab/release-set.yaml:11:15:"),
+        "{err}"
+    );
+    assert!(
+        err.contains("invalid version `v1.34`: the patch number is missing"),
+        "{err}"
+    );
+    assert!(
+        err.contains("chore/tidy-release-set"),
+        "names the revision: {err}"
+    );
+    assert!(stdout(&o).is_empty());
+}
+
+#[test]
+fn grouped_talos_and_kubernetes_pass_and_plan_talos_first() {
+    let (code, v) = check_json("main", "renovate/talos");
+    assert_eq!(code, 0, "{v:#}");
+    let o = ichor(&[
+        "plan",
+        "--repo",
+        &repo(),
+        "--base",
+        "main",
+        "--head",
+        "renovate/talos",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let plan: Value = serde_json::from_slice(&o.stdout).expect("plan json");
+    let stages: Vec<&str> = plan["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        stages,
+        [
+            "talos",
+            "kube-apiserver",
+            "kube-controller-manager-scheduler",
+            "kube-proxy-manifests",
+            "kubelet",
+            "verify"
+        ]
+    );
+    let talos_steps: Vec<&str> = plan["stages"][0]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        talos_steps,
+        [
+            "talos/cp-1",
+            "talos/cp-2",
+            "talos/cp-3",
+            "talos/workers-1",
+            "talos/workers-2",
+            "talos/workers-3"
+        ]
+    );
+    // Every Longhorn volume has a replica on each worker: one worker at a time.
+    assert_eq!(plan["workerBatches"]["count"], 3);
+    assert_eq!(plan["workerBatches"]["lowerBound"], 3);
+    assert_eq!(plan["base"]["rev"], "main");
+    assert!(plan["estimateSecs"].as_u64().unwrap_or(0) > 0);
+    assert_eq!(plan["pairings"][1]["talos"], "v1.12.9");
+    assert_eq!(
+        plan["pairings"][1]["kubernetes"], "v1.33.5",
+        "Talos moves while Kubernetes stays"
+    );
+}
+
+#[test]
+fn plan_renders_mermaid_and_text() {
+    let o = ichor(&[
+        "plan",
+        "--repo",
+        &repo(),
+        "--base",
+        "main",
+        "--head",
+        "renovate/talos",
+        "--output",
+        "mermaid",
+    ]);
+    let m = stdout(&o);
+    assert!(m.starts_with("gantt\n"), "{m}");
+    assert!(m.contains("section Talos v1.12.6 → v1.12.9"));
+    assert!(m.contains("cp-1 :talos-cp-1, 0, 480s"), "{m}");
+    let o = ichor(&[
+        "plan",
+        "--repo",
+        &repo(),
+        "--base",
+        "main",
+        "--head",
+        "renovate/talos",
+        "--ichor-node",
+        "w-1",
+    ]);
+    let t = stdout(&o);
+    assert!(t.contains("workers in 3 batch(es) (lower bound 3"), "{t}");
+    let last_worker = t.lines().rfind(|l| l.contains("worker w-")).unwrap_or("");
+    assert!(
+        last_worker.contains("w-1"),
+        "the node running ichor goes last: {t}"
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let o = ichor(&["check", "--repo", &repo(), "--base", "main"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = ichor(&[
+        "check",
+        "--repo",
+        &repo(),
+        "--base",
+        "main",
+        "--head",
+        "no-such-branch",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("unknown revision `no-such-branch`"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ichor(&[
+        "check",
+        "--repo",
+        &repo(),
+        "--base",
+        "main",
+        "--head",
+        "main",
+        "--cluster",
+        "prod",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("cluster `prod` not found") && stderr(&o).contains("found: homelab"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ichor(&[
+        "check",
+        "--repo",
+        "/nonexistent/repo",
+        "--base",
+        "main",
+        "--head",
+        "main",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("cannot open git repository"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn markdown_output_is_a_table() {
+    let o = check(
+        "main",
+        "renovate/ghcr.io-siderolabs-kubelet-1.x",
+        "markdown",
+    );
+    let md = stdout(&o);
+    assert!(md.contains("| | Check | Result |"), "{md}");
+    assert!(
+        md.contains("| ❌ | CNI cilium supports Kubernetes |"),
+        "{md}"
+    );
+}
+
+#[test]
+fn demo_runs_end_to_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = ichor(&[
+        "demo",
+        "--dir",
+        &dir.path().join("homelab").to_string_lossy(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("Kubernetes 1.34 is blocked on cilium >= 1.19"));
+    assert!(out.contains("The staged plan ichor would run"));
+}

@@ -1,0 +1,92 @@
+//! Property tests: worker batches never break the volume or maxUnavailable rules; when the
+//! pairing check passes, every (Talos, Kubernetes) pair the plan walks through is supported;
+//! the document parsers never panic.
+
+use std::collections::{BTreeSet, HashMap};
+
+use ichor::plan::{plan, plan_batches, Placeable, PlanOptions};
+use ichor::policy::{self, Policies, Status};
+use ichor::releaseset::{Bump, Cluster, ReleaseSet};
+use proptest::prelude::*;
+
+fn nodes_strategy() -> impl Strategy<Value = (Vec<Vec<u8>>, usize)> {
+    // Up to 40 nodes, each holding replicas of up to 4 of 25 volumes.
+    (
+        prop::collection::vec(prop::collection::vec(0u8..25, 0..4), 0..40),
+        1usize..6,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn batches_respect_max_unavailable_and_volumes((vols, k) in nodes_strategy()) {
+        let owned: Vec<(String, Vec<String>)> = vols.iter().enumerate()
+            .map(|(i, v)| (format!("w-{i}"), v.iter().map(|x| format!("vol-{x}")).collect()))
+            .collect();
+        let placeable: Vec<Placeable> = owned.iter().map(|(n, v)| Placeable { name: n, volumes: v }).collect();
+        let b = plan_batches(&placeable, k, None);
+        let volumes: HashMap<&str, &Vec<String>> = owned.iter().map(|(n, v)| (n.as_str(), v)).collect();
+        let mut seen = BTreeSet::new();
+        for batch in &b.batches {
+            prop_assert!(!batch.is_empty() && batch.len() <= k, "batch {:?} breaks maxUnavailable {}", batch, k);
+            let mut in_batch = BTreeSet::new();
+            for n in batch {
+                prop_assert!(seen.insert(n.clone()), "{} placed twice", n);
+                for v in volumes[n.as_str()] {
+                    // A node listing a volume twice still holds one replica.
+                    let dup_in_node = volumes[n.as_str()].iter().filter(|x| *x == v).count() > 1;
+                    prop_assert!(in_batch.insert(v.clone()) || dup_in_node, "two nodes with volume {} in {:?}", v, batch);
+                }
+            }
+        }
+        prop_assert_eq!(seen.len(), owned.len());
+        prop_assert!(b.batches.len() >= b.lower_bound);
+    }
+
+    #[test]
+    fn pairing_holds_at_every_stage_when_the_check_passes(
+        t0 in 7u64..15, dt in 0u64..3, k0 in 24u64..39, dk in 0u64..3,
+    ) {
+        let (t1, k1) = (t0 + dt, k0 + dk);
+        let rs = |t: u64, k: u64| ReleaseSet::parse("rs", &format!(
+            "apiVersion: ichor.dev/v1alpha1\nkind: ReleaseSet\nmetadata: {{name: p}}\nspec:\n  talos: v1.{t}.0\n  kubernetes: v1.{k}.0\n  cni: {{name: flannel, version: 0.28.8}}\n")).unwrap();
+        let bump = Bump::between(&rs(t0, k0), &rs(t1, k1));
+        let policies = Policies::shipped().unwrap();
+        let item = policy::evaluate(&bump, &policies, None).into_iter().find(|i| i.id == "talos-kubernetes").unwrap();
+        let cluster = Cluster::parse("c", "apiVersion: ichor.dev/v1alpha1\nkind: Cluster\nmetadata: {name: p}\nspec:\n  inventory:\n    nodes:\n      - {name: cp-1, role: controlplane}\n      - {name: w-1, role: worker}\n").unwrap();
+        let nodes = cluster.spec.inventory.as_ref().unwrap().resolve(&bump.base);
+        let p = plan("p", &bump, &cluster.spec, &nodes, &PlanOptions::default());
+        // Talos always moves before Kubernetes.
+        let talos_stage = p.stages.iter().position(|s| s.id == ichor::plan::StageId::Talos);
+        let kube_stage = p.stages.iter().position(|s| s.id == ichor::plan::StageId::KubeApiserver);
+        if let (Some(t), Some(k)) = (talos_stage, kube_stage) { prop_assert!(t < k); }
+        if item.status == Status::Pass {
+            // The first pair is what the cluster runs today; every later one is ichor's doing.
+            for pair in p.pairings.iter().skip(1) {
+                let row = policies.talos_row(pair.talos.minor_version());
+                prop_assert!(row.is_some_and(|r| r.kubernetes.contains(pair.kubernetes.minor_version())),
+                    "Talos {} with Kubernetes {} is unsupported but the check passed", pair.talos, pair.kubernetes);
+            }
+        }
+    }
+
+    #[test]
+    fn release_set_parser_never_panics(text in "\\PC{0,400}") {
+        let _ = ReleaseSet::parse("fuzz.yaml", &text);
+        let _ = Cluster::parse("fuzz.yaml", &text);
+    }
+
+    #[test]
+    fn release_set_parser_never_panics_on_near_valid_yaml(
+        talos in "[v0-9.a-z-]{0,12}", k8s in "[v0-9.:]{0,10}", extra in "[a-zA-Z: \\-\\[\\]{}\n]{0,60}",
+    ) {
+        let text = format!("apiVersion: ichor.dev/v1alpha1\nkind: ReleaseSet\nmetadata: {{name: x}}\nspec:\n  talos: {talos}\n  kubernetes: {k8s}\n  cni: {{name: cilium, version: 1.18.3}}\n{extra}");
+        if let Err(e) = ReleaseSet::parse("near.yaml", &text) {
+            prop_assert!(e.to_string().starts_with("near.yaml"));
+        }
+        let ctext = format!("apiVersion: ichor.dev/v1alpha1\nkind: Cluster\nmetadata: {{name: x}}\nspec:\n  rollout: {{maxUnavailable: {k8s}, drainTimeout: {talos}}}\n{extra}");
+        let _ = Cluster::parse("near.yaml", &ctext);
+    }
+}
