@@ -1,1 +1,1 @@
-
+mod sim_github;
