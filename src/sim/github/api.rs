@@ -442,7 +442,7 @@ async fn create_pull(
     let base = req.base.ok_or_else(|| missing("base"))?;
     let title = req.title.ok_or_else(|| missing("title"))?;
     let name = full_name(&owner, &repo);
-    let (pr, events) = shared.create_pull(
+    let (pr, _ticket) = shared.create_pull(
         &name,
         &head,
         &base,
@@ -451,7 +451,6 @@ async fn create_pull(
         &shared.login,
         req.draft,
     )?;
-    spawn_delivery(&shared, events);
     let v = shared.with_repo(&name, |state, repo, _| {
         let detail = Shared::pull_detail(state, repo, &pr);
         Ok(json::pull_request(&shared.base, state, &pr, Some(&detail)))
@@ -478,7 +477,7 @@ async fn merge_pull(
     } else {
         parse_json(&body)?
     };
-    let (sha, events) = shared.merge_pull(
+    let (sha, _ticket) = shared.merge_pull(
         &full_name(&owner, &repo),
         number,
         &MergeRequest {
@@ -489,7 +488,6 @@ async fn merge_pull(
         },
         &shared.login,
     )?;
-    spawn_delivery(&shared, events);
     Ok(ok(
         StatusCode::OK,
         json!({ "sha": sha, "merged": true, "message": "Pull Request successfully merged" }),
@@ -679,8 +677,7 @@ async fn create_comment(
     let number = parse_number(&number)?;
     let text = comment_body(&body)?;
     let name = full_name(&owner, &repo);
-    let (c, events) = shared.create_comment(&name, number, &text, &shared.login)?;
-    spawn_delivery(&shared, events);
+    let (c, _ticket) = shared.create_comment(&name, number, &text, &shared.login)?;
     let v = shared.with_repo(&name, |state, _, _| {
         Ok(json::comment(&shared.base, state, &c))
     })?;
@@ -715,22 +712,10 @@ async fn update_comment(
     let id = parse_number(&id)?;
     let text = comment_body(&body)?;
     let name = full_name(&owner, &repo);
-    let (c, events) = shared.update_comment(&name, id, &text, &shared.login)?;
+    let (c, _ticket) = shared.update_comment(&name, id, &text, &shared.login)?;
     tracing::debug!(%method, id, "comment updated");
-    spawn_delivery(&shared, events);
     let v = shared.with_repo(&name, |state, _, _| {
         Ok(json::comment(&shared.base, state, &c))
     })?;
     Ok(ok(StatusCode::OK, v))
-}
-
-/// API calls answer at once; their webhooks follow, as on GitHub.
-fn spawn_delivery(shared: &Arc<Shared>, events: Vec<forge::Event>) {
-    if events.is_empty() {
-        return;
-    }
-    let shared = shared.clone();
-    tokio::spawn(async move {
-        shared.deliver(events).await;
-    });
 }

@@ -1,14 +1,15 @@
 //! The forge's behaviour, shared by the HTTP API and the library calls a test or
 //! `ichor demo` makes to act as a user or Renovate. Each operation changes state under one
-//! lock and returns the webhook events it causes; the caller delivers them.
+//! lock and queues the webhook events it causes before releasing it, so webhooks go out in
+//! the order the changes happened; one delivery task sends them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use git2::{Oid, Repository};
 use serde_json::{json, Value};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 use super::git::{self, MergeOutcome};
 use super::json::{self, PullDetail};
@@ -19,7 +20,7 @@ use super::webhook::{self, Delivery, DeliveryOutcome, HttpClient, WebhookTarget}
 use super::{GithubError, GithubFaults};
 use crate::clock::{Clock, Timestamp};
 
-/// An event to deliver once the state lock is released.
+/// An event waiting in the delivery queue.
 #[derive(Clone, Debug)]
 pub struct Event {
     pub name: &'static str,
@@ -65,6 +66,11 @@ impl RateWindow {
 
 pub struct Forge {
     pub repos: BTreeMap<String, RepoState>,
+    ids: Ids,
+}
+
+/// Ids are unique across repositories, as on GitHub.
+pub struct Ids {
     next_pull_id: u64,
     next_status_id: u64,
     next_comment_id: u64,
@@ -95,7 +101,22 @@ pub struct Shared {
     deliveries: Mutex<Vec<Delivery>>,
     delivered: watch::Sender<usize>,
     client: HttpClient,
+    queue: Mutex<Queue>,
+    wake: Notify,
+    /// The sequence number of the last event the delivery task finished with.
+    done: watch::Sender<u64>,
 }
+
+/// Events waiting for delivery, each with its sequence number.
+#[derive(Default)]
+struct Queue {
+    next_seq: u64,
+    events: VecDeque<(u64, Event)>,
+}
+
+/// Identifies the last event an operation queued; wait on it with
+/// [`Shared::wait_delivered`]. Zero when the operation queued nothing.
+pub type Ticket = u64;
 
 /// Locks that survive a panic elsewhere: the data under them is always left consistent.
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -152,9 +173,11 @@ impl Shared {
             hook_id: 400_000_001,
             forge: Mutex::new(Forge {
                 repos: map,
-                next_pull_id: 2_000_000_001,
-                next_status_id: 30_000_000_001,
-                next_comment_id: 1_500_000_001,
+                ids: Ids {
+                    next_pull_id: 2_000_000_001,
+                    next_status_id: 30_000_000_001,
+                    next_comment_id: 1_500_000_001,
+                },
             }),
             faults: Mutex::new(faults),
             rate: Mutex::new(RateWindow::new(rate_limit, now)),
@@ -163,6 +186,9 @@ impl Shared {
             deliveries: Mutex::new(Vec::new()),
             delivered,
             client: webhook::client(),
+            queue: Mutex::new(Queue::default()),
+            wake: Notify::new(),
+            done: watch::channel(0).0,
             clock,
         })
     }
@@ -173,13 +199,67 @@ impl Shared {
 
     // ----- webhooks -----
 
-    /// Deliver events in order and record each in the log.
-    pub async fn deliver(&self, events: Vec<Event>) -> Vec<Delivery> {
-        let mut out = Vec::new();
-        for ev in events {
-            out.push(self.deliver_one(ev).await);
+    /// Queue events for delivery (called with the forge lock held, so queue order is the
+    /// order of the changes).
+    fn enqueue(&self, events: Vec<Event>) -> Ticket {
+        if events.is_empty() {
+            return 0;
         }
-        out
+        let mut q = lock(&self.queue);
+        for ev in events {
+            q.next_seq += 1;
+            let seq = q.next_seq;
+            q.events.push_back((seq, ev));
+        }
+        let last = q.next_seq;
+        drop(q);
+        self.wake.notify_one();
+        last
+    }
+
+    /// The delivery task: sends queued events one at a time until `stop` changes.
+    pub async fn run_deliveries(self: std::sync::Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            let next = lock(&self.queue).events.pop_front();
+            match next {
+                Some((seq, ev)) => {
+                    self.deliver_one(ev).await;
+                    self.done.send_replace(seq);
+                }
+                None => {
+                    tokio::select! {
+                        _ = self.wake.notified() => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Wait until the delivery task is done with the event `ticket` names.
+    pub async fn wait_delivered(&self, ticket: Ticket) {
+        let mut rx = self.done.subscribe();
+        loop {
+            if *rx.borrow_and_update() >= ticket {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Like [`Shared::with_repo`] for operations that cause webhooks: `f` returns its
+    /// result and its events, which are queued before the lock is released.
+    fn with_repo_events<T>(
+        &self,
+        full_name: &str,
+        f: impl FnOnce(&mut RepoState, &Repository, &mut Ids) -> Result<(T, Vec<Event>), GithubError>,
+    ) -> Result<(T, Ticket), GithubError> {
+        self.with_repo(full_name, |state, repo, ids| {
+            let (value, events) = f(state, repo, ids)?;
+            Ok((value, self.enqueue(events)))
+        })
     }
 
     async fn deliver_one(&self, ev: Event) -> Delivery {
@@ -247,22 +327,17 @@ impl Shared {
     pub fn with_repo<T>(
         &self,
         full_name: &str,
-        f: impl FnOnce(&mut RepoState, &Repository, &mut Forge) -> Result<T, GithubError>,
+        f: impl FnOnce(&mut RepoState, &Repository, &mut Ids) -> Result<T, GithubError>,
     ) -> Result<T, GithubError> {
         let mut forge = self.forge();
-        let key = full_name.to_lowercase();
-        let mut state = forge
-            .repos
-            .remove(&key)
+        let Forge { repos, ids } = &mut *forge;
+        let state = repos
+            .get_mut(&full_name.to_lowercase())
             .ok_or_else(|| GithubError::UnknownRepo(full_name.to_string()))?;
-        let result = (|| {
-            let repo = git::open(&state.spec.path)
-                .map_err(git_err(format!("open {}", state.spec.path.display())))?;
-            refresh_open_pulls(&mut state, &repo)?;
-            f(&mut state, &repo, &mut forge)
-        })();
-        forge.repos.insert(key, state);
-        result
+        let repo = git::open(&state.spec.path)
+            .map_err(git_err(format!("open {}", state.spec.path.display())))?;
+        refresh_open_pulls(state, &repo)?;
+        f(state, &repo, ids)
     }
 
     pub fn pull_detail(state: &RepoState, repo: &Repository, pr: &PullRequest) -> PullDetail {
@@ -327,12 +402,12 @@ impl Shared {
         body: Option<&str>,
         user: &str,
         draft: bool,
-    ) -> Result<(PullRequest, Vec<Event>), GithubError> {
+    ) -> Result<(PullRequest, Ticket), GithubError> {
         let now = self.clock.now();
         // `owner:branch` names a branch in a fork; the twin has no forks, so only the
         // branch matters.
         let head = head.rsplit(':').next().unwrap_or(head).to_string();
-        self.with_repo(full_name, |state, repo, forge| {
+        self.with_repo_events(full_name, |state, repo, ids| {
             let invalid = |field: &'static str, message: String| GithubError::Validation {
                 resource: "PullRequest",
                 field,
@@ -378,7 +453,7 @@ impl Shared {
             }
             let number = state.pulls.len() as u64 + 1;
             let pr = PullRequest {
-                id: forge.next_pull_id,
+                id: ids.next_pull_id,
                 number,
                 title: title.to_string(),
                 body: body.map(str::to_string),
@@ -397,7 +472,7 @@ impl Shared {
                 updated_at: now,
                 draft,
             };
-            forge.next_pull_id += 1;
+            ids.next_pull_id += 1;
             git::set_ref(
                 repo,
                 &format!("refs/pull/{number}/head"),
@@ -490,9 +565,9 @@ impl Shared {
         files: &[(String, String)],
         message: &str,
         pusher: &str,
-    ) -> Result<(String, Vec<Event>), GithubError> {
+    ) -> Result<(String, Ticket), GithubError> {
         let now = self.clock.now();
-        self.with_repo(full_name, |state, repo, _| {
+        self.with_repo_events(full_name, |state, repo, _| {
             let start = git::branch_tip(repo, &state.spec.default_branch)
                 .map_err(git_err("read default branch"))?;
             let sig = git::signature(pusher, &format!("{pusher}@users.noreply.twin"), now)
@@ -511,8 +586,8 @@ impl Shared {
         branch: &str,
         sha: &str,
         pusher: &str,
-    ) -> Result<Vec<Event>, GithubError> {
-        self.with_repo(full_name, |state, repo, _| {
+    ) -> Result<Ticket, GithubError> {
+        let ((), ticket) = self.with_repo_events(full_name, |state, repo, _| {
             let after = git::resolve_commit(repo, sha).ok_or_else(|| GithubError::UnknownRef {
                 repo: full_name.to_string(),
                 reference: sha.to_string(),
@@ -520,8 +595,12 @@ impl Shared {
             let before = git::branch_tip(repo, branch).map_err(git_err("read branch"))?;
             git::set_ref(repo, &format!("refs/heads/{branch}"), after, "push")
                 .map_err(git_err(format!("move {branch}")))?;
-            self.branch_moved(state, repo, branch, before, after, pusher)
-        })
+            Ok((
+                (),
+                self.branch_moved(state, repo, branch, before, after, pusher)?,
+            ))
+        })?;
+        Ok(ticket)
     }
 
     pub fn merge_pull(
@@ -530,9 +609,9 @@ impl Shared {
         number: u64,
         req: &MergeRequest,
         merger: &str,
-    ) -> Result<(String, Vec<Event>), GithubError> {
+    ) -> Result<(String, Ticket), GithubError> {
         let now = self.clock.now();
-        self.with_repo(full_name, |state, repo, _| {
+        self.with_repo_events(full_name, |state, repo, _| {
             let idx = pull_index(state, full_name, number)?;
             let pr = state.pulls[idx].clone();
             if pr.state != PullState::Open {
@@ -605,27 +684,22 @@ impl Shared {
         full_name: &str,
         number: u64,
         user: &str,
-    ) -> Result<Vec<Event>, GithubError> {
+    ) -> Result<Ticket, GithubError> {
         let now = self.clock.now();
-        self.with_repo(full_name, |state, repo, _| {
+        let ((), ticket) = self.with_repo_events(full_name, |state, repo, _| {
             let idx = pull_index(state, full_name, number)?;
             if state.pulls[idx].state == PullState::Closed {
-                return Ok(Vec::new());
+                return Ok(((), Vec::new()));
             }
             let pr = &mut state.pulls[idx];
             pr.state = PullState::Closed;
             pr.closed_at = Some(now);
             pr.updated_at = now;
             let pr = pr.clone();
-            Ok(vec![self.pull_event(
-                state,
-                repo,
-                &pr,
-                "closed",
-                user,
-                json!({}),
-            )])
-        })
+            let event = self.pull_event(state, repo, &pr, "closed", user, json!({}));
+            Ok(((), vec![event]))
+        })?;
+        Ok(ticket)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -640,7 +714,7 @@ impl Shared {
         creator: &str,
     ) -> Result<CommitStatus, GithubError> {
         let now = self.clock.now();
-        self.with_repo(full_name, |state, repo, forge| {
+        self.with_repo(full_name, |state, repo, ids| {
             let oid = git::resolve_commit(repo, sha)
                 .filter(|o| o.to_string().eq_ignore_ascii_case(sha))
                 .ok_or_else(|| GithubError::UnknownRef {
@@ -668,7 +742,7 @@ impl Shared {
                     }
                 })?;
             let status = CommitStatus {
-                id: forge.next_status_id,
+                id: ids.next_status_id,
                 sha: sha.clone(),
                 state: st,
                 context: context.to_string(),
@@ -677,7 +751,7 @@ impl Shared {
                 creator: creator.to_string(),
                 created_at: now,
             };
-            forge.next_status_id += 1;
+            ids.next_status_id += 1;
             state.statuses.entry(sha).or_default().push(status.clone());
             Ok(status)
         })
@@ -689,20 +763,20 @@ impl Shared {
         number: u64,
         body: &str,
         user: &str,
-    ) -> Result<(IssueComment, Vec<Event>), GithubError> {
+    ) -> Result<(IssueComment, Ticket), GithubError> {
         let now = self.clock.now();
-        self.with_repo(full_name, |state, _repo, forge| {
+        self.with_repo_events(full_name, |state, _repo, ids| {
             let idx = pull_index(state, full_name, number)?;
             check_comment_body(body)?;
             let c = IssueComment {
-                id: forge.next_comment_id,
+                id: ids.next_comment_id,
                 issue_number: number,
                 body: body.to_string(),
                 user: user.to_string(),
                 created_at: now,
                 updated_at: now,
             };
-            forge.next_comment_id += 1;
+            ids.next_comment_id += 1;
             state.comments.push(c.clone());
             let ev = self.comment_event(state, idx, &c, "created", user, json!({}));
             Ok((c, vec![ev]))
@@ -715,9 +789,9 @@ impl Shared {
         id: u64,
         body: &str,
         user: &str,
-    ) -> Result<(IssueComment, Vec<Event>), GithubError> {
+    ) -> Result<(IssueComment, Ticket), GithubError> {
         let now = self.clock.now();
-        self.with_repo(full_name, |state, _repo, _| {
+        self.with_repo_events(full_name, |state, _repo, _| {
             check_comment_body(body)?;
             let c = state
                 .comments

@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use forge::MergeRequest;
@@ -130,7 +130,7 @@ impl Default for GithubTwinConfig {
 pub struct GithubTwin {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
+    stop: watch::Sender<bool>,
     server: Option<JoinHandle<()>>,
 }
 
@@ -182,10 +182,12 @@ impl GithubTwin {
             config.rate_limit,
         )?);
         let app = api::router(shared.clone());
-        let (stop, stopped) = oneshot::channel::<()>();
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(shared.clone().run_deliveries(stop.subscribe()));
         let server = tokio::spawn(async move {
+            let mut stopped = stopped;
             let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-                let _ = stopped.await;
+                let _ = stopped.changed().await;
             });
             if let Err(e) = serve.await {
                 tracing::warn!(error = %e, "github twin stopped");
@@ -195,7 +197,7 @@ impl GithubTwin {
         Ok(GithubTwin {
             shared,
             addr,
-            stop: Some(stop),
+            stop,
             server: Some(server),
         })
     }
@@ -264,10 +266,10 @@ impl GithubTwin {
         body: &str,
         author: &str,
     ) -> Result<PullRequest, GithubError> {
-        let (pr, events) =
+        let (pr, ticket) =
             self.shared
                 .create_pull(repo, head, base, title, Some(body), author, false)?;
-        self.shared.deliver(events).await;
+        self.shared.wait_delivered(ticket).await;
         Ok(pr)
     }
 
@@ -286,10 +288,10 @@ impl GithubTwin {
             .iter()
             .map(|(p, c)| (p.to_string(), c.to_string()))
             .collect();
-        let (sha, events) = self
+        let (sha, ticket) = self
             .shared
             .push_files(repo, branch, &files, message, pusher)?;
-        self.shared.deliver(events).await;
+        self.shared.wait_delivered(ticket).await;
         Ok(sha)
     }
 
@@ -301,8 +303,8 @@ impl GithubTwin {
         sha: &str,
         pusher: &str,
     ) -> Result<(), GithubError> {
-        let events = self.shared.set_branch(repo, branch, sha, pusher)?;
-        self.shared.deliver(events).await;
+        let ticket = self.shared.set_branch(repo, branch, sha, pusher)?;
+        self.shared.wait_delivered(ticket).await;
         Ok(())
     }
 
@@ -313,10 +315,10 @@ impl GithubTwin {
         number: u64,
         merger: &str,
     ) -> Result<String, GithubError> {
-        let (sha, events) =
+        let (sha, ticket) =
             self.shared
                 .merge_pull(repo, number, &MergeRequest::default(), merger)?;
-        self.shared.deliver(events).await;
+        self.shared.wait_delivered(ticket).await;
         Ok(sha)
     }
 
@@ -326,8 +328,8 @@ impl GithubTwin {
         number: u64,
         user: &str,
     ) -> Result<(), GithubError> {
-        let events = self.shared.close_pull(repo, number, user)?;
-        self.shared.deliver(events).await;
+        let ticket = self.shared.close_pull(repo, number, user)?;
+        self.shared.wait_delivered(ticket).await;
         Ok(())
     }
 
@@ -339,8 +341,8 @@ impl GithubTwin {
         body: &str,
         author: &str,
     ) -> Result<IssueComment, GithubError> {
-        let (c, events) = self.shared.create_comment(repo, number, body, author)?;
-        self.shared.deliver(events).await;
+        let (c, ticket) = self.shared.create_comment(repo, number, body, author)?;
+        self.shared.wait_delivered(ticket).await;
         Ok(c)
     }
 
@@ -390,8 +392,8 @@ impl GithubTwin {
         self.shared.deliveries()
     }
 
-    /// Wait until at least `n` deliveries are logged (webhooks caused by API calls are
-    /// sent after the response). Returns the log.
+    /// Wait until at least `n` deliveries are logged (webhooks caused by API calls go
+    /// out after the response, as on GitHub). Returns the log.
     pub async fn wait_for_deliveries(&self, n: usize) -> Vec<Delivery> {
         let mut rx = self.shared.delivery_count();
         loop {
@@ -406,9 +408,7 @@ impl GithubTwin {
 
     /// Stop serving and wait for the server task to end.
     pub async fn shutdown(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.stop.send_replace(true);
         if let Some(server) = self.server.take() {
             let _ = server.await;
         }
@@ -417,8 +417,6 @@ impl GithubTwin {
 
 impl Drop for GithubTwin {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.stop.send_replace(true);
     }
 }
