@@ -429,6 +429,12 @@ async fn pulls_list_get_create_with_filters_and_pages() -> TestResult {
     assert!(missing.json["documentation_url"].is_string());
     let unknown_repo = api.get("/repos/nobody/nothing/pulls").await?;
     assert_eq!(unknown_repo.status, StatusCode::NOT_FOUND);
+    let wrong_method = api
+        .call(Method::DELETE, "/repos/home/ops/pulls/1", None)
+        .await?;
+    assert_eq!(wrong_method.status, StatusCode::NOT_FOUND);
+    assert_eq!(wrong_method.json["message"], "Not Found");
+    assert!(!wrong_method.header("x-ratelimit-remaining").is_empty());
     Ok(())
 }
 

@@ -141,6 +141,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
             get(get_comment).patch(update_comment).post(update_comment),
         )
         .fallback(|| async { ApiError::not_found() })
+        // GitHub answers an unsupported method on a known path with 404 too.
+        .method_not_allowed_fallback(|| async { ApiError::not_found() })
         .layer(middleware::from_fn_with_state(shared.clone(), gate))
         .with_state(shared)
 }
