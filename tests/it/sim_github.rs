@@ -733,6 +733,22 @@ async fn merge_makes_a_real_merge_commit_on_main() -> TestResult {
 
     let closed = api.get("/repos/home/ops/pulls?state=closed").await?;
     assert_eq!(closed.json[0]["merged_at"], pr.json["merged_at"]);
+
+    // From the merge commit (what a rollout reports on) back to its PR.
+    let of_merge = api
+        .get(&format!("/repos/home/ops/commits/{sha}/pulls"))
+        .await?;
+    assert_eq!(of_merge.status, StatusCode::OK);
+    assert_eq!(of_merge.json.as_array().map(Vec::len), Some(1));
+    assert_eq!(of_merge.json[0]["number"], 1);
+    let of_head = api
+        .get(&format!("/repos/home/ops/commits/{}/pulls", fx.bump))
+        .await?;
+    assert_eq!(of_head.json[0]["number"], 1);
+    let of_old_main = api
+        .get(&format!("/repos/home/ops/commits/{}/pulls", fx.main))
+        .await?;
+    assert_eq!(of_old_main.json.as_array().map(Vec::len), Some(0));
     Ok(())
 }
 

@@ -550,13 +550,17 @@ async fn create_status(
     Ok(ok(StatusCode::CREATED, v))
 }
 
-/// `GET /commits/{ref}/statuses` and `GET /commits/{ref}/status`; a ref may contain `/`.
+/// `GET /commits/{ref}/statuses`, `GET /commits/{ref}/status` and
+/// `GET /commits/{sha}/pulls`; a ref may contain `/`.
 async fn commit_statuses(
     State(shared): S,
     Path((owner, repo, rest)): Path<(String, String, String)>,
     Query(q): Query<Vec<(String, String)>>,
 ) -> ApiResult {
     let name = full_name(&owner, &repo);
+    if let Some(sha) = rest.strip_suffix("/pulls") {
+        return commit_pulls(&shared, &name, sha, &q);
+    }
     let (reference, combined) = if let Some(r) = rest.strip_suffix("/statuses") {
         (r.to_string(), false)
     } else if let Some(r) = rest.strip_suffix("/status") {
@@ -615,6 +619,41 @@ async fn commit_statuses(
             items,
         )),
     }
+}
+
+/// The PRs a commit belongs to: merged PRs whose merge commit it is or whose head
+/// contains it, and open PRs whose head contains it but whose base does not.
+fn commit_pulls(shared: &Shared, name: &str, sha: &str, q: &[(String, String)]) -> ApiResult {
+    let items = shared.with_repo(name, |state, repo, _| {
+        let oid = super::git::resolve_commit(repo, sha).ok_or_else(|| GithubError::UnknownRef {
+            repo: name.to_string(),
+            reference: sha.to_string(),
+        })?;
+        let contains = |tip: &str| {
+            git2::Oid::from_str(tip).is_ok_and(|t| super::git::is_ancestor(repo, oid, t))
+        };
+        Ok(state
+            .pulls
+            .iter()
+            .rev()
+            .filter(|p| {
+                if p.merge_commit_sha.as_deref() == Some(sha) {
+                    return true;
+                }
+                match p.state {
+                    PullState::Open => contains(&p.head_sha) && !contains(&p.base_sha),
+                    PullState::Closed => p.merged && contains(&p.head_sha),
+                }
+            })
+            .map(|p| json::pull_request(&shared.base, state, p, None))
+            .collect::<Vec<_>>())
+    })?;
+    Ok(paged(
+        shared,
+        &format!("/repos/{name}/commits/{sha}/pulls"),
+        q,
+        items,
+    ))
 }
 
 async fn list_comments(
