@@ -1,13 +1,35 @@
 //! The GitHub REST emulator: an axum server that answers like `api.github.com` for pull
-//! requests, commit statuses and issue comments over real git repositories, and delivers
-//! signed webhooks. ichor's GitHub reporter points its client at [`GithubTwin::base_url`]
-//! with [`GithubTwin::token`]; tests and `ichor demo` act as a user or Renovate through the
-//! library calls (open a PR, push, merge, comment).
+//! requests, commit statuses and issue comments over real git repositories (git2), and
+//! delivers signed webhooks. ichor's GitHub reporter points its client at
+//! [`GithubTwin::base_url`] with [`GithubTwin::token`]; tests and `ichor demo` act as a
+//! user or Renovate through the library calls (open a PR, push, force-push, merge,
+//! comment). The shapes follow GitHub's REST documentation and deserialize into
+//! octocrab's models.
 //!
-//! Simulated: the routes listed in `api.rs`, GitHub's JSON shapes and error bodies,
-//! validation of statuses, pagination with `Link`, the primary rate limit (per hour of the
-//! twin's clock), webhooks with `X-Hub-Signature-256`. Not simulated: forks, reviews,
-//! labels, check runs, branch protection, GraphQL, conditional requests, HTTPS.
+//! Routes (all need `Authorization: Bearer|token <token>`):
+//! - `GET /rate_limit`, `GET /user`, `GET /repos/{o}/{r}`
+//! - `GET|POST /repos/{o}/{r}/pulls` (`state`, `head=owner:branch`, `base`, `sort`,
+//!   `direction`, `per_page`, `page`, `Link`), `GET /repos/{o}/{r}/pulls/{n}`
+//! - `PUT /repos/{o}/{r}/pulls/{n}/merge` (`merge` or `squash`; 405 not mergeable, 409
+//!   head moved), `GET` on the same path (204 merged / 404)
+//! - `POST /repos/{o}/{r}/statuses/{sha}`, `GET /repos/{o}/{r}/commits/{ref}/statuses`,
+//!   `GET /repos/{o}/{r}/commits/{ref}/status`, `GET /repos/{o}/{r}/commits/{sha}/pulls`
+//! - `GET|POST /repos/{o}/{r}/issues/{n}/comments` (`since`, paging),
+//!   `GET|PATCH|POST /repos/{o}/{r}/issues/comments/{id}`
+//!
+//! Simulated faithfully: JSON shapes and error bodies (404, 401, 422 validation, 405/409
+//! on merge), status rules (140-character descriptions, 255-character contexts, 1000 per
+//! sha and context, combined state), the primary rate limit per hour of the twin's clock
+//! with `x-ratelimit-*` headers on every answer, PR head/base shas read live from the
+//! branches, `refs/pull/{n}/head`, real merge commits, webhooks (`pull_request` opened /
+//! synchronize / closed, `push`, `issue_comment` created / edited) with
+//! `X-Hub-Signature-256`, delivered in order by one task. Faults: 5xx bursts, secondary
+//! rate limits, dropped webhooks.
+//!
+//! Not simulated: forks, drafts beyond the flag, reviews, labels, check runs, branch
+//! protection and required checks, GraphQL, conditional requests (ETag/304), HTTPS,
+//! webhook redelivery, the test merge commit of an open PR (`merge_commit_sha` stays
+//! null until merged), permissions beyond one token.
 
 mod api;
 mod forge;
