@@ -1059,3 +1059,52 @@ async fn a_receiver_rejects_the_wrong_secret() -> TestResult {
     ));
     Ok(())
 }
+
+#[tokio::test]
+async fn renovate_rebase_is_a_forced_push_and_closing_is_not_merging() -> TestResult {
+    let fx = fixture()?;
+    let rx = receiver("s").await?;
+    let twin = start(&fx, Some((rx.url.clone(), "s".into()))).await?;
+    let api = Api::new(&twin);
+    twin.open_pull_request(REPO, BUMP, "main", "bump", "", RENOVATE_LOGIN)
+        .await?;
+    rx.next().await?;
+
+    // Renovate rebases onto main: the branch jumps to a commit that is not a descendant.
+    let rebased = commit(
+        &Repository::open(&fx.path)?,
+        "refs/heads/scratch",
+        Some(fx.main),
+        &[(RELEASE_SET, &release_set("v1.13.0"))],
+        "Update installer to v1.13.0 (rebased)",
+        1_767_226_100,
+    )?;
+    twin.force_push(REPO, BUMP, &rebased.to_string(), RENOVATE_LOGIN)
+        .await?;
+    let push = rx.next().await?;
+    assert_eq!(push.event, "push");
+    assert_eq!(push.payload["forced"], true);
+    assert_eq!(push.payload["before"], fx.bump.to_string());
+    assert_eq!(push.payload["after"], rebased.to_string());
+    let sync = rx.next().await?;
+    assert_eq!(sync.payload["action"], "synchronize");
+    let pr = api.get("/repos/home/ops/pulls/1").await?;
+    assert_eq!(pr.json["head"]["sha"], rebased.to_string());
+    assert_eq!(pr.json["mergeable"], true);
+
+    twin.close_pull_request(REPO, 1, "alice").await?;
+    let closed = rx.next().await?;
+    assert_eq!(closed.payload["action"], "closed");
+    assert_eq!(closed.payload["pull_request"]["merged"], false);
+    assert!(closed.payload["pull_request"]["merge_commit_sha"].is_null());
+    assert_eq!(
+        tip(&fx.path, "main")?,
+        fx.main,
+        "closing does not touch main"
+    );
+    let merge = api
+        .call(Method::PUT, "/repos/home/ops/pulls/1/merge", None)
+        .await?;
+    assert_eq!(merge.status, StatusCode::METHOD_NOT_ALLOWED);
+    Ok(())
+}
