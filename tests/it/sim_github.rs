@@ -1108,3 +1108,44 @@ async fn renovate_rebase_is_a_forced_push_and_closing_is_not_merging() -> TestRe
     assert_eq!(merge.status, StatusCode::METHOD_NOT_ALLOWED);
     Ok(())
 }
+
+#[tokio::test]
+async fn conditional_requests_answer_304_for_free() -> TestResult {
+    let fx = fixture()?;
+    let twin = start(&fx, None).await?;
+    let api = Api::new(&twin);
+    twin.open_pull_request(REPO, BUMP, "main", "bump", "", RENOVATE_LOGIN)
+        .await?;
+    let first = api.get("/repos/home/ops/pulls").await?;
+    let etag = first.header("etag");
+    assert!(etag.starts_with('"'), "{etag}");
+    let used = first.header("x-ratelimit-used");
+
+    let auth = format!("Bearer {}", twin.token());
+    let mut req = hyper::Request::get(format!("{}/repos/home/ops/pulls", twin.base_url()))
+        .header("authorization", auth.as_str())
+        .header("if-none-match", etag.as_str())
+        .body(Body::empty())?;
+    let resp = api.client.request(req).await?;
+    assert_eq!(resp.status(), StatusCode::NOT_MODIFIED);
+    let h = |n: &str| {
+        resp.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(h("x-ratelimit-used"), used, "a 304 does not count");
+    assert_eq!(h("etag"), etag);
+
+    // A change makes the old tag stale.
+    twin.open_pull_request(REPO, CONFLICT, "main", "other", "", RENOVATE_LOGIN)
+        .await?;
+    req = hyper::Request::get(format!("{}/repos/home/ops/pulls", twin.base_url()))
+        .header("authorization", auth.as_str())
+        .header("if-none-match", etag.as_str())
+        .body(Body::empty())?;
+    let resp = api.client.request(req).await?;
+    assert_eq!(resp.status(), StatusCode::OK);
+    Ok(())
+}

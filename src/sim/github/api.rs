@@ -190,7 +190,11 @@ async fn gate(State(shared): S, req: Request, next: Next) -> Response {
     }
     // GitHub does not charge `/rate_limit` against the limit.
     let counts = req.uri().path() != "/rate_limit";
-    let (w, exhausted) = {
+    let conditional = (req.method() == Method::GET)
+        .then(|| req.headers().get("if-none-match").cloned())
+        .flatten();
+    let is_get = req.method() == Method::GET;
+    let (mut w, exhausted) = {
         let mut w = lock(window);
         w.roll(now);
         let exhausted = counts && w.remaining() == 0;
@@ -214,7 +218,53 @@ async fn gate(State(shared): S, req: Request, next: Next) -> Response {
         .into_response(),
         Auth::Valid => next.run(req).await,
     };
+    let resp = if is_get && resp.status() == StatusCode::OK {
+        let (resp, not_modified) = with_etag(resp, conditional.as_ref()).await;
+        if not_modified && counts {
+            // An authorized 304 is free, as on GitHub.
+            let mut window = lock(window);
+            window.used = window.used.saturating_sub(1);
+            w = *window;
+        }
+        resp
+    } else {
+        resp
+    };
     with_rate_headers(resp, w.limit, w.used, w.reset_epoch_secs())
+}
+
+/// Add a strong `ETag` (sha256 of the body); answer 304 with no body when the client
+/// already has it. Returns whether it was a 304.
+async fn with_etag(resp: Response, if_none_match: Option<&HeaderValue>) -> (Response, bool) {
+    use sha2::Digest as _;
+    let (mut parts, body) = resp.into_parts();
+    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => b,
+        Err(_) => {
+            let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "Server Error");
+            return (e.into_response(), false);
+        }
+    };
+    let etag = format!("\"{}\"", hex::encode(sha2::Sha256::digest(&bytes)));
+    let matches = if_none_match
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().trim_start_matches("W/") == etag)
+        });
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        parts.headers.insert("etag", v);
+    }
+    if matches {
+        parts.status = StatusCode::NOT_MODIFIED;
+        parts.headers.remove("content-type");
+        parts.headers.remove("content-length");
+        return (Response::from_parts(parts, axum::body::Body::empty()), true);
+    }
+    (
+        Response::from_parts(parts, axum::body::Body::from(bytes)),
+        false,
+    )
 }
 
 fn with_rate_headers(mut resp: Response, limit: u64, used: u64, reset: u64) -> Response {

@@ -23,11 +23,12 @@
 //! with `x-ratelimit-*` headers on every answer, PR head/base shas read live from the
 //! branches, `refs/pull/{n}/head`, real merge commits, webhooks (`pull_request` opened /
 //! synchronize / closed, `push`, `issue_comment` created / edited) with
-//! `X-Hub-Signature-256`, delivered in order by one task. Faults: 5xx bursts, secondary
+//! `X-Hub-Signature-256`, delivered in order by one task; `ETag` on every 200 to a GET
+//! and a free 304 for a matching `If-None-Match`. Faults: 5xx bursts, secondary
 //! rate limits, dropped webhooks.
 //!
 //! Not simulated: forks, drafts beyond the flag, reviews, labels, check runs, branch
-//! protection and required checks, GraphQL, conditional requests (ETag/304), HTTPS,
+//! protection and required checks, GraphQL, `If-Modified-Since`, HTTPS,
 //! webhook redelivery, the test merge commit of an open PR (`merge_commit_sha` stays
 //! null until merged), permissions beyond one token.
 
