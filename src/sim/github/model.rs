@@ -11,7 +11,8 @@ use crate::clock::Timestamp;
 pub struct RepoSpec {
     /// `owner/name`, as it appears in API paths.
     pub full_name: String,
-    /// A git repository, bare or with a work tree.
+    /// A git repository, bare or with a work tree. The twin moves branch refs only: the
+    /// work tree of a checked-out branch is not updated by merges or pushes.
     pub path: PathBuf,
     /// The branch PRs target when none is given (GitHub's `default_branch`).
     pub default_branch: String,
