@@ -3,3 +3,4 @@
 //! the benches. Nothing outside `sim` and the CLI imports it.
 
 pub mod fixture;
+pub mod github;

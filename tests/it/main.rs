@@ -2,6 +2,7 @@
 
 mod cli;
 mod props;
+mod sim_github;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

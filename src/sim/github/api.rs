@@ -1,0 +1,812 @@
+//! The HTTP face: GitHub's REST routes, auth, rate-limit headers, injected faults, and
+//! GitHub's error bodies.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::forge::{self, lock, MergeRequest, Shared};
+use super::json;
+use super::model::{self, PageRequest, PullState};
+use super::GithubError;
+
+const DOCS: &str = "https://docs.github.com/rest";
+
+/// An error answer in GitHub's shape: `{"message", "documentation_url", ["errors"]}`.
+pub struct ApiError {
+    status: StatusCode,
+    body: Value,
+    retry_after: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: &str) -> Self {
+        ApiError {
+            status,
+            body: json!({
+                "message": message,
+                "documentation_url": DOCS,
+                "status": status.as_u16().to_string(),
+            }),
+            retry_after: None,
+        }
+    }
+
+    fn not_found() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "Not Found")
+    }
+
+    fn bad_json() -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "Problems parsing JSON")
+    }
+}
+
+impl From<GithubError> for ApiError {
+    fn from(e: GithubError) -> Self {
+        match e {
+            GithubError::UnknownRepo(_)
+            | GithubError::UnknownPull { .. }
+            | GithubError::UnknownComment { .. } => ApiError::not_found(),
+            GithubError::UnknownRef { reference, .. } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &format!("No commit found for SHA: {reference}"),
+            ),
+            GithubError::Validation {
+                resource,
+                field,
+                code,
+                message,
+            } => ApiError {
+                status: StatusCode::UNPROCESSABLE_ENTITY,
+                body: json!({
+                    "message": "Validation Failed",
+                    "errors": [{
+                        "resource": resource,
+                        "code": code,
+                        "field": field,
+                        "message": message,
+                    }],
+                    "documentation_url": DOCS,
+                    "status": "422",
+                }),
+                retry_after: None,
+            },
+            GithubError::NotMergeable { .. } => ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Pull Request is not mergeable",
+            ),
+            GithubError::MergeMethodNotAllowed(m) => ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &format!("{m} merges are not allowed on this repository."),
+            ),
+            GithubError::HeadModified { .. } => ApiError::new(
+                StatusCode::CONFLICT,
+                "Head branch was modified. Review and try the merge again.",
+            ),
+            other => {
+                tracing::warn!(error = %other, "github twin: internal error");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "Server Error")
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, Json(self.body)).into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert("retry-after", HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+type S = State<Arc<Shared>>;
+
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/rate_limit", get(rate_limit))
+        .route("/user", get(current_user))
+        .route("/repos/{owner}/{repo}", get(get_repo))
+        .route(
+            "/repos/{owner}/{repo}/pulls",
+            get(list_pulls).post(create_pull),
+        )
+        .route("/repos/{owner}/{repo}/pulls/{number}", get(get_pull))
+        .route(
+            "/repos/{owner}/{repo}/pulls/{number}/merge",
+            put(merge_pull).get(is_merged),
+        )
+        .route("/repos/{owner}/{repo}/statuses/{sha}", post(create_status))
+        .route(
+            "/repos/{owner}/{repo}/commits/{*rest}",
+            get(commit_statuses),
+        )
+        .route(
+            "/repos/{owner}/{repo}/issues/{number}/comments",
+            get(list_comments).post(create_comment),
+        )
+        .route(
+            "/repos/{owner}/{repo}/issues/comments/{id}",
+            get(get_comment).patch(update_comment).post(update_comment),
+        )
+        .fallback(|| async { ApiError::not_found() })
+        // GitHub answers an unsupported method on a known path with 404 too.
+        .method_not_allowed_fallback(|| async { ApiError::not_found() })
+        .layer(middleware::from_fn_with_state(shared.clone(), gate))
+        .with_state(shared)
+}
+
+/// Every request passes here: injected faults first (they come from GitHub's edge), then
+/// authentication, then the primary rate limit; every answer gets the rate-limit headers.
+async fn gate(State(shared): S, req: Request, next: Next) -> Response {
+    let now = shared.clock.now();
+    let fault = {
+        let mut f = lock(&shared.faults);
+        if f.server_errors > 0 {
+            f.server_errors -= 1;
+            let status = StatusCode::from_u16(f.server_error_status)
+                .ok()
+                .filter(|s| s.is_server_error())
+                .unwrap_or(StatusCode::BAD_GATEWAY);
+            Some(ApiError::new(
+                status,
+                status.canonical_reason().unwrap_or("Server Error"),
+            ))
+        } else if f.secondary_rate_limits > 0 {
+            f.secondary_rate_limits -= 1;
+            let mut e = ApiError::new(
+                StatusCode::FORBIDDEN,
+                "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
+            );
+            e.body["documentation_url"] = json!(
+                "https://docs.github.com/rest/using-the-rest-api/rate-limits-for-the-rest-api#about-secondary-rate-limits"
+            );
+            e.retry_after = Some(f.retry_after_secs);
+            Some(e)
+        } else {
+            None
+        }
+    };
+    let auth = authenticate(req.headers(), &shared.token);
+    let window = if auth == Auth::Valid {
+        &shared.rate
+    } else {
+        &shared.anonymous_rate
+    };
+    if let Some(e) = fault {
+        let w = *lock(window);
+        return with_rate_headers(e.into_response(), w.limit, w.used, w.reset_epoch_secs());
+    }
+    // GitHub does not charge `/rate_limit` against the limit.
+    let counts = req.uri().path() != "/rate_limit";
+    let conditional = (req.method() == Method::GET)
+        .then(|| req.headers().get("if-none-match").cloned())
+        .flatten();
+    let is_get = req.method() == Method::GET;
+    let (mut w, exhausted) = {
+        let mut w = lock(window);
+        w.roll(now);
+        let exhausted = counts && w.remaining() == 0;
+        if counts && !exhausted {
+            w.used += 1;
+        }
+        (*w, exhausted)
+    };
+    let resp = match auth {
+        Auth::Missing => {
+            ApiError::new(StatusCode::UNAUTHORIZED, "Requires authentication").into_response()
+        }
+        Auth::Wrong => ApiError::new(StatusCode::UNAUTHORIZED, "Bad credentials").into_response(),
+        Auth::Valid if exhausted => ApiError::new(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "API rate limit exceeded for user ID {}.",
+                json::user_id(&shared.login)
+            ),
+        )
+        .into_response(),
+        Auth::Valid => next.run(req).await,
+    };
+    let resp = if is_get && resp.status() == StatusCode::OK {
+        let (resp, not_modified) = with_etag(resp, conditional.as_ref()).await;
+        if not_modified && counts {
+            // An authorized 304 is free, as on GitHub.
+            let mut window = lock(window);
+            window.used = window.used.saturating_sub(1);
+            w = *window;
+        }
+        resp
+    } else {
+        resp
+    };
+    with_rate_headers(resp, w.limit, w.used, w.reset_epoch_secs())
+}
+
+/// Add a strong `ETag` (sha256 of the body); answer 304 with no body when the client
+/// already has it. Returns whether it was a 304.
+async fn with_etag(resp: Response, if_none_match: Option<&HeaderValue>) -> (Response, bool) {
+    use sha2::Digest as _;
+    let (mut parts, body) = resp.into_parts();
+    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => b,
+        Err(_) => {
+            let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "Server Error");
+            return (e.into_response(), false);
+        }
+    };
+    let etag = format!("\"{}\"", hex::encode(sha2::Sha256::digest(&bytes)));
+    let matches = if_none_match
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().trim_start_matches("W/") == etag)
+        });
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        parts.headers.insert("etag", v);
+    }
+    if matches {
+        parts.status = StatusCode::NOT_MODIFIED;
+        parts.headers.remove("content-type");
+        parts.headers.remove("content-length");
+        return (Response::from_parts(parts, axum::body::Body::empty()), true);
+    }
+    (
+        Response::from_parts(parts, axum::body::Body::from(bytes)),
+        false,
+    )
+}
+
+fn with_rate_headers(mut resp: Response, limit: u64, used: u64, reset: u64) -> Response {
+    let h = resp.headers_mut();
+    h.insert("x-ratelimit-limit", HeaderValue::from(limit));
+    h.insert(
+        "x-ratelimit-remaining",
+        HeaderValue::from(limit.saturating_sub(used)),
+    );
+    h.insert("x-ratelimit-used", HeaderValue::from(used));
+    h.insert("x-ratelimit-reset", HeaderValue::from(reset));
+    h.insert("x-ratelimit-resource", HeaderValue::from_static("core"));
+    h.insert(
+        "x-github-media-type",
+        HeaderValue::from_static("github.v3; format=json"),
+    );
+    h.insert("x-github-request-id", HeaderValue::from_static("0000:TWIN"));
+    resp
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Auth {
+    Missing,
+    Wrong,
+    Valid,
+}
+
+fn authenticate(headers: &HeaderMap, token: &str) -> Auth {
+    let Some(value) = headers.get("authorization").and_then(|v| v.to_str().ok()) else {
+        return Auth::Missing;
+    };
+    let presented = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .or_else(|| value.strip_prefix("token "))
+        .or_else(|| value.strip_prefix("Token "))
+        .map(str::trim);
+    match presented {
+        Some(p) if constant_time_eq(p.as_bytes(), token.as_bytes()) => Auth::Valid,
+        _ => Auth::Wrong,
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn full_name(owner: &str, repo: &str) -> String {
+    format!("{owner}/{repo}")
+}
+
+fn parse_number(s: &str) -> Result<u64, ApiError> {
+    s.parse().map_err(|_| ApiError::not_found())
+}
+
+fn parse_json<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|_| ApiError::bad_json())
+}
+
+fn ok(status: StatusCode, body: Value) -> Response {
+    (status, Json(body)).into_response()
+}
+
+fn query_get<'a>(q: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    q.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+
+/// The page of `items` the query asks for, with GitHub's `Link` header.
+fn paged(shared: &Shared, path: &str, q: &[(String, String)], items: Vec<Value>) -> Response {
+    let req = PageRequest::from_query(query_get(q, "per_page"), query_get(q, "page"));
+    let others: Vec<(String, String)> = q
+        .iter()
+        .filter(|(k, _)| k != "per_page" && k != "page")
+        .map(|(k, v)| (k.clone(), encode_query_value(v)))
+        .collect();
+    let link = model::link_header(&format!("{}{path}", shared.base), &others, req, items.len());
+    let page = req.slice(&items).to_vec();
+    let mut resp = ok(StatusCode::OK, Value::Array(page));
+    if let Some(link) = link.and_then(|l| HeaderValue::from_str(&l).ok()) {
+        resp.headers_mut().insert("link", link);
+    }
+    resp
+}
+
+fn encode_query_value(v: &str) -> String {
+    let mut out = String::new();
+    for b in v.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b':' | b'/' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+// ----- handlers -----
+
+async fn rate_limit(State(shared): S) -> ApiResult {
+    let w = *lock(&shared.rate);
+    let core = json::rate(w.limit, w.used, w.reset_epoch_secs());
+    let fresh = |limit: u64| json::rate(limit, 0, w.reset_epoch_secs());
+    Ok(ok(
+        StatusCode::OK,
+        json!({
+            "resources": {
+                "core": core,
+                "search": fresh(30),
+                "graphql": fresh(5000),
+                "integration_manifest": fresh(5000),
+                "code_scanning_upload": fresh(1000),
+                "actions_runner_registration": fresh(10000),
+            },
+            "rate": core,
+        }),
+    ))
+}
+
+async fn current_user(State(shared): S) -> ApiResult {
+    Ok(ok(StatusCode::OK, json::user(&shared.base, &shared.login)))
+}
+
+async fn get_repo(State(shared): S, Path((owner, repo)): Path<(String, String)>) -> ApiResult {
+    let v = shared.with_repo(&full_name(&owner, &repo), |state, _, _| {
+        Ok(json::repository(&shared.base, state))
+    })?;
+    Ok(ok(StatusCode::OK, v))
+}
+
+async fn list_pulls(
+    State(shared): S,
+    Path((owner, repo)): Path<(String, String)>,
+    Query(q): Query<Vec<(String, String)>>,
+) -> ApiResult {
+    let name = full_name(&owner, &repo);
+    let want_state = query_get(&q, "state").unwrap_or("open").to_string();
+    if !matches!(want_state.as_str(), "open" | "closed" | "all") {
+        return Err(GithubError::Validation {
+            resource: "PullRequest",
+            field: "state",
+            code: "invalid",
+            message: format!("state must be open, closed or all, not {want_state}"),
+        }
+        .into());
+    }
+    let head = query_get(&q, "head").map(str::to_string);
+    let base = query_get(&q, "base").map(str::to_string);
+    let sort = query_get(&q, "sort").unwrap_or("created").to_string();
+    let descending = match query_get(&q, "direction") {
+        Some(d) => d == "desc",
+        None => sort == "created",
+    };
+    let items = shared.with_repo(&name, |state, _, _| {
+        let mut pulls: Vec<_> = state
+            .pulls
+            .iter()
+            .filter(|p| match want_state.as_str() {
+                "open" => p.state == PullState::Open,
+                "closed" => p.state == PullState::Closed,
+                _ => true,
+            })
+            .filter(|p| match &head {
+                // `owner:branch`; a bare branch also matches, for convenience.
+                Some(h) => match h.split_once(':') {
+                    Some((o, b)) => o.eq_ignore_ascii_case(state.spec.owner()) && b == p.head_ref,
+                    None => *h == p.head_ref,
+                },
+                None => true,
+            })
+            .filter(|p| base.as_ref().is_none_or(|b| *b == p.base_ref))
+            .cloned()
+            .collect();
+        match sort.as_str() {
+            "updated" => pulls.sort_by_key(|p| (p.updated_at, p.number)),
+            _ => pulls.sort_by_key(|p| p.number),
+        }
+        if descending {
+            pulls.reverse();
+        }
+        Ok(pulls
+            .iter()
+            .map(|p| json::pull_request(&shared.base, state, p, None))
+            .collect::<Vec<_>>())
+    })?;
+    Ok(paged(&shared, &format!("/repos/{name}/pulls"), &q, items))
+}
+
+async fn get_pull(
+    State(shared): S,
+    Path((owner, repo, number)): Path<(String, String, String)>,
+) -> ApiResult {
+    let number = parse_number(&number)?;
+    let name = full_name(&owner, &repo);
+    let v = shared.with_repo(&name, |state, repo, _| {
+        let idx = forge::pull_index(state, &name, number)?;
+        let pr = &state.pulls[idx];
+        let detail = Shared::pull_detail(state, repo, pr);
+        Ok(json::pull_request(&shared.base, state, pr, Some(&detail)))
+    })?;
+    Ok(ok(StatusCode::OK, v))
+}
+
+#[derive(Deserialize)]
+struct CreatePull {
+    title: Option<String>,
+    head: Option<String>,
+    base: Option<String>,
+    body: Option<String>,
+    #[serde(default)]
+    draft: bool,
+}
+
+async fn create_pull(
+    State(shared): S,
+    Path((owner, repo)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let req: CreatePull = parse_json(&body)?;
+    let missing = |field: &'static str| GithubError::Validation {
+        resource: "PullRequest",
+        field,
+        code: "missing_field",
+        message: format!("{field} is missing"),
+    };
+    let head = req.head.ok_or_else(|| missing("head"))?;
+    let base = req.base.ok_or_else(|| missing("base"))?;
+    let title = req.title.ok_or_else(|| missing("title"))?;
+    let name = full_name(&owner, &repo);
+    let (pr, _ticket) = shared.create_pull(
+        &name,
+        &head,
+        &base,
+        &title,
+        req.body.as_deref(),
+        &shared.login,
+        req.draft,
+    )?;
+    let v = shared.with_repo(&name, |state, repo, _| {
+        let detail = Shared::pull_detail(state, repo, &pr);
+        Ok(json::pull_request(&shared.base, state, &pr, Some(&detail)))
+    })?;
+    Ok(ok(StatusCode::CREATED, v))
+}
+
+#[derive(Deserialize, Default)]
+struct MergeBody {
+    sha: Option<String>,
+    merge_method: Option<String>,
+    commit_title: Option<String>,
+    commit_message: Option<String>,
+}
+
+async fn merge_pull(
+    State(shared): S,
+    Path((owner, repo, number)): Path<(String, String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let number = parse_number(&number)?;
+    let req: MergeBody = if body.is_empty() {
+        MergeBody::default()
+    } else {
+        parse_json(&body)?
+    };
+    let (sha, _ticket) = shared.merge_pull(
+        &full_name(&owner, &repo),
+        number,
+        &MergeRequest {
+            sha: req.sha,
+            method: req.merge_method,
+            commit_title: req.commit_title,
+            commit_message: req.commit_message,
+        },
+        &shared.login,
+    )?;
+    Ok(ok(
+        StatusCode::OK,
+        json!({ "sha": sha, "merged": true, "message": "Pull Request successfully merged" }),
+    ))
+}
+
+/// `GET /pulls/{n}/merge`: 204 when merged, 404 when not.
+async fn is_merged(
+    State(shared): S,
+    Path((owner, repo, number)): Path<(String, String, String)>,
+) -> ApiResult {
+    let number = parse_number(&number)?;
+    let name = full_name(&owner, &repo);
+    let merged = shared.with_repo(&name, |state, _, _| {
+        let idx = forge::pull_index(state, &name, number)?;
+        Ok(state.pulls[idx].merged)
+    })?;
+    if merged {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::not_found())
+    }
+}
+
+#[derive(Deserialize)]
+struct CreateStatus {
+    state: Option<String>,
+    target_url: Option<String>,
+    description: Option<String>,
+    context: Option<String>,
+}
+
+async fn create_status(
+    State(shared): S,
+    Path((owner, repo, sha)): Path<(String, String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let req: CreateStatus = parse_json(&body)?;
+    let name = full_name(&owner, &repo);
+    let state_s = req.state.ok_or(GithubError::Validation {
+        resource: "Status",
+        field: "state",
+        code: "missing_field",
+        message: "state is missing".into(),
+    })?;
+    let status = shared.create_status(
+        &name,
+        &sha,
+        &state_s,
+        req.context.as_deref(),
+        req.description.as_deref(),
+        req.target_url.as_deref(),
+        &shared.login,
+    )?;
+    let v = shared.with_repo(&name, |state, _, _| {
+        Ok(json::status(&shared.base, state, &status))
+    })?;
+    Ok(ok(StatusCode::CREATED, v))
+}
+
+/// `GET /commits/{ref}/statuses`, `GET /commits/{ref}/status` and
+/// `GET /commits/{sha}/pulls`; a ref may contain `/`.
+async fn commit_statuses(
+    State(shared): S,
+    Path((owner, repo, rest)): Path<(String, String, String)>,
+    Query(q): Query<Vec<(String, String)>>,
+) -> ApiResult {
+    let name = full_name(&owner, &repo);
+    if let Some(sha) = rest.strip_suffix("/pulls") {
+        return commit_pulls(&shared, &name, sha, &q);
+    }
+    let (reference, combined) = if let Some(r) = rest.strip_suffix("/statuses") {
+        (r.to_string(), false)
+    } else if let Some(r) = rest.strip_suffix("/status") {
+        (r.to_string(), true)
+    } else {
+        return Err(ApiError::not_found());
+    };
+    let result = shared.with_repo(&name, |state, repo, _| {
+        let oid = super::git::resolve_commit(repo, &reference).ok_or_else(|| {
+            GithubError::UnknownRef {
+                repo: name.clone(),
+                reference: reference.clone(),
+            }
+        })?;
+        let sha = oid.to_string();
+        if combined {
+            let (st, latest) = forge::combined(state, &sha);
+            Ok((
+                Some(json::combined_status(
+                    &shared.base,
+                    state,
+                    &sha,
+                    st,
+                    &latest,
+                )),
+                vec![],
+            ))
+        } else {
+            // Newest first, as GitHub lists them.
+            let mut all = forge::statuses_for(state, &sha);
+            all.reverse();
+            Ok((
+                None,
+                all.iter()
+                    .map(|s| json::status(&shared.base, state, s))
+                    .collect(),
+            ))
+        }
+    })?;
+    match result {
+        (Some(mut v), _) => {
+            // The combined view pages its statuses too (GitHub: up to 100 per page).
+            let req = PageRequest::from_query(
+                query_get(&q, "per_page").or(Some("100")),
+                query_get(&q, "page"),
+            );
+            if let Some(list) = v["statuses"].as_array().cloned() {
+                v["statuses"] = Value::Array(req.slice(&list).to_vec());
+            }
+            Ok(ok(StatusCode::OK, v))
+        }
+        (None, items) => Ok(paged(
+            &shared,
+            &format!("/repos/{name}/commits/{reference}/statuses"),
+            &q,
+            items,
+        )),
+    }
+}
+
+/// The PRs a commit belongs to: merged PRs whose merge commit it is or whose head
+/// contains it, and open PRs whose head contains it but whose base does not.
+fn commit_pulls(shared: &Shared, name: &str, sha: &str, q: &[(String, String)]) -> ApiResult {
+    let items = shared.with_repo(name, |state, repo, _| {
+        let oid = super::git::resolve_commit(repo, sha).ok_or_else(|| GithubError::UnknownRef {
+            repo: name.to_string(),
+            reference: sha.to_string(),
+        })?;
+        let contains = |tip: &str| {
+            git2::Oid::from_str(tip).is_ok_and(|t| super::git::is_ancestor(repo, oid, t))
+        };
+        Ok(state
+            .pulls
+            .iter()
+            .rev()
+            .filter(|p| {
+                if p.merge_commit_sha.as_deref() == Some(sha) {
+                    return true;
+                }
+                match p.state {
+                    PullState::Open => contains(&p.head_sha) && !contains(&p.base_sha),
+                    PullState::Closed => p.merged && contains(&p.head_sha),
+                }
+            })
+            .map(|p| json::pull_request(&shared.base, state, p, None))
+            .collect::<Vec<_>>())
+    })?;
+    Ok(paged(
+        shared,
+        &format!("/repos/{name}/commits/{sha}/pulls"),
+        q,
+        items,
+    ))
+}
+
+async fn list_comments(
+    State(shared): S,
+    Path((owner, repo, number)): Path<(String, String, String)>,
+    Query(q): Query<Vec<(String, String)>>,
+) -> ApiResult {
+    let number = parse_number(&number)?;
+    let name = full_name(&owner, &repo);
+    let since = match query_get(&q, "since") {
+        Some(s) => Some(model::parse_rfc3339(s).ok_or_else(|| {
+            ApiError::from(GithubError::Validation {
+                resource: "IssueComment",
+                field: "since",
+                code: "invalid",
+                message: format!("since is not an ISO 8601 timestamp: {s}"),
+            })
+        })?),
+        None => None,
+    };
+    let items = shared.with_repo(&name, |state, _, _| {
+        forge::pull_index(state, &name, number)?;
+        Ok(state
+            .comments
+            .iter()
+            .filter(|c| c.issue_number == number)
+            .filter(|c| since.is_none_or(|s| c.updated_at >= s))
+            .map(|c| json::comment(&shared.base, state, c))
+            .collect::<Vec<_>>())
+    })?;
+    Ok(paged(
+        &shared,
+        &format!("/repos/{name}/issues/{number}/comments"),
+        &q,
+        items,
+    ))
+}
+
+#[derive(Deserialize)]
+struct CommentBody {
+    body: Option<String>,
+}
+
+fn comment_body(body: &Bytes) -> Result<String, ApiError> {
+    let req: CommentBody = parse_json(body)?;
+    req.body.ok_or_else(|| {
+        GithubError::Validation {
+            resource: "IssueComment",
+            field: "body",
+            code: "missing_field",
+            message: "body is missing".into(),
+        }
+        .into()
+    })
+}
+
+async fn create_comment(
+    State(shared): S,
+    Path((owner, repo, number)): Path<(String, String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let number = parse_number(&number)?;
+    let text = comment_body(&body)?;
+    let name = full_name(&owner, &repo);
+    let (c, _ticket) = shared.create_comment(&name, number, &text, &shared.login)?;
+    let v = shared.with_repo(&name, |state, _, _| {
+        Ok(json::comment(&shared.base, state, &c))
+    })?;
+    Ok(ok(StatusCode::CREATED, v))
+}
+
+async fn get_comment(
+    State(shared): S,
+    Path((owner, repo, id)): Path<(String, String, String)>,
+) -> ApiResult {
+    let id = parse_number(&id)?;
+    let name = full_name(&owner, &repo);
+    let v = shared.with_repo(&name, |state, _, _| {
+        let c = state.comments.iter().find(|c| c.id == id).ok_or_else(|| {
+            GithubError::UnknownComment {
+                repo: name.clone(),
+                id,
+            }
+        })?;
+        Ok(json::comment(&shared.base, state, c))
+    })?;
+    Ok(ok(StatusCode::OK, v))
+}
+
+/// PATCH, and POST too: octocrab's `update_comment` sends POST, which GitHub accepts.
+async fn update_comment(
+    State(shared): S,
+    method: Method,
+    Path((owner, repo, id)): Path<(String, String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let id = parse_number(&id)?;
+    let text = comment_body(&body)?;
+    let name = full_name(&owner, &repo);
+    let (c, _ticket) = shared.update_comment(&name, id, &text, &shared.login)?;
+    tracing::debug!(%method, id, "comment updated");
+    let v = shared.with_repo(&name, |state, _, _| {
+        Ok(json::comment(&shared.base, state, &c))
+    })?;
+    Ok(ok(StatusCode::OK, v))
+}

@@ -1,0 +1,904 @@
+//! The forge's behaviour, shared by the HTTP API and the library calls a test or
+//! `ichor demo` makes to act as a user or Renovate. Each operation changes state under one
+//! lock and queues the webhook events it causes before releasing it, so webhooks go out in
+//! the order the changes happened; one delivery task sends them.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use git2::{Oid, Repository};
+use serde_json::{json, Value};
+use tokio::sync::{watch, Notify};
+
+use super::git::{self, MergeOutcome};
+use super::json::{self, PullDetail};
+use super::model::{
+    self, CommitStatus, IssueComment, PullRequest, PullState, RepoSpec, RepoState, StatusState,
+};
+use super::webhook::{self, Delivery, DeliveryOutcome, HttpClient, WebhookTarget};
+use super::{GithubError, GithubFaults};
+use crate::clock::{Clock, Timestamp};
+
+/// An event waiting in the delivery queue.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub name: &'static str,
+    pub action: Option<String>,
+    pub repo: String,
+    pub repo_id: u64,
+    pub payload: Value,
+}
+
+/// The primary rate-limit window of one caller.
+#[derive(Clone, Copy, Debug)]
+pub struct RateWindow {
+    pub limit: u64,
+    pub used: u64,
+    pub reset: Timestamp,
+}
+
+impl RateWindow {
+    fn new(limit: u64, now: Timestamp) -> Self {
+        RateWindow {
+            limit,
+            used: 0,
+            reset: now.plus(Duration::from_secs(3600)),
+        }
+    }
+
+    /// Start a new hour when the old one is over.
+    pub fn roll(&mut self, now: Timestamp) {
+        if now >= self.reset {
+            self.used = 0;
+            self.reset = now.plus(Duration::from_secs(3600));
+        }
+    }
+
+    pub fn remaining(&self) -> u64 {
+        self.limit.saturating_sub(self.used)
+    }
+
+    pub fn reset_epoch_secs(&self) -> u64 {
+        self.reset.as_millis() / 1000
+    }
+}
+
+pub struct Forge {
+    pub repos: BTreeMap<String, RepoState>,
+    ids: Ids,
+}
+
+/// Ids are unique across repositories, as on GitHub.
+pub struct Ids {
+    next_pull_id: u64,
+    next_status_id: u64,
+    next_comment_id: u64,
+}
+
+/// How a merge is asked for (the body of `PUT /pulls/{n}/merge`).
+#[derive(Clone, Debug, Default)]
+pub struct MergeRequest {
+    /// The head sha the caller expects; a different head is a 409.
+    pub sha: Option<String>,
+    /// `merge` (default), `squash` or `rebase` (refused, as on a repo that disallows it).
+    pub method: Option<String>,
+    pub commit_title: Option<String>,
+    pub commit_message: Option<String>,
+}
+
+pub struct Shared {
+    pub clock: Clock,
+    pub base: String,
+    pub token: String,
+    pub login: String,
+    pub hook_id: u64,
+    forge: Mutex<Forge>,
+    pub faults: Mutex<GithubFaults>,
+    pub rate: Mutex<RateWindow>,
+    pub anonymous_rate: Mutex<RateWindow>,
+    pub webhook: Mutex<Option<WebhookTarget>>,
+    deliveries: Mutex<Vec<Delivery>>,
+    delivered: watch::Sender<usize>,
+    client: HttpClient,
+    queue: Mutex<Queue>,
+    wake: Notify,
+    /// The sequence number of the last event the delivery task finished with.
+    done: watch::Sender<u64>,
+}
+
+/// Events waiting for delivery, each with its sequence number.
+#[derive(Default)]
+struct Queue {
+    next_seq: u64,
+    events: VecDeque<(u64, Event)>,
+}
+
+/// Identifies the last event an operation queued; wait on it with
+/// [`Shared::wait_delivered`]. Zero when the operation queued nothing.
+pub type Ticket = u64;
+
+/// Locks that survive a panic elsewhere: the data under them is always left consistent.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn git_err(what: impl Into<String>) -> impl FnOnce(git2::Error) -> GithubError {
+    let what = what.into();
+    move |source| GithubError::Git { what, source }
+}
+
+fn parse_oid(s: &str) -> Option<Oid> {
+    Oid::from_str(s).ok()
+}
+
+impl Shared {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        clock: Clock,
+        base: String,
+        token: String,
+        login: String,
+        repos: Vec<RepoSpec>,
+        webhook: Option<WebhookTarget>,
+        faults: GithubFaults,
+        rate_limit: u64,
+    ) -> Result<Self, GithubError> {
+        let mut map = BTreeMap::new();
+        for (i, spec) in repos.into_iter().enumerate() {
+            if spec.owner().is_empty()
+                || spec.name().is_empty()
+                || spec.full_name.matches('/').count() != 1
+            {
+                return Err(GithubError::BadRepoName(spec.full_name));
+            }
+            git::open(&spec.path).map_err(git_err(format!("open {}", spec.path.display())))?;
+            map.insert(
+                spec.full_name.to_lowercase(),
+                RepoState {
+                    id: 700_000_000 + i as u64 + 1,
+                    spec,
+                    pulls: Vec::new(),
+                    statuses: BTreeMap::new(),
+                    comments: Vec::new(),
+                },
+            );
+        }
+        let now = clock.now();
+        let (delivered, _) = watch::channel(0);
+        Ok(Shared {
+            base,
+            token,
+            login,
+            hook_id: 400_000_001,
+            forge: Mutex::new(Forge {
+                repos: map,
+                ids: Ids {
+                    next_pull_id: 2_000_000_001,
+                    next_status_id: 30_000_000_001,
+                    next_comment_id: 1_500_000_001,
+                },
+            }),
+            faults: Mutex::new(faults),
+            rate: Mutex::new(RateWindow::new(rate_limit, now)),
+            anonymous_rate: Mutex::new(RateWindow::new(60, now)),
+            webhook: Mutex::new(webhook),
+            deliveries: Mutex::new(Vec::new()),
+            delivered,
+            client: webhook::client(),
+            queue: Mutex::new(Queue::default()),
+            wake: Notify::new(),
+            done: watch::channel(0).0,
+            clock,
+        })
+    }
+
+    pub fn forge(&self) -> MutexGuard<'_, Forge> {
+        lock(&self.forge)
+    }
+
+    // ----- webhooks -----
+
+    /// Queue events for delivery (called with the forge lock held, so queue order is the
+    /// order of the changes).
+    fn enqueue(&self, events: Vec<Event>) -> Ticket {
+        if events.is_empty() {
+            return 0;
+        }
+        let mut q = lock(&self.queue);
+        for ev in events {
+            q.next_seq += 1;
+            let seq = q.next_seq;
+            q.events.push_back((seq, ev));
+        }
+        let last = q.next_seq;
+        drop(q);
+        self.wake.notify_one();
+        last
+    }
+
+    /// The delivery task: sends queued events one at a time until `stop` changes.
+    pub async fn run_deliveries(self: std::sync::Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            let next = lock(&self.queue).events.pop_front();
+            match next {
+                Some((seq, ev)) => {
+                    self.deliver_one(ev).await;
+                    self.done.send_replace(seq);
+                }
+                None => {
+                    tokio::select! {
+                        _ = self.wake.notified() => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Wait until the delivery task is done with the event `ticket` names.
+    pub async fn wait_delivered(&self, ticket: Ticket) {
+        let mut rx = self.done.subscribe();
+        loop {
+            if *rx.borrow_and_update() >= ticket {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Like [`Shared::with_repo`] for operations that cause webhooks: `f` returns its
+    /// result and its events, which are queued before the lock is released.
+    fn with_repo_events<T>(
+        &self,
+        full_name: &str,
+        f: impl FnOnce(&mut RepoState, &Repository, &mut Ids) -> Result<(T, Vec<Event>), GithubError>,
+    ) -> Result<(T, Ticket), GithubError> {
+        self.with_repo(full_name, |state, repo, ids| {
+            let (value, events) = f(state, repo, ids)?;
+            Ok((value, self.enqueue(events)))
+        })
+    }
+
+    async fn deliver_one(&self, ev: Event) -> Delivery {
+        let id = webhook::new_guid();
+        let body = ev.payload.to_string();
+        let target = lock(&self.webhook).clone();
+        let dropped = {
+            let mut f = lock(&self.faults);
+            if target.is_some() && f.dropped_webhooks > 0 {
+                f.dropped_webhooks -= 1;
+                true
+            } else {
+                false
+            }
+        };
+        let outcome = match (&target, dropped) {
+            (None, _) => DeliveryOutcome::NoTarget,
+            (Some(_), true) => DeliveryOutcome::Dropped,
+            (Some(t), false) => {
+                webhook::send(
+                    &self.client,
+                    webhook::Outgoing {
+                        target: t,
+                        delivery_id: &id,
+                        event: ev.name,
+                        hook_id: self.hook_id,
+                        repo_id: ev.repo_id,
+                        body: &body,
+                    },
+                )
+                .await
+            }
+        };
+        let delivery = Delivery {
+            id,
+            event: ev.name.to_string(),
+            action: ev.action,
+            repo: ev.repo,
+            outcome,
+            at: self.clock.now(),
+            body,
+        };
+        tracing::debug!(id = %delivery.id, event = %delivery.event, outcome = ?delivery.outcome, "webhook");
+        let n = {
+            let mut log = lock(&self.deliveries);
+            log.push(delivery.clone());
+            log.len()
+        };
+        self.delivered.send_replace(n);
+        delivery
+    }
+
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        lock(&self.deliveries).clone()
+    }
+
+    pub fn delivery_count(&self) -> watch::Receiver<usize> {
+        self.delivered.subscribe()
+    }
+
+    // ----- reads -----
+
+    /// Run `f` on a repository's state and its git repository, after refreshing the live
+    /// head/base shas of its open PRs.
+    pub fn with_repo<T>(
+        &self,
+        full_name: &str,
+        f: impl FnOnce(&mut RepoState, &Repository, &mut Ids) -> Result<T, GithubError>,
+    ) -> Result<T, GithubError> {
+        let mut forge = self.forge();
+        let Forge { repos, ids } = &mut *forge;
+        let state = repos
+            .get_mut(&full_name.to_lowercase())
+            .ok_or_else(|| GithubError::UnknownRepo(full_name.to_string()))?;
+        let repo = git::open(&state.spec.path)
+            .map_err(git_err(format!("open {}", state.spec.path.display())))?;
+        refresh_open_pulls(state, &repo)?;
+        f(state, &repo, ids)
+    }
+
+    pub fn pull_detail(state: &RepoState, repo: &Repository, pr: &PullRequest) -> PullDetail {
+        let mergeable = match (pr.state, parse_oid(&pr.head_sha)) {
+            (PullState::Open, Some(head)) => git::mergeable(repo, &pr.base_ref, head).ok(),
+            _ => None,
+        };
+        let commits = match (parse_oid(&pr.head_sha), parse_oid(&pr.base_sha)) {
+            (Some(h), Some(b)) => git::pushed_commits(repo, Some(b), h)
+                .map(|c| c.len() as u64)
+                .unwrap_or(0),
+            _ => 0,
+        };
+        let comments = state
+            .comments
+            .iter()
+            .filter(|c| c.issue_number == pr.number)
+            .count() as u64;
+        PullDetail {
+            mergeable,
+            commits,
+            comments,
+        }
+    }
+
+    fn pull_event(
+        &self,
+        state: &RepoState,
+        repo: &Repository,
+        pr: &PullRequest,
+        action: &str,
+        sender: &str,
+        extra: Value,
+    ) -> Event {
+        let detail = Self::pull_detail(state, repo, pr);
+        let mut payload = json!({
+            "action": action,
+            "number": pr.number,
+            "pull_request": json::pull_request(&self.base, state, pr, Some(&detail)),
+        });
+        if let (Some(obj), Value::Object(extra)) = (payload.as_object_mut(), extra) {
+            obj.extend(extra);
+        }
+        Event {
+            name: "pull_request",
+            action: Some(action.to_string()),
+            repo: state.spec.full_name.clone(),
+            repo_id: state.id,
+            payload: json::with_envelope(payload, &self.base, state, sender),
+        }
+    }
+
+    // ----- writes -----
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_pull(
+        &self,
+        full_name: &str,
+        head: &str,
+        base: &str,
+        title: &str,
+        body: Option<&str>,
+        user: &str,
+        draft: bool,
+    ) -> Result<(PullRequest, Ticket), GithubError> {
+        let now = self.clock.now();
+        // `owner:branch` names a branch in a fork; the twin has no forks, so only the
+        // branch matters.
+        let head = head.rsplit(':').next().unwrap_or(head).to_string();
+        self.with_repo_events(full_name, |state, repo, ids| {
+            let invalid = |field: &'static str, message: String| GithubError::Validation {
+                resource: "PullRequest",
+                field,
+                code: "invalid",
+                message,
+            };
+            if title.trim().is_empty() {
+                return Err(GithubError::Validation {
+                    resource: "PullRequest",
+                    field: "title",
+                    code: "missing_field",
+                    message: "title is missing".into(),
+                });
+            }
+            let head_tip = git::branch_tip(repo, &head)
+                .map_err(git_err("read head branch"))?
+                .ok_or_else(|| invalid("head", format!("head branch {head} does not exist")))?;
+            let base_tip = git::branch_tip(repo, base)
+                .map_err(git_err("read base branch"))?
+                .ok_or_else(|| invalid("base", format!("base branch {base} does not exist")))?;
+            if git::is_ancestor(repo, head_tip, base_tip) {
+                return Err(GithubError::Validation {
+                    resource: "PullRequest",
+                    field: "head",
+                    code: "custom",
+                    message: format!("No commits between {base} and {head}"),
+                });
+            }
+            if state
+                .pulls
+                .iter()
+                .any(|p| p.state == PullState::Open && p.head_ref == head && p.base_ref == base)
+            {
+                return Err(GithubError::Validation {
+                    resource: "PullRequest",
+                    field: "head",
+                    code: "custom",
+                    message: format!(
+                        "A pull request already exists for {}:{head}.",
+                        state.spec.owner()
+                    ),
+                });
+            }
+            let number = state.pulls.len() as u64 + 1;
+            let pr = PullRequest {
+                id: ids.next_pull_id,
+                number,
+                title: title.to_string(),
+                body: body.map(str::to_string),
+                head_ref: head.clone(),
+                head_sha: head_tip.to_string(),
+                base_ref: base.to_string(),
+                base_sha: base_tip.to_string(),
+                state: PullState::Open,
+                merged: false,
+                merged_at: None,
+                merged_by: None,
+                merge_commit_sha: None,
+                closed_at: None,
+                user: user.to_string(),
+                created_at: now,
+                updated_at: now,
+                draft,
+            };
+            ids.next_pull_id += 1;
+            git::set_ref(
+                repo,
+                &format!("refs/pull/{number}/head"),
+                head_tip,
+                "pull request opened",
+            )
+            .map_err(git_err("write refs/pull/N/head"))?;
+            state.pulls.push(pr.clone());
+            let ev = self.pull_event(state, repo, &pr, "opened", user, json!({}));
+            Ok((pr, vec![ev]))
+        })
+    }
+
+    /// Events for a branch that moved from `before` to `after`: `push`, then
+    /// `pull_request synchronize` for every open PR whose head it is.
+    fn branch_moved(
+        &self,
+        state: &mut RepoState,
+        repo: &Repository,
+        branch: &str,
+        before: Option<Oid>,
+        after: Oid,
+        pusher: &str,
+    ) -> Result<Vec<Event>, GithubError> {
+        let now = self.clock.now();
+        let forced = before.is_some_and(|b| !git::is_ancestor(repo, b, after));
+        let commits = if forced {
+            // After a force push GitHub lists what is new relative to the merge base.
+            Vec::new()
+        } else {
+            git::pushed_commits(repo, before, after).map_err(git_err("walk pushed commits"))?
+        };
+        let zero = "0".repeat(40);
+        let before_s = before.map(|b| b.to_string()).unwrap_or(zero);
+        let push = json::push_event(
+            &self.base,
+            state,
+            branch,
+            &before_s,
+            &after.to_string(),
+            forced,
+            &commits,
+            pusher,
+        );
+        let mut events = vec![Event {
+            name: "push",
+            action: None,
+            repo: state.spec.full_name.clone(),
+            repo_id: state.id,
+            payload: json::with_envelope(push, &self.base, state, pusher),
+        }];
+        let after_s = after.to_string();
+        for i in 0..state.pulls.len() {
+            let pr = &mut state.pulls[i];
+            if pr.state != PullState::Open {
+                continue;
+            }
+            if pr.base_ref == branch {
+                pr.base_sha = after_s.clone();
+            }
+            if pr.head_ref == branch {
+                pr.head_sha = after_s.clone();
+                pr.updated_at = now;
+                git::set_ref(
+                    repo,
+                    &format!("refs/pull/{}/head", pr.number),
+                    after,
+                    "synchronize",
+                )
+                .map_err(git_err("write refs/pull/N/head"))?;
+                let pr = pr.clone();
+                events.push(self.pull_event(
+                    state,
+                    repo,
+                    &pr,
+                    "synchronize",
+                    pusher,
+                    json!({ "before": before_s, "after": after_s }),
+                ));
+            }
+        }
+        Ok(events)
+    }
+
+    /// Commit `files` on `branch` (created from the default branch when missing).
+    pub fn push_files(
+        &self,
+        full_name: &str,
+        branch: &str,
+        files: &[(String, String)],
+        message: &str,
+        pusher: &str,
+    ) -> Result<(String, Ticket), GithubError> {
+        let now = self.clock.now();
+        self.with_repo_events(full_name, |state, repo, _| {
+            let start = git::branch_tip(repo, &state.spec.default_branch)
+                .map_err(git_err("read default branch"))?;
+            let sig = git::signature(pusher, &format!("{pusher}@users.noreply.twin"), now)
+                .map_err(git_err("make signature"))?;
+            let (before, after) = git::commit_files(repo, branch, start, files, message, &sig)
+                .map_err(git_err(format!("commit on {branch}")))?;
+            let events = self.branch_moved(state, repo, branch, before, after, pusher)?;
+            Ok((after.to_string(), events))
+        })
+    }
+
+    /// Point `branch` at `sha`, as a (force) push does.
+    pub fn set_branch(
+        &self,
+        full_name: &str,
+        branch: &str,
+        sha: &str,
+        pusher: &str,
+    ) -> Result<Ticket, GithubError> {
+        let ((), ticket) = self.with_repo_events(full_name, |state, repo, _| {
+            let after = git::resolve_commit(repo, sha).ok_or_else(|| GithubError::UnknownRef {
+                repo: full_name.to_string(),
+                reference: sha.to_string(),
+            })?;
+            let before = git::branch_tip(repo, branch).map_err(git_err("read branch"))?;
+            git::set_ref(repo, &format!("refs/heads/{branch}"), after, "push")
+                .map_err(git_err(format!("move {branch}")))?;
+            Ok((
+                (),
+                self.branch_moved(state, repo, branch, before, after, pusher)?,
+            ))
+        })?;
+        Ok(ticket)
+    }
+
+    pub fn merge_pull(
+        &self,
+        full_name: &str,
+        number: u64,
+        req: &MergeRequest,
+        merger: &str,
+    ) -> Result<(String, Ticket), GithubError> {
+        let now = self.clock.now();
+        self.with_repo_events(full_name, |state, repo, _| {
+            let idx = pull_index(state, full_name, number)?;
+            let pr = state.pulls[idx].clone();
+            if pr.state != PullState::Open {
+                return Err(GithubError::NotMergeable { number });
+            }
+            if let Some(expected) = &req.sha {
+                if !expected.eq_ignore_ascii_case(&pr.head_sha) {
+                    return Err(GithubError::HeadModified { number });
+                }
+            }
+            let squash = match req.method.as_deref().unwrap_or("merge") {
+                "merge" => false,
+                "squash" => true,
+                other => return Err(GithubError::MergeMethodNotAllowed(other.to_string())),
+            };
+            let head = parse_oid(&pr.head_sha).ok_or(GithubError::NotMergeable { number })?;
+            let title = req.commit_title.clone().unwrap_or_else(|| {
+                if squash {
+                    format!("{} (#{number})", pr.title)
+                } else {
+                    format!(
+                        "Merge pull request #{number} from {}/{}",
+                        state.spec.owner(),
+                        pr.head_ref
+                    )
+                }
+            });
+            let message_body = req.commit_message.clone().unwrap_or_else(|| {
+                if squash {
+                    String::new()
+                } else {
+                    pr.title.clone()
+                }
+            });
+            let message = if message_body.is_empty() {
+                format!("{title}\n")
+            } else {
+                format!("{title}\n\n{message_body}\n")
+            };
+            let sig = git::signature(merger, &format!("{merger}@users.noreply.twin"), now)
+                .map_err(git_err("make signature"))?;
+            let before = git::branch_tip(repo, &pr.base_ref).map_err(git_err("read base"))?;
+            let merged = git::merge_into(repo, &pr.base_ref, head, &message, &sig, squash)
+                .map_err(git_err(format!("merge #{number}")))?;
+            let MergeOutcome::Merged(oid) = merged else {
+                return Err(GithubError::NotMergeable { number });
+            };
+            {
+                let pr = &mut state.pulls[idx];
+                pr.state = PullState::Closed;
+                pr.merged = true;
+                pr.merged_at = Some(now);
+                pr.closed_at = Some(now);
+                pr.merged_by = Some(merger.to_string());
+                pr.merge_commit_sha = Some(oid.to_string());
+                pr.updated_at = now;
+            }
+            // The push to the base comes first on GitHub too; it also moves other open
+            // PRs' base sha.
+            let mut events = self.branch_moved(state, repo, &pr.base_ref, before, oid, merger)?;
+            let pr = state.pulls[idx].clone();
+            events.push(self.pull_event(state, repo, &pr, "closed", merger, json!({})));
+            Ok((oid.to_string(), events))
+        })
+    }
+
+    /// Close without merging.
+    pub fn close_pull(
+        &self,
+        full_name: &str,
+        number: u64,
+        user: &str,
+    ) -> Result<Ticket, GithubError> {
+        let now = self.clock.now();
+        let ((), ticket) = self.with_repo_events(full_name, |state, repo, _| {
+            let idx = pull_index(state, full_name, number)?;
+            if state.pulls[idx].state == PullState::Closed {
+                return Ok(((), Vec::new()));
+            }
+            let pr = &mut state.pulls[idx];
+            pr.state = PullState::Closed;
+            pr.closed_at = Some(now);
+            pr.updated_at = now;
+            let pr = pr.clone();
+            let event = self.pull_event(state, repo, &pr, "closed", user, json!({}));
+            Ok(((), vec![event]))
+        })?;
+        Ok(ticket)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_status(
+        &self,
+        full_name: &str,
+        sha: &str,
+        state_s: &str,
+        context: Option<&str>,
+        description: Option<&str>,
+        target_url: Option<&str>,
+        creator: &str,
+    ) -> Result<CommitStatus, GithubError> {
+        let now = self.clock.now();
+        self.with_repo(full_name, |state, repo, ids| {
+            let oid = git::resolve_commit(repo, sha)
+                .filter(|o| o.to_string().eq_ignore_ascii_case(sha))
+                .ok_or_else(|| GithubError::UnknownRef {
+                    repo: full_name.to_string(),
+                    reference: sha.to_string(),
+                })?;
+            let sha = oid.to_string();
+            let context = context.filter(|c| !c.is_empty()).unwrap_or("default");
+            let existing = state
+                .statuses
+                .get(&sha)
+                .map(|v| {
+                    v.iter()
+                        .filter(|s| s.context.eq_ignore_ascii_case(context))
+                        .count()
+                })
+                .unwrap_or(0);
+            let st =
+                model::validate_status(state_s, context, description, existing).map_err(|inv| {
+                    GithubError::Validation {
+                        resource: "Status",
+                        field: inv.field,
+                        code: inv.code,
+                        message: inv.message,
+                    }
+                })?;
+            let status = CommitStatus {
+                id: ids.next_status_id,
+                sha: sha.clone(),
+                state: st,
+                context: context.to_string(),
+                description: description.map(str::to_string),
+                target_url: target_url.map(str::to_string),
+                creator: creator.to_string(),
+                created_at: now,
+            };
+            ids.next_status_id += 1;
+            state.statuses.entry(sha).or_default().push(status.clone());
+            Ok(status)
+        })
+    }
+
+    pub fn create_comment(
+        &self,
+        full_name: &str,
+        number: u64,
+        body: &str,
+        user: &str,
+    ) -> Result<(IssueComment, Ticket), GithubError> {
+        let now = self.clock.now();
+        self.with_repo_events(full_name, |state, _repo, ids| {
+            let idx = pull_index(state, full_name, number)?;
+            check_comment_body(body)?;
+            let c = IssueComment {
+                id: ids.next_comment_id,
+                issue_number: number,
+                body: body.to_string(),
+                user: user.to_string(),
+                created_at: now,
+                updated_at: now,
+            };
+            ids.next_comment_id += 1;
+            state.comments.push(c.clone());
+            let ev = self.comment_event(state, idx, &c, "created", user, json!({}));
+            Ok((c, vec![ev]))
+        })
+    }
+
+    pub fn update_comment(
+        &self,
+        full_name: &str,
+        id: u64,
+        body: &str,
+        user: &str,
+    ) -> Result<(IssueComment, Ticket), GithubError> {
+        let now = self.clock.now();
+        self.with_repo_events(full_name, |state, _repo, _| {
+            check_comment_body(body)?;
+            let c = state
+                .comments
+                .iter_mut()
+                .find(|c| c.id == id)
+                .ok_or_else(|| GithubError::UnknownComment {
+                    repo: full_name.to_string(),
+                    id,
+                })?;
+            let old = std::mem::replace(&mut c.body, body.to_string());
+            c.updated_at = now;
+            let c = c.clone();
+            let idx = pull_index(state, full_name, c.issue_number)?;
+            let ev = self.comment_event(
+                state,
+                idx,
+                &c,
+                "edited",
+                user,
+                json!({ "changes": { "body": { "from": old } } }),
+            );
+            Ok((c, vec![ev]))
+        })
+    }
+
+    fn comment_event(
+        &self,
+        state: &RepoState,
+        pull_idx: usize,
+        c: &IssueComment,
+        action: &str,
+        sender: &str,
+        extra: Value,
+    ) -> Event {
+        let pr = &state.pulls[pull_idx];
+        let count = state
+            .comments
+            .iter()
+            .filter(|x| x.issue_number == pr.number)
+            .count() as u64;
+        let mut payload = json!({
+            "action": action,
+            "issue": json::issue_for_pull(&self.base, state, pr, count),
+            "comment": json::comment(&self.base, state, c),
+        });
+        if let (Some(obj), Value::Object(extra)) = (payload.as_object_mut(), extra) {
+            obj.extend(extra);
+        }
+        Event {
+            name: "issue_comment",
+            action: Some(action.to_string()),
+            repo: state.spec.full_name.clone(),
+            repo_id: state.id,
+            payload: json::with_envelope(payload, &self.base, state, sender),
+        }
+    }
+}
+
+fn check_comment_body(body: &str) -> Result<(), GithubError> {
+    if body.chars().count() > 65_536 {
+        return Err(GithubError::Validation {
+            resource: "IssueComment",
+            field: "data",
+            code: "unprocessable",
+            message: "Body is too long (maximum is 65536 characters)".into(),
+        });
+    }
+    Ok(())
+}
+
+pub fn pull_index(state: &RepoState, full_name: &str, number: u64) -> Result<usize, GithubError> {
+    state
+        .pulls
+        .iter()
+        .position(|p| p.number == number)
+        .ok_or_else(|| GithubError::UnknownPull {
+            repo: full_name.to_string(),
+            number,
+        })
+}
+
+/// Open PRs follow their branches: a push made with plain git (outside the twin) shows
+/// up on the next read, as on GitHub.
+fn refresh_open_pulls(state: &mut RepoState, repo: &Repository) -> Result<(), GithubError> {
+    for pr in state
+        .pulls
+        .iter_mut()
+        .filter(|p| p.state == PullState::Open)
+    {
+        if let Some(tip) = git::branch_tip(repo, &pr.head_ref).map_err(git_err("read head"))? {
+            let tip = tip.to_string();
+            if tip != pr.head_sha {
+                pr.head_sha = tip;
+            }
+        }
+        if let Some(tip) = git::branch_tip(repo, &pr.base_ref).map_err(git_err("read base"))? {
+            pr.base_sha = tip.to_string();
+        }
+    }
+    Ok(())
+}
+
+pub fn statuses_for(state: &RepoState, sha: &str) -> Vec<CommitStatus> {
+    state.statuses.get(sha).cloned().unwrap_or_default()
+}
+
+pub fn combined(state: &RepoState, sha: &str) -> (StatusState, Vec<CommitStatus>) {
+    let latest = model::latest_per_context(&statuses_for(state, sha));
+    (model::combined_state(&latest), latest)
+}

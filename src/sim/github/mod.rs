@@ -1,0 +1,445 @@
+//! The GitHub REST emulator: an axum server that answers like `api.github.com` for pull
+//! requests, commit statuses and issue comments over real git repositories (git2), and
+//! delivers signed webhooks. ichor's GitHub reporter points its client at
+//! [`GithubTwin::base_url`] with [`GithubTwin::token`]; tests and `ichor demo` act as a
+//! user or Renovate through the library calls (open a PR, push, force-push, merge,
+//! comment). The shapes follow GitHub's REST documentation and deserialize into
+//! octocrab's models.
+//!
+//! Routes (all need `Authorization: Bearer|token <token>`):
+//! - `GET /rate_limit`, `GET /user`, `GET /repos/{o}/{r}`
+//! - `GET|POST /repos/{o}/{r}/pulls` (`state`, `head=owner:branch`, `base`, `sort`,
+//!   `direction`, `per_page`, `page`, `Link`), `GET /repos/{o}/{r}/pulls/{n}`
+//! - `PUT /repos/{o}/{r}/pulls/{n}/merge` (`merge` or `squash`; 405 not mergeable, 409
+//!   head moved), `GET` on the same path (204 merged / 404)
+//! - `POST /repos/{o}/{r}/statuses/{sha}`, `GET /repos/{o}/{r}/commits/{ref}/statuses`,
+//!   `GET /repos/{o}/{r}/commits/{ref}/status`, `GET /repos/{o}/{r}/commits/{sha}/pulls`
+//! - `GET|POST /repos/{o}/{r}/issues/{n}/comments` (`since`, paging),
+//!   `GET|PATCH|POST /repos/{o}/{r}/issues/comments/{id}`
+//!
+//! Simulated faithfully: JSON shapes and error bodies (404, 401, 422 validation, 405/409
+//! on merge), status rules (140-character descriptions, 255-character contexts, 1000 per
+//! sha and context, combined state), the primary rate limit per hour of the twin's clock
+//! with `x-ratelimit-*` headers on every answer, PR head/base shas read live from the
+//! branches, `refs/pull/{n}/head`, real merge commits, webhooks (`pull_request` opened /
+//! synchronize / closed, `push`, `issue_comment` created / edited) with
+//! `X-Hub-Signature-256`, delivered in order by one task; `ETag` on every 200 to a GET
+//! and a free 304 for a matching `If-None-Match`. Faults: 5xx bursts, secondary
+//! rate limits, dropped webhooks.
+//!
+//! Not simulated: forks, drafts beyond the flag, reviews, labels, check runs, branch
+//! protection and required checks, GraphQL, `If-Modified-Since`, HTTPS,
+//! webhook redelivery, the test merge commit of an open PR (`merge_commit_sha` stays
+//! null until merged), permissions beyond one token.
+
+mod api;
+mod forge;
+mod git;
+mod json;
+mod model;
+mod webhook;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use forge::MergeRequest;
+pub use model::{CommitStatus, IssueComment, PullRequest, PullState, RepoSpec, StatusState};
+pub use webhook::{signature_256, Delivery, DeliveryOutcome, WebhookTarget};
+
+use crate::clock::Clock;
+use forge::{lock, Shared};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GithubError {
+    #[error("repository {0:?} is not served by the twin")]
+    UnknownRepo(String),
+    #[error("repository name {0:?} is not of the form owner/name")]
+    BadRepoName(String),
+    #[error("{repo} has no pull request #{number}")]
+    UnknownPull { repo: String, number: u64 },
+    #[error("{repo} has no issue comment {id}")]
+    UnknownComment { repo: String, id: u64 },
+    #[error("{repo} has no commit for {reference:?}")]
+    UnknownRef { repo: String, reference: String },
+    #[error("{resource}.{field} is invalid: {message}")]
+    Validation {
+        resource: &'static str,
+        field: &'static str,
+        code: &'static str,
+        message: String,
+    },
+    #[error("pull request #{number} is not mergeable")]
+    NotMergeable { number: u64 },
+    #[error("the head of pull request #{number} moved; not merging")]
+    HeadModified { number: u64 },
+    #[error("merge method {0:?} is not allowed")]
+    MergeMethodNotAllowed(String),
+    #[error("git: {what}: {source}")]
+    Git {
+        what: String,
+        #[source]
+        source: git2::Error,
+    },
+    #[error("could not bind the GitHub twin on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Faults to inject; set them in [`GithubTwinConfig`] or at run time with
+/// [`GithubTwin::set_faults`] / the helpers. Each counter is consumed one request (or one
+/// webhook) at a time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GithubFaults {
+    /// The next N API requests answer `server_error_status`.
+    pub server_errors: u32,
+    /// 502 or 503 (any 5xx is accepted; anything else becomes 502).
+    pub server_error_status: u16,
+    /// The next N API requests hit the secondary rate limit (403 with `retry-after`).
+    pub secondary_rate_limits: u32,
+    pub retry_after_secs: u64,
+    /// The next N webhooks are not sent (logged as [`DeliveryOutcome::Dropped`]).
+    pub dropped_webhooks: u32,
+}
+
+impl Default for GithubFaults {
+    fn default() -> Self {
+        GithubFaults {
+            server_errors: 0,
+            server_error_status: 502,
+            secondary_rate_limits: 0,
+            retry_after_secs: 60,
+            dropped_webhooks: 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct GithubTwinConfig {
+    pub repos: Vec<RepoSpec>,
+    pub webhook: Option<WebhookTarget>,
+    /// The token clients must present; a random one when `None`.
+    pub token: Option<String>,
+    /// The user the token belongs to: the author of statuses and comments made over HTTP.
+    pub login: String,
+    /// Requests per hour (of the twin's clock) for the token.
+    pub rate_limit: u64,
+    pub faults: GithubFaults,
+    /// Where to listen; `127.0.0.1:0` (an ephemeral port) by default.
+    pub listen: SocketAddr,
+}
+
+impl Default for GithubTwinConfig {
+    fn default() -> Self {
+        GithubTwinConfig {
+            repos: Vec::new(),
+            webhook: None,
+            token: None,
+            login: "ichor-bot".to_string(),
+            rate_limit: 5000,
+            faults: GithubFaults::default(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        }
+    }
+}
+
+/// A running GitHub twin. Dropping it stops the server.
+pub struct GithubTwin {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    server: Option<JoinHandle<()>>,
+}
+
+/// The login Renovate's PRs carry.
+pub const RENOVATE_LOGIN: &str = "renovate[bot]";
+
+impl GithubTwin {
+    /// Serve `repos` on an ephemeral loopback port; deliver webhooks to `(url, secret)`.
+    pub async fn start(
+        clock: Clock,
+        repos: Vec<RepoSpec>,
+        webhook: Option<(String, String)>,
+    ) -> Result<GithubTwin, GithubError> {
+        let config = GithubTwinConfig {
+            repos,
+            webhook: webhook.map(|(url, secret)| WebhookTarget { url, secret }),
+            ..GithubTwinConfig::default()
+        };
+        Self::start_with(clock, config).await
+    }
+
+    pub async fn start_with(
+        clock: Clock,
+        config: GithubTwinConfig,
+    ) -> Result<GithubTwin, GithubError> {
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| GithubError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+        let addr = listener.local_addr().map_err(|source| GithubError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let token = config.token.unwrap_or_else(|| {
+            let bytes: [u8; 18] = rand::random();
+            format!("ghp_{}", hex::encode(bytes))
+        });
+        let shared = Arc::new(Shared::new(
+            clock,
+            format!("http://{addr}"),
+            token,
+            config.login,
+            config.repos,
+            config.webhook,
+            config.faults,
+            config.rate_limit,
+        )?);
+        let app = api::router(shared.clone());
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(shared.clone().run_deliveries(stop.subscribe()));
+        let server = tokio::spawn(async move {
+            let mut stopped = stopped;
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+                let _ = stopped.changed().await;
+            });
+            if let Err(e) = serve.await {
+                tracing::warn!(error = %e, "github twin stopped");
+            }
+        });
+        tracing::info!(%addr, "github twin listening");
+        Ok(GithubTwin {
+            shared,
+            addr,
+            stop,
+            server: Some(server),
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`: what a client uses as its API base URI.
+    pub fn base_url(&self) -> String {
+        self.shared.base.clone()
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The personal access token the API accepts (`Authorization: Bearer|token <t>`).
+    pub fn token(&self) -> &str {
+        &self.shared.token
+    }
+
+    /// The login the token belongs to.
+    pub fn login(&self) -> &str {
+        &self.shared.login
+    }
+
+    pub fn set_webhook(&self, target: Option<WebhookTarget>) {
+        *lock(&self.shared.webhook) = target;
+    }
+
+    // ----- faults -----
+
+    pub fn set_faults(&self, faults: GithubFaults) {
+        *lock(&self.shared.faults) = faults;
+    }
+
+    pub fn faults(&self) -> GithubFaults {
+        lock(&self.shared.faults).clone()
+    }
+
+    /// The next `n` API requests answer `status` (502 or 503).
+    pub fn fail_next_requests(&self, n: u32, status: u16) {
+        let mut f = lock(&self.shared.faults);
+        f.server_errors = n;
+        f.server_error_status = status;
+    }
+
+    /// The next `n` API requests hit the secondary rate limit.
+    pub fn secondary_rate_limit_next(&self, n: u32, retry_after_secs: u64) {
+        let mut f = lock(&self.shared.faults);
+        f.secondary_rate_limits = n;
+        f.retry_after_secs = retry_after_secs;
+    }
+
+    /// The next `n` webhooks are dropped (logged, never sent).
+    pub fn drop_next_webhooks(&self, n: u32) {
+        lock(&self.shared.faults).dropped_webhooks = n;
+    }
+
+    // ----- acting as a user or Renovate -----
+
+    /// Open a PR from `head` into `base` as `author`; waits for the `opened` webhook.
+    pub async fn open_pull_request(
+        &self,
+        repo: &str,
+        head: &str,
+        base: &str,
+        title: &str,
+        body: &str,
+        author: &str,
+    ) -> Result<PullRequest, GithubError> {
+        let (pr, ticket) =
+            self.shared
+                .create_pull(repo, head, base, title, Some(body), author, false)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(pr)
+    }
+
+    /// Commit `files` (path, content) on `branch` (created from the default branch when
+    /// missing) as `pusher`; waits for the `push` and `synchronize` webhooks. Returns the
+    /// new commit's sha.
+    pub async fn push_commit(
+        &self,
+        repo: &str,
+        branch: &str,
+        files: &[(&str, &str)],
+        message: &str,
+        pusher: &str,
+    ) -> Result<String, GithubError> {
+        let files: Vec<(String, String)> = files
+            .iter()
+            .map(|(p, c)| (p.to_string(), c.to_string()))
+            .collect();
+        let (sha, ticket) = self
+            .shared
+            .push_files(repo, branch, &files, message, pusher)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(sha)
+    }
+
+    /// Point `branch` at an existing commit, as a (force) push does — Renovate's rebase.
+    pub async fn force_push(
+        &self,
+        repo: &str,
+        branch: &str,
+        sha: &str,
+        pusher: &str,
+    ) -> Result<(), GithubError> {
+        let ticket = self.shared.set_branch(repo, branch, sha, pusher)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(())
+    }
+
+    /// Merge a PR with a real merge commit on its base branch; returns the merge commit.
+    pub async fn merge_pull_request(
+        &self,
+        repo: &str,
+        number: u64,
+        merger: &str,
+    ) -> Result<String, GithubError> {
+        let (sha, ticket) =
+            self.shared
+                .merge_pull(repo, number, &MergeRequest::default(), merger)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(sha)
+    }
+
+    pub async fn close_pull_request(
+        &self,
+        repo: &str,
+        number: u64,
+        user: &str,
+    ) -> Result<(), GithubError> {
+        let ticket = self.shared.close_pull(repo, number, user)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(())
+    }
+
+    /// Comment on a PR as `author` (e.g. `/ichor retry`); waits for the webhook.
+    pub async fn comment(
+        &self,
+        repo: &str,
+        number: u64,
+        body: &str,
+        author: &str,
+    ) -> Result<IssueComment, GithubError> {
+        let (c, ticket) = self.shared.create_comment(repo, number, body, author)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(c)
+    }
+
+    // ----- reading state -----
+
+    pub fn pull_request(&self, repo: &str, number: u64) -> Result<PullRequest, GithubError> {
+        self.shared.with_repo(repo, |state, _, _| {
+            let idx = forge::pull_index(state, repo, number)?;
+            Ok(state.pulls[idx].clone())
+        })
+    }
+
+    pub fn pull_requests(&self, repo: &str) -> Result<Vec<PullRequest>, GithubError> {
+        self.shared
+            .with_repo(repo, |state, _, _| Ok(state.pulls.clone()))
+    }
+
+    /// Every status posted on `sha`, oldest first.
+    pub fn statuses(&self, repo: &str, sha: &str) -> Result<Vec<CommitStatus>, GithubError> {
+        self.shared
+            .with_repo(repo, |state, _, _| Ok(forge::statuses_for(state, sha)))
+    }
+
+    /// The combined state and the latest status per context.
+    pub fn combined_status(
+        &self,
+        repo: &str,
+        sha: &str,
+    ) -> Result<(StatusState, Vec<CommitStatus>), GithubError> {
+        self.shared
+            .with_repo(repo, |state, _, _| Ok(forge::combined(state, sha)))
+    }
+
+    pub fn comments(&self, repo: &str, number: u64) -> Result<Vec<IssueComment>, GithubError> {
+        self.shared.with_repo(repo, |state, _, _| {
+            Ok(state
+                .comments
+                .iter()
+                .filter(|c| c.issue_number == number)
+                .cloned()
+                .collect())
+        })
+    }
+
+    /// The delivery log, oldest first.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.shared.deliveries()
+    }
+
+    /// Wait until at least `n` deliveries are logged (webhooks caused by API calls go
+    /// out after the response, as on GitHub). Returns the log.
+    pub async fn wait_for_deliveries(&self, n: usize) -> Vec<Delivery> {
+        let mut rx = self.shared.delivery_count();
+        loop {
+            if *rx.borrow_and_update() >= n {
+                return self.deliveries();
+            }
+            if rx.changed().await.is_err() {
+                return self.deliveries();
+            }
+        }
+    }
+
+    /// Stop serving and wait for the server task to end.
+    pub async fn shutdown(mut self) {
+        self.stop.send_replace(true);
+        if let Some(server) = self.server.take() {
+            let _ = server.await;
+        }
+    }
+}
+
+impl Drop for GithubTwin {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}
