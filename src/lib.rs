@@ -6,3 +6,4 @@
 
 pub mod clock;
 pub mod sim;
+pub mod talos;
