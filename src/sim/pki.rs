@@ -24,6 +24,8 @@ pub enum PkiError {
     },
     #[error("talosconfig YAML: {0}")]
     Yaml(#[from] serde_yaml::Error),
+    #[error("a client certificate can carry at most two roles, {0} were asked for")]
+    TooManyRoles(usize),
     #[error("malformed certificate DER: {0}")]
     Der(&'static str),
 }
@@ -211,8 +213,18 @@ impl CertificateAuthority {
     ) -> Result<IssuedCert, PkiError> {
         let mut params = CertificateParams::default();
         params.distinguished_name = rcgen::DistinguishedName::new();
-        for o in organizations {
-            params.distinguished_name.push(DnType::OrganizationName, *o);
+        // rcgen keeps one value per attribute type, so a second O goes in under the same OID
+        // spelled as a custom type; more than two roles is not supported.
+        match organizations {
+            [] => {}
+            [one] => params.distinguished_name.push(DnType::OrganizationName, *one),
+            [one, two] => {
+                params.distinguished_name.push(DnType::OrganizationName, *one);
+                params
+                    .distinguished_name
+                    .push(DnType::CustomDnType(vec![2, 5, 4, 10]), *two);
+            }
+            _ => return Err(PkiError::TooManyRoles(organizations.len())),
         }
         params.distinguished_name.push(DnType::CommonName, common_name);
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
