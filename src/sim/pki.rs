@@ -111,7 +111,9 @@ impl CertificateAuthority {
         let key = algorithm.generate()?;
         let mut params = CertificateParams::default();
         params.distinguished_name = rcgen::DistinguishedName::new();
-        params.distinguished_name.push(DnType::CommonName, common_name);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
         if let Some(o) = organization {
             params.distinguished_name.push(DnType::OrganizationName, o);
         }
@@ -184,7 +186,9 @@ impl CertificateAuthority {
     ) -> Result<IssuedCert, PkiError> {
         let mut params = CertificateParams::default();
         params.distinguished_name = rcgen::DistinguishedName::new();
-        params.distinguished_name.push(DnType::CommonName, common_name);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
         for dns in dns_names {
             let name = dns
                 .as_str()
@@ -217,16 +221,22 @@ impl CertificateAuthority {
         // spelled as a custom type; more than two roles is not supported.
         match organizations {
             [] => {}
-            [one] => params.distinguished_name.push(DnType::OrganizationName, *one),
+            [one] => params
+                .distinguished_name
+                .push(DnType::OrganizationName, *one),
             [one, two] => {
-                params.distinguished_name.push(DnType::OrganizationName, *one);
+                params
+                    .distinguished_name
+                    .push(DnType::OrganizationName, *one);
                 params
                     .distinguished_name
                     .push(DnType::CustomDnType(vec![2, 5, 4, 10]), *two);
             }
             _ => return Err(PkiError::TooManyRoles(organizations.len())),
         }
-        params.distinguished_name.push(DnType::CommonName, common_name);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         self.issue(params, common_name, algorithm)
@@ -352,7 +362,9 @@ impl<'a> Der<'a> {
             if n == 0 || n > 4 || rest.len() < n {
                 return Err(PkiError::Der(what));
             }
-            let len = rest[..n].iter().fold(0usize, |acc, b| (acc << 8) | *b as usize);
+            let len = rest[..n]
+                .iter()
+                .fold(0usize, |acc, b| (acc << 8) | *b as usize);
             rest = &rest[n..];
             len
         };
@@ -415,7 +427,10 @@ mod tests {
         let ca_b64 = doc["contexts"]["sim"]["ca"].as_str().unwrap_or_default();
         let ca_pem = base64::engine::general_purpose::STANDARD.decode(ca_b64)?;
         assert_eq!(String::from_utf8(ca_pem)?, ca.cert_pem());
-        assert_eq!(doc["contexts"]["sim"]["nodes"][0].as_str(), Some("10.5.0.2"));
+        assert_eq!(
+            doc["contexts"]["sim"]["nodes"][0].as_str(),
+            Some("10.5.0.2")
+        );
         Ok(())
     }
 }

@@ -9,7 +9,7 @@ use ichor::clock::Clock;
 use ichor::sim::talos::{
     Component, ConfigForm, NodeSpec, Role, TalosTwin, TalosTwinOptions, Timings,
 };
-use ichor::talos::proto::common::{ContainerdInstance, ContainerdNamespace, ContainerDriver};
+use ichor::talos::proto::common::{ContainerDriver, ContainerdInstance, ContainerdNamespace};
 use ichor::talos::proto::cosi::resource::state_client::StateClient;
 use ichor::talos::proto::cosi::resource::GetRequest;
 use ichor::talos::proto::machine::apply_configuration_request::Mode;
@@ -50,7 +50,13 @@ fn cluster(talos: &str) -> Vec<NodeSpec> {
         node("cp-2", Role::ControlPlane, [10, 5, 0, 3], talos, v1),
         node("cp-3", Role::ControlPlane, [10, 5, 0, 4], talos, v1),
         node("w-1", Role::Worker, [10, 5, 0, 10], talos, v1),
-        node("w-2", Role::Worker, [10, 5, 0, 11], "v1.14.0", ConfigForm::MultiDoc),
+        node(
+            "w-2",
+            Role::Worker,
+            [10, 5, 0, 11],
+            "v1.14.0",
+            ConfigForm::MultiDoc,
+        ),
     ]
 }
 
@@ -117,7 +123,10 @@ impl Sim {
     }
 
     fn addr(&self, node: &str) -> Result<SocketAddr, Box<dyn std::error::Error>> {
-        Ok(self.twin.endpoint(node).ok_or(format!("no endpoint {node}"))?)
+        Ok(self
+            .twin
+            .endpoint(node)
+            .ok_or(format!("no endpoint {node}"))?)
     }
 
     async fn channel(&self, node: &str) -> Result<Channel, Box<dyn std::error::Error>> {
@@ -165,7 +174,9 @@ async fn version_tag(c: &mut MachineServiceClient<Channel>) -> Result<String, to
         .unwrap_or_default())
 }
 
-async fn boot_id(c: &mut MachineServiceClient<Channel>) -> Result<String, Box<dyn std::error::Error>> {
+async fn boot_id(
+    c: &mut MachineServiceClient<Channel>,
+) -> Result<String, Box<dyn std::error::Error>> {
     let mut stream = c
         .read(ReadRequest {
             path: "/proc/sys/kernel/random/boot_id".into(),
@@ -237,16 +248,27 @@ async fn apply_configuration_modes_and_dry_run_on_1_13() -> TestResult {
 
     let bumped = config.replace("kube-apiserver:v1.33.1", "kube-apiserver:v1.34.0");
     // Dry run: reports the mode and the diff, changes nothing.
-    let r = cp.apply_configuration(apply(&bumped, Mode::NoReboot, true)).await?;
+    let r = cp
+        .apply_configuration(apply(&bumped, Mode::NoReboot, true))
+        .await?;
     let msg = &r.into_inner().messages[0];
     assert_eq!(msg.mode, Mode::NoReboot as i32);
     assert!(msg.mode_details.contains("Dry run"), "{}", msg.mode_details);
-    assert!(msg.mode_details.contains("kube-apiserver image"), "{}", msg.mode_details);
+    assert!(
+        msg.mode_details.contains("kube-apiserver image"),
+        "{}",
+        msg.mode_details
+    );
     let (after_dry, v_dry) = machine_config(sim.channel("cp-1").await?).await?;
-    assert_eq!((after_dry.as_str(), v_dry.as_str()), (config.as_str(), version.as_str()));
+    assert_eq!(
+        (after_dry.as_str(), v_dry.as_str()),
+        (config.as_str(), version.as_str())
+    );
 
     // NO_REBOOT with only an image change: applied live, the static pod restarts.
-    let r = cp.apply_configuration(apply(&bumped, Mode::NoReboot, false)).await?;
+    let r = cp
+        .apply_configuration(apply(&bumped, Mode::NoReboot, false))
+        .await?;
     assert_eq!(r.into_inner().messages[0].mode, Mode::NoReboot as i32);
     let (now, v_now) = machine_config(sim.channel("cp-1").await?).await?;
     assert_eq!(now, bumped);
@@ -265,7 +287,8 @@ async fn apply_configuration_modes_and_dry_run_on_1_13() -> TestResult {
 
     // A kubelet image change restarts the kubelet, which then reports the new version.
     let kubelet = bumped.replace("kubelet:v1.33.1", "kubelet:v1.34.0");
-    cp.apply_configuration(apply(&kubelet, Mode::NoReboot, false)).await?;
+    cp.apply_configuration(apply(&kubelet, Mode::NoReboot, false))
+        .await?;
     let kv = |sim: &Sim| {
         sim.twin.with_model(|m| {
             m.node_by_name("cp-1")
@@ -284,12 +307,20 @@ async fn apply_configuration_modes_and_dry_run_on_1_13() -> TestResult {
         .err()
         .ok_or("expected a refusal")?;
     assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(err.message().contains("machine.install.disk"), "{}", err.message());
+    assert!(
+        err.message().contains("machine.install.disk"),
+        "{}",
+        err.message()
+    );
     // AUTO picks REBOOT for it (dry run, so the node stays up).
-    let r = cp.apply_configuration(apply(&other, Mode::Auto, true)).await?;
+    let r = cp
+        .apply_configuration(apply(&other, Mode::Auto, true))
+        .await?;
     assert_eq!(r.into_inner().messages[0].mode, Mode::Reboot as i32);
     // STAGED keeps the running config and persists the new one.
-    let r = cp.apply_configuration(apply(&other, Mode::Staged, false)).await?;
+    let r = cp
+        .apply_configuration(apply(&other, Mode::Staged, false))
+        .await?;
     assert_eq!(r.into_inner().messages[0].mode, Mode::Staged as i32);
     assert_eq!(machine_config(sim.channel("cp-1").await?).await?.0, kubelet);
 
@@ -324,12 +355,15 @@ async fn apply_configuration_on_1_14_multi_document() -> TestResult {
         .err()
         .ok_or("REBOOT must be refused on 1.14")?;
     assert_eq!(err.code(), Code::Unimplemented);
-    let r = w2.apply_configuration(apply(&bumped, Mode::Auto, false)).await?;
+    let r = w2
+        .apply_configuration(apply(&bumped, Mode::Auto, false))
+        .await?;
     assert_eq!(r.into_inner().messages[0].mode, Mode::NoReboot as i32);
     sim.clock.advance(S(15));
-    let kv = sim
-        .twin
-        .with_model(|m| m.node_by_name("w-2").map(|n| n.kubelet_version().to_string()));
+    let kv = sim.twin.with_model(|m| {
+        m.node_by_name("w-2")
+            .map(|n| n.kubelet_version().to_string())
+    });
     assert_eq!(kv.as_deref(), Some("v1.34.0"));
     // Setting a new document and its v1alpha1 counterpart together is invalid.
     let both = bumped.replacen(
@@ -361,7 +395,10 @@ async fn legacy_upgrade_reboots_by_itself_with_a_new_boot_id() -> TestResult {
         .await?
         .into_inner();
     let hello = events.message().await?.ok_or("no hello")?;
-    assert!(hello.data.is_none() && hello.id.is_empty(), "empty hello first");
+    assert!(
+        hello.data.is_none() && hello.id.is_empty(),
+        "empty hello first"
+    );
 
     let r = w1
         .upgrade(UpgradeRequest {
@@ -440,7 +477,9 @@ async fn lifecycle_upgrade_streams_progress_and_does_not_reboot() -> TestResult 
     }
     assert_eq!(
         last,
-        Some(image_service_pull_response::Response::Name(installer.into()))
+        Some(image_service_pull_response::Response::Name(
+            installer.into()
+        ))
     );
 
     let mut w1 = sim.machine("w-1").await?;
@@ -581,16 +620,29 @@ async fn etcd_members_follow_reboots_and_quorum_is_lost_with_two_down() -> TestR
         names.sort();
         names
     };
-    let r = cp1.etcd_member_list(m::EtcdMemberListRequest::default()).await?;
+    let r = cp1
+        .etcd_member_list(m::EtcdMemberListRequest::default())
+        .await?;
     assert_eq!(members(r.into_inner()), vec!["cp-1", "cp-2", "cp-3"]);
 
-    sim.machine("cp-2").await?.reboot(RebootRequest::default()).await?;
-    let r = cp1.etcd_member_list(m::EtcdMemberListRequest::default()).await?;
+    sim.machine("cp-2")
+        .await?
+        .reboot(RebootRequest::default())
+        .await?;
+    let r = cp1
+        .etcd_member_list(m::EtcdMemberListRequest::default())
+        .await?;
     assert_eq!(members(r.into_inner()), vec!["cp-1", "cp-3"]);
     let status = cp1.etcd_status(()).await?.into_inner();
-    assert_ne!(status.messages[0].member_status.as_ref().map(|s| s.leader), Some(0));
+    assert_ne!(
+        status.messages[0].member_status.as_ref().map(|s| s.leader),
+        Some(0)
+    );
 
-    sim.machine("cp-3").await?.reboot(RebootRequest::default()).await?;
+    sim.machine("cp-3")
+        .await?
+        .reboot(RebootRequest::default())
+        .await?;
     let err = cp1.etcd_status(()).await.err().ok_or("quorum lost")?;
     assert_eq!(err.code(), Code::Unavailable);
     assert!(err.message().contains("quorum"), "{}", err.message());
@@ -602,7 +654,9 @@ async fn etcd_members_follow_reboots_and_quorum_is_lost_with_two_down() -> TestR
     assert_eq!(err.code(), Code::Unavailable);
 
     sim.clock.advance(S(90));
-    let r = cp1.etcd_member_list(m::EtcdMemberListRequest::default()).await?;
+    let r = cp1
+        .etcd_member_list(m::EtcdMemberListRequest::default())
+        .await?;
     assert_eq!(members(r.into_inner()), vec!["cp-1", "cp-2", "cp-3"]);
     assert!(cp1.etcd_status(()).await.is_ok());
     Ok(())
@@ -650,9 +704,15 @@ async fn node_metadata_routes_like_apid() -> TestResult {
     let mut cp = sim.machine("cp-1").await?;
     // By IP and by name, through a control-plane endpoint.
     let r = cp.version(to_node((), "10.5.0.11")?).await?.into_inner();
-    assert_eq!(r.messages[0].version.as_ref().map(|v| v.tag.as_str()), Some("v1.14.0"));
+    assert_eq!(
+        r.messages[0].version.as_ref().map(|v| v.tag.as_str()),
+        Some("v1.14.0")
+    );
     let r = cp.version(to_node((), "w-2")?).await?.into_inner();
-    assert_eq!(r.messages[0].version.as_ref().map(|v| v.tag.as_str()), Some("v1.14.0"));
+    assert_eq!(
+        r.messages[0].version.as_ref().map(|v| v.tag.as_str()),
+        Some("v1.14.0")
+    );
     // COSI and LifecycleService are routed too.
     let mut state = StateClient::new(sim.channel("cp-1").await?);
     let r = state
@@ -668,24 +728,38 @@ async fn node_metadata_routes_like_apid() -> TestResult {
         .await?
         .into_inner();
     let spec = r.resource.and_then(|r| r.spec).ok_or("no spec")?;
-    assert!(String::from_utf8(MachineConfigSpec::decode(spec.proto_spec.as_slice())?.yaml_marshalled)?
-        .contains("kind: KubeletConfig"));
+    assert!(String::from_utf8(
+        MachineConfigSpec::decode(spec.proto_spec.as_slice())?.yaml_marshalled
+    )?
+    .contains("kind: KubeletConfig"));
     // Workers refuse forwarding.
     let mut w = sim.machine("w-1").await?;
-    let err = w.version(to_node((), "cp-1")?).await.err().ok_or("no forwarding")?;
+    let err = w
+        .version(to_node((), "cp-1")?)
+        .await
+        .err()
+        .ok_or("no forwarding")?;
     assert_eq!(err.code(), Code::PermissionDenied);
     assert_eq!(err.message(), "no request forwarding");
     // A worker may still name itself.
     assert!(w.version(to_node((), "10.5.0.10")?).await.is_ok());
     // Unknown target, several values, a target with a port.
-    let err = cp.version(to_node((), "10.9.9.9")?).await.err().ok_or("unknown")?;
+    let err = cp
+        .version(to_node((), "10.9.9.9")?)
+        .await
+        .err()
+        .ok_or("unknown")?;
     assert_eq!(err.code(), Code::Unavailable);
     let mut req = Request::new(());
     req.metadata_mut().append("node", "cp-2".parse()?);
     req.metadata_mut().append("node", "cp-3".parse()?);
     let err = cp.version(req).await.err().ok_or("multi-valued")?;
     assert_eq!(err.code(), Code::InvalidArgument);
-    let err = cp.version(to_node((), "cp-2:50000")?).await.err().ok_or("port")?;
+    let err = cp
+        .version(to_node((), "cp-2:50000")?)
+        .await
+        .err()
+        .ok_or("port")?;
     assert_eq!(err.code(), Code::InvalidArgument);
     // Control-plane-only APIs on a worker.
     let err = cp
@@ -708,7 +782,10 @@ async fn refusals_without_a_client_certificate_and_for_readers() -> TestResult {
         Err(_) => true,
         Ok(ch) => MachineServiceClient::new(ch).version(()).await.is_err(),
     };
-    assert!(refused, "a client without a certificate must not get an answer");
+    assert!(
+        refused,
+        "a client without a certificate must not get an answer"
+    );
 
     // A certificate from another CA is refused as well.
     let other = ichor::sim::pki::CertificateAuthority::new(
@@ -716,7 +793,8 @@ async fn refusals_without_a_client_certificate_and_for_readers() -> TestResult {
         None,
         ichor::sim::pki::KeyAlgorithm::Ed25519,
     )?;
-    let stranger = other.issue_client("x", &["os:admin"], ichor::sim::pki::KeyAlgorithm::Ed25519)?;
+    let stranger =
+        other.issue_client("x", &["os:admin"], ichor::sim::pki::KeyAlgorithm::Ed25519)?;
     let creds = Creds {
         ca: ca.clone(),
         crt: stranger.cert_pem,
@@ -726,7 +804,10 @@ async fn refusals_without_a_client_certificate_and_for_readers() -> TestResult {
         Err(_) => true,
         Ok(ch) => MachineServiceClient::new(ch).version(()).await.is_err(),
     };
-    assert!(refused, "a certificate from another CA must not get an answer");
+    assert!(
+        refused,
+        "a certificate from another CA must not get an answer"
+    );
 
     // os:reader: read-only calls work, admin calls are PermissionDenied.
     let reader = sim.reader()?;
@@ -734,7 +815,10 @@ async fn refusals_without_a_client_certificate_and_for_readers() -> TestResult {
     let mut c = MachineServiceClient::new(ch.clone());
     assert_eq!(version_tag(&mut c).await?, "v1.13.2");
     assert!(c.service_list(()).await.is_ok());
-    assert!(c.etcd_member_list(m::EtcdMemberListRequest::default()).await.is_ok());
+    assert!(c
+        .etcd_member_list(m::EtcdMemberListRequest::default())
+        .await
+        .is_ok());
     for err in [
         c.apply_configuration(apply("version: v1alpha1\n", Mode::NoReboot, true))
             .await
@@ -746,7 +830,9 @@ async fn refusals_without_a_client_certificate_and_for_readers() -> TestResult {
         .err(),
         c.reboot(RebootRequest::default()).await.err(),
         c.upgrade(UpgradeRequest::default()).await.err(),
-        c.etcd_forfeit_leadership(m::EtcdForfeitLeadershipRequest {}).await.err(),
+        c.etcd_forfeit_leadership(m::EtcdForfeitLeadershipRequest {})
+            .await
+            .err(),
     ] {
         let err = err.ok_or("reader must be refused")?;
         assert_eq!(err.code(), Code::PermissionDenied);
@@ -768,7 +854,9 @@ async fn fault_a_node_that_never_returns() -> TestResult {
     sim.clock.advance(S(3600));
     let err = w1.version(()).await.err().ok_or("still down")?;
     assert_eq!(err.code(), Code::Unavailable);
-    assert!(sim.twin.with_model(|m| m.node_by_name("w-1").is_some_and(|n| !n.ready())));
+    assert!(sim
+        .twin
+        .with_model(|m| m.node_by_name("w-1").is_some_and(|n| !n.ready())));
     // Clearing the fault lets it finish booting.
     sim.twin.with_model(|m| m.set_never_return("w-1", false));
     sim.clock.advance(S(90));
@@ -823,9 +911,16 @@ async fn machine_config_resource_and_custom_timings() -> TestResult {
         .into_inner();
     let res = r.resource.ok_or("no resource")?;
     let md = res.metadata.ok_or("no metadata")?;
-    assert_eq!((md.namespace.as_str(), md.id.as_str()), ("config", "v1alpha1"));
+    assert_eq!(
+        (md.namespace.as_str(), md.id.as_str()),
+        ("config", "v1alpha1")
+    );
     // Before 1.12 yaml_spec is the raw config.
-    assert!(res.spec.ok_or("no spec")?.yaml_spec.starts_with("version: v1alpha1"));
+    assert!(res
+        .spec
+        .ok_or("no spec")?
+        .yaml_spec
+        .starts_with("version: v1alpha1"));
     let err = state
         .get(GetRequest {
             namespace: "config".into(),

@@ -228,7 +228,11 @@ impl MachineConfig {
         form: ConfigForm,
     ) -> String {
         let img = |c: Component| format!("{}:{}", c.default_repository(), kubernetes);
-        let machine_type = if control_plane { "controlplane" } else { "worker" };
+        let machine_type = if control_plane {
+            "controlplane"
+        } else {
+            "worker"
+        };
         let mut out = String::new();
         out.push_str("version: v1alpha1\n");
         out.push_str("debug: false\n");
@@ -256,10 +260,7 @@ impl MachineConfig {
                     out.push_str(&format!("  {section}:\n    image: {}\n", img(c)));
                 }
             }
-            out.push_str(&format!(
-                "  proxy:\n    image: {}\n",
-                img(Component::Proxy)
-            ));
+            out.push_str(&format!("  proxy:\n    image: {}\n", img(Component::Proxy)));
         } else {
             let mut kinds = vec![Component::Kubelet, Component::Proxy];
             if control_plane {
@@ -471,7 +472,8 @@ mod tests {
     use super::*;
 
     fn legacy() -> MachineConfig {
-        let text = MachineConfig::generate("cp-1", true, "v1.13.2", "v1.33.1", ConfigForm::V1Alpha1);
+        let text =
+            MachineConfig::generate("cp-1", true, "v1.13.2", "v1.33.1", ConfigForm::V1Alpha1);
         MachineConfig::parse(text.as_bytes(), "v1.13.2").expect("generated config parses")
     }
 
@@ -482,7 +484,8 @@ mod tests {
             cfg.image(Component::ApiServer).as_deref(),
             Some("registry.k8s.io/kube-apiserver:v1.33.1")
         );
-        let text = MachineConfig::generate("cp-1", true, "v1.14.0", "v1.34.0", ConfigForm::MultiDoc);
+        let text =
+            MachineConfig::generate("cp-1", true, "v1.14.0", "v1.34.0", ConfigForm::MultiDoc);
         let multi = MachineConfig::parse(text.as_bytes(), "v1.14.0").expect("parses");
         assert_eq!(multi.form(), ConfigForm::MultiDoc);
         assert_eq!(
@@ -512,7 +515,8 @@ mod tests {
             MachineConfig::parse(text.as_bytes(), "v1.14.0"),
             Err(ConfigError::Conflict { .. })
         ));
-        let text = MachineConfig::generate("cp-1", true, "v1.11.0", "v1.36.0", ConfigForm::V1Alpha1);
+        let text =
+            MachineConfig::generate("cp-1", true, "v1.11.0", "v1.36.0", ConfigForm::V1Alpha1);
         assert!(matches!(
             MachineConfig::parse(text.as_bytes(), "v1.11.0"),
             Err(ConfigError::UnsupportedKubernetes { .. })

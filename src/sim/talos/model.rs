@@ -238,12 +238,37 @@ pub struct EtcdMemberView {
 
 #[derive(Clone, Debug, PartialEq)]
 enum Scheduled {
-    GoDown { node: usize, gen: u64 },
-    Return { node: usize, gen: u64 },
-    StaticPodReady { node: usize, gen: u64, component: Component, restart: u64 },
-    KubeletReady { node: usize, gen: u64, restart: u64, version: String },
-    InstallDone { node: usize, gen: u64, version: String },
-    TryRollback { node: usize, gen: u64, token: u64, config: Box<MachineConfig> },
+    GoDown {
+        node: usize,
+        gen: u64,
+    },
+    Return {
+        node: usize,
+        gen: u64,
+    },
+    StaticPodReady {
+        node: usize,
+        gen: u64,
+        component: Component,
+        restart: u64,
+    },
+    KubeletReady {
+        node: usize,
+        gen: u64,
+        restart: u64,
+        version: String,
+    },
+    InstallDone {
+        node: usize,
+        gen: u64,
+        version: String,
+    },
+    TryRollback {
+        node: usize,
+        gen: u64,
+        token: u64,
+        config: Box<MachineConfig>,
+    },
 }
 
 /// The simulated Talos side of a cluster.
@@ -265,7 +290,10 @@ pub enum ModelError {
     #[error("node {0:?} is defined twice")]
     DuplicateNode(String),
     #[error("node {node}: {source}")]
-    Config { node: String, source: ConfigError },
+    Config {
+        node: String,
+        source: Box<ConfigError>,
+    },
     #[error("node {0}: Talos version {1:?} is not a version tag like v1.13.2")]
     BadVersion(String, String),
 }
@@ -348,7 +376,7 @@ impl TalosCluster {
             let config = MachineConfig::parse(text.as_bytes(), &talos).map_err(|source| {
                 ModelError::Config {
                     node: spec.name.clone(),
-                    source,
+                    source: Box::new(source),
                 }
             })?;
             let kubelet_image = config.image(Component::Kubelet).unwrap_or_default();
@@ -752,18 +780,21 @@ impl TalosCluster {
         n.stage = Stage::Upgrading;
         n.installed_version = Some(target);
         let gen = n.boot_gen;
-        self.schedule(now.plus(self.timings.upgrade), Scheduled::GoDown { node, gen });
+        self.schedule(
+            now.plus(self.timings.upgrade),
+            Scheduled::GoDown { node, gen },
+        );
         Ok(actor)
     }
 
     fn installer_version(&self, node: usize, image: &str) -> Result<String, TalosError> {
         if image.is_empty() {
-            return Err(TalosError::InvalidArgument("installer image is empty".into()));
+            return Err(TalosError::InvalidArgument(
+                "installer image is empty".into(),
+            ));
         }
         let target = image_version(image).ok_or_else(|| {
-            TalosError::InvalidArgument(format!(
-                "installer image {image:?} has no v<version> tag"
-            ))
+            TalosError::InvalidArgument(format!("installer image {image:?} has no v<version> tag"))
         })?;
         upgradeable_from(&self.nodes[node].talos_version, &target)
             .map_err(TalosError::FailedPrecondition)?;
@@ -779,7 +810,9 @@ impl TalosCluster {
     ) -> Result<bool, TalosError> {
         self.check_up(node)?;
         if reference.is_empty() {
-            return Err(TalosError::InvalidArgument("image reference is empty".into()));
+            return Err(TalosError::InvalidArgument(
+                "image reference is empty".into(),
+            ));
         }
         if self.faults.failing_images.contains(reference) {
             return Err(TalosError::NotFound(format!(
@@ -850,8 +883,9 @@ impl TalosCluster {
     ) -> Result<ApplyOutcome, TalosError> {
         self.check_up(node)?;
         let n = &self.nodes[node];
-        let new = MachineConfig::parse(data, &n.talos_version)
-            .map_err(|e| TalosError::InvalidArgument(format!("configuration validation failed: {e}")))?;
+        let new = MachineConfig::parse(data, &n.talos_version).map_err(|e| {
+            TalosError::InvalidArgument(format!("configuration validation failed: {e}"))
+        })?;
         let diff = n.config.diff(&new);
         let modern = n.minor() >= 14 || parse_version(&n.talos_version).is_some_and(|v| v.0 > 1);
         let live = diff.other.is_empty();
@@ -934,7 +968,10 @@ impl TalosCluster {
     /// `static_pod_restart`), a changed kubelet image restarts the kubelet.
     fn activate_config(&mut self, node: usize, config: MachineConfig, now: Timestamp) {
         let diff = self.nodes[node].config.diff(&config);
-        let (pod_delay, kubelet_delay) = (self.timings.static_pod_restart, self.timings.kubelet_restart);
+        let (pod_delay, kubelet_delay) = (
+            self.timings.static_pod_restart,
+            self.timings.kubelet_restart,
+        );
         let n = &mut self.nodes[node];
         n.config = config;
         n.config_version += 1;
@@ -1071,15 +1108,24 @@ mod tests {
             .replace("kubelet:v1.33.1", "kubelet:v1.34.0");
         c.apply_configuration(cp, cfg.as_bytes(), ApplyMode::NoReboot, false, None)
             .unwrap_or_else(|e| panic!("{e}"));
-        assert!(!c.node(cp).static_pod(Component::ApiServer).is_some_and(|p| p.ready));
+        assert!(!c
+            .node(cp)
+            .static_pod(Component::ApiServer)
+            .is_some_and(|p| p.ready));
         assert!(!c.node(cp).kubelet.healthy);
         // One sync far in the future applies both: kubelet (t+10) before apiserver (t+50).
         c.sync(Timestamp(0).plus(S(10)));
         assert!(c.node(cp).kubelet.healthy);
         assert_eq!(c.node(cp).kubelet_version(), "v1.34.0");
-        assert!(!c.node(cp).static_pod(Component::ApiServer).is_some_and(|p| p.ready));
+        assert!(!c
+            .node(cp)
+            .static_pod(Component::ApiServer)
+            .is_some_and(|p| p.ready));
         c.sync(Timestamp(0).plus(S(500)));
-        assert!(c.node(cp).static_pod(Component::ApiServer).is_some_and(|p| p.ready));
+        assert!(c
+            .node(cp)
+            .static_pod(Component::ApiServer)
+            .is_some_and(|p| p.ready));
     }
 
     #[test]
@@ -1093,11 +1139,16 @@ mod tests {
         c.reboot(cp).unwrap_or_else(|e| panic!("{e}"));
         c.sync(Timestamp(0).plus(S(30)));
         // The pod-ready event from before the reboot did not fire while down.
-        assert!(!c.node(cp).static_pod(Component::Scheduler).is_some_and(|p| p.ready));
+        assert!(!c
+            .node(cp)
+            .static_pod(Component::Scheduler)
+            .is_some_and(|p| p.ready));
         c.sync(Timestamp(0).plus(S(90)));
         assert!(c.node(cp).up);
         assert_eq!(
-            c.node(cp).static_pod(Component::Scheduler).map(|p| p.image.as_str()),
+            c.node(cp)
+                .static_pod(Component::Scheduler)
+                .map(|p| p.image.as_str()),
             Some("registry.k8s.io/kube-scheduler:v1.34.0")
         );
     }
@@ -1117,7 +1168,10 @@ mod tests {
         assert!(!c.etcd_has_quorum());
         assert!(c.etcd_leader().is_none());
         let last = (0..3).find(|i| c.node(*i).up).unwrap_or(0);
-        assert!(matches!(c.check_etcd(last), Err(TalosError::Unavailable(_))));
+        assert!(matches!(
+            c.check_etcd(last),
+            Err(TalosError::Unavailable(_))
+        ));
         c.sync(Timestamp(0).plus(S(90)));
         assert!(c.etcd_has_quorum() && c.etcd_members().len() == 3);
     }
@@ -1129,7 +1183,11 @@ mod tests {
             let cfg = String::from_utf8_lossy(c.node(0).config.raw())
                 .replace("disk: /dev/sda", "disk: /dev/sdb");
             let r = c.apply_configuration(0, cfg.as_bytes(), ApplyMode::NoReboot, false, None);
-            assert_eq!(matches!(r, Err(TalosError::InvalidArgument(_))), refused, "{talos}");
+            assert_eq!(
+                matches!(r, Err(TalosError::InvalidArgument(_))),
+                refused,
+                "{talos}"
+            );
         }
     }
 
@@ -1137,6 +1195,8 @@ mod tests {
     fn xid_is_twenty_base32hex_characters() {
         let id = xid(Timestamp(1_767_225_600_000), "cp-1", 7);
         assert_eq!(id.len(), 20);
-        assert!(id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'v').contains(&b)));
+        assert!(id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'v').contains(&b)));
     }
 }

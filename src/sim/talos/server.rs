@@ -85,7 +85,10 @@ fn allowed(roles: &[String], access: Access) -> bool {
         matches!(
             (r.as_str(), access),
             ("os:admin", _)
-                | ("os:operator", Access::Operator | Access::Reader | Access::EtcdReader)
+                | (
+                    "os:operator",
+                    Access::Operator | Access::Reader | Access::EtcdReader
+                )
                 | ("os:reader", Access::Reader | Access::EtcdReader)
                 | ("os:etcd:backup", Access::EtcdReader)
         )
@@ -128,7 +131,8 @@ impl NodeApi {
             ));
         }
         let targets: Vec<_> = md.get_all("node").iter().collect();
-        let m = self.shared.lock();
+        let mut m = self.shared.lock();
+        m.sync(self.shared.clock.now());
         m.check_up(self.endpoint).map_err(status)?;
         let target = match targets.as_slice() {
             [] => return Ok(self.endpoint),
@@ -136,10 +140,16 @@ impl NodeApi {
                 .to_str()
                 .map_err(|_| Status::invalid_argument("node metadata is not ASCII"))?
                 .to_string(),
-            _ => return Err(Status::invalid_argument("node metadata must be single-valued")),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "node metadata must be single-valued",
+                ))
+            }
         };
         if target.contains(':') && target.parse::<std::net::IpAddr>().is_err() {
-            return Err(Status::invalid_argument(format!("invalid target {target:?}")));
+            return Err(Status::invalid_argument(format!(
+                "invalid target {target:?}"
+            )));
         }
         let Some(index) = m.find(&target) else {
             return Err(Status::unavailable(format!(
@@ -378,7 +388,10 @@ impl machine::machine_service_server::MachineService for NodeApi {
                     errors: Vec::new(),
                     is_learner: false,
                     member_id: n.etcd_member_id,
-                    storage_version: version.rsplit_once('.').map_or("", |(mm, _)| mm).to_string()
+                    storage_version: version
+                        .rsplit_once('.')
+                        .map_or("", |(mm, _)| mm)
+                        .to_string()
                         + ".0",
                 })
             })
@@ -449,7 +462,9 @@ impl machine::machine_service_server::MachineService for NodeApi {
                 if gone {
                     // The node went down: the connection drops, as with a real reboot.
                     let _ = tx
-                        .send(Err(Status::unavailable("connection lost: node is rebooting")))
+                        .send(Err(Status::unavailable(
+                            "connection lost: node is rebooting",
+                        )))
                         .await;
                     return;
                 }
@@ -514,7 +529,8 @@ impl machine::machine_service_server::MachineService for NodeApi {
         let mode = request.get_ref().mode;
         let actor_id = self
             .sync_with(|m| {
-                if mode == machine::reboot_request::Mode::Force as i32 && m.node(node).minor() < 12 {
+                if mode == machine::reboot_request::Mode::Force as i32 && m.node(node).minor() < 12
+                {
                     return Err(TalosError::InvalidArgument(
                         "reboot mode FORCE is supported since Talos v1.12".into(),
                     ));
@@ -642,12 +658,11 @@ impl machine::image_service_server::ImageService for NodeApi {
     ) -> Result<Response<Self::PullStream>, Status> {
         let node = self.route(&request, Access::Operator)?;
         let req = request.into_inner();
-        let ns = image_namespace(req.containerd.map_or(0, |c| c.namespace))?;
-        let already = self
-            .sync_with(|m| {
-                lifecycle_check(m, node, "machine.ImageService")?;
-                m.pull_image(node, ns, &req.image_ref).map_err(status)
-            })?;
+        let already = self.sync_with(|m| {
+            lifecycle_check(m, node, "machine.ImageService")?;
+            let ns = image_namespace(req.containerd.map_or(0, |c| c.namespace))?;
+            m.pull_image(node, ns, &req.image_ref).map_err(status)
+        })?;
         use machine::image_service_pull_layer_progress::Status as Layer;
         use machine::image_service_pull_response::Response as Item;
         let progress = |status: Layer| machine::ImageServicePullResponse {
@@ -665,7 +680,10 @@ impl machine::image_service_server::ImageService for NodeApi {
         let mut items = if already {
             vec![progress(Layer::AlreadyExists)]
         } else {
-            vec![progress(Layer::DownloadComplete), progress(Layer::ExtractComplete)]
+            vec![
+                progress(Layer::DownloadComplete),
+                progress(Layer::ExtractComplete),
+            ]
         };
         items.push(machine::ImageServicePullResponse {
             response: Some(Item::Name(req.image_ref.clone())),
@@ -690,12 +708,12 @@ impl machine::lifecycle_service_server::LifecycleService for NodeApi {
         let node = self.route(&request, Access::Admin)?;
         let req = request.into_inner();
         let image = req.source.map(|s| s.image_name).unwrap_or_default();
-        let ns = match req.containerd.map(|c| c.namespace) {
-            None => ImageNamespace::System,
-            Some(ns) => image_namespace(ns)?,
-        };
         let started = self.sync_with(|m| {
             lifecycle_check(m, node, "machine.LifecycleService")?;
+            let ns = match req.containerd.map(|c| c.namespace) {
+                None => ImageNamespace::System,
+                Some(ns) => image_namespace(ns)?,
+            };
             m.start_install(node, ns, &image).map_err(status)
         })?;
         use machine::lifecycle_service_install_progress::Response as P;
@@ -729,12 +747,16 @@ impl machine::lifecycle_service_server::LifecycleService for NodeApi {
             });
             if finished {
                 let _ = tx
-                    .send(msg(P::Message("upgrade written to disk; reboot to activate".into())))
+                    .send(msg(P::Message(
+                        "upgrade written to disk; reboot to activate".into(),
+                    )))
                     .await;
                 let _ = tx.send(msg(P::ExitCode(0))).await;
             } else {
                 let _ = tx
-                    .send(Err(Status::unavailable("installation interrupted: node rebooted")))
+                    .send(Err(Status::unavailable(
+                        "installation interrupted: node rebooted",
+                    )))
                     .await;
             }
         });
@@ -751,7 +773,11 @@ impl cosi::state_server::State for NodeApi {
         let sensitive = request.get_ref().r#type == MACHINE_CONFIG_TYPE;
         let node = self.route(
             &request,
-            if sensitive { Access::Admin } else { Access::Reader },
+            if sensitive {
+                Access::Admin
+            } else {
+                Access::Reader
+            },
         )?;
         let req = request.into_inner();
         if req.r#type != MACHINE_CONFIG_TYPE {
@@ -781,7 +807,11 @@ impl cosi::state_server::State for NodeApi {
         let sensitive = request.get_ref().r#type == MACHINE_CONFIG_TYPE;
         let node = self.route(
             &request,
-            if sensitive { Access::Admin } else { Access::Reader },
+            if sensitive {
+                Access::Admin
+            } else {
+                Access::Reader
+            },
         )?;
         let req = request.into_inner();
         if req.r#type != MACHINE_CONFIG_TYPE {
