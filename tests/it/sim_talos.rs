@@ -939,3 +939,82 @@ async fn machine_config_resource_and_custom_timings() -> TestResult {
     assert!(cp.version(()).await.is_ok());
     Ok(())
 }
+
+#[tokio::test]
+async fn cosi_watch_reports_machine_config_changes() -> TestResult {
+    use ichor::talos::proto::cosi::resource::{EventType, WatchOptions, WatchRequest};
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let (config, _) = machine_config(sim.channel("cp-2").await?).await?;
+    let mut state = StateClient::new(sim.channel("cp-1").await?);
+    let mut watch = state
+        .watch(to_node(
+            WatchRequest {
+                namespace: "config".into(),
+                r#type: "MachineConfigs.config.talos.dev".into(),
+                id: Some("v1alpha1".into()),
+                options: Some(WatchOptions::default()),
+                api_version: 1,
+            },
+            "cp-2",
+        )?)
+        .await?
+        .into_inner();
+    let ready = watch.message().await?.ok_or("no first response")?;
+    assert!(ready.event.is_empty(), "empty first WatchResponse");
+    let created = watch.message().await?.ok_or("no initial event")?;
+    assert_eq!(created.event[0].event_type, EventType::Created as i32);
+    let v0 = created.event[0]
+        .resource
+        .as_ref()
+        .and_then(|r| r.metadata.as_ref())
+        .map(|m| m.version.clone());
+
+    let bumped = config.replace("kube-scheduler:v1.33.1", "kube-scheduler:v1.34.0");
+    sim.machine("cp-2")
+        .await?
+        .apply_configuration(apply(&bumped, Mode::NoReboot, false))
+        .await?;
+    let updated = watch.message().await?.ok_or("no update")?;
+    let e = &updated.event[0];
+    assert_eq!(e.event_type, EventType::Updated as i32);
+    let v1 = e
+        .resource
+        .as_ref()
+        .and_then(|r| r.metadata.as_ref())
+        .map(|m| m.version.clone());
+    assert_ne!(v1, v0, "the resource version moves with the config");
+    let spec = e
+        .resource
+        .as_ref()
+        .and_then(|r| r.spec.as_ref())
+        .ok_or("no spec")?;
+    let yaml = MachineConfigSpec::decode(spec.proto_spec.as_slice())?.yaml_marshalled;
+    assert_eq!(String::from_utf8(yaml)?, bumped);
+    Ok(())
+}
+
+#[tokio::test]
+async fn observations_follow_the_clock_without_any_call() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let before = sim.twin.observe();
+    let w1 = before.iter().find(|n| n.name == "w-1").ok_or("w-1")?;
+    assert!(w1.up && w1.ready && !w1.etcd_member);
+    let cp1 = before.iter().find(|n| n.name == "cp-1").ok_or("cp-1")?;
+    assert!(cp1.etcd_member && cp1.static_pods.len() == 3);
+    assert!(cp1.static_pods.iter().all(|p| p.ready));
+
+    sim.machine("w-1")
+        .await?
+        .reboot(RebootRequest::default())
+        .await?;
+    let mut changes = sim.twin.changes();
+    changes.borrow_and_update();
+    sim.clock.advance(S(90));
+    // The twin's driver applies the return on its own and announces it.
+    tokio::time::timeout(S(10), changes.changed()).await??;
+    let after = sim.twin.with_model(|m| m.observe());
+    let w1_after = after.iter().find(|n| n.name == "w-1").ok_or("w-1")?;
+    assert!(w1_after.ready);
+    assert_ne!(w1_after.boot_id, w1.boot_id);
+    Ok(())
+}

@@ -6,7 +6,10 @@
 //!   one-to-many proxying is refused with Unimplemented.
 //! - A "live" change under NO_REBOOT is a component image change; any other difference needs
 //!   a reboot (Talos' own CanApplyImmediate is broader).
-//! - COSI State serves the MachineConfig resource (Get, List); Watch is not simulated.
+//! - COSI State serves only the MachineConfig resource (Get, List, Watch); other resource
+//!   types answer PermissionDenied "not supported", as Talos does for unknown types.
+//! - Events honours `tail_events` and `with_actor_id`; `tail_id` and `tail_seconds` are
+//!   ignored. Only MachineStatusEvents are emitted.
 //! - A node that is down answers Unavailable instead of dropping the TCP connection.
 
 pub mod config;
@@ -31,7 +34,7 @@ use crate::talos::proto::machine::machine_service_server::MachineServiceServer;
 pub use config::{Component, ConfigForm, MachineConfig};
 pub use model::{
     ApplyMode, EtcdMemberView, Faults, ImageNamespace, Kubelet, MachineEvent, ModelError, Node,
-    NodeSpec, Role, Stage, StaticPod, TalosCluster, TalosError, Timings,
+    NodeObservation, NodeSpec, Role, Stage, StaticPod, TalosCluster, TalosError, Timings,
 };
 
 /// Talos and the Go client both cap gRPC messages at 32 MiB.
@@ -163,6 +166,7 @@ impl TalosTwin {
             }));
             endpoints.push((spec.name.clone(), addr));
         }
+        tasks.push(tokio::spawn(drive(shared.clone(), shutdown.subscribe())));
         let admin = ca.issue_client("admin", &["os:admin"], KeyAlgorithm::Ed25519)?;
         let context = pki::TalosContext {
             name: options.context.clone(),
@@ -229,6 +233,17 @@ impl TalosTwin {
         self.shared.with(f)
     }
 
+    /// The observable state of every node, brought up to the clock's time.
+    pub fn observe(&self) -> Vec<NodeObservation> {
+        self.shared.with(|m| m.observe())
+    }
+
+    /// A receiver that changes after every change of the model (an RPC acting, or a
+    /// scheduled event applied by the twin's driver).
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.shared.changed.subscribe()
+    }
+
     /// Applies every event due by the clock's current time.
     pub fn sync(&self) {
         self.shared.with(|_| ())
@@ -239,6 +254,27 @@ impl TalosTwin {
         let _ = self.shutdown.send(true);
         for t in std::mem::take(&mut self.tasks) {
             let _ = t.await;
+        }
+    }
+}
+
+/// Applies scheduled events as they come due on the clock, so subscribers and open
+/// streams see reboots and restarts without anyone calling in.
+async fn drive(shared: Arc<server::Shared>, mut stop: watch::Receiver<bool>) {
+    loop {
+        // Subscribe before reading the next due time, so a mutation in between is not missed.
+        let mut changed = shared.changed.subscribe();
+        let due = shared.next_due();
+        let clock = shared.clock.clone();
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            r = changed.changed() => if r.is_err() { return },
+            _ = async move {
+                match due {
+                    Some(t) => clock.sleep_until(t).await,
+                    None => std::future::pending::<()>().await,
+                }
+            } => shared.sync_now(),
         }
     }
 }

@@ -197,6 +197,28 @@ impl Node {
     }
 }
 
+/// A node's observable state at one instant (plain data, for the Kubernetes projection).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeObservation {
+    pub name: String,
+    pub role: Role,
+    pub ip: IpAddr,
+    /// Reachable (not rebooting).
+    pub up: bool,
+    /// Running with a healthy kubelet: the Kubernetes Node's Ready condition.
+    pub ready: bool,
+    pub stage: Stage,
+    /// Changes at every boot.
+    pub boot_id: String,
+    pub talos_version: String,
+    pub kubelet_image: String,
+    pub kubelet_version: String,
+    /// kube-apiserver, kube-controller-manager, kube-scheduler (control planes only).
+    pub static_pods: Vec<StaticPod>,
+    pub etcd_member: bool,
+    pub etcd_leader: bool,
+}
+
 /// Result of an ApplyConfiguration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApplyOutcome {
@@ -474,7 +496,9 @@ impl TalosCluster {
 
     /// Applies every scheduled event due at or before `now`, in order. Time never moves
     /// backwards: an earlier `now` is ignored.
-    pub fn sync(&mut self, now: Timestamp) {
+    /// Returns how many events were applied.
+    pub fn sync(&mut self, now: Timestamp) -> usize {
+        let mut applied = 0;
         while let Some(entry) = self.queue.first_entry() {
             let (at, _) = *entry.key();
             if at > now {
@@ -483,13 +507,39 @@ impl TalosCluster {
             let what = entry.remove();
             self.now = self.now.max(at);
             self.apply(what);
+            applied += 1;
         }
         self.now = self.now.max(now);
+        applied
     }
 
-    /// Same as [`TalosCluster::sync`]; the name the integration's `World` uses.
-    pub fn advance_to(&mut self, now: Timestamp) {
+    /// Same as [`TalosCluster::sync`].
+    pub fn advance_to(&mut self, now: Timestamp) -> usize {
         self.sync(now)
+    }
+
+    /// The observable state of every node, for the Kubernetes projection (Node Ready,
+    /// kubeletVersion, mirror pods of the static pods, pods lost when a node goes down).
+    pub fn observe(&self) -> Vec<NodeObservation> {
+        let members: BTreeSet<u64> = self.etcd_members().iter().map(|m| m.id).collect();
+        self.nodes
+            .iter()
+            .map(|n| NodeObservation {
+                name: n.name.clone(),
+                role: n.role,
+                ip: n.ip,
+                up: n.up,
+                ready: n.ready(),
+                stage: n.stage,
+                boot_id: n.boot_id.clone(),
+                talos_version: n.talos_version.clone(),
+                kubelet_image: n.kubelet.image.clone(),
+                kubelet_version: n.kubelet.version.clone(),
+                static_pods: n.static_pods.clone(),
+                etcd_member: members.contains(&n.etcd_member_id) && n.is_control_plane(),
+                etcd_leader: self.etcd_leader().is_some_and(|l| l == n.name),
+            })
+            .collect()
     }
 
     fn apply(&mut self, what: Scheduled) {
@@ -1189,6 +1239,34 @@ mod tests {
                 "{talos}"
             );
         }
+    }
+
+    #[test]
+    fn try_mode_rolls_back_unless_a_later_apply_supersedes_it() {
+        let mut c = cluster("v1.13.2");
+        let original = c.node(0).config.clone();
+        let bumped = String::from_utf8_lossy(original.raw())
+            .replace("kube-apiserver:v1.33.1", "kube-apiserver:v1.34.0");
+        c.apply_configuration(0, bumped.as_bytes(), ApplyMode::Try, false, Some(S(60)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_ne!(c.node(0).config, original);
+        c.sync(Timestamp(0).plus(S(60)));
+        assert_eq!(
+            c.node(0).config,
+            original,
+            "rolled back after the try timeout"
+        );
+
+        c.apply_configuration(0, bumped.as_bytes(), ApplyMode::Try, false, Some(S(60)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.apply_configuration(0, bumped.as_bytes(), ApplyMode::NoReboot, false, None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.sync(Timestamp(0).plus(S(600)));
+        assert_ne!(
+            c.node(0).config,
+            original,
+            "a later apply cancels the rollback"
+        );
     }
 
     #[test]

@@ -44,6 +44,18 @@ impl Shared {
         r
     }
 
+    pub(crate) fn next_due(&self) -> Option<Timestamp> {
+        self.lock().next_due()
+    }
+
+    /// Applies due events; wakes the streams only if something happened.
+    pub(crate) fn sync_now(&self) {
+        let applied = self.lock().sync(self.clock.now());
+        if applied > 0 {
+            self.changed.send_modify(|v| *v += 1);
+        }
+    }
+
     /// Waits until the model may have changed: a mutation, or the next scheduled event
     /// coming due on the clock.
     async fn wait_change(&self, rx: &mut watch::Receiver<u64>) -> bool {
@@ -845,9 +857,135 @@ impl cosi::state_server::State for NodeApi {
         &self,
         request: Request<cosi::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        self.route(&request, Access::Reader)?;
-        Err(Status::unimplemented(
-            "cosi.resource.State/Watch is not simulated by the twin yet",
-        ))
+        let sensitive = request.get_ref().r#type == MACHINE_CONFIG_TYPE;
+        let node = self.route(
+            &request,
+            if sensitive {
+                Access::Admin
+            } else {
+                Access::Reader
+            },
+        )?;
+        let req = request.into_inner();
+        if req.r#type != MACHINE_CONFIG_TYPE {
+            return Err(Status::permission_denied(format!(
+                "resource type {:?} is not supported",
+                req.r#type
+            )));
+        }
+        let bootstrap = req.options.as_ref().is_some_and(|o| o.bootstrap_contents);
+        let ids: Vec<String> = match &req.id {
+            Some(id) => vec![id.clone()],
+            None => {
+                let persistent = self.sync_with(|m| m.node(node).minor() >= 10);
+                let mut ids = vec!["v1alpha1".to_string()];
+                if persistent {
+                    ids.push("persistent".to_string());
+                }
+                ids
+            }
+        };
+        let in_namespace = req.namespace == "config";
+        let (tx, rx) = mpsc::channel(16);
+        let shared = self.shared.clone();
+        let endpoint = self.endpoint;
+        tokio::spawn(async move {
+            let event = |event_type: cosi::EventType,
+                         resource: Option<cosi::Resource>,
+                         old: Option<cosi::Resource>| cosi::Event {
+                resource,
+                old,
+                error: None,
+                event_type: event_type as i32,
+                bookmark: None,
+            };
+            let snapshot = |m: &TalosCluster| -> Vec<Option<cosi::Resource>> {
+                ids.iter()
+                    .map(|id| {
+                        in_namespace
+                            .then(|| machine_config_resource(m, node, id).ok())
+                            .flatten()
+                    })
+                    .collect()
+            };
+            // The empty response says the watch is established.
+            if tx.send(Ok(cosi::WatchResponse::default())).await.is_err() {
+                return;
+            }
+            let mut last = {
+                let mut m = shared.lock();
+                m.sync(shared.clock.now());
+                snapshot(&m)
+            };
+            let mut initial = Vec::new();
+            if req.id.is_some() {
+                // A single-resource watch starts with its current state, or a tombstone.
+                initial.push(match &last[0] {
+                    Some(r) => event(cosi::EventType::Created, Some(r.clone()), None),
+                    None => event(cosi::EventType::Destroyed, None, None),
+                });
+            } else if bootstrap {
+                initial.extend(
+                    last.iter()
+                        .flatten()
+                        .map(|r| event(cosi::EventType::Created, Some(r.clone()), None)),
+                );
+                if req.api_version >= 1 {
+                    initial.push(event(cosi::EventType::Bootstrapped, None, None));
+                }
+            }
+            for e in initial {
+                if tx
+                    .send(Ok(cosi::WatchResponse { event: vec![e] }))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            let mut changed = shared.changed.subscribe();
+            loop {
+                tokio::select! {
+                    alive = shared.wait_change(&mut changed) => if !alive { return },
+                    _ = tx.closed() => return,
+                }
+                let (now, gone) = {
+                    let mut m = shared.lock();
+                    m.sync(shared.clock.now());
+                    let gone = !m.node(node).up || !m.node(endpoint).up;
+                    (snapshot(&m), gone)
+                };
+                if gone {
+                    let _ = tx
+                        .send(Err(Status::unavailable(
+                            "connection lost: node is rebooting",
+                        )))
+                        .await;
+                    return;
+                }
+                for (old, new) in last.iter().zip(&now) {
+                    let version = |r: &Option<cosi::Resource>| {
+                        r.as_ref().map(|r| {
+                            (
+                                r.spec.as_ref().map(|s| s.proto_spec.clone()),
+                                r.metadata.as_ref().map(|m| m.version.clone()),
+                            )
+                        })
+                    };
+                    if version(old) != version(new) {
+                        let e = event(cosi::EventType::Updated, new.clone(), old.clone());
+                        if tx
+                            .send(Ok(cosi::WatchResponse { event: vec![e] }))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+                last = now;
+            }
+        });
+        Ok(Response::new(stream_of(rx)))
     }
 }
