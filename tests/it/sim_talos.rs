@@ -1018,3 +1018,67 @@ async fn observations_follow_the_clock_without_any_call() -> TestResult {
     assert_ne!(w1_after.boot_id, w1.boot_id);
     Ok(())
 }
+
+#[tokio::test]
+async fn nodes_metadata_fans_out_unary_calls_like_apid() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    sim.machine("cp-3")
+        .await?
+        .reboot(RebootRequest::default())
+        .await?;
+    let mut cp = sim.machine("cp-1").await?;
+    let mut req = Request::new(());
+    for n in ["cp-1", "10.5.0.11", "cp-3", "10.9.9.9"] {
+        req.metadata_mut().append("nodes", n.parse()?);
+    }
+    let r = cp.version(req).await?.into_inner();
+    let rows: Vec<(String, String, Option<i32>, String)> = r
+        .messages
+        .iter()
+        .map(|v| {
+            let md = v.metadata.clone().unwrap_or_default();
+            (
+                md.hostname,
+                v.version
+                    .as_ref()
+                    .map(|v| v.tag.clone())
+                    .unwrap_or_default(),
+                md.status.map(|s| s.code),
+                md.error,
+            )
+        })
+        .collect();
+    assert_eq!(rows.len(), 4);
+    assert_eq!(
+        (rows[0].0.as_str(), rows[0].1.as_str()),
+        ("cp-1", "v1.13.2")
+    );
+    assert_eq!(
+        (rows[1].0.as_str(), rows[1].1.as_str()),
+        ("10.5.0.11", "v1.14.0")
+    );
+    assert!(rows[0].2.is_none() && rows[0].3.is_empty());
+    // Failing targets are reported in metadata while the call succeeds.
+    assert_eq!(rows[2].0, "cp-3");
+    assert_eq!(rows[2].2, Some(Code::Unavailable as i32));
+    assert!(!rows[2].3.is_empty());
+    assert_eq!(rows[3].2, Some(Code::Unavailable as i32));
+
+    // Workers cannot fan out; COSI refuses one-to-many.
+    let mut w = sim.machine("w-1").await?;
+    let mut req = Request::new(());
+    req.metadata_mut().append("nodes", "cp-1".parse()?);
+    let err = w.version(req).await.err().ok_or("no forwarding")?;
+    assert_eq!(err.code(), Code::PermissionDenied);
+    let mut state = StateClient::new(sim.channel("cp-1").await?);
+    let mut req = Request::new(GetRequest {
+        namespace: "config".into(),
+        r#type: "MachineConfigs.config.talos.dev".into(),
+        id: "v1alpha1".into(),
+        options: None,
+    });
+    req.metadata_mut().append("nodes", "cp-2".parse()?);
+    let err = state.get(req).await.err().ok_or("cosi one-to-many")?;
+    assert_eq!(err.code(), Code::InvalidArgument);
+    Ok(())
+}

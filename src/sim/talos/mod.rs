@@ -2,8 +2,11 @@
 //! with mutual TLS, one loopback endpoint per node ([`TalosTwin`]).
 //!
 //! Fidelity notes (what is simulated and what is not):
-//! - `node` metadata routing as apid does it (worker endpoints refuse forwarding); `nodes`
-//!   one-to-many proxying is refused with Unimplemented.
+//! - `node` metadata routing as apid does it (worker endpoints refuse forwarding). `nodes`
+//!   one-to-many for the unary MachineService calls: replies tagged with `metadata.hostname`,
+//!   per-node failures in `metadata.error`/`status` while the call succeeds. Streaming
+//!   methods and the other services refuse `nodes` with InvalidArgument (apid would fan out
+//!   MachineService streams too).
 //! - A "live" change under NO_REBOOT is a component image change; any other difference needs
 //!   a reboot (Talos' own CanApplyImmediate is broader).
 //! - COSI State serves only the MachineConfig resource (Get, List, Watch); other resource

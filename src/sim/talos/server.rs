@@ -115,6 +115,38 @@ pub(crate) struct NodeApi {
     pub(crate) endpoint: usize,
 }
 
+enum Targets {
+    One(usize),
+    Many(Vec<(String, Result<usize, Status>)>),
+}
+
+/// Per-node reply messages carry `common.Metadata` at field 1.
+trait WithMetadata: Default {
+    fn set_metadata(&mut self, metadata: common::Metadata);
+}
+
+macro_rules! with_metadata {
+    ($($t:ty),* $(,)?) => {
+        $(impl WithMetadata for $t {
+            fn set_metadata(&mut self, metadata: common::Metadata) {
+                self.metadata = Some(metadata);
+            }
+        })*
+    };
+}
+
+with_metadata!(
+    machine::ApplyConfiguration,
+    machine::EtcdForfeitLeadership,
+    machine::EtcdMembers,
+    machine::EtcdStatus,
+    machine::ImagePull,
+    machine::Reboot,
+    machine::ServiceList,
+    machine::Upgrade,
+    machine::Version,
+);
+
 type Stream<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 fn stream_of<T: Send + 'static>(rx: mpsc::Receiver<Result<T, Status>>) -> Stream<T> {
@@ -122,9 +154,8 @@ fn stream_of<T: Send + 'static>(rx: mpsc::Receiver<Result<T, Status>>) -> Stream
 }
 
 impl NodeApi {
-    /// Authorizes the caller and resolves the target node: the endpoint itself, or the one
-    /// named by `node` metadata (forwarded as apid would).
-    fn route<T>(&self, req: &Request<T>, access: Access) -> Result<usize, Status> {
+    /// The caller's roles (one per Subject O of the client certificate) must allow `access`.
+    fn authorize<T>(&self, req: &Request<T>, access: Access) -> Result<(), Status> {
         let roles = match req.peer_certs() {
             Some(certs) => match certs.first() {
                 Some(leaf) => crate::sim::pki::subject_organizations(leaf.as_ref())
@@ -133,41 +164,25 @@ impl NodeApi {
             },
             None => return Err(Status::unauthenticated("no client certificate")),
         };
-        if !allowed(&roles, access) {
-            return Err(Status::permission_denied("not authorized"));
+        if allowed(&roles, access) {
+            Ok(())
+        } else {
+            Err(Status::permission_denied("not authorized"))
         }
-        let md = req.metadata();
-        if md.get("nodes").is_some() {
-            return Err(Status::unimplemented(
-                "one-to-many proxying (nodes metadata) is not simulated by the twin; send node",
-            ));
-        }
-        let targets: Vec<_> = md.get_all("node").iter().collect();
-        let mut m = self.shared.lock();
-        m.sync(self.shared.clock.now());
-        m.check_up(self.endpoint).map_err(status)?;
-        let target = match targets.as_slice() {
-            [] => return Ok(self.endpoint),
-            [one] => one
-                .to_str()
-                .map_err(|_| Status::invalid_argument("node metadata is not ASCII"))?
-                .to_string(),
-            _ => {
-                return Err(Status::invalid_argument(
-                    "node metadata must be single-valued",
-                ))
-            }
-        };
+    }
+
+    /// Resolves one target as apid would dial it: by name or simulated IP.
+    fn resolve(&self, m: &TalosCluster, target: &str) -> Result<usize, Status> {
         if target.contains(':') && target.parse::<std::net::IpAddr>().is_err() {
             return Err(Status::invalid_argument(format!(
                 "invalid target {target:?}"
             )));
         }
-        let Some(index) = m.find(&target) else {
-            return Err(Status::unavailable(format!(
+        let index = m.find(target).ok_or_else(|| {
+            Status::unavailable(format!(
                 "connection error: desc = \"transport: Error while dialing: dial tcp {target}:50000: no route to host\""
-            )));
-        };
+            ))
+        })?;
         if index != self.endpoint {
             if !m.node(self.endpoint).is_control_plane() {
                 return Err(Status::permission_denied("no request forwarding"));
@@ -175,6 +190,352 @@ impl NodeApi {
             m.check_up(index).map_err(status)?;
         }
         Ok(index)
+    }
+
+    /// Authorizes the caller and resolves the target node: the endpoint itself, or the one
+    /// named by `node` metadata (forwarded as apid would). `nodes` is refused: apid allows
+    /// one-to-many only for MachineService, and the twin fans out its unary calls only.
+    fn route<T>(&self, req: &Request<T>, access: Access) -> Result<usize, Status> {
+        match self.targets(req, access)? {
+            Targets::One(node) => Ok(node),
+            Targets::Many(_) => Err(Status::invalid_argument(
+                "one-2-many proxying is not supported for this method",
+            )),
+        }
+    }
+
+    /// Like [`NodeApi::route`], but `nodes` metadata gives one entry per listed target, each
+    /// with the target as given and either its node or the error to report for it.
+    fn targets<T>(&self, req: &Request<T>, access: Access) -> Result<Targets, Status> {
+        self.authorize(req, access)?;
+        let md = req.metadata();
+        let mut m = self.shared.lock();
+        m.sync(self.shared.clock.now());
+        m.check_up(self.endpoint).map_err(status)?;
+        let text = |v: &tonic::metadata::MetadataValue<tonic::metadata::Ascii>| {
+            v.to_str()
+                .map(str::to_string)
+                .map_err(|_| Status::invalid_argument("node metadata is not ASCII"))
+        };
+        if md.get("nodes").is_some() {
+            let mut names = Vec::new();
+            for v in md.get_all("nodes") {
+                names.extend(
+                    text(v)?
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string),
+                );
+            }
+            let many: Vec<_> = names
+                .into_iter()
+                .map(|name| {
+                    let node = self.resolve(&m, &name);
+                    (name, node)
+                })
+                .collect();
+            if many
+                .iter()
+                .any(|(_, r)| matches!(r, Err(e) if e.code() == tonic::Code::PermissionDenied))
+            {
+                return Err(Status::permission_denied("no request forwarding"));
+            }
+            return Ok(Targets::Many(many));
+        }
+        let targets: Vec<_> = md.get_all("node").iter().collect();
+        match targets.as_slice() {
+            [] => Ok(Targets::One(self.endpoint)),
+            [one] => Ok(Targets::One(self.resolve(&m, &text(one)?)?)),
+            _ => Err(Status::invalid_argument(
+                "node metadata must be single-valued",
+            )),
+        }
+    }
+
+    /// A unary MachineService call: one-to-one, or fanned out over `nodes` with each reply
+    /// tagged with `metadata.hostname` and per-node failures reported in `metadata.error`
+    /// while the call itself succeeds, as apid aggregates them.
+    async fn unary<Req, Msg, F, Fut>(
+        &self,
+        request: Request<Req>,
+        access: Access,
+        call: F,
+    ) -> Result<Vec<Msg>, Status>
+    where
+        Req: Clone + Send,
+        Msg: WithMetadata + Send,
+        F: Fn(NodeApi, usize, Req) -> Fut + Send + Sync,
+        Fut: std::future::Future<Output = Result<Msg, Status>> + Send,
+    {
+        match self.targets(&request, access)? {
+            Targets::One(node) => Ok(vec![call(self.clone(), node, request.into_inner()).await?]),
+            Targets::Many(targets) => {
+                let req = request.into_inner();
+                let mut out = Vec::with_capacity(targets.len());
+                for (hostname, node) in targets {
+                    let reply = match node {
+                        Ok(node) => call(self.clone(), node, req.clone()).await,
+                        Err(e) => Err(e),
+                    };
+                    let (mut msg, error) = match reply {
+                        Ok(msg) => (msg, None),
+                        Err(e) => (Msg::default(), Some(e)),
+                    };
+                    msg.set_metadata(common::Metadata {
+                        hostname,
+                        error: error
+                            .as_ref()
+                            .map(|e| e.message().to_string())
+                            .unwrap_or_default(),
+                        status: error.map(|e| crate::talos::proto::google::rpc::Status {
+                            code: e.code() as i32,
+                            message: e.message().to_string(),
+                            details: Vec::new(),
+                        }),
+                    });
+                    out.push(msg);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    async fn apply_configuration_one(
+        &self,
+        node: usize,
+        request: machine::ApplyConfigurationRequest,
+    ) -> Result<machine::ApplyConfiguration, Status> {
+        let req = request;
+        let mode = ApplyMode::from_i32(req.mode)
+            .ok_or_else(|| Status::invalid_argument(format!("unknown apply mode {}", req.mode)))?;
+        let try_timeout = req
+            .try_mode_timeout
+            .map(|d| Duration::from_secs(d.seconds.max(0) as u64));
+        // Fault: a slow apply waits on the twin's clock, so the caller's deadline fires first.
+        let delay = {
+            let m = self.shared.lock();
+            m.faults.slow_apply.get(&m.node(node).name).copied()
+        };
+        if let Some(d) = delay {
+            self.shared.clock.sleep(d).await;
+        }
+        let outcome = self
+            .sync_with(|m| m.apply_configuration(node, &req.data, mode, req.dry_run, try_timeout))
+            .map_err(status)?;
+        let mode = apply_configuration_request::Mode::try_from(outcome.mode as i32)
+            .unwrap_or(apply_configuration_request::Mode::NoReboot);
+        Ok(machine::ApplyConfiguration {
+            metadata: None,
+            warnings: outcome.warnings,
+            mode: mode as i32,
+            mode_details: outcome.mode_details,
+        })
+    }
+
+    async fn etcd_forfeit_leadership_one(
+        &self,
+        node: usize,
+        _request: machine::EtcdForfeitLeadershipRequest,
+    ) -> Result<machine::EtcdForfeitLeadership, Status> {
+        let member = self
+            .sync_with(|m| m.forfeit_leadership(node))
+            .map_err(status)?;
+        Ok(machine::EtcdForfeitLeadership {
+            metadata: None,
+            member,
+        })
+    }
+
+    async fn etcd_member_list_one(
+        &self,
+        node: usize,
+        _request: machine::EtcdMemberListRequest,
+    ) -> Result<machine::EtcdMembers, Status> {
+        let members = self.sync_with(|m| {
+            m.check_etcd(node)?;
+            Ok(m.etcd_members())
+        });
+        let members = members.map_err(status)?;
+        Ok(machine::EtcdMembers {
+            metadata: None,
+            legacy_members: members.iter().map(|m| m.hostname.clone()).collect(),
+            members: members
+                .iter()
+                .map(|m| machine::EtcdMember {
+                    id: m.id,
+                    hostname: m.hostname.clone(),
+                    peer_urls: vec![format!("https://{}:2380", m.ip)],
+                    client_urls: vec![format!("https://{}:2379", m.ip)],
+                    is_learner: false,
+                })
+                .collect(),
+        })
+    }
+
+    async fn etcd_status_one(
+        &self,
+        node: usize,
+        _request: (),
+    ) -> Result<machine::EtcdStatus, Status> {
+        let member_status = self
+            .sync_with(|m| {
+                m.check_etcd(node)?;
+                let n = m.node(node);
+                let leader = m
+                    .etcd_leader()
+                    .and_then(|l| m.node_by_name(l))
+                    .map_or(0, |l| l.etcd_member_id);
+                let version = etcd_version(n.minor());
+                Ok(machine::EtcdMemberStatus {
+                    protocol_version: version.to_string(),
+                    db_size: 24 << 20,
+                    db_size_in_use: 12 << 20,
+                    leader,
+                    raft_index: m.raft_term() * 1000,
+                    raft_term: m.raft_term(),
+                    raft_applied_index: m.raft_term() * 1000,
+                    errors: Vec::new(),
+                    is_learner: false,
+                    member_id: n.etcd_member_id,
+                    storage_version: version
+                        .rsplit_once('.')
+                        .map_or("", |(mm, _)| mm)
+                        .to_string()
+                        + ".0",
+                })
+            })
+            .map_err(status)?;
+        Ok(machine::EtcdStatus {
+            metadata: None,
+            member_status: Some(member_status),
+        })
+    }
+
+    async fn image_pull_one(
+        &self,
+        node: usize,
+        request: machine::ImagePullRequest,
+    ) -> Result<machine::ImagePull, Status> {
+        let req = request;
+        let ns = image_namespace(req.namespace)?;
+        self.sync_with(|m| m.pull_image(node, ns, &req.reference))
+            .map_err(status)?;
+        Ok(machine::ImagePull { metadata: None })
+    }
+
+    async fn reboot_one(
+        &self,
+        node: usize,
+        request: machine::RebootRequest,
+    ) -> Result<machine::Reboot, Status> {
+        let mode = (&request).mode;
+        let actor_id = self
+            .sync_with(|m| {
+                if mode == machine::reboot_request::Mode::Force as i32 && m.node(node).minor() < 12
+                {
+                    return Err(TalosError::InvalidArgument(
+                        "reboot mode FORCE is supported since Talos v1.12".into(),
+                    ));
+                }
+                m.reboot(node)
+            })
+            .map_err(status)?;
+        Ok(machine::Reboot {
+            metadata: None,
+            actor_id,
+        })
+    }
+
+    async fn service_list_one(
+        &self,
+        node: usize,
+        _request: (),
+    ) -> Result<machine::ServiceList, Status> {
+        let services = self.sync_with(|m| {
+            let n = m.node(node);
+            let at = Some(timestamp(m.now()));
+            let mut ids = vec!["apid", "containerd", "cri"];
+            if n.is_control_plane() {
+                ids.push("etcd");
+            }
+            ids.extend(["kubelet", "machined"]);
+            if n.is_control_plane() {
+                ids.push("trustd");
+            }
+            ids.push("udevd");
+            ids.into_iter()
+                .map(|id| {
+                    let healthy = match id {
+                        "kubelet" => n.kubelet.healthy,
+                        "etcd" => m.etcd_has_quorum(),
+                        _ => true,
+                    };
+                    let state = if id == "kubelet" && !healthy {
+                        "Starting"
+                    } else {
+                        "Running"
+                    };
+                    machine::ServiceInfo {
+                        id: id.to_string(),
+                        state: state.to_string(),
+                        events: Some(machine::ServiceEvents {
+                            events: vec![machine::ServiceEvent {
+                                msg: format!("Service {state}"),
+                                state: state.to_string(),
+                                ts: at,
+                            }],
+                        }),
+                        health: Some(machine::ServiceHealth {
+                            unknown: false,
+                            healthy,
+                            last_message: String::new(),
+                            last_change: at,
+                        }),
+                    }
+                })
+                .collect()
+        });
+        Ok(machine::ServiceList {
+            metadata: None,
+            services,
+        })
+    }
+
+    async fn upgrade_one(
+        &self,
+        node: usize,
+        request: machine::UpgradeRequest,
+    ) -> Result<machine::Upgrade, Status> {
+        let req = request;
+        let actor_id = self
+            .sync_with(|m| m.upgrade_legacy(node, &req.image, req.force))
+            .map_err(status)?;
+        Ok(machine::Upgrade {
+            metadata: None,
+            ack: "Upgrade request received".into(),
+            actor_id,
+        })
+    }
+
+    async fn version_one(&self, node: usize, _request: ()) -> Result<machine::Version, Status> {
+        let tag = self.sync_with(|m| m.node(node).talos_version.clone());
+        Ok(machine::Version {
+            metadata: None,
+            version: Some(machine::VersionInfo {
+                sha: format!("{:08x}", super::model::fnv1a(&tag) as u32),
+                tag,
+                built: String::new(),
+                go_version: "go1.24.6".into(),
+                os: "linux".into(),
+                arch: "amd64".into(),
+            }),
+            platform: Some(machine::PlatformInfo {
+                name: "metal".into(),
+                mode: "metal".into(),
+            }),
+            features: Some(machine::FeaturesInfo { rbac: true }),
+        })
     }
 
     fn sync_with<R>(&self, f: impl FnOnce(&mut TalosCluster) -> R) -> R {
@@ -301,33 +662,13 @@ impl machine::machine_service_server::MachineService for NodeApi {
         &self,
         request: Request<machine::ApplyConfigurationRequest>,
     ) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
-        let node = self.route(&request, Access::Admin)?;
-        let req = request.into_inner();
-        let mode = ApplyMode::from_i32(req.mode)
-            .ok_or_else(|| Status::invalid_argument(format!("unknown apply mode {}", req.mode)))?;
-        let try_timeout = req
-            .try_mode_timeout
-            .map(|d| Duration::from_secs(d.seconds.max(0) as u64));
-        // Fault: a slow apply waits on the twin's clock, so the caller's deadline fires first.
-        let delay = {
-            let m = self.shared.lock();
-            m.faults.slow_apply.get(&m.node(node).name).copied()
-        };
-        if let Some(d) = delay {
-            self.shared.clock.sleep(d).await;
-        }
-        let outcome = self
-            .sync_with(|m| m.apply_configuration(node, &req.data, mode, req.dry_run, try_timeout))
-            .map_err(status)?;
-        let mode = apply_configuration_request::Mode::try_from(outcome.mode as i32)
-            .unwrap_or(apply_configuration_request::Mode::NoReboot);
+        let messages = self
+            .unary(request, Access::Admin, |api, node, request| async move {
+                api.apply_configuration_one(node, request).await
+            })
+            .await?;
         Ok(Response::new(machine::ApplyConfigurationResponse {
-            messages: vec![machine::ApplyConfiguration {
-                metadata: None,
-                warnings: outcome.warnings,
-                mode: mode as i32,
-                mode_details: outcome.mode_details,
-            }],
+            messages,
         }))
     }
 
@@ -335,15 +676,13 @@ impl machine::machine_service_server::MachineService for NodeApi {
         &self,
         request: Request<machine::EtcdForfeitLeadershipRequest>,
     ) -> Result<Response<machine::EtcdForfeitLeadershipResponse>, Status> {
-        let node = self.route(&request, Access::Admin)?;
-        let member = self
-            .sync_with(|m| m.forfeit_leadership(node))
-            .map_err(status)?;
+        let messages = self
+            .unary(request, Access::Admin, |api, node, request| async move {
+                api.etcd_forfeit_leadership_one(node, request).await
+            })
+            .await?;
         Ok(Response::new(machine::EtcdForfeitLeadershipResponse {
-            messages: vec![machine::EtcdForfeitLeadership {
-                metadata: None,
-                member,
-            }],
+            messages,
         }))
     }
 
@@ -351,69 +690,28 @@ impl machine::machine_service_server::MachineService for NodeApi {
         &self,
         request: Request<machine::EtcdMemberListRequest>,
     ) -> Result<Response<machine::EtcdMemberListResponse>, Status> {
-        let node = self.route(&request, Access::EtcdReader)?;
-        let members = self.sync_with(|m| {
-            m.check_etcd(node)?;
-            Ok(m.etcd_members())
-        });
-        let members = members.map_err(status)?;
-        Ok(Response::new(machine::EtcdMemberListResponse {
-            messages: vec![machine::EtcdMembers {
-                metadata: None,
-                legacy_members: members.iter().map(|m| m.hostname.clone()).collect(),
-                members: members
-                    .iter()
-                    .map(|m| machine::EtcdMember {
-                        id: m.id,
-                        hostname: m.hostname.clone(),
-                        peer_urls: vec![format!("https://{}:2380", m.ip)],
-                        client_urls: vec![format!("https://{}:2379", m.ip)],
-                        is_learner: false,
-                    })
-                    .collect(),
-            }],
-        }))
+        let messages = self
+            .unary(
+                request,
+                Access::EtcdReader,
+                |api, node, request| async move { api.etcd_member_list_one(node, request).await },
+            )
+            .await?;
+        Ok(Response::new(machine::EtcdMemberListResponse { messages }))
     }
 
     async fn etcd_status(
         &self,
         request: Request<()>,
     ) -> Result<Response<machine::EtcdStatusResponse>, Status> {
-        let node = self.route(&request, Access::EtcdReader)?;
-        let member_status = self
-            .sync_with(|m| {
-                m.check_etcd(node)?;
-                let n = m.node(node);
-                let leader = m
-                    .etcd_leader()
-                    .and_then(|l| m.node_by_name(l))
-                    .map_or(0, |l| l.etcd_member_id);
-                let version = etcd_version(n.minor());
-                Ok(machine::EtcdMemberStatus {
-                    protocol_version: version.to_string(),
-                    db_size: 24 << 20,
-                    db_size_in_use: 12 << 20,
-                    leader,
-                    raft_index: m.raft_term() * 1000,
-                    raft_term: m.raft_term(),
-                    raft_applied_index: m.raft_term() * 1000,
-                    errors: Vec::new(),
-                    is_learner: false,
-                    member_id: n.etcd_member_id,
-                    storage_version: version
-                        .rsplit_once('.')
-                        .map_or("", |(mm, _)| mm)
-                        .to_string()
-                        + ".0",
-                })
-            })
-            .map_err(status)?;
-        Ok(Response::new(machine::EtcdStatusResponse {
-            messages: vec![machine::EtcdStatus {
-                metadata: None,
-                member_status: Some(member_status),
-            }],
-        }))
+        let messages = self
+            .unary(
+                request,
+                Access::EtcdReader,
+                |api, node, request| async move { api.etcd_status_one(node, request).await },
+            )
+            .await?;
+        Ok(Response::new(machine::EtcdStatusResponse { messages }))
     }
 
     type EventsStream = Stream<machine::Event>;
@@ -493,14 +791,12 @@ impl machine::machine_service_server::MachineService for NodeApi {
         &self,
         request: Request<machine::ImagePullRequest>,
     ) -> Result<Response<machine::ImagePullResponse>, Status> {
-        let node = self.route(&request, Access::Operator)?;
-        let req = request.into_inner();
-        let ns = image_namespace(req.namespace)?;
-        self.sync_with(|m| m.pull_image(node, ns, &req.reference))
-            .map_err(status)?;
-        Ok(Response::new(machine::ImagePullResponse {
-            messages: vec![machine::ImagePull { metadata: None }],
-        }))
+        let messages = self
+            .unary(request, Access::Operator, |api, node, request| async move {
+                api.image_pull_one(node, request).await
+            })
+            .await?;
+        Ok(Response::new(machine::ImagePullResponse { messages }))
     }
 
     type ReadStream = Stream<common::Data>;
@@ -537,126 +833,48 @@ impl machine::machine_service_server::MachineService for NodeApi {
         &self,
         request: Request<machine::RebootRequest>,
     ) -> Result<Response<machine::RebootResponse>, Status> {
-        let node = self.route(&request, Access::Operator)?;
-        let mode = request.get_ref().mode;
-        let actor_id = self
-            .sync_with(|m| {
-                if mode == machine::reboot_request::Mode::Force as i32 && m.node(node).minor() < 12
-                {
-                    return Err(TalosError::InvalidArgument(
-                        "reboot mode FORCE is supported since Talos v1.12".into(),
-                    ));
-                }
-                m.reboot(node)
+        let messages = self
+            .unary(request, Access::Operator, |api, node, request| async move {
+                api.reboot_one(node, request).await
             })
-            .map_err(status)?;
-        Ok(Response::new(machine::RebootResponse {
-            messages: vec![machine::Reboot {
-                metadata: None,
-                actor_id,
-            }],
-        }))
+            .await?;
+        Ok(Response::new(machine::RebootResponse { messages }))
     }
 
     async fn service_list(
         &self,
         request: Request<()>,
     ) -> Result<Response<machine::ServiceListResponse>, Status> {
-        let node = self.route(&request, Access::Reader)?;
-        let services = self.sync_with(|m| {
-            let n = m.node(node);
-            let at = Some(timestamp(m.now()));
-            let mut ids = vec!["apid", "containerd", "cri"];
-            if n.is_control_plane() {
-                ids.push("etcd");
-            }
-            ids.extend(["kubelet", "machined"]);
-            if n.is_control_plane() {
-                ids.push("trustd");
-            }
-            ids.push("udevd");
-            ids.into_iter()
-                .map(|id| {
-                    let healthy = match id {
-                        "kubelet" => n.kubelet.healthy,
-                        "etcd" => m.etcd_has_quorum(),
-                        _ => true,
-                    };
-                    let state = if id == "kubelet" && !healthy {
-                        "Starting"
-                    } else {
-                        "Running"
-                    };
-                    machine::ServiceInfo {
-                        id: id.to_string(),
-                        state: state.to_string(),
-                        events: Some(machine::ServiceEvents {
-                            events: vec![machine::ServiceEvent {
-                                msg: format!("Service {state}"),
-                                state: state.to_string(),
-                                ts: at,
-                            }],
-                        }),
-                        health: Some(machine::ServiceHealth {
-                            unknown: false,
-                            healthy,
-                            last_message: String::new(),
-                            last_change: at,
-                        }),
-                    }
-                })
-                .collect()
-        });
-        Ok(Response::new(machine::ServiceListResponse {
-            messages: vec![machine::ServiceList {
-                metadata: None,
-                services,
-            }],
-        }))
+        let messages = self
+            .unary(request, Access::Reader, |api, node, request| async move {
+                api.service_list_one(node, request).await
+            })
+            .await?;
+        Ok(Response::new(machine::ServiceListResponse { messages }))
     }
 
     async fn upgrade(
         &self,
         request: Request<machine::UpgradeRequest>,
     ) -> Result<Response<machine::UpgradeResponse>, Status> {
-        let node = self.route(&request, Access::Admin)?;
-        let req = request.into_inner();
-        let actor_id = self
-            .sync_with(|m| m.upgrade_legacy(node, &req.image, req.force))
-            .map_err(status)?;
-        Ok(Response::new(machine::UpgradeResponse {
-            messages: vec![machine::Upgrade {
-                metadata: None,
-                ack: "Upgrade request received".into(),
-                actor_id,
-            }],
-        }))
+        let messages = self
+            .unary(request, Access::Admin, |api, node, request| async move {
+                api.upgrade_one(node, request).await
+            })
+            .await?;
+        Ok(Response::new(machine::UpgradeResponse { messages }))
     }
 
     async fn version(
         &self,
         request: Request<()>,
     ) -> Result<Response<machine::VersionResponse>, Status> {
-        let node = self.route(&request, Access::Reader)?;
-        let tag = self.sync_with(|m| m.node(node).talos_version.clone());
-        Ok(Response::new(machine::VersionResponse {
-            messages: vec![machine::Version {
-                metadata: None,
-                version: Some(machine::VersionInfo {
-                    sha: format!("{:08x}", super::model::fnv1a(&tag) as u32),
-                    tag,
-                    built: String::new(),
-                    go_version: "go1.24.6".into(),
-                    os: "linux".into(),
-                    arch: "amd64".into(),
-                }),
-                platform: Some(machine::PlatformInfo {
-                    name: "metal".into(),
-                    mode: "metal".into(),
-                }),
-                features: Some(machine::FeaturesInfo { rbac: true }),
-            }],
-        }))
+        let messages = self
+            .unary(request, Access::Reader, |api, node, request| async move {
+                api.version_one(node, request).await
+            })
+            .await?;
+        Ok(Response::new(machine::VersionResponse { messages }))
     }
 }
 
