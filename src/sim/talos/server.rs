@@ -429,7 +429,7 @@ impl NodeApi {
         node: usize,
         request: machine::RebootRequest,
     ) -> Result<machine::Reboot, Status> {
-        let mode = (&request).mode;
+        let mode = request.mode;
         let actor_id = self
             .sync_with(|m| {
                 if mode == machine::reboot_request::Mode::Force as i32 && m.node(node).minor() < 12
