@@ -1082,3 +1082,50 @@ async fn nodes_metadata_fans_out_unary_calls_like_apid() -> TestResult {
     assert_eq!(err.code(), Code::InvalidArgument);
     Ok(())
 }
+
+#[tokio::test]
+async fn legacy_upgrade_refusals_on_control_planes_and_failing_installer() -> TestResult {
+    let sim = Sim::start(cluster("v1.12.4")).await?;
+    let installer = "ghcr.io/siderolabs/installer:v1.13.0";
+    let up = |image: &str| UpgradeRequest {
+        image: image.into(),
+        ..Default::default()
+    };
+    sim.machine("cp-1").await?.upgrade(up(installer)).await?;
+    // One control plane at a time (the etcd mutex), unless forced.
+    let err = sim
+        .machine("cp-2")
+        .await?
+        .upgrade(up(installer))
+        .await
+        .err()
+        .ok_or("second control plane must wait")?;
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    // While cp-1 is down, etcd is not fully healthy: still refused.
+    sim.clock.advance(S(30));
+    let err = sim
+        .machine("cp-2")
+        .await?
+        .upgrade(up(installer))
+        .await
+        .err()
+        .ok_or("unhealthy etcd")?;
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    // A failing installer pull, and an upgrade path the installer refuses.
+    sim.twin
+        .with_model(|m| m.set_failing_image("ghcr.io/siderolabs/installer:v1.13.1", true));
+    let mut w1 = sim.machine("w-1").await?;
+    let err = w1
+        .upgrade(up("ghcr.io/siderolabs/installer:v1.13.1"))
+        .await
+        .err()
+        .ok_or("failing pull")?;
+    assert_eq!(err.code(), Code::NotFound);
+    let err = w1
+        .upgrade(up("ghcr.io/siderolabs/installer:v1.15.0"))
+        .await
+        .err()
+        .ok_or("too far")?;
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    Ok(())
+}

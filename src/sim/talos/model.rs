@@ -817,6 +817,16 @@ impl TalosCluster {
                     "etcd: refusing to upgrade a member of a 2-member cluster".into(),
                 ));
             }
+            // Talos holds an etcd mutex so only one control plane upgrades at a time.
+            if self.nodes.iter().any(|n| {
+                n.is_control_plane()
+                    && n.name != self.nodes[node].name
+                    && n.stage == Stage::Upgrading
+            }) {
+                return Err(TalosError::FailedPrecondition(
+                    "etcd: another control plane node is upgrading; try again later".into(),
+                ));
+            }
             if self.etcd_up().len() != total {
                 return Err(TalosError::FailedPrecondition(
                     "etcd: not every member is healthy; refusing to upgrade".into(),
