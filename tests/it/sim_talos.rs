@@ -38,6 +38,7 @@ fn node(name: &str, role: Role, ip: [u8; 4], talos: &str, form: ConfigForm) -> N
         ip: ip.into(),
         talos_version: talos.into(),
         kubernetes_version: "v1.33.1".into(),
+        kubelet_version: "v1.32.4".into(),
         config_form: form,
     }
 }
@@ -246,6 +247,7 @@ async fn apply_configuration_modes_and_dry_run_on_1_13() -> TestResult {
     let (config, version) = machine_config(sim.channel("cp-1").await?).await?;
     assert!(config.contains("image: registry.k8s.io/kube-apiserver:v1.33.1"));
 
+    assert!(config.contains("image: ghcr.io/siderolabs/kubelet:v1.32.4"));
     let bumped = config.replace("kube-apiserver:v1.33.1", "kube-apiserver:v1.34.0");
     // Dry run: reports the mode and the diff, changes nothing.
     let r = cp
@@ -286,7 +288,7 @@ async fn apply_configuration_modes_and_dry_run_on_1_13() -> TestResult {
     assert!(pod(&sim).is_some_and(|p| p.ready));
 
     // A kubelet image change restarts the kubelet, which then reports the new version.
-    let kubelet = bumped.replace("kubelet:v1.33.1", "kubelet:v1.34.0");
+    let kubelet = bumped.replace("kubelet:v1.32.4", "kubelet:v1.34.0");
     cp.apply_configuration(apply(&kubelet, Mode::NoReboot, false))
         .await?;
     let kv = |sim: &Sim| {
@@ -295,7 +297,7 @@ async fn apply_configuration_modes_and_dry_run_on_1_13() -> TestResult {
                 .map(|n| (n.kubelet_version().to_string(), n.kubelet.healthy))
         })
     };
-    assert_eq!(kv(&sim), Some(("v1.33.1".to_string(), false)));
+    assert_eq!(kv(&sim), Some(("v1.32.4".to_string(), false)));
     sim.clock.advance(S(15));
     assert_eq!(kv(&sim), Some(("v1.34.0".to_string(), true)));
 
@@ -348,7 +350,7 @@ async fn apply_configuration_on_1_14_multi_document() -> TestResult {
     let mut w2 = sim.machine("w-2").await?;
     let (config, _) = machine_config(sim.channel("w-2").await?).await?;
     assert!(config.contains("kind: KubeletConfig"));
-    let bumped = config.replace("kubelet:v1.33.1", "kubelet:v1.34.0");
+    let bumped = config.replace("kubelet:v1.32.4", "kubelet:v1.34.0");
     let err = w2
         .apply_configuration(apply(&bumped, Mode::Reboot, false))
         .await
@@ -999,6 +1001,8 @@ async fn observations_follow_the_clock_without_any_call() -> TestResult {
     let before = sim.twin.observe();
     let w1 = before.iter().find(|n| n.name == "w-1").ok_or("w-1")?;
     assert!(w1.up && w1.ready && !w1.etcd_member);
+    assert_eq!(w1.kubelet_version, "v1.32.4");
+    assert_eq!(w1.talos_version, "v1.13.2");
     let cp1 = before.iter().find(|n| n.name == "cp-1").ok_or("cp-1")?;
     assert!(cp1.etcd_member && cp1.static_pods.len() == 3);
     assert!(cp1.static_pods.iter().all(|p| p.ready));

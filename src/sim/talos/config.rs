@@ -219,15 +219,24 @@ impl MachineConfig {
         Ok(())
     }
 
-    /// A fresh config for a node, in the requested form. `kubernetes` is like `v1.33.1`.
+    /// A fresh config for a node, in the requested form. `kubernetes` (control-plane and
+    /// proxy images) and `kubelet` are version tags like `v1.33.1`.
     pub fn generate(
         hostname: &str,
         control_plane: bool,
         talos_version: &str,
         kubernetes: &str,
+        kubelet: &str,
         form: ConfigForm,
     ) -> String {
-        let img = |c: Component| format!("{}:{}", c.default_repository(), kubernetes);
+        let img = |c: Component| {
+            let tag = if c == Component::Kubelet {
+                kubelet
+            } else {
+                kubernetes
+            };
+            format!("{}:{}", c.default_repository(), tag)
+        };
         let machine_type = if control_plane {
             "controlplane"
         } else {
@@ -472,8 +481,14 @@ mod tests {
     use super::*;
 
     fn legacy() -> MachineConfig {
-        let text =
-            MachineConfig::generate("cp-1", true, "v1.13.2", "v1.33.1", ConfigForm::V1Alpha1);
+        let text = MachineConfig::generate(
+            "cp-1",
+            true,
+            "v1.13.2",
+            "v1.33.1",
+            "v1.33.1",
+            ConfigForm::V1Alpha1,
+        );
         MachineConfig::parse(text.as_bytes(), "v1.13.2").expect("generated config parses")
     }
 
@@ -484,8 +499,14 @@ mod tests {
             cfg.image(Component::ApiServer).as_deref(),
             Some("registry.k8s.io/kube-apiserver:v1.33.1")
         );
-        let text =
-            MachineConfig::generate("cp-1", true, "v1.14.0", "v1.34.0", ConfigForm::MultiDoc);
+        let text = MachineConfig::generate(
+            "cp-1",
+            true,
+            "v1.14.0",
+            "v1.34.0",
+            "v1.34.0",
+            ConfigForm::MultiDoc,
+        );
         let multi = MachineConfig::parse(text.as_bytes(), "v1.14.0").expect("parses");
         assert_eq!(multi.form(), ConfigForm::MultiDoc);
         assert_eq!(
@@ -509,14 +530,20 @@ mod tests {
 
     #[test]
     fn validation_refuses_conflicts_and_out_of_range_tags() {
-        let text = MachineConfig::generate("cp-1", true, "v1.14.0", "v1.34.0", ConfigForm::V1Alpha1)
+        let text = MachineConfig::generate("cp-1", true, "v1.14.0", "v1.34.0", "v1.34.0", ConfigForm::V1Alpha1)
             + "---\napiVersion: v1alpha1\nkind: KubeAPIServerConfig\nimage: registry.k8s.io/kube-apiserver:v1.34.0\n";
         assert!(matches!(
             MachineConfig::parse(text.as_bytes(), "v1.14.0"),
             Err(ConfigError::Conflict { .. })
         ));
-        let text =
-            MachineConfig::generate("cp-1", true, "v1.11.0", "v1.36.0", ConfigForm::V1Alpha1);
+        let text = MachineConfig::generate(
+            "cp-1",
+            true,
+            "v1.11.0",
+            "v1.36.0",
+            "v1.36.0",
+            ConfigForm::V1Alpha1,
+        );
         assert!(matches!(
             MachineConfig::parse(text.as_bytes(), "v1.11.0"),
             Err(ConfigError::UnsupportedKubernetes { .. })

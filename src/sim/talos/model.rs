@@ -32,8 +32,10 @@ pub struct NodeSpec {
     pub ip: IpAddr,
     /// Talos version tag, e.g. `v1.13.2`; decides the API generation the node exposes.
     pub talos_version: String,
-    /// Kubernetes version of the kubelet and control-plane images, e.g. `v1.33.1`.
+    /// Kubernetes version of the control-plane (and kube-proxy) images, e.g. `v1.33.1`.
     pub kubernetes_version: String,
+    /// Version of the kubelet image, e.g. `v1.33.1` (may trail the control plane mid-upgrade).
+    pub kubelet_version: String,
     pub config_form: ConfigForm,
 }
 
@@ -388,11 +390,13 @@ impl TalosCluster {
                 return Err(ModelError::BadVersion(spec.name.clone(), talos));
             }
             let k8s = normalize_tag(&spec.kubernetes_version);
+            let kubelet = normalize_tag(&spec.kubelet_version);
             let text = MachineConfig::generate(
                 &spec.name,
                 spec.role == Role::ControlPlane,
                 &talos,
                 &k8s,
+                &kubelet,
                 spec.config_form,
             );
             let config = MachineConfig::parse(text.as_bytes(), &talos).map_err(|source| {
@@ -427,7 +431,7 @@ impl TalosCluster {
                 config,
                 config_version: 1,
                 kubelet: Kubelet {
-                    version: image_version(&kubelet_image).unwrap_or_else(|| k8s.clone()),
+                    version: image_version(&kubelet_image).unwrap_or(kubelet),
                     image: kubelet_image,
                     healthy: true,
                     restart: 0,
@@ -1118,6 +1122,7 @@ mod tests {
             ip: ip.parse().unwrap_or(IpAddr::from([10, 5, 0, 9])),
             talos_version: talos.into(),
             kubernetes_version: "v1.33.1".into(),
+            kubelet_version: "v1.33.1".into(),
             config_form: ConfigForm::V1Alpha1,
         }
     }
