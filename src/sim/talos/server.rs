@@ -304,9 +304,8 @@ impl NodeApi {
     async fn apply_configuration_one(
         &self,
         node: usize,
-        request: machine::ApplyConfigurationRequest,
+        req: machine::ApplyConfigurationRequest,
     ) -> Result<machine::ApplyConfiguration, Status> {
-        let req = request;
         let mode = ApplyMode::from_i32(req.mode)
             .ok_or_else(|| Status::invalid_argument(format!("unknown apply mode {}", req.mode)))?;
         let try_timeout = req
@@ -415,9 +414,8 @@ impl NodeApi {
     async fn image_pull_one(
         &self,
         node: usize,
-        request: machine::ImagePullRequest,
+        req: machine::ImagePullRequest,
     ) -> Result<machine::ImagePull, Status> {
-        let req = request;
         let ns = image_namespace(req.namespace)?;
         self.sync_with(|m| m.pull_image(node, ns, &req.reference))
             .map_err(status)?;
@@ -505,9 +503,8 @@ impl NodeApi {
     async fn upgrade_one(
         &self,
         node: usize,
-        request: machine::UpgradeRequest,
+        req: machine::UpgradeRequest,
     ) -> Result<machine::Upgrade, Status> {
-        let req = request;
         let actor_id = self
             .sync_with(|m| m.upgrade_legacy(node, &req.image, req.force))
             .map_err(status)?;
