@@ -11,3 +11,4 @@ pub mod plan;
 pub mod policy;
 pub mod releaseset;
 pub mod sim;
+pub mod talos;

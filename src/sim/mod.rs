@@ -4,3 +4,5 @@
 
 pub mod fixture;
 pub mod github;
+pub mod pki;
+pub mod talos;

@@ -3,6 +3,7 @@
 mod cli;
 mod props;
 mod sim_github;
+mod sim_talos;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1,0 +1,436 @@
+//! Certificates for the twin: generated CAs, server and client certificates, and the
+//! talosconfig a Talos client reads. Generic on purpose: the Talos side uses an Ed25519 OS CA
+//! (as Talos does), the Kubernetes side an ECDSA CA for its HTTPS endpoint.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("generating a {0:?} key: {1}")]
+    KeyGeneration(KeyAlgorithm, rcgen::Error),
+    #[error("building certificate {name:?}: {source}")]
+    Certificate { name: String, source: rcgen::Error },
+    #[error("writing {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("talosconfig YAML: {0}")]
+    Yaml(#[from] serde_yaml::Error),
+    #[error("a client certificate can carry at most two roles, {0} were asked for")]
+    TooManyRoles(usize),
+    #[error("malformed certificate DER: {0}")]
+    Der(&'static str),
+}
+
+/// Key types the twin issues. Talos' OS CA and admin certificate are Ed25519; the etcd and
+/// Kubernetes CAs are ECDSA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyAlgorithm {
+    Ed25519,
+    EcdsaP256,
+}
+
+impl KeyAlgorithm {
+    fn generate(self) -> Result<KeyPair, PkiError> {
+        let alg = match self {
+            KeyAlgorithm::Ed25519 => &rcgen::PKCS_ED25519,
+            KeyAlgorithm::EcdsaP256 => &rcgen::PKCS_ECDSA_P256_SHA256,
+        };
+        KeyPair::generate_for(alg).map_err(|e| PkiError::KeyGeneration(self, e))
+    }
+}
+
+/// A certificate with its private key, PEM encoded (`PRIVATE KEY`, PKCS#8).
+#[derive(Clone)]
+pub struct IssuedCert {
+    pub cert_pem: String,
+    pub cert_der: Vec<u8>,
+    pub key_pem: String,
+    pub algorithm: KeyAlgorithm,
+}
+
+impl std::fmt::Debug for IssuedCert {
+    // Never print the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IssuedCert")
+            .field("algorithm", &self.algorithm)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IssuedCert {
+    /// The key as Talos writes it: Ed25519 keys under the non-standard PEM label
+    /// `ED25519 PRIVATE KEY` (same PKCS#8 body). Clients of real Talos must cope with it.
+    pub fn talos_key_pem(&self) -> String {
+        match self.algorithm {
+            KeyAlgorithm::Ed25519 => self.key_pem.replace("PRIVATE KEY", "ED25519 PRIVATE KEY"),
+            KeyAlgorithm::EcdsaP256 => self.key_pem.clone(),
+        }
+    }
+}
+
+/// A certificate authority that can issue server and client certificates.
+pub struct CertificateAuthority {
+    params: CertificateParams,
+    key: KeyPair,
+    cert_pem: String,
+    cert_der: Vec<u8>,
+    algorithm: KeyAlgorithm,
+}
+
+impl std::fmt::Debug for CertificateAuthority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CertificateAuthority")
+            .field("algorithm", &self.algorithm)
+            .finish_non_exhaustive()
+    }
+}
+
+fn validity(params: &mut CertificateParams, years: i32) {
+    // Fixed, generous window: certificates are checked against wall time, while the twin's
+    // clock may be simulated.
+    params.not_before = rcgen::date_time_ymd(2024, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2026 + years, 1, 1);
+}
+
+impl CertificateAuthority {
+    /// A self-signed CA. `organization` is the Subject O (Talos puts the cluster name there).
+    pub fn new(
+        common_name: &str,
+        organization: Option<&str>,
+        algorithm: KeyAlgorithm,
+    ) -> Result<Self, PkiError> {
+        let key = algorithm.generate()?;
+        let mut params = CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        if let Some(o) = organization {
+            params.distinguished_name.push(DnType::OrganizationName, o);
+        }
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        validity(&mut params, 10);
+        let cert = params
+            .self_signed(&key)
+            .map_err(|source| PkiError::Certificate {
+                name: common_name.to_string(),
+                source,
+            })?;
+        Ok(CertificateAuthority {
+            cert_pem: cert.pem(),
+            cert_der: cert.der().to_vec(),
+            params,
+            key,
+            algorithm,
+        })
+    }
+
+    /// The CA certificate, PEM.
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    pub fn cert_der(&self) -> &[u8] {
+        &self.cert_der
+    }
+
+    pub fn algorithm(&self) -> KeyAlgorithm {
+        self.algorithm
+    }
+
+    fn issue(
+        &self,
+        mut params: CertificateParams,
+        name: &str,
+        algorithm: KeyAlgorithm,
+    ) -> Result<IssuedCert, PkiError> {
+        let key = algorithm.generate()?;
+        params.use_authority_key_identifier_extension = true;
+        validity(&mut params, 1);
+        let issuer = Issuer::from_params(&self.params, &self.key);
+        let cert = params
+            .signed_by(&key, &issuer)
+            .map_err(|source| PkiError::Certificate {
+                name: name.to_string(),
+                source,
+            })?;
+        Ok(IssuedCert {
+            cert_pem: cert.pem(),
+            cert_der: cert.der().to_vec(),
+            key_pem: key.serialize_pem(),
+            algorithm,
+        })
+    }
+
+    /// A server certificate (ExtKeyUsage ServerAuth) for the given DNS names and IPs.
+    pub fn issue_server(
+        &self,
+        common_name: &str,
+        dns_names: &[String],
+        ips: &[IpAddr],
+        algorithm: KeyAlgorithm,
+    ) -> Result<IssuedCert, PkiError> {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        for dns in dns_names {
+            let name = dns
+                .as_str()
+                .try_into()
+                .map_err(|source| PkiError::Certificate {
+                    name: dns.clone(),
+                    source,
+                })?;
+            params.subject_alt_names.push(SanType::DnsName(name));
+        }
+        for ip in ips {
+            params.subject_alt_names.push(SanType::IpAddress(*ip));
+        }
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        self.issue(params, common_name, algorithm)
+    }
+
+    /// A client certificate with one Subject O per role (`os:admin`, `os:reader`, …) and
+    /// ExtKeyUsage exactly ClientAuth, as Talos requires since 1.13.
+    pub fn issue_client(
+        &self,
+        common_name: &str,
+        organizations: &[&str],
+        algorithm: KeyAlgorithm,
+    ) -> Result<IssuedCert, PkiError> {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        // rcgen keeps one value per attribute type, so a second O goes in under the same OID
+        // spelled as a custom type; more than two roles is not supported.
+        match organizations {
+            [] => {}
+            [one] => params
+                .distinguished_name
+                .push(DnType::OrganizationName, *one),
+            [one, two] => {
+                params
+                    .distinguished_name
+                    .push(DnType::OrganizationName, *one);
+                params
+                    .distinguished_name
+                    .push(DnType::CustomDnType(vec![2, 5, 4, 10]), *two);
+            }
+            _ => return Err(PkiError::TooManyRoles(organizations.len())),
+        }
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        self.issue(params, common_name, algorithm)
+    }
+}
+
+/// One talosconfig context.
+#[derive(Clone, Debug)]
+pub struct TalosContext {
+    pub name: String,
+    /// `host:port` of the endpoints a client dials.
+    pub endpoints: Vec<String>,
+    /// Default target nodes (sent as `node`/`nodes` metadata).
+    pub nodes: Vec<String>,
+}
+
+/// Writes `<dir>/talosconfig` in the format talosctl reads (CA, certificate and key as base64
+/// PEM; an Ed25519 key under Talos' own PEM label). Returns the path. The file is mode 0600.
+pub fn write_talosconfig(
+    dir: &Path,
+    context: &TalosContext,
+    ca_pem: &str,
+    client: &IssuedCert,
+) -> Result<PathBuf, PkiError> {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+    let mut ctx = serde_yaml::Mapping::new();
+    ctx.insert("endpoints".into(), context.endpoints.clone().into());
+    if !context.nodes.is_empty() {
+        ctx.insert("nodes".into(), context.nodes.clone().into());
+    }
+    ctx.insert("ca".into(), b64(ca_pem).into());
+    ctx.insert("crt".into(), b64(&client.cert_pem).into());
+    ctx.insert("key".into(), b64(&client.talos_key_pem()).into());
+    let mut contexts = serde_yaml::Mapping::new();
+    contexts.insert(context.name.clone().into(), ctx.into());
+    let mut root = serde_yaml::Mapping::new();
+    root.insert("context".into(), context.name.clone().into());
+    root.insert("contexts".into(), contexts.into());
+    let text = serde_yaml::to_string(&root)?;
+
+    std::fs::create_dir_all(dir).map_err(|source| PkiError::Write {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let path = dir.join("talosconfig");
+    write_private(&path, text.as_bytes()).map_err(|source| PkiError::Write {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(path)
+}
+
+/// Writes a file readable by its owner only: it holds a private key.
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts.open(path)?;
+    f.write_all(bytes)
+}
+
+/// The Subject Organization (O) values of a DER certificate, in order. Talos maps each O of
+/// the client certificate to one role; this is how the twin reads them.
+pub fn subject_organizations(cert_der: &[u8]) -> Result<Vec<String>, PkiError> {
+    let mut cert = Der::new(cert_der);
+    let mut cert = cert.enter(0x30, "certificate")?;
+    let mut tbs = cert.enter(0x30, "tbsCertificate")?;
+    if tbs.peek() == Some(0xa0) {
+        tbs.skip("version")?;
+    }
+    tbs.skip("serialNumber")?;
+    tbs.skip("signature")?;
+    tbs.skip("issuer")?;
+    tbs.skip("validity")?;
+    let mut subject = tbs.enter(0x30, "subject")?;
+    // OID 2.5.4.10 (organizationName), DER encoded.
+    const ORG: &[u8] = &[0x55, 0x04, 0x0a];
+    let mut orgs = Vec::new();
+    while !subject.is_empty() {
+        let mut rdn = subject.enter(0x31, "RDN")?;
+        while !rdn.is_empty() {
+            let mut atv = rdn.enter(0x30, "attribute")?;
+            let (tag, oid) = atv.read("attribute type")?;
+            if tag != 0x06 {
+                return Err(PkiError::Der("attribute type is not an OID"));
+            }
+            let (_, value) = atv.read("attribute value")?;
+            if oid == ORG {
+                orgs.push(String::from_utf8_lossy(value).into_owned());
+            }
+        }
+    }
+    Ok(orgs)
+}
+
+/// A minimal DER reader: just enough to walk to the certificate subject.
+struct Der<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Der<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        Der { rest: bytes }
+    }
+    fn is_empty(&self) -> bool {
+        self.rest.is_empty()
+    }
+    fn peek(&self) -> Option<u8> {
+        self.rest.first().copied()
+    }
+    fn read(&mut self, what: &'static str) -> Result<(u8, &'a [u8]), PkiError> {
+        let (&tag, rest) = self.rest.split_first().ok_or(PkiError::Der(what))?;
+        let (&first, mut rest) = rest.split_first().ok_or(PkiError::Der(what))?;
+        let len = if first < 0x80 {
+            first as usize
+        } else {
+            let n = (first & 0x7f) as usize;
+            if n == 0 || n > 4 || rest.len() < n {
+                return Err(PkiError::Der(what));
+            }
+            let len = rest[..n]
+                .iter()
+                .fold(0usize, |acc, b| (acc << 8) | *b as usize);
+            rest = &rest[n..];
+            len
+        };
+        if rest.len() < len {
+            return Err(PkiError::Der(what));
+        }
+        let (body, after) = rest.split_at(len);
+        self.rest = after;
+        Ok((tag, body))
+    }
+    fn enter(&mut self, tag: u8, what: &'static str) -> Result<Der<'a>, PkiError> {
+        let (t, body) = self.read(what)?;
+        if t != tag {
+            return Err(PkiError::Der(what));
+        }
+        Ok(Der::new(body))
+    }
+    fn skip(&mut self, what: &'static str) -> Result<(), PkiError> {
+        self.read(what).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_cert_carries_one_organization_per_role() -> Result<(), PkiError> {
+        let ca = CertificateAuthority::new("talos", Some("sim"), KeyAlgorithm::Ed25519)?;
+        let admin = ca.issue_client("admin", &["os:admin", "os:reader"], KeyAlgorithm::Ed25519)?;
+        assert_eq!(
+            subject_organizations(&admin.cert_der)?,
+            vec!["os:admin".to_string(), "os:reader".to_string()]
+        );
+        assert!(admin.talos_key_pem().contains("BEGIN ED25519 PRIVATE KEY"));
+        let server = ca.issue_server(
+            "node",
+            &["cp-1".to_string()],
+            &["127.0.0.1".parse().map_err(|_| PkiError::Der("ip"))?],
+            KeyAlgorithm::EcdsaP256,
+        )?;
+        assert!(subject_organizations(&server.cert_der)?.is_empty());
+        assert!(server.key_pem.contains("BEGIN PRIVATE KEY"));
+        Ok(())
+    }
+
+    #[test]
+    fn talosconfig_has_the_talosctl_shape() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let ca = CertificateAuthority::new("talos", None, KeyAlgorithm::Ed25519)?;
+        let admin = ca.issue_client("admin", &["os:admin"], KeyAlgorithm::Ed25519)?;
+        let ctx = TalosContext {
+            name: "sim".into(),
+            endpoints: vec!["127.0.0.1:50000".into()],
+            nodes: vec!["10.5.0.2".into()],
+        };
+        let path = write_talosconfig(dir.path(), &ctx, ca.cert_pem(), &admin)?;
+        let doc: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(path)?)?;
+        assert_eq!(doc["context"].as_str(), Some("sim"));
+        let ca_b64 = doc["contexts"]["sim"]["ca"].as_str().unwrap_or_default();
+        let ca_pem = base64::engine::general_purpose::STANDARD.decode(ca_b64)?;
+        assert_eq!(String::from_utf8(ca_pem)?, ca.cert_pem());
+        assert_eq!(
+            doc["contexts"]["sim"]["nodes"][0].as_str(),
+            Some("10.5.0.2")
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,564 @@
+//! The machine configuration as a simulated node stores it: the exact submitted bytes plus
+//! the parsed documents. Knows where each component image lives in the legacy v1alpha1 form
+//! and in the 1.14 multi-document form, and which changes a node can apply without a reboot.
+
+use std::collections::BTreeMap;
+
+use serde_yaml::Value;
+
+/// Which shape a node's config has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigForm {
+    /// Everything in the `version: v1alpha1` document (`cluster.apiServer.image`, …).
+    V1Alpha1,
+    /// Talos 1.14: component settings in their own documents (`kind: KubeAPIServerConfig`, …).
+    MultiDoc,
+}
+
+/// A Kubernetes component whose image lives in the machine config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Component {
+    ApiServer,
+    ControllerManager,
+    Scheduler,
+    Proxy,
+    Kubelet,
+}
+
+impl Component {
+    pub const ALL: [Component; 5] = [
+        Component::ApiServer,
+        Component::ControllerManager,
+        Component::Scheduler,
+        Component::Proxy,
+        Component::Kubelet,
+    ];
+
+    /// The three control-plane static pods.
+    pub const STATIC_PODS: [Component; 3] = [
+        Component::ApiServer,
+        Component::ControllerManager,
+        Component::Scheduler,
+    ];
+
+    /// The Kubernetes name (`kube-apiserver`, …, `kubelet`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Component::ApiServer => "kube-apiserver",
+            Component::ControllerManager => "kube-controller-manager",
+            Component::Scheduler => "kube-scheduler",
+            Component::Proxy => "kube-proxy",
+            Component::Kubelet => "kubelet",
+        }
+    }
+
+    /// Path of the image field in the v1alpha1 document.
+    pub fn legacy_path(self) -> [&'static str; 3] {
+        match self {
+            Component::ApiServer => ["cluster", "apiServer", "image"],
+            Component::ControllerManager => ["cluster", "controllerManager", "image"],
+            Component::Scheduler => ["cluster", "scheduler", "image"],
+            Component::Proxy => ["cluster", "proxy", "image"],
+            Component::Kubelet => ["machine", "kubelet", "image"],
+        }
+    }
+
+    /// The 1.14 document kind that replaces the v1alpha1 section.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Component::ApiServer => "KubeAPIServerConfig",
+            Component::ControllerManager => "KubeControllerManagerConfig",
+            Component::Scheduler => "KubeSchedulerConfig",
+            Component::Proxy => "KubeProxyConfig",
+            Component::Kubelet => "KubeletConfig",
+        }
+    }
+
+    pub fn default_repository(self) -> &'static str {
+        match self {
+            Component::ApiServer => "registry.k8s.io/kube-apiserver",
+            Component::ControllerManager => "registry.k8s.io/kube-controller-manager",
+            Component::Scheduler => "registry.k8s.io/kube-scheduler",
+            Component::Proxy => "registry.k8s.io/kube-proxy",
+            Component::Kubelet => "ghcr.io/siderolabs/kubelet",
+        }
+    }
+
+    /// Talos validates these tags against its supported Kubernetes range (since 1.11).
+    fn range_checked(self) -> bool {
+        !matches!(self, Component::Proxy)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("failed to parse config: {0}")]
+    Parse(String),
+    #[error("config is missing the v1alpha1 document (version: v1alpha1)")]
+    MissingV1Alpha1,
+    #[error("{kind} document conflicts with v1alpha1 field {path}: set one or the other")]
+    Conflict { kind: &'static str, path: String },
+    #[error("{component} image {image:?} has no :v<version> tag")]
+    BadTag {
+        component: &'static str,
+        image: String,
+    },
+    #[error(
+        "{component} version {version} is not supported by Talos {talos} (supported: {min} to {max})"
+    )]
+    UnsupportedKubernetes {
+        component: &'static str,
+        version: String,
+        talos: String,
+        min: String,
+        max: String,
+    },
+}
+
+/// A machine configuration: the bytes as submitted and its parsed documents.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MachineConfig {
+    raw: Vec<u8>,
+    docs: Vec<Value>,
+}
+
+/// What changed between two configurations.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConfigDiff {
+    /// Component images that changed: (component, old, new).
+    pub images: Vec<(Component, Option<String>, Option<String>)>,
+    /// Dotted paths of every other change (`machine.install.image`, `KubeletConfig.extraArgs`).
+    pub other: Vec<String>,
+}
+
+impl ConfigDiff {
+    pub fn is_empty(&self) -> bool {
+        self.images.is_empty() && self.other.is_empty()
+    }
+
+    /// Human-readable summary, used for dry-run `mode_details`.
+    pub fn describe(&self) -> String {
+        if self.is_empty() {
+            return "No changes.".to_string();
+        }
+        let mut out = String::new();
+        for (c, old, new) in &self.images {
+            out.push_str(&format!(
+                "{} image: {} -> {}\n",
+                c.name(),
+                old.as_deref().unwrap_or("(unset)"),
+                new.as_deref().unwrap_or("(unset)")
+            ));
+        }
+        for p in &self.other {
+            out.push_str(&format!("changed: {p}\n"));
+        }
+        out
+    }
+}
+
+impl MachineConfig {
+    /// Parses a (possibly multi-document) config and checks it the way Talos does on apply.
+    /// `talos_version` is the node's version tag; it decides the Kubernetes range check.
+    pub fn parse(bytes: &[u8], talos_version: &str) -> Result<Self, ConfigError> {
+        let text = std::str::from_utf8(bytes).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let mut docs = Vec::new();
+        for doc in serde_yaml::Deserializer::from_str(text) {
+            let v = <Value as serde::Deserialize>::deserialize(doc)
+                .map_err(|e| ConfigError::Parse(e.to_string()))?;
+            if !v.is_null() {
+                docs.push(v);
+            }
+        }
+        let cfg = MachineConfig {
+            raw: bytes.to_vec(),
+            docs,
+        };
+        cfg.validate(talos_version)?;
+        Ok(cfg)
+    }
+
+    fn validate(&self, talos_version: &str) -> Result<(), ConfigError> {
+        if self.v1alpha1().is_none() {
+            return Err(ConfigError::MissingV1Alpha1);
+        }
+        for c in Component::ALL {
+            if self.kind_doc(c).is_some() && self.legacy_image(c).is_some() {
+                return Err(ConfigError::Conflict {
+                    kind: c.kind(),
+                    path: c.legacy_path().join("."),
+                });
+            }
+        }
+        let talos = parse_version(talos_version);
+        for c in Component::ALL {
+            let Some(image) = self.image(c) else { continue };
+            let Some(k8s) = image_version(&image) else {
+                return Err(ConfigError::BadTag {
+                    component: c.name(),
+                    image,
+                });
+            };
+            // Since Talos 1.11 config validation rejects out-of-range Kubernetes tags.
+            if let Some((1, minor, _)) = talos {
+                if minor >= 11 && c.range_checked() {
+                    let (min, max) = supported_kubernetes(minor);
+                    let (_, kminor, _) = parse_version(&k8s).unwrap_or((0, 0, 0));
+                    if kminor < min || kminor > max {
+                        return Err(ConfigError::UnsupportedKubernetes {
+                            component: c.name(),
+                            version: k8s,
+                            talos: talos_version.to_string(),
+                            min: format!("1.{min}"),
+                            max: format!("1.{max}"),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A fresh config for a node, in the requested form. `kubernetes` (control-plane and
+    /// proxy images) and `kubelet` are version tags like `v1.33.1`.
+    pub fn generate(
+        hostname: &str,
+        control_plane: bool,
+        talos_version: &str,
+        kubernetes: &str,
+        kubelet: &str,
+        form: ConfigForm,
+    ) -> String {
+        let img = |c: Component| {
+            let tag = if c == Component::Kubelet {
+                kubelet
+            } else {
+                kubernetes
+            };
+            format!("{}:{}", c.default_repository(), tag)
+        };
+        let machine_type = if control_plane {
+            "controlplane"
+        } else {
+            "worker"
+        };
+        let mut out = String::new();
+        out.push_str("version: v1alpha1\n");
+        out.push_str("debug: false\n");
+        out.push_str("persist: true\n");
+        out.push_str("machine:\n");
+        out.push_str(&format!("  type: {machine_type}\n"));
+        out.push_str("  token: simulated.token0000000\n");
+        if form == ConfigForm::V1Alpha1 {
+            out.push_str(&format!(
+                "  kubelet:\n    image: {}\n",
+                img(Component::Kubelet)
+            ));
+        }
+        out.push_str(&format!(
+            "  network:\n    hostname: {hostname}\n  install:\n    disk: /dev/sda\n    image: ghcr.io/siderolabs/installer:{talos_version}\n"
+        ));
+        out.push_str("cluster:\n");
+        out.push_str("  clusterName: sim\n");
+        out.push_str("  controlPlane:\n    endpoint: https://sim.local:6443\n");
+        out.push_str("  network:\n    dnsDomain: cluster.local\n");
+        if form == ConfigForm::V1Alpha1 {
+            if control_plane {
+                for c in Component::STATIC_PODS {
+                    let [_, section, _] = c.legacy_path();
+                    out.push_str(&format!("  {section}:\n    image: {}\n", img(c)));
+                }
+            }
+            out.push_str(&format!("  proxy:\n    image: {}\n", img(Component::Proxy)));
+        } else {
+            let mut kinds = vec![Component::Kubelet, Component::Proxy];
+            if control_plane {
+                kinds.extend(Component::STATIC_PODS);
+            }
+            for c in kinds {
+                out.push_str(&format!(
+                    "---\napiVersion: v1alpha1\nkind: {}\nimage: {}\n",
+                    c.kind(),
+                    img(c)
+                ));
+            }
+        }
+        out
+    }
+
+    /// The exact bytes as submitted.
+    pub fn raw(&self) -> &[u8] {
+        &self.raw
+    }
+
+    pub fn form(&self) -> ConfigForm {
+        if self.docs.iter().any(|d| d.get("kind").is_some()) {
+            ConfigForm::MultiDoc
+        } else {
+            ConfigForm::V1Alpha1
+        }
+    }
+
+    fn v1alpha1(&self) -> Option<&Value> {
+        self.docs
+            .iter()
+            .find(|d| d.get("version").and_then(Value::as_str) == Some("v1alpha1"))
+    }
+
+    fn kind_doc(&self, c: Component) -> Option<&Value> {
+        self.docs
+            .iter()
+            .find(|d| d.get("kind").and_then(Value::as_str) == Some(c.kind()))
+    }
+
+    fn legacy_image(&self, c: Component) -> Option<String> {
+        let mut v = self.v1alpha1()?;
+        for key in c.legacy_path() {
+            v = v.get(key)?;
+        }
+        v.as_str().filter(|s| !s.is_empty()).map(str::to_string)
+    }
+
+    /// The image a component runs with under this config, from whichever form holds it.
+    pub fn image(&self, c: Component) -> Option<String> {
+        if let Some(doc) = self.kind_doc(c) {
+            return doc.get("image").and_then(Value::as_str).map(str::to_string);
+        }
+        self.legacy_image(c)
+    }
+
+    /// The documents with every component image blanked, so a comparison shows only the
+    /// changes a reboot would be needed for.
+    fn without_images(&self) -> Vec<(String, Value)> {
+        let mut out = Vec::new();
+        for doc in &self.docs {
+            let mut doc = doc.clone();
+            let key = match doc.get("kind").and_then(Value::as_str) {
+                Some(kind) => kind.to_string(),
+                None => "v1alpha1".to_string(),
+            };
+            if key == "v1alpha1" {
+                for c in Component::ALL {
+                    let [a, b, field] = c.legacy_path();
+                    if let Some(section) = doc.get_mut(a).and_then(|v| v.get_mut(b)) {
+                        if let Some(m) = section.as_mapping_mut() {
+                            m.remove(field);
+                            if m.is_empty() {
+                                if let Some(top) = doc.get_mut(a).and_then(Value::as_mapping_mut) {
+                                    top.remove(b);
+                                }
+                            }
+                        }
+                    }
+                }
+            } else if let Some(m) = doc.as_mapping_mut() {
+                if Component::ALL.iter().any(|c| c.kind() == key) {
+                    m.remove("image");
+                }
+            }
+            out.push((key, doc));
+        }
+        out
+    }
+
+    /// What changed from `self` to `new`.
+    pub fn diff(&self, new: &MachineConfig) -> ConfigDiff {
+        let mut d = ConfigDiff::default();
+        for c in Component::ALL {
+            let (a, b) = (self.image(c), new.image(c));
+            if a != b {
+                d.images.push((c, a, b));
+            }
+        }
+        let old: BTreeMap<String, Value> = self.without_images().into_iter().collect();
+        let newer: BTreeMap<String, Value> = new.without_images().into_iter().collect();
+        for (k, v) in &old {
+            match newer.get(k) {
+                Some(n) => diff_values(k, v, n, &mut d.other),
+                None => d.other.push(k.clone()),
+            }
+        }
+        for k in newer.keys() {
+            if !old.contains_key(k) {
+                d.other.push(k.clone());
+            }
+        }
+        d
+    }
+}
+
+fn diff_values(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Mapping(ma), Value::Mapping(mb)) => {
+            for (k, va) in ma {
+                let key = format!("{path}.{}", key_name(k));
+                match mb.get(k) {
+                    Some(vb) => diff_values(&key, va, vb, out),
+                    None => out.push(key),
+                }
+            }
+            for k in mb.keys() {
+                if !ma.contains_key(k) {
+                    out.push(format!("{path}.{}", key_name(k)));
+                }
+            }
+        }
+        _ if a != b => out.push(path.to_string()),
+        _ => {}
+    }
+}
+
+fn key_name(k: &Value) -> String {
+    match k {
+        Value::String(s) => s.clone(),
+        other => serde_yaml::to_string(other)
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+    }
+}
+
+/// `major.minor.patch` of a version like `v1.13.2`, `1.14.0-rc.1` or `v1.33.1-fat`.
+pub fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
+    let v = v.trim().trim_start_matches('v');
+    let core = v.split(['-', '+']).next()?;
+    let mut parts = core.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    let patch = parts.next().unwrap_or("0").parse().ok()?;
+    Some((major, minor, patch))
+}
+
+/// The version tag of an image reference (`repo:v1.33.1@sha256:…` → `v1.33.1`), if it is a
+/// `v<semver>` tag.
+pub fn image_version(image: &str) -> Option<String> {
+    let without_digest = image.split('@').next()?;
+    let last = without_digest.rsplit('/').next()?;
+    let (_, tag) = last.rsplit_once(':')?;
+    if !tag.starts_with('v') {
+        return None;
+    }
+    parse_version(tag)?;
+    Some(tag.to_string())
+}
+
+/// Kubernetes minors a Talos 1.x minor supports (facts sheet §9: 1.6 → 1.24–1.29, and each
+/// Talos minor shifts the window by one).
+pub fn supported_kubernetes(talos_minor: u64) -> (u64, u64) {
+    (talos_minor + 18, talos_minor + 23)
+}
+
+/// Whether a node running `host` may install Talos `target` (the installer's
+/// `UpgradeableFrom` rule, facts sheet §9).
+pub fn upgradeable_from(host: &str, target: &str) -> Result<(), String> {
+    let (Some((1, h, _)), Some((1, t, _))) = (parse_version(host), parse_version(target)) else {
+        return Err(format!("cannot compare Talos versions {host} and {target}"));
+    };
+    let min = match t {
+        0..=5 => 0,
+        6 => 3,
+        7 => 4,
+        8 => 5,
+        9 | 10 => 8,
+        _ => t - 2,
+    };
+    if h < min {
+        return Err(format!(
+            "host version {host} is too old to upgrade to {target}: the minimum is 1.{min}.0"
+        ));
+    }
+    if h >= t + 2 {
+        return Err(format!(
+            "host version {host} is too new to downgrade to {target}: it must be below 1.{}.0",
+            t + 2
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn legacy() -> MachineConfig {
+        let text = MachineConfig::generate(
+            "cp-1",
+            true,
+            "v1.13.2",
+            "v1.33.1",
+            "v1.33.1",
+            ConfigForm::V1Alpha1,
+        );
+        MachineConfig::parse(text.as_bytes(), "v1.13.2").expect("generated config parses")
+    }
+
+    #[test]
+    fn images_are_found_in_both_forms() {
+        let cfg = legacy();
+        assert_eq!(
+            cfg.image(Component::ApiServer).as_deref(),
+            Some("registry.k8s.io/kube-apiserver:v1.33.1")
+        );
+        let text = MachineConfig::generate(
+            "cp-1",
+            true,
+            "v1.14.0",
+            "v1.34.0",
+            "v1.34.0",
+            ConfigForm::MultiDoc,
+        );
+        let multi = MachineConfig::parse(text.as_bytes(), "v1.14.0").expect("parses");
+        assert_eq!(multi.form(), ConfigForm::MultiDoc);
+        assert_eq!(
+            multi.image(Component::Kubelet).as_deref(),
+            Some("ghcr.io/siderolabs/kubelet:v1.34.0")
+        );
+    }
+
+    #[test]
+    fn diff_separates_image_changes_from_the_rest() {
+        let old = legacy();
+        let text = String::from_utf8_lossy(old.raw())
+            .replace("kube-apiserver:v1.33.1", "kube-apiserver:v1.34.0")
+            .replace("disk: /dev/sda", "disk: /dev/sdb");
+        let new = MachineConfig::parse(text.as_bytes(), "v1.13.2").expect("parses");
+        let d = old.diff(&new);
+        assert_eq!(d.images.len(), 1);
+        assert_eq!(d.images[0].0, Component::ApiServer);
+        assert_eq!(d.other, vec!["v1alpha1.machine.install.disk".to_string()]);
+    }
+
+    #[test]
+    fn validation_refuses_conflicts_and_out_of_range_tags() {
+        let text = MachineConfig::generate("cp-1", true, "v1.14.0", "v1.34.0", "v1.34.0", ConfigForm::V1Alpha1)
+            + "---\napiVersion: v1alpha1\nkind: KubeAPIServerConfig\nimage: registry.k8s.io/kube-apiserver:v1.34.0\n";
+        assert!(matches!(
+            MachineConfig::parse(text.as_bytes(), "v1.14.0"),
+            Err(ConfigError::Conflict { .. })
+        ));
+        let text = MachineConfig::generate(
+            "cp-1",
+            true,
+            "v1.11.0",
+            "v1.36.0",
+            "v1.36.0",
+            ConfigForm::V1Alpha1,
+        );
+        assert!(matches!(
+            MachineConfig::parse(text.as_bytes(), "v1.11.0"),
+            Err(ConfigError::UnsupportedKubernetes { .. })
+        ));
+        assert!(matches!(
+            MachineConfig::parse(b"machine: {}", "v1.11.0"),
+            Err(ConfigError::MissingV1Alpha1)
+        ));
+    }
+
+    #[test]
+    fn upgrade_paths_follow_the_installer_rule() {
+        assert!(upgradeable_from("v1.11.3", "v1.13.0").is_ok());
+        assert!(upgradeable_from("v1.10.3", "v1.13.0").is_err());
+        assert!(upgradeable_from("v1.8.0", "v1.10.0").is_ok());
+        assert!(upgradeable_from("v1.14.0", "v1.12.0").is_err());
+    }
+}

@@ -1,0 +1,289 @@
+//! The twin's Talos side: simulated nodes ([`model`]) served over the Talos machine API
+//! with mutual TLS, one loopback endpoint per node ([`TalosTwin`]).
+//!
+//! Fidelity notes (what is simulated and what is not):
+//! - `node` metadata routing as apid does it (worker endpoints refuse forwarding). `nodes`
+//!   one-to-many for the unary MachineService calls: replies tagged with `metadata.hostname`,
+//!   per-node failures in `metadata.error`/`status` while the call succeeds. Streaming
+//!   methods and the other services refuse `nodes` with InvalidArgument (apid would fan out
+//!   MachineService streams too).
+//! - A "live" change under NO_REBOOT is a component image change; any other difference needs
+//!   a reboot (Talos' own CanApplyImmediate is broader).
+//! - COSI State serves only the MachineConfig resource (Get, List, Watch); other resource
+//!   types answer PermissionDenied "not supported", as Talos does for unknown types.
+//! - Events honours `tail_events` and `with_actor_id`; `tail_id` and `tail_seconds` are
+//!   ignored. Only MachineStatusEvents are emitted.
+//! - A node that is down answers Unavailable instead of dropping the TCP connection.
+
+pub mod config;
+pub mod model;
+mod server;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+
+use crate::clock::Clock;
+use crate::sim::pki::{self, CertificateAuthority, IssuedCert, KeyAlgorithm, PkiError};
+use crate::talos::proto::cosi::resource::state_server::StateServer;
+use crate::talos::proto::machine::image_service_server::ImageServiceServer;
+use crate::talos::proto::machine::lifecycle_service_server::LifecycleServiceServer;
+use crate::talos::proto::machine::machine_service_server::MachineServiceServer;
+
+pub use config::{Component, ConfigForm, MachineConfig};
+pub use model::{
+    ApplyMode, EtcdMemberView, Faults, ImageNamespace, Kubelet, MachineEvent, ModelError, Node,
+    NodeObservation, NodeSpec, Role, Stage, StaticPod, TalosCluster, TalosError, Timings,
+};
+
+/// Talos and the Go client both cap gRPC messages at 32 MiB.
+const MAX_MESSAGE: usize = 32 << 20;
+
+#[derive(Clone, Debug)]
+pub struct TalosTwinOptions {
+    pub timings: Timings,
+    pub faults: Faults,
+    /// Name of the talosconfig context.
+    pub context: String,
+}
+
+impl Default for TalosTwinOptions {
+    fn default() -> Self {
+        TalosTwinOptions {
+            timings: Timings::default(),
+            faults: Faults::default(),
+            context: "ichor-sim".to_string(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TwinError {
+    #[error("talos twin model: {0}")]
+    Model(#[from] ModelError),
+    #[error("talos twin certificates: {0}")]
+    Pki(#[from] PkiError),
+    #[error("binding the endpoint of node {node} on 127.0.0.1: {source}")]
+    Bind {
+        node: String,
+        source: std::io::Error,
+    },
+    #[error("configuring TLS for node {node}: {source}")]
+    Tls {
+        node: String,
+        source: tonic::transport::Error,
+    },
+}
+
+/// A running Talos twin: the model and one mTLS gRPC endpoint per node.
+pub struct TalosTwin {
+    shared: Arc<server::Shared>,
+    endpoints: Vec<(String, SocketAddr)>,
+    talosconfig: PathBuf,
+    ca: CertificateAuthority,
+    admin: IssuedCert,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for TalosTwin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TalosTwin")
+            .field("endpoints", &self.endpoints)
+            .field("talosconfig", &self.talosconfig)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TalosTwin {
+    /// Builds the nodes, generates the OS CA and certificates, starts one endpoint per node
+    /// on 127.0.0.1 (ephemeral ports) and writes `<state_dir>/talosconfig` with an `os:admin`
+    /// certificate, the control-plane endpoints and every node's simulated IP.
+    pub async fn start(
+        clock: Clock,
+        nodes: Vec<NodeSpec>,
+        state_dir: &Path,
+        options: TalosTwinOptions,
+    ) -> Result<TalosTwin, TwinError> {
+        let model = TalosCluster::new(&nodes, options.timings, options.faults, clock.now())?;
+        let (changed, _) = watch::channel(0);
+        let shared = Arc::new(server::Shared {
+            model: Mutex::new(model),
+            clock,
+            changed,
+        });
+        let ca = CertificateAuthority::new("talos", Some(&options.context), KeyAlgorithm::Ed25519)?;
+        let (shutdown, _) = watch::channel(false);
+        let mut endpoints = Vec::new();
+        let mut tasks = Vec::new();
+        for (index, spec) in nodes.iter().enumerate() {
+            let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .await
+                .map_err(|source| TwinError::Bind {
+                    node: spec.name.clone(),
+                    source,
+                })?;
+            let addr = listener.local_addr().map_err(|source| TwinError::Bind {
+                node: spec.name.clone(),
+                source,
+            })?;
+            let cert = ca.issue_server(
+                &spec.name,
+                std::slice::from_ref(&spec.name),
+                &[IpAddr::V4(Ipv4Addr::LOCALHOST), spec.ip],
+                KeyAlgorithm::Ed25519,
+            )?;
+            let tls = ServerTlsConfig::new()
+                .identity(Identity::from_pem(&cert.cert_pem, &cert.key_pem))
+                .client_ca_root(Certificate::from_pem(ca.cert_pem()));
+            let api = server::NodeApi {
+                shared: shared.clone(),
+                endpoint: index,
+            };
+            let router = Server::builder()
+                .tls_config(tls)
+                .map_err(|source| TwinError::Tls {
+                    node: spec.name.clone(),
+                    source,
+                })?
+                .add_service(
+                    MachineServiceServer::new(api.clone()).max_decoding_message_size(MAX_MESSAGE),
+                )
+                .add_service(ImageServiceServer::new(api.clone()))
+                .add_service(LifecycleServiceServer::new(api.clone()))
+                .add_service(StateServer::new(api));
+            let mut stop = shutdown.subscribe();
+            let name = spec.name.clone();
+            tasks.push(tokio::spawn(async move {
+                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                let signal = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                if let Err(e) = router.serve_with_incoming_shutdown(incoming, signal).await {
+                    tracing::warn!(node = %name, error = %e, "talos twin endpoint stopped");
+                }
+            }));
+            endpoints.push((spec.name.clone(), addr));
+        }
+        tasks.push(tokio::spawn(drive(shared.clone(), shutdown.subscribe())));
+        let admin = ca.issue_client("admin", &["os:admin"], KeyAlgorithm::Ed25519)?;
+        let context = pki::TalosContext {
+            name: options.context.clone(),
+            endpoints: nodes
+                .iter()
+                .zip(&endpoints)
+                .filter(|(n, _)| n.role == Role::ControlPlane)
+                .map(|(_, (_, addr))| addr.to_string())
+                .collect(),
+            nodes: nodes.iter().map(|n| n.ip.to_string()).collect(),
+        };
+        let talosconfig = pki::write_talosconfig(state_dir, &context, ca.cert_pem(), &admin)?;
+        Ok(TalosTwin {
+            shared,
+            endpoints,
+            talosconfig,
+            ca,
+            admin,
+            shutdown,
+            tasks,
+        })
+    }
+
+    /// Every node's endpoint, in the order the nodes were given.
+    pub fn endpoints(&self) -> &[(String, SocketAddr)] {
+        &self.endpoints
+    }
+
+    /// The endpoint of one node.
+    pub fn endpoint(&self, node: &str) -> Option<SocketAddr> {
+        self.endpoints
+            .iter()
+            .find(|(n, _)| n == node)
+            .map(|(_, a)| *a)
+    }
+
+    pub fn talosconfig_path(&self) -> &Path {
+        &self.talosconfig
+    }
+
+    /// The OS CA certificate (PEM) clients trust.
+    pub fn ca_pem(&self) -> &str {
+        self.ca.cert_pem()
+    }
+
+    /// The `os:admin` client certificate written into the talosconfig.
+    pub fn admin_certificate(&self) -> &IssuedCert {
+        &self.admin
+    }
+
+    /// Issues another client certificate from the OS CA with the given roles (e.g.
+    /// `os:reader`), as `talosctl config new --roles` would.
+    pub fn issue_client(&self, name: &str, roles: &[&str]) -> Result<IssuedCert, PkiError> {
+        self.ca.issue_client(name, roles, KeyAlgorithm::Ed25519)
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.shared.clock
+    }
+
+    /// Runs `f` on the model brought up to the clock's time, then wakes open streams.
+    /// Use it to read node state for the Kubernetes projection or to set faults at run time.
+    pub fn with_model<R>(&self, f: impl FnOnce(&mut TalosCluster) -> R) -> R {
+        self.shared.with(f)
+    }
+
+    /// The observable state of every node, brought up to the clock's time.
+    pub fn observe(&self) -> Vec<NodeObservation> {
+        self.shared.with(|m| m.observe())
+    }
+
+    /// A receiver that changes after every change of the model (an RPC acting, or a
+    /// scheduled event applied by the twin's driver).
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.shared.changed.subscribe()
+    }
+
+    /// Applies every event due by the clock's current time.
+    pub fn sync(&self) {
+        self.shared.with(|_| ())
+    }
+
+    /// Stops every endpoint and waits for them to finish.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown.send(true);
+        for t in std::mem::take(&mut self.tasks) {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Applies scheduled events as they come due on the clock, so subscribers and open
+/// streams see reboots and restarts without anyone calling in.
+async fn drive(shared: Arc<server::Shared>, mut stop: watch::Receiver<bool>) {
+    loop {
+        // Subscribe before reading the next due time, so a mutation in between is not missed.
+        let mut changed = shared.changed.subscribe();
+        let due = shared.next_due();
+        let clock = shared.clock.clone();
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            r = changed.changed() => if r.is_err() { return },
+            _ = async move {
+                match due {
+                    Some(t) => clock.sleep_until(t).await,
+                    None => std::future::pending::<()>().await,
+                }
+            } => shared.sync_now(),
+        }
+    }
+}
+
+impl Drop for TalosTwin {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+    }
+}

@@ -1,0 +1,1295 @@
+//! The simulated Talos nodes: plain data plus methods that take the current `Timestamp`.
+//!
+//! Everything that happens later (a node going down, coming back, a static pod turning
+//! Ready) is a `(time, event)` entry in one queue; [`TalosCluster::sync`] applies every due
+//! entry in time order (ties in scheduling order), so a test that moves a manual clock sees
+//! the same sequence every run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use crate::clock::Timestamp;
+
+use super::config::{
+    image_version, parse_version, upgradeable_from, Component, ConfigError, ConfigForm,
+    MachineConfig,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    ControlPlane,
+    Worker,
+}
+
+/// What the twin needs to create one node. The integration maps the user's Cluster
+/// inventory onto it.
+#[derive(Clone, Debug)]
+pub struct NodeSpec {
+    pub name: String,
+    pub role: Role,
+    /// The simulated address (what `node` metadata and talosconfig `nodes` use).
+    pub ip: IpAddr,
+    /// Talos version tag, e.g. `v1.13.2`; decides the API generation the node exposes.
+    pub talos_version: String,
+    /// Kubernetes version of the control-plane (and kube-proxy) images, e.g. `v1.33.1`.
+    pub kubernetes_version: String,
+    /// Version of the kubelet image, e.g. `v1.33.1` (may trail the control plane mid-upgrade).
+    pub kubelet_version: String,
+    pub config_form: ConfigForm,
+}
+
+/// Simulated durations.
+#[derive(Clone, Debug)]
+pub struct Timings {
+    /// Legacy MachineService/Upgrade: from the request to the node going down.
+    pub upgrade: Duration,
+    /// From going down to being back up (Running and ready).
+    pub reboot: Duration,
+    /// LifecycleService/Upgrade: writing the new version to disk.
+    pub install: Duration,
+    /// A static pod restarted by an image change is not Ready for this long.
+    pub static_pod_restart: Duration,
+    /// The kubelet restarted by an image change is unhealthy for this long.
+    pub kubelet_restart: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Timings {
+            upgrade: Duration::from_secs(30),
+            reboot: Duration::from_secs(90),
+            install: Duration::from_secs(20),
+            static_pod_restart: Duration::from_secs(20),
+            kubelet_restart: Duration::from_secs(15),
+        }
+    }
+}
+
+/// Injectable faults; set at start and changeable at run time.
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    /// Nodes that go down and never come back.
+    pub never_return: BTreeSet<String>,
+    /// Nodes whose ApplyConfiguration blocks this long (on the twin's clock) before acting.
+    pub slow_apply: BTreeMap<String, Duration>,
+    /// Image references whose pull fails with NotFound.
+    pub failing_images: BTreeSet<String>,
+}
+
+/// Errors a node returns; the server maps each to its gRPC code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TalosError {
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    Unimplemented(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+}
+
+/// `MachineStatusEvent.MachineStage` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    Booting = 1,
+    Running = 4,
+    Rebooting = 5,
+    Upgrading = 8,
+}
+
+/// One entry of a node's event buffer (Events RPC).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineEvent {
+    pub id: String,
+    pub actor_id: String,
+    pub stage: Stage,
+    pub ready: bool,
+    pub at: Timestamp,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StaticPod {
+    pub component: Component,
+    pub image: String,
+    pub ready: bool,
+    restart: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kubelet {
+    pub image: String,
+    /// The version the node reports (`kubeletVersion`); changes once the restart completes.
+    pub version: String,
+    pub healthy: bool,
+    restart: u64,
+}
+
+/// Containerd namespace of a pulled image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ImageNamespace {
+    System,
+    Cri,
+}
+
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub name: String,
+    pub role: Role,
+    pub ip: IpAddr,
+    pub talos_version: String,
+    pub boot_id: String,
+    pub up: bool,
+    pub stage: Stage,
+    /// Active configuration.
+    pub config: MachineConfig,
+    /// Configuration on disk: differs from the active one after STAGED or TRY.
+    pub persistent_config: MachineConfig,
+    /// Bumped on every change of the active configuration (COSI resource version).
+    pub config_version: u64,
+    pub kubelet: Kubelet,
+    pub static_pods: Vec<StaticPod>,
+    pub images: BTreeSet<(ImageNamespace, String)>,
+    /// Version written to disk by an upgrade, booted at the next reboot.
+    pub installed_version: Option<String>,
+    pub installing: bool,
+    /// Events since the last boot.
+    pub events: Vec<MachineEvent>,
+    /// Changes whenever the event buffer is replaced (at boot), so streams know to end.
+    pub events_epoch: u64,
+    pub etcd_member_id: u64,
+    /// Bumped whenever the node goes down; scheduled work for an older value is dropped.
+    boot_gen: u64,
+    try_token: u64,
+}
+
+impl Node {
+    pub fn is_control_plane(&self) -> bool {
+        self.role == Role::ControlPlane
+    }
+
+    /// Running, kubelet healthy: what the Kubernetes Node's Ready condition shows.
+    pub fn ready(&self) -> bool {
+        self.up && self.stage == Stage::Running && self.kubelet.healthy
+    }
+
+    pub fn rebooting(&self) -> bool {
+        !self.up
+    }
+
+    pub fn kubelet_version(&self) -> &str {
+        &self.kubelet.version
+    }
+
+    /// API generation: LifecycleService and ImageService exist from 1.13.
+    pub fn has_lifecycle_api(&self) -> bool {
+        matches!(parse_version(&self.talos_version), Some((major, minor, _)) if major > 1 || minor >= 13)
+    }
+
+    /// Talos minor version (1.x).
+    pub fn minor(&self) -> u64 {
+        parse_version(&self.talos_version).map_or(0, |(_, m, _)| m)
+    }
+
+    pub fn static_pod(&self, c: Component) -> Option<&StaticPod> {
+        self.static_pods.iter().find(|p| p.component == c)
+    }
+}
+
+/// A node's observable state at one instant (plain data, for the Kubernetes projection).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeObservation {
+    pub name: String,
+    pub role: Role,
+    pub ip: IpAddr,
+    /// Reachable (not rebooting).
+    pub up: bool,
+    /// Running with a healthy kubelet: the Kubernetes Node's Ready condition.
+    pub ready: bool,
+    pub stage: Stage,
+    /// Changes at every boot.
+    pub boot_id: String,
+    pub talos_version: String,
+    pub kubelet_image: String,
+    pub kubelet_version: String,
+    /// kube-apiserver, kube-controller-manager, kube-scheduler (control planes only).
+    pub static_pods: Vec<StaticPod>,
+    pub etcd_member: bool,
+    pub etcd_leader: bool,
+}
+
+/// Result of an ApplyConfiguration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApplyOutcome {
+    pub mode: ApplyMode,
+    pub mode_details: String,
+    pub warnings: Vec<String>,
+}
+
+/// `ApplyConfigurationRequest.Mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApplyMode {
+    Reboot = 0,
+    Auto = 1,
+    NoReboot = 2,
+    Staged = 3,
+    Try = 4,
+}
+
+impl ApplyMode {
+    pub fn from_i32(v: i32) -> Option<Self> {
+        Some(match v {
+            0 => ApplyMode::Reboot,
+            1 => ApplyMode::Auto,
+            2 => ApplyMode::NoReboot,
+            3 => ApplyMode::Staged,
+            4 => ApplyMode::Try,
+            _ => return None,
+        })
+    }
+}
+
+/// An etcd member as the member list shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdMemberView {
+    pub id: u64,
+    pub hostname: String,
+    pub ip: IpAddr,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Scheduled {
+    GoDown {
+        node: usize,
+        gen: u64,
+    },
+    Return {
+        node: usize,
+        gen: u64,
+    },
+    StaticPodReady {
+        node: usize,
+        gen: u64,
+        component: Component,
+        restart: u64,
+    },
+    KubeletReady {
+        node: usize,
+        gen: u64,
+        restart: u64,
+        version: String,
+    },
+    InstallDone {
+        node: usize,
+        gen: u64,
+        version: String,
+    },
+    TryRollback {
+        node: usize,
+        gen: u64,
+        token: u64,
+        config: Box<MachineConfig>,
+    },
+}
+
+/// The simulated Talos side of a cluster.
+#[derive(Debug)]
+pub struct TalosCluster {
+    nodes: Vec<Node>,
+    pub timings: Timings,
+    pub faults: Faults,
+    queue: BTreeMap<(Timestamp, u64), Scheduled>,
+    seq: u64,
+    now: Timestamp,
+    etcd_leader: Option<usize>,
+    raft_term: u64,
+    counter: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("node {0:?} is defined twice")]
+    DuplicateNode(String),
+    #[error("node {node}: {source}")]
+    Config {
+        node: String,
+        source: Box<ConfigError>,
+    },
+    #[error("node {0}: Talos version {1:?} is not a version tag like v1.13.2")]
+    BadVersion(String, String),
+}
+
+pub(crate) fn fnv1a(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn new_uuid() -> String {
+    let b: [u8; 16] = rand::random();
+    let h = hex::encode(b);
+    // Version 4, RFC 4122 variant.
+    format!(
+        "{}-{}-4{}-{:x}{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[13..16],
+        (b[8] & 0x3) | 0x8,
+        &h[17..20],
+        &h[20..32]
+    )
+}
+
+/// An id shaped like an xid (20 base32hex characters: time, machine, counter).
+fn xid(at: Timestamp, node: &str, counter: u64) -> String {
+    const ALPHABET: &[u8; 32] = b"0123456789abcdefghijklmnopqrstuv";
+    let mut raw = [0u8; 12];
+    raw[..4].copy_from_slice(&((at.as_millis() / 1000) as u32).to_be_bytes());
+    raw[4..9].copy_from_slice(&fnv1a(node).to_be_bytes()[..5]);
+    raw[9..].copy_from_slice(&(counter as u32).to_be_bytes()[1..]);
+    let mut bits: u128 = 0;
+    for b in raw {
+        bits = (bits << 8) | b as u128;
+    }
+    // 96 bits → 20 characters of 5 bits (padded with 4 zero bits).
+    bits <<= 4;
+    (0..20)
+        .rev()
+        .map(|i| ALPHABET[((bits >> (i * 5)) & 0x1f) as usize] as char)
+        .collect()
+}
+
+fn normalize_tag(v: &str) -> String {
+    if v.starts_with('v') {
+        v.to_string()
+    } else {
+        format!("v{v}")
+    }
+}
+
+impl TalosCluster {
+    pub fn new(
+        specs: &[NodeSpec],
+        timings: Timings,
+        faults: Faults,
+        now: Timestamp,
+    ) -> Result<Self, ModelError> {
+        let mut nodes: Vec<Node> = Vec::new();
+        for spec in specs {
+            if nodes.iter().any(|n| n.name == spec.name) {
+                return Err(ModelError::DuplicateNode(spec.name.clone()));
+            }
+            let talos = normalize_tag(&spec.talos_version);
+            if parse_version(&talos).is_none() {
+                return Err(ModelError::BadVersion(spec.name.clone(), talos));
+            }
+            let k8s = normalize_tag(&spec.kubernetes_version);
+            let kubelet = normalize_tag(&spec.kubelet_version);
+            let text = MachineConfig::generate(
+                &spec.name,
+                spec.role == Role::ControlPlane,
+                &talos,
+                &k8s,
+                &kubelet,
+                spec.config_form,
+            );
+            let config = MachineConfig::parse(text.as_bytes(), &talos).map_err(|source| {
+                ModelError::Config {
+                    node: spec.name.clone(),
+                    source: Box::new(source),
+                }
+            })?;
+            let kubelet_image = config.image(Component::Kubelet).unwrap_or_default();
+            let static_pods = if spec.role == Role::ControlPlane {
+                Component::STATIC_PODS
+                    .iter()
+                    .map(|c| StaticPod {
+                        component: *c,
+                        image: config.image(*c).unwrap_or_default(),
+                        ready: true,
+                        restart: 0,
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            nodes.push(Node {
+                name: spec.name.clone(),
+                role: spec.role,
+                ip: spec.ip,
+                talos_version: talos,
+                boot_id: new_uuid(),
+                up: true,
+                stage: Stage::Running,
+                persistent_config: config.clone(),
+                config,
+                config_version: 1,
+                kubelet: Kubelet {
+                    version: image_version(&kubelet_image).unwrap_or(kubelet),
+                    image: kubelet_image,
+                    healthy: true,
+                    restart: 0,
+                },
+                static_pods,
+                images: BTreeSet::new(),
+                installed_version: None,
+                installing: false,
+                events: Vec::new(),
+                events_epoch: 0,
+                etcd_member_id: fnv1a(&spec.name),
+                boot_gen: 0,
+                try_token: 0,
+            });
+        }
+        let mut cluster = TalosCluster {
+            nodes,
+            timings,
+            faults,
+            queue: BTreeMap::new(),
+            seq: 0,
+            now,
+            etcd_leader: None,
+            raft_term: 1,
+            counter: 0,
+        };
+        for i in 0..cluster.nodes.len() {
+            cluster.boot_events(i);
+        }
+        cluster.elect_leader();
+        Ok(cluster)
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    pub fn now(&self) -> Timestamp {
+        self.now
+    }
+
+    /// A node by name or simulated IP, as the `node` metadata names it.
+    pub fn find(&self, name_or_ip: &str) -> Option<usize> {
+        self.nodes
+            .iter()
+            .position(|n| n.name == name_or_ip || n.ip.to_string() == name_or_ip)
+    }
+
+    pub fn node(&self, index: usize) -> &Node {
+        &self.nodes[index]
+    }
+
+    pub fn node_by_name(&self, name: &str) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// When the next scheduled event is due, if any.
+    pub fn next_due(&self) -> Option<Timestamp> {
+        self.queue.keys().next().map(|(t, _)| *t)
+    }
+
+    fn schedule(&mut self, at: Timestamp, what: Scheduled) {
+        self.seq += 1;
+        self.queue.insert((at, self.seq), what);
+    }
+
+    /// Applies every scheduled event due at or before `now`, in order. Time never moves
+    /// backwards: an earlier `now` is ignored.
+    /// Returns how many events were applied.
+    pub fn sync(&mut self, now: Timestamp) -> usize {
+        let mut applied = 0;
+        while let Some(entry) = self.queue.first_entry() {
+            let (at, _) = *entry.key();
+            if at > now {
+                break;
+            }
+            let what = entry.remove();
+            self.now = self.now.max(at);
+            self.apply(what);
+            applied += 1;
+        }
+        self.now = self.now.max(now);
+        applied
+    }
+
+    /// Same as [`TalosCluster::sync`].
+    pub fn advance_to(&mut self, now: Timestamp) -> usize {
+        self.sync(now)
+    }
+
+    /// The observable state of every node, for the Kubernetes projection (Node Ready,
+    /// kubeletVersion, mirror pods of the static pods, pods lost when a node goes down).
+    pub fn observe(&self) -> Vec<NodeObservation> {
+        let members: BTreeSet<u64> = self.etcd_members().iter().map(|m| m.id).collect();
+        self.nodes
+            .iter()
+            .map(|n| NodeObservation {
+                name: n.name.clone(),
+                role: n.role,
+                ip: n.ip,
+                up: n.up,
+                ready: n.ready(),
+                stage: n.stage,
+                boot_id: n.boot_id.clone(),
+                talos_version: n.talos_version.clone(),
+                kubelet_image: n.kubelet.image.clone(),
+                kubelet_version: n.kubelet.version.clone(),
+                static_pods: n.static_pods.clone(),
+                etcd_member: members.contains(&n.etcd_member_id) && n.is_control_plane(),
+                etcd_leader: self.etcd_leader().is_some_and(|l| l == n.name),
+            })
+            .collect()
+    }
+
+    fn apply(&mut self, what: Scheduled) {
+        match what {
+            Scheduled::GoDown { node, gen } if self.nodes[node].boot_gen == gen => {
+                self.go_down(node, String::new());
+            }
+            Scheduled::Return { node, gen } if self.nodes[node].boot_gen == gen => {
+                self.come_back(node);
+            }
+            Scheduled::StaticPodReady {
+                node,
+                gen,
+                component,
+                restart,
+            } if self.nodes[node].boot_gen == gen => {
+                if let Some(p) = self.nodes[node]
+                    .static_pods
+                    .iter_mut()
+                    .find(|p| p.component == component && p.restart == restart)
+                {
+                    p.ready = true;
+                }
+            }
+            Scheduled::KubeletReady {
+                node,
+                gen,
+                restart,
+                version,
+            } if self.nodes[node].boot_gen == gen => {
+                let k = &mut self.nodes[node].kubelet;
+                if k.restart == restart {
+                    k.healthy = true;
+                    k.version = version;
+                }
+            }
+            Scheduled::InstallDone { node, gen, version } if self.nodes[node].boot_gen == gen => {
+                let n = &mut self.nodes[node];
+                n.installing = false;
+                n.installed_version = Some(version);
+            }
+            Scheduled::TryRollback {
+                node,
+                gen,
+                token,
+                config,
+            } if self.nodes[node].boot_gen == gen && self.nodes[node].try_token == token => {
+                let now = self.now;
+                self.activate_config(node, *config, now);
+            }
+            _ => {} // stale: the node rebooted or a newer change superseded it
+        }
+    }
+
+    fn push_event(&mut self, node: usize, stage: Stage, ready: bool, actor_id: &str) {
+        self.counter += 1;
+        let at = self.now;
+        let n = &mut self.nodes[node];
+        let id = xid(at, &n.name, self.counter);
+        n.events.push(MachineEvent {
+            id,
+            actor_id: actor_id.to_string(),
+            stage,
+            ready,
+            at,
+        });
+    }
+
+    fn boot_events(&mut self, node: usize) {
+        self.nodes[node].events.clear();
+        self.nodes[node].events_epoch += 1;
+        self.push_event(node, Stage::Booting, false, "");
+        self.push_event(node, Stage::Running, true, "");
+    }
+
+    // ---- etcd ----
+
+    fn etcd_total(&self) -> usize {
+        self.nodes.iter().filter(|n| n.is_control_plane()).count()
+    }
+
+    fn etcd_up(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|i| self.nodes[*i].is_control_plane() && self.nodes[*i].up)
+            .collect()
+    }
+
+    /// More than half of the control planes are up.
+    pub fn etcd_has_quorum(&self) -> bool {
+        let total = self.etcd_total();
+        total > 0 && self.etcd_up().len() * 2 > total
+    }
+
+    /// Members as the member list shows them: control planes that are up (a rebooting
+    /// control plane is missing until it returns).
+    pub fn etcd_members(&self) -> Vec<EtcdMemberView> {
+        self.etcd_up()
+            .into_iter()
+            .map(|i| EtcdMemberView {
+                id: self.nodes[i].etcd_member_id,
+                hostname: self.nodes[i].name.clone(),
+                ip: self.nodes[i].ip,
+            })
+            .collect()
+    }
+
+    /// The leader's node name, if etcd has one.
+    pub fn etcd_leader(&self) -> Option<&str> {
+        self.etcd_leader.map(|i| self.nodes[i].name.as_str())
+    }
+
+    pub fn raft_term(&self) -> u64 {
+        self.raft_term
+    }
+
+    fn elect_leader(&mut self) {
+        if let Some(l) = self.etcd_leader {
+            if self.nodes[l].up && self.etcd_has_quorum() {
+                return;
+            }
+        }
+        self.etcd_leader = None;
+        if self.etcd_has_quorum() {
+            self.etcd_leader = self.etcd_up().first().copied();
+            self.raft_term += 1;
+        }
+    }
+
+    /// EtcdForfeitLeadership on `node`: the name of the new leader, or "" if `node` was not
+    /// the leader.
+    pub fn forfeit_leadership(&mut self, node: usize) -> Result<String, TalosError> {
+        self.check_etcd(node)?;
+        let up = self.etcd_up();
+        if up.len() < 2 {
+            return Err(TalosError::FailedPrecondition(
+                "etcd cluster has only one member: cannot forfeit leadership".into(),
+            ));
+        }
+        if self.etcd_leader != Some(node) {
+            return Ok(String::new());
+        }
+        let next = up.into_iter().find(|i| *i != node);
+        self.etcd_leader = next;
+        self.raft_term += 1;
+        Ok(next.map(|i| self.nodes[i].name.clone()).unwrap_or_default())
+    }
+
+    /// The errors an etcd call on `node` gets: not a control plane, or no quorum.
+    pub fn check_etcd(&self, node: usize) -> Result<(), TalosError> {
+        if !self.nodes[node].is_control_plane() {
+            return Err(TalosError::Unimplemented(
+                "etcd APIs are only available on control plane nodes".into(),
+            ));
+        }
+        if !self.etcd_has_quorum() {
+            return Err(TalosError::Unavailable(format!(
+                "etcdserver: no leader (quorum lost: {} of {} members running)",
+                self.etcd_up().len(),
+                self.etcd_total()
+            )));
+        }
+        Ok(())
+    }
+
+    // ---- power ----
+
+    fn go_down(&mut self, node: usize, actor_id: String) {
+        if !self.nodes[node].up {
+            return;
+        }
+        self.push_event(node, Stage::Rebooting, false, &actor_id);
+        let now = self.now;
+        let n = &mut self.nodes[node];
+        n.up = false;
+        n.stage = Stage::Rebooting;
+        n.installing = false;
+        n.boot_gen += 1;
+        n.kubelet.healthy = false;
+        for p in &mut n.static_pods {
+            p.ready = false;
+        }
+        let gen = n.boot_gen;
+        let never = self.faults.never_return.contains(&n.name);
+        self.elect_leader();
+        if !never {
+            let at = now.plus(self.timings.reboot);
+            self.schedule(at, Scheduled::Return { node, gen });
+        }
+    }
+
+    fn come_back(&mut self, node: usize) {
+        if self.faults.never_return.contains(&self.nodes[node].name) {
+            return;
+        }
+        let now = self.now;
+        let restart = self.timings.static_pod_restart;
+        let n = &mut self.nodes[node];
+        if let Some(v) = n.installed_version.take() {
+            n.talos_version = v;
+        }
+        n.config = n.persistent_config.clone();
+        n.config_version += 1;
+        n.up = true;
+        n.stage = Stage::Running;
+        n.boot_id = new_uuid();
+        n.boot_gen += 1;
+        let gen = n.boot_gen;
+        n.kubelet.image = n.config.image(Component::Kubelet).unwrap_or_default();
+        if let Some(v) = image_version(&n.kubelet.image) {
+            n.kubelet.version = v;
+        }
+        n.kubelet.healthy = true;
+        let mut pods = Vec::new();
+        for p in &mut n.static_pods {
+            p.image = n.config.image(p.component).unwrap_or_default();
+            p.ready = false;
+            p.restart += 1;
+            pods.push((p.component, p.restart));
+        }
+        self.boot_events(node);
+        self.elect_leader();
+        for (component, r) in pods {
+            self.schedule(
+                now.plus(restart),
+                Scheduled::StaticPodReady {
+                    node,
+                    gen,
+                    component,
+                    restart: r,
+                },
+            );
+        }
+    }
+
+    /// Whether calls to this node fail because it is down.
+    pub fn check_up(&self, node: usize) -> Result<(), TalosError> {
+        if self.nodes[node].up {
+            Ok(())
+        } else {
+            Err(TalosError::Unavailable(format!(
+                "node {} is not reachable (rebooting)",
+                self.nodes[node].name
+            )))
+        }
+    }
+
+    /// Reboot: the node goes down now and returns after `timings.reboot` (unless a fault
+    /// keeps it down) with a new boot id. Returns the actor id.
+    pub fn reboot(&mut self, node: usize) -> Result<String, TalosError> {
+        self.check_up(node)?;
+        let actor = new_uuid();
+        self.go_down(node, actor.clone());
+        Ok(actor)
+    }
+
+    /// Legacy MachineService/Upgrade: accepted now; the node goes down after
+    /// `timings.upgrade` and returns running the image's version. Returns the actor id.
+    pub fn upgrade_legacy(
+        &mut self,
+        node: usize,
+        image: &str,
+        force: bool,
+    ) -> Result<String, TalosError> {
+        self.check_up(node)?;
+        let target = self.installer_version(node, image)?;
+        if self.faults.failing_images.contains(image) {
+            return Err(TalosError::NotFound(format!(
+                "failed to pull image {image:?}: not found"
+            )));
+        }
+        if self.nodes[node].is_control_plane() && !force {
+            let total = self.etcd_total();
+            if total == 2 {
+                return Err(TalosError::FailedPrecondition(
+                    "etcd: refusing to upgrade a member of a 2-member cluster".into(),
+                ));
+            }
+            // Talos holds an etcd mutex so only one control plane upgrades at a time.
+            if self.nodes.iter().any(|n| {
+                n.is_control_plane()
+                    && n.name != self.nodes[node].name
+                    && n.stage == Stage::Upgrading
+            }) {
+                return Err(TalosError::FailedPrecondition(
+                    "etcd: another control plane node is upgrading; try again later".into(),
+                ));
+            }
+            if self.etcd_up().len() != total {
+                return Err(TalosError::FailedPrecondition(
+                    "etcd: not every member is healthy; refusing to upgrade".into(),
+                ));
+            }
+        }
+        let actor = new_uuid();
+        self.push_event(node, Stage::Upgrading, false, &actor);
+        let now = self.now;
+        let n = &mut self.nodes[node];
+        n.stage = Stage::Upgrading;
+        n.installed_version = Some(target);
+        let gen = n.boot_gen;
+        self.schedule(
+            now.plus(self.timings.upgrade),
+            Scheduled::GoDown { node, gen },
+        );
+        Ok(actor)
+    }
+
+    fn installer_version(&self, node: usize, image: &str) -> Result<String, TalosError> {
+        if image.is_empty() {
+            return Err(TalosError::InvalidArgument(
+                "installer image is empty".into(),
+            ));
+        }
+        let target = image_version(image).ok_or_else(|| {
+            TalosError::InvalidArgument(format!("installer image {image:?} has no v<version> tag"))
+        })?;
+        upgradeable_from(&self.nodes[node].talos_version, &target)
+            .map_err(TalosError::FailedPrecondition)?;
+        Ok(target)
+    }
+
+    /// ImagePull / ImageService.Pull. Ok(true) if the image was already present.
+    pub fn pull_image(
+        &mut self,
+        node: usize,
+        namespace: ImageNamespace,
+        reference: &str,
+    ) -> Result<bool, TalosError> {
+        self.check_up(node)?;
+        if reference.is_empty() {
+            return Err(TalosError::InvalidArgument(
+                "image reference is empty".into(),
+            ));
+        }
+        if self.faults.failing_images.contains(reference) {
+            return Err(TalosError::NotFound(format!(
+                "failed to pull image {reference:?}: {reference}: not found"
+            )));
+        }
+        Ok(!self.nodes[node]
+            .images
+            .insert((namespace, reference.to_string())))
+    }
+
+    /// LifecycleService/Upgrade: starts writing `image`'s version to disk. Returns when the
+    /// install finishes; a later reboot boots it. Errors are gRPC errors; an installer
+    /// refusal is `Ok(Err(message))` (a non-zero exit code on the stream).
+    pub fn start_install(
+        &mut self,
+        node: usize,
+        namespace: ImageNamespace,
+        image: &str,
+    ) -> Result<Result<Timestamp, String>, TalosError> {
+        self.check_up(node)?;
+        if image.is_empty() {
+            return Err(TalosError::InvalidArgument("image name is empty".into()));
+        }
+        if self.nodes[node].installing {
+            return Err(TalosError::FailedPrecondition(
+                "another installation/upgrade is already in progress".into(),
+            ));
+        }
+        if !self.nodes[node]
+            .images
+            .contains(&(namespace, image.to_string()))
+        {
+            return Ok(Err(format!(
+                "image {image:?} is not present in the containerd namespace: pull it first"
+            )));
+        }
+        let target = match self.installer_version(node, image) {
+            Ok(t) => t,
+            Err(TalosError::FailedPrecondition(m)) => return Ok(Err(m)),
+            Err(e) => return Err(e),
+        };
+        let at = self.now.plus(self.timings.install);
+        let n = &mut self.nodes[node];
+        n.installing = true;
+        let gen = n.boot_gen;
+        self.schedule(
+            at,
+            Scheduled::InstallDone {
+                node,
+                gen,
+                version: target,
+            },
+        );
+        Ok(Ok(at))
+    }
+
+    // ---- configuration ----
+
+    /// ApplyConfiguration with Talos' per-version mode rules (facts sheet §7).
+    pub fn apply_configuration(
+        &mut self,
+        node: usize,
+        data: &[u8],
+        mode: ApplyMode,
+        dry_run: bool,
+        try_timeout: Option<Duration>,
+    ) -> Result<ApplyOutcome, TalosError> {
+        self.check_up(node)?;
+        let n = &self.nodes[node];
+        let new = MachineConfig::parse(data, &n.talos_version).map_err(|e| {
+            TalosError::InvalidArgument(format!("configuration validation failed: {e}"))
+        })?;
+        let diff = n.config.diff(&new);
+        let modern = n.minor() >= 14 || parse_version(&n.talos_version).is_some_and(|v| v.0 > 1);
+        let live = diff.other.is_empty();
+        let chosen = match mode {
+            ApplyMode::Reboot if modern => {
+                return Err(TalosError::Unimplemented(
+                    "REBOOT mode is not supported, please use AUTO or NO_REBOOT".into(),
+                ))
+            }
+            ApplyMode::Reboot => ApplyMode::Reboot,
+            ApplyMode::Auto if modern || live => ApplyMode::NoReboot,
+            ApplyMode::Auto => ApplyMode::Reboot,
+            ApplyMode::NoReboot | ApplyMode::Try if !modern && !live => {
+                return Err(TalosError::InvalidArgument(format!(
+                    "apply configuration: the change cannot be applied without a reboot: {}",
+                    diff.other.join(", ")
+                )))
+            }
+            other => other,
+        };
+        let details = match chosen {
+            ApplyMode::Reboot => "Applied configuration with a reboot".to_string(),
+            ApplyMode::NoReboot => "Applied configuration without a reboot".to_string(),
+            ApplyMode::Staged => "Staged configuration to be applied after a reboot".to_string(),
+            ApplyMode::Try => format!(
+                "Applied configuration in a try mode for {}s",
+                try_timeout.unwrap_or(Duration::from_secs(60)).as_secs()
+            ),
+            ApplyMode::Auto => String::new(),
+        };
+        if dry_run {
+            return Ok(ApplyOutcome {
+                mode: chosen,
+                mode_details: format!(
+                    "Dry run summary:\n{details} (skipped in dry-run).\n\nConfig diff:\n\n{}",
+                    diff.describe()
+                ),
+                warnings: Vec::new(),
+            });
+        }
+        let now = self.now;
+        self.nodes[node].try_token += 1;
+        match chosen {
+            ApplyMode::Staged => {
+                self.nodes[node].persistent_config = new;
+            }
+            ApplyMode::Reboot => {
+                self.nodes[node].persistent_config = new;
+                self.go_down(node, new_uuid());
+            }
+            ApplyMode::Try => {
+                let old = self.nodes[node].config.clone();
+                self.activate_config(node, new, now);
+                let n = &self.nodes[node];
+                let (gen, token) = (n.boot_gen, n.try_token);
+                let at = now.plus(try_timeout.unwrap_or(Duration::from_secs(60)));
+                self.schedule(
+                    at,
+                    Scheduled::TryRollback {
+                        node,
+                        gen,
+                        token,
+                        config: Box::new(old),
+                    },
+                );
+            }
+            _ => {
+                self.nodes[node].persistent_config = new.clone();
+                self.activate_config(node, new, now);
+            }
+        }
+        Ok(ApplyOutcome {
+            mode: chosen,
+            mode_details: details,
+            warnings: Vec::new(),
+        })
+    }
+
+    /// Makes `config` active without a reboot: changed static pods restart (not Ready for
+    /// `static_pod_restart`), a changed kubelet image restarts the kubelet.
+    fn activate_config(&mut self, node: usize, config: MachineConfig, now: Timestamp) {
+        let diff = self.nodes[node].config.diff(&config);
+        let (pod_delay, kubelet_delay) = (
+            self.timings.static_pod_restart,
+            self.timings.kubelet_restart,
+        );
+        let n = &mut self.nodes[node];
+        n.config = config;
+        n.config_version += 1;
+        let gen = n.boot_gen;
+        let mut later = Vec::new();
+        for (component, _, new) in diff.images {
+            let image = new.unwrap_or_default();
+            if component == Component::Kubelet {
+                n.kubelet.image = image.clone();
+                n.kubelet.healthy = false;
+                n.kubelet.restart += 1;
+                let version = image_version(&image).unwrap_or_else(|| n.kubelet.version.clone());
+                later.push((
+                    now.plus(kubelet_delay),
+                    Scheduled::KubeletReady {
+                        node,
+                        gen,
+                        restart: n.kubelet.restart,
+                        version,
+                    },
+                ));
+            } else if let Some(p) = n.static_pods.iter_mut().find(|p| p.component == component) {
+                p.image = image;
+                p.ready = false;
+                p.restart += 1;
+                later.push((
+                    now.plus(pod_delay),
+                    Scheduled::StaticPodReady {
+                        node,
+                        gen,
+                        component,
+                        restart: p.restart,
+                    },
+                ));
+            }
+        }
+        for (at, what) in later {
+            self.schedule(at, what);
+        }
+    }
+
+    // ---- faults at run time ----
+
+    pub fn set_never_return(&mut self, node: &str, on: bool) {
+        if on {
+            self.faults.never_return.insert(node.to_string());
+        } else {
+            self.faults.never_return.remove(node);
+            // A node held down by the fault comes back one reboot duration from now.
+            if let Some(i) = self.find(node) {
+                if !self.nodes[i].up {
+                    let gen = self.nodes[i].boot_gen;
+                    let at = self.now.plus(self.timings.reboot);
+                    self.schedule(at, Scheduled::Return { node: i, gen });
+                }
+            }
+        }
+    }
+
+    pub fn set_slow_apply(&mut self, node: &str, delay: Option<Duration>) {
+        match delay {
+            Some(d) => self.faults.slow_apply.insert(node.to_string(), d),
+            None => self.faults.slow_apply.remove(node),
+        };
+    }
+
+    pub fn set_failing_image(&mut self, reference: &str, failing: bool) {
+        if failing {
+            self.faults.failing_images.insert(reference.to_string());
+        } else {
+            self.faults.failing_images.remove(reference);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str, role: Role, ip: &str, talos: &str) -> NodeSpec {
+        NodeSpec {
+            name: name.into(),
+            role,
+            ip: ip.parse().unwrap_or(IpAddr::from([10, 5, 0, 9])),
+            talos_version: talos.into(),
+            kubernetes_version: "v1.33.1".into(),
+            kubelet_version: "v1.33.1".into(),
+            config_form: ConfigForm::V1Alpha1,
+        }
+    }
+
+    fn cluster(talos: &str) -> TalosCluster {
+        let specs = vec![
+            spec("cp-1", Role::ControlPlane, "10.5.0.2", talos),
+            spec("cp-2", Role::ControlPlane, "10.5.0.3", talos),
+            spec("cp-3", Role::ControlPlane, "10.5.0.4", talos),
+            spec("w-1", Role::Worker, "10.5.0.10", talos),
+        ];
+        TalosCluster::new(&specs, Timings::default(), Faults::default(), Timestamp(0))
+            .unwrap_or_else(|e| panic!("cluster: {e}"))
+    }
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    #[test]
+    fn legacy_upgrade_goes_down_then_returns_with_new_version_and_boot_id() {
+        let mut c = cluster("v1.12.4");
+        let w = c.find("w-1").unwrap_or(3);
+        let boot = c.node(w).boot_id.clone();
+        c.upgrade_legacy(w, "ghcr.io/siderolabs/installer:v1.13.0", false)
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.sync(Timestamp(0).plus(S(29)));
+        assert!(c.node(w).up);
+        c.sync(Timestamp(0).plus(S(30)));
+        assert!(!c.node(w).up && !c.node(w).ready());
+        c.sync(Timestamp(0).plus(S(119)));
+        assert!(!c.node(w).up);
+        c.sync(Timestamp(0).plus(S(120)));
+        let n = c.node(w);
+        assert!(n.up && n.ready());
+        assert_eq!(n.talos_version, "v1.13.0");
+        assert_ne!(n.boot_id, boot);
+        let stages: Vec<Stage> = n.events.iter().map(|e| e.stage).collect();
+        assert_eq!(stages, vec![Stage::Booting, Stage::Running]);
+    }
+
+    #[test]
+    fn due_events_apply_in_time_order_even_when_scheduled_out_of_order() {
+        let mut c = cluster("v1.13.2");
+        c.timings.static_pod_restart = S(50);
+        c.timings.kubelet_restart = S(10);
+        let cp = c.find("cp-1").unwrap_or(0);
+        let cfg = String::from_utf8_lossy(c.node(cp).config.raw())
+            .replace("kube-apiserver:v1.33.1", "kube-apiserver:v1.34.0")
+            .replace("kubelet:v1.33.1", "kubelet:v1.34.0");
+        c.apply_configuration(cp, cfg.as_bytes(), ApplyMode::NoReboot, false, None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!c
+            .node(cp)
+            .static_pod(Component::ApiServer)
+            .is_some_and(|p| p.ready));
+        assert!(!c.node(cp).kubelet.healthy);
+        // One sync far in the future applies both: kubelet (t+10) before apiserver (t+50).
+        c.sync(Timestamp(0).plus(S(10)));
+        assert!(c.node(cp).kubelet.healthy);
+        assert_eq!(c.node(cp).kubelet_version(), "v1.34.0");
+        assert!(!c
+            .node(cp)
+            .static_pod(Component::ApiServer)
+            .is_some_and(|p| p.ready));
+        c.sync(Timestamp(0).plus(S(500)));
+        assert!(c
+            .node(cp)
+            .static_pod(Component::ApiServer)
+            .is_some_and(|p| p.ready));
+    }
+
+    #[test]
+    fn a_reboot_drops_work_scheduled_before_it() {
+        let mut c = cluster("v1.13.2");
+        let cp = c.find("cp-2").unwrap_or(1);
+        let cfg = String::from_utf8_lossy(c.node(cp).config.raw())
+            .replace("kube-scheduler:v1.33.1", "kube-scheduler:v1.34.0");
+        c.apply_configuration(cp, cfg.as_bytes(), ApplyMode::NoReboot, false, None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.reboot(cp).unwrap_or_else(|e| panic!("{e}"));
+        c.sync(Timestamp(0).plus(S(30)));
+        // The pod-ready event from before the reboot did not fire while down.
+        assert!(!c
+            .node(cp)
+            .static_pod(Component::Scheduler)
+            .is_some_and(|p| p.ready));
+        c.sync(Timestamp(0).plus(S(90)));
+        assert!(c.node(cp).up);
+        assert_eq!(
+            c.node(cp)
+                .static_pod(Component::Scheduler)
+                .map(|p| p.image.as_str()),
+            Some("registry.k8s.io/kube-scheduler:v1.34.0")
+        );
+    }
+
+    #[test]
+    fn etcd_loses_quorum_with_two_control_planes_down() {
+        let mut c = cluster("v1.13.2");
+        assert_eq!(c.etcd_members().len(), 3);
+        let leader = c.etcd_leader().map(str::to_string).unwrap_or_default();
+        let l = c.find(&leader).unwrap_or(0);
+        c.reboot(l).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.etcd_members().len(), 2);
+        assert!(c.etcd_has_quorum());
+        assert_ne!(c.etcd_leader(), Some(leader.as_str()));
+        let other = c.find(c.etcd_leader().unwrap_or("")).unwrap_or(0);
+        c.reboot(other).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!c.etcd_has_quorum());
+        assert!(c.etcd_leader().is_none());
+        let last = (0..3).find(|i| c.node(*i).up).unwrap_or(0);
+        assert!(matches!(
+            c.check_etcd(last),
+            Err(TalosError::Unavailable(_))
+        ));
+        c.sync(Timestamp(0).plus(S(90)));
+        assert!(c.etcd_has_quorum() && c.etcd_members().len() == 3);
+    }
+
+    #[test]
+    fn no_reboot_refuses_other_changes_before_1_14_and_accepts_them_after() {
+        for (talos, refused) in [("v1.13.2", true), ("v1.14.0", false)] {
+            let mut c = cluster(talos);
+            let cfg = String::from_utf8_lossy(c.node(0).config.raw())
+                .replace("disk: /dev/sda", "disk: /dev/sdb");
+            let r = c.apply_configuration(0, cfg.as_bytes(), ApplyMode::NoReboot, false, None);
+            assert_eq!(
+                matches!(r, Err(TalosError::InvalidArgument(_))),
+                refused,
+                "{talos}"
+            );
+        }
+    }
+
+    #[test]
+    fn try_mode_rolls_back_unless_a_later_apply_supersedes_it() {
+        let mut c = cluster("v1.13.2");
+        let original = c.node(0).config.clone();
+        let bumped = String::from_utf8_lossy(original.raw())
+            .replace("kube-apiserver:v1.33.1", "kube-apiserver:v1.34.0");
+        c.apply_configuration(0, bumped.as_bytes(), ApplyMode::Try, false, Some(S(60)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_ne!(c.node(0).config, original);
+        c.sync(Timestamp(0).plus(S(60)));
+        assert_eq!(
+            c.node(0).config,
+            original,
+            "rolled back after the try timeout"
+        );
+
+        c.apply_configuration(0, bumped.as_bytes(), ApplyMode::Try, false, Some(S(60)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.apply_configuration(0, bumped.as_bytes(), ApplyMode::NoReboot, false, None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.sync(Timestamp(0).plus(S(600)));
+        assert_ne!(
+            c.node(0).config,
+            original,
+            "a later apply cancels the rollback"
+        );
+    }
+
+    #[test]
+    fn xid_is_twenty_base32hex_characters() {
+        let id = xid(Timestamp(1_767_225_600_000), "cp-1", 7);
+        assert_eq!(id.len(), 20);
+        assert!(id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'v').contains(&b)));
+    }
+}

@@ -1,0 +1,1206 @@
+//! The Talos machine API over gRPC with mutual TLS: one endpoint per node, each routing on
+//! the `node` metadata key as apid does. Every handler locks the model, brings it up to the
+//! clock's time, acts, and wakes the open streams.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use prost::Message;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::clock::{Clock, Timestamp};
+use crate::talos::proto::common::{self, ContainerdNamespace};
+use crate::talos::proto::cosi::resource as cosi;
+use crate::talos::proto::machine::{self, apply_configuration_request, machine_status_event};
+use crate::talos::proto::resource::config::MachineConfigSpec;
+
+use super::model::{ApplyMode, ImageNamespace, Stage, TalosCluster, TalosError};
+
+/// The model, the clock, and a revision counter that changes after every mutation so open
+/// streams re-check the model.
+pub(crate) struct Shared {
+    pub(crate) model: Mutex<TalosCluster>,
+    pub(crate) clock: Clock,
+    pub(crate) changed: watch::Sender<u64>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, TalosCluster> {
+        // A poisoned lock means a handler panicked; the model itself stays usable.
+        self.model.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the model brought up to the clock's time, then wakes the streams.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut TalosCluster) -> R) -> R {
+        let r = {
+            let mut m = self.lock();
+            m.sync(self.clock.now());
+            f(&mut m)
+        };
+        self.changed.send_modify(|v| *v += 1);
+        r
+    }
+
+    pub(crate) fn next_due(&self) -> Option<Timestamp> {
+        self.lock().next_due()
+    }
+
+    /// Applies due events; wakes the streams only if something happened.
+    pub(crate) fn sync_now(&self) {
+        let applied = self.lock().sync(self.clock.now());
+        if applied > 0 {
+            self.changed.send_modify(|v| *v += 1);
+        }
+    }
+
+    /// Waits until the model may have changed: a mutation, or the next scheduled event
+    /// coming due on the clock.
+    async fn wait_change(&self, rx: &mut watch::Receiver<u64>) -> bool {
+        let due = self.lock().next_due();
+        let clock = self.clock.clone();
+        tokio::select! {
+            r = rx.changed() => r.is_ok(),
+            _ = async move {
+                match due {
+                    Some(t) => clock.sleep_until(t).await,
+                    None => std::future::pending::<()>().await,
+                }
+            } => true,
+        }
+    }
+}
+
+fn status(e: TalosError) -> Status {
+    match e {
+        TalosError::Unavailable(m) => Status::unavailable(m),
+        TalosError::NotFound(m) => Status::not_found(m),
+        TalosError::InvalidArgument(m) => Status::invalid_argument(m),
+        TalosError::Unimplemented(m) => Status::unimplemented(m),
+        TalosError::FailedPrecondition(m) => Status::failed_precondition(m),
+    }
+}
+
+/// Who may call a method (the authz table of the facts sheet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    Admin,
+    Operator,
+    Reader,
+    EtcdReader,
+}
+
+fn allowed(roles: &[String], access: Access) -> bool {
+    roles.iter().any(|r| {
+        matches!(
+            (r.as_str(), access),
+            ("os:admin", _)
+                | (
+                    "os:operator",
+                    Access::Operator | Access::Reader | Access::EtcdReader
+                )
+                | ("os:reader", Access::Reader | Access::EtcdReader)
+                | ("os:etcd:backup", Access::EtcdReader)
+        )
+    })
+}
+
+/// One node's API endpoint.
+#[derive(Clone)]
+pub(crate) struct NodeApi {
+    pub(crate) shared: Arc<Shared>,
+    /// Index of the node this endpoint belongs to.
+    pub(crate) endpoint: usize,
+}
+
+enum Targets {
+    One(usize),
+    Many(Vec<(String, Result<usize, Status>)>),
+}
+
+/// Per-node reply messages carry `common.Metadata` at field 1.
+trait WithMetadata: Default {
+    fn set_metadata(&mut self, metadata: common::Metadata);
+}
+
+macro_rules! with_metadata {
+    ($($t:ty),* $(,)?) => {
+        $(impl WithMetadata for $t {
+            fn set_metadata(&mut self, metadata: common::Metadata) {
+                self.metadata = Some(metadata);
+            }
+        })*
+    };
+}
+
+with_metadata!(
+    machine::ApplyConfiguration,
+    machine::EtcdForfeitLeadership,
+    machine::EtcdMembers,
+    machine::EtcdStatus,
+    machine::ImagePull,
+    machine::Reboot,
+    machine::ServiceList,
+    machine::Upgrade,
+    machine::Version,
+);
+
+type Stream<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+fn stream_of<T: Send + 'static>(rx: mpsc::Receiver<Result<T, Status>>) -> Stream<T> {
+    Box::pin(ReceiverStream::new(rx))
+}
+
+impl NodeApi {
+    /// The caller's roles (one per Subject O of the client certificate) must allow `access`.
+    fn authorize<T>(&self, req: &Request<T>, access: Access) -> Result<(), Status> {
+        let roles = match req.peer_certs() {
+            Some(certs) => match certs.first() {
+                Some(leaf) => crate::sim::pki::subject_organizations(leaf.as_ref())
+                    .map_err(|e| Status::unauthenticated(format!("client certificate: {e}")))?,
+                None => return Err(Status::unauthenticated("no client certificate")),
+            },
+            None => return Err(Status::unauthenticated("no client certificate")),
+        };
+        if allowed(&roles, access) {
+            Ok(())
+        } else {
+            Err(Status::permission_denied("not authorized"))
+        }
+    }
+
+    /// Resolves one target as apid would dial it: by name or simulated IP.
+    fn resolve(&self, m: &TalosCluster, target: &str) -> Result<usize, Status> {
+        if target.contains(':') && target.parse::<std::net::IpAddr>().is_err() {
+            return Err(Status::invalid_argument(format!(
+                "invalid target {target:?}"
+            )));
+        }
+        let index = m.find(target).ok_or_else(|| {
+            Status::unavailable(format!(
+                "connection error: desc = \"transport: Error while dialing: dial tcp {target}:50000: no route to host\""
+            ))
+        })?;
+        if index != self.endpoint {
+            if !m.node(self.endpoint).is_control_plane() {
+                return Err(Status::permission_denied("no request forwarding"));
+            }
+            m.check_up(index).map_err(status)?;
+        }
+        Ok(index)
+    }
+
+    /// Authorizes the caller and resolves the target node: the endpoint itself, or the one
+    /// named by `node` metadata (forwarded as apid would). `nodes` is refused: apid allows
+    /// one-to-many only for MachineService, and the twin fans out its unary calls only.
+    fn route<T>(&self, req: &Request<T>, access: Access) -> Result<usize, Status> {
+        match self.targets(req, access)? {
+            Targets::One(node) => Ok(node),
+            Targets::Many(_) => Err(Status::invalid_argument(
+                "one-2-many proxying is not supported for this method",
+            )),
+        }
+    }
+
+    /// Like [`NodeApi::route`], but `nodes` metadata gives one entry per listed target, each
+    /// with the target as given and either its node or the error to report for it.
+    fn targets<T>(&self, req: &Request<T>, access: Access) -> Result<Targets, Status> {
+        self.authorize(req, access)?;
+        let md = req.metadata();
+        let mut m = self.shared.lock();
+        m.sync(self.shared.clock.now());
+        m.check_up(self.endpoint).map_err(status)?;
+        let text = |v: &tonic::metadata::MetadataValue<tonic::metadata::Ascii>| {
+            v.to_str()
+                .map(str::to_string)
+                .map_err(|_| Status::invalid_argument("node metadata is not ASCII"))
+        };
+        if md.get("nodes").is_some() {
+            let mut names = Vec::new();
+            for v in md.get_all("nodes") {
+                names.extend(
+                    text(v)?
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string),
+                );
+            }
+            let many: Vec<_> = names
+                .into_iter()
+                .map(|name| {
+                    let node = self.resolve(&m, &name);
+                    (name, node)
+                })
+                .collect();
+            if many
+                .iter()
+                .any(|(_, r)| matches!(r, Err(e) if e.code() == tonic::Code::PermissionDenied))
+            {
+                return Err(Status::permission_denied("no request forwarding"));
+            }
+            return Ok(Targets::Many(many));
+        }
+        let targets: Vec<_> = md.get_all("node").iter().collect();
+        match targets.as_slice() {
+            [] => Ok(Targets::One(self.endpoint)),
+            [one] => Ok(Targets::One(self.resolve(&m, &text(one)?)?)),
+            _ => Err(Status::invalid_argument(
+                "node metadata must be single-valued",
+            )),
+        }
+    }
+
+    /// A unary MachineService call: one-to-one, or fanned out over `nodes` with each reply
+    /// tagged with `metadata.hostname` and per-node failures reported in `metadata.error`
+    /// while the call itself succeeds, as apid aggregates them.
+    async fn unary<Req, Msg, F, Fut>(
+        &self,
+        request: Request<Req>,
+        access: Access,
+        call: F,
+    ) -> Result<Vec<Msg>, Status>
+    where
+        Req: Clone + Send,
+        Msg: WithMetadata + Send,
+        F: Fn(NodeApi, usize, Req) -> Fut + Send + Sync,
+        Fut: std::future::Future<Output = Result<Msg, Status>> + Send,
+    {
+        match self.targets(&request, access)? {
+            Targets::One(node) => Ok(vec![call(self.clone(), node, request.into_inner()).await?]),
+            Targets::Many(targets) => {
+                let req = request.into_inner();
+                let mut out = Vec::with_capacity(targets.len());
+                for (hostname, node) in targets {
+                    let reply = match node {
+                        Ok(node) => call(self.clone(), node, req.clone()).await,
+                        Err(e) => Err(e),
+                    };
+                    let (mut msg, error) = match reply {
+                        Ok(msg) => (msg, None),
+                        Err(e) => (Msg::default(), Some(e)),
+                    };
+                    msg.set_metadata(common::Metadata {
+                        hostname,
+                        error: error
+                            .as_ref()
+                            .map(|e| e.message().to_string())
+                            .unwrap_or_default(),
+                        status: error.map(|e| crate::talos::proto::google::rpc::Status {
+                            code: e.code() as i32,
+                            message: e.message().to_string(),
+                            details: Vec::new(),
+                        }),
+                    });
+                    out.push(msg);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    async fn apply_configuration_one(
+        &self,
+        node: usize,
+        req: machine::ApplyConfigurationRequest,
+    ) -> Result<machine::ApplyConfiguration, Status> {
+        let mode = ApplyMode::from_i32(req.mode)
+            .ok_or_else(|| Status::invalid_argument(format!("unknown apply mode {}", req.mode)))?;
+        let try_timeout = req
+            .try_mode_timeout
+            .map(|d| Duration::from_secs(d.seconds.max(0) as u64));
+        // Fault: a slow apply waits on the twin's clock, so the caller's deadline fires first.
+        let delay = {
+            let m = self.shared.lock();
+            m.faults.slow_apply.get(&m.node(node).name).copied()
+        };
+        if let Some(d) = delay {
+            self.shared.clock.sleep(d).await;
+        }
+        let outcome = self
+            .sync_with(|m| m.apply_configuration(node, &req.data, mode, req.dry_run, try_timeout))
+            .map_err(status)?;
+        let mode = apply_configuration_request::Mode::try_from(outcome.mode as i32)
+            .unwrap_or(apply_configuration_request::Mode::NoReboot);
+        Ok(machine::ApplyConfiguration {
+            metadata: None,
+            warnings: outcome.warnings,
+            mode: mode as i32,
+            mode_details: outcome.mode_details,
+        })
+    }
+
+    async fn etcd_forfeit_leadership_one(
+        &self,
+        node: usize,
+        _request: machine::EtcdForfeitLeadershipRequest,
+    ) -> Result<machine::EtcdForfeitLeadership, Status> {
+        let member = self
+            .sync_with(|m| m.forfeit_leadership(node))
+            .map_err(status)?;
+        Ok(machine::EtcdForfeitLeadership {
+            metadata: None,
+            member,
+        })
+    }
+
+    async fn etcd_member_list_one(
+        &self,
+        node: usize,
+        _request: machine::EtcdMemberListRequest,
+    ) -> Result<machine::EtcdMembers, Status> {
+        let members = self.sync_with(|m| {
+            m.check_etcd(node)?;
+            Ok(m.etcd_members())
+        });
+        let members = members.map_err(status)?;
+        Ok(machine::EtcdMembers {
+            metadata: None,
+            legacy_members: members.iter().map(|m| m.hostname.clone()).collect(),
+            members: members
+                .iter()
+                .map(|m| machine::EtcdMember {
+                    id: m.id,
+                    hostname: m.hostname.clone(),
+                    peer_urls: vec![format!("https://{}:2380", m.ip)],
+                    client_urls: vec![format!("https://{}:2379", m.ip)],
+                    is_learner: false,
+                })
+                .collect(),
+        })
+    }
+
+    async fn etcd_status_one(
+        &self,
+        node: usize,
+        _request: (),
+    ) -> Result<machine::EtcdStatus, Status> {
+        let member_status = self
+            .sync_with(|m| {
+                m.check_etcd(node)?;
+                let n = m.node(node);
+                let leader = m
+                    .etcd_leader()
+                    .and_then(|l| m.node_by_name(l))
+                    .map_or(0, |l| l.etcd_member_id);
+                let version = etcd_version(n.minor());
+                Ok(machine::EtcdMemberStatus {
+                    protocol_version: version.to_string(),
+                    db_size: 24 << 20,
+                    db_size_in_use: 12 << 20,
+                    leader,
+                    raft_index: m.raft_term() * 1000,
+                    raft_term: m.raft_term(),
+                    raft_applied_index: m.raft_term() * 1000,
+                    errors: Vec::new(),
+                    is_learner: false,
+                    member_id: n.etcd_member_id,
+                    storage_version: version
+                        .rsplit_once('.')
+                        .map_or("", |(mm, _)| mm)
+                        .to_string()
+                        + ".0",
+                })
+            })
+            .map_err(status)?;
+        Ok(machine::EtcdStatus {
+            metadata: None,
+            member_status: Some(member_status),
+        })
+    }
+
+    async fn image_pull_one(
+        &self,
+        node: usize,
+        req: machine::ImagePullRequest,
+    ) -> Result<machine::ImagePull, Status> {
+        let ns = image_namespace(req.namespace)?;
+        self.sync_with(|m| m.pull_image(node, ns, &req.reference))
+            .map_err(status)?;
+        Ok(machine::ImagePull { metadata: None })
+    }
+
+    async fn reboot_one(
+        &self,
+        node: usize,
+        request: machine::RebootRequest,
+    ) -> Result<machine::Reboot, Status> {
+        let mode = request.mode;
+        let actor_id = self
+            .sync_with(|m| {
+                if mode == machine::reboot_request::Mode::Force as i32 && m.node(node).minor() < 12
+                {
+                    return Err(TalosError::InvalidArgument(
+                        "reboot mode FORCE is supported since Talos v1.12".into(),
+                    ));
+                }
+                m.reboot(node)
+            })
+            .map_err(status)?;
+        Ok(machine::Reboot {
+            metadata: None,
+            actor_id,
+        })
+    }
+
+    async fn service_list_one(
+        &self,
+        node: usize,
+        _request: (),
+    ) -> Result<machine::ServiceList, Status> {
+        let services = self.sync_with(|m| {
+            let n = m.node(node);
+            let at = Some(timestamp(m.now()));
+            let mut ids = vec!["apid", "containerd", "cri"];
+            if n.is_control_plane() {
+                ids.push("etcd");
+            }
+            ids.extend(["kubelet", "machined"]);
+            if n.is_control_plane() {
+                ids.push("trustd");
+            }
+            ids.push("udevd");
+            ids.into_iter()
+                .map(|id| {
+                    let healthy = match id {
+                        "kubelet" => n.kubelet.healthy,
+                        "etcd" => m.etcd_has_quorum(),
+                        _ => true,
+                    };
+                    let state = if id == "kubelet" && !healthy {
+                        "Starting"
+                    } else {
+                        "Running"
+                    };
+                    machine::ServiceInfo {
+                        id: id.to_string(),
+                        state: state.to_string(),
+                        events: Some(machine::ServiceEvents {
+                            events: vec![machine::ServiceEvent {
+                                msg: format!("Service {state}"),
+                                state: state.to_string(),
+                                ts: at,
+                            }],
+                        }),
+                        health: Some(machine::ServiceHealth {
+                            unknown: false,
+                            healthy,
+                            last_message: String::new(),
+                            last_change: at,
+                        }),
+                    }
+                })
+                .collect()
+        });
+        Ok(machine::ServiceList {
+            metadata: None,
+            services,
+        })
+    }
+
+    async fn upgrade_one(
+        &self,
+        node: usize,
+        req: machine::UpgradeRequest,
+    ) -> Result<machine::Upgrade, Status> {
+        let actor_id = self
+            .sync_with(|m| m.upgrade_legacy(node, &req.image, req.force))
+            .map_err(status)?;
+        Ok(machine::Upgrade {
+            metadata: None,
+            ack: "Upgrade request received".into(),
+            actor_id,
+        })
+    }
+
+    async fn version_one(&self, node: usize, _request: ()) -> Result<machine::Version, Status> {
+        let tag = self.sync_with(|m| m.node(node).talos_version.clone());
+        Ok(machine::Version {
+            metadata: None,
+            version: Some(machine::VersionInfo {
+                sha: format!("{:08x}", super::model::fnv1a(&tag) as u32),
+                tag,
+                built: String::new(),
+                go_version: "go1.24.6".into(),
+                os: "linux".into(),
+                arch: "amd64".into(),
+            }),
+            platform: Some(machine::PlatformInfo {
+                name: "metal".into(),
+                mode: "metal".into(),
+            }),
+            features: Some(machine::FeaturesInfo { rbac: true }),
+        })
+    }
+
+    fn sync_with<R>(&self, f: impl FnOnce(&mut TalosCluster) -> R) -> R {
+        self.shared.with(f)
+    }
+}
+
+fn image_namespace(ns: i32) -> Result<ImageNamespace, Status> {
+    match ContainerdNamespace::try_from(ns) {
+        Ok(ContainerdNamespace::NsSystem) => Ok(ImageNamespace::System),
+        Ok(ContainerdNamespace::NsCri) => Ok(ImageNamespace::Cri),
+        _ => Err(Status::invalid_argument("containerd namespace is not set")),
+    }
+}
+
+fn lifecycle_check(m: &TalosCluster, node: usize, service: &str) -> Result<(), Status> {
+    if m.node(node).has_lifecycle_api() {
+        Ok(())
+    } else {
+        Err(Status::unimplemented(format!(
+            "unknown service {service} (Talos {} has no such API; it arrived in v1.13)",
+            m.node(node).talos_version
+        )))
+    }
+}
+
+fn timestamp(t: Timestamp) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: (t.as_millis() / 1000) as i64,
+        nanos: ((t.as_millis() % 1000) * 1_000_000) as i32,
+    }
+}
+
+fn etcd_version(talos_minor: u64) -> &'static str {
+    match talos_minor {
+        0..=6 => "3.5.11",
+        7 => "3.5.13",
+        8 => "3.5.16",
+        9 => "3.5.17",
+        10 => "3.5.21",
+        11 => "3.6.4",
+        12 => "3.6.7",
+        13 => "3.6.9",
+        _ => "3.7.1",
+    }
+}
+
+const MACHINE_CONFIG_TYPE: &str = "MachineConfigs.config.talos.dev";
+
+fn machine_config_resource(
+    m: &TalosCluster,
+    node: usize,
+    id: &str,
+) -> Result<cosi::Resource, Status> {
+    let n = m.node(node);
+    let config = match id {
+        "v1alpha1" => &n.config,
+        // The on-disk copy exists as a resource since 1.10.
+        "persistent" if n.minor() >= 10 => &n.persistent_config,
+        _ => {
+            return Err(Status::not_found(format!(
+                "resource {MACHINE_CONFIG_TYPE}(config/{id}@undefined) doesn't exist"
+            )))
+        }
+    };
+    let raw = config.raw().to_vec();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let mut annotations = std::collections::HashMap::new();
+    // Since 1.12 yaml_spec is a YAML string scalar holding the config.
+    let yaml_spec = if n.minor() >= 12 {
+        annotations.insert("talos.dev/yaml-spec".to_string(), "1".to_string());
+        serde_yaml::to_string(&serde_yaml::Value::String(text)).unwrap_or_default()
+    } else {
+        text
+    };
+    let at = timestamp(m.now());
+    Ok(cosi::Resource {
+        metadata: Some(cosi::Metadata {
+            namespace: "config".into(),
+            r#type: MACHINE_CONFIG_TYPE.into(),
+            id: id.into(),
+            version: n.config_version.to_string(),
+            owner: String::new(),
+            phase: "running".into(),
+            created: Some(at),
+            updated: Some(at),
+            finalizers: Vec::new(),
+            labels: Default::default(),
+            annotations,
+        }),
+        spec: Some(cosi::Spec {
+            proto_spec: MachineConfigSpec {
+                yaml_marshalled: raw,
+            }
+            .encode_to_vec(),
+            yaml_spec,
+        }),
+    })
+}
+
+fn machine_status_any(stage: Stage, ready: bool) -> prost_types::Any {
+    let stage = match stage {
+        Stage::Booting => machine_status_event::MachineStage::Booting,
+        Stage::Running => machine_status_event::MachineStage::Running,
+        Stage::Rebooting => machine_status_event::MachineStage::Rebooting,
+        Stage::Upgrading => machine_status_event::MachineStage::Upgrading,
+    };
+    prost_types::Any {
+        type_url: "talos/runtime/machine.MachineStatusEvent".into(),
+        value: machine::MachineStatusEvent {
+            stage: stage as i32,
+            status: Some(machine_status_event::MachineStatus {
+                ready,
+                unmet_conditions: Vec::new(),
+            }),
+        }
+        .encode_to_vec(),
+    }
+}
+
+#[tonic::async_trait]
+impl machine::machine_service_server::MachineService for NodeApi {
+    async fn apply_configuration(
+        &self,
+        request: Request<machine::ApplyConfigurationRequest>,
+    ) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
+        let messages = self
+            .unary(request, Access::Admin, |api, node, request| async move {
+                api.apply_configuration_one(node, request).await
+            })
+            .await?;
+        Ok(Response::new(machine::ApplyConfigurationResponse {
+            messages,
+        }))
+    }
+
+    async fn etcd_forfeit_leadership(
+        &self,
+        request: Request<machine::EtcdForfeitLeadershipRequest>,
+    ) -> Result<Response<machine::EtcdForfeitLeadershipResponse>, Status> {
+        let messages = self
+            .unary(request, Access::Admin, |api, node, request| async move {
+                api.etcd_forfeit_leadership_one(node, request).await
+            })
+            .await?;
+        Ok(Response::new(machine::EtcdForfeitLeadershipResponse {
+            messages,
+        }))
+    }
+
+    async fn etcd_member_list(
+        &self,
+        request: Request<machine::EtcdMemberListRequest>,
+    ) -> Result<Response<machine::EtcdMemberListResponse>, Status> {
+        let messages = self
+            .unary(
+                request,
+                Access::EtcdReader,
+                |api, node, request| async move { api.etcd_member_list_one(node, request).await },
+            )
+            .await?;
+        Ok(Response::new(machine::EtcdMemberListResponse { messages }))
+    }
+
+    async fn etcd_status(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<machine::EtcdStatusResponse>, Status> {
+        let messages = self
+            .unary(
+                request,
+                Access::EtcdReader,
+                |api, node, request| async move { api.etcd_status_one(node, request).await },
+            )
+            .await?;
+        Ok(Response::new(machine::EtcdStatusResponse { messages }))
+    }
+
+    type EventsStream = Stream<machine::Event>;
+
+    async fn events(
+        &self,
+        request: Request<machine::EventsRequest>,
+    ) -> Result<Response<Self::EventsStream>, Status> {
+        let node = self.route(&request, Access::Reader)?;
+        let req = request.into_inner();
+        let (epoch, mut next) = self.sync_with(|m| {
+            let n = m.node(node);
+            let len = n.events.len();
+            let start = match req.tail_events {
+                t if t < 0 => 0,
+                t => len.saturating_sub(t as usize),
+            };
+            (n.events_epoch, start)
+        });
+        let (tx, rx) = mpsc::channel(64);
+        let shared = self.shared.clone();
+        let endpoint = self.endpoint;
+        tokio::spawn(async move {
+            // The empty hello tells the client the stream is open.
+            if tx.send(Ok(machine::Event::default())).await.is_err() {
+                return;
+            }
+            let mut changed = shared.changed.subscribe();
+            loop {
+                let (batch, gone) = {
+                    let mut m = shared.lock();
+                    m.sync(shared.clock.now());
+                    let n = m.node(node);
+                    let batch: Vec<_> = if n.events_epoch == epoch {
+                        let b = n.events.get(next..).unwrap_or_default().to_vec();
+                        next = n.events.len();
+                        b
+                    } else {
+                        Vec::new()
+                    };
+                    let gone = !n.up || n.events_epoch != epoch || !m.node(endpoint).up;
+                    (batch, gone)
+                };
+                for e in batch {
+                    if !req.with_actor_id.is_empty() && e.actor_id != req.with_actor_id {
+                        continue;
+                    }
+                    let event = machine::Event {
+                        metadata: None,
+                        data: Some(machine_status_any(e.stage, e.ready)),
+                        id: e.id,
+                        actor_id: e.actor_id,
+                    };
+                    if tx.send(Ok(event)).await.is_err() {
+                        return;
+                    }
+                }
+                if gone {
+                    // The node went down: the connection drops, as with a real reboot.
+                    let _ = tx
+                        .send(Err(Status::unavailable(
+                            "connection lost: node is rebooting",
+                        )))
+                        .await;
+                    return;
+                }
+                tokio::select! {
+                    alive = shared.wait_change(&mut changed) => if !alive { return },
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(stream_of(rx)))
+    }
+
+    async fn image_pull(
+        &self,
+        request: Request<machine::ImagePullRequest>,
+    ) -> Result<Response<machine::ImagePullResponse>, Status> {
+        let messages = self
+            .unary(request, Access::Operator, |api, node, request| async move {
+                api.image_pull_one(node, request).await
+            })
+            .await?;
+        Ok(Response::new(machine::ImagePullResponse { messages }))
+    }
+
+    type ReadStream = Stream<common::Data>;
+
+    async fn read(
+        &self,
+        request: Request<machine::ReadRequest>,
+    ) -> Result<Response<Self::ReadStream>, Status> {
+        let node = self.route(&request, Access::Admin)?;
+        let path = request.into_inner().path;
+        let bytes = self.sync_with(|m| {
+            let n = m.node(node);
+            match path.as_str() {
+                "/proc/sys/kernel/random/boot_id" => Ok(format!("{}\n", n.boot_id).into_bytes()),
+                "/system/state/config.yaml" => Ok(n.persistent_config.raw().to_vec()),
+                "/" | "/proc" | "/system" | "/system/state" => {
+                    Err(Status::invalid_argument("path must be a regular file"))
+                }
+                other => Err(Status::not_found(format!(
+                    "open {other}: no such file or directory"
+                ))),
+            }
+        })?;
+        let (tx, rx) = mpsc::channel(1);
+        // Capacity 1 and a fresh channel: this send cannot fail.
+        let _ = tx.try_send(Ok(common::Data {
+            metadata: None,
+            bytes,
+        }));
+        Ok(Response::new(stream_of(rx)))
+    }
+
+    async fn reboot(
+        &self,
+        request: Request<machine::RebootRequest>,
+    ) -> Result<Response<machine::RebootResponse>, Status> {
+        let messages = self
+            .unary(request, Access::Operator, |api, node, request| async move {
+                api.reboot_one(node, request).await
+            })
+            .await?;
+        Ok(Response::new(machine::RebootResponse { messages }))
+    }
+
+    async fn service_list(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<machine::ServiceListResponse>, Status> {
+        let messages = self
+            .unary(request, Access::Reader, |api, node, request| async move {
+                api.service_list_one(node, request).await
+            })
+            .await?;
+        Ok(Response::new(machine::ServiceListResponse { messages }))
+    }
+
+    async fn upgrade(
+        &self,
+        request: Request<machine::UpgradeRequest>,
+    ) -> Result<Response<machine::UpgradeResponse>, Status> {
+        let messages = self
+            .unary(request, Access::Admin, |api, node, request| async move {
+                api.upgrade_one(node, request).await
+            })
+            .await?;
+        Ok(Response::new(machine::UpgradeResponse { messages }))
+    }
+
+    async fn version(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<machine::VersionResponse>, Status> {
+        let messages = self
+            .unary(request, Access::Reader, |api, node, request| async move {
+                api.version_one(node, request).await
+            })
+            .await?;
+        Ok(Response::new(machine::VersionResponse { messages }))
+    }
+}
+
+#[tonic::async_trait]
+impl machine::image_service_server::ImageService for NodeApi {
+    type PullStream = Stream<machine::ImageServicePullResponse>;
+
+    async fn pull(
+        &self,
+        request: Request<machine::ImageServicePullRequest>,
+    ) -> Result<Response<Self::PullStream>, Status> {
+        let node = self.route(&request, Access::Operator)?;
+        let req = request.into_inner();
+        let already = self.sync_with(|m| {
+            lifecycle_check(m, node, "machine.ImageService")?;
+            let ns = image_namespace(req.containerd.map_or(0, |c| c.namespace))?;
+            m.pull_image(node, ns, &req.image_ref).map_err(status)
+        })?;
+        use machine::image_service_pull_layer_progress::Status as Layer;
+        use machine::image_service_pull_response::Response as Item;
+        let progress = |status: Layer| machine::ImageServicePullResponse {
+            response: Some(Item::PullProgress(machine::ImageServicePullProgress {
+                layer_id: "sha256:0000000000000000000000000000000000000000000000000000000000000001"
+                    .into(),
+                progress: Some(machine::ImageServicePullLayerProgress {
+                    status: status as i32,
+                    elapsed: Some(prost_types::Duration::default()),
+                    offset: 0,
+                    total: 0,
+                }),
+            })),
+        };
+        let mut items = if already {
+            vec![progress(Layer::AlreadyExists)]
+        } else {
+            vec![
+                progress(Layer::DownloadComplete),
+                progress(Layer::ExtractComplete),
+            ]
+        };
+        items.push(machine::ImageServicePullResponse {
+            response: Some(Item::Name(req.image_ref.clone())),
+        });
+        let (tx, rx) = mpsc::channel(items.len());
+        for item in items {
+            // The channel holds every item: sending cannot fail.
+            let _ = tx.try_send(Ok(item));
+        }
+        Ok(Response::new(stream_of(rx)))
+    }
+}
+
+#[tonic::async_trait]
+impl machine::lifecycle_service_server::LifecycleService for NodeApi {
+    type UpgradeStream = Stream<machine::LifecycleServiceUpgradeResponse>;
+
+    async fn upgrade(
+        &self,
+        request: Request<machine::LifecycleServiceUpgradeRequest>,
+    ) -> Result<Response<Self::UpgradeStream>, Status> {
+        let node = self.route(&request, Access::Admin)?;
+        let req = request.into_inner();
+        let image = req.source.map(|s| s.image_name).unwrap_or_default();
+        let started = self.sync_with(|m| {
+            lifecycle_check(m, node, "machine.LifecycleService")?;
+            let ns = match req.containerd.map(|c| c.namespace) {
+                None => ImageNamespace::System,
+                Some(ns) => image_namespace(ns)?,
+            };
+            m.start_install(node, ns, &image).map_err(status)
+        })?;
+        use machine::lifecycle_service_install_progress::Response as P;
+        let msg = |p: P| {
+            Ok(machine::LifecycleServiceUpgradeResponse {
+                progress: Some(machine::LifecycleServiceInstallProgress { response: Some(p) }),
+            })
+        };
+        let (tx, rx) = mpsc::channel(8);
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let done_at = match started {
+                Ok(t) => t,
+                Err(refusal) => {
+                    let _ = tx.send(msg(P::Message(refusal))).await;
+                    let _ = tx.send(msg(P::ExitCode(1))).await;
+                    return;
+                }
+            };
+            if tx
+                .send(msg(P::Message(format!("installing {image}"))))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            shared.clock.sleep_until(done_at).await;
+            let finished = shared.with(|m| {
+                let n = m.node(node);
+                !n.installing && n.installed_version.is_some()
+            });
+            if finished {
+                let _ = tx
+                    .send(msg(P::Message(
+                        "upgrade written to disk; reboot to activate".into(),
+                    )))
+                    .await;
+                let _ = tx.send(msg(P::ExitCode(0))).await;
+            } else {
+                let _ = tx
+                    .send(Err(Status::unavailable(
+                        "installation interrupted: node rebooted",
+                    )))
+                    .await;
+            }
+        });
+        Ok(Response::new(stream_of(rx)))
+    }
+}
+
+#[tonic::async_trait]
+impl cosi::state_server::State for NodeApi {
+    async fn get(
+        &self,
+        request: Request<cosi::GetRequest>,
+    ) -> Result<Response<cosi::GetResponse>, Status> {
+        let sensitive = request.get_ref().r#type == MACHINE_CONFIG_TYPE;
+        let node = self.route(
+            &request,
+            if sensitive {
+                Access::Admin
+            } else {
+                Access::Reader
+            },
+        )?;
+        let req = request.into_inner();
+        if req.r#type != MACHINE_CONFIG_TYPE {
+            return Err(Status::permission_denied(format!(
+                "resource type {:?} is not supported",
+                req.r#type
+            )));
+        }
+        if req.namespace != "config" {
+            return Err(Status::not_found(format!(
+                "resource {MACHINE_CONFIG_TYPE}({}/{}@undefined) doesn't exist",
+                req.namespace, req.id
+            )));
+        }
+        let resource = self.sync_with(|m| machine_config_resource(m, node, &req.id))?;
+        Ok(Response::new(cosi::GetResponse {
+            resource: Some(resource),
+        }))
+    }
+
+    type ListStream = Stream<cosi::ListResponse>;
+
+    async fn list(
+        &self,
+        request: Request<cosi::ListRequest>,
+    ) -> Result<Response<Self::ListStream>, Status> {
+        let sensitive = request.get_ref().r#type == MACHINE_CONFIG_TYPE;
+        let node = self.route(
+            &request,
+            if sensitive {
+                Access::Admin
+            } else {
+                Access::Reader
+            },
+        )?;
+        let req = request.into_inner();
+        if req.r#type != MACHINE_CONFIG_TYPE {
+            return Err(Status::permission_denied(format!(
+                "resource type {:?} is not supported",
+                req.r#type
+            )));
+        }
+        let items = self.sync_with(|m| {
+            let mut ids = vec!["v1alpha1"];
+            if m.node(node).minor() >= 10 {
+                ids.push("persistent");
+            }
+            ids.into_iter()
+                .filter(|_| req.namespace == "config")
+                .map(|id| machine_config_resource(m, node, id))
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        let (tx, rx) = mpsc::channel(items.len().max(1));
+        for resource in items {
+            let _ = tx.try_send(Ok(cosi::ListResponse {
+                resource: Some(resource),
+            }));
+        }
+        Ok(Response::new(stream_of(rx)))
+    }
+
+    type WatchStream = Stream<cosi::WatchResponse>;
+
+    async fn watch(
+        &self,
+        request: Request<cosi::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let sensitive = request.get_ref().r#type == MACHINE_CONFIG_TYPE;
+        let node = self.route(
+            &request,
+            if sensitive {
+                Access::Admin
+            } else {
+                Access::Reader
+            },
+        )?;
+        let req = request.into_inner();
+        if req.r#type != MACHINE_CONFIG_TYPE {
+            return Err(Status::permission_denied(format!(
+                "resource type {:?} is not supported",
+                req.r#type
+            )));
+        }
+        let bootstrap = req.options.as_ref().is_some_and(|o| o.bootstrap_contents);
+        let ids: Vec<String> = match &req.id {
+            Some(id) => vec![id.clone()],
+            None => {
+                let persistent = self.sync_with(|m| m.node(node).minor() >= 10);
+                let mut ids = vec!["v1alpha1".to_string()];
+                if persistent {
+                    ids.push("persistent".to_string());
+                }
+                ids
+            }
+        };
+        let in_namespace = req.namespace == "config";
+        let (tx, rx) = mpsc::channel(16);
+        let shared = self.shared.clone();
+        let endpoint = self.endpoint;
+        tokio::spawn(async move {
+            let event = |event_type: cosi::EventType,
+                         resource: Option<cosi::Resource>,
+                         old: Option<cosi::Resource>| cosi::Event {
+                resource,
+                old,
+                error: None,
+                event_type: event_type as i32,
+                bookmark: None,
+            };
+            let snapshot = |m: &TalosCluster| -> Vec<Option<cosi::Resource>> {
+                ids.iter()
+                    .map(|id| {
+                        in_namespace
+                            .then(|| machine_config_resource(m, node, id).ok())
+                            .flatten()
+                    })
+                    .collect()
+            };
+            // The empty response says the watch is established.
+            if tx.send(Ok(cosi::WatchResponse::default())).await.is_err() {
+                return;
+            }
+            let mut last = {
+                let mut m = shared.lock();
+                m.sync(shared.clock.now());
+                snapshot(&m)
+            };
+            let mut initial = Vec::new();
+            if req.id.is_some() {
+                // A single-resource watch starts with its current state, or a tombstone.
+                initial.push(match &last[0] {
+                    Some(r) => event(cosi::EventType::Created, Some(r.clone()), None),
+                    None => event(cosi::EventType::Destroyed, None, None),
+                });
+            } else if bootstrap {
+                initial.extend(
+                    last.iter()
+                        .flatten()
+                        .map(|r| event(cosi::EventType::Created, Some(r.clone()), None)),
+                );
+                if req.api_version >= 1 {
+                    initial.push(event(cosi::EventType::Bootstrapped, None, None));
+                }
+            }
+            for e in initial {
+                if tx
+                    .send(Ok(cosi::WatchResponse { event: vec![e] }))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            let mut changed = shared.changed.subscribe();
+            loop {
+                tokio::select! {
+                    alive = shared.wait_change(&mut changed) => if !alive { return },
+                    _ = tx.closed() => return,
+                }
+                let (now, gone) = {
+                    let mut m = shared.lock();
+                    m.sync(shared.clock.now());
+                    let gone = !m.node(node).up || !m.node(endpoint).up;
+                    (snapshot(&m), gone)
+                };
+                if gone {
+                    let _ = tx
+                        .send(Err(Status::unavailable(
+                            "connection lost: node is rebooting",
+                        )))
+                        .await;
+                    return;
+                }
+                for (old, new) in last.iter().zip(&now) {
+                    let version = |r: &Option<cosi::Resource>| {
+                        r.as_ref().map(|r| {
+                            (
+                                r.spec.as_ref().map(|s| s.proto_spec.clone()),
+                                r.metadata.as_ref().map(|m| m.version.clone()),
+                            )
+                        })
+                    };
+                    if version(old) != version(new) {
+                        let e = event(cosi::EventType::Updated, new.clone(), old.clone());
+                        if tx
+                            .send(Ok(cosi::WatchResponse { event: vec![e] }))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+                last = now;
+            }
+        });
+        Ok(Response::new(stream_of(rx)))
+    }
+}

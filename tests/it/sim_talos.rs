@@ -1,0 +1,1135 @@
+//! The Talos twin over the wire: a raw tonic client built from `proto/`, over real mutual
+//! TLS on loopback, asserting on wire fields. Time moves only through a manual clock.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use base64::Engine;
+use ichor::clock::Clock;
+use ichor::sim::talos::{
+    Component, ConfigForm, NodeSpec, Role, TalosTwin, TalosTwinOptions, Timings,
+};
+use ichor::talos::proto::common::{ContainerDriver, ContainerdInstance, ContainerdNamespace};
+use ichor::talos::proto::cosi::resource::state_client::StateClient;
+use ichor::talos::proto::cosi::resource::GetRequest;
+use ichor::talos::proto::machine::apply_configuration_request::Mode;
+use ichor::talos::proto::machine::image_service_client::ImageServiceClient;
+use ichor::talos::proto::machine::lifecycle_service_client::LifecycleServiceClient;
+use ichor::talos::proto::machine::lifecycle_service_install_progress::Response as Progress;
+use ichor::talos::proto::machine::machine_service_client::MachineServiceClient;
+use ichor::talos::proto::machine::{
+    self as m, image_service_pull_response, machine_status_event, ApplyConfigurationRequest,
+    EventsRequest, ImagePullRequest, ImageServicePullRequest, InstallArtifactsSource,
+    LifecycleServiceUpgradeRequest, ReadRequest, RebootRequest, UpgradeRequest,
+};
+use ichor::talos::proto::resource::config::MachineConfigSpec;
+use prost::Message;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+use tonic::{Code, Request};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+fn node(name: &str, role: Role, ip: [u8; 4], talos: &str, form: ConfigForm) -> NodeSpec {
+    NodeSpec {
+        name: name.into(),
+        role,
+        ip: ip.into(),
+        talos_version: talos.into(),
+        kubernetes_version: "v1.33.1".into(),
+        kubelet_version: "v1.32.4".into(),
+        config_form: form,
+    }
+}
+
+/// Three control planes and two workers; `cp-1` on 1.13, the rest as given.
+fn cluster(talos: &str) -> Vec<NodeSpec> {
+    let v1 = ConfigForm::V1Alpha1;
+    vec![
+        node("cp-1", Role::ControlPlane, [10, 5, 0, 2], talos, v1),
+        node("cp-2", Role::ControlPlane, [10, 5, 0, 3], talos, v1),
+        node("cp-3", Role::ControlPlane, [10, 5, 0, 4], talos, v1),
+        node("w-1", Role::Worker, [10, 5, 0, 10], talos, v1),
+        node(
+            "w-2",
+            Role::Worker,
+            [10, 5, 0, 11],
+            "v1.14.0",
+            ConfigForm::MultiDoc,
+        ),
+    ]
+}
+
+struct Sim {
+    twin: TalosTwin,
+    clock: Clock,
+    _dir: tempfile::TempDir,
+}
+
+/// Client credentials as talosctl reads them from the talosconfig.
+struct Creds {
+    ca: String,
+    crt: String,
+    key: String,
+}
+
+impl Sim {
+    async fn start(nodes: Vec<NodeSpec>) -> Result<Sim, Box<dyn std::error::Error>> {
+        Self::start_with(nodes, TalosTwinOptions::default()).await
+    }
+
+    async fn start_with(
+        nodes: Vec<NodeSpec>,
+        options: TalosTwinOptions,
+    ) -> Result<Sim, Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let clock = Clock::manual();
+        let twin = TalosTwin::start(clock.clone(), nodes, dir.path(), options).await?;
+        Ok(Sim {
+            twin,
+            clock,
+            _dir: dir,
+        })
+    }
+
+    /// The admin credentials from the talosconfig file the twin wrote.
+    fn admin(&self) -> Result<Creds, Box<dyn std::error::Error>> {
+        let text = std::fs::read_to_string(self.twin.talosconfig_path())?;
+        let doc: serde_yaml::Value = serde_yaml::from_str(&text)?;
+        let ctx_name = doc["context"].as_str().ok_or("no context")?;
+        let ctx = &doc["contexts"][ctx_name];
+        let field = |k: &str| -> Result<String, Box<dyn std::error::Error>> {
+            let b64 = ctx[k].as_str().ok_or(format!("no {k}"))?;
+            let pem = base64::engine::general_purpose::STANDARD.decode(b64)?;
+            Ok(String::from_utf8(pem)?)
+        };
+        let key = field("key")?;
+        // Talos labels Ed25519 keys `ED25519 PRIVATE KEY`; the body is plain PKCS#8.
+        assert!(key.contains("ED25519 PRIVATE KEY"));
+        Ok(Creds {
+            ca: field("ca")?,
+            crt: field("crt")?,
+            key: key.replace("ED25519 PRIVATE KEY", "PRIVATE KEY"),
+        })
+    }
+
+    fn reader(&self) -> Result<Creds, Box<dyn std::error::Error>> {
+        let cert = self.twin.issue_client("reader", &["os:reader"])?;
+        Ok(Creds {
+            ca: self.twin.ca_pem().to_string(),
+            crt: cert.cert_pem,
+            key: cert.key_pem,
+        })
+    }
+
+    fn addr(&self, node: &str) -> Result<SocketAddr, Box<dyn std::error::Error>> {
+        Ok(self
+            .twin
+            .endpoint(node)
+            .ok_or(format!("no endpoint {node}"))?)
+    }
+
+    async fn channel(&self, node: &str) -> Result<Channel, Box<dyn std::error::Error>> {
+        connect(self.addr(node)?, Some(&self.admin()?), &self.admin()?.ca).await
+    }
+
+    async fn machine(
+        &self,
+        node: &str,
+    ) -> Result<MachineServiceClient<Channel>, Box<dyn std::error::Error>> {
+        Ok(MachineServiceClient::new(self.channel(node).await?))
+    }
+}
+
+async fn connect(
+    addr: SocketAddr,
+    creds: Option<&Creds>,
+    ca: &str,
+) -> Result<Channel, Box<dyn std::error::Error>> {
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("127.0.0.1");
+    if let Some(c) = creds {
+        tls = tls.identity(Identity::from_pem(&c.crt, &c.key));
+    }
+    let channel = Channel::from_shared(format!("https://{addr}"))?
+        .tls_config(tls)?
+        .connect()
+        .await?;
+    Ok(channel)
+}
+
+fn to_node<T>(msg: T, target: &str) -> Result<Request<T>, Box<dyn std::error::Error>> {
+    let mut req = Request::new(msg);
+    req.metadata_mut().insert("node", target.parse()?);
+    Ok(req)
+}
+
+async fn version_tag(c: &mut MachineServiceClient<Channel>) -> Result<String, tonic::Status> {
+    let r = c.version(()).await?.into_inner();
+    Ok(r.messages[0]
+        .version
+        .as_ref()
+        .map(|v| v.tag.clone())
+        .unwrap_or_default())
+}
+
+async fn boot_id(
+    c: &mut MachineServiceClient<Channel>,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let mut stream = c
+        .read(ReadRequest {
+            path: "/proc/sys/kernel/random/boot_id".into(),
+        })
+        .await?
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.message().await? {
+        out.extend(chunk.bytes);
+    }
+    Ok(String::from_utf8(out)?.trim().to_string())
+}
+
+/// The machine config as `talosctl get mc -o yaml` reads it: COSI Get, proto_spec bytes.
+async fn machine_config(channel: Channel) -> Result<(String, String), Box<dyn std::error::Error>> {
+    let r = StateClient::new(channel)
+        .get(GetRequest {
+            namespace: "config".into(),
+            r#type: "MachineConfigs.config.talos.dev".into(),
+            id: "v1alpha1".into(),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let res = r.resource.ok_or("no resource")?;
+    let md = res.metadata.ok_or("no metadata")?;
+    let spec = MachineConfigSpec::decode(res.spec.ok_or("no spec")?.proto_spec.as_slice())?;
+    Ok((String::from_utf8(spec.yaml_marshalled)?, md.version))
+}
+
+fn apply(data: &str, mode: Mode, dry_run: bool) -> ApplyConfigurationRequest {
+    ApplyConfigurationRequest {
+        data: data.as_bytes().to_vec(),
+        mode: mode as i32,
+        dry_run,
+        try_mode_timeout: None,
+    }
+}
+
+fn stage_of(e: &m::Event) -> Option<(i32, bool)> {
+    let data = e.data.as_ref()?;
+    if data.type_url != "talos/runtime/machine.MachineStatusEvent" {
+        return None;
+    }
+    let ev = m::MachineStatusEvent::decode(data.value.as_slice()).ok()?;
+    Some((ev.stage, ev.status.map(|s| s.ready).unwrap_or(false)))
+}
+
+#[tokio::test]
+async fn version_reports_the_node_tag_without_metadata() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let mut cp = sim.machine("cp-1").await?;
+    let r = cp.version(()).await?.into_inner();
+    assert_eq!(r.messages.len(), 1);
+    let v = &r.messages[0];
+    assert!(v.metadata.is_none(), "one-to-one replies carry no metadata");
+    assert_eq!(v.version.as_ref().map(|v| v.tag.as_str()), Some("v1.13.2"));
+    assert_eq!(v.platform.as_ref().map(|p| p.mode.as_str()), Some("metal"));
+    assert_eq!(v.features.as_ref().map(|f| f.rbac), Some(true));
+    Ok(())
+}
+
+#[tokio::test]
+async fn apply_configuration_modes_and_dry_run_on_1_13() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let mut cp = sim.machine("cp-1").await?;
+    let (config, version) = machine_config(sim.channel("cp-1").await?).await?;
+    assert!(config.contains("image: registry.k8s.io/kube-apiserver:v1.33.1"));
+
+    assert!(config.contains("image: ghcr.io/siderolabs/kubelet:v1.32.4"));
+    let bumped = config.replace("kube-apiserver:v1.33.1", "kube-apiserver:v1.34.0");
+    // Dry run: reports the mode and the diff, changes nothing.
+    let r = cp
+        .apply_configuration(apply(&bumped, Mode::NoReboot, true))
+        .await?;
+    let msg = &r.into_inner().messages[0];
+    assert_eq!(msg.mode, Mode::NoReboot as i32);
+    assert!(msg.mode_details.contains("Dry run"), "{}", msg.mode_details);
+    assert!(
+        msg.mode_details.contains("kube-apiserver image"),
+        "{}",
+        msg.mode_details
+    );
+    let (after_dry, v_dry) = machine_config(sim.channel("cp-1").await?).await?;
+    assert_eq!(
+        (after_dry.as_str(), v_dry.as_str()),
+        (config.as_str(), version.as_str())
+    );
+
+    // NO_REBOOT with only an image change: applied live, the static pod restarts.
+    let r = cp
+        .apply_configuration(apply(&bumped, Mode::NoReboot, false))
+        .await?;
+    assert_eq!(r.into_inner().messages[0].mode, Mode::NoReboot as i32);
+    let (now, v_now) = machine_config(sim.channel("cp-1").await?).await?;
+    assert_eq!(now, bumped);
+    assert_ne!(v_now, version);
+    let pod = |sim: &Sim| {
+        sim.twin.with_model(|m| {
+            m.node_by_name("cp-1")
+                .and_then(|n| n.static_pod(Component::ApiServer).cloned())
+        })
+    };
+    let p = pod(&sim).ok_or("no apiserver pod")?;
+    assert_eq!(p.image, "registry.k8s.io/kube-apiserver:v1.34.0");
+    assert!(!p.ready);
+    sim.clock.advance(S(20));
+    assert!(pod(&sim).is_some_and(|p| p.ready));
+
+    // A kubelet image change restarts the kubelet, which then reports the new version.
+    let kubelet = bumped.replace("kubelet:v1.32.4", "kubelet:v1.34.0");
+    cp.apply_configuration(apply(&kubelet, Mode::NoReboot, false))
+        .await?;
+    let kv = |sim: &Sim| {
+        sim.twin.with_model(|m| {
+            m.node_by_name("cp-1")
+                .map(|n| (n.kubelet_version().to_string(), n.kubelet.healthy))
+        })
+    };
+    assert_eq!(kv(&sim), Some(("v1.32.4".to_string(), false)));
+    sim.clock.advance(S(15));
+    assert_eq!(kv(&sim), Some(("v1.34.0".to_string(), true)));
+
+    // Anything else under NO_REBOOT is refused on 1.13 and nothing changes.
+    let other = kubelet.replace("disk: /dev/sda", "disk: /dev/sdb");
+    let err = cp
+        .apply_configuration(apply(&other, Mode::NoReboot, false))
+        .await
+        .err()
+        .ok_or("expected a refusal")?;
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("machine.install.disk"),
+        "{}",
+        err.message()
+    );
+    // AUTO picks REBOOT for it (dry run, so the node stays up).
+    let r = cp
+        .apply_configuration(apply(&other, Mode::Auto, true))
+        .await?;
+    assert_eq!(r.into_inner().messages[0].mode, Mode::Reboot as i32);
+    // STAGED keeps the running config and persists the new one.
+    let r = cp
+        .apply_configuration(apply(&other, Mode::Staged, false))
+        .await?;
+    assert_eq!(r.into_inner().messages[0].mode, Mode::Staged as i32);
+    assert_eq!(machine_config(sim.channel("cp-1").await?).await?.0, kubelet);
+
+    // Invalid YAML and out-of-range Kubernetes tags are InvalidArgument.
+    let err = cp
+        .apply_configuration(apply("version: [", Mode::NoReboot, false))
+        .await
+        .err()
+        .ok_or("expected a refusal")?;
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let too_new = kubelet.replace("kube-apiserver:v1.34.0", "kube-apiserver:v1.40.0");
+    let err = cp
+        .apply_configuration(apply(&too_new, Mode::NoReboot, false))
+        .await
+        .err()
+        .ok_or("expected a refusal")?;
+    assert_eq!(err.code(), Code::InvalidArgument);
+    Ok(())
+}
+
+#[tokio::test]
+async fn apply_configuration_on_1_14_multi_document() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    // w-2 runs 1.14 with the multi-document form.
+    let mut w2 = sim.machine("w-2").await?;
+    let (config, _) = machine_config(sim.channel("w-2").await?).await?;
+    assert!(config.contains("kind: KubeletConfig"));
+    let bumped = config.replace("kubelet:v1.32.4", "kubelet:v1.34.0");
+    let err = w2
+        .apply_configuration(apply(&bumped, Mode::Reboot, false))
+        .await
+        .err()
+        .ok_or("REBOOT must be refused on 1.14")?;
+    assert_eq!(err.code(), Code::Unimplemented);
+    let r = w2
+        .apply_configuration(apply(&bumped, Mode::Auto, false))
+        .await?;
+    assert_eq!(r.into_inner().messages[0].mode, Mode::NoReboot as i32);
+    sim.clock.advance(S(15));
+    let kv = sim.twin.with_model(|m| {
+        m.node_by_name("w-2")
+            .map(|n| n.kubelet_version().to_string())
+    });
+    assert_eq!(kv.as_deref(), Some("v1.34.0"));
+    // Setting a new document and its v1alpha1 counterpart together is invalid.
+    let both = bumped.replacen(
+        "machine:\n",
+        "machine:\n  kubelet:\n    image: ghcr.io/siderolabs/kubelet:v1.34.0\n",
+        1,
+    );
+    let err = w2
+        .apply_configuration(apply(&both, Mode::Auto, false))
+        .await
+        .err()
+        .ok_or("conflict must be refused")?;
+    assert_eq!(err.code(), Code::InvalidArgument);
+    Ok(())
+}
+
+#[tokio::test]
+async fn legacy_upgrade_reboots_by_itself_with_a_new_boot_id() -> TestResult {
+    let sim = Sim::start(cluster("v1.12.4")).await?;
+    let mut w1 = sim.machine("w-1").await?;
+    let before = boot_id(&mut w1).await?;
+    assert_eq!(before.len(), 36);
+
+    let mut events = w1
+        .events(EventsRequest {
+            tail_events: 0,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let hello = events.message().await?.ok_or("no hello")?;
+    assert!(
+        hello.data.is_none() && hello.id.is_empty(),
+        "empty hello first"
+    );
+
+    let r = w1
+        .upgrade(UpgradeRequest {
+            image: "ghcr.io/siderolabs/installer:v1.13.0".into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let ack = &r.messages[0];
+    assert_eq!(ack.ack, "Upgrade request received");
+    assert_eq!(ack.actor_id.len(), 36);
+
+    let upgrading = events.message().await?.ok_or("no upgrading event")?;
+    assert_eq!(upgrading.actor_id, ack.actor_id);
+    assert_eq!(
+        stage_of(&upgrading),
+        Some((machine_status_event::MachineStage::Upgrading as i32, false))
+    );
+    sim.clock.advance(S(30));
+    let rebooting = events.message().await?.ok_or("no rebooting event")?;
+    assert_eq!(
+        stage_of(&rebooting).map(|s| s.0),
+        Some(machine_status_event::MachineStage::Rebooting as i32)
+    );
+    let err = events.message().await.err().ok_or("stream must break")?;
+    assert_eq!(err.code(), Code::Unavailable);
+    let err = w1.version(()).await.err().ok_or("down node must refuse")?;
+    assert_eq!(err.code(), Code::Unavailable);
+
+    sim.clock.advance(S(90));
+    assert_eq!(version_tag(&mut w1).await?, "v1.13.0");
+    let after = boot_id(&mut w1).await?;
+    assert_ne!(after, before);
+    // Reconnect with tail_events = -1: the buffered boot events end in RUNNING + ready.
+    let mut events = w1
+        .events(EventsRequest {
+            tail_events: -1,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let _hello = events.message().await?;
+    let mut seen = Vec::new();
+    while let Some((stage, ready)) = events.message().await?.as_ref().and_then(stage_of) {
+        seen.push((stage, ready));
+        if ready {
+            break;
+        }
+    }
+    assert_eq!(
+        seen.last(),
+        Some(&(machine_status_event::MachineStage::Running as i32, true))
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn lifecycle_upgrade_streams_progress_and_does_not_reboot() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let installer = "ghcr.io/siderolabs/installer:v1.14.0";
+    let system = ContainerdInstance {
+        driver: ContainerDriver::Cri as i32,
+        namespace: ContainerdNamespace::NsSystem as i32,
+    };
+    let mut images = ImageServiceClient::new(sim.channel("w-1").await?);
+    let mut pull = images
+        .pull(ImageServicePullRequest {
+            containerd: Some(system),
+            image_ref: installer.into(),
+        })
+        .await?
+        .into_inner();
+    let mut last = None;
+    while let Some(item) = pull.message().await? {
+        last = item.response;
+    }
+    assert_eq!(
+        last,
+        Some(image_service_pull_response::Response::Name(
+            installer.into()
+        ))
+    );
+
+    let mut w1 = sim.machine("w-1").await?;
+    let before = boot_id(&mut w1).await?;
+    let mut lifecycle = LifecycleServiceClient::new(sim.channel("w-1").await?);
+    let mut stream = lifecycle
+        .upgrade(LifecycleServiceUpgradeRequest {
+            containerd: Some(system),
+            source: Some(InstallArtifactsSource {
+                image_name: installer.into(),
+            }),
+        })
+        .await?
+        .into_inner();
+    let first = stream.message().await?.and_then(|r| r.progress?.response);
+    assert!(matches!(first, Some(Progress::Message(_))), "{first:?}");
+    sim.clock.advance(S(20));
+    let mut exit = None;
+    while let Some(r) = stream.message().await? {
+        if let Some(Progress::ExitCode(code)) = r.progress.and_then(|p| p.response) {
+            exit = Some(code);
+        }
+    }
+    assert_eq!(exit, Some(0));
+    // No reboot: same boot id, same running version.
+    assert_eq!(boot_id(&mut w1).await?, before);
+    assert_eq!(version_tag(&mut w1).await?, "v1.13.2");
+
+    // The caller reboots; the node comes back on the new version.
+    w1.reboot(RebootRequest::default()).await?;
+    sim.clock.advance(S(90));
+    assert_eq!(version_tag(&mut w1).await?, "v1.14.0");
+    assert_ne!(boot_id(&mut w1).await?, before);
+
+    // An image that was never pulled: a non-zero exit code, not a gRPC error.
+    let mut lifecycle = LifecycleServiceClient::new(sim.channel("w-2").await?);
+    let mut stream = lifecycle
+        .upgrade(LifecycleServiceUpgradeRequest {
+            containerd: Some(system),
+            source: Some(InstallArtifactsSource {
+                image_name: "ghcr.io/siderolabs/installer:v1.14.1".into(),
+            }),
+        })
+        .await?
+        .into_inner();
+    let mut exit = None;
+    while let Some(r) = stream.message().await? {
+        if let Some(Progress::ExitCode(code)) = r.progress.and_then(|p| p.response) {
+            exit = Some(code);
+        }
+    }
+    assert_eq!(exit, Some(1));
+    Ok(())
+}
+
+#[tokio::test]
+async fn lifecycle_and_image_services_are_absent_before_1_13() -> TestResult {
+    let sim = Sim::start(cluster("v1.12.4")).await?;
+    let mut images = ImageServiceClient::new(sim.channel("w-1").await?);
+    let err = images
+        .pull(ImageServicePullRequest {
+            containerd: None,
+            image_ref: "ghcr.io/siderolabs/installer:v1.13.0".into(),
+        })
+        .await
+        .err()
+        .ok_or("1.12 has no ImageService")?;
+    assert_eq!(err.code(), Code::Unimplemented);
+    let mut lifecycle = LifecycleServiceClient::new(sim.channel("w-1").await?);
+    let err = lifecycle
+        .upgrade(LifecycleServiceUpgradeRequest::default())
+        .await
+        .err()
+        .ok_or("1.12 has no LifecycleService")?;
+    assert_eq!(err.code(), Code::Unimplemented);
+    Ok(())
+}
+
+#[tokio::test]
+async fn image_pull_and_the_failing_pull_fault() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let mut cp = sim.machine("cp-1").await?;
+    let r = cp
+        .image_pull(ImagePullRequest {
+            namespace: ContainerdNamespace::NsCri as i32,
+            reference: "registry.k8s.io/kube-apiserver:v1.34.0".into(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(r.messages.len(), 1);
+    let err = cp
+        .image_pull(ImagePullRequest {
+            namespace: ContainerdNamespace::NsUnknown as i32,
+            reference: "registry.k8s.io/kube-apiserver:v1.34.0".into(),
+        })
+        .await
+        .err()
+        .ok_or("NS_UNKNOWN must be refused")?;
+    assert_eq!(err.code(), Code::InvalidArgument);
+
+    let broken = "ghcr.io/siderolabs/installer:v1.14.9";
+    sim.twin.with_model(|m| m.set_failing_image(broken, true));
+    let err = cp
+        .image_pull(ImagePullRequest {
+            namespace: ContainerdNamespace::NsSystem as i32,
+            reference: broken.into(),
+        })
+        .await
+        .err()
+        .ok_or("failing pull")?;
+    assert_eq!(err.code(), Code::NotFound);
+    let mut images = ImageServiceClient::new(sim.channel("cp-1").await?);
+    let err = images
+        .pull(ImageServicePullRequest {
+            containerd: Some(ContainerdInstance {
+                driver: ContainerDriver::Cri as i32,
+                namespace: ContainerdNamespace::NsSystem as i32,
+            }),
+            image_ref: broken.into(),
+        })
+        .await
+        .err()
+        .ok_or("failing pull")?;
+    assert_eq!(err.code(), Code::NotFound);
+    Ok(())
+}
+
+#[tokio::test]
+async fn etcd_members_follow_reboots_and_quorum_is_lost_with_two_down() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let mut cp1 = sim.machine("cp-1").await?;
+    let members = |r: m::EtcdMemberListResponse| {
+        let mut names: Vec<String> = r.messages[0]
+            .members
+            .iter()
+            .map(|m| m.hostname.clone())
+            .collect();
+        names.sort();
+        names
+    };
+    let r = cp1
+        .etcd_member_list(m::EtcdMemberListRequest::default())
+        .await?;
+    assert_eq!(members(r.into_inner()), vec!["cp-1", "cp-2", "cp-3"]);
+
+    sim.machine("cp-2")
+        .await?
+        .reboot(RebootRequest::default())
+        .await?;
+    let r = cp1
+        .etcd_member_list(m::EtcdMemberListRequest::default())
+        .await?;
+    assert_eq!(members(r.into_inner()), vec!["cp-1", "cp-3"]);
+    let status = cp1.etcd_status(()).await?.into_inner();
+    assert_ne!(
+        status.messages[0].member_status.as_ref().map(|s| s.leader),
+        Some(0)
+    );
+
+    sim.machine("cp-3")
+        .await?
+        .reboot(RebootRequest::default())
+        .await?;
+    let err = cp1.etcd_status(()).await.err().ok_or("quorum lost")?;
+    assert_eq!(err.code(), Code::Unavailable);
+    assert!(err.message().contains("quorum"), "{}", err.message());
+    let err = cp1
+        .etcd_member_list(m::EtcdMemberListRequest::default())
+        .await
+        .err()
+        .ok_or("quorum lost")?;
+    assert_eq!(err.code(), Code::Unavailable);
+
+    sim.clock.advance(S(90));
+    let r = cp1
+        .etcd_member_list(m::EtcdMemberListRequest::default())
+        .await?;
+    assert_eq!(members(r.into_inner()), vec!["cp-1", "cp-2", "cp-3"]);
+    assert!(cp1.etcd_status(()).await.is_ok());
+    Ok(())
+}
+
+#[tokio::test]
+async fn etcd_forfeit_leadership_moves_the_leader() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let leader = sim
+        .twin
+        .with_model(|m| m.etcd_leader().map(str::to_string))
+        .ok_or("no leader")?;
+    let follower = ["cp-1", "cp-2", "cp-3"]
+        .into_iter()
+        .find(|n| *n != leader)
+        .ok_or("no follower")?;
+    let r = sim
+        .machine(follower)
+        .await?
+        .etcd_forfeit_leadership(m::EtcdForfeitLeadershipRequest {})
+        .await?;
+    assert_eq!(r.into_inner().messages[0].member, "", "not the leader");
+
+    let mut l = sim.machine(&leader).await?;
+    let old_id = l.etcd_status(()).await?.into_inner().messages[0]
+        .member_status
+        .as_ref()
+        .map(|s| s.leader);
+    let r = l
+        .etcd_forfeit_leadership(m::EtcdForfeitLeadershipRequest {})
+        .await?;
+    let new_leader = r.into_inner().messages[0].member.clone();
+    assert!(!new_leader.is_empty() && new_leader != leader);
+    let new_id = l.etcd_status(()).await?.into_inner().messages[0]
+        .member_status
+        .as_ref()
+        .map(|s| s.leader);
+    assert_ne!(new_id, old_id);
+    Ok(())
+}
+
+#[tokio::test]
+async fn node_metadata_routes_like_apid() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let mut cp = sim.machine("cp-1").await?;
+    // By IP and by name, through a control-plane endpoint.
+    let r = cp.version(to_node((), "10.5.0.11")?).await?.into_inner();
+    assert_eq!(
+        r.messages[0].version.as_ref().map(|v| v.tag.as_str()),
+        Some("v1.14.0")
+    );
+    let r = cp.version(to_node((), "w-2")?).await?.into_inner();
+    assert_eq!(
+        r.messages[0].version.as_ref().map(|v| v.tag.as_str()),
+        Some("v1.14.0")
+    );
+    // COSI and LifecycleService are routed too.
+    let mut state = StateClient::new(sim.channel("cp-1").await?);
+    let r = state
+        .get(to_node(
+            GetRequest {
+                namespace: "config".into(),
+                r#type: "MachineConfigs.config.talos.dev".into(),
+                id: "v1alpha1".into(),
+                options: None,
+            },
+            "10.5.0.11",
+        )?)
+        .await?
+        .into_inner();
+    let spec = r.resource.and_then(|r| r.spec).ok_or("no spec")?;
+    assert!(String::from_utf8(
+        MachineConfigSpec::decode(spec.proto_spec.as_slice())?.yaml_marshalled
+    )?
+    .contains("kind: KubeletConfig"));
+    // Workers refuse forwarding.
+    let mut w = sim.machine("w-1").await?;
+    let err = w
+        .version(to_node((), "cp-1")?)
+        .await
+        .err()
+        .ok_or("no forwarding")?;
+    assert_eq!(err.code(), Code::PermissionDenied);
+    assert_eq!(err.message(), "no request forwarding");
+    // A worker may still name itself.
+    assert!(w.version(to_node((), "10.5.0.10")?).await.is_ok());
+    // Unknown target, several values, a target with a port.
+    let err = cp
+        .version(to_node((), "10.9.9.9")?)
+        .await
+        .err()
+        .ok_or("unknown")?;
+    assert_eq!(err.code(), Code::Unavailable);
+    let mut req = Request::new(());
+    req.metadata_mut().append("node", "cp-2".parse()?);
+    req.metadata_mut().append("node", "cp-3".parse()?);
+    let err = cp.version(req).await.err().ok_or("multi-valued")?;
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let err = cp
+        .version(to_node((), "cp-2:50000")?)
+        .await
+        .err()
+        .ok_or("port")?;
+    assert_eq!(err.code(), Code::InvalidArgument);
+    // Control-plane-only APIs on a worker.
+    let err = cp
+        .etcd_member_list(to_node(m::EtcdMemberListRequest::default(), "w-1")?)
+        .await
+        .err()
+        .ok_or("worker has no etcd")?;
+    assert_eq!(err.code(), Code::Unimplemented);
+    Ok(())
+}
+
+#[tokio::test]
+async fn refusals_without_a_client_certificate_and_for_readers() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let addr = sim.addr("cp-1")?;
+    let ca = sim.twin.ca_pem().to_string();
+
+    // No client certificate: the handshake is refused (at connect or at the first call).
+    let refused = match connect(addr, None, &ca).await {
+        Err(_) => true,
+        Ok(ch) => MachineServiceClient::new(ch).version(()).await.is_err(),
+    };
+    assert!(
+        refused,
+        "a client without a certificate must not get an answer"
+    );
+
+    // A certificate from another CA is refused as well.
+    let other = ichor::sim::pki::CertificateAuthority::new(
+        "other",
+        None,
+        ichor::sim::pki::KeyAlgorithm::Ed25519,
+    )?;
+    let stranger =
+        other.issue_client("x", &["os:admin"], ichor::sim::pki::KeyAlgorithm::Ed25519)?;
+    let creds = Creds {
+        ca: ca.clone(),
+        crt: stranger.cert_pem,
+        key: stranger.key_pem,
+    };
+    let refused = match connect(addr, Some(&creds), &ca).await {
+        Err(_) => true,
+        Ok(ch) => MachineServiceClient::new(ch).version(()).await.is_err(),
+    };
+    assert!(
+        refused,
+        "a certificate from another CA must not get an answer"
+    );
+
+    // os:reader: read-only calls work, admin calls are PermissionDenied.
+    let reader = sim.reader()?;
+    let ch = connect(addr, Some(&reader), &reader.ca).await?;
+    let mut c = MachineServiceClient::new(ch.clone());
+    assert_eq!(version_tag(&mut c).await?, "v1.13.2");
+    assert!(c.service_list(()).await.is_ok());
+    assert!(c
+        .etcd_member_list(m::EtcdMemberListRequest::default())
+        .await
+        .is_ok());
+    for err in [
+        c.apply_configuration(apply("version: v1alpha1\n", Mode::NoReboot, true))
+            .await
+            .err(),
+        c.read(ReadRequest {
+            path: "/proc/sys/kernel/random/boot_id".into(),
+        })
+        .await
+        .err(),
+        c.reboot(RebootRequest::default()).await.err(),
+        c.upgrade(UpgradeRequest::default()).await.err(),
+        c.etcd_forfeit_leadership(m::EtcdForfeitLeadershipRequest {})
+            .await
+            .err(),
+    ] {
+        let err = err.ok_or("reader must be refused")?;
+        assert_eq!(err.code(), Code::PermissionDenied);
+        assert_eq!(err.message(), "not authorized");
+    }
+    // MachineConfig is a sensitive resource: admin only.
+    let err = machine_config(ch).await.err().ok_or("sensitive")?;
+    let status = err.downcast_ref::<tonic::Status>().ok_or("not a status")?;
+    assert_eq!(status.code(), Code::PermissionDenied);
+    Ok(())
+}
+
+#[tokio::test]
+async fn fault_a_node_that_never_returns() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    sim.twin.with_model(|m| m.set_never_return("w-1", true));
+    let mut w1 = sim.machine("w-1").await?;
+    w1.reboot(RebootRequest::default()).await?;
+    sim.clock.advance(S(3600));
+    let err = w1.version(()).await.err().ok_or("still down")?;
+    assert_eq!(err.code(), Code::Unavailable);
+    assert!(sim
+        .twin
+        .with_model(|m| m.node_by_name("w-1").is_some_and(|n| !n.ready())));
+    // Clearing the fault lets it finish booting.
+    sim.twin.with_model(|m| m.set_never_return("w-1", false));
+    sim.clock.advance(S(90));
+    assert_eq!(version_tag(&mut w1).await?, "v1.13.2");
+    Ok(())
+}
+
+#[tokio::test]
+async fn fault_a_slow_apply_exceeds_the_callers_deadline() -> TestResult {
+    let mut options = TalosTwinOptions::default();
+    options.faults.slow_apply.insert("cp-1".into(), S(600));
+    let sim = Sim::start_with(cluster("v1.13.2"), options).await?;
+    let mut cp = sim.machine("cp-1").await?;
+    let (config, version) = machine_config(sim.channel("cp-1").await?).await?;
+    let bumped = config.replace("kube-apiserver:v1.33.1", "kube-apiserver:v1.34.0");
+    let mut req = Request::new(apply(&bumped, Mode::NoReboot, false));
+    // The twin waits 600 simulated seconds that never pass; the wall-clock deadline fires.
+    req.set_timeout(Duration::from_millis(300));
+    let err = tokio::time::timeout(S(10), cp.apply_configuration(req))
+        .await?
+        .err()
+        .ok_or("the apply must not answer in time")?;
+    // tonic reports its own expired deadline as Cancelled "Timeout expired"; a Go client
+    // reports DeadlineExceeded. Either way the call did not complete.
+    assert!(
+        matches!(err.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{err:?}"
+    );
+    assert_eq!(machine_config(sim.channel("cp-1").await?).await?.1, version);
+    Ok(())
+}
+
+#[tokio::test]
+async fn machine_config_resource_and_custom_timings() -> TestResult {
+    let options = TalosTwinOptions {
+        timings: Timings {
+            reboot: S(10),
+            ..Timings::default()
+        },
+        ..TalosTwinOptions::default()
+    };
+    let sim = Sim::start_with(cluster("v1.11.5"), options).await?;
+    let mut state = StateClient::new(sim.channel("cp-1").await?);
+    let r = state
+        .get(GetRequest {
+            namespace: "config".into(),
+            r#type: "MachineConfigs.config.talos.dev".into(),
+            id: "v1alpha1".into(),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let res = r.resource.ok_or("no resource")?;
+    let md = res.metadata.ok_or("no metadata")?;
+    assert_eq!(
+        (md.namespace.as_str(), md.id.as_str()),
+        ("config", "v1alpha1")
+    );
+    // Before 1.12 yaml_spec is the raw config.
+    assert!(res
+        .spec
+        .ok_or("no spec")?
+        .yaml_spec
+        .starts_with("version: v1alpha1"));
+    let err = state
+        .get(GetRequest {
+            namespace: "config".into(),
+            r#type: "MachineConfigs.config.talos.dev".into(),
+            id: "nope".into(),
+            options: None,
+        })
+        .await
+        .err()
+        .ok_or("missing id")?;
+    assert_eq!(err.code(), Code::NotFound);
+
+    let mut cp = sim.machine("cp-1").await?;
+    cp.reboot(RebootRequest::default()).await?;
+    sim.clock.advance(S(10));
+    assert!(cp.version(()).await.is_ok());
+    Ok(())
+}
+
+#[tokio::test]
+async fn cosi_watch_reports_machine_config_changes() -> TestResult {
+    use ichor::talos::proto::cosi::resource::{EventType, WatchOptions, WatchRequest};
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let (config, _) = machine_config(sim.channel("cp-2").await?).await?;
+    let mut state = StateClient::new(sim.channel("cp-1").await?);
+    let mut watch = state
+        .watch(to_node(
+            WatchRequest {
+                namespace: "config".into(),
+                r#type: "MachineConfigs.config.talos.dev".into(),
+                id: Some("v1alpha1".into()),
+                options: Some(WatchOptions::default()),
+                api_version: 1,
+            },
+            "cp-2",
+        )?)
+        .await?
+        .into_inner();
+    let ready = watch.message().await?.ok_or("no first response")?;
+    assert!(ready.event.is_empty(), "empty first WatchResponse");
+    let created = watch.message().await?.ok_or("no initial event")?;
+    assert_eq!(created.event[0].event_type, EventType::Created as i32);
+    let v0 = created.event[0]
+        .resource
+        .as_ref()
+        .and_then(|r| r.metadata.as_ref())
+        .map(|m| m.version.clone());
+
+    let bumped = config.replace("kube-scheduler:v1.33.1", "kube-scheduler:v1.34.0");
+    sim.machine("cp-2")
+        .await?
+        .apply_configuration(apply(&bumped, Mode::NoReboot, false))
+        .await?;
+    let updated = watch.message().await?.ok_or("no update")?;
+    let e = &updated.event[0];
+    assert_eq!(e.event_type, EventType::Updated as i32);
+    let v1 = e
+        .resource
+        .as_ref()
+        .and_then(|r| r.metadata.as_ref())
+        .map(|m| m.version.clone());
+    assert_ne!(v1, v0, "the resource version moves with the config");
+    let spec = e
+        .resource
+        .as_ref()
+        .and_then(|r| r.spec.as_ref())
+        .ok_or("no spec")?;
+    let yaml = MachineConfigSpec::decode(spec.proto_spec.as_slice())?.yaml_marshalled;
+    assert_eq!(String::from_utf8(yaml)?, bumped);
+    Ok(())
+}
+
+#[tokio::test]
+async fn observations_follow_the_clock_without_any_call() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let before = sim.twin.observe();
+    let w1 = before.iter().find(|n| n.name == "w-1").ok_or("w-1")?;
+    assert!(w1.up && w1.ready && !w1.etcd_member);
+    assert_eq!(w1.kubelet_version, "v1.32.4");
+    assert_eq!(w1.talos_version, "v1.13.2");
+    let cp1 = before.iter().find(|n| n.name == "cp-1").ok_or("cp-1")?;
+    assert!(cp1.etcd_member && cp1.static_pods.len() == 3);
+    assert!(cp1.static_pods.iter().all(|p| p.ready));
+
+    sim.machine("w-1")
+        .await?
+        .reboot(RebootRequest::default())
+        .await?;
+    let mut changes = sim.twin.changes();
+    changes.borrow_and_update();
+    sim.clock.advance(S(90));
+    // The twin's driver applies the return on its own and announces it.
+    tokio::time::timeout(S(10), changes.changed()).await??;
+    let after = sim.twin.with_model(|m| m.observe());
+    let w1_after = after.iter().find(|n| n.name == "w-1").ok_or("w-1")?;
+    assert!(w1_after.ready);
+    assert_ne!(w1_after.boot_id, w1.boot_id);
+    Ok(())
+}
+
+#[tokio::test]
+async fn nodes_metadata_fans_out_unary_calls_like_apid() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    sim.machine("cp-3")
+        .await?
+        .reboot(RebootRequest::default())
+        .await?;
+    let mut cp = sim.machine("cp-1").await?;
+    let mut req = Request::new(());
+    for n in ["cp-1", "10.5.0.11", "cp-3", "10.9.9.9"] {
+        req.metadata_mut().append("nodes", n.parse()?);
+    }
+    let r = cp.version(req).await?.into_inner();
+    let rows: Vec<(String, String, Option<i32>, String)> = r
+        .messages
+        .iter()
+        .map(|v| {
+            let md = v.metadata.clone().unwrap_or_default();
+            (
+                md.hostname,
+                v.version
+                    .as_ref()
+                    .map(|v| v.tag.clone())
+                    .unwrap_or_default(),
+                md.status.map(|s| s.code),
+                md.error,
+            )
+        })
+        .collect();
+    assert_eq!(rows.len(), 4);
+    assert_eq!(
+        (rows[0].0.as_str(), rows[0].1.as_str()),
+        ("cp-1", "v1.13.2")
+    );
+    assert_eq!(
+        (rows[1].0.as_str(), rows[1].1.as_str()),
+        ("10.5.0.11", "v1.14.0")
+    );
+    assert!(rows[0].2.is_none() && rows[0].3.is_empty());
+    // Failing targets are reported in metadata while the call succeeds.
+    assert_eq!(rows[2].0, "cp-3");
+    assert_eq!(rows[2].2, Some(Code::Unavailable as i32));
+    assert!(!rows[2].3.is_empty());
+    assert_eq!(rows[3].2, Some(Code::Unavailable as i32));
+
+    // Workers cannot fan out; COSI refuses one-to-many.
+    let mut w = sim.machine("w-1").await?;
+    let mut req = Request::new(());
+    req.metadata_mut().append("nodes", "cp-1".parse()?);
+    let err = w.version(req).await.err().ok_or("no forwarding")?;
+    assert_eq!(err.code(), Code::PermissionDenied);
+    let mut state = StateClient::new(sim.channel("cp-1").await?);
+    let mut req = Request::new(GetRequest {
+        namespace: "config".into(),
+        r#type: "MachineConfigs.config.talos.dev".into(),
+        id: "v1alpha1".into(),
+        options: None,
+    });
+    req.metadata_mut().append("nodes", "cp-2".parse()?);
+    let err = state.get(req).await.err().ok_or("cosi one-to-many")?;
+    assert_eq!(err.code(), Code::InvalidArgument);
+    Ok(())
+}
+
+#[tokio::test]
+async fn legacy_upgrade_refusals_on_control_planes_and_failing_installer() -> TestResult {
+    let sim = Sim::start(cluster("v1.12.4")).await?;
+    let installer = "ghcr.io/siderolabs/installer:v1.13.0";
+    let up = |image: &str| UpgradeRequest {
+        image: image.into(),
+        ..Default::default()
+    };
+    sim.machine("cp-1").await?.upgrade(up(installer)).await?;
+    // One control plane at a time (the etcd mutex), unless forced.
+    let err = sim
+        .machine("cp-2")
+        .await?
+        .upgrade(up(installer))
+        .await
+        .err()
+        .ok_or("second control plane must wait")?;
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    // While cp-1 is down, etcd is not fully healthy: still refused.
+    sim.clock.advance(S(30));
+    let err = sim
+        .machine("cp-2")
+        .await?
+        .upgrade(up(installer))
+        .await
+        .err()
+        .ok_or("unhealthy etcd")?;
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    // A failing installer pull, and an upgrade path the installer refuses.
+    sim.twin
+        .with_model(|m| m.set_failing_image("ghcr.io/siderolabs/installer:v1.13.1", true));
+    let mut w1 = sim.machine("w-1").await?;
+    let err = w1
+        .upgrade(up("ghcr.io/siderolabs/installer:v1.13.1"))
+        .await
+        .err()
+        .ok_or("failing pull")?;
+    assert_eq!(err.code(), Code::NotFound);
+    let err = w1
+        .upgrade(up("ghcr.io/siderolabs/installer:v1.15.0"))
+        .await
+        .err()
+        .ok_or("too far")?;
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    Ok(())
+}
