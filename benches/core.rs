@@ -13,11 +13,10 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use git2::{Repository, Signature, Time};
 use ichor::gate;
-use ichor::git::Repo;
+use ichor::git::{write_tree, Repo};
 use ichor::plan::{plan, PlanOptions};
 use ichor::policy::{self, Policies};
 use ichor::releaseset::{Bump, Cluster, ReleaseSet};
-use ichor::sim::fixture::write_tree;
 
 const RELEASE_SET: &str = "apiVersion: ichor.dev/v1alpha1\nkind: ReleaseSet\nmetadata: {name: bench}\nspec:\n  talos: v1.12.6\n  kubernetes: v1.33.PATCH\n  cni: {name: cilium, version: 1.18.3}\n  addons:\n    - {name: cert-manager, version: v1.20.2}\n    - {name: longhorn, version: v1.10.3}\n";
 

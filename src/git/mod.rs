@@ -197,6 +197,33 @@ impl Repo {
     }
 }
 
+/// Write `files` (path → text) as a tree object, without a work tree or index on disk.
+/// Fixtures and benchmarks build history with it.
+pub fn write_tree(
+    repo: &Repository,
+    files: &std::collections::BTreeMap<String, String>,
+) -> Result<Oid, git2::Error> {
+    let mut index = git2::Index::new()?;
+    for (path, text) in files {
+        let id = repo.blob(text.as_bytes())?;
+        index.add(&git2::IndexEntry {
+            ctime: git2::IndexTime::new(0, 0),
+            mtime: git2::IndexTime::new(0, 0),
+            dev: 0,
+            ino: 0,
+            mode: 0o100644,
+            uid: 0,
+            gid: 0,
+            file_size: text.len() as u32,
+            id,
+            flags: 0,
+            flags_extended: 0,
+            path: path.as_bytes().to_vec(),
+        })?;
+    }
+    index.write_tree_to(repo)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,26 +234,11 @@ mod tests {
         parent: Option<Oid>,
         refname: &str,
     ) -> Oid {
-        let mut index = git2::Index::new().unwrap();
-        for (path, text) in files {
-            let blob = repo.blob(text.as_bytes()).unwrap();
-            let entry = git2::IndexEntry {
-                ctime: git2::IndexTime::new(0, 0),
-                mtime: git2::IndexTime::new(0, 0),
-                dev: 0,
-                ino: 0,
-                mode: 0o100644,
-                uid: 0,
-                gid: 0,
-                file_size: text.len() as u32,
-                id: blob,
-                flags: 0,
-                flags_extended: 0,
-                path: path.as_bytes().to_vec(),
-            };
-            index.add(&entry).unwrap();
-        }
-        let tree = repo.find_tree(index.write_tree_to(repo).unwrap()).unwrap();
+        let files: std::collections::BTreeMap<String, String> = files
+            .iter()
+            .map(|(p, t)| (p.to_string(), t.to_string()))
+            .collect();
+        let tree = repo.find_tree(write_tree(repo, &files).unwrap()).unwrap();
         let sig = git2::Signature::now("t", "t@example.com").unwrap();
         let parents: Vec<git2::Commit> = parent
             .iter()

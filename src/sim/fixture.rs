@@ -12,6 +12,7 @@ use git2::{Oid, Repository, Signature, Time};
 use serde::Deserialize;
 
 use crate::clock::Timestamp;
+use crate::git::write_tree;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FixtureError {
@@ -247,29 +248,6 @@ impl Fixture {
             &refs,
         )?)
     }
-}
-
-/// Write `files` as a tree (no work tree or index involved).
-pub fn write_tree(repo: &Repository, files: &BTreeMap<String, String>) -> Result<Oid, git2::Error> {
-    let mut index = git2::Index::new()?;
-    for (path, text) in files {
-        let id = repo.blob(text.as_bytes())?;
-        index.add(&git2::IndexEntry {
-            ctime: git2::IndexTime::new(0, 0),
-            mtime: git2::IndexTime::new(0, 0),
-            dev: 0,
-            ino: 0,
-            mode: 0o100644,
-            uid: 0,
-            gid: 0,
-            file_size: text.len() as u32,
-            id,
-            flags: 0,
-            flags_extended: 0,
-            path: path.as_bytes().to_vec(),
-        })?;
-    }
-    index.write_tree_to(repo)
 }
 
 fn snapshot(
