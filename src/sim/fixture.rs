@@ -55,12 +55,18 @@ pub struct CommitSpec {
     pub tag: Option<String>,
 }
 
+/// One change to a file: replace the single occurrence of `find` with `replace`, or, with
+/// `content`, write the whole file (creating it).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Edit {
     pub file: String,
+    #[serde(default)]
     pub find: String,
+    #[serde(default)]
     pub replace: String,
+    #[serde(default)]
+    pub content: Option<String>,
 }
 
 /// What `ichor check` is expected to say about a branch.
@@ -201,6 +207,10 @@ impl Fixture {
         refname: Option<&str>,
     ) -> Result<Oid, FixtureError> {
         for e in &c.edits {
+            if let Some(content) = &e.content {
+                files.insert(e.file.clone(), content.clone());
+                continue;
+            }
             let text = files.get_mut(&e.file).ok_or_else(|| {
                 FixtureError::History(format!("commit {:?}: no file {}", c.message, e.file))
             })?;

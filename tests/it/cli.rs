@@ -378,3 +378,59 @@ fn demo_runs_end_to_end() {
     assert!(out.contains("Kubernetes 1.34 is blocked on cilium >= 1.19"));
     assert!(out.contains("The staged plan ichor would run"));
 }
+
+#[test]
+fn a_change_cannot_relax_the_policies_it_is_judged_by() {
+    let (code, v) = check_json("main", "feat/kubernetes-1.34-with-local-policy");
+    assert_eq!(code, 1, "{v:#}");
+    assert_eq!(item(&v, "cni")["status"], "fail");
+    let policies = item(&v, "policies");
+    assert_eq!(policies["status"], "warn");
+    assert!(policies["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("base revision's policies"));
+}
+
+#[test]
+fn repository_policies_at_the_base_are_applied() {
+    // Once the local row is merged, the same bump passes: build that history.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("r");
+    let mut fixture = Fixture::homelab();
+    let branch = fixture
+        .history
+        .branches
+        .iter()
+        .find(|b| b.name == "feat/kubernetes-1.34-with-local-policy")
+        .cloned()
+        .expect("branch");
+    let mut policy_only = branch.commits[0].clone();
+    policy_only.edits.remove(0);
+    policy_only.date = "2026-11-25T08:00:00Z".into();
+    policy_only.message = "Local cilium compatibility row".into();
+    fixture.history.main.push(policy_only);
+    fixture
+        .history
+        .branches
+        .retain(|b| b.name == "renovate/ghcr.io-siderolabs-kubelet-1.x");
+    fixture.build(&path).expect("build");
+    let o = ichor(&[
+        "check",
+        "--repo",
+        &path.to_string_lossy(),
+        "--base",
+        "main",
+        "--head",
+        "renovate/ghcr.io-siderolabs-kubelet-1.x",
+        "--output",
+        "json",
+    ]);
+    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    let cni = item(&v, "cni");
+    assert_eq!(cni["status"], "pass", "{v:#}");
+    assert!(
+        cni["source"].as_str().unwrap_or("").contains("our lab"),
+        "{cni}"
+    );
+}
