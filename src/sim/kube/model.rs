@@ -1,0 +1,977 @@
+//! The simulated cluster behind the API: the store plus the controllers the twin plays
+//! (ReplicaSet, StatefulSet, Deployment, DaemonSet, scheduler, PDB status, Longhorn
+//! replicas), faults, and the Eviction API. Everything runs on timestamps passed in, so a
+//! manual clock makes it deterministic: a change is applied when `sync(now)` reaches its time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::resources::{by_kind, ResourceType};
+use super::select::{FieldSelector, LabelSelector};
+use super::store::{name_of, namespace_of, ApiError, Store};
+use crate::clock::Timestamp;
+
+/// How fast the simulated controllers react.
+#[derive(Debug, Clone)]
+pub struct Behaviour {
+    /// From a pod's creation (after an eviction or loss) until it runs Ready on a node.
+    pub pod_start_delay: Duration,
+    /// From a Longhorn volume becoming degraded until its lost replica is rebuilt elsewhere.
+    pub replica_rebuild_delay: Duration,
+    /// Watch events kept for `watch` with a resourceVersion; older ones get 410 Expired.
+    pub watch_history: usize,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Behaviour {
+            pod_start_delay: Duration::from_secs(10),
+            replica_rebuild_delay: Duration::from_secs(120),
+            watch_history: 10_000,
+        }
+    }
+}
+
+/// Injected failures.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// PDBs (namespace, name) that never allow a disruption.
+    pub pdb_never_allows: BTreeSet<(String, String)>,
+    /// Fail the next N API requests with `burst_code`.
+    pub burst_remaining: u32,
+    /// 500 (InternalError) or 429 (TooManyRequests, with Retry-After).
+    pub burst_code: u16,
+    pub retry_after_secs: u64,
+}
+
+/// A sample of `apiserver_requested_deprecated_apis`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeprecatedApi {
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    pub subresource: String,
+    pub removed_release: String,
+}
+
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+
+/// The simulated cluster: objects and the controllers acting on them.
+pub struct Cluster {
+    pub store: Store,
+    pub behaviour: Behaviour,
+    pub faults: Faults,
+    pub deprecated_apis: Vec<DeprecatedApi>,
+    /// Pods waiting to start: (namespace, name) → when they were created.
+    pending: BTreeMap<(String, String), Timestamp>,
+    /// Longhorn volumes (namespace, name) → since when they are degraded.
+    degraded_since: BTreeMap<(String, String), Timestamp>,
+    now: Timestamp,
+}
+
+fn rt(plural: &str) -> &'static ResourceType {
+    // Every plural the model names is in RESOURCES; a typo is a programming error caught by
+    // the unit tests, so fall back to the first entry rather than panic.
+    super::resources::by_plural(plural).unwrap_or(&super::resources::RESOURCES[0])
+}
+
+fn all_labels() -> (LabelSelector, FieldSelector) {
+    (LabelSelector::default(), FieldSelector::default())
+}
+
+/// Parse `2026-01-01T00:00:00Z` (fractions ignored) back to a timestamp.
+pub fn parse_time(s: &str) -> Option<Timestamp> {
+    let b = s.as_bytes();
+    if b.len() < 19 {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    // Days from civil, Howard Hinnant's algorithm.
+    let y2 = if mo <= 2 { y - 1 } else { y };
+    let era = if y2 >= 0 { y2 } else { y2 - 399 } / 400;
+    let yoe = y2 - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + mi * 60 + se;
+    u64::try_from(secs).ok().map(|s| Timestamp(s * 1000))
+}
+
+/// MicroTime as Leases carry it.
+pub fn micro_time(now: Timestamp) -> String {
+    let base = now.rfc3339();
+    format!("{}.{:06}Z", base.trim_end_matches('Z'), (now.0 % 1000) * 1000)
+}
+
+pub fn is_ready(obj: &Value) -> bool {
+    condition(obj, "Ready") == Some("True")
+}
+
+pub fn condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a str> {
+    obj.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(kind))?
+        .get("status")?
+        .as_str()
+}
+
+/// Set a condition, moving lastTransitionTime only when the status changes.
+pub fn set_condition(obj: &mut Value, kind: &str, status: bool, reason: &str, now: Timestamp) {
+    let status = if status { "True" } else { "False" };
+    if !obj["status"]["conditions"].is_array() {
+        obj["status"]["conditions"] = json!([]);
+    }
+    let Some(conds) = obj["status"]["conditions"].as_array_mut() else { return };
+    let t = now.rfc3339();
+    if let Some(c) = conds
+        .iter_mut()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(kind))
+    {
+        if c.get("status").and_then(Value::as_str) != Some(status) {
+            c["status"] = json!(status);
+            c["lastTransitionTime"] = json!(t);
+            c["reason"] = json!(reason);
+        }
+        if c.get("lastHeartbeatTime").is_some() {
+            c["lastHeartbeatTime"] = json!(t);
+        }
+    } else {
+        conds.push(json!({"type": kind, "status": status, "reason": reason, "lastTransitionTime": t}));
+    }
+}
+
+/// The owner with `controller: true`: (kind, name).
+pub fn controller_of(pod: &Value) -> Option<(String, String)> {
+    pod.pointer("/metadata/ownerReferences")?
+        .as_array()?
+        .iter()
+        .find(|o| o.get("controller").and_then(Value::as_bool) == Some(true))
+        .map(|o| {
+            (
+                o.get("kind").and_then(Value::as_str).unwrap_or("").to_string(),
+                o.get("name").and_then(Value::as_str).unwrap_or("").to_string(),
+            )
+        })
+}
+
+pub fn is_mirror(pod: &Value) -> bool {
+    pod.pointer("/metadata/annotations")
+        .and_then(|a| a.get(MIRROR_ANNOTATION))
+        .is_some()
+}
+
+fn node_of(pod: &Value) -> &str {
+    pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("")
+}
+
+fn replicas_of(obj: &Value) -> u64 {
+    obj.pointer("/spec/replicas").and_then(Value::as_u64).unwrap_or(1)
+}
+
+fn owner_ref(obj: &Value) -> Value {
+    json!({
+        "apiVersion": obj.get("apiVersion").cloned().unwrap_or(Value::Null),
+        "kind": obj.get("kind").cloned().unwrap_or(Value::Null),
+        "name": name_of(obj),
+        "uid": obj.pointer("/metadata/uid").cloned().unwrap_or(Value::Null),
+        "controller": true,
+        "blockOwnerDeletion": true,
+    })
+}
+
+/// An int-or-percent against a total; percentages round up, as the disruption controller does.
+fn scaled(v: &Value, total: u64) -> Option<u64> {
+    match v {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => {
+            let p: u64 = s.strip_suffix('%')?.trim().parse().ok()?;
+            Some((p * total).div_ceil(100))
+        }
+        _ => None,
+    }
+}
+
+impl Cluster {
+    pub fn new(behaviour: Behaviour, now: Timestamp) -> Self {
+        Cluster {
+            store: Store::new(behaviour.watch_history),
+            behaviour,
+            faults: Faults::default(),
+            deprecated_apis: Vec::new(),
+            pending: BTreeMap::new(),
+            degraded_since: BTreeMap::new(),
+            now,
+        }
+    }
+
+    /// The last time the model was synced to.
+    pub fn now(&self) -> Timestamp {
+        self.now
+    }
+
+    // ---- plain library API -------------------------------------------------------------
+
+    /// Create or replace an object by its apiVersion/kind (no resourceVersion check).
+    pub fn upsert(&mut self, obj: Value, now: Timestamp) -> Result<Value, ApiError> {
+        let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+        let Some(rt) = by_kind(api_version, kind) else {
+            return Err(ApiError::bad_request(format!(
+                "no resource served for apiVersion {api_version:?} kind {kind:?}"
+            )));
+        };
+        let out = self.store.upsert(rt, obj, now)?;
+        self.after_change(rt.plural, &out, now);
+        self.sync(now);
+        Ok(out)
+    }
+
+    pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        let rt = super::resources::by_plural(plural)?;
+        self.store.get(rt.plural, namespace, name).cloned()
+    }
+
+    pub fn list(&self, plural: &str, namespace: Option<&str>) -> Vec<Value> {
+        let Some(rt) = super::resources::by_plural(plural) else { return Vec::new() };
+        let (l, f) = all_labels();
+        self.store.list(rt.plural, namespace, &l, &f)
+    }
+
+    pub fn delete(&mut self, plural: &str, namespace: &str, name: &str, now: Timestamp) -> Result<Value, ApiError> {
+        let rt = Store::rt(plural)?;
+        let out = self.store.delete(rt, namespace, name)?;
+        self.pending.remove(&(namespace.to_string(), name.to_string()));
+        self.sync(now);
+        Ok(out)
+    }
+
+    /// Set a node's Ready condition. Pods on a NotReady node stay but report not Ready.
+    pub fn set_node_ready(&mut self, node: &str, ready: bool, now: Timestamp) -> Result<(), ApiError> {
+        let rt = rt("nodes");
+        let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
+            return Err(ApiError::not_found(rt, node));
+        };
+        let (reason, _msg) = if ready {
+            ("KubeletReady", "kubelet is posting ready status")
+        } else {
+            ("NodeStatusUnknown", "Kubelet stopped posting node status.")
+        };
+        set_condition(&mut n, "Ready", ready, reason, now);
+        self.store.update(rt, "", node, n)?;
+        for pod in self.pods_on(node) {
+            let mut p = pod.clone();
+            // Only pods that run (not pending) follow their node's readiness.
+            if p.pointer("/status/phase").and_then(Value::as_str) == Some("Running") {
+                set_condition(&mut p, "Ready", ready, if ready { "" } else { "NodeNotReady" }, now);
+                let _ = self.store.update(rt_pods(), namespace_of(&pod), name_of(&pod), p);
+            }
+        }
+        if ready {
+            self.replicas_on_node(node, "running", now);
+        }
+        self.sync(now);
+        Ok(())
+    }
+
+    /// The node went down (reboot, crash): NotReady, every pod on it lost except mirror pods
+    /// (which stay, not Ready, as the apiserver keeps them), Longhorn replicas on it stopped.
+    pub fn node_down(&mut self, node: &str, now: Timestamp) -> Result<(), ApiError> {
+        self.set_node_ready(node, false, now)?;
+        for pod in self.pods_on(node) {
+            if !is_mirror(&pod) {
+                let ns = namespace_of(&pod).to_string();
+                let name = name_of(&pod).to_string();
+                let _ = self.store.delete(rt_pods(), &ns, &name);
+            }
+        }
+        self.replicas_on_node(node, "stopped", now);
+        self.sync(now);
+        Ok(())
+    }
+
+    /// The node is back: Ready, its stopped replicas (if not yet replaced) running again.
+    pub fn node_up(&mut self, node: &str, now: Timestamp) -> Result<(), ApiError> {
+        self.set_node_ready(node, true, now)
+    }
+
+    /// Cordon (`true`) or uncordon a node.
+    pub fn set_unschedulable(&mut self, node: &str, unschedulable: bool, now: Timestamp) -> Result<(), ApiError> {
+        let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
+            return Err(ApiError::not_found(rt("nodes"), node));
+        };
+        if unschedulable {
+            n["spec"]["unschedulable"] = json!(true);
+        } else if let Some(spec) = n.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.remove("unschedulable");
+        }
+        self.store.update(rt("nodes"), "", node, n)?;
+        self.sync(now);
+        Ok(())
+    }
+
+    /// The kubelet restarted with a new version.
+    pub fn set_kubelet_version(&mut self, node: &str, version: &str, now: Timestamp) -> Result<(), ApiError> {
+        let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
+            return Err(ApiError::not_found(rt("nodes"), node));
+        };
+        n["status"]["nodeInfo"]["kubeletVersion"] = json!(version);
+        self.store.update(rt("nodes"), "", node, n)?;
+        self.sync(now);
+        Ok(())
+    }
+
+    /// The OS image the node reports, e.g. `Talos (v1.11.3)`.
+    pub fn set_os_image(&mut self, node: &str, os_image: &str, now: Timestamp) -> Result<(), ApiError> {
+        let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
+            return Err(ApiError::not_found(rt("nodes"), node));
+        };
+        n["status"]["nodeInfo"]["osImage"] = json!(os_image);
+        self.store.update(rt("nodes"), "", node, n)?;
+        self.sync(now);
+        Ok(())
+    }
+
+    /// Another holder takes the Lease (fault: a stolen lock).
+    pub fn steal_lease(&mut self, namespace: &str, name: &str, holder: &str, now: Timestamp) -> Result<Value, ApiError> {
+        let rt = rt("leases");
+        let Some(mut l) = self.store.get("leases", namespace, name).cloned() else {
+            return Err(ApiError::not_found(rt, name));
+        };
+        let transitions = l.pointer("/spec/leaseTransitions").and_then(Value::as_u64).unwrap_or(0);
+        l["spec"]["holderIdentity"] = json!(holder);
+        l["spec"]["acquireTime"] = json!(micro_time(now));
+        l["spec"]["renewTime"] = json!(micro_time(now));
+        l["spec"]["leaseTransitions"] = json!(transitions + 1);
+        if let Some(m) = l.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+        }
+        self.store.update(rt, namespace, name, l)
+    }
+
+    /// Fault: this PDB never allows a disruption (or allows again with `false`).
+    pub fn set_pdb_never_allows(&mut self, namespace: &str, name: &str, on: bool, now: Timestamp) {
+        let key = (namespace.to_string(), name.to_string());
+        if on {
+            self.faults.pdb_never_allows.insert(key);
+        } else {
+            self.faults.pdb_never_allows.remove(&key);
+        }
+        self.sync(now);
+    }
+
+    /// Fault: fail the next `n` API requests with 500, or 429 with `Retry-After`.
+    pub fn fail_next_requests(&mut self, n: u32, code: u16, retry_after_secs: u64) {
+        self.faults.burst_remaining = n;
+        self.faults.burst_code = code;
+        self.faults.retry_after_secs = retry_after_secs;
+    }
+
+    /// Take one injected failure for a request, if a burst is running.
+    pub fn take_burst(&mut self) -> Option<(u16, u64)> {
+        if self.faults.burst_remaining == 0 {
+            return None;
+        }
+        self.faults.burst_remaining -= 1;
+        Some((self.faults.burst_code, self.faults.retry_after_secs))
+    }
+
+    // ---- the Eviction API --------------------------------------------------------------
+
+    /// POST pods/eviction (policy/v1): the pod is deleted when no PDB covers it or the
+    /// one PDB that does allows it; 429 with the DisruptionBudget cause when it blocks; 500
+    /// when several PDBs match. Returns the success Status.
+    pub fn evict(&mut self, namespace: &str, name: &str, eviction: &Value, now: Timestamp) -> Result<Value, ApiError> {
+        self.sync(now);
+        let pods = rt_pods();
+        let Some(pod) = self.store.get("pods", namespace, name).cloned() else {
+            return Err(ApiError::not_found(pods, name));
+        };
+        if let Some(uid) = eviction.pointer("/deleteOptions/preconditions/uid").and_then(Value::as_str) {
+            if pod.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid) {
+                return Err(ApiError::conflict(pods, name));
+            }
+        }
+        let dry_run = eviction
+            .pointer("/deleteOptions/dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|v| v == "All"));
+        let success = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                             "status": "Success", "code": 200});
+        let phase = pod.pointer("/status/phase").and_then(Value::as_str).unwrap_or("");
+        let terminal = matches!(phase, "Succeeded" | "Failed");
+        let pdbs: Vec<Value> = if terminal {
+            Vec::new()
+        } else {
+            self.store
+                .list("poddisruptionbudgets", Some(namespace), &LabelSelector::default(), &FieldSelector::default())
+                .into_iter()
+                .filter(|pdb| {
+                    LabelSelector::from_object(pdb.pointer("/spec/selector").unwrap_or(&Value::Null))
+                        .is_some_and(|s| s.matches_object(&pod))
+                })
+                .collect()
+        };
+        if pdbs.len() > 1 {
+            return Err(ApiError::new(
+                500,
+                "InternalError",
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+            ));
+        }
+        if let Some(pdb) = pdbs.first() {
+            let pdb_name = name_of(pdb).to_string();
+            let generation = pdb.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
+            let observed = pdb.pointer("/status/observedGeneration").and_then(Value::as_i64).unwrap_or(-1);
+            let too_many = |cause: String| ApiError {
+                details: Some(json!({"causes": [{"reason": "DisruptionBudget", "message": cause}]})),
+                ..ApiError::new(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
+            };
+            if observed < generation {
+                return Err(too_many(format!(
+                    "The disruption budget {pdb_name} is still being processed by the server."
+                )));
+            }
+            let allowed = pdb.pointer("/status/disruptionsAllowed").and_then(Value::as_i64).unwrap_or(0);
+            let current = pdb.pointer("/status/currentHealthy").and_then(Value::as_i64).unwrap_or(0);
+            let desired = pdb.pointer("/status/desiredHealthy").and_then(Value::as_i64).unwrap_or(0);
+            if allowed < 0 {
+                return Err(ApiError::new(403, "Forbidden", "pdb disruptions allowed is negative"));
+            }
+            let running_unready = phase == "Running" && !is_ready(&pod);
+            let policy = pdb
+                .pointer("/spec/unhealthyPodEvictionPolicy")
+                .and_then(Value::as_str)
+                .unwrap_or("IfHealthyBudget");
+            let ok = if running_unready {
+                policy == "AlwaysAllow" || current >= desired
+            } else {
+                allowed > 0
+            };
+            if !ok {
+                return Err(too_many(format!(
+                    "The disruption budget {pdb_name} needs {desired} healthy pods and has {current} currently"
+                )));
+            }
+        }
+        if !dry_run {
+            self.store.delete(pods, namespace, name)?;
+            self.pending.remove(&(namespace.to_string(), name.to_string()));
+            self.record_event(&pod, "Evicted", "Eviction API: pod evicted", now);
+            self.sync(now);
+        }
+        Ok(success)
+    }
+
+    /// Record a core/v1 Event about an object.
+    pub fn record_event(&mut self, about: &Value, reason: &str, message: &str, now: Timestamp) {
+        let ns = match namespace_of(about) {
+            "" => "default",
+            ns => ns,
+        }
+        .to_string();
+        let ev = json!({
+            "metadata": {"generateName": format!("{}.", name_of(about)), "namespace": ns},
+            "involvedObject": {
+                "apiVersion": about.get("apiVersion").cloned().unwrap_or(Value::Null),
+                "kind": about.get("kind").cloned().unwrap_or(Value::Null),
+                "name": name_of(about), "namespace": namespace_of(about),
+                "uid": about.pointer("/metadata/uid").cloned().unwrap_or(Value::Null),
+            },
+            "reason": reason, "message": message, "type": "Normal", "count": 1,
+            "firstTimestamp": now.rfc3339(), "lastTimestamp": now.rfc3339(),
+            "source": {"component": "ichor-twin"},
+        });
+        let _ = self.store.create(rt("events"), &ns, ev, now);
+    }
+
+    // ---- the controllers -----------------------------------------------------------------
+
+    /// Called after an object changed through the API or the library.
+    pub fn after_change(&mut self, plural: &str, obj: &Value, now: Timestamp) {
+        if plural == "pods" && obj.pointer("/status/phase").and_then(Value::as_str) == Some("Pending") {
+            self.pending
+                .entry((namespace_of(obj).to_string(), name_of(obj).to_string()))
+                .or_insert(now);
+        }
+    }
+
+    /// Apply everything due at `now`, in order, until nothing changes.
+    pub fn sync(&mut self, now: Timestamp) {
+        if now > self.now {
+            self.now = now;
+        }
+        let now = self.now;
+        // A handful of passes reach a fixed point: deployments → replicasets → pods → status.
+        for _ in 0..4 {
+            let before = self.store.resource_version();
+            self.deployments(now);
+            self.replica_sets(now);
+            self.stateful_sets(now);
+            self.daemon_sets(now);
+            self.start_pending(now);
+            self.longhorn(now);
+            self.statuses(now);
+            if self.store.resource_version() == before {
+                break;
+            }
+        }
+    }
+
+    /// Advance the model to `now` (same as `sync`).
+    pub fn advance_to(&mut self, now: Timestamp) {
+        self.sync(now)
+    }
+
+    fn pods_on(&self, node: &str) -> Vec<Value> {
+        self.store
+            .all("pods")
+            .into_iter()
+            .filter(|p| node_of(p) == node)
+            .collect()
+    }
+
+    fn pods_of(&self, namespace: &str, kind: &str, name: &str) -> Vec<Value> {
+        self.store
+            .list("pods", Some(namespace), &LabelSelector::default(), &FieldSelector::default())
+            .into_iter()
+            .filter(|p| controller_of(p).is_some_and(|(k, n)| k == kind && n == name))
+            .collect()
+    }
+
+    /// A node pods can be scheduled on: Ready, not cordoned, no NoSchedule taint.
+    fn schedulable(node: &Value) -> bool {
+        let cordoned = node.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true);
+        let tainted = node
+            .pointer("/spec/taints")
+            .and_then(Value::as_array)
+            .is_some_and(|ts| ts.iter().any(|t| t.get("effect").and_then(Value::as_str) == Some("NoSchedule")));
+        is_ready(node) && !cordoned && !tainted
+    }
+
+    fn new_pod(&mut self, owner: &Value, name: String, node: Option<&str>, now: Timestamp) {
+        let template = owner.pointer("/spec/template").cloned().unwrap_or(json!({}));
+        let ns = namespace_of(owner).to_string();
+        let mut pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": name, "namespace": ns,
+                "labels": template.pointer("/metadata/labels").cloned().unwrap_or(json!({})),
+                "ownerReferences": [owner_ref(owner)],
+            },
+            "spec": template.get("spec").cloned().unwrap_or(json!({})),
+            "status": {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": if node.is_some() {"True"} else {"False"}}]},
+        });
+        if let Some(a) = template.pointer("/metadata/annotations") {
+            pod["metadata"]["annotations"] = a.clone();
+        }
+        if let Some(n) = node {
+            pod["spec"]["nodeName"] = json!(n);
+        }
+        if let Ok(p) = self.store.create(rt_pods(), &ns, pod, now) {
+            self.pending.insert((ns, name_of(&p).to_string()), now);
+        }
+    }
+
+    fn deployments(&mut self, now: Timestamp) {
+        for d in self.store.all("deployments") {
+            let ns = namespace_of(&d).to_string();
+            let want = replicas_of(&d);
+            for rs in self.store.list("replicasets", Some(&ns), &LabelSelector::default(), &FieldSelector::default()) {
+                if controller_of(&rs).is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d)) && replicas_of(&rs) != want {
+                    let mut rs2 = rs.clone();
+                    rs2["spec"]["replicas"] = json!(want);
+                    if let Some(m) = rs2.get_mut("metadata").and_then(Value::as_object_mut) {
+                        m.remove("resourceVersion");
+                    }
+                    let _ = self.store.update(rt("replicasets"), &ns, name_of(&rs), rs2);
+                }
+            }
+        }
+        let _ = now;
+    }
+
+    fn replica_sets(&mut self, now: Timestamp) {
+        for rs in self.store.all("replicasets") {
+            let ns = namespace_of(&rs).to_string();
+            let have = self.pods_of(&ns, "ReplicaSet", name_of(&rs));
+            let want = replicas_of(&rs) as usize;
+            for _ in have.len()..want {
+                let name = format!("{}-{}", name_of(&rs), self.store.suffix());
+                self.new_pod(&rs, name, None, now);
+            }
+            // Scale down: drop the newest extra pods.
+            for p in have.iter().skip(want) {
+                let _ = self.store.delete(rt_pods(), &ns, name_of(p));
+            }
+        }
+    }
+
+    fn stateful_sets(&mut self, now: Timestamp) {
+        for sts in self.store.all("statefulsets") {
+            let ns = namespace_of(&sts).to_string();
+            for i in 0..replicas_of(&sts) {
+                let name = format!("{}-{}", name_of(&sts), i);
+                if self.store.get("pods", &ns, &name).is_none() {
+                    self.new_pod(&sts, name, None, now);
+                }
+            }
+        }
+    }
+
+    fn daemon_sets(&mut self, now: Timestamp) {
+        let nodes = self.store.all("nodes");
+        for ds in self.store.all("daemonsets") {
+            let ns = namespace_of(&ds).to_string();
+            let have = self.pods_of(&ns, "DaemonSet", name_of(&ds));
+            for node in nodes.iter().filter(|n| is_ready(n)) {
+                if !have.iter().any(|p| node_of(p) == name_of(node)) {
+                    let name = format!("{}-{}", name_of(&ds), self.store.suffix());
+                    self.new_pod(&ds, name, Some(name_of(node)), now);
+                }
+            }
+            // Pods of a node that no longer exists are garbage.
+            for p in have.iter().filter(|p| !nodes.iter().any(|n| name_of(n) == node_of(p))) {
+                let _ = self.store.delete(rt_pods(), &ns, name_of(p));
+            }
+        }
+    }
+
+    /// The node a pending pod may run on, for pods bound by PV node affinity (local-path).
+    fn pinned_node(&self, pod: &Value) -> Option<String> {
+        let vols = pod.pointer("/spec/volumes")?.as_array()?;
+        for v in vols {
+            let Some(claim) = v.pointer("/persistentVolumeClaim/claimName").and_then(Value::as_str) else { continue };
+            let ns = namespace_of(pod);
+            let pv = self.store.all("persistentvolumes").into_iter().find(|pv| {
+                pv.pointer("/spec/claimRef/name").and_then(Value::as_str) == Some(claim)
+                    && pv.pointer("/spec/claimRef/namespace").and_then(Value::as_str) == Some(ns)
+            })?;
+            let node = pv
+                .pointer("/spec/nodeAffinity/required/nodeSelectorTerms/0/matchExpressions/0/values/0")
+                .and_then(Value::as_str)?;
+            return Some(node.to_string());
+        }
+        None
+    }
+
+    /// Start pods whose delay passed: pick a node if none, then Running and Ready.
+    fn start_pending(&mut self, now: Timestamp) {
+        let due: Vec<(String, String)> = self
+            .pending
+            .iter()
+            .filter(|(_, t)| t.plus(self.behaviour.pod_start_delay) <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let nodes = self.store.all("nodes");
+        for (ns, name) in due {
+            let Some(mut pod) = self.store.get("pods", &ns, &name).cloned() else {
+                self.pending.remove(&(ns, name));
+                continue;
+            };
+            let node_name = match node_of(&pod) {
+                "" => {
+                    let pinned = self.pinned_node(&pod);
+                    let owner = controller_of(&pod);
+                    let candidates: Vec<&Value> = nodes
+                        .iter()
+                        .filter(|n| Self::schedulable(n))
+                        .filter(|n| pinned.as_deref().is_none_or(|p| p == name_of(n)))
+                        .collect();
+                    // Spread: fewest pods of the same owner, then fewest pods, then name.
+                    let best = candidates.into_iter().min_by_key(|n| {
+                        let on = self.pods_on(name_of(n));
+                        let same = on.iter().filter(|p| owner.is_some() && controller_of(p) == owner).count();
+                        (same, on.len(), name_of(n).to_string())
+                    });
+                    match best {
+                        Some(n) => name_of(n).to_string(),
+                        None => continue,
+                    }
+                }
+                n => {
+                    if !nodes.iter().any(|x| name_of(x) == n && is_ready(x)) {
+                        continue;
+                    }
+                    n.to_string()
+                }
+            };
+            let node = nodes.iter().find(|n| name_of(n) == node_name);
+            let host_ip = node.and_then(internal_ip).unwrap_or_default();
+            let serial = self.store.resource_version();
+            pod["spec"]["nodeName"] = json!(node_name);
+            pod["status"]["phase"] = json!("Running");
+            pod["status"]["hostIP"] = json!(host_ip);
+            pod["status"]["podIP"] = json!(format!("10.244.{}.{}", (serial / 250) % 250, serial % 250 + 2));
+            pod["status"]["startTime"] = json!(now.rfc3339());
+            set_condition(&mut pod, "PodScheduled", true, "", now);
+            set_condition(&mut pod, "Initialized", true, "", now);
+            set_condition(&mut pod, "ContainersReady", true, "", now);
+            set_condition(&mut pod, "Ready", true, "", now);
+            pod["status"]["containerStatuses"] = container_statuses(&pod, now);
+            if let Some(m) = pod.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.remove("resourceVersion");
+            }
+            if self.store.update(rt_pods(), &ns, &name, pod).is_ok() {
+                self.pending.remove(&(ns, name));
+            }
+        }
+    }
+
+    fn replicas_on_node(&mut self, node: &str, state: &str, now: Timestamp) {
+        for r in self.store.all("replicas") {
+            if r.pointer("/spec/nodeID").and_then(Value::as_str) != Some(node) {
+                continue;
+            }
+            let mut r2 = r.clone();
+            r2["status"]["currentState"] = json!(state);
+            r2["spec"]["failedAt"] = json!(if state == "running" { String::new() } else { now.rfc3339() });
+            let _ = self.store.update(rt("replicas"), namespace_of(&r), name_of(&r), r2);
+        }
+    }
+
+    /// Longhorn: robustness from the running replicas; a degraded volume's stopped replica
+    /// is replaced on another Ready node once the rebuild delay passed.
+    fn longhorn(&mut self, now: Timestamp) {
+        let nodes = self.store.all("nodes");
+        for vol in self.store.all("volumes") {
+            let ns = namespace_of(&vol).to_string();
+            let vname = name_of(&vol).to_string();
+            let replicas: Vec<Value> = self
+                .store
+                .list("replicas", Some(&ns), &LabelSelector::default(), &FieldSelector::default())
+                .into_iter()
+                .filter(|r| r.pointer("/spec/volumeName").and_then(Value::as_str) == Some(vname.as_str()))
+                .collect();
+            let running = replicas
+                .iter()
+                .filter(|r| r.pointer("/status/currentState").and_then(Value::as_str) == Some("running"))
+                .count() as u64;
+            let want = vol.pointer("/spec/numberOfReplicas").and_then(Value::as_u64).unwrap_or(3);
+            let key = (ns.clone(), vname.clone());
+            if running < want && running > 0 {
+                let since = *self.degraded_since.entry(key.clone()).or_insert(now);
+                if since.plus(self.behaviour.replica_rebuild_delay) <= now {
+                    let used: BTreeSet<&str> = replicas
+                        .iter()
+                        .filter(|r| r.pointer("/status/currentState").and_then(Value::as_str) == Some("running"))
+                        .filter_map(|r| r.pointer("/spec/nodeID").and_then(Value::as_str))
+                        .collect();
+                    let has_workers = nodes.iter().any(|n| !is_control_plane(n));
+                    let target = nodes.iter().find(|n| {
+                        is_ready(n)
+                            && !used.contains(name_of(n))
+                            && (!has_workers || !is_control_plane(n))
+                    });
+                    let failed = replicas
+                        .iter()
+                        .find(|r| r.pointer("/status/currentState").and_then(Value::as_str) != Some("running"));
+                    if let Some(target) = target {
+                        if let Some(f) = failed {
+                            let _ = self.store.delete(rt("replicas"), &ns, name_of(f));
+                        }
+                        let r = replica_object(&ns, &vname, &format!("{}-r-{}", vname, self.store.suffix()), name_of(target));
+                        let _ = self.store.create(rt("replicas"), &ns, r, now);
+                        self.degraded_since.remove(&key);
+                    }
+                }
+            } else {
+                self.degraded_since.remove(&key);
+            }
+            let robustness = if running == 0 {
+                "faulted"
+            } else if running < want {
+                "degraded"
+            } else {
+                "healthy"
+            };
+            let attached = vol.pointer("/spec/nodeID").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
+            let state = if attached { "attached" } else { "detached" };
+            if vol.pointer("/status/robustness").and_then(Value::as_str) != Some(robustness)
+                || vol.pointer("/status/state").and_then(Value::as_str) != Some(state)
+            {
+                let mut v2 = vol.clone();
+                v2["status"]["robustness"] = json!(robustness);
+                v2["status"]["state"] = json!(state);
+                let _ = self.store.update(rt("volumes"), &ns, &vname, v2);
+            }
+        }
+    }
+
+    /// Status of PDBs, ReplicaSets, Deployments, StatefulSets and DaemonSets from the pods.
+    fn statuses(&mut self, _now: Timestamp) {
+        let pods = self.store.all("pods");
+        let owned = |ns: &str, kind: &str, name: &str| -> Vec<&Value> {
+            pods.iter()
+                .filter(|p| namespace_of(p) == ns && controller_of(p).is_some_and(|(k, n)| k == kind && n == name))
+                .collect()
+        };
+        let mut updates: Vec<(&'static str, Value)> = Vec::new();
+        for kind in ["ReplicaSet", "StatefulSet"] {
+            let plural = if kind == "ReplicaSet" { "replicasets" } else { "statefulsets" };
+            for o in self.store.all(plural) {
+                let ps = owned(namespace_of(&o), kind, name_of(&o));
+                let ready = ps.iter().filter(|p| is_ready(p)).count();
+                let mut o2 = o.clone();
+                o2["status"]["replicas"] = json!(ps.len());
+                o2["status"]["readyReplicas"] = json!(ready);
+                o2["status"]["availableReplicas"] = json!(ready);
+                o2["status"]["currentReplicas"] = json!(ps.len());
+                o2["status"]["updatedReplicas"] = json!(ps.len());
+                o2["status"]["observedGeneration"] = o.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
+                updates.push((plural, o2));
+            }
+        }
+        for d in self.store.all("deployments") {
+            let ns = namespace_of(&d);
+            let rs_pods: Vec<&Value> = self
+                .store
+                .list("replicasets", Some(ns), &LabelSelector::default(), &FieldSelector::default())
+                .iter()
+                .filter(|rs| controller_of(rs).is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d)))
+                .flat_map(|rs| owned(ns, "ReplicaSet", name_of(rs)))
+                .collect();
+            let ready = rs_pods.iter().filter(|p| is_ready(p)).count();
+            let want = replicas_of(&d) as usize;
+            let mut d2 = d.clone();
+            d2["status"]["replicas"] = json!(rs_pods.len());
+            d2["status"]["readyReplicas"] = json!(ready);
+            d2["status"]["availableReplicas"] = json!(ready);
+            d2["status"]["updatedReplicas"] = json!(rs_pods.len());
+            d2["status"]["unavailableReplicas"] = json!(want.saturating_sub(ready));
+            d2["status"]["observedGeneration"] = d.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
+            updates.push(("deployments", d2));
+        }
+        let nodes = self.store.all("nodes");
+        for ds in self.store.all("daemonsets") {
+            let ps = owned(namespace_of(&ds), "DaemonSet", name_of(&ds));
+            let desired = nodes.iter().filter(|n| is_ready(n)).count();
+            let ready = ps.iter().filter(|p| is_ready(p)).count();
+            let mut ds2 = ds.clone();
+            ds2["status"]["desiredNumberScheduled"] = json!(desired);
+            ds2["status"]["currentNumberScheduled"] = json!(ps.len());
+            ds2["status"]["updatedNumberScheduled"] = json!(ps.len());
+            ds2["status"]["numberReady"] = json!(ready);
+            ds2["status"]["numberAvailable"] = json!(ready);
+            ds2["status"]["numberUnavailable"] = json!(desired.saturating_sub(ready));
+            ds2["status"]["numberMisscheduled"] = json!(0);
+            ds2["status"]["observedGeneration"] = ds.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
+            updates.push(("daemonsets", ds2));
+        }
+        for pdb in self.store.all("poddisruptionbudgets") {
+            let ns = namespace_of(&pdb).to_string();
+            let selector = LabelSelector::from_object(pdb.pointer("/spec/selector").unwrap_or(&Value::Null));
+            let matched: Vec<&Value> = pods
+                .iter()
+                .filter(|p| namespace_of(p) == ns && selector.as_ref().is_some_and(|s| s.matches_object(p)))
+                .collect();
+            // expectedPods: the scale of each controller behind the pods; bare pods count one.
+            let mut controllers: BTreeMap<(String, String), u64> = BTreeMap::new();
+            let mut bare = 0u64;
+            for p in &matched {
+                match controller_of(p) {
+                    Some((k, n)) if k == "ReplicaSet" || k == "StatefulSet" => {
+                        let plural = if k == "ReplicaSet" { "replicasets" } else { "statefulsets" };
+                        let scale = self.store.get(rt(plural).plural, &ns, &n).map(replicas_of).unwrap_or(1);
+                        controllers.insert((k, n), scale);
+                    }
+                    _ => bare += 1,
+                }
+            }
+            let expected = controllers.values().sum::<u64>() + bare;
+            let healthy = matched.iter().filter(|p| is_ready(p)).count() as u64;
+            let desired = if let Some(min) = pdb.pointer("/spec/minAvailable") {
+                scaled(min, expected).unwrap_or(0)
+            } else if let Some(max) = pdb.pointer("/spec/maxUnavailable") {
+                expected.saturating_sub(scaled(max, expected).unwrap_or(0))
+            } else {
+                0
+            };
+            let mut allowed = healthy.saturating_sub(desired);
+            if self.faults.pdb_never_allows.contains(&(ns.clone(), name_of(&pdb).to_string())) {
+                allowed = 0;
+            }
+            let mut p2 = pdb.clone();
+            p2["status"]["currentHealthy"] = json!(healthy);
+            p2["status"]["desiredHealthy"] = json!(desired);
+            p2["status"]["expectedPods"] = json!(expected);
+            p2["status"]["disruptionsAllowed"] = json!(allowed);
+            p2["status"]["observedGeneration"] = pdb.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
+            let reason = if allowed > 0 { "SufficientPods" } else { "InsufficientPods" };
+            let since = pdb
+                .pointer("/status/conditions/0/lastTransitionTime")
+                .cloned()
+                .unwrap_or(json!(self.now.rfc3339()));
+            let old_status = pdb.pointer("/status/conditions/0/status").and_then(Value::as_str);
+            let status = if allowed > 0 { "True" } else { "False" };
+            let since = if old_status == Some(status) { since } else { json!(self.now.rfc3339()) };
+            p2["status"]["conditions"] = json!([{"type": "DisruptionAllowed", "status": status,
+                "reason": reason, "message": "", "lastTransitionTime": since,
+                "observedGeneration": p2["status"]["observedGeneration"].clone()}]);
+            updates.push(("poddisruptionbudgets", p2));
+        }
+        for (plural, obj) in updates {
+            let old = self.store.get(rt(plural).plural, namespace_of(&obj), name_of(&obj));
+            if old.map(|o| o.get("status")) != Some(obj.get("status")) {
+                let mut obj = obj;
+                if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.remove("resourceVersion");
+                }
+                let ns = namespace_of(&obj).to_string();
+                let name = name_of(&obj).to_string();
+                let _ = self.store.update(rt(plural), &ns, &name, obj);
+            }
+        }
+    }
+}
+
+fn rt_pods() -> &'static ResourceType {
+    rt("pods")
+}
+
+pub fn is_control_plane(node: &Value) -> bool {
+    node.pointer("/metadata/labels")
+        .and_then(|l| l.get(CONTROL_PLANE_LABEL))
+        .is_some()
+}
+
+pub fn internal_ip(node: &Value) -> Option<String> {
+    node.pointer("/status/addresses")?
+        .as_array()?
+        .iter()
+        .find(|a| a.get("type").and_then(Value::as_str) == Some("InternalIP"))?
+        .get("address")?
+        .as_str()
+        .map(String::from)
+}
+
+fn container_statuses(pod: &Value, now: Timestamp) -> Value {
+    let containers = pod.pointer("/spec/containers").and_then(Value::as_array).cloned().unwrap_or_default();
+    Value::Array(
+        containers
+            .iter()
+            .map(|c| {
+                json!({"name": c.get("name").cloned().unwrap_or(json!("main")),
+                       "image": c.get("image").cloned().unwrap_or(Value::Null),
+                       "ready": true, "started": true, "restartCount": 0,
+                       "state": {"running": {"startedAt": now.rfc3339()}}})
+            })
+            .collect(),
+    )
+}
+
+pub fn replica_object(namespace: &str, volume: &str, name: &str, node: &str) -> Value {
+    json!({
+        "apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"longhornvolume": volume, "longhornnode": node}},
+        "spec": {"nodeID": node, "volumeName": volume, "failedAt": "", "desireState": "running"},
+        "status": {"currentState": "running"},
+    })
+}
