@@ -388,7 +388,7 @@ impl KubeSeed {
                     break;
                 }
                 let node = &storage_nodes[(i + r) % storage_nodes.len()].name;
-                let name = format!("{}-r-{:08x}", vol.name, (i * 31 + r) as u32 * 2_654_435_761u32);
+                let name = format!("{}-r-{:08x}", vol.name, ((i * 31 + r) as u32).wrapping_mul(2_654_435_761u32));
                 c.upsert(replica_object("longhorn-system", &vol.name, &name, node), now)?;
             }
         }

@@ -113,7 +113,7 @@ impl EventType {
 }
 
 /// One change, as `watch` streams it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct WatchEvent {
     pub rv: u64,
     pub plural: &'static str,
