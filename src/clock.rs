@@ -90,12 +90,17 @@ impl std::fmt::Debug for Clock {
             Mode::Scaled { speed, .. } => format!("scaled x{speed}"),
             Mode::Manual => "manual".to_string(),
         };
-        f.debug_struct("Clock").field("mode", &mode).field("now", &self.now()).finish()
+        f.debug_struct("Clock")
+            .field("mode", &mode)
+            .field("now", &self.now())
+            .finish()
     }
 }
 
 fn wall_now() -> Timestamp {
-    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     Timestamp(d.as_millis() as u64)
 }
 
@@ -119,7 +124,11 @@ impl Clock {
     /// Simulated time starting now and running `speed` times faster than the wall clock.
     /// A speed of zero or less is treated as 1.
     pub fn scaled(speed: f64) -> Self {
-        let speed = if speed.is_finite() && speed > 0.0 { speed } else { 1.0 };
+        let speed = if speed.is_finite() && speed > 0.0 {
+            speed
+        } else {
+            1.0
+        };
         let start = wall_now();
         Self::new(
             Mode::Scaled {
@@ -236,8 +245,14 @@ mod tests {
     #[test]
     fn timestamp_formats_as_rfc3339() {
         assert_eq!(Timestamp(0).rfc3339(), "1970-01-01T00:00:00Z");
-        assert_eq!(Timestamp(1_767_225_600_000).rfc3339(), "2026-01-01T00:00:00Z");
-        assert_eq!(Timestamp(1_796_023_926_000).rfc3339(), "2026-11-30T07:32:06Z");
+        assert_eq!(
+            Timestamp(1_767_225_600_000).rfc3339(),
+            "2026-01-01T00:00:00Z"
+        );
+        assert_eq!(
+            Timestamp(1_796_023_926_000).rfc3339(),
+            "2026-11-30T07:32:06Z"
+        );
     }
 
     #[tokio::test]

@@ -1,2 +1,1 @@
-
 mod sim_kube;

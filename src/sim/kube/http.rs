@@ -58,9 +58,12 @@ pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: R
         let acceptor = acceptor.clone();
         let app = app.clone();
         tokio::spawn(async move {
-            let Ok(stream) = acceptor.accept(tcp).await else { return };
+            let Ok(stream) = acceptor.accept(tcp).await else {
+                return;
+            };
             let svc = hyper_util::service::TowerToHyperService::new(app);
-            let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let builder =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
             let _ = builder
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
                 .await;
@@ -92,7 +95,8 @@ fn percent_decode(s: &str) -> String {
         match b[i] {
             b'+' => out.push(b' '),
             b'%' if i + 2 < b.len() => {
-                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16)
+                {
                     Ok(v) => {
                         out.push(v);
                         i += 2;
@@ -125,7 +129,10 @@ impl Query {
         )
     }
     fn get(&self, k: &str) -> Option<&str> {
-        self.0.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str())
+        self.0
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
     }
     fn flag(&self, k: &str) -> bool {
         matches!(self.get(k), Some("true" | "1"))
@@ -145,8 +152,15 @@ async fn handle(
     body: Bytes,
 ) -> Response<Body> {
     let path = uri.path().trim_matches('/').to_string();
-    let segs: Vec<&str> = if path.is_empty() { Vec::new() } else { path.split('/').collect() };
-    let public = matches!(segs.as_slice(), ["version"] | ["healthz"] | ["livez"] | ["readyz"]);
+    let segs: Vec<&str> = if path.is_empty() {
+        Vec::new()
+    } else {
+        path.split('/').collect()
+    };
+    let public = matches!(
+        segs.as_slice(),
+        ["version"] | ["healthz"] | ["livez"] | ["readyz"]
+    );
     if !public {
         let presented = headers
             .get(header::AUTHORIZATION)
@@ -168,19 +182,32 @@ async fn handle(
         ["version"] => ok_json(200, &version(&sh.kubernetes_version)),
         ["healthz"] | ["livez"] | ["readyz"] => respond(200, "text/plain", "ok"),
         ["metrics"] => metrics(&sh),
-        ["api"] => ok_json(200, &json!({"kind": "APIVersions", "versions": ["v1"],
-            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": sh.server_address}]})),
+        ["api"] => ok_json(
+            200,
+            &json!({"kind": "APIVersions", "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": sh.server_address}]}),
+        ),
         ["apis"] => ok_json(200, &group_list()),
         ["api", "v1"] => ok_json(200, &resource_list("", "v1")),
         ["apis", g] => match groups().into_iter().find(|(name, _)| name == g) {
             Some((g, v)) => ok_json(200, &group(g, v)),
-            None => err(&ApiError::new(404, "NotFound", "the server could not find the requested resource")),
+            None => err(&ApiError::new(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            )),
         },
         ["apis", g, v] if groups().contains(&(*g, *v)) => ok_json(200, &resource_list(g, v)),
-        ["api", "v1", rest @ ..] => resource(&sh, "", "v1", rest, &method, &q, &headers, &body).await,
+        ["api", "v1", rest @ ..] => {
+            resource(&sh, "", "v1", rest, &method, &q, &headers, &body).await
+        }
         ["apis", g, v, rest @ ..] => resource(&sh, g, v, rest, &method, &q, &headers, &body).await,
         ["_twin", "faults"] if method == Method::POST => faults(&sh, &body),
-        _ => err(&ApiError::new(404, "NotFound", "the server could not find the requested resource")),
+        _ => err(&ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )),
     }
 }
 
@@ -188,7 +215,11 @@ fn injected(code: u16, retry_after: u64) -> Response<Body> {
     if code == 429 {
         let e = ApiError {
             details: Some(json!({"retryAfterSeconds": retry_after})),
-            ..ApiError::new(429, "TooManyRequests", "Too many requests, please try again later.")
+            ..ApiError::new(
+                429,
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+            )
         };
         let mut r = err(&e);
         if let Ok(v) = header::HeaderValue::from_str(&retry_after.to_string()) {
@@ -196,7 +227,11 @@ fn injected(code: u16, retry_after: u64) -> Response<Body> {
         }
         r
     } else {
-        err(&ApiError::new(code, "InternalError", "Internal error occurred: injected fault"))
+        err(&ApiError::new(
+            code,
+            "InternalError",
+            "Internal error occurred: injected fault",
+        ))
     }
 }
 
@@ -234,7 +269,9 @@ fn group_list() -> Value {
 fn resource_list(g: &str, v: &str) -> Value {
     let mut out = Vec::new();
     for r in RESOURCES.iter().filter(|r| r.group == g && r.version == v) {
-        let mut verbs = vec!["create", "delete", "get", "list", "patch", "update", "watch"];
+        let mut verbs = vec![
+            "create", "delete", "get", "list", "patch", "update", "watch",
+        ];
         if r.plural == "events" {
             verbs.retain(|v| *v != "update");
         }
@@ -243,7 +280,10 @@ fn resource_list(g: &str, v: &str) -> Value {
         if !r.short_names.is_empty() {
             entry["shortNames"] = json!(r.short_names);
         }
-        if matches!(r.plural, "pods" | "deployments" | "replicasets" | "statefulsets" | "daemonsets") {
+        if matches!(
+            r.plural,
+            "pods" | "deployments" | "replicasets" | "statefulsets" | "daemonsets"
+        ) {
             entry["categories"] = json!(["all"]);
         }
         out.push(entry);
@@ -257,7 +297,11 @@ fn resource_list(g: &str, v: &str) -> Value {
             out.push(e);
         }
     }
-    let gv = if g.is_empty() { v.to_string() } else { format!("{g}/{v}") };
+    let gv = if g.is_empty() {
+        v.to_string()
+    } else {
+        format!("{g}/{v}")
+    };
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out})
 }
 
@@ -281,9 +325,11 @@ fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json");
     if ct.contains("yaml") {
-        serde_yaml::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
+        serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
     } else {
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding JSON: {e}")))
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding JSON: {e}")))
     }
 }
 
@@ -304,15 +350,32 @@ async fn resource(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Response<Body> {
-    let not_found = || err(&ApiError::new(404, "NotFound", "the server could not find the requested resource"));
+    let not_found = || {
+        err(&ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        ))
+    };
     let (ns, rest) = match rest {
-        ["namespaces", ns, plural, more @ ..] if lookup(g, v, plural).is_some_and(|r| r.namespaced) => {
-            (Some(*ns), std::iter::once(*plural).chain(more.iter().copied()).collect::<Vec<_>>())
+        ["namespaces", ns, plural, more @ ..]
+            if lookup(g, v, plural).is_some_and(|r| r.namespaced) =>
+        {
+            (
+                Some(*ns),
+                std::iter::once(*plural)
+                    .chain(more.iter().copied())
+                    .collect::<Vec<_>>(),
+            )
         }
         _ => (None, rest.to_vec()),
     };
-    let Some(plural) = rest.first() else { return not_found() };
-    let Some(rt) = lookup(g, v, plural) else { return not_found() };
+    let Some(plural) = rest.first() else {
+        return not_found();
+    };
+    let Some(rt) = lookup(g, v, plural) else {
+        return not_found();
+    };
     let name = rest.get(1).copied();
     let sub = rest.get(2).copied();
     if rest.len() > 3 || (rt.namespaced && name.is_some() && ns.is_none()) {
@@ -332,12 +395,18 @@ async fn resource(
             list(sh, rt, ns, q, headers)
         }
         (Method::POST, None, None) => create(sh, rt, ns_str, headers, body),
-        (Method::GET, Some(n), None | Some("status")) => match sh.lock().store.get(rt.plural, ns_str, n) {
-            Some(o) => Ok((200, maybe_table(sh, rt, o.clone(), headers))),
-            None => Err(ApiError::not_found(rt, n)),
-        },
-        (Method::PUT, Some(n), None | Some("status")) => update(sh, rt, ns_str, n, sub, headers, body),
-        (Method::PATCH, Some(n), None | Some("status")) => patch(sh, rt, ns_str, n, sub, q, headers, body),
+        (Method::GET, Some(n), None | Some("status")) => {
+            match sh.lock().store.get(rt.plural, ns_str, n) {
+                Some(o) => Ok((200, maybe_table(sh, rt, o.clone(), headers))),
+                None => Err(ApiError::not_found(rt, n)),
+            }
+        }
+        (Method::PUT, Some(n), None | Some("status")) => {
+            update(sh, rt, ns_str, n, sub, headers, body)
+        }
+        (Method::PATCH, Some(n), None | Some("status")) => {
+            patch(sh, rt, ns_str, n, sub, q, headers, body)
+        }
         (Method::DELETE, Some(n), None) => {
             let mut c = sh.lock();
             let now = sh.clock.now();
@@ -351,7 +420,14 @@ async fn resource(
             }
             Err(e) => Err(e),
         },
-        _ => Err(ApiError::new(405, "MethodNotAllowed", format!("the server does not allow this method on the requested resource ({})", rt.plural))),
+        _ => Err(ApiError::new(
+            405,
+            "MethodNotAllowed",
+            format!(
+                "the server does not allow this method on the requested resource ({})",
+                rt.plural
+            ),
+        )),
     };
     match result {
         Ok((code, v)) => ok_json(code, &v),
@@ -383,7 +459,13 @@ fn selectors(q: &Query) -> Result<(LabelSelector, FieldSelector), ApiError> {
     Ok((l, f))
 }
 
-fn list(sh: &Shared, rt: &'static ResourceType, ns: Option<&str>, q: &Query, headers: &HeaderMap) -> Result<(u16, Value), ApiError> {
+fn list(
+    sh: &Shared,
+    rt: &'static ResourceType,
+    ns: Option<&str>,
+    q: &Query,
+    headers: &HeaderMap,
+) -> Result<(u16, Value), ApiError> {
     let (l, f) = selectors(q)?;
     let c = sh.lock();
     let items = c.store.list(rt.plural, ns, &l, &f);
@@ -396,23 +478,45 @@ fn list(sh: &Shared, rt: &'static ResourceType, ns: Option<&str>, q: &Query, hea
             .ok_or_else(|| ApiError::bad_request("invalid continue token"))?,
         None => 0,
     };
-    let limit: usize = q.get("limit").and_then(|s| s.parse().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
+    let limit: usize = q
+        .get("limit")
+        .and_then(|s| s.parse().ok())
+        .filter(|l| *l > 0)
+        .unwrap_or(usize::MAX);
     let end = offset.saturating_add(limit).min(items.len());
-    let page: Vec<Value> = items.get(offset.min(items.len())..end).unwrap_or(&[]).to_vec();
+    let page: Vec<Value> = items
+        .get(offset.min(items.len())..end)
+        .unwrap_or(&[])
+        .to_vec();
     let mut meta = json!({"resourceVersion": rv.to_string()});
     if end < items.len() {
         meta["continue"] = json!(format!("o{end}"));
         meta["remainingItemCount"] = json!(items.len() - end);
     }
     if wants_table(headers) {
-        let mut t = table(rt, &page, rv, sh.clock.now(), q.get("includeObject") == Some("Object"));
+        let mut t = table(
+            rt,
+            &page,
+            rv,
+            sh.clock.now(),
+            q.get("includeObject") == Some("Object"),
+        );
         t["metadata"] = meta;
         return Ok((200, t));
     }
-    Ok((200, json!({"kind": format!("{}List", rt.kind), "apiVersion": rt.api_version(), "metadata": meta, "items": page})))
+    Ok((
+        200,
+        json!({"kind": format!("{}List", rt.kind), "apiVersion": rt.api_version(), "metadata": meta, "items": page}),
+    ))
 }
 
-fn create(sh: &Shared, rt: &'static ResourceType, ns: &str, headers: &HeaderMap, body: &Bytes) -> Result<(u16, Value), ApiError> {
+fn create(
+    sh: &Shared,
+    rt: &'static ResourceType,
+    ns: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(u16, Value), ApiError> {
     let mut obj = parse_body(headers, body)?;
     let body_ns = namespace_of(&obj).to_string();
     if rt.namespaced && !body_ns.is_empty() && body_ns != ns {
@@ -461,10 +565,20 @@ fn split_status(rt: &ResourceType, old: &Value, mut new: Value, sub: Option<&str
     }
 }
 
-fn update(sh: &Shared, rt: &'static ResourceType, ns: &str, name: &str, sub: Option<&str>, headers: &HeaderMap, body: &Bytes) -> Result<(u16, Value), ApiError> {
+fn update(
+    sh: &Shared,
+    rt: &'static ResourceType,
+    ns: &str,
+    name: &str,
+    sub: Option<&str>,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(u16, Value), ApiError> {
     let obj = parse_body(headers, body)?;
     if !name_of(&obj).is_empty() && name_of(&obj) != name {
-        return Err(ApiError::bad_request("the name of the object does not match the name on the URL"));
+        return Err(ApiError::bad_request(
+            "the name of the object does not match the name on the URL",
+        ));
     }
     let mut c = sh.lock();
     let now = sh.clock.now();
@@ -479,7 +593,16 @@ fn update(sh: &Shared, rt: &'static ResourceType, ns: &str, name: &str, sub: Opt
 }
 
 #[allow(clippy::too_many_arguments)]
-fn patch(sh: &Shared, rt: &'static ResourceType, ns: &str, name: &str, sub: Option<&str>, q: &Query, headers: &HeaderMap, body: &Bytes) -> Result<(u16, Value), ApiError> {
+fn patch(
+    sh: &Shared,
+    rt: &'static ResourceType,
+    ns: &str,
+    name: &str,
+    sub: Option<&str>,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(u16, Value), ApiError> {
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -531,10 +654,14 @@ fn patch(sh: &Shared, rt: &'static ResourceType, ns: &str, name: &str, sub: Opti
             }
         }
         kind => {
-            let Some(mut cur) = old.clone() else { return Err(ApiError::not_found(rt, name)) };
+            let Some(mut cur) = old.clone() else {
+                return Err(ApiError::not_found(rt, name));
+            };
             match kind {
                 "application/merge-patch+json" => merge_patch(&mut cur, &p),
-                "application/strategic-merge-patch+json" if !rt.is_custom() => strategic_merge_patch(&mut cur, &p).map_err(bad)?,
+                "application/strategic-merge-patch+json" if !rt.is_custom() => {
+                    strategic_merge_patch(&mut cur, &p).map_err(bad)?
+                }
                 "application/json-patch+json" => json_patch(&mut cur, &p).map_err(bad)?,
                 other => {
                     return Err(ApiError::new(415, "UnsupportedMediaType",
@@ -544,7 +671,9 @@ fn patch(sh: &Shared, rt: &'static ResourceType, ns: &str, name: &str, sub: Opti
             (200, cur)
         }
     };
-    let Some(old) = old else { return Err(ApiError::not_found(rt, name)) };
+    let Some(old) = old else {
+        return Err(ApiError::not_found(rt, name));
+    };
     let new = split_status(rt, &old, new, sub);
     let out = c.store.update(rt, ns, name, new)?;
     c.after_change(rt.plural, &out, now);
@@ -558,7 +687,12 @@ fn event_line(kind: &str, object: &Value) -> Bytes {
     Bytes::from(s)
 }
 
-fn watch(sh: &Arc<Shared>, rt: &'static ResourceType, ns: Option<&str>, q: &Query) -> Response<Body> {
+fn watch(
+    sh: &Arc<Shared>,
+    rt: &'static ResourceType,
+    ns: Option<&str>,
+    q: &Query,
+) -> Response<Body> {
     let (l, f) = match selectors(q) {
         Ok(x) => x,
         Err(e) => return err(&e),
@@ -570,7 +704,10 @@ fn watch(sh: &Arc<Shared>, rt: &'static ResourceType, ns: Option<&str>, q: &Quer
         .and_then(|s| s.parse::<u64>().ok())
         .map(Duration::from_secs)
         .unwrap_or(Duration::from_secs(1800));
-    let from = q.get("resourceVersion").filter(|s| !s.is_empty() && *s != "0").map(String::from);
+    let from = q
+        .get("resourceVersion")
+        .filter(|s| !s.is_empty() && *s != "0")
+        .map(String::from);
     let (initial, mut rx, start_rv) = {
         let c = sh.lock();
         let rx = c.store.subscribe();
@@ -583,21 +720,24 @@ fn watch(sh: &Arc<Shared>, rt: &'static ResourceType, ns: Option<&str>, q: &Quer
                 .map(|o| ("ADDED", o))
                 .collect()),
             Some(s) => match s.parse::<u64>() {
-                Err(_) => Err(ApiError::bad_request(format!("invalid resource version {s:?}"))),
-                Ok(rv) => c.store.history_since(rt.plural, ns.as_deref(), rv).map(|evs| {
-                    evs.into_iter()
-                        .filter(|e| l.matches_object(&e.object) && f.matches(&e.object))
-                        .map(|e| (e.kind.as_str(), e.object))
-                        .collect()
-                }),
+                Err(_) => Err(ApiError::bad_request(format!(
+                    "invalid resource version {s:?}"
+                ))),
+                Ok(rv) => c
+                    .store
+                    .history_since(rt.plural, ns.as_deref(), rv)
+                    .map(|evs| {
+                        evs.into_iter()
+                            .filter(|e| l.matches_object(&e.object) && f.matches(&e.object))
+                            .map(|e| (e.kind.as_str(), e.object))
+                            .collect()
+                    }),
             },
         };
         (initial, rx, rv)
     };
     let (tx, body_rx) = mpsc::channel::<Result<Bytes, Infallible>>(256);
-    let bookmark = move |rv: u64| {
-        json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": {"resourceVersion": rv.to_string()}})
-    };
+    let bookmark = move |rv: u64| json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": {"resourceVersion": rv.to_string()}});
     tokio::spawn(async move {
         match initial {
             Err(e) => {
@@ -613,7 +753,12 @@ fn watch(sh: &Arc<Shared>, rt: &'static ResourceType, ns: Option<&str>, q: &Quer
             }
         }
         let mut last = start_rv;
-        if bookmarks && tx.send(Ok(event_line("BOOKMARK", &bookmark(last)))).await.is_err() {
+        if bookmarks
+            && tx
+                .send(Ok(event_line("BOOKMARK", &bookmark(last))))
+                .await
+                .is_err()
+        {
             return;
         }
         let deadline = tokio::time::sleep(timeout);
@@ -669,7 +814,10 @@ fn faults(sh: &Shared, body: &Bytes) -> Response<Body> {
     let now = sh.clock.now();
     if let Some(n) = v.get("failNext").and_then(Value::as_u64) {
         let code = v.get("code").and_then(Value::as_u64).unwrap_or(500) as u16;
-        let retry = v.get("retryAfterSeconds").and_then(Value::as_u64).unwrap_or(1);
+        let retry = v
+            .get("retryAfterSeconds")
+            .and_then(Value::as_u64)
+            .unwrap_or(1);
         c.fail_next_requests(n as u32, code, retry);
     }
     if let Some(p) = v.get("pdbNeverAllows") {
@@ -683,5 +831,8 @@ fn faults(sh: &Shared, body: &Bytes) -> Response<Body> {
             return err(&e);
         }
     }
-    ok_json(200, &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}))
+    ok_json(
+        200,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}),
+    )
 }

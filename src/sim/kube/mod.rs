@@ -62,11 +62,18 @@ impl KubeTwin {
         Self::start_with(clock, seed, Behaviour::default(), state_dir).await
     }
 
-    pub async fn start_with(clock: Clock, seed: KubeSeed, behaviour: Behaviour, state_dir: &Path) -> Result<Self, TwinError> {
+    pub async fn start_with(
+        clock: Clock,
+        seed: KubeSeed,
+        behaviour: Behaviour,
+        state_dir: &Path,
+    ) -> Result<Self, TwinError> {
         let cluster = seed.build(behaviour, clock.now())?;
         let cert = tls::generate()?;
         let tls_config = tls::server_config(&cert)?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(TwinError::Bind)?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(TwinError::Bind)?;
         let addr = listener.local_addr().map_err(TwinError::Bind)?;
         let token = hex::encode(rand::random::<[u8; 24]>());
         let shared = Arc::new(http::Shared {
@@ -82,7 +89,15 @@ impl KubeTwin {
         let app = http::router(shared.clone());
         let server = tokio::spawn(http::serve(listener, tls_config, app));
         let driver = tokio::spawn(drive(shared.clone()));
-        Ok(KubeTwin { url, addr, kubeconfig, ca_pem: cert.ca_pem, token, shared, tasks: vec![server, driver] })
+        Ok(KubeTwin {
+            url,
+            addr,
+            kubeconfig,
+            ca_pem: cert.ca_pem,
+            token,
+            shared,
+            tasks: vec![server, driver],
+        })
     }
 
     /// The bearer token (also in the kubeconfig). Never log it.
@@ -137,7 +152,10 @@ fn write_kubeconfig(path: &Path, url: &str, ca_pem: &str, token: &str) -> Result
     let text = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: ichor-twin\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: ichor-twin-admin\n  user:\n    token: {token}\ncontexts:\n- name: ichor-twin\n  context:\n    cluster: ichor-twin\n    user: ichor-twin-admin\n    namespace: default\ncurrent-context: ichor-twin\n"
     );
-    let io = |source| TwinError::Kubeconfig { path: path.to_path_buf(), source };
+    let io = |source| TwinError::Kubeconfig {
+        path: path.to_path_buf(),
+        source,
+    };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io)?;
     }

@@ -106,7 +106,11 @@ pub fn parse_time(s: &str) -> Option<Timestamp> {
 /// MicroTime as Leases carry it.
 pub fn micro_time(now: Timestamp) -> String {
     let base = now.rfc3339();
-    format!("{}.{:06}Z", base.trim_end_matches('Z'), (now.0 % 1000) * 1000)
+    format!(
+        "{}.{:06}Z",
+        base.trim_end_matches('Z'),
+        (now.0 % 1000) * 1000
+    )
 }
 
 pub fn is_ready(obj: &Value) -> bool {
@@ -128,7 +132,9 @@ pub fn set_condition(obj: &mut Value, kind: &str, status: bool, reason: &str, no
     if !obj["status"]["conditions"].is_array() {
         obj["status"]["conditions"] = json!([]);
     }
-    let Some(conds) = obj["status"]["conditions"].as_array_mut() else { return };
+    let Some(conds) = obj["status"]["conditions"].as_array_mut() else {
+        return;
+    };
     let t = now.rfc3339();
     if let Some(c) = conds
         .iter_mut()
@@ -143,7 +149,9 @@ pub fn set_condition(obj: &mut Value, kind: &str, status: bool, reason: &str, no
             c["lastHeartbeatTime"] = json!(t);
         }
     } else {
-        conds.push(json!({"type": kind, "status": status, "reason": reason, "lastTransitionTime": t}));
+        conds.push(
+            json!({"type": kind, "status": status, "reason": reason, "lastTransitionTime": t}),
+        );
     }
 }
 
@@ -155,8 +163,14 @@ pub fn controller_of(pod: &Value) -> Option<(String, String)> {
         .find(|o| o.get("controller").and_then(Value::as_bool) == Some(true))
         .map(|o| {
             (
-                o.get("kind").and_then(Value::as_str).unwrap_or("").to_string(),
-                o.get("name").and_then(Value::as_str).unwrap_or("").to_string(),
+                o.get("kind")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                o.get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
             )
         })
 }
@@ -168,11 +182,15 @@ pub fn is_mirror(pod: &Value) -> bool {
 }
 
 fn node_of(pod: &Value) -> &str {
-    pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("")
+    pod.pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 fn replicas_of(obj: &Value) -> u64 {
-    obj.pointer("/spec/replicas").and_then(Value::as_u64).unwrap_or(1)
+    obj.pointer("/spec/replicas")
+        .and_then(Value::as_u64)
+        .unwrap_or(1)
 }
 
 fn owner_ref(obj: &Value) -> Value {
@@ -239,21 +257,35 @@ impl Cluster {
     }
 
     pub fn list(&self, plural: &str, namespace: Option<&str>) -> Vec<Value> {
-        let Some(rt) = super::resources::by_plural(plural) else { return Vec::new() };
+        let Some(rt) = super::resources::by_plural(plural) else {
+            return Vec::new();
+        };
         let (l, f) = all_labels();
         self.store.list(rt.plural, namespace, &l, &f)
     }
 
-    pub fn delete(&mut self, plural: &str, namespace: &str, name: &str, now: Timestamp) -> Result<Value, ApiError> {
+    pub fn delete(
+        &mut self,
+        plural: &str,
+        namespace: &str,
+        name: &str,
+        now: Timestamp,
+    ) -> Result<Value, ApiError> {
         let rt = Store::rt(plural)?;
         let out = self.store.delete(rt, namespace, name)?;
-        self.pending.remove(&(namespace.to_string(), name.to_string()));
+        self.pending
+            .remove(&(namespace.to_string(), name.to_string()));
         self.sync(now);
         Ok(out)
     }
 
     /// Set a node's Ready condition. Pods on a NotReady node stay but report not Ready.
-    pub fn set_node_ready(&mut self, node: &str, ready: bool, now: Timestamp) -> Result<(), ApiError> {
+    pub fn set_node_ready(
+        &mut self,
+        node: &str,
+        ready: bool,
+        now: Timestamp,
+    ) -> Result<(), ApiError> {
         let rt = rt("nodes");
         let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
             return Err(ApiError::not_found(rt, node));
@@ -269,8 +301,16 @@ impl Cluster {
             let mut p = pod.clone();
             // Only pods that run (not pending) follow their node's readiness.
             if p.pointer("/status/phase").and_then(Value::as_str) == Some("Running") {
-                set_condition(&mut p, "Ready", ready, if ready { "" } else { "NodeNotReady" }, now);
-                let _ = self.store.update(rt_pods(), namespace_of(&pod), name_of(&pod), p);
+                set_condition(
+                    &mut p,
+                    "Ready",
+                    ready,
+                    if ready { "" } else { "NodeNotReady" },
+                    now,
+                );
+                let _ = self
+                    .store
+                    .update(rt_pods(), namespace_of(&pod), name_of(&pod), p);
             }
         }
         if ready {
@@ -302,7 +342,12 @@ impl Cluster {
     }
 
     /// Cordon (`true`) or uncordon a node.
-    pub fn set_unschedulable(&mut self, node: &str, unschedulable: bool, now: Timestamp) -> Result<(), ApiError> {
+    pub fn set_unschedulable(
+        &mut self,
+        node: &str,
+        unschedulable: bool,
+        now: Timestamp,
+    ) -> Result<(), ApiError> {
         let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
             return Err(ApiError::not_found(rt("nodes"), node));
         };
@@ -317,7 +362,12 @@ impl Cluster {
     }
 
     /// The kubelet restarted with a new version.
-    pub fn set_kubelet_version(&mut self, node: &str, version: &str, now: Timestamp) -> Result<(), ApiError> {
+    pub fn set_kubelet_version(
+        &mut self,
+        node: &str,
+        version: &str,
+        now: Timestamp,
+    ) -> Result<(), ApiError> {
         let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
             return Err(ApiError::not_found(rt("nodes"), node));
         };
@@ -328,7 +378,12 @@ impl Cluster {
     }
 
     /// The OS image the node reports, e.g. `Talos (v1.11.3)`.
-    pub fn set_os_image(&mut self, node: &str, os_image: &str, now: Timestamp) -> Result<(), ApiError> {
+    pub fn set_os_image(
+        &mut self,
+        node: &str,
+        os_image: &str,
+        now: Timestamp,
+    ) -> Result<(), ApiError> {
         let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
             return Err(ApiError::not_found(rt("nodes"), node));
         };
@@ -339,12 +394,21 @@ impl Cluster {
     }
 
     /// Another holder takes the Lease (fault: a stolen lock).
-    pub fn steal_lease(&mut self, namespace: &str, name: &str, holder: &str, now: Timestamp) -> Result<Value, ApiError> {
+    pub fn steal_lease(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        holder: &str,
+        now: Timestamp,
+    ) -> Result<Value, ApiError> {
         let rt = rt("leases");
         let Some(mut l) = self.store.get("leases", namespace, name).cloned() else {
             return Err(ApiError::not_found(rt, name));
         };
-        let transitions = l.pointer("/spec/leaseTransitions").and_then(Value::as_u64).unwrap_or(0);
+        let transitions = l
+            .pointer("/spec/leaseTransitions")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
         l["spec"]["holderIdentity"] = json!(holder);
         l["spec"]["acquireTime"] = json!(micro_time(now));
         l["spec"]["renewTime"] = json!(micro_time(now));
@@ -387,13 +451,22 @@ impl Cluster {
     /// POST pods/eviction (policy/v1): the pod is deleted when no PDB covers it or the
     /// one PDB that does allows it; 429 with the DisruptionBudget cause when it blocks; 500
     /// when several PDBs match. Returns the success Status.
-    pub fn evict(&mut self, namespace: &str, name: &str, eviction: &Value, now: Timestamp) -> Result<Value, ApiError> {
+    pub fn evict(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        eviction: &Value,
+        now: Timestamp,
+    ) -> Result<Value, ApiError> {
         self.sync(now);
         let pods = rt_pods();
         let Some(pod) = self.store.get("pods", namespace, name).cloned() else {
             return Err(ApiError::not_found(pods, name));
         };
-        if let Some(uid) = eviction.pointer("/deleteOptions/preconditions/uid").and_then(Value::as_str) {
+        if let Some(uid) = eviction
+            .pointer("/deleteOptions/preconditions/uid")
+            .and_then(Value::as_str)
+        {
             if pod.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid) {
                 return Err(ApiError::conflict(pods, name));
             }
@@ -404,17 +477,27 @@ impl Cluster {
             .is_some_and(|a| a.iter().any(|v| v == "All"));
         let success = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
                              "status": "Success", "code": 200});
-        let phase = pod.pointer("/status/phase").and_then(Value::as_str).unwrap_or("");
+        let phase = pod
+            .pointer("/status/phase")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         let terminal = matches!(phase, "Succeeded" | "Failed");
         let pdbs: Vec<Value> = if terminal {
             Vec::new()
         } else {
             self.store
-                .list("poddisruptionbudgets", Some(namespace), &LabelSelector::default(), &FieldSelector::default())
+                .list(
+                    "poddisruptionbudgets",
+                    Some(namespace),
+                    &LabelSelector::default(),
+                    &FieldSelector::default(),
+                )
                 .into_iter()
                 .filter(|pdb| {
-                    LabelSelector::from_object(pdb.pointer("/spec/selector").unwrap_or(&Value::Null))
-                        .is_some_and(|s| s.matches_object(&pod))
+                    LabelSelector::from_object(
+                        pdb.pointer("/spec/selector").unwrap_or(&Value::Null),
+                    )
+                    .is_some_and(|s| s.matches_object(&pod))
                 })
                 .collect()
         };
@@ -427,22 +510,47 @@ impl Cluster {
         }
         if let Some(pdb) = pdbs.first() {
             let pdb_name = name_of(pdb).to_string();
-            let generation = pdb.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
-            let observed = pdb.pointer("/status/observedGeneration").and_then(Value::as_i64).unwrap_or(-1);
+            let generation = pdb
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            let observed = pdb
+                .pointer("/status/observedGeneration")
+                .and_then(Value::as_i64)
+                .unwrap_or(-1);
             let too_many = |cause: String| ApiError {
-                details: Some(json!({"causes": [{"reason": "DisruptionBudget", "message": cause}]})),
-                ..ApiError::new(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
+                details: Some(
+                    json!({"causes": [{"reason": "DisruptionBudget", "message": cause}]}),
+                ),
+                ..ApiError::new(
+                    429,
+                    "TooManyRequests",
+                    "Cannot evict pod as it would violate the pod's disruption budget.",
+                )
             };
             if observed < generation {
                 return Err(too_many(format!(
                     "The disruption budget {pdb_name} is still being processed by the server."
                 )));
             }
-            let allowed = pdb.pointer("/status/disruptionsAllowed").and_then(Value::as_i64).unwrap_or(0);
-            let current = pdb.pointer("/status/currentHealthy").and_then(Value::as_i64).unwrap_or(0);
-            let desired = pdb.pointer("/status/desiredHealthy").and_then(Value::as_i64).unwrap_or(0);
+            let allowed = pdb
+                .pointer("/status/disruptionsAllowed")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            let current = pdb
+                .pointer("/status/currentHealthy")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            let desired = pdb
+                .pointer("/status/desiredHealthy")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
             if allowed < 0 {
-                return Err(ApiError::new(403, "Forbidden", "pdb disruptions allowed is negative"));
+                return Err(ApiError::new(
+                    403,
+                    "Forbidden",
+                    "pdb disruptions allowed is negative",
+                ));
             }
             let running_unready = phase == "Running" && !is_ready(&pod);
             let policy = pdb
@@ -462,7 +570,8 @@ impl Cluster {
         }
         if !dry_run {
             self.store.delete(pods, namespace, name)?;
-            self.pending.remove(&(namespace.to_string(), name.to_string()));
+            self.pending
+                .remove(&(namespace.to_string(), name.to_string()));
             self.record_event(&pod, "Evicted", "Eviction API: pod evicted", now);
             self.sync(now);
         }
@@ -495,7 +604,9 @@ impl Cluster {
 
     /// Called after an object changed through the API or the library.
     pub fn after_change(&mut self, plural: &str, obj: &Value, now: Timestamp) {
-        if plural == "pods" && obj.pointer("/status/phase").and_then(Value::as_str) == Some("Pending") {
+        if plural == "pods"
+            && obj.pointer("/status/phase").and_then(Value::as_str) == Some("Pending")
+        {
             self.pending
                 .entry((namespace_of(obj).to_string(), name_of(obj).to_string()))
                 .or_insert(now);
@@ -539,7 +650,12 @@ impl Cluster {
 
     fn pods_of(&self, namespace: &str, kind: &str, name: &str) -> Vec<Value> {
         self.store
-            .list("pods", Some(namespace), &LabelSelector::default(), &FieldSelector::default())
+            .list(
+                "pods",
+                Some(namespace),
+                &LabelSelector::default(),
+                &FieldSelector::default(),
+            )
             .into_iter()
             .filter(|p| controller_of(p).is_some_and(|(k, n)| k == kind && n == name))
             .collect()
@@ -551,12 +667,18 @@ impl Cluster {
         let tainted = node
             .pointer("/spec/taints")
             .and_then(Value::as_array)
-            .is_some_and(|ts| ts.iter().any(|t| t.get("effect").and_then(Value::as_str) == Some("NoSchedule")));
+            .is_some_and(|ts| {
+                ts.iter()
+                    .any(|t| t.get("effect").and_then(Value::as_str) == Some("NoSchedule"))
+            });
         is_ready(node) && !cordoned && !tainted
     }
 
     fn new_pod(&mut self, owner: &Value, name: String, node: Option<&str>, now: Timestamp) {
-        let template = owner.pointer("/spec/template").cloned().unwrap_or(json!({}));
+        let template = owner
+            .pointer("/spec/template")
+            .cloned()
+            .unwrap_or(json!({}));
         let ns = namespace_of(owner).to_string();
         let mut pod = json!({
             "apiVersion": "v1", "kind": "Pod",
@@ -584,8 +706,15 @@ impl Cluster {
         for d in self.store.all("deployments") {
             let ns = namespace_of(&d).to_string();
             let want = replicas_of(&d);
-            for rs in self.store.list("replicasets", Some(&ns), &LabelSelector::default(), &FieldSelector::default()) {
-                if controller_of(&rs).is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d)) && replicas_of(&rs) != want {
+            for rs in self.store.list(
+                "replicasets",
+                Some(&ns),
+                &LabelSelector::default(),
+                &FieldSelector::default(),
+            ) {
+                if controller_of(&rs).is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d))
+                    && replicas_of(&rs) != want
+                {
                     let mut rs2 = rs.clone();
                     rs2["spec"]["replicas"] = json!(want);
                     if let Some(m) = rs2.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -638,7 +767,10 @@ impl Cluster {
                 }
             }
             // Pods of a node that no longer exists are garbage.
-            for p in have.iter().filter(|p| !nodes.iter().any(|n| name_of(n) == node_of(p))) {
+            for p in have
+                .iter()
+                .filter(|p| !nodes.iter().any(|n| name_of(n) == node_of(p)))
+            {
                 let _ = self.store.delete(rt_pods(), &ns, name_of(p));
             }
         }
@@ -648,14 +780,24 @@ impl Cluster {
     fn pinned_node(&self, pod: &Value) -> Option<String> {
         let vols = pod.pointer("/spec/volumes")?.as_array()?;
         for v in vols {
-            let Some(claim) = v.pointer("/persistentVolumeClaim/claimName").and_then(Value::as_str) else { continue };
+            let Some(claim) = v
+                .pointer("/persistentVolumeClaim/claimName")
+                .and_then(Value::as_str)
+            else {
+                continue;
+            };
             let ns = namespace_of(pod);
             let pv = self.store.all("persistentvolumes").into_iter().find(|pv| {
                 pv.pointer("/spec/claimRef/name").and_then(Value::as_str) == Some(claim)
-                    && pv.pointer("/spec/claimRef/namespace").and_then(Value::as_str) == Some(ns)
+                    && pv
+                        .pointer("/spec/claimRef/namespace")
+                        .and_then(Value::as_str)
+                        == Some(ns)
             })?;
             let node = pv
-                .pointer("/spec/nodeAffinity/required/nodeSelectorTerms/0/matchExpressions/0/values/0")
+                .pointer(
+                    "/spec/nodeAffinity/required/nodeSelectorTerms/0/matchExpressions/0/values/0",
+                )
                 .and_then(Value::as_str)?;
             return Some(node.to_string());
         }
@@ -688,7 +830,10 @@ impl Cluster {
                     // Spread: fewest pods of the same owner, then fewest pods, then name.
                     let best = candidates.into_iter().min_by_key(|n| {
                         let on = self.pods_on(name_of(n));
-                        let same = on.iter().filter(|p| owner.is_some() && controller_of(p) == owner).count();
+                        let same = on
+                            .iter()
+                            .filter(|p| owner.is_some() && controller_of(p) == owner)
+                            .count();
                         (same, on.len(), name_of(n).to_string())
                     });
                     match best {
@@ -709,7 +854,11 @@ impl Cluster {
             pod["spec"]["nodeName"] = json!(node_name);
             pod["status"]["phase"] = json!("Running");
             pod["status"]["hostIP"] = json!(host_ip);
-            pod["status"]["podIP"] = json!(format!("10.244.{}.{}", (serial / 250) % 250, serial % 250 + 2));
+            pod["status"]["podIP"] = json!(format!(
+                "10.244.{}.{}",
+                (serial / 250) % 250,
+                serial % 250 + 2
+            ));
             pod["status"]["startTime"] = json!(now.rfc3339());
             set_condition(&mut pod, "PodScheduled", true, "", now);
             set_condition(&mut pod, "Initialized", true, "", now);
@@ -732,8 +881,14 @@ impl Cluster {
             }
             let mut r2 = r.clone();
             r2["status"]["currentState"] = json!(state);
-            r2["spec"]["failedAt"] = json!(if state == "running" { String::new() } else { now.rfc3339() });
-            let _ = self.store.update(rt("replicas"), namespace_of(&r), name_of(&r), r2);
+            r2["spec"]["failedAt"] = json!(if state == "running" {
+                String::new()
+            } else {
+                now.rfc3339()
+            });
+            let _ = self
+                .store
+                .update(rt("replicas"), namespace_of(&r), name_of(&r), r2);
         }
     }
 
@@ -746,22 +901,37 @@ impl Cluster {
             let vname = name_of(&vol).to_string();
             let replicas: Vec<Value> = self
                 .store
-                .list("replicas", Some(&ns), &LabelSelector::default(), &FieldSelector::default())
+                .list(
+                    "replicas",
+                    Some(&ns),
+                    &LabelSelector::default(),
+                    &FieldSelector::default(),
+                )
                 .into_iter()
-                .filter(|r| r.pointer("/spec/volumeName").and_then(Value::as_str) == Some(vname.as_str()))
+                .filter(|r| {
+                    r.pointer("/spec/volumeName").and_then(Value::as_str) == Some(vname.as_str())
+                })
                 .collect();
             let running = replicas
                 .iter()
-                .filter(|r| r.pointer("/status/currentState").and_then(Value::as_str) == Some("running"))
+                .filter(|r| {
+                    r.pointer("/status/currentState").and_then(Value::as_str) == Some("running")
+                })
                 .count() as u64;
-            let want = vol.pointer("/spec/numberOfReplicas").and_then(Value::as_u64).unwrap_or(3);
+            let want = vol
+                .pointer("/spec/numberOfReplicas")
+                .and_then(Value::as_u64)
+                .unwrap_or(3);
             let key = (ns.clone(), vname.clone());
             if running < want && running > 0 {
                 let since = *self.degraded_since.entry(key.clone()).or_insert(now);
                 if since.plus(self.behaviour.replica_rebuild_delay) <= now {
                     let used: BTreeSet<&str> = replicas
                         .iter()
-                        .filter(|r| r.pointer("/status/currentState").and_then(Value::as_str) == Some("running"))
+                        .filter(|r| {
+                            r.pointer("/status/currentState").and_then(Value::as_str)
+                                == Some("running")
+                        })
                         .filter_map(|r| r.pointer("/spec/nodeID").and_then(Value::as_str))
                         .collect();
                     let has_workers = nodes.iter().any(|n| !is_control_plane(n));
@@ -770,14 +940,19 @@ impl Cluster {
                             && !used.contains(name_of(n))
                             && (!has_workers || !is_control_plane(n))
                     });
-                    let failed = replicas
-                        .iter()
-                        .find(|r| r.pointer("/status/currentState").and_then(Value::as_str) != Some("running"));
+                    let failed = replicas.iter().find(|r| {
+                        r.pointer("/status/currentState").and_then(Value::as_str) != Some("running")
+                    });
                     if let Some(target) = target {
                         if let Some(f) = failed {
                             let _ = self.store.delete(rt("replicas"), &ns, name_of(f));
                         }
-                        let r = replica_object(&ns, &vname, &format!("{}-r-{}", vname, self.store.suffix()), name_of(target));
+                        let r = replica_object(
+                            &ns,
+                            &vname,
+                            &format!("{}-r-{}", vname, self.store.suffix()),
+                            name_of(target),
+                        );
                         let _ = self.store.create(rt("replicas"), &ns, r, now);
                         self.degraded_since.remove(&key);
                     }
@@ -792,7 +967,10 @@ impl Cluster {
             } else {
                 "healthy"
             };
-            let attached = vol.pointer("/spec/nodeID").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
+            let attached = vol
+                .pointer("/spec/nodeID")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty());
             let state = if attached { "attached" } else { "detached" };
             if vol.pointer("/status/robustness").and_then(Value::as_str) != Some(robustness)
                 || vol.pointer("/status/state").and_then(Value::as_str) != Some(state)
@@ -810,12 +988,19 @@ impl Cluster {
         let pods = self.store.all("pods");
         let owned = |ns: &str, kind: &str, name: &str| -> Vec<&Value> {
             pods.iter()
-                .filter(|p| namespace_of(p) == ns && controller_of(p).is_some_and(|(k, n)| k == kind && n == name))
+                .filter(|p| {
+                    namespace_of(p) == ns
+                        && controller_of(p).is_some_and(|(k, n)| k == kind && n == name)
+                })
                 .collect()
         };
         let mut updates: Vec<(&'static str, Value)> = Vec::new();
         for kind in ["ReplicaSet", "StatefulSet"] {
-            let plural = if kind == "ReplicaSet" { "replicasets" } else { "statefulsets" };
+            let plural = if kind == "ReplicaSet" {
+                "replicasets"
+            } else {
+                "statefulsets"
+            };
             for o in self.store.all(plural) {
                 let ps = owned(namespace_of(&o), kind, name_of(&o));
                 let ready = ps.iter().filter(|p| is_ready(p)).count();
@@ -825,7 +1010,10 @@ impl Cluster {
                 o2["status"]["availableReplicas"] = json!(ready);
                 o2["status"]["currentReplicas"] = json!(ps.len());
                 o2["status"]["updatedReplicas"] = json!(ps.len());
-                o2["status"]["observedGeneration"] = o.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
+                o2["status"]["observedGeneration"] = o
+                    .pointer("/metadata/generation")
+                    .cloned()
+                    .unwrap_or(json!(1));
                 updates.push((plural, o2));
             }
         }
@@ -833,9 +1021,16 @@ impl Cluster {
             let ns = namespace_of(&d);
             let rs_pods: Vec<&Value> = self
                 .store
-                .list("replicasets", Some(ns), &LabelSelector::default(), &FieldSelector::default())
+                .list(
+                    "replicasets",
+                    Some(ns),
+                    &LabelSelector::default(),
+                    &FieldSelector::default(),
+                )
                 .iter()
-                .filter(|rs| controller_of(rs).is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d)))
+                .filter(|rs| {
+                    controller_of(rs).is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d))
+                })
                 .flat_map(|rs| owned(ns, "ReplicaSet", name_of(rs)))
                 .collect();
             let ready = rs_pods.iter().filter(|p| is_ready(p)).count();
@@ -846,7 +1041,10 @@ impl Cluster {
             d2["status"]["availableReplicas"] = json!(ready);
             d2["status"]["updatedReplicas"] = json!(rs_pods.len());
             d2["status"]["unavailableReplicas"] = json!(want.saturating_sub(ready));
-            d2["status"]["observedGeneration"] = d.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
+            d2["status"]["observedGeneration"] = d
+                .pointer("/metadata/generation")
+                .cloned()
+                .unwrap_or(json!(1));
             updates.push(("deployments", d2));
         }
         let nodes = self.store.all("nodes");
@@ -862,15 +1060,21 @@ impl Cluster {
             ds2["status"]["numberAvailable"] = json!(ready);
             ds2["status"]["numberUnavailable"] = json!(desired.saturating_sub(ready));
             ds2["status"]["numberMisscheduled"] = json!(0);
-            ds2["status"]["observedGeneration"] = ds.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
+            ds2["status"]["observedGeneration"] = ds
+                .pointer("/metadata/generation")
+                .cloned()
+                .unwrap_or(json!(1));
             updates.push(("daemonsets", ds2));
         }
         for pdb in self.store.all("poddisruptionbudgets") {
             let ns = namespace_of(&pdb).to_string();
-            let selector = LabelSelector::from_object(pdb.pointer("/spec/selector").unwrap_or(&Value::Null));
+            let selector =
+                LabelSelector::from_object(pdb.pointer("/spec/selector").unwrap_or(&Value::Null));
             let matched: Vec<&Value> = pods
                 .iter()
-                .filter(|p| namespace_of(p) == ns && selector.as_ref().is_some_and(|s| s.matches_object(p)))
+                .filter(|p| {
+                    namespace_of(p) == ns && selector.as_ref().is_some_and(|s| s.matches_object(p))
+                })
                 .collect();
             // expectedPods: the scale of each controller behind the pods; bare pods count one.
             let mut controllers: BTreeMap<(String, String), u64> = BTreeMap::new();
@@ -878,8 +1082,16 @@ impl Cluster {
             for p in &matched {
                 match controller_of(p) {
                     Some((k, n)) if k == "ReplicaSet" || k == "StatefulSet" => {
-                        let plural = if k == "ReplicaSet" { "replicasets" } else { "statefulsets" };
-                        let scale = self.store.get(rt(plural).plural, &ns, &n).map(replicas_of).unwrap_or(1);
+                        let plural = if k == "ReplicaSet" {
+                            "replicasets"
+                        } else {
+                            "statefulsets"
+                        };
+                        let scale = self
+                            .store
+                            .get(rt(plural).plural, &ns, &n)
+                            .map(replicas_of)
+                            .unwrap_or(1);
                         controllers.insert((k, n), scale);
                     }
                     _ => bare += 1,
@@ -895,7 +1107,11 @@ impl Cluster {
                 0
             };
             let mut allowed = healthy.saturating_sub(desired);
-            if self.faults.pdb_never_allows.contains(&(ns.clone(), name_of(&pdb).to_string())) {
+            if self
+                .faults
+                .pdb_never_allows
+                .contains(&(ns.clone(), name_of(&pdb).to_string()))
+            {
                 allowed = 0;
             }
             let mut p2 = pdb.clone();
@@ -903,22 +1119,37 @@ impl Cluster {
             p2["status"]["desiredHealthy"] = json!(desired);
             p2["status"]["expectedPods"] = json!(expected);
             p2["status"]["disruptionsAllowed"] = json!(allowed);
-            p2["status"]["observedGeneration"] = pdb.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
-            let reason = if allowed > 0 { "SufficientPods" } else { "InsufficientPods" };
+            p2["status"]["observedGeneration"] = pdb
+                .pointer("/metadata/generation")
+                .cloned()
+                .unwrap_or(json!(1));
+            let reason = if allowed > 0 {
+                "SufficientPods"
+            } else {
+                "InsufficientPods"
+            };
             let since = pdb
                 .pointer("/status/conditions/0/lastTransitionTime")
                 .cloned()
                 .unwrap_or(json!(self.now.rfc3339()));
-            let old_status = pdb.pointer("/status/conditions/0/status").and_then(Value::as_str);
+            let old_status = pdb
+                .pointer("/status/conditions/0/status")
+                .and_then(Value::as_str);
             let status = if allowed > 0 { "True" } else { "False" };
-            let since = if old_status == Some(status) { since } else { json!(self.now.rfc3339()) };
+            let since = if old_status == Some(status) {
+                since
+            } else {
+                json!(self.now.rfc3339())
+            };
             p2["status"]["conditions"] = json!([{"type": "DisruptionAllowed", "status": status,
                 "reason": reason, "message": "", "lastTransitionTime": since,
                 "observedGeneration": p2["status"]["observedGeneration"].clone()}]);
             updates.push(("poddisruptionbudgets", p2));
         }
         for (plural, obj) in updates {
-            let old = self.store.get(rt(plural).plural, namespace_of(&obj), name_of(&obj));
+            let old = self
+                .store
+                .get(rt(plural).plural, namespace_of(&obj), name_of(&obj));
             if old.map(|o| o.get("status")) != Some(obj.get("status")) {
                 let mut obj = obj;
                 if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -953,7 +1184,11 @@ pub fn internal_ip(node: &Value) -> Option<String> {
 }
 
 fn container_statuses(pod: &Value, now: Timestamp) -> Value {
-    let containers = pod.pointer("/spec/containers").and_then(Value::as_array).cloned().unwrap_or_default();
+    let containers = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     Value::Array(
         containers
             .iter()

@@ -235,8 +235,14 @@ mod tests {
         let patch = json!({"$setElementOrder/conditions": [{"type": "Ready"}],
             "status": {"conditions": [{"type": "Ready", "status": "False"}]}});
         assert_eq!(strategic_merge_patch(&mut pod, &patch), Ok(()));
-        assert_eq!(pod.pointer("/status/conditions/0/status"), Some(&json!("False")));
-        assert_eq!(pod.pointer("/status/conditions/1/type"), Some(&json!("PodScheduled")));
+        assert_eq!(
+            pod.pointer("/status/conditions/0/status"),
+            Some(&json!("False"))
+        );
+        assert_eq!(
+            pod.pointer("/status/conditions/1/type"),
+            Some(&json!("PodScheduled"))
+        );
     }
 
     #[test]
@@ -244,8 +250,11 @@ mod tests {
         let mut node = json!({"metadata": {"labels": {"a": "1"}}, "spec": {}});
         let patch = json!({"metadata": {"labels": {"b": "2"}}, "spec": {"unschedulable": true}});
         assert_eq!(strategic_merge_patch(&mut node, &patch), Ok(()));
-        assert_eq!(node, json!({"metadata": {"labels": {"a": "1", "b": "2"}},
-                                "spec": {"unschedulable": true}}));
+        assert_eq!(
+            node,
+            json!({"metadata": {"labels": {"a": "1", "b": "2"}},
+                                "spec": {"unschedulable": true}})
+        );
     }
 
     #[test]
@@ -259,7 +268,10 @@ mod tests {
             {"op": "replace", "path": "/list/0", "value": 0}
         ]);
         assert_eq!(json_patch(&mut v, &ops), Ok(()));
-        assert_eq!(v, json!({"metadata": {"labels": {"b": "2"}}, "list": [0, 2, 3]}));
+        assert_eq!(
+            v,
+            json!({"metadata": {"labels": {"b": "2"}}, "list": [0, 2, 3]})
+        );
         assert!(json_patch(&mut v, &json!([{"op": "remove", "path": "/nope"}])).is_err());
     }
 }

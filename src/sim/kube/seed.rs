@@ -4,7 +4,9 @@
 
 use serde_json::{json, Value};
 
-use super::model::{replica_object, Behaviour, Cluster, DeprecatedApi, CONTROL_PLANE_LABEL, MIRROR_ANNOTATION};
+use super::model::{
+    replica_object, Behaviour, Cluster, DeprecatedApi, CONTROL_PLANE_LABEL, MIRROR_ANNOTATION,
+};
 use super::store::ApiError;
 use crate::clock::Timestamp;
 
@@ -130,10 +132,18 @@ impl KubeSeed {
     pub fn nodes(control_planes: usize, workers: usize) -> Self {
         let mut s = Self::default();
         for i in 1..=control_planes {
-            s = s.node(&format!("cp-{i}"), Role::ControlPlane, &format!("10.5.0.{}", 10 + i));
+            s = s.node(
+                &format!("cp-{i}"),
+                Role::ControlPlane,
+                &format!("10.5.0.{}", 10 + i),
+            );
         }
         for i in 1..=workers {
-            s = s.node(&format!("worker-{i}"), Role::Worker, &format!("10.5.{}.{}", (100 + i) / 250, (100 + i) % 250));
+            s = s.node(
+                &format!("worker-{i}"),
+                Role::Worker,
+                &format!("10.5.{}.{}", (100 + i) / 250, (100 + i) % 250),
+            );
         }
         s
     }
@@ -174,7 +184,14 @@ impl KubeSeed {
         self
     }
 
-    fn workload(mut self, kind: WorkloadKind, ns: &str, name: &str, replicas: u32, empty_dir: bool) -> Self {
+    fn workload(
+        mut self,
+        kind: WorkloadKind,
+        ns: &str,
+        name: &str,
+        replicas: u32,
+        empty_dir: bool,
+    ) -> Self {
         self.workloads.push(WorkloadSeed {
             kind,
             namespace: ns.into(),
@@ -233,23 +250,33 @@ impl KubeSeed {
     }
 
     pub fn bare_pod(mut self, ns: &str, name: &str, node: &str) -> Self {
-        self.bare_pods.push(BarePodSeed { namespace: ns.into(), name: name.into(), node: node.into() });
+        self.bare_pods.push(BarePodSeed {
+            namespace: ns.into(),
+            name: name.into(),
+            node: node.into(),
+        });
         self
     }
 
     pub fn longhorn_volume(mut self, name: &str, replicas: u32) -> Self {
-        self.volumes.push(VolumeSeed { name: name.into(), replicas, attached_to: None });
+        self.volumes.push(VolumeSeed {
+            name: name.into(),
+            replicas,
+            attached_to: None,
+        });
         self
     }
 
     /// A local-path PV pinned to `node`, bound to claim `ns/claim`.
     pub fn local_pv(mut self, name: &str, node: &str, ns: &str, claim: &str) -> Self {
-        self.local_pvs.push((name.into(), node.into(), ns.into(), claim.into()));
+        self.local_pvs
+            .push((name.into(), node.into(), ns.into(), claim.into()));
         self
     }
 
     pub fn application(mut self, name: &str, sync: &str, health: &str) -> Self {
-        self.applications.push((name.into(), sync.into(), health.into()));
+        self.applications
+            .push((name.into(), sync.into(), health.into()));
         self
     }
 
@@ -263,7 +290,13 @@ impl KubeSeed {
         self
     }
 
-    pub fn deprecated_api(mut self, group: &str, version: &str, resource: &str, removed_release: &str) -> Self {
+    pub fn deprecated_api(
+        mut self,
+        group: &str,
+        version: &str,
+        resource: &str,
+        removed_release: &str,
+    ) -> Self {
         self.deprecated_apis.push(DeprecatedApi {
             group: group.into(),
             version: version.into(),
@@ -283,9 +316,19 @@ impl KubeSeed {
     pub fn build(&self, behaviour: Behaviour, now: Timestamp) -> Result<Cluster, ApiError> {
         let mut c = Cluster::new(behaviour, now);
         c.deprecated_apis = self.deprecated_apis.clone();
-        for ns in ["default", "kube-system", "kube-node-lease", "kube-public", "longhorn-system", "argocd"] {
-            c.upsert(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
-                            "status": {"phase": "Active"}}), now)?;
+        for ns in [
+            "default",
+            "kube-system",
+            "kube-node-lease",
+            "kube-public",
+            "longhorn-system",
+            "argocd",
+        ] {
+            c.upsert(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
+                            "status": {"phase": "Active"}}),
+                now,
+            )?;
         }
         for crd in crds() {
             c.upsert(crd, now)?;
@@ -293,30 +336,42 @@ impl KubeSeed {
         for n in &self.nodes {
             c.upsert(node_object(n, now), now)?;
             if self.static_pods && n.role == Role::ControlPlane {
-                for component in ["kube-apiserver", "kube-controller-manager", "kube-scheduler"] {
+                for component in [
+                    "kube-apiserver",
+                    "kube-controller-manager",
+                    "kube-scheduler",
+                ] {
                     let image = format!("registry.k8s.io/{component}:{}", self.kubernetes_version);
                     c.upsert(mirror_pod(&n.name, &n.ip, component, &image, "1", now), now)?;
                 }
             }
         }
         for (ns, name, image) in &self.daemonsets {
-            let image = if image.contains(':') { image.clone() } else { format!("{image}:{}", self.kubernetes_version) };
-            c.upsert(json!({
-                "apiVersion": "apps/v1", "kind": "DaemonSet",
-                "metadata": {"name": name, "namespace": ns, "labels": {"k8s-app": name}},
-                "spec": {"selector": {"matchLabels": {"k8s-app": name}},
-                         "updateStrategy": {"type": "RollingUpdate"},
-                         "template": {"metadata": {"labels": {"k8s-app": name}},
-                                      "spec": {"containers": [{"name": name, "image": image}],
-                                               "tolerations": [{"operator": "Exists"}]}}},
-            }), now)?;
+            let image = if image.contains(':') {
+                image.clone()
+            } else {
+                format!("{image}:{}", self.kubernetes_version)
+            };
+            c.upsert(
+                json!({
+                    "apiVersion": "apps/v1", "kind": "DaemonSet",
+                    "metadata": {"name": name, "namespace": ns, "labels": {"k8s-app": name}},
+                    "spec": {"selector": {"matchLabels": {"k8s-app": name}},
+                             "updateStrategy": {"type": "RollingUpdate"},
+                             "template": {"metadata": {"labels": {"k8s-app": name}},
+                                          "spec": {"containers": [{"name": name, "image": image}],
+                                                   "tolerations": [{"operator": "Exists"}]}}},
+                }),
+                now,
+            )?;
         }
         for w in &self.workloads {
             let labels = json!({"app": w.name});
             let mut pod_spec = json!({"containers": [{"name": w.name, "image": w.image}]});
             if w.empty_dir {
                 pod_spec["volumes"] = json!([{"name": "scratch", "emptyDir": {}}]);
-                pod_spec["containers"][0]["volumeMounts"] = json!([{"name": "scratch", "mountPath": "/scratch"}]);
+                pod_spec["containers"][0]["volumeMounts"] =
+                    json!([{"name": "scratch", "mountPath": "/scratch"}]);
             }
             let template = json!({"metadata": {"labels": labels}, "spec": pod_spec});
             match w.kind {
@@ -326,7 +381,13 @@ impl KubeSeed {
                         "metadata": {"name": w.name, "namespace": w.namespace, "labels": labels},
                         "spec": {"replicas": w.replicas, "selector": {"matchLabels": labels}, "template": template},
                     }), now)?;
-                    let hash = format!("{:x}", w.name.bytes().fold(0x5eedu32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32)) % 0xfffff);
+                    let hash = format!(
+                        "{:x}",
+                        w.name
+                            .bytes()
+                            .fold(0x5eedu32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32))
+                            % 0xfffff
+                    );
                     let mut rs_labels = labels.clone();
                     rs_labels["pod-template-hash"] = json!(hash);
                     let mut rs_template = template.clone();
@@ -368,12 +429,23 @@ impl KubeSeed {
             if let Some(pol) = &p.unhealthy_pod_eviction_policy {
                 spec["unhealthyPodEvictionPolicy"] = json!(pol);
             }
-            c.upsert(json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                            "metadata": {"name": p.name, "namespace": p.namespace}, "spec": spec}), now)?;
+            c.upsert(
+                json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                            "metadata": {"name": p.name, "namespace": p.namespace}, "spec": spec}),
+                now,
+            )?;
         }
         let storage_nodes: Vec<&NodeSeed> = {
-            let workers: Vec<&NodeSeed> = self.nodes.iter().filter(|n| n.role == Role::Worker).collect();
-            if workers.is_empty() { self.nodes.iter().collect() } else { workers }
+            let workers: Vec<&NodeSeed> = self
+                .nodes
+                .iter()
+                .filter(|n| n.role == Role::Worker)
+                .collect();
+            if workers.is_empty() {
+                self.nodes.iter().collect()
+            } else {
+                workers
+            }
         };
         for (i, vol) in self.volumes.iter().enumerate() {
             c.upsert(json!({
@@ -388,8 +460,15 @@ impl KubeSeed {
                     break;
                 }
                 let node = &storage_nodes[(i + r) % storage_nodes.len()].name;
-                let name = format!("{}-r-{:08x}", vol.name, ((i * 31 + r) as u32).wrapping_mul(2_654_435_761u32));
-                c.upsert(replica_object("longhorn-system", &vol.name, &name, node), now)?;
+                let name = format!(
+                    "{}-r-{:08x}",
+                    vol.name,
+                    ((i * 31 + r) as u32).wrapping_mul(2_654_435_761u32)
+                );
+                c.upsert(
+                    replica_object("longhorn-system", &vol.name, &name, node),
+                    now,
+                )?;
             }
         }
         for (name, node, ns, claim) in &self.local_pvs {
@@ -416,15 +495,21 @@ impl KubeSeed {
             }), now)?;
         }
         for (ns, name, data) in &self.config_maps {
-            c.upsert(json!({"apiVersion": "v1", "kind": "ConfigMap",
-                            "metadata": {"name": name, "namespace": ns}, "data": data}), now)?;
+            c.upsert(
+                json!({"apiVersion": "v1", "kind": "ConfigMap",
+                            "metadata": {"name": name, "namespace": ns}, "data": data}),
+                now,
+            )?;
         }
         for (ns, name, holder) in &self.leases {
             let t = super::model::micro_time(now);
-            c.upsert(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            c.upsert(
+                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                             "metadata": {"name": name, "namespace": ns},
                             "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
-                                     "acquireTime": t, "renewTime": t, "leaseTransitions": 0}}), now)?;
+                                     "acquireTime": t, "renewTime": t, "leaseTransitions": 0}}),
+                now,
+            )?;
         }
         // Seeded pods start at once, as if the cluster had been running for a while.
         let start = c.behaviour.pod_start_delay;
@@ -447,7 +532,8 @@ pub fn node_object(n: &NodeSeed, now: Timestamp) -> Value {
         "kubernetes.io/hostname": n.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
         "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64",
     });
-    let mut spec = json!({"podCIDR": format!("10.244.{}.0/24", n.ip.rsplit('.').next().unwrap_or("0"))});
+    let mut spec =
+        json!({"podCIDR": format!("10.244.{}.0/24", n.ip.rsplit('.').next().unwrap_or("0"))});
     if n.role == Role::ControlPlane {
         labels[CONTROL_PLANE_LABEL] = json!("");
         spec["taints"] = json!([{"key": CONTROL_PLANE_LABEL, "effect": "NoSchedule"}]);
@@ -485,7 +571,14 @@ pub fn node_object(n: &NodeSeed, now: Timestamp) -> Value {
 }
 
 /// The mirror pod the kubelet posts for a control-plane static pod.
-pub fn mirror_pod(node: &str, ip: &str, component: &str, image: &str, config_version: &str, now: Timestamp) -> Value {
+pub fn mirror_pod(
+    node: &str,
+    ip: &str,
+    component: &str,
+    image: &str,
+    config_version: &str,
+    now: Timestamp,
+) -> Value {
     let t = now.rfc3339();
     json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -510,7 +603,14 @@ pub fn mirror_pod(node: &str, ip: &str, component: &str, image: &str, config_ver
     })
 }
 
-fn crd(group: &str, version: &str, plural: &str, singular: &str, kind: &str, short: &[&str]) -> Value {
+fn crd(
+    group: &str,
+    version: &str,
+    plural: &str,
+    singular: &str,
+    kind: &str,
+    short: &[&str],
+) -> Value {
     json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
         "metadata": {"name": format!("{plural}.{group}")},
@@ -528,8 +628,29 @@ fn crd(group: &str, version: &str, plural: &str, singular: &str, kind: &str, sho
 /// The CRDs of the custom resources served.
 pub fn crds() -> Vec<Value> {
     vec![
-        crd("longhorn.io", "v1beta2", "volumes", "volume", "Volume", &["lhv"]),
-        crd("longhorn.io", "v1beta2", "replicas", "replica", "Replica", &["lhr"]),
-        crd("argoproj.io", "v1alpha1", "applications", "application", "Application", &["app", "apps"]),
+        crd(
+            "longhorn.io",
+            "v1beta2",
+            "volumes",
+            "volume",
+            "Volume",
+            &["lhv"],
+        ),
+        crd(
+            "longhorn.io",
+            "v1beta2",
+            "replicas",
+            "replica",
+            "Replica",
+            &["lhr"],
+        ),
+        crd(
+            "argoproj.io",
+            "v1alpha1",
+            "applications",
+            "application",
+            "Application",
+            &["app", "apps"],
+        ),
     ]
 }

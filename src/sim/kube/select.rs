@@ -112,16 +112,28 @@ impl LabelSelector {
         let mut reqs = Vec::new();
         if let Some(m) = v.get("matchLabels").and_then(Value::as_object) {
             for (k, val) in m {
-                reqs.push(Requirement::Eq(k.clone(), val.as_str().unwrap_or("").to_string()));
+                reqs.push(Requirement::Eq(
+                    k.clone(),
+                    val.as_str().unwrap_or("").to_string(),
+                ));
             }
         }
         if let Some(exprs) = v.get("matchExpressions").and_then(Value::as_array) {
             for e in exprs {
-                let key = e.get("key").and_then(Value::as_str).unwrap_or("").to_string();
+                let key = e
+                    .get("key")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
                 let values: Vec<String> = e
                     .get("values")
                     .and_then(Value::as_array)
-                    .map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect())
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .map(String::from)
+                            .collect()
+                    })
                     .unwrap_or_default();
                 match e.get("operator").and_then(Value::as_str).unwrap_or("") {
                     "In" => reqs.push(Requirement::In(key, values)),
@@ -196,9 +208,7 @@ impl FieldSelector {
             };
             let path = path.trim();
             if !FIELDS.contains(&path) {
-                return Err(SelectorError(format!(
-                    "field label not supported: {path}"
-                )));
+                return Err(SelectorError(format!("field label not supported: {path}")));
             }
             out.push((path.to_string(), eq, value.trim().to_string()));
         }
@@ -227,7 +237,10 @@ mod tests {
     use serde_json::json;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -255,7 +268,10 @@ mod tests {
             "matchLabels": {"app": "web"},
             "matchExpressions": [{"key": "tier", "operator": "In", "values": ["front"]}]
         }));
-        assert_eq!(sel.map(|s| s.matches(&labels(&[("app", "web"), ("tier", "front")]))), Some(true));
+        assert_eq!(
+            sel.map(|s| s.matches(&labels(&[("app", "web"), ("tier", "front")]))),
+            Some(true)
+        );
     }
 
     #[test]

@@ -40,13 +40,21 @@ impl ApiError {
     pub fn not_found(rt: &ResourceType, name: &str) -> Self {
         ApiError {
             details: Some(Self::details(rt, name)),
-            ..Self::new(404, "NotFound", format!("{} \"{}\" not found", rt.qualified(), name))
+            ..Self::new(
+                404,
+                "NotFound",
+                format!("{} \"{}\" not found", rt.qualified(), name),
+            )
         }
     }
     pub fn already_exists(rt: &ResourceType, name: &str) -> Self {
         ApiError {
             details: Some(Self::details(rt, name)),
-            ..Self::new(409, "AlreadyExists", format!("{} \"{}\" already exists", rt.qualified(), name))
+            ..Self::new(
+                409,
+                "AlreadyExists",
+                format!("{} \"{}\" already exists", rt.qualified(), name),
+            )
         }
     }
     pub fn conflict(rt: &ResourceType, name: &str) -> Self {
@@ -64,14 +72,21 @@ impl ApiError {
         }
     }
     pub fn invalid(rt: &ResourceType, name: &str, field: &str, why: &str) -> Self {
-        let group = if rt.group.is_empty() { String::new() } else { format!(".{}", rt.group) };
+        let group = if rt.group.is_empty() {
+            String::new()
+        } else {
+            format!(".{}", rt.group)
+        };
         ApiError {
             details: Some(json!({"name": name, "group": rt.group, "kind": rt.kind,
                 "causes": [{"reason": "FieldValueRequired", "message": why, "field": field}]})),
             ..Self::new(
                 422,
                 "Invalid",
-                format!("{}{} \"{}\" is invalid: {}: {}", rt.kind, group, name, field, why),
+                format!(
+                    "{}{} \"{}\" is invalid: {}: {}",
+                    rt.kind, group, name, field, why
+                ),
             )
         }
     }
@@ -137,12 +152,16 @@ pub struct Store {
 
 /// `name` of an object.
 pub fn name_of(obj: &Value) -> &str {
-    obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("")
+    obj.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 /// `namespace` of an object (empty for cluster-scoped ones).
 pub fn namespace_of(obj: &Value) -> &str {
-    obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("")
+    obj.pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 /// The parsed `metadata.resourceVersion`, if any.
@@ -157,7 +176,9 @@ fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
     if !obj.is_object() {
         *obj = json!({});
     }
-    let Value::Object(top) = obj else { unreachable!("just made an object") };
+    let Value::Object(top) = obj else {
+        unreachable!("just made an object")
+    };
     let meta = top.entry("metadata").or_insert_with(|| json!({}));
     if !meta.is_object() {
         *meta = json!({});
@@ -207,7 +228,11 @@ impl Store {
 
     fn uid(&mut self) -> String {
         self.serial += 1;
-        format!("5eed{:04x}-0000-4000-8000-{:012x}", self.serial & 0xffff, self.serial)
+        format!(
+            "5eed{:04x}-0000-4000-8000-{:012x}",
+            self.serial & 0xffff,
+            self.serial
+        )
     }
 
     fn record(&mut self, rt: &'static ResourceType, ns: &str, kind: EventType, object: Value) {
@@ -251,7 +276,8 @@ impl Store {
     }
 
     pub fn get(&self, plural: &'static str, ns: &str, name: &str) -> Option<&Value> {
-        self.objects.get(&(plural, ns.to_string(), name.to_string()))
+        self.objects
+            .get(&(plural, ns.to_string(), name.to_string()))
     }
 
     /// Objects of one resource, optionally in one namespace, that match both selectors.
@@ -273,7 +299,12 @@ impl Store {
 
     /// Every object of one resource (all namespaces).
     pub fn all(&self, plural: &'static str) -> Vec<Value> {
-        self.list(plural, None, &LabelSelector::default(), &FieldSelector::default())
+        self.list(
+            plural,
+            None,
+            &LabelSelector::default(),
+            &FieldSelector::default(),
+        )
     }
 
     /// Create an object: fills name (from generateName), namespace, uid, resourceVersion,
@@ -349,8 +380,13 @@ impl Store {
             if Some(want) != rv_of(&old) {
                 return Err(ApiError::conflict(rt, name));
             }
-        } else if obj.pointer("/metadata/resourceVersion").is_some_and(|v| !v.is_string() && !v.is_null()) {
-            return Err(ApiError::bad_request("metadata.resourceVersion must be a string"));
+        } else if obj
+            .pointer("/metadata/resourceVersion")
+            .is_some_and(|v| !v.is_string() && !v.is_null())
+        {
+            return Err(ApiError::bad_request(
+                "metadata.resourceVersion must be a string",
+            ));
         }
         obj["apiVersion"] = json!(rt.api_version());
         obj["kind"] = json!(rt.kind);
@@ -371,7 +407,10 @@ impl Store {
             return Ok(old);
         }
         if obj.get("spec") != old.get("spec") && obj.get("spec").is_some() {
-            let g = old.pointer("/metadata/generation").and_then(Value::as_u64).unwrap_or(0);
+            let g = old
+                .pointer("/metadata/generation")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
             meta_mut(&mut obj).insert("generation".into(), json!(g + 1));
         }
         self.rv += 1;
@@ -390,7 +429,11 @@ impl Store {
         mut obj: Value,
         now: Timestamp,
     ) -> Result<Value, ApiError> {
-        let ns = if rt.namespaced { namespace_of(&obj).to_string() } else { String::new() };
+        let ns = if rt.namespaced {
+            namespace_of(&obj).to_string()
+        } else {
+            String::new()
+        };
         let name = name_of(&obj).to_string();
         if !name.is_empty() && self.get(rt.plural, &ns, &name).is_some() {
             meta_mut(&mut obj).remove("resourceVersion");
@@ -422,7 +465,13 @@ impl Store {
 
     /// Look up a resource type by plural; the model only names served ones.
     pub fn rt(plural: &str) -> Result<&'static ResourceType, ApiError> {
-        by_plural(plural).ok_or_else(|| ApiError::new(404, "NotFound", format!("the server could not find the requested resource ({plural})")))
+        by_plural(plural).ok_or_else(|| {
+            ApiError::new(
+                404,
+                "NotFound",
+                format!("the server could not find the requested resource ({plural})"),
+            )
+        })
     }
 }
 
@@ -438,24 +487,47 @@ mod tests {
     fn create_update_conflict_and_history() {
         let mut s = Store::new(3);
         let now = Timestamp(0);
-        let created = s.create(leases(), "default", json!({"metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}}), now);
+        let created = s.create(
+            leases(),
+            "default",
+            json!({"metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}}),
+            now,
+        );
         let created = created.unwrap_or_default();
         assert_eq!(rv_of(&created), Some(1001));
         assert_eq!(
-            s.create(leases(), "default", json!({"metadata": {"name": "l"}}), now).map_err(|e| e.code),
+            s.create(leases(), "default", json!({"metadata": {"name": "l"}}), now)
+                .map_err(|e| e.code),
             Err(409)
         );
         let mut next = created.clone();
         next["spec"]["holderIdentity"] = json!("b");
-        let updated = s.update(leases(), "default", "l", next.clone()).unwrap_or_default();
+        let updated = s
+            .update(leases(), "default", "l", next.clone())
+            .unwrap_or_default();
         assert_eq!(updated.pointer("/metadata/generation"), Some(&json!(2)));
         // The same stale resourceVersion again: conflict.
-        let err = s.update(leases(), "default", "l", next).map_err(|e| e.reason);
+        let err = s
+            .update(leases(), "default", "l", next)
+            .map_err(|e| e.reason);
         assert_eq!(err, Err("Conflict"));
-        assert_eq!(s.history_since("leases", None, 1001).map(|h| h.len()).unwrap_or(0), 1);
+        assert_eq!(
+            s.history_since("leases", None, 1001)
+                .map(|h| h.len())
+                .unwrap_or(0),
+            1
+        );
         for i in 0..4 {
-            let _ = s.create(leases(), "default", json!({"metadata": {"name": format!("x{i}")}}), now);
+            let _ = s.create(
+                leases(),
+                "default",
+                json!({"metadata": {"name": format!("x{i}")}}),
+                now,
+            );
         }
-        assert_eq!(s.history_since("leases", None, 1001).map_err(|e| e.code), Err(410));
+        assert_eq!(
+            s.history_since("leases", None, 1001).map_err(|e| e.code),
+            Err(410)
+        );
     }
 }

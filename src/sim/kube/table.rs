@@ -68,7 +68,10 @@ fn address(node: &Value, kind: &str) -> String {
     let found = node
         .pointer("/status/addresses")
         .and_then(Value::as_array)
-        .and_then(|a| a.iter().find(|x| x.get("type").and_then(Value::as_str) == Some(kind)))
+        .and_then(|a| {
+            a.iter()
+                .find(|x| x.get("type").and_then(Value::as_str) == Some(kind))
+        })
         .and_then(|x| x.get("address"))
         .and_then(Value::as_str)
         .unwrap_or("");
@@ -83,10 +86,18 @@ fn node_row(n: &Value, now: Timestamp) -> Vec<Value> {
     let mut roles: Vec<&str> = n
         .pointer("/metadata/labels")
         .and_then(Value::as_object)
-        .map(|l| l.keys().filter_map(|k| k.strip_prefix("node-role.kubernetes.io/")).collect())
+        .map(|l| {
+            l.keys()
+                .filter_map(|k| k.strip_prefix("node-role.kubernetes.io/"))
+                .collect()
+        })
         .unwrap_or_default();
     roles.sort();
-    let roles = if roles.is_empty() { "<none>".to_string() } else { roles.join(",") };
+    let roles = if roles.is_empty() {
+        "<none>".to_string()
+    } else {
+        roles.join(",")
+    };
     vec![
         json!(name_of(n)),
         json!(status),
@@ -102,11 +113,24 @@ fn node_row(n: &Value, now: Timestamp) -> Vec<Value> {
 }
 
 fn pod_row(p: &Value, now: Timestamp) -> Vec<Value> {
-    let statuses = p.pointer("/status/containerStatuses").and_then(Value::as_array);
-    let total = p.pointer("/spec/containers").and_then(Value::as_array).map_or(0, Vec::len);
-    let ready = statuses.map_or(0, |c| c.iter().filter(|c| c.get("ready") == Some(&json!(true))).count());
+    let statuses = p
+        .pointer("/status/containerStatuses")
+        .and_then(Value::as_array);
+    let total = p
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    let ready = statuses.map_or(0, |c| {
+        c.iter()
+            .filter(|c| c.get("ready") == Some(&json!(true)))
+            .count()
+    });
     let ready = if is_ready(p) { ready } else { 0 };
-    let restarts: u64 = statuses.map_or(0, |c| c.iter().filter_map(|c| c.get("restartCount")?.as_u64()).sum());
+    let restarts: u64 = statuses.map_or(0, |c| {
+        c.iter()
+            .filter_map(|c| c.get("restartCount")?.as_u64())
+            .sum()
+    });
     let status = if p.pointer("/metadata/deletionTimestamp").is_some() {
         "Terminating".to_string()
     } else {
@@ -126,40 +150,106 @@ fn pod_row(p: &Value, now: Timestamp) -> Vec<Value> {
 }
 
 /// A meta.k8s.io/v1 Table of `items`.
-pub fn table(rt: &ResourceType, items: &[Value], resource_version: u64, now: Timestamp, include_object: bool) -> Value {
+pub fn table(
+    rt: &ResourceType,
+    items: &[Value],
+    resource_version: u64,
+    now: Timestamp,
+    include_object: bool,
+) -> Value {
     let (columns, row): (Vec<Value>, fn(&Value, Timestamp) -> Vec<Value>) = match rt.plural {
         "nodes" => (
             vec![
-                col("Name", "string", 0, "Name must be unique within a namespace."),
+                col(
+                    "Name",
+                    "string",
+                    0,
+                    "Name must be unique within a namespace.",
+                ),
                 col("Status", "string", 0, "The status of the node"),
                 col("Roles", "string", 0, "The roles of the node"),
                 col("Age", "string", 0, "CreationTimestamp"),
-                col("Version", "string", 0, "Kubelet Version reported by the node."),
+                col(
+                    "Version",
+                    "string",
+                    0,
+                    "Kubelet Version reported by the node.",
+                ),
                 col("Internal-IP", "string", 1, "List of internal IPs."),
                 col("External-IP", "string", 1, "List of external IPs."),
                 col("OS-Image", "string", 1, "OS image reported by the node."),
-                col("Kernel-Version", "string", 1, "Kernel version reported by the node."),
-                col("Container-Runtime", "string", 1, "Container runtime reported by the node."),
+                col(
+                    "Kernel-Version",
+                    "string",
+                    1,
+                    "Kernel version reported by the node.",
+                ),
+                col(
+                    "Container-Runtime",
+                    "string",
+                    1,
+                    "Container runtime reported by the node.",
+                ),
             ],
             node_row,
         ),
         "pods" => (
             vec![
-                col("Name", "string", 0, "Name must be unique within a namespace."),
-                col("Ready", "string", 0, "The aggregate readiness state of this pod for accepting traffic."),
-                col("Status", "string", 0, "The aggregate status of the containers in this pod."),
-                col("Restarts", "string", 0, "The number of times the containers in this pod have been restarted."),
+                col(
+                    "Name",
+                    "string",
+                    0,
+                    "Name must be unique within a namespace.",
+                ),
+                col(
+                    "Ready",
+                    "string",
+                    0,
+                    "The aggregate readiness state of this pod for accepting traffic.",
+                ),
+                col(
+                    "Status",
+                    "string",
+                    0,
+                    "The aggregate status of the containers in this pod.",
+                ),
+                col(
+                    "Restarts",
+                    "string",
+                    0,
+                    "The number of times the containers in this pod have been restarted.",
+                ),
                 col("Age", "string", 0, "CreationTimestamp"),
                 col("IP", "string", 1, "IP address allocated to the pod."),
-                col("Node", "string", 1, "Name of the Node this pod is assigned to."),
-                col("Nominated Node", "string", 1, "Name of the node nominated by the scheduler."),
-                col("Readiness Gates", "string", 1, "The readiness gates of the pod."),
+                col(
+                    "Node",
+                    "string",
+                    1,
+                    "Name of the Node this pod is assigned to.",
+                ),
+                col(
+                    "Nominated Node",
+                    "string",
+                    1,
+                    "Name of the node nominated by the scheduler.",
+                ),
+                col(
+                    "Readiness Gates",
+                    "string",
+                    1,
+                    "The readiness gates of the pod.",
+                ),
             ],
             pod_row,
         ),
         _ => (
             vec![
-                col("Name", "string", 0, "Name must be unique within a namespace."),
+                col(
+                    "Name",
+                    "string",
+                    0,
+                    "Name must be unique within a namespace.",
+                ),
                 col("Age", "string", 0, "CreationTimestamp"),
             ],
             |o, now| vec![json!(name_of(o)), json!(age(o, now))],

@@ -26,7 +26,11 @@ pub fn generate() -> Result<ServingCert, TlsError> {
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.distinguished_name.push(DnType::CommonName, "kubernetes");
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     let ca_cert = ca.self_signed(&ca_key)?;
     let issuer = Issuer::new(ca, ca_key);
 
@@ -37,7 +41,9 @@ pub fn generate() -> Result<ServingCert, TlsError> {
         "kubernetes".to_string(),
         "kubernetes.default.svc".to_string(),
     ])?;
-    params.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "kube-apiserver");
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
     let cert = params.signed_by(&key, &issuer)?;
     Ok(ServingCert {
