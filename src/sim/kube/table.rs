@@ -149,6 +149,9 @@ fn pod_row(p: &Value, now: Timestamp) -> Vec<Value> {
     ]
 }
 
+/// Renders the cells of one row.
+type RowFn = fn(&Value, Timestamp) -> Vec<Value>;
+
 /// A meta.k8s.io/v1 Table of `items`.
 pub fn table(
     rt: &ResourceType,
@@ -157,7 +160,7 @@ pub fn table(
     now: Timestamp,
     include_object: bool,
 ) -> Value {
-    let (columns, row): (Vec<Value>, fn(&Value, Timestamp) -> Vec<Value>) = match rt.plural {
+    let (columns, row): (Vec<Value>, RowFn) = match rt.plural {
         "nodes" => (
             vec![
                 col(
