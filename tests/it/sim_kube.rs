@@ -1,7 +1,7 @@
 //! The twin's Kubernetes API against independent clients: real kubectl, and raw HTTPS
 //! requests (hyper) asserting on the wire bodies. Plus behaviour tests of the model.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -268,6 +268,120 @@ async fn kubectl_drain_stalled_by_a_pdb_reports_the_disruption_budget() {
     assert!(pods_on(&t, "worker-1")
         .iter()
         .any(|p| p.pointer("/metadata/labels/app") == Some(&json!("web"))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_prints_the_other_kinds_and_follows_a_daemonset_rollout() {
+    if !have_kubectl() {
+        return;
+    }
+    let seed = drain_seed().lease("kube-system", "ichor", "ichor-0");
+    let (t, dir) = twin(seed, Behaviour::default()).await;
+    let cache = dir.path().join("cache");
+    let k = |args: &'static [&'static str]| kubectl(&t.kubeconfig, &cache, args);
+    let pdb = k(&["get", "pdb", "-A"]).await;
+    assert!(
+        pdb.ok && pdb.stdout.contains("ALLOWED DISRUPTIONS"),
+        "{}",
+        pdb.stdout
+    );
+    assert!(pdb.stdout.lines().any(|l| l.starts_with("default")
+        && l.contains("web")
+        && l.contains(" 2 ")
+        && l.contains("N/A")));
+    let ds = k(&["get", "ds", "-n", "kube-system"]).await;
+    assert!(
+        ds.stdout
+            .lines()
+            .any(|l| l.starts_with("kube-proxy") && l.split_whitespace().nth(1) == Some("4")),
+        "{}",
+        ds.stdout
+    );
+    let vols = k(&["get", "volumes.longhorn.io", "-A"]).await;
+    assert!(
+        vols.stdout.contains("pvc-data") && vols.stdout.contains("healthy"),
+        "{}",
+        vols.stdout
+    );
+    let apps = k(&["get", "applications", "-n", "argocd"]).await;
+    assert!(
+        apps.stdout.contains("Synced") && apps.stdout.contains("Healthy"),
+        "{}",
+        apps.stdout
+    );
+    let leases = k(&["get", "leases", "-n", "kube-system"]).await;
+    assert!(leases.stdout.contains("ichor-0"), "{}", leases.stdout);
+    let crds = k(&["get", "crd"]).await;
+    assert!(
+        crds.stdout.contains("volumes.longhorn.io")
+            && crds.stdout.contains("applications.argoproj.io")
+    );
+
+    // A new kube-proxy image (strategic merge on the containers list) rolls node by node.
+    let set = k(&[
+        "set",
+        "image",
+        "ds/kube-proxy",
+        "kube-proxy=registry.k8s.io/kube-proxy:v1.35.0",
+        "-n",
+        "kube-system",
+    ])
+    .await;
+    assert!(set.ok, "{}", set.stderr);
+    let ds = || {
+        t.with(|c, _| c.get("daemonsets", "kube-system", "kube-proxy"))
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        ds()["status"]["updatedNumberScheduled"],
+        1,
+        "one pod replaced at a time"
+    );
+    for _ in 0..8 {
+        t.clock().advance(Duration::from_secs(10));
+        t.sync();
+    }
+    assert_eq!(ds()["status"]["updatedNumberScheduled"], 4);
+    assert_eq!(ds()["status"]["numberAvailable"], 4);
+    let images: Vec<String> = t
+        .with(|c, _| c.list("pods", Some("kube-system")))
+        .iter()
+        .filter(|p| p["metadata"]["labels"]["k8s-app"] == "kube-proxy")
+        .map(|p| {
+            p["spec"]["containers"][0]["image"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(images, vec!["registry.k8s.io/kube-proxy:v1.35.0"; 4]);
+    let status = k(&[
+        "rollout",
+        "status",
+        "ds/kube-proxy",
+        "-n",
+        "kube-system",
+        "--timeout=10s",
+    ])
+    .await;
+    assert!(
+        status.ok && status.stdout.contains("successfully rolled out"),
+        "{}",
+        status.stdout
+    );
+
+    // kubectl delete waits for the pod to be gone.
+    let web = t.with(|c, _| c.list("pods", Some("default")))[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let del = kubectl(
+        &t.kubeconfig,
+        &cache,
+        &["delete", "pod", &web, "--timeout=10s"],
+    )
+    .await;
+    assert!(del.ok && del.stdout.contains("deleted"), "{}", del.stderr);
 }
 
 // ---- raw HTTPS ---------------------------------------------------------------------------
@@ -1059,9 +1173,17 @@ async fn node_model_api_for_the_integration() {
     );
     assert!(apiserver.body["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string());
     // upsert: a mirror pod with a new image, as the integration does after a NO_REBOOT apply.
-    let mut pod = apiserver.body.clone();
-    pod["spec"]["containers"][0]["image"] = json!("registry.k8s.io/kube-apiserver:v1.34.1");
-    t.with(|c, now| c.upsert(pod, now)).expect("upsert");
+    t.with(|c, now| {
+        c.upsert_mirror_pod(
+            "cp-1",
+            "kube-apiserver",
+            "registry.k8s.io/kube-apiserver:v1.34.1",
+            "2",
+            true,
+            now,
+        )
+    })
+    .expect("upsert");
     let after = api
         .get("/api/v1/namespaces/kube-system/pods/kube-apiserver-cp-1")
         .await;
@@ -1069,5 +1191,9 @@ async fn node_model_api_for_the_integration() {
         after.body["spec"]["containers"][0]["image"],
         "registry.k8s.io/kube-apiserver:v1.34.1"
     );
-    let _ = PathBuf::new();
+    assert_eq!(
+        after.body["metadata"]["annotations"]["talos.dev/config-version"],
+        "2"
+    );
+    assert_eq!(after.body["status"]["hostIP"], "10.5.0.11");
 }

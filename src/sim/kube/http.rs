@@ -390,7 +390,7 @@ async fn resource(
     let result = match (method.clone(), name, sub) {
         (Method::GET, None, None) => {
             if q.flag("watch") {
-                return watch(sh, rt, ns, q);
+                return watch(sh, rt, ns, q, wants_table(headers));
             }
             list(sh, rt, ns, q, headers)
         }
@@ -692,6 +692,7 @@ fn watch(
     rt: &'static ResourceType,
     ns: Option<&str>,
     q: &Query,
+    as_table: bool,
 ) -> Response<Body> {
     let (l, f) = match selectors(q) {
         Ok(x) => x,
@@ -738,6 +739,21 @@ fn watch(
     };
     let (tx, body_rx) = mpsc::channel::<Result<Bytes, Infallible>>(256);
     let bookmark = move |rv: u64| json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": {"resourceVersion": rv.to_string()}});
+    // `kubectl get -w` asks for Tables: each event then carries a one-row Table.
+    let clock = sh.clock.clone();
+    let render = move |obj: Value| {
+        if as_table {
+            table(
+                rt,
+                std::slice::from_ref(&obj),
+                rv_of(&obj).unwrap_or(0),
+                clock.now(),
+                false,
+            )
+        } else {
+            obj
+        }
+    };
     tokio::spawn(async move {
         match initial {
             Err(e) => {
@@ -746,7 +762,7 @@ fn watch(
             }
             Ok(evs) => {
                 for (kind, obj) in evs {
-                    if tx.send(Ok(event_line(kind, &obj))).await.is_err() {
+                    if tx.send(Ok(event_line(kind, &render(obj)))).await.is_err() {
                         return;
                     }
                 }
@@ -786,7 +802,7 @@ fn watch(
                     if !(l.matches_object(&ev.object) && f.matches(&ev.object)) {
                         continue;
                     }
-                    if tx.send(Ok(event_line(ev.kind.as_str(), &ev.object))).await.is_err() {
+                    if tx.send(Ok(event_line(ev.kind.as_str(), &render(ev.object)))).await.is_err() {
                         return;
                     }
                 }

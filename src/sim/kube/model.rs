@@ -57,6 +57,27 @@ pub struct DeprecatedApi {
 }
 
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+/// The twin's record of which pod template a pod was made from (for rolling updates).
+pub const TEMPLATE_HASH: &str = "twin.ichor.dev/template-hash";
+
+/// A short stable hash of an owner's pod template.
+pub fn template_hash(owner: &Value) -> String {
+    let text = owner
+        .pointer("/spec/template")
+        .map(Value::to_string)
+        .unwrap_or_default();
+    // FNV-1a: stable across runs, unlike the std hasher.
+    let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{:08x}", h as u32)
+}
+
+fn pod_template_hash(pod: &Value) -> Option<&str> {
+    pod.pointer("/metadata/annotations")?
+        .get(TEMPLATE_HASH)?
+        .as_str()
+}
 pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
 
 /// The simulated cluster: objects and the controllers acting on them.
@@ -393,6 +414,41 @@ impl Cluster {
         Ok(())
     }
 
+    /// Pods bound to a node.
+    pub fn pods_on_node(&self, node: &str) -> Vec<Value> {
+        self.pods_on(node)
+    }
+
+    /// Post or replace the mirror pod of a static pod (`<component>-<node>` in kube-system),
+    /// as the kubelet does after a static pod (re)starts.
+    pub fn upsert_mirror_pod(
+        &mut self,
+        node: &str,
+        component: &str,
+        image: &str,
+        config_version: &str,
+        ready: bool,
+        now: Timestamp,
+    ) -> Result<Value, ApiError> {
+        let Some(n) = self.store.get("nodes", "", node) else {
+            return Err(ApiError::not_found(rt("nodes"), node));
+        };
+        let ip = internal_ip(n).unwrap_or_default();
+        let mut pod = super::seed::mirror_pod(node, &ip, component, image, config_version, now);
+        if !ready {
+            set_condition(&mut pod, "Ready", false, "ContainersNotReady", now);
+            set_condition(
+                &mut pod,
+                "ContainersReady",
+                false,
+                "ContainersNotReady",
+                now,
+            );
+            pod["status"]["containerStatuses"][0]["ready"] = json!(false);
+        }
+        self.upsert(pod, now)
+    }
+
     /// Another holder takes the Lease (fault: a stolen lock).
     pub fn steal_lease(
         &mut self,
@@ -622,7 +678,7 @@ impl Cluster {
         // A handful of passes reach a fixed point: deployments → replicasets → pods → status.
         for _ in 0..4 {
             let before = self.store.resource_version();
-            self.deployments(now);
+            self.deployments();
             self.replica_sets(now);
             self.stateful_sets(now);
             self.daemon_sets(now);
@@ -694,6 +750,7 @@ impl Cluster {
         if let Some(a) = template.pointer("/metadata/annotations") {
             pod["metadata"]["annotations"] = a.clone();
         }
+        pod["metadata"]["annotations"][TEMPLATE_HASH] = json!(template_hash(owner));
         if let Some(n) = node {
             pod["spec"]["nodeName"] = json!(n);
         }
@@ -702,21 +759,31 @@ impl Cluster {
         }
     }
 
-    fn deployments(&mut self, now: Timestamp) {
+    /// Deployments own one ReplicaSet each: its scale and pod template follow the
+    /// Deployment's (the twin updates the ReplicaSet in place instead of creating a new one).
+    fn deployments(&mut self) {
         for d in self.store.all("deployments") {
             let ns = namespace_of(&d).to_string();
             let want = replicas_of(&d);
+            let template = d.pointer("/spec/template").cloned().unwrap_or(json!({}));
             for rs in self.store.list(
                 "replicasets",
                 Some(&ns),
                 &LabelSelector::default(),
                 &FieldSelector::default(),
             ) {
-                if controller_of(&rs).is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d))
-                    && replicas_of(&rs) != want
-                {
+                if !controller_of(&rs).is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d)) {
+                    continue;
+                }
+                // The ReplicaSet's template carries pod-template-hash on top of the Deployment's.
+                let mut rs_template = template.clone();
+                if let Some(h) = rs.pointer("/spec/template/metadata/labels/pod-template-hash") {
+                    rs_template["metadata"]["labels"]["pod-template-hash"] = h.clone();
+                }
+                if replicas_of(&rs) != want || rs.pointer("/spec/template") != Some(&rs_template) {
                     let mut rs2 = rs.clone();
                     rs2["spec"]["replicas"] = json!(want);
+                    rs2["spec"]["template"] = rs_template;
                     if let Some(m) = rs2.get_mut("metadata").and_then(Value::as_object_mut) {
                         m.remove("resourceVersion");
                     }
@@ -724,7 +791,27 @@ impl Cluster {
                 }
             }
         }
-        let _ = now;
+    }
+
+    /// Rolling update, one pod at a time: when none of the owner's pods is starting,
+    /// replace one pod built from an older template.
+    fn roll(&mut self, owner: &Value, have: &[Value]) {
+        let current = template_hash(owner);
+        let starting = have.iter().any(|p| {
+            self.pending
+                .contains_key(&(namespace_of(p).to_string(), name_of(p).to_string()))
+        });
+        if starting {
+            return;
+        }
+        if let Some(stale) = have
+            .iter()
+            .find(|p| pod_template_hash(p) != Some(current.as_str()))
+        {
+            let _ = self
+                .store
+                .delete(rt_pods(), namespace_of(stale), name_of(stale));
+        }
     }
 
     fn replica_sets(&mut self, now: Timestamp) {
@@ -740,17 +827,27 @@ impl Cluster {
             for p in have.iter().skip(want) {
                 let _ = self.store.delete(rt_pods(), &ns, name_of(p));
             }
+            if have.len() == want {
+                self.roll(&rs, &have);
+            }
         }
     }
 
     fn stateful_sets(&mut self, now: Timestamp) {
         for sts in self.store.all("statefulsets") {
             let ns = namespace_of(&sts).to_string();
+            let mut have = Vec::new();
             for i in 0..replicas_of(&sts) {
                 let name = format!("{}-{}", name_of(&sts), i);
-                if self.store.get("pods", &ns, &name).is_none() {
-                    self.new_pod(&sts, name, None, now);
+                match self.store.get("pods", &ns, &name) {
+                    Some(p) => have.push(p.clone()),
+                    None => self.new_pod(&sts, name, None, now),
                 }
+            }
+            if have.len() as u64 == replicas_of(&sts) {
+                // StatefulSets roll from the highest ordinal down.
+                have.reverse();
+                self.roll(&sts, &have);
             }
         }
     }
@@ -760,10 +857,12 @@ impl Cluster {
         for ds in self.store.all("daemonsets") {
             let ns = namespace_of(&ds).to_string();
             let have = self.pods_of(&ns, "DaemonSet", name_of(&ds));
+            let mut complete = true;
             for node in nodes.iter().filter(|n| is_ready(n)) {
                 if !have.iter().any(|p| node_of(p) == name_of(node)) {
                     let name = format!("{}-{}", name_of(&ds), self.store.suffix());
                     self.new_pod(&ds, name, Some(name_of(node)), now);
+                    complete = false;
                 }
             }
             // Pods of a node that no longer exists are garbage.
@@ -772,6 +871,9 @@ impl Cluster {
                 .filter(|p| !nodes.iter().any(|n| name_of(n) == node_of(p)))
             {
                 let _ = self.store.delete(rt_pods(), &ns, name_of(p));
+            }
+            if complete {
+                self.roll(&ds, &have);
             }
         }
     }
@@ -812,30 +914,49 @@ impl Cluster {
             .filter(|(_, t)| t.plus(self.behaviour.pod_start_delay) <= now)
             .map(|(k, _)| k.clone())
             .collect();
+        if due.is_empty() {
+            return;
+        }
         let nodes = self.store.all("nodes");
+        // Pods per node and per (owner, node), counted once and kept current while placing.
+        type OwnerKey = (String, String, String);
+        let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+        let mut per_owner: BTreeMap<(OwnerKey, String), usize> = BTreeMap::new();
+        let owner_key =
+            |p: &Value| controller_of(p).map(|(k, n)| (namespace_of(p).to_string(), k, n));
+        for p in self.store.iter("pods") {
+            let n = node_of(p).to_string();
+            if n.is_empty() {
+                continue;
+            }
+            if let Some(o) = owner_key(p) {
+                *per_owner.entry((o, n.clone())).or_default() += 1;
+            }
+            *per_node.entry(n).or_default() += 1;
+        }
         for (ns, name) in due {
             let Some(mut pod) = self.store.get("pods", &ns, &name).cloned() else {
                 self.pending.remove(&(ns, name));
                 continue;
             };
+            let owner = owner_key(&pod);
             let node_name = match node_of(&pod) {
                 "" => {
                     let pinned = self.pinned_node(&pod);
-                    let owner = controller_of(&pod);
-                    let candidates: Vec<&Value> = nodes
+                    // Spread: fewest pods of the same owner, then fewest pods, then name.
+                    let best = nodes
                         .iter()
                         .filter(|n| Self::schedulable(n))
                         .filter(|n| pinned.as_deref().is_none_or(|p| p == name_of(n)))
-                        .collect();
-                    // Spread: fewest pods of the same owner, then fewest pods, then name.
-                    let best = candidates.into_iter().min_by_key(|n| {
-                        let on = self.pods_on(name_of(n));
-                        let same = on
-                            .iter()
-                            .filter(|p| owner.is_some() && controller_of(p) == owner)
-                            .count();
-                        (same, on.len(), name_of(n).to_string())
-                    });
+                        .min_by_key(|n| {
+                            let node = name_of(n).to_string();
+                            let same = owner
+                                .as_ref()
+                                .and_then(|o| per_owner.get(&(o.clone(), node.clone())))
+                                .copied()
+                                .unwrap_or(0);
+                            (same, per_node.get(&node).copied().unwrap_or(0), node)
+                        });
                     match best {
                         Some(n) => name_of(n).to_string(),
                         None => continue,
@@ -848,6 +969,12 @@ impl Cluster {
                     n.to_string()
                 }
             };
+            if node_of(&pod).is_empty() {
+                if let Some(o) = owner {
+                    *per_owner.entry((o, node_name.clone())).or_default() += 1;
+                }
+                *per_node.entry(node_name.clone()).or_default() += 1;
+            }
             let node = nodes.iter().find(|n| name_of(n) == node_name);
             let host_ip = node.and_then(internal_ip).unwrap_or_default();
             let serial = self.store.resource_version();
@@ -985,14 +1112,21 @@ impl Cluster {
 
     /// Status of PDBs, ReplicaSets, Deployments, StatefulSets and DaemonSets from the pods.
     fn statuses(&mut self, _now: Timestamp) {
-        let pods = self.store.all("pods");
+        let pods: Vec<&Value> = self.store.iter("pods").collect();
         let owned = |ns: &str, kind: &str, name: &str| -> Vec<&Value> {
             pods.iter()
+                .copied()
                 .filter(|p| {
                     namespace_of(p) == ns
                         && controller_of(p).is_some_and(|(k, n)| k == kind && n == name)
                 })
                 .collect()
+        };
+        let updated = |ps: &[&Value], owner: &Value| {
+            let h = template_hash(owner);
+            ps.iter()
+                .filter(|p| pod_template_hash(p) == Some(h.as_str()))
+                .count()
         };
         let mut updates: Vec<(&'static str, Value)> = Vec::new();
         for kind in ["ReplicaSet", "StatefulSet"] {
@@ -1009,7 +1143,7 @@ impl Cluster {
                 o2["status"]["readyReplicas"] = json!(ready);
                 o2["status"]["availableReplicas"] = json!(ready);
                 o2["status"]["currentReplicas"] = json!(ps.len());
-                o2["status"]["updatedReplicas"] = json!(ps.len());
+                o2["status"]["updatedReplicas"] = json!(updated(&ps, &o));
                 o2["status"]["observedGeneration"] = o
                     .pointer("/metadata/generation")
                     .cloned()
@@ -1019,27 +1153,23 @@ impl Cluster {
         }
         for d in self.store.all("deployments") {
             let ns = namespace_of(&d);
-            let rs_pods: Vec<&Value> = self
-                .store
-                .list(
-                    "replicasets",
-                    Some(ns),
-                    &LabelSelector::default(),
-                    &FieldSelector::default(),
-                )
-                .iter()
-                .filter(|rs| {
-                    controller_of(rs).is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d))
-                })
-                .flat_map(|rs| owned(ns, "ReplicaSet", name_of(rs)))
-                .collect();
+            let mut rs_pods: Vec<&Value> = Vec::new();
+            let mut up_to_date = 0;
+            for rs in self.store.iter("replicasets").filter(|rs| {
+                namespace_of(rs) == ns
+                    && controller_of(rs).is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d))
+            }) {
+                let ps = owned(ns, "ReplicaSet", name_of(rs));
+                up_to_date += updated(&ps, rs);
+                rs_pods.extend(ps);
+            }
             let ready = rs_pods.iter().filter(|p| is_ready(p)).count();
             let want = replicas_of(&d) as usize;
             let mut d2 = d.clone();
             d2["status"]["replicas"] = json!(rs_pods.len());
             d2["status"]["readyReplicas"] = json!(ready);
             d2["status"]["availableReplicas"] = json!(ready);
-            d2["status"]["updatedReplicas"] = json!(rs_pods.len());
+            d2["status"]["updatedReplicas"] = json!(up_to_date);
             d2["status"]["unavailableReplicas"] = json!(want.saturating_sub(ready));
             d2["status"]["observedGeneration"] = d
                 .pointer("/metadata/generation")
@@ -1055,7 +1185,7 @@ impl Cluster {
             let mut ds2 = ds.clone();
             ds2["status"]["desiredNumberScheduled"] = json!(desired);
             ds2["status"]["currentNumberScheduled"] = json!(ps.len());
-            ds2["status"]["updatedNumberScheduled"] = json!(ps.len());
+            ds2["status"]["updatedNumberScheduled"] = json!(updated(&ps, &ds));
             ds2["status"]["numberReady"] = json!(ready);
             ds2["status"]["numberAvailable"] = json!(ready);
             ds2["status"]["numberUnavailable"] = json!(desired.saturating_sub(ready));
@@ -1072,6 +1202,7 @@ impl Cluster {
                 LabelSelector::from_object(pdb.pointer("/spec/selector").unwrap_or(&Value::Null));
             let matched: Vec<&Value> = pods
                 .iter()
+                .copied()
                 .filter(|p| {
                     namespace_of(p) == ns && selector.as_ref().is_some_and(|s| s.matches_object(p))
                 })

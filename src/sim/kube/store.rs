@@ -297,6 +297,14 @@ impl Store {
             .collect()
     }
 
+    /// Borrow every object of one resource (all namespaces), in key order.
+    pub fn iter(&self, plural: &'static str) -> impl Iterator<Item = &Value> {
+        self.objects
+            .range((plural, String::new(), String::new())..)
+            .take_while(move |((p, _, _), _)| *p == plural)
+            .map(|(_, o)| o)
+    }
+
     /// Every object of one resource (all namespaces).
     pub fn all(&self, plural: &'static str) -> Vec<Value> {
         self.list(
@@ -456,11 +464,14 @@ impl Store {
         else {
             return Err(ApiError::not_found(rt, name));
         };
+        // The caller gets the object as last stored; the DELETED event carries the new
+        // version, so a watch from the returned version sees the deletion.
+        let last = obj.clone();
         self.rv += 1;
         let rv = self.rv;
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
-        self.record(rt, ns, EventType::Deleted, obj.clone());
-        Ok(obj)
+        self.record(rt, ns, EventType::Deleted, obj);
+        Ok(last)
     }
 
     /// Look up a resource type by plural; the model only names served ones.

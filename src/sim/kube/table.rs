@@ -149,6 +149,29 @@ fn pod_row(p: &Value, now: Timestamp) -> Vec<Value> {
     ]
 }
 
+/// Column definitions: `main` always shown, `wide` only with `-o wide`.
+fn cols(main: &[&str], wide: &[&str]) -> Vec<Value> {
+    let mut out: Vec<Value> = main.iter().map(|c| col(c, "string", 0, "")).collect();
+    out.extend(wide.iter().map(|c| col(c, "string", 1, "")));
+    out
+}
+
+fn n(obj: &Value, ptr: &str) -> u64 {
+    obj.pointer(ptr).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// Container names and images of a workload's pod template.
+fn containers(o: &Value) -> Vec<Value> {
+    let cs = o
+        .pointer("/spec/template/spec/containers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let names: Vec<&str> = cs.iter().filter_map(|c| c.get("name")?.as_str()).collect();
+    let images: Vec<&str> = cs.iter().filter_map(|c| c.get("image")?.as_str()).collect();
+    vec![json!(names.join(",")), json!(images.join(","))]
+}
+
 /// Renders the cells of one row.
 type RowFn = fn(&Value, Timestamp) -> Vec<Value>;
 
@@ -245,18 +268,129 @@ pub fn table(
             ],
             pod_row,
         ),
-        _ => (
-            vec![
-                col(
+        "poddisruptionbudgets" => (
+            cols(
+                &[
                     "Name",
-                    "string",
-                    0,
-                    "Name must be unique within a namespace.",
-                ),
-                col("Age", "string", 0, "CreationTimestamp"),
-            ],
-            |o, now| vec![json!(name_of(o)), json!(age(o, now))],
+                    "Min Available",
+                    "Max Unavailable",
+                    "Allowed Disruptions",
+                    "Age",
+                ],
+                &[],
+            ),
+            |o, now| {
+                let v = |p: &str| match o.pointer(p) {
+                    Some(Value::Number(n)) => n.to_string(),
+                    Some(Value::String(s)) => s.clone(),
+                    _ => "N/A".into(),
+                };
+                vec![
+                    json!(name_of(o)),
+                    json!(v("/spec/minAvailable")),
+                    json!(v("/spec/maxUnavailable")),
+                    json!(n(o, "/status/disruptionsAllowed")),
+                    json!(age(o, now)),
+                ]
+            },
         ),
+        "deployments" => (
+            cols(
+                &["Name", "Ready", "Up-to-date", "Available", "Age"],
+                &["Containers", "Images"],
+            ),
+            |o, now| {
+                let replicas = o
+                    .pointer("/spec/replicas")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(1);
+                let mut row = vec![
+                    json!(name_of(o)),
+                    json!(format!("{}/{}", n(o, "/status/readyReplicas"), replicas)),
+                    json!(n(o, "/status/updatedReplicas")),
+                    json!(n(o, "/status/availableReplicas")),
+                    json!(age(o, now)),
+                ];
+                row.extend(containers(o));
+                row
+            },
+        ),
+        "daemonsets" => (
+            cols(
+                &[
+                    "Name",
+                    "Desired",
+                    "Current",
+                    "Ready",
+                    "Up-to-date",
+                    "Available",
+                    "Node Selector",
+                    "Age",
+                ],
+                &["Containers", "Images"],
+            ),
+            |o, now| {
+                let mut row = vec![json!(name_of(o))];
+                for f in [
+                    "desiredNumberScheduled",
+                    "currentNumberScheduled",
+                    "numberReady",
+                    "updatedNumberScheduled",
+                    "numberAvailable",
+                ] {
+                    row.push(json!(n(o, &format!("/status/{f}"))));
+                }
+                row.push(json!("<none>"));
+                row.push(json!(age(o, now)));
+                row.extend(containers(o));
+                row
+            },
+        ),
+        "leases" => (cols(&["Name", "Holder", "Age"], &[]), |o, now| {
+            vec![
+                json!(name_of(o)),
+                json!(s(o, "/spec/holderIdentity")),
+                json!(age(o, now)),
+            ]
+        }),
+        "volumes" => (
+            cols(&["Name", "State", "Robustness", "Node", "Age"], &[]),
+            |o, now| {
+                vec![
+                    json!(name_of(o)),
+                    json!(s(o, "/status/state")),
+                    json!(s(o, "/status/robustness")),
+                    json!(s(o, "/spec/nodeID")),
+                    json!(age(o, now)),
+                ]
+            },
+        ),
+        "replicas" => (
+            cols(&["Name", "State", "Node", "Volume", "Age"], &[]),
+            |o, now| {
+                vec![
+                    json!(name_of(o)),
+                    json!(s(o, "/status/currentState")),
+                    json!(s(o, "/spec/nodeID")),
+                    json!(s(o, "/spec/volumeName")),
+                    json!(age(o, now)),
+                ]
+            },
+        ),
+        "applications" => (
+            cols(&["Name", "Sync Status", "Health Status", "Age"], &[]),
+            |o, now| {
+                vec![
+                    json!(name_of(o)),
+                    json!(s(o, "/status/sync/status")),
+                    json!(s(o, "/status/health/status")),
+                    json!(age(o, now)),
+                ]
+            },
+        ),
+        _ => (cols(&["Name", "Age"], &[]), |o, now| {
+            vec![json!(name_of(o)), json!(age(o, now))]
+        }),
     };
     let rows: Vec<Value> = items
         .iter()
