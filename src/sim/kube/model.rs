@@ -3,7 +3,7 @@
 //! replicas), faults, and the Eviction API. Everything runs on timestamps passed in, so a
 //! manual clock makes it deterministic: a change is applied when `sync(now)` reaches its time.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -91,6 +91,9 @@ pub struct Cluster {
     /// Longhorn volumes (namespace, name) → since when they are degraded.
     degraded_since: BTreeMap<(String, String), Timestamp>,
     now: Timestamp,
+    /// The resourceVersion the controllers last settled at, and when something is due next.
+    settled_at: Option<u64>,
+    next_due: Option<Timestamp>,
 }
 
 fn rt(plural: &str) -> &'static ResourceType {
@@ -177,21 +180,15 @@ pub fn set_condition(obj: &mut Value, kind: &str, status: bool, reason: &str, no
 }
 
 /// The owner with `controller: true`: (kind, name).
-pub fn controller_of(pod: &Value) -> Option<(String, String)> {
+pub fn controller_of(pod: &Value) -> Option<(&str, &str)> {
     pod.pointer("/metadata/ownerReferences")?
         .as_array()?
         .iter()
         .find(|o| o.get("controller").and_then(Value::as_bool) == Some(true))
         .map(|o| {
             (
-                o.get("kind")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
-                o.get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
+                o.get("kind").and_then(Value::as_str).unwrap_or(""),
+                o.get("name").and_then(Value::as_str).unwrap_or(""),
             )
         })
 }
@@ -247,6 +244,8 @@ impl Cluster {
             pending: BTreeMap::new(),
             degraded_since: BTreeMap::new(),
             now,
+            settled_at: None,
+            next_due: None,
         }
     }
 
@@ -269,6 +268,20 @@ impl Cluster {
         let out = self.store.upsert(rt, obj, now)?;
         self.after_change(rt.plural, &out, now);
         self.sync(now);
+        Ok(out)
+    }
+
+    /// Upsert without running the controllers (bulk seeding; call `sync` after).
+    pub(crate) fn upsert_quiet(&mut self, obj: Value, now: Timestamp) -> Result<Value, ApiError> {
+        let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+        let Some(rt) = by_kind(api_version, kind) else {
+            return Err(ApiError::bad_request(format!(
+                "no resource served for apiVersion {api_version:?} kind {kind:?}"
+            )));
+        };
+        let out = self.store.upsert(rt, obj, now)?;
+        self.after_change(rt.plural, &out, now);
         Ok(out)
     }
 
@@ -483,6 +496,8 @@ impl Cluster {
         } else {
             self.faults.pdb_never_allows.remove(&key);
         }
+        // Not an object change, so the controllers would not otherwise look again.
+        self.settled_at = None;
         self.sync(now);
     }
 
@@ -675,6 +690,12 @@ impl Cluster {
             self.now = now;
         }
         let now = self.now;
+        // Nothing changed and nothing is due: the model is already settled.
+        if self.settled_at == Some(self.store.resource_version())
+            && self.next_due.is_none_or(|d| now < d)
+        {
+            return;
+        }
         // A handful of passes reach a fixed point: deployments → replicasets → pods → status.
         for _ in 0..4 {
             let before = self.store.resource_version();
@@ -689,6 +710,16 @@ impl Cluster {
                 break;
             }
         }
+        self.settled_at = Some(self.store.resource_version());
+        let pod_due = self
+            .pending
+            .values()
+            .map(|t| t.plus(self.behaviour.pod_start_delay));
+        let rebuild_due = self
+            .degraded_since
+            .values()
+            .map(|t| t.plus(self.behaviour.replica_rebuild_delay));
+        self.next_due = pod_due.chain(rebuild_due).min();
     }
 
     /// Advance the model to `now` (same as `sync`).
@@ -704,16 +735,35 @@ impl Cluster {
             .collect()
     }
 
-    fn pods_of(&self, namespace: &str, kind: &str, name: &str) -> Vec<Value> {
+    /// Pods by controller (namespace, kind, name): just what the controllers look at.
+    fn pods_by_owner(&self) -> HashMap<(String, String, String), Vec<PodBrief>> {
+        let mut out: HashMap<(String, String, String), Vec<PodBrief>> = HashMap::new();
+        for p in self.store.iter("pods") {
+            if let Some((k, n)) = controller_of(p) {
+                out.entry((namespace_of(p).to_string(), k.to_string(), n.to_string()))
+                    .or_default()
+                    .push(PodBrief {
+                        namespace: namespace_of(p).to_string(),
+                        name: name_of(p).to_string(),
+                        node: node_of(p).to_string(),
+                        template: pod_template_hash(p).map(String::from),
+                    });
+            }
+        }
+        out
+    }
+
+    /// Name, readiness and schedulability of every node.
+    fn node_briefs(&self) -> Vec<NodeBrief> {
         self.store
-            .list(
-                "pods",
-                Some(namespace),
-                &LabelSelector::default(),
-                &FieldSelector::default(),
-            )
-            .into_iter()
-            .filter(|p| controller_of(p).is_some_and(|(k, n)| k == kind && n == name))
+            .iter("nodes")
+            .map(|n| NodeBrief {
+                name: name_of(n).to_string(),
+                ready: is_ready(n),
+                schedulable: Self::schedulable(n),
+                control_plane: is_control_plane(n),
+                ip: internal_ip(n).unwrap_or_default(),
+            })
             .collect()
     }
 
@@ -795,29 +845,33 @@ impl Cluster {
 
     /// Rolling update, one pod at a time: when none of the owner's pods is starting,
     /// replace one pod built from an older template.
-    fn roll(&mut self, owner: &Value, have: &[Value]) {
+    fn roll(&mut self, owner: &Value, have: &[PodBrief]) {
         let current = template_hash(owner);
         let starting = have.iter().any(|p| {
             self.pending
-                .contains_key(&(namespace_of(p).to_string(), name_of(p).to_string()))
+                .contains_key(&(p.namespace.clone(), p.name.clone()))
         });
         if starting {
             return;
         }
         if let Some(stale) = have
             .iter()
-            .find(|p| pod_template_hash(p) != Some(current.as_str()))
+            .find(|p| p.template.as_deref() != Some(current.as_str()))
         {
-            let _ = self
-                .store
-                .delete(rt_pods(), namespace_of(stale), name_of(stale));
+            let _ = self.store.delete(rt_pods(), &stale.namespace, &stale.name);
         }
     }
 
     fn replica_sets(&mut self, now: Timestamp) {
+        let index = self.pods_by_owner();
         for rs in self.store.all("replicasets") {
             let ns = namespace_of(&rs).to_string();
-            let have = self.pods_of(&ns, "ReplicaSet", name_of(&rs));
+            let key = (
+                ns.clone(),
+                "ReplicaSet".to_string(),
+                name_of(&rs).to_string(),
+            );
+            let have = index.get(&key).cloned().unwrap_or_default();
             let want = replicas_of(&rs) as usize;
             for _ in have.len()..want {
                 let name = format!("{}-{}", name_of(&rs), self.store.suffix());
@@ -825,7 +879,7 @@ impl Cluster {
             }
             // Scale down: drop the newest extra pods.
             for p in have.iter().skip(want) {
-                let _ = self.store.delete(rt_pods(), &ns, name_of(p));
+                let _ = self.store.delete(rt_pods(), &ns, &p.name);
             }
             if have.len() == want {
                 self.roll(&rs, &have);
@@ -840,7 +894,12 @@ impl Cluster {
             for i in 0..replicas_of(&sts) {
                 let name = format!("{}-{}", name_of(&sts), i);
                 match self.store.get("pods", &ns, &name) {
-                    Some(p) => have.push(p.clone()),
+                    Some(p) => have.push(PodBrief {
+                        namespace: ns.clone(),
+                        name: name.clone(),
+                        node: node_of(p).to_string(),
+                        template: pod_template_hash(p).map(String::from),
+                    }),
                     None => self.new_pod(&sts, name, None, now),
                 }
             }
@@ -853,24 +912,29 @@ impl Cluster {
     }
 
     fn daemon_sets(&mut self, now: Timestamp) {
-        let nodes = self.store.all("nodes");
+        let nodes = self.node_briefs();
+        let index = self.pods_by_owner();
         for ds in self.store.all("daemonsets") {
             let ns = namespace_of(&ds).to_string();
-            let have = self.pods_of(&ns, "DaemonSet", name_of(&ds));
+            let key = (
+                ns.clone(),
+                "DaemonSet".to_string(),
+                name_of(&ds).to_string(),
+            );
+            let have = index.get(&key).cloned().unwrap_or_default();
+            let covered: BTreeSet<&str> = have.iter().map(|p| p.node.as_str()).collect();
             let mut complete = true;
-            for node in nodes.iter().filter(|n| is_ready(n)) {
-                if !have.iter().any(|p| node_of(p) == name_of(node)) {
+            for node in nodes.iter().filter(|n| n.ready) {
+                if !covered.contains(node.name.as_str()) {
                     let name = format!("{}-{}", name_of(&ds), self.store.suffix());
-                    self.new_pod(&ds, name, Some(name_of(node)), now);
+                    self.new_pod(&ds, name, Some(&node.name), now);
                     complete = false;
                 }
             }
             // Pods of a node that no longer exists are garbage.
-            for p in have
-                .iter()
-                .filter(|p| !nodes.iter().any(|n| name_of(n) == node_of(p)))
-            {
-                let _ = self.store.delete(rt_pods(), &ns, name_of(p));
+            let known: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+            for p in have.iter().filter(|p| !known.contains(p.node.as_str())) {
+                let _ = self.store.delete(rt_pods(), &ns, &p.name);
             }
             if complete {
                 self.roll(&ds, &have);
@@ -917,23 +981,30 @@ impl Cluster {
         if due.is_empty() {
             return;
         }
-        let nodes = self.store.all("nodes");
-        // Pods per node and per (owner, node), counted once and kept current while placing.
+        let nodes = self.node_briefs();
+        // Pods per node and per owner per node, counted once and kept current while placing.
         type OwnerKey = (String, String, String);
-        let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
-        let mut per_owner: BTreeMap<(OwnerKey, String), usize> = BTreeMap::new();
-        let owner_key =
-            |p: &Value| controller_of(p).map(|(k, n)| (namespace_of(p).to_string(), k, n));
+        let mut per_node: HashMap<String, usize> = HashMap::new();
+        let mut per_owner: HashMap<OwnerKey, HashMap<String, usize>> = HashMap::new();
+        let owner_key = |p: &Value| {
+            controller_of(p)
+                .map(|(k, n)| (namespace_of(p).to_string(), k.to_string(), n.to_string()))
+        };
         for p in self.store.iter("pods") {
-            let n = node_of(p).to_string();
+            let n = node_of(p);
             if n.is_empty() {
                 continue;
             }
             if let Some(o) = owner_key(p) {
-                *per_owner.entry((o, n.clone())).or_default() += 1;
+                *per_owner
+                    .entry(o)
+                    .or_default()
+                    .entry(n.to_string())
+                    .or_default() += 1;
             }
-            *per_node.entry(n).or_default() += 1;
+            *per_node.entry(n.to_string()).or_default() += 1;
         }
+        let no_counts = HashMap::new();
         for (ns, name) in due {
             let Some(mut pod) = self.store.get("pods", &ns, &name).cloned() else {
                 self.pending.remove(&(ns, name));
@@ -943,27 +1014,29 @@ impl Cluster {
             let node_name = match node_of(&pod) {
                 "" => {
                     let pinned = self.pinned_node(&pod);
+                    let same = owner
+                        .as_ref()
+                        .and_then(|o| per_owner.get(o))
+                        .unwrap_or(&no_counts);
                     // Spread: fewest pods of the same owner, then fewest pods, then name.
                     let best = nodes
                         .iter()
-                        .filter(|n| Self::schedulable(n))
-                        .filter(|n| pinned.as_deref().is_none_or(|p| p == name_of(n)))
+                        .filter(|n| n.schedulable)
+                        .filter(|n| pinned.as_deref().is_none_or(|p| p == n.name))
                         .min_by_key(|n| {
-                            let node = name_of(n).to_string();
-                            let same = owner
-                                .as_ref()
-                                .and_then(|o| per_owner.get(&(o.clone(), node.clone())))
-                                .copied()
-                                .unwrap_or(0);
-                            (same, per_node.get(&node).copied().unwrap_or(0), node)
+                            (
+                                same.get(&n.name).copied().unwrap_or(0),
+                                per_node.get(&n.name).copied().unwrap_or(0),
+                                &n.name,
+                            )
                         });
                     match best {
-                        Some(n) => name_of(n).to_string(),
+                        Some(n) => n.name.clone(),
                         None => continue,
                     }
                 }
                 n => {
-                    if !nodes.iter().any(|x| name_of(x) == n && is_ready(x)) {
+                    if !nodes.iter().any(|x| x.name == n && x.ready) {
                         continue;
                     }
                     n.to_string()
@@ -971,12 +1044,19 @@ impl Cluster {
             };
             if node_of(&pod).is_empty() {
                 if let Some(o) = owner {
-                    *per_owner.entry((o, node_name.clone())).or_default() += 1;
+                    *per_owner
+                        .entry(o)
+                        .or_default()
+                        .entry(node_name.clone())
+                        .or_default() += 1;
                 }
                 *per_node.entry(node_name.clone()).or_default() += 1;
             }
-            let node = nodes.iter().find(|n| name_of(n) == node_name);
-            let host_ip = node.and_then(internal_ip).unwrap_or_default();
+            let host_ip = nodes
+                .iter()
+                .find(|n| n.name == node_name)
+                .map(|n| n.ip.clone())
+                .unwrap_or_default();
             let serial = self.store.resource_version();
             pod["spec"]["nodeName"] = json!(node_name);
             pod["status"]["phase"] = json!("Running");
@@ -1022,7 +1102,7 @@ impl Cluster {
     /// Longhorn: robustness from the running replicas; a degraded volume's stopped replica
     /// is replaced on another Ready node once the rebuild delay passed.
     fn longhorn(&mut self, now: Timestamp) {
-        let nodes = self.store.all("nodes");
+        let nodes = self.node_briefs();
         for vol in self.store.all("volumes") {
             let ns = namespace_of(&vol).to_string();
             let vname = name_of(&vol).to_string();
@@ -1061,11 +1141,11 @@ impl Cluster {
                         })
                         .filter_map(|r| r.pointer("/spec/nodeID").and_then(Value::as_str))
                         .collect();
-                    let has_workers = nodes.iter().any(|n| !is_control_plane(n));
+                    let has_workers = nodes.iter().any(|n| !n.control_plane);
                     let target = nodes.iter().find(|n| {
-                        is_ready(n)
-                            && !used.contains(name_of(n))
-                            && (!has_workers || !is_control_plane(n))
+                        n.ready
+                            && !used.contains(n.name.as_str())
+                            && (!has_workers || !n.control_plane)
                     });
                     let failed = replicas.iter().find(|r| {
                         r.pointer("/status/currentState").and_then(Value::as_str) != Some("running")
@@ -1078,7 +1158,7 @@ impl Cluster {
                             &ns,
                             &vname,
                             &format!("{}-r-{}", vname, self.store.suffix()),
-                            name_of(target),
+                            &target.name,
                         );
                         let _ = self.store.create(rt("replicas"), &ns, r, now);
                         self.degraded_since.remove(&key);
@@ -1113,14 +1193,14 @@ impl Cluster {
     /// Status of PDBs, ReplicaSets, Deployments, StatefulSets and DaemonSets from the pods.
     fn statuses(&mut self, _now: Timestamp) {
         let pods: Vec<&Value> = self.store.iter("pods").collect();
+        let mut by_owner: HashMap<(&str, &str, &str), Vec<&Value>> = HashMap::new();
+        for p in &pods {
+            if let Some((k, n)) = controller_of(p) {
+                by_owner.entry((namespace_of(p), k, n)).or_default().push(p);
+            }
+        }
         let owned = |ns: &str, kind: &str, name: &str| -> Vec<&Value> {
-            pods.iter()
-                .copied()
-                .filter(|p| {
-                    namespace_of(p) == ns
-                        && controller_of(p).is_some_and(|(k, n)| k == kind && n == name)
-                })
-                .collect()
+            by_owner.get(&(ns, kind, name)).cloned().unwrap_or_default()
         };
         let updated = |ps: &[&Value], owner: &Value| {
             let h = template_hash(owner);
@@ -1177,10 +1257,9 @@ impl Cluster {
                 .unwrap_or(json!(1));
             updates.push(("deployments", d2));
         }
-        let nodes = self.store.all("nodes");
+        let desired = self.store.iter("nodes").filter(|n| is_ready(n)).count();
         for ds in self.store.all("daemonsets") {
             let ps = owned(namespace_of(&ds), "DaemonSet", name_of(&ds));
-            let desired = nodes.iter().filter(|n| is_ready(n)).count();
             let ready = ps.iter().filter(|p| is_ready(p)).count();
             let mut ds2 = ds.clone();
             ds2["status"]["desiredNumberScheduled"] = json!(desired);
@@ -1208,7 +1287,7 @@ impl Cluster {
                 })
                 .collect();
             // expectedPods: the scale of each controller behind the pods; bare pods count one.
-            let mut controllers: BTreeMap<(String, String), u64> = BTreeMap::new();
+            let mut controllers: BTreeMap<(&str, &str), u64> = BTreeMap::new();
             let mut bare = 0u64;
             for p in &matched {
                 match controller_of(p) {
@@ -1220,7 +1299,7 @@ impl Cluster {
                         };
                         let scale = self
                             .store
-                            .get(rt(plural).plural, &ns, &n)
+                            .get(rt(plural).plural, &ns, n)
                             .map(replicas_of)
                             .unwrap_or(1);
                         controllers.insert((k, n), scale);
@@ -1292,6 +1371,25 @@ impl Cluster {
             }
         }
     }
+}
+
+/// What the controllers need to know about a pod.
+#[derive(Debug, Clone)]
+struct PodBrief {
+    namespace: String,
+    name: String,
+    node: String,
+    template: Option<String>,
+}
+
+/// What the scheduler and Longhorn need to know about a node.
+#[derive(Debug, Clone)]
+struct NodeBrief {
+    name: String,
+    ready: bool,
+    schedulable: bool,
+    control_plane: bool,
+    ip: String,
 }
 
 fn rt_pods() -> &'static ResourceType {

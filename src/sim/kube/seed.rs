@@ -324,17 +324,17 @@ impl KubeSeed {
             "longhorn-system",
             "argocd",
         ] {
-            c.upsert(
+            c.upsert_quiet(
                 json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
                             "status": {"phase": "Active"}}),
                 now,
             )?;
         }
         for crd in crds() {
-            c.upsert(crd, now)?;
+            c.upsert_quiet(crd, now)?;
         }
         for n in &self.nodes {
-            c.upsert(node_object(n, now), now)?;
+            c.upsert_quiet(node_object(n, now), now)?;
             if self.static_pods && n.role == Role::ControlPlane {
                 for component in [
                     "kube-apiserver",
@@ -342,7 +342,7 @@ impl KubeSeed {
                     "kube-scheduler",
                 ] {
                     let image = format!("registry.k8s.io/{component}:{}", self.kubernetes_version);
-                    c.upsert(mirror_pod(&n.name, &n.ip, component, &image, "1", now), now)?;
+                    c.upsert_quiet(mirror_pod(&n.name, &n.ip, component, &image, "1", now), now)?;
                 }
             }
         }
@@ -352,7 +352,7 @@ impl KubeSeed {
             } else {
                 format!("{image}:{}", self.kubernetes_version)
             };
-            c.upsert(
+            c.upsert_quiet(
                 json!({
                     "apiVersion": "apps/v1", "kind": "DaemonSet",
                     "metadata": {"name": name, "namespace": ns, "labels": {"k8s-app": name}},
@@ -376,7 +376,7 @@ impl KubeSeed {
             let template = json!({"metadata": {"labels": labels}, "spec": pod_spec});
             match w.kind {
                 WorkloadKind::Deployment => {
-                    let d = c.upsert(json!({
+                    let d = c.upsert_quiet(json!({
                         "apiVersion": "apps/v1", "kind": "Deployment",
                         "metadata": {"name": w.name, "namespace": w.namespace, "labels": labels},
                         "spec": {"replicas": w.replicas, "selector": {"matchLabels": labels}, "template": template},
@@ -392,7 +392,7 @@ impl KubeSeed {
                     rs_labels["pod-template-hash"] = json!(hash);
                     let mut rs_template = template.clone();
                     rs_template["metadata"]["labels"]["pod-template-hash"] = json!(hash);
-                    c.upsert(json!({
+                    c.upsert_quiet(json!({
                         "apiVersion": "apps/v1", "kind": "ReplicaSet",
                         "metadata": {"name": format!("{}-{}", w.name, hash), "namespace": w.namespace,
                                      "labels": rs_labels,
@@ -401,7 +401,7 @@ impl KubeSeed {
                     }), now)?;
                 }
                 WorkloadKind::StatefulSet => {
-                    c.upsert(json!({
+                    c.upsert_quiet(json!({
                         "apiVersion": "apps/v1", "kind": "StatefulSet",
                         "metadata": {"name": w.name, "namespace": w.namespace, "labels": labels},
                         "spec": {"replicas": w.replicas, "serviceName": w.name,
@@ -411,7 +411,7 @@ impl KubeSeed {
             }
         }
         for p in &self.bare_pods {
-            c.upsert(json!({
+            c.upsert_quiet(json!({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": p.name, "namespace": p.namespace, "labels": {"app": p.name}},
                 "spec": {"nodeName": p.node, "containers": [{"name": p.name, "image": "busybox:1.36"}]},
@@ -429,7 +429,7 @@ impl KubeSeed {
             if let Some(pol) = &p.unhealthy_pod_eviction_policy {
                 spec["unhealthyPodEvictionPolicy"] = json!(pol);
             }
-            c.upsert(
+            c.upsert_quiet(
                 json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                             "metadata": {"name": p.name, "namespace": p.namespace}, "spec": spec}),
                 now,
@@ -448,7 +448,7 @@ impl KubeSeed {
             }
         };
         for (i, vol) in self.volumes.iter().enumerate() {
-            c.upsert(json!({
+            c.upsert_quiet(json!({
                 "apiVersion": "longhorn.io/v1beta2", "kind": "Volume",
                 "metadata": {"name": vol.name, "namespace": "longhorn-system"},
                 "spec": {"numberOfReplicas": vol.replicas, "size": "10737418240", "frontend": "blockdev",
@@ -465,14 +465,14 @@ impl KubeSeed {
                     vol.name,
                     ((i * 31 + r) as u32).wrapping_mul(2_654_435_761u32)
                 );
-                c.upsert(
+                c.upsert_quiet(
                     replica_object("longhorn-system", &vol.name, &name, node),
                     now,
                 )?;
             }
         }
         for (name, node, ns, claim) in &self.local_pvs {
-            c.upsert(json!({
+            c.upsert_quiet(json!({
                 "apiVersion": "v1", "kind": "PersistentVolume",
                 "metadata": {"name": name, "annotations": {"local.path.provisioner/selected-node": node}},
                 "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
@@ -485,7 +485,7 @@ impl KubeSeed {
             }), now)?;
         }
         for (name, sync, health) in &self.applications {
-            c.upsert(json!({
+            c.upsert_quiet(json!({
                 "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
                 "metadata": {"name": name, "namespace": "argocd"},
                 "spec": {"project": "default",
@@ -495,7 +495,7 @@ impl KubeSeed {
             }), now)?;
         }
         for (ns, name, data) in &self.config_maps {
-            c.upsert(
+            c.upsert_quiet(
                 json!({"apiVersion": "v1", "kind": "ConfigMap",
                             "metadata": {"name": name, "namespace": ns}, "data": data}),
                 now,
@@ -503,7 +503,7 @@ impl KubeSeed {
         }
         for (ns, name, holder) in &self.leases {
             let t = super::model::micro_time(now);
-            c.upsert(
+            c.upsert_quiet(
                 json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                             "metadata": {"name": name, "namespace": ns},
                             "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,

@@ -158,8 +158,18 @@ impl LabelSelector {
         })
     }
 
+    /// Match against an object's labels without copying them.
     pub fn matches_object(&self, obj: &Value) -> bool {
-        self.matches(&labels_of(obj))
+        let labels = obj.pointer("/metadata/labels").and_then(Value::as_object);
+        let get = |k: &str| labels.and_then(|m| m.get(k)).and_then(Value::as_str);
+        self.0.iter().all(|r| match r {
+            Requirement::Eq(k, v) => get(k) == Some(v.as_str()),
+            Requirement::NotEq(k, v) => get(k) != Some(v.as_str()),
+            Requirement::In(k, vs) => get(k).is_some_and(|l| vs.iter().any(|v| v == l)),
+            Requirement::NotIn(k, vs) => get(k).is_none_or(|l| !vs.iter().any(|v| v == l)),
+            Requirement::Exists(k) => labels.is_some_and(|m| m.contains_key(k)),
+            Requirement::NotExists(k) => !labels.is_some_and(|m| m.contains_key(k)),
+        })
     }
 }
 
