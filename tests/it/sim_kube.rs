@@ -472,6 +472,36 @@ impl Api {
         }
     }
 
+    async fn call_with_accept(&self, path: &str, accept: &str) -> Reply {
+        let tcp = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .expect("connect");
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+        let tls = self.tls.connect(name, tcp).await.expect("TLS");
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .expect("h1");
+        tokio::spawn(conn);
+        let req = hyper::Request::builder()
+            .uri(path)
+            .header("host", self.addr.to_string())
+            .header("authorization", format!("Bearer {}", self.token))
+            .header("accept", accept)
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let resp = sender.send_request(req).await.expect("response");
+        let code = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        Reply {
+            code,
+            headers,
+            body: serde_json::from_str(&text).unwrap_or(Value::Null),
+            text,
+        }
+    }
+
     async fn get(&self, path: &str) -> Reply {
         self.call("GET", path, None, None).await
     }
@@ -1196,4 +1226,104 @@ async fn node_model_api_for_the_integration() {
         "2"
     );
     assert_eq!(after.body["status"]["hostIP"], "10.5.0.11");
+}
+
+#[tokio::test]
+async fn terminal_pods_are_evicted_without_a_budget_check_and_dry_run_keeps_the_pod() {
+    let seed = two_pdbs_seed()
+        .pdb_never_allows("default", "web")
+        .bare_pod("default", "debug", "worker-1");
+    let (t, _d) = twin(seed, Behaviour::default()).await;
+    let api = Api::new(&t);
+    let evict = |name: &str, dry: bool| {
+        let mut body =
+            json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name}});
+        if dry {
+            body["deleteOptions"] = json!({"dryRun": ["All"]});
+        }
+        body
+    };
+    let mut pods = t.with(|c, _| c.list("pods", Some("default")));
+    pods.retain(|p| p["metadata"]["labels"]["app"] == "web");
+    let name = pods[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let path = format!("/api/v1/namespaces/default/pods/{name}/eviction");
+    assert_eq!(
+        api.call("POST", &path, None, Some(evict(&name, false)))
+            .await
+            .code,
+        429,
+        "the configured fault holds"
+    );
+    // The pod finished: a terminal pod goes without asking the budget.
+    let mut done = pods[0].clone();
+    done["status"]["phase"] = json!("Succeeded");
+    t.with(|c, now| c.upsert(done, now)).expect("upsert");
+    let r = api
+        .call("POST", &path, None, Some(evict(&name, false)))
+        .await;
+    assert_eq!(r.code, 200, "{}", r.text);
+    // No PDB covers the bare pod: dry run answers 200 and keeps it.
+    let dry = api
+        .call(
+            "POST",
+            "/api/v1/namespaces/default/pods/debug/eviction",
+            None,
+            Some(evict("debug", true)),
+        )
+        .await;
+    assert_eq!(dry.code, 200);
+    assert!(t.with(|c, _| c.get("pods", "default", "debug")).is_some());
+}
+
+#[tokio::test]
+async fn watch_with_initial_events_and_metadata_only_lists() {
+    let (t, _d) = twin(KubeSeed::nodes(1, 2), Behaviour::default()).await;
+    let api = Api::new(&t);
+    let resp = api
+        .send("GET", "/api/v1/nodes?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true", None, String::new())
+        .await;
+    let mut body = resp.into_body();
+    let mut buf = String::new();
+    let evs = read_events(&mut body, &mut buf, 4).await;
+    let types: Vec<&str> = evs
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(types, ["ADDED", "ADDED", "ADDED", "BOOKMARK"]);
+    assert_eq!(
+        evs[3]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    // A node going NotReady shows on the watch and leaves an Event.
+    t.with(|c, now| c.set_node_ready("worker-2", false, now))
+        .expect("node");
+    let evs = read_events(&mut body, &mut buf, 1).await;
+    assert_eq!(
+        (
+            evs[0]["type"].as_str(),
+            evs[0]["object"]["metadata"]["name"].as_str()
+        ),
+        (Some("MODIFIED"), Some("worker-2"))
+    );
+    let events = api
+        .get("/api/v1/namespaces/default/events?fieldSelector=reason%3DNodeNotReady")
+        .await;
+    assert_eq!(
+        events.body["items"][0]["involvedObject"]["name"],
+        "worker-2"
+    );
+
+    let meta = api
+        .call_with_accept(
+            "/api/v1/nodes",
+            "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+        )
+        .await;
+    assert_eq!(meta.body["kind"], "PartialObjectMetadataList");
+    assert_eq!(meta.body["items"][0]["kind"], "PartialObjectMetadata");
+    assert_eq!(meta.body["items"][0]["metadata"]["name"], "cp-1");
+    assert!(meta.body["items"][0].get("status").is_none());
 }

@@ -390,7 +390,7 @@ async fn resource(
     let result = match (method.clone(), name, sub) {
         (Method::GET, None, None) => {
             if q.flag("watch") {
-                return watch(sh, rt, ns, q, wants_table(headers));
+                return watch(sh, rt, ns, q, Render::from(headers));
             }
             list(sh, rt, ns, q, headers)
         }
@@ -442,7 +442,24 @@ fn wants_table(headers: &HeaderMap) -> bool {
         .is_some_and(|a| a.contains("as=Table"))
 }
 
+/// `Accept: application/json;as=PartialObjectMetadata(List);g=meta.k8s.io;v=v1`, which
+/// kube-rs' metadata-only API sends.
+fn wants_metadata(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("as=PartialObjectMetadata"))
+}
+
+fn partial_metadata(obj: &Value) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+           "metadata": obj.get("metadata").cloned().unwrap_or(json!({}))})
+}
+
 fn maybe_table(sh: &Shared, rt: &ResourceType, obj: Value, headers: &HeaderMap) -> Value {
+    if wants_metadata(headers) {
+        return partial_metadata(&obj);
+    }
     if wants_table(headers) {
         let rv = rv_of(&obj).unwrap_or(0);
         table(rt, &[obj], rv, sh.clock.now(), false)
@@ -492,6 +509,14 @@ fn list(
     if end < items.len() {
         meta["continue"] = json!(format!("o{end}"));
         meta["remainingItemCount"] = json!(items.len() - end);
+    }
+    if wants_metadata(headers) {
+        let items: Vec<Value> = page.iter().map(partial_metadata).collect();
+        return Ok((
+            200,
+            json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                               "metadata": meta, "items": items}),
+        ));
     }
     if wants_table(headers) {
         let mut t = table(
@@ -681,6 +706,26 @@ fn patch(
     Ok((code, out))
 }
 
+/// How watch events carry their objects, from the Accept header.
+#[derive(Debug, Clone, Copy)]
+enum Render {
+    Object,
+    Table,
+    Metadata,
+}
+
+impl Render {
+    fn from(headers: &HeaderMap) -> Self {
+        if wants_metadata(headers) {
+            Render::Metadata
+        } else if wants_table(headers) {
+            Render::Table
+        } else {
+            Render::Object
+        }
+    }
+}
+
 fn event_line(kind: &str, object: &Value) -> Bytes {
     let mut s = json!({"type": kind, "object": object}).to_string();
     s.push('\n');
@@ -692,7 +737,7 @@ fn watch(
     rt: &'static ResourceType,
     ns: Option<&str>,
     q: &Query,
-    as_table: bool,
+    render_as: Render,
 ) -> Response<Body> {
     let (l, f) = match selectors(q) {
         Ok(x) => x,
@@ -705,8 +750,11 @@ fn watch(
         .and_then(|s| s.parse::<u64>().ok())
         .map(Duration::from_secs)
         .unwrap_or(Duration::from_secs(1800));
+    // sendInitialEvents=true: the current state first, then a bookmark marking its end.
+    let initial_events = q.flag("sendInitialEvents");
     let from = q
         .get("resourceVersion")
+        .filter(|_| !initial_events)
         .filter(|s| !s.is_empty() && *s != "0")
         .map(String::from);
     let (initial, mut rx, start_rv) = {
@@ -741,18 +789,16 @@ fn watch(
     let bookmark = move |rv: u64| json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": {"resourceVersion": rv.to_string()}});
     // `kubectl get -w` asks for Tables: each event then carries a one-row Table.
     let clock = sh.clock.clone();
-    let render = move |obj: Value| {
-        if as_table {
-            table(
-                rt,
-                std::slice::from_ref(&obj),
-                rv_of(&obj).unwrap_or(0),
-                clock.now(),
-                false,
-            )
-        } else {
-            obj
-        }
+    let render = move |obj: Value| match render_as {
+        Render::Table => table(
+            rt,
+            std::slice::from_ref(&obj),
+            rv_of(&obj).unwrap_or(0),
+            clock.now(),
+            false,
+        ),
+        Render::Metadata => partial_metadata(&obj),
+        Render::Object => obj,
     };
     tokio::spawn(async move {
         match initial {
@@ -769,13 +815,14 @@ fn watch(
             }
         }
         let mut last = start_rv;
-        if bookmarks
-            && tx
-                .send(Ok(event_line("BOOKMARK", &bookmark(last))))
-                .await
-                .is_err()
-        {
-            return;
+        if bookmarks || initial_events {
+            let mut mark = bookmark(last);
+            if initial_events {
+                mark["metadata"]["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+            }
+            if tx.send(Ok(event_line("BOOKMARK", &mark))).await.is_err() {
+                return;
+            }
         }
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);

@@ -324,13 +324,25 @@ impl Cluster {
         let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
             return Err(ApiError::not_found(rt, node));
         };
+        let was_ready = is_ready(&n);
         let (reason, _msg) = if ready {
             ("KubeletReady", "kubelet is posting ready status")
         } else {
             ("NodeStatusUnknown", "Kubelet stopped posting node status.")
         };
         set_condition(&mut n, "Ready", ready, reason, now);
-        self.store.update(rt, "", node, n)?;
+        let n = self.store.update(rt, "", node, n)?;
+        if was_ready != ready {
+            let (reason, message) = if ready {
+                ("NodeReady", format!("Node {node} status is now: NodeReady"))
+            } else {
+                (
+                    "NodeNotReady",
+                    format!("Node {node} status is now: NodeNotReady"),
+                )
+            };
+            self.record_event(&n, reason, &message, now);
+        }
         for pod in self.pods_on(node) {
             let mut p = pod.clone();
             // Only pods that run (not pending) follow their node's readiness.
@@ -446,8 +458,7 @@ impl Cluster {
         let Some(n) = self.store.get("nodes", "", node) else {
             return Err(ApiError::not_found(rt("nodes"), node));
         };
-        let ip = internal_ip(n).unwrap_or_default();
-        let mut pod = super::seed::mirror_pod(node, &ip, component, image, config_version, now);
+        let mut pod = super::seed::mirror_pod(n, component, image, config_version, now);
         if !ready {
             set_condition(&mut pod, "Ready", false, "ContainersNotReady", now);
             set_condition(
@@ -1424,6 +1435,7 @@ fn container_statuses(pod: &Value, now: Timestamp) -> Value {
             .map(|c| {
                 json!({"name": c.get("name").cloned().unwrap_or(json!("main")),
                        "image": c.get("image").cloned().unwrap_or(Value::Null),
+                       "imageID": super::seed::image_id(c.get("image").and_then(Value::as_str).unwrap_or("")),
                        "ready": true, "started": true, "restartCount": 0,
                        "state": {"running": {"startedAt": now.rfc3339()}}})
             })

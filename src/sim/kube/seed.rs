@@ -5,7 +5,8 @@
 use serde_json::{json, Value};
 
 use super::model::{
-    replica_object, Behaviour, Cluster, DeprecatedApi, CONTROL_PLANE_LABEL, MIRROR_ANNOTATION,
+    replica_object, Behaviour, Cluster, DeprecatedApi, Faults, CONTROL_PLANE_LABEL,
+    MIRROR_ANNOTATION,
 };
 use super::store::ApiError;
 use crate::clock::Timestamp;
@@ -91,6 +92,9 @@ pub struct KubeSeed {
     pub deprecated_apis: Vec<DeprecatedApi>,
     /// Mirror pods for the control-plane static pods.
     pub static_pods: bool,
+    /// Faults in force from the start (the configuration side; the run-time side is
+    /// `Cluster`'s fault methods and `POST /_twin/faults`).
+    pub faults: Faults,
 }
 
 impl Default for KubeSeed {
@@ -110,6 +114,7 @@ impl Default for KubeSeed {
             leases: Vec::new(),
             deprecated_apis: Vec::new(),
             static_pods: true,
+            faults: Faults::default(),
         }
     }
 }
@@ -307,6 +312,14 @@ impl KubeSeed {
         self
     }
 
+    /// Fault: this PDB never allows a disruption.
+    pub fn pdb_never_allows(mut self, ns: &str, name: &str) -> Self {
+        self.faults
+            .pdb_never_allows
+            .insert((ns.into(), name.into()));
+        self
+    }
+
     pub fn without_static_pods(mut self) -> Self {
         self.static_pods = false;
         self
@@ -316,6 +329,7 @@ impl KubeSeed {
     pub fn build(&self, behaviour: Behaviour, now: Timestamp) -> Result<Cluster, ApiError> {
         let mut c = Cluster::new(behaviour, now);
         c.deprecated_apis = self.deprecated_apis.clone();
+        c.faults = self.faults.clone();
         for ns in [
             "default",
             "kube-system",
@@ -334,7 +348,7 @@ impl KubeSeed {
             c.upsert_quiet(crd, now)?;
         }
         for n in &self.nodes {
-            c.upsert_quiet(node_object(n, now), now)?;
+            let node = c.upsert_quiet(node_object(n, now), now)?;
             if self.static_pods && n.role == Role::ControlPlane {
                 for component in [
                     "kube-apiserver",
@@ -342,7 +356,7 @@ impl KubeSeed {
                     "kube-scheduler",
                 ] {
                     let image = format!("registry.k8s.io/{component}:{}", self.kubernetes_version);
-                    c.upsert_quiet(mirror_pod(&n.name, &n.ip, component, &image, "1", now), now)?;
+                    c.upsert_quiet(mirror_pod(&node, component, &image, "1", now), now)?;
                 }
             }
         }
@@ -570,16 +584,22 @@ pub fn node_object(n: &NodeSeed, now: Timestamp) -> Value {
     })
 }
 
-/// The mirror pod the kubelet posts for a control-plane static pod.
+/// The mirror pod the kubelet posts for a control-plane static pod on `node` (a stored
+/// Node: its name, InternalIP and uid go into the pod).
 pub fn mirror_pod(
-    node: &str,
-    ip: &str,
+    node_obj: &Value,
     component: &str,
     image: &str,
     config_version: &str,
     now: Timestamp,
 ) -> Value {
     let t = now.rfc3339();
+    let node = super::store::name_of(node_obj);
+    let ip = super::model::internal_ip(node_obj).unwrap_or_default();
+    let uid = node_obj
+        .pointer("/metadata/uid")
+        .cloned()
+        .unwrap_or(json!(""));
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
@@ -588,7 +608,7 @@ pub fn mirror_pod(
             "annotations": {MIRROR_ANNOTATION: format!("{component}-{config_version}"),
                             "kubernetes.io/config.source": "file",
                             "talos.dev/config-version": config_version},
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "controller": true}],
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid, "controller": true}],
         },
         "spec": {"nodeName": node, "hostNetwork": true, "priorityClassName": "system-cluster-critical",
                  "containers": [{"name": component, "image": image}]},
@@ -598,9 +618,20 @@ pub fn mirror_pod(
                        {"type": "Ready", "status": "True", "lastTransitionTime": t},
                        {"type": "ContainersReady", "status": "True", "lastTransitionTime": t},
                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": t}],
-                   "containerStatuses": [{"name": component, "image": image, "ready": true, "started": true,
+                   "containerStatuses": [{"name": component, "image": image, "imageID": image_id(image),
+                                          "containerID": format!("containerd://{component}-{node}-{config_version}"),
+                                          "ready": true, "started": true,
                                           "restartCount": 0, "state": {"running": {"startedAt": t}}}]},
     })
+}
+
+/// A digest-style image ID (fake but stable), as kubelet reports in containerStatuses.
+pub fn image_id(image: &str) -> String {
+    let repo = image.split(':').next().unwrap_or(image);
+    let h = image.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{repo}@sha256:{h:016x}{h:016x}{h:016x}{h:016x}")
 }
 
 fn crd(
