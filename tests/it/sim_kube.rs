@@ -1327,3 +1327,81 @@ async fn watch_with_initial_events_and_metadata_only_lists() {
     assert_eq!(meta.body["items"][0]["metadata"]["name"], "cp-1");
     assert!(meta.body["items"][0].get("status").is_none());
 }
+
+#[tokio::test]
+async fn evicted_pods_terminate_for_their_grace_period_while_a_replacement_starts() {
+    let behaviour = Behaviour {
+        pod_termination: Duration::from_secs(30),
+        ..Behaviour::default()
+    };
+    let (t, _d) = twin(two_pdbs_seed(), behaviour).await;
+    let api = Api::new(&t);
+    let name = t.with(|c, _| c.list("pods", Some("default")))[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let r = api
+        .call(
+            "POST",
+            &format!("/api/v1/namespaces/default/pods/{name}/eviction"),
+            None,
+            Some(
+                json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name}}),
+            ),
+        )
+        .await;
+    assert_eq!(r.code, 200);
+    let pod = api
+        .get(&format!("/api/v1/namespaces/default/pods/{name}"))
+        .await;
+    assert_eq!(pod.code, 200, "still there, terminating");
+    assert!(pod.body["metadata"]["deletionTimestamp"].is_string());
+    let pods = t.with(|c, _| c.list("pods", Some("default")));
+    assert_eq!(
+        pods.len(),
+        4,
+        "the replacement exists while the old pod terminates"
+    );
+    let pdb = api
+        .get("/apis/policy/v1/namespaces/default/poddisruptionbudgets/web")
+        .await;
+    assert_eq!(
+        (
+            pdb.body["status"]["currentHealthy"].as_u64(),
+            pdb.body["status"]["disruptionsAllowed"].as_u64()
+        ),
+        (Some(2), Some(0))
+    );
+    t.clock().advance(Duration::from_secs(30));
+    t.sync();
+    assert_eq!(
+        api.get(&format!("/api/v1/namespaces/default/pods/{name}"))
+            .await
+            .code,
+        404
+    );
+    let healthy = api
+        .get("/apis/policy/v1/namespaces/default/poddisruptionbudgets/web")
+        .await;
+    assert_eq!(healthy.body["status"]["currentHealthy"], 3);
+    // An explicit zero grace period deletes at once.
+    let other = t.with(|c, _| c.list("pods", Some("default")))[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let del = api
+        .call(
+            "DELETE",
+            &format!("/api/v1/namespaces/default/pods/{other}?gracePeriodSeconds=0"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(del.code, 200);
+    assert_eq!(
+        api.get(&format!("/api/v1/namespaces/default/pods/{other}"))
+            .await
+            .code,
+        404
+    );
+}

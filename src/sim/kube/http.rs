@@ -408,9 +408,20 @@ async fn resource(
             patch(sh, rt, ns_str, n, sub, q, headers, body)
         }
         (Method::DELETE, Some(n), None) => {
+            // DeleteOptions' gracePeriodSeconds, from the query or the body.
+            let options: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+            let grace = q
+                .get("gracePeriodSeconds")
+                .and_then(|g| g.parse::<u64>().ok())
+                .or_else(|| options.get("gracePeriodSeconds").and_then(Value::as_u64))
+                .map(Duration::from_secs);
             let mut c = sh.lock();
             let now = sh.clock.now();
-            c.delete(rt.plural, ns_str, n, now).map(|o| (200, o))
+            if rt.plural == "pods" {
+                c.delete_pod(ns_str, n, grace, now).map(|o| (200, o))
+            } else {
+                c.delete(rt.plural, ns_str, n, now).map(|o| (200, o))
+            }
         }
         (Method::POST, Some(n), Some("eviction")) => match parse_body(headers, body) {
             Ok(ev) => {

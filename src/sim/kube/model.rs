@@ -22,6 +22,9 @@ pub struct Behaviour {
     pub replica_rebuild_delay: Duration,
     /// Watch events kept for `watch` with a resourceVersion; older ones get 410 Expired.
     pub watch_history: usize,
+    /// How long a deleted or evicted pod stays Terminating before it is gone, unless the
+    /// request gives `gracePeriodSeconds`. Zero (the default) removes pods at once.
+    pub pod_termination: Duration,
 }
 
 impl Default for Behaviour {
@@ -30,6 +33,7 @@ impl Default for Behaviour {
             pod_start_delay: Duration::from_secs(10),
             replica_rebuild_delay: Duration::from_secs(120),
             watch_history: 10_000,
+            pod_termination: Duration::ZERO,
         }
     }
 }
@@ -90,6 +94,8 @@ pub struct Cluster {
     pending: BTreeMap<(String, String), Timestamp>,
     /// Longhorn volumes (namespace, name) → since when they are degraded.
     degraded_since: BTreeMap<(String, String), Timestamp>,
+    /// Terminating pods (namespace, name) → when they are gone.
+    terminating: BTreeMap<(String, String), Timestamp>,
     now: Timestamp,
     /// The resourceVersion the controllers last settled at, and when something is due next.
     settled_at: Option<u64>,
@@ -243,6 +249,7 @@ impl Cluster {
             deprecated_apis: Vec::new(),
             pending: BTreeMap::new(),
             degraded_since: BTreeMap::new(),
+            terminating: BTreeMap::new(),
             now,
             settled_at: None,
             next_due: None,
@@ -306,9 +313,57 @@ impl Cluster {
         now: Timestamp,
     ) -> Result<Value, ApiError> {
         let rt = Store::rt(plural)?;
+        if rt.plural == "pods" {
+            return self.delete_pod(namespace, name, None, now);
+        }
         let out = self.store.delete(rt, namespace, name)?;
-        self.pending
-            .remove(&(namespace.to_string(), name.to_string()));
+        self.sync(now);
+        Ok(out)
+    }
+
+    /// Delete a pod gracefully: it turns Terminating (deletionTimestamp set, not Ready) and is
+    /// gone after `grace` (default `Behaviour::pod_termination`); zero, or a pod that never
+    /// started, goes at once. Its controller makes a replacement right away.
+    pub fn delete_pod(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        grace: Option<Duration>,
+        now: Timestamp,
+    ) -> Result<Value, ApiError> {
+        let key = (namespace.to_string(), name.to_string());
+        let Some(pod) = self.store.get("pods", namespace, name).cloned() else {
+            return Err(ApiError::not_found(rt_pods(), name));
+        };
+        let grace = grace.unwrap_or(self.behaviour.pod_termination);
+        let started = !node_of(&pod).is_empty() && !self.pending.contains_key(&key);
+        if grace.is_zero() || !started {
+            let out = self.store.delete(rt_pods(), namespace, name)?;
+            self.pending.remove(&key);
+            self.terminating.remove(&key);
+            self.sync(now);
+            return Ok(out);
+        }
+        let due = now.plus(grace);
+        if let Some(old_due) = self.terminating.get(&key) {
+            // Already terminating: a shorter grace period moves the end closer.
+            if due < *old_due {
+                self.terminating.insert(key, due);
+                self.settled_at = None;
+                self.sync(now);
+            }
+            return Ok(pod);
+        }
+        let mut p = pod;
+        p["metadata"]["deletionTimestamp"] = json!(due.rfc3339());
+        p["metadata"]["deletionGracePeriodSeconds"] = json!(grace.as_secs());
+        set_condition(&mut p, "Ready", false, "PodTerminating", now);
+        set_condition(&mut p, "ContainersReady", false, "PodTerminating", now);
+        if let Some(m) = p.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+        }
+        let out = self.store.update(rt_pods(), namespace, name, p)?;
+        self.terminating.insert(key, due);
         self.sync(now);
         Ok(out)
     }
@@ -346,7 +401,9 @@ impl Cluster {
         for pod in self.pods_on(node) {
             let mut p = pod.clone();
             // Only pods that run (not pending) follow their node's readiness.
-            if p.pointer("/status/phase").and_then(Value::as_str) == Some("Running") {
+            let terminating = p.pointer("/metadata/deletionTimestamp").is_some();
+            if p.pointer("/status/phase").and_then(Value::as_str) == Some("Running") && !terminating
+            {
                 set_condition(
                     &mut p,
                     "Ready",
@@ -375,6 +432,8 @@ impl Cluster {
                 let ns = namespace_of(&pod).to_string();
                 let name = name_of(&pod).to_string();
                 let _ = self.store.delete(rt_pods(), &ns, &name);
+                self.pending.remove(&(ns.clone(), name.clone()));
+                self.terminating.remove(&(ns, name));
             }
         }
         self.replicas_on_node(node, "stopped", now);
@@ -563,7 +622,9 @@ impl Cluster {
             .pointer("/status/phase")
             .and_then(Value::as_str)
             .unwrap_or("");
-        let terminal = matches!(phase, "Succeeded" | "Failed");
+        // As the apiserver's canIgnorePDB: finished, not yet running, or already terminating.
+        let terminal = matches!(phase, "Succeeded" | "Failed" | "Pending")
+            || pod.pointer("/metadata/deletionTimestamp").is_some();
         let pdbs: Vec<Value> = if terminal {
             Vec::new()
         } else {
@@ -651,11 +712,12 @@ impl Cluster {
             }
         }
         if !dry_run {
-            self.store.delete(pods, namespace, name)?;
-            self.pending
-                .remove(&(namespace.to_string(), name.to_string()));
+            let grace = eviction
+                .pointer("/deleteOptions/gracePeriodSeconds")
+                .and_then(Value::as_u64)
+                .map(Duration::from_secs);
+            self.delete_pod(namespace, name, grace, now)?;
             self.record_event(&pod, "Evicted", "Eviction API: pod evicted", now);
-            self.sync(now);
         }
         Ok(success)
     }
@@ -707,6 +769,16 @@ impl Cluster {
         {
             return;
         }
+        let gone: Vec<(String, String)> = self
+            .terminating
+            .iter()
+            .filter(|(_, due)| **due <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (ns, name) in gone {
+            let _ = self.store.delete(rt_pods(), &ns, &name);
+            self.terminating.remove(&(ns, name));
+        }
         // A handful of passes reach a fixed point: deployments → replicasets → pods → status.
         for _ in 0..4 {
             let before = self.store.resource_version();
@@ -730,7 +802,8 @@ impl Cluster {
             .degraded_since
             .values()
             .map(|t| t.plus(self.behaviour.replica_rebuild_delay));
-        self.next_due = pod_due.chain(rebuild_due).min();
+        let gone_due = self.terminating.values().copied();
+        self.next_due = pod_due.chain(rebuild_due).chain(gone_due).min();
     }
 
     /// Advance the model to `now` (same as `sync`).
@@ -758,6 +831,7 @@ impl Cluster {
                         name: name_of(p).to_string(),
                         node: node_of(p).to_string(),
                         template: pod_template_hash(p).map(String::from),
+                        terminating: p.pointer("/metadata/deletionTimestamp").is_some(),
                     });
             }
         }
@@ -882,7 +956,10 @@ impl Cluster {
                 "ReplicaSet".to_string(),
                 name_of(&rs).to_string(),
             );
-            let have = index.get(&key).cloned().unwrap_or_default();
+            let mut have = index.get(&key).cloned().unwrap_or_default();
+            // Terminating pods no longer count: the ReplicaSet replaces them at once.
+            let winding_down = have.iter().any(|p| p.terminating);
+            have.retain(|p| !p.terminating);
             let want = replicas_of(&rs) as usize;
             for _ in have.len()..want {
                 let name = format!("{}-{}", name_of(&rs), self.store.suffix());
@@ -892,7 +969,7 @@ impl Cluster {
             for p in have.iter().skip(want) {
                 let _ = self.store.delete(rt_pods(), &ns, &p.name);
             }
-            if have.len() == want {
+            if have.len() == want && !winding_down {
                 self.roll(&rs, &have);
             }
         }
@@ -910,6 +987,7 @@ impl Cluster {
                         name: name.clone(),
                         node: node_of(p).to_string(),
                         template: pod_template_hash(p).map(String::from),
+                        terminating: p.pointer("/metadata/deletionTimestamp").is_some(),
                     }),
                     None => self.new_pod(&sts, name, None, now),
                 }
@@ -1391,6 +1469,7 @@ struct PodBrief {
     name: String,
     node: String,
     template: Option<String>,
+    terminating: bool,
 }
 
 /// What the scheduler and Longhorn need to know about a node.
