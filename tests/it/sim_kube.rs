@@ -894,6 +894,63 @@ async fn server_side_apply_creates_then_merges_and_records_the_field_manager() {
         )
         .await;
     assert_eq!(json_patched.body["data"]["c"], "3");
+
+    // ichor applying a value talos owns: a conflict, unless forced.
+    let clash = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: talos-bootstrap-manifests-inventory\ndata:\n  a: \"9\"\n  b: \"2\"\n";
+    let conflict = api
+        .send(
+            "PATCH",
+            &format!("{path}?fieldManager=ichor"),
+            Some("application/apply-patch+yaml"),
+            clash.into(),
+        )
+        .await;
+    assert_eq!(conflict.status().as_u16(), 409);
+    let body: Value = serde_json::from_slice(
+        &conflict
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes(),
+    )
+    .unwrap_or_default();
+    assert_eq!(body["reason"], "Conflict");
+    assert_eq!(
+        body["message"],
+        "Apply failed with 1 conflict: conflict with \"talos\" using v1: .data.a"
+    );
+    assert_eq!(body["details"]["causes"][0]["field"], ".data.a");
+    let forced = api
+        .send(
+            "PATCH",
+            &format!("{path}?fieldManager=ichor&force=true"),
+            Some("application/apply-patch+yaml"),
+            clash.into(),
+        )
+        .await;
+    assert_eq!(forced.status().as_u16(), 200);
+    // talos owned only `a`, now ichor's, so its entry goes; the JSON patch's field belongs to
+    // the patching client (an Update entry).
+    let got = api.get(path).await;
+    assert_eq!(got.body["data"], json!({"a": "9", "b": "2", "c": "3"}));
+    let ops: Vec<(String, String)> = got.body["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|f| {
+            (
+                f["manager"].as_str().unwrap_or("").to_string(),
+                f["operation"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert!(ops.contains(&("ichor".into(), "Apply".into())), "{ops:?}");
+    assert!(ops.iter().any(|(_, op)| op == "Update"), "{ops:?}");
+    assert!(
+        !ops.iter().any(|(m, _)| m == "talos"),
+        "talos lost its only field: {ops:?}"
+    );
 }
 
 #[tokio::test]

@@ -394,7 +394,7 @@ async fn resource(
             }
             list(sh, rt, ns, q, headers)
         }
-        (Method::POST, None, None) => create(sh, rt, ns_str, headers, body),
+        (Method::POST, None, None) => create(sh, rt, ns_str, q, headers, body),
         (Method::GET, Some(n), None | Some("status")) => {
             match sh.lock().store.get(rt.plural, ns_str, n) {
                 Some(o) => Ok((200, maybe_table(sh, rt, o.clone(), headers))),
@@ -402,7 +402,7 @@ async fn resource(
             }
         }
         (Method::PUT, Some(n), None | Some("status")) => {
-            update(sh, rt, ns_str, n, sub, headers, body)
+            update(sh, rt, ns_str, n, sub, q, headers, body)
         }
         (Method::PATCH, Some(n), None | Some("status")) => {
             patch(sh, rt, ns_str, n, sub, q, headers, body)
@@ -550,6 +550,7 @@ fn create(
     sh: &Shared,
     rt: &'static ResourceType,
     ns: &str,
+    q: &Query,
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<(u16, Value), ApiError> {
@@ -565,8 +566,9 @@ fn create(
         // The apiserver ignores status on create; the twin's kubelet starts the pod later.
         obj["status"] = json!({"phase": "Pending"});
     }
-    let mut c = sh.lock();
     let now = sh.clock.now();
+    super::apply::record_update(None, &mut obj, &manager(q, headers), &rt.api_version(), now);
+    let mut c = sh.lock();
     let out = c.store.create(rt, ns, obj, now)?;
     c.after_change(rt.plural, &out, now);
     c.sync(now);
@@ -601,12 +603,29 @@ fn split_status(rt: &ResourceType, old: &Value, mut new: Value, sub: Option<&str
     }
 }
 
+/// The field manager of a write: `fieldManager`, else the User-Agent's program name (as
+/// the apiserver defaults it).
+fn manager(q: &Query, headers: &HeaderMap) -> String {
+    if let Some(m) = q.get("fieldManager").filter(|m| !m.is_empty()) {
+        return m.to_string();
+    }
+    headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|ua| ua.split('/').next())
+        .filter(|m| !m.is_empty())
+        .unwrap_or("unknown")
+        .to_string()
+}
+
+#[allow(clippy::too_many_arguments)]
 fn update(
     sh: &Shared,
     rt: &'static ResourceType,
     ns: &str,
     name: &str,
     sub: Option<&str>,
+    q: &Query,
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<(u16, Value), ApiError> {
@@ -621,7 +640,14 @@ fn update(
     let Some(old) = c.store.get(rt.plural, ns, name).cloned() else {
         return Err(ApiError::not_found(rt, name));
     };
-    let new = split_status(rt, &old, obj, sub);
+    let mut new = split_status(rt, &old, obj, sub);
+    super::apply::record_update(
+        Some(&old),
+        &mut new,
+        &manager(q, headers),
+        &rt.api_version(),
+        now,
+    );
     let out = c.store.update(rt, ns, name, new)?;
     c.after_change(rt.plural, &out, now);
     c.sync(now);
@@ -659,14 +685,20 @@ fn patch(
                 return Err(ApiError::new(422, "Invalid",
                     "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"));
             };
-            let entry = json!({"manager": manager, "operation": "Apply", "apiVersion": rt.api_version(),
-                               "time": now.rfc3339(), "fieldsType": "FieldsV1", "fieldsV1": {}});
+            let force = q.flag("force");
+            let applied = super::apply::apply(old.as_ref(), &p, manager, &rt.api_version(), force, now)
+                .map_err(|conflicts| ApiError {
+                    details: Some(json!({"causes": conflicts.iter().map(|c| json!({
+                        "reason": "FieldManagerConflict",
+                        "message": format!("conflict with \"{}\" using {}", c.manager, c.api_version),
+                        "field": c.field})).collect::<Vec<_>>()})),
+                    ..ApiError::new(409, "Conflict", super::apply::conflict_message(&conflicts))
+                })?;
             match old.clone() {
                 None => {
-                    let mut obj = p;
+                    let mut obj = applied;
                     strip_rv(&mut obj);
                     obj["metadata"]["name"] = json!(name);
-                    obj["metadata"]["managedFields"] = json!([entry]);
                     if rt.plural == "pods" {
                         obj["status"] = json!({"phase": "Pending"});
                     }
@@ -675,18 +707,7 @@ fn patch(
                     c.sync(now);
                     return Ok((201, out));
                 }
-                Some(mut cur) => {
-                    strategic_merge_patch(&mut cur, &p).map_err(bad)?;
-                    let mut fields: Vec<Value> = cur
-                        .pointer("/metadata/managedFields")
-                        .and_then(Value::as_array)
-                        .cloned()
-                        .unwrap_or_default();
-                    fields.retain(|f| f.get("manager").and_then(Value::as_str) != Some(manager));
-                    fields.push(entry);
-                    cur["metadata"]["managedFields"] = json!(fields);
-                    (200, cur)
-                }
+                Some(_) => (200, applied),
             }
         }
         kind => {
@@ -710,7 +731,16 @@ fn patch(
     let Some(old) = old else {
         return Err(ApiError::not_found(rt, name));
     };
-    let new = split_status(rt, &old, new, sub);
+    let mut new = split_status(rt, &old, new, sub);
+    if ct != "application/apply-patch+yaml" {
+        super::apply::record_update(
+            Some(&old),
+            &mut new,
+            &manager(q, headers),
+            &rt.api_version(),
+            now,
+        );
+    }
     let out = c.store.update(rt, ns, name, new)?;
     c.after_change(rt.plural, &out, now);
     c.sync(now);

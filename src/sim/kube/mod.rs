@@ -4,6 +4,7 @@
 //! Start it with [`KubeTwin::start`]; drive it through [`KubeTwin::with`] (node up/down,
 //! Ready, kubelet version, faults) from the integration layer and tests.
 
+pub mod apply;
 pub mod http;
 pub mod model;
 pub mod patch;
