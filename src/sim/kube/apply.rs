@@ -240,7 +240,7 @@ pub fn record_update(
     let before = old.unwrap_or(&empty);
     let changed: Vec<Path> = leaves(new)
         .into_iter()
-        .filter(|p| !p.first().is_some_and(|k| k == "status"))
+        .filter(|p| p.first().is_none_or(|k| k != "status"))
         .filter(|p| value_at(before, p) != value_at(new, p))
         .collect();
     if changed.is_empty() {
