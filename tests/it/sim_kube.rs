@@ -370,6 +370,33 @@ async fn kubectl_prints_the_other_kinds_and_follows_a_daemonset_rollout() {
         status.stdout
     );
 
+    // describe reads the node, its pods and its events with field selectors.
+    let describe = k(&["describe", "node", "worker-1"]).await;
+    assert!(describe.ok, "{}", describe.stderr);
+    assert!(
+        describe.stdout.contains("Non-terminated Pods:") && describe.stdout.contains("kube-proxy-"),
+        "{}",
+        describe.stdout
+    );
+    assert!(
+        describe.stdout.contains("HolderIdentity:  worker-1"),
+        "node leases are seeded: {}",
+        describe.stdout
+    );
+    let describe_pod = k(&[
+        "describe",
+        "pod",
+        "-n",
+        "kube-system",
+        "kube-apiserver-cp-1",
+    ])
+    .await;
+    assert!(
+        describe_pod.ok && describe_pod.stdout.contains("Node/cp-1"),
+        "{}",
+        describe_pod.stdout
+    );
+
     // kubectl delete waits for the pod to be gone.
     let web = t.with(|c, _| c.list("pods", Some("default")))[0]["metadata"]["name"]
         .as_str()
@@ -993,6 +1020,18 @@ async fn errors_are_status_objects_and_the_token_is_required() {
         (invalid.code, invalid.body["reason"].as_str()),
         (422, Some("Invalid"))
     );
+    let no_ns = api
+        .call(
+            "POST",
+            "/api/v1/namespaces/nope/configmaps",
+            None,
+            Some(json!({"metadata": {"name": "x"}})),
+        )
+        .await;
+    assert_eq!(
+        (no_ns.code, no_ns.body["message"].as_str()),
+        (404, Some("namespaces \"nope\" not found"))
+    );
     let anon = Api {
         token: "wrong".into(),
         ..Api::new(&t)
@@ -1153,6 +1192,11 @@ async fn deleted_pods_are_recreated_on_a_schedulable_node_after_the_delay() {
         node == "worker-1" || node == "worker-2",
         "never the cordoned worker-3 or the tainted control plane: {node}"
     );
+    // A deleted Node takes its pods with it (pod GC); the ReplicaSet replaces them.
+    t.with(|c, now| c.delete("nodes", "", "worker-2", now))
+        .expect("delete node");
+    assert!(pods_on(&t, "worker-2").is_empty());
+    assert_eq!(t.with(|c, _| c.list("pods", Some("default"))).len(), 3);
     // A StatefulSet pod comes back with the same name.
     t.with(|c, now| c.delete("pods", "db", "pg-0", now))
         .expect("delete");

@@ -569,6 +569,9 @@ fn create(
     let now = sh.clock.now();
     super::apply::record_update(None, &mut obj, &manager(q, headers), &rt.api_version(), now);
     let mut c = sh.lock();
+    if rt.namespaced && c.store.get("namespaces", "", ns).is_none() {
+        return Err(ApiError::not_found(rt_namespaces(), ns));
+    }
     let out = c.store.create(rt, ns, obj, now)?;
     c.after_change(rt.plural, &out, now);
     c.sync(now);
@@ -601,6 +604,11 @@ fn split_status(rt: &ResourceType, old: &Value, mut new: Value, sub: Option<&str
         }
         new
     }
+}
+
+fn rt_namespaces() -> &'static ResourceType {
+    // Namespaces are the first served resource.
+    super::resources::by_plural("namespaces").unwrap_or(&RESOURCES[0])
 }
 
 /// The field manager of a write: `fieldManager`, else the User-Agent's program name (as

@@ -787,6 +787,7 @@ impl Cluster {
             self.stateful_sets(now);
             self.daemon_sets(now);
             self.start_pending(now);
+            self.pod_gc();
             self.longhorn(now);
             self.statuses(now);
             if self.store.resource_version() == before {
@@ -1031,6 +1032,22 @@ impl Cluster {
         }
     }
 
+    /// Pods bound to a node that no longer exists are deleted, as the pod GC does.
+    fn pod_gc(&mut self) {
+        let known: BTreeSet<&str> = self.store.iter("nodes").map(name_of).collect();
+        let orphans: Vec<(String, String)> = self
+            .store
+            .iter("pods")
+            .filter(|p| !node_of(p).is_empty() && !known.contains(node_of(p)))
+            .map(|p| (namespace_of(p).to_string(), name_of(p).to_string()))
+            .collect();
+        for (ns, name) in orphans {
+            let _ = self.store.delete(rt_pods(), &ns, &name);
+            self.pending.remove(&(ns.clone(), name.clone()));
+            self.terminating.remove(&(ns, name));
+        }
+    }
+
     /// The node a pending pod may run on, for pods bound by PV node affinity (local-path).
     fn pinned_node(&self, pod: &Value) -> Option<String> {
         let vols = pod.pointer("/spec/volumes")?.as_array()?;
@@ -1150,11 +1167,15 @@ impl Cluster {
             pod["spec"]["nodeName"] = json!(node_name);
             pod["status"]["phase"] = json!("Running");
             pod["status"]["hostIP"] = json!(host_ip);
-            pod["status"]["podIP"] = json!(format!(
-                "10.244.{}.{}",
-                (serial / 250) % 250,
-                serial % 250 + 2
-            ));
+            pod["status"]["hostIPs"] = json!([{"ip": host_ip}]);
+            // Host-network pods (the CNI, kube-proxy) use the node's address.
+            let pod_ip = if pod.pointer("/spec/hostNetwork") == Some(&json!(true)) {
+                host_ip.clone()
+            } else {
+                format!("10.244.{}.{}", (serial / 250) % 250, serial % 250 + 2)
+            };
+            pod["status"]["podIP"] = json!(pod_ip);
+            pod["status"]["podIPs"] = json!([{"ip": pod_ip}]);
             pod["status"]["startTime"] = json!(now.rfc3339());
             set_condition(&mut pod, "PodScheduled", true, "", now);
             set_condition(&mut pod, "Initialized", true, "", now);

@@ -2,6 +2,8 @@
 //! "3 control planes + N workers, deployments spread over workers, PDBs, Longhorn volumes"
 //! without YAML.
 
+use std::collections::BTreeSet;
+
 use serde_json::{json, Value};
 
 use super::model::{
@@ -330,14 +332,26 @@ impl KubeSeed {
         let mut c = Cluster::new(behaviour, now);
         c.deprecated_apis = self.deprecated_apis.clone();
         c.faults = self.faults.clone();
-        for ns in [
+        let mut namespaces: BTreeSet<String> = [
             "default",
             "kube-system",
             "kube-node-lease",
             "kube-public",
             "longhorn-system",
             "argocd",
-        ] {
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
+        // Every namespace the seed puts something in exists.
+        namespaces.extend(self.workloads.iter().map(|w| w.namespace.clone()));
+        namespaces.extend(self.pdbs.iter().map(|p| p.namespace.clone()));
+        namespaces.extend(self.daemonsets.iter().map(|d| d.0.clone()));
+        namespaces.extend(self.bare_pods.iter().map(|p| p.namespace.clone()));
+        namespaces.extend(self.config_maps.iter().map(|c| c.0.clone()));
+        namespaces.extend(self.leases.iter().map(|l| l.0.clone()));
+        namespaces.extend(self.local_pvs.iter().map(|p| p.2.clone()));
+        for ns in &namespaces {
             c.upsert_quiet(
                 json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
                             "status": {"phase": "Active"}}),
@@ -349,6 +363,13 @@ impl KubeSeed {
         }
         for n in &self.nodes {
             let node = c.upsert_quiet(node_object(n, now), now)?;
+            // The kubelet's heartbeat Lease.
+            let t = super::model::micro_time(now);
+            c.upsert_quiet(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": n.name, "namespace": "kube-node-lease",
+                             "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": n.name,
+                                                  "uid": node["metadata"]["uid"]}]},
+                "spec": {"holderIdentity": n.name, "leaseDurationSeconds": 40, "renewTime": t}}), now)?;
             if self.static_pods && n.role == Role::ControlPlane {
                 for component in [
                     "kube-apiserver",
@@ -374,7 +395,7 @@ impl KubeSeed {
                              "updateStrategy": {"type": "RollingUpdate"},
                              "template": {"metadata": {"labels": {"k8s-app": name}},
                                           "spec": {"containers": [{"name": name, "image": image}],
-                                                   "tolerations": [{"operator": "Exists"}]}}},
+                                                   "hostNetwork": true, "tolerations": [{"operator": "Exists"}]}}},
                 }),
                 now,
             )?;
@@ -613,6 +634,7 @@ pub fn mirror_pod(
         "spec": {"nodeName": node, "hostNetwork": true, "priorityClassName": "system-cluster-critical",
                  "containers": [{"name": component, "image": image}]},
         "status": {"phase": "Running", "hostIP": ip, "podIP": ip, "startTime": t,
+                   "hostIPs": [{"ip": ip}], "podIPs": [{"ip": ip}],
                    "conditions": [
                        {"type": "Initialized", "status": "True", "lastTransitionTime": t},
                        {"type": "Ready", "status": "True", "lastTransitionTime": t},

@@ -196,10 +196,22 @@ const FIELDS: &[&str] = &[
     "spec.nodeName",
     "status.phase",
     "spec.unschedulable",
+    "spec.schedulerName",
+    "spec.serviceAccountName",
+    "spec.hostNetwork",
+    "spec.restartPolicy",
+    "status.podIP",
+    "status.nominatedNodeName",
     "involvedObject.name",
     "involvedObject.kind",
     "involvedObject.namespace",
+    "involvedObject.uid",
+    "involvedObject.apiVersion",
+    "involvedObject.resourceVersion",
+    "involvedObject.fieldPath",
     "reason",
+    "reportingComponent",
+    "source",
     "type",
 ];
 
@@ -227,13 +239,19 @@ impl FieldSelector {
 
     pub fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|(path, eq, want)| {
-            let pointer = format!("/{}", path.replace('.', "/"));
+            let pointer = match path.as_str() {
+                // Events' `source` selects on the reporting component.
+                "source" => "/source/component".to_string(),
+                p => format!("/{}", p.replace('.', "/")),
+            };
             let have = match obj.pointer(&pointer) {
                 Some(Value::String(s)) => s.clone(),
                 Some(Value::Bool(b)) => b.to_string(),
                 Some(Value::Number(n)) => n.to_string(),
                 // An absent field compares as the empty string (or false for booleans).
-                _ if path == "spec.unschedulable" => "false".to_string(),
+                _ if path == "spec.unschedulable" || path == "spec.hostNetwork" => {
+                    "false".to_string()
+                }
                 _ => String::new(),
             };
             (have == *want) == *eq
