@@ -1232,12 +1232,17 @@ async fn node_down_loses_pods_and_degrades_longhorn_volumes_until_rebuilt() {
     let holder = replica_nodes(&t)[0].clone();
     t.with(|c, now| c.node_down(&holder, now)).expect("node");
     assert_eq!(vol(&t)["status"]["robustness"], "degraded");
+    // Every pod on the node is lost; the DaemonSets' new pods wait there, Pending.
     let left: Vec<Value> = pods_on(&t, &holder);
-    assert!(left.is_empty(), "every pod on the node is lost");
+    assert_eq!(left.len(), 2);
+    assert!(left
+        .iter()
+        .all(|p| owner_kind(p) == "DaemonSet" && p["status"]["phase"] == "Pending"));
     let ds = t
         .with(|c, _| c.get("daemonsets", "kube-system", "cilium"))
         .unwrap_or_default();
-    assert_eq!(ds["status"]["desiredNumberScheduled"], 4);
+    assert_eq!(ds["status"]["desiredNumberScheduled"], 5, "every node, the down one too");
+    assert_eq!(ds["status"]["numberAvailable"], 4);
     t.clock().advance(Duration::from_secs(59));
     t.sync();
     assert_eq!(vol(&t)["status"]["robustness"], "degraded");
@@ -1250,9 +1255,14 @@ async fn node_down_loses_pods_and_degrades_longhorn_volumes_until_rebuilt() {
         !nodes.contains(&holder),
         "rebuilt on another node: {nodes:?}"
     );
-    // The node returns: Ready again; its DaemonSet pods start again after the start delay.
+    // The node returns: Ready again; its DaemonSet pods start after the start delay.
     t.with(|c, now| c.node_up(&holder, now)).expect("node");
-    t.clock().advance(Duration::from_secs(10));
+    t.clock().advance(Duration::from_secs(9));
+    t.sync();
+    assert!(pods_on(&t, &holder)
+        .iter()
+        .all(|p| p["status"]["phase"] == "Pending"));
+    t.clock().advance(Duration::from_secs(1));
     t.sync();
     let back = pods_on(&t, &holder);
     assert_eq!(

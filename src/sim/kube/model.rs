@@ -100,6 +100,8 @@ pub struct Cluster {
     /// The resourceVersion the controllers last settled at, and when something is due next.
     settled_at: Option<u64>,
     next_due: Option<Timestamp>,
+    /// The next time a pending pod may start (computed by the scheduler pass).
+    next_pod_start: Option<Timestamp>,
 }
 
 fn rt(plural: &str) -> &'static ResourceType {
@@ -253,6 +255,7 @@ impl Cluster {
             now,
             settled_at: None,
             next_due: None,
+            next_pod_start: None,
         }
     }
 
@@ -795,16 +798,13 @@ impl Cluster {
             }
         }
         self.settled_at = Some(self.store.resource_version());
-        let pod_due = self
-            .pending
-            .values()
-            .map(|t| t.plus(self.behaviour.pod_start_delay));
+        let pod_due = self.next_pod_start;
         let rebuild_due = self
             .degraded_since
             .values()
             .map(|t| t.plus(self.behaviour.replica_rebuild_delay));
         let gone_due = self.terminating.values().copied();
-        self.next_due = pod_due.chain(rebuild_due).chain(gone_due).min();
+        self.next_due = pod_due.into_iter().chain(rebuild_due).chain(gone_due).min();
     }
 
     /// Advance the model to `now` (same as `sync`).
@@ -849,6 +849,7 @@ impl Cluster {
                 schedulable: Self::schedulable(n),
                 control_plane: is_control_plane(n),
                 ip: internal_ip(n).unwrap_or_default(),
+                ready_since: ready_since(n),
             })
             .collect()
     }
@@ -1014,7 +1015,9 @@ impl Cluster {
             let have = index.get(&key).cloned().unwrap_or_default();
             let covered: BTreeSet<&str> = have.iter().map(|p| p.node.as_str()).collect();
             let mut complete = true;
-            for node in nodes.iter().filter(|n| n.ready) {
+            // Every node gets one (DaemonSet pods tolerate NotReady); on a NotReady node the
+            // pod stays Pending until the kubelet is back.
+            for node in &nodes {
                 if !covered.contains(node.name.as_str()) {
                     let name = format!("{}-{}", name_of(&ds), self.store.suffix());
                     self.new_pod(&ds, name, Some(&node.name), now);
@@ -1078,12 +1081,21 @@ impl Cluster {
 
     /// Start pods whose delay passed: pick a node if none, then Running and Ready.
     fn start_pending(&mut self, now: Timestamp) {
-        let due: Vec<(String, String)> = self
+        let delay = self.behaviour.pod_start_delay;
+        self.next_pod_start = None;
+        let due: Vec<(String, String, Timestamp)> = self
             .pending
             .iter()
-            .filter(|(_, t)| t.plus(self.behaviour.pod_start_delay) <= now)
-            .map(|(k, _)| k.clone())
+            .filter(|(_, t)| t.plus(delay) <= now)
+            .map(|((ns, name), t)| (ns.clone(), name.clone(), *t))
             .collect();
+        // Pods not due yet wake the model when they are.
+        self.next_pod_start = self
+            .pending
+            .values()
+            .map(|t| t.plus(delay))
+            .filter(|d| *d > now)
+            .min();
         if due.is_empty() {
             return;
         }
@@ -1111,7 +1123,7 @@ impl Cluster {
             *per_node.entry(n.to_string()).or_default() += 1;
         }
         let no_counts = HashMap::new();
-        for (ns, name) in due {
+        for (ns, name, created) in due {
             let Some(mut pod) = self.store.get("pods", &ns, &name).cloned() else {
                 self.pending.remove(&(ns, name));
                 continue;
@@ -1142,7 +1154,15 @@ impl Cluster {
                     }
                 }
                 n => {
-                    if !nodes.iter().any(|x| x.name == n && x.ready) {
+                    // A pod bound to a node starts once that node's kubelet has been Ready
+                    // for the start delay (a rebooted node restarts its DaemonSet pods).
+                    let Some(node) = nodes.iter().find(|x| x.name == n && x.ready) else {
+                        continue;
+                    };
+                    let start = created.max(node.ready_since).plus(delay);
+                    if start > now {
+                        self.next_pod_start =
+                            Some(self.next_pod_start.map_or(start, |t| t.min(start)));
                         continue;
                     }
                     n.to_string()
@@ -1367,7 +1387,7 @@ impl Cluster {
                 .unwrap_or(json!(1));
             updates.push(("deployments", d2));
         }
-        let desired = self.store.iter("nodes").filter(|n| is_ready(n)).count();
+        let desired = self.store.iter("nodes").count();
         for ds in self.store.all("daemonsets") {
             let ps = owned(namespace_of(&ds), "DaemonSet", name_of(&ds));
             let ready = ps.iter().filter(|p| is_ready(p)).count();
@@ -1501,10 +1521,25 @@ struct NodeBrief {
     schedulable: bool,
     control_plane: bool,
     ip: String,
+    ready_since: Timestamp,
 }
 
 fn rt_pods() -> &'static ResourceType {
     rt("pods")
+}
+
+/// When the node's Ready condition last changed.
+fn ready_since(node: &Value) -> Timestamp {
+    node.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c.get("type").and_then(Value::as_str) == Some("Ready"))
+        })
+        .and_then(|c| c.get("lastTransitionTime"))
+        .and_then(Value::as_str)
+        .and_then(parse_time)
+        .unwrap_or_default()
 }
 
 pub fn is_control_plane(node: &Value) -> bool {
