@@ -1241,7 +1241,10 @@ async fn node_down_loses_pods_and_degrades_longhorn_volumes_until_rebuilt() {
     let ds = t
         .with(|c, _| c.get("daemonsets", "kube-system", "cilium"))
         .unwrap_or_default();
-    assert_eq!(ds["status"]["desiredNumberScheduled"], 5, "every node, the down one too");
+    assert_eq!(
+        ds["status"]["desiredNumberScheduled"], 5,
+        "every node, the down one too"
+    );
     assert_eq!(ds["status"]["numberAvailable"], 4);
     t.clock().advance(Duration::from_secs(59));
     t.sync();
@@ -1515,4 +1518,37 @@ async fn evicted_pods_terminate_for_their_grace_period_while_a_replacement_start
             .code,
         404
     );
+}
+
+#[tokio::test]
+async fn local_path_pods_come_back_only_on_their_own_node() {
+    let seed = KubeSeed::nodes(1, 3).statefulset_with_local_storage("db", "pg", 2);
+    let (t, _d) = twin(seed, Behaviour::default()).await;
+    let pod = |name: &str| t.with(|c, _| c.get("pods", "db", name)).unwrap_or_default();
+    assert_eq!(pod("pg-0")["spec"]["nodeName"], "worker-1");
+    assert_eq!(pod("pg-1")["spec"]["nodeName"], "worker-2");
+    assert_eq!(
+        pod("pg-0")["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
+        "data-pg-0"
+    );
+    let pv = t
+        .with(|c, _| c.get("persistentvolumes", "", "pvc-db-pg-0"))
+        .unwrap_or_default();
+    assert_eq!(
+        pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]
+            ["values"][0],
+        "worker-1"
+    );
+    // Cordoned and drained: the pod cannot start anywhere else.
+    t.with(|c, now| c.set_unschedulable("worker-1", true, now))
+        .expect("node");
+    t.with(|c, now| c.delete("pods", "db", "pg-0", now))
+        .expect("delete");
+    t.clock().advance(Duration::from_secs(60));
+    t.sync();
+    assert_eq!(pod("pg-0")["status"]["phase"], "Pending");
+    t.with(|c, now| c.set_unschedulable("worker-1", false, now))
+        .expect("node");
+    assert_eq!(pod("pg-0")["status"]["phase"], "Running");
+    assert_eq!(pod("pg-0")["spec"]["nodeName"], "worker-1");
 }

@@ -867,7 +867,14 @@ impl Cluster {
         is_ready(node) && !cordoned && !tainted
     }
 
-    fn new_pod(&mut self, owner: &Value, name: String, node: Option<&str>, now: Timestamp) {
+    fn new_pod(
+        &mut self,
+        owner: &Value,
+        name: String,
+        node: Option<&str>,
+        volumes: Vec<Value>,
+        now: Timestamp,
+    ) {
         let template = owner
             .pointer("/spec/template")
             .cloned()
@@ -890,6 +897,14 @@ impl Cluster {
         pod["metadata"]["annotations"][TEMPLATE_HASH] = json!(template_hash(owner));
         if let Some(n) = node {
             pod["spec"]["nodeName"] = json!(n);
+        }
+        if !volumes.is_empty() {
+            let mut all = pod["spec"]["volumes"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            all.extend(volumes);
+            pod["spec"]["volumes"] = Value::Array(all);
         }
         if let Ok(p) = self.store.create(rt_pods(), &ns, pod, now) {
             self.pending.insert((ns, name_of(&p).to_string()), now);
@@ -965,7 +980,7 @@ impl Cluster {
             let want = replicas_of(&rs) as usize;
             for _ in have.len()..want {
                 let name = format!("{}-{}", name_of(&rs), self.store.suffix());
-                self.new_pod(&rs, name, None, now);
+                self.new_pod(&rs, name, None, Vec::new(), now);
             }
             // Scale down: drop the newest extra pods.
             for p in have.iter().skip(want) {
@@ -991,7 +1006,20 @@ impl Cluster {
                         template: pod_template_hash(p).map(String::from),
                         terminating: p.pointer("/metadata/deletionTimestamp").is_some(),
                     }),
-                    None => self.new_pod(&sts, name, None, now),
+                    None => {
+                        // One claim per volumeClaimTemplate: `<template>-<pod>`.
+                        let claims: Vec<Value> = sts
+                            .pointer("/spec/volumeClaimTemplates")
+                            .and_then(Value::as_array)
+                            .into_iter()
+                            .flatten()
+                            .map(|t| {
+                                let tname = name_of(t);
+                                json!({"name": tname, "persistentVolumeClaim": {"claimName": format!("{tname}-{name}")}})
+                            })
+                            .collect();
+                        self.new_pod(&sts, name, None, claims, now)
+                    }
                 }
             }
             if have.len() as u64 == replicas_of(&sts) {
@@ -1020,7 +1048,7 @@ impl Cluster {
             for node in &nodes {
                 if !covered.contains(node.name.as_str()) {
                     let name = format!("{}-{}", name_of(&ds), self.store.suffix());
-                    self.new_pod(&ds, name, Some(&node.name), now);
+                    self.new_pod(&ds, name, Some(&node.name), Vec::new(), now);
                     complete = false;
                 }
             }

@@ -45,6 +45,9 @@ pub struct WorkloadSeed {
     pub image: String,
     /// Pods mount an emptyDir (drain needs `--delete-emptydir-data`).
     pub empty_dir: bool,
+    /// StatefulSets only: each pod gets a local-path volume pinned to one node
+    /// (volumeClaimTemplate `data`, a PVC and a PV with node affinity per ordinal).
+    pub local_storage: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -206,7 +209,18 @@ impl KubeSeed {
             replicas,
             image: format!("registry.example/{name}:1.0"),
             empty_dir,
+            local_storage: false,
         });
+        self
+    }
+
+    /// A StatefulSet whose pods keep their data on one node (local-path): a pod comes back
+    /// only on its own node.
+    pub fn statefulset_with_local_storage(mut self, ns: &str, name: &str, replicas: u32) -> Self {
+        self = self.workload(WorkloadKind::StatefulSet, ns, name, replicas, false);
+        if let Some(w) = self.workloads.last_mut() {
+            w.local_storage = true;
+        }
         self
     }
 
@@ -436,12 +450,47 @@ impl KubeSeed {
                     }), now)?;
                 }
                 WorkloadKind::StatefulSet => {
-                    c.upsert_quiet(json!({
+                    let mut sts = json!({
                         "apiVersion": "apps/v1", "kind": "StatefulSet",
                         "metadata": {"name": w.name, "namespace": w.namespace, "labels": labels},
                         "spec": {"replicas": w.replicas, "serviceName": w.name,
                                  "selector": {"matchLabels": labels}, "template": template},
-                    }), now)?;
+                    });
+                    if w.local_storage {
+                        sts["spec"]["volumeClaimTemplates"] = json!([{
+                            "metadata": {"name": "data"},
+                            "spec": {"storageClassName": "local-path", "accessModes": ["ReadWriteOnce"],
+                                     "resources": {"requests": {"storage": "1Gi"}}}}]);
+                        let workers: Vec<&NodeSeed> = self
+                            .nodes
+                            .iter()
+                            .filter(|n| n.role == Role::Worker)
+                            .collect();
+                        let hosts = if workers.is_empty() {
+                            self.nodes.iter().collect()
+                        } else {
+                            workers
+                        };
+                        for i in 0..w.replicas as usize {
+                            let Some(node) = hosts.get(i % hosts.len().max(1)) else {
+                                break;
+                            };
+                            let claim = format!("data-{}-{}", w.name, i);
+                            let pv = format!("pvc-{}-{}-{}", w.namespace, w.name, i);
+                            c.upsert_quiet(
+                                local_pv_object(&pv, &node.name, &w.namespace, &claim),
+                                now,
+                            )?;
+                            c.upsert_quiet(json!({
+                                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                                "metadata": {"name": claim, "namespace": w.namespace, "labels": labels},
+                                "spec": {"storageClassName": "local-path", "accessModes": ["ReadWriteOnce"],
+                                         "resources": {"requests": {"storage": "1Gi"}}, "volumeName": pv},
+                                "status": {"phase": "Bound"},
+                            }), now)?;
+                        }
+                    }
+                    c.upsert_quiet(sts, now)?;
                 }
             }
         }
@@ -507,17 +556,7 @@ impl KubeSeed {
             }
         }
         for (name, node, ns, claim) in &self.local_pvs {
-            c.upsert_quiet(json!({
-                "apiVersion": "v1", "kind": "PersistentVolume",
-                "metadata": {"name": name, "annotations": {"local.path.provisioner/selected-node": node}},
-                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                         "storageClassName": "local-path", "persistentVolumeReclaimPolicy": "Delete",
-                         "hostPath": {"path": format!("/var/local-path-provisioner/{name}"), "type": "DirectoryOrCreate"},
-                         "claimRef": {"kind": "PersistentVolumeClaim", "namespace": ns, "name": claim},
-                         "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                             {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}},
-                "status": {"phase": "Bound"},
-            }), now)?;
+            c.upsert_quiet(local_pv_object(name, node, ns, claim), now)?;
         }
         for (name, sync, health) in &self.applications {
             c.upsert_quiet(json!({
@@ -559,6 +598,21 @@ impl KubeSeed {
 fn owner(obj: &Value) -> Value {
     json!({"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
            "uid": obj["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true})
+}
+
+/// A local-path PV pinned to `node`, bound to claim `ns/claim`.
+pub fn local_pv_object(name: &str, node: &str, ns: &str, claim: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": name, "annotations": {"local.path.provisioner/selected-node": node}},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "storageClassName": "local-path", "persistentVolumeReclaimPolicy": "Delete",
+                 "hostPath": {"path": format!("/var/local-path-provisioner/{name}"), "type": "DirectoryOrCreate"},
+                 "claimRef": {"kind": "PersistentVolumeClaim", "namespace": ns, "name": claim},
+                 "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                     {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}},
+        "status": {"phase": "Bound"},
+    })
 }
 
 /// A Node as Talos' kubelet registers it.
