@@ -397,6 +397,39 @@ async fn kubectl_prints_the_other_kinds_and_follows_a_daemonset_rollout() {
         describe_pod.stdout
     );
 
+    // apply (client-side, then server-side) and label go through the patch paths.
+    let manifest = dir.path().join("cm.yaml");
+    std::fs::write(&manifest, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: plan\n  namespace: default\ndata:\n  stage: talos\n").expect("write");
+    let m = manifest.to_string_lossy().to_string();
+    let applied = kubectl(&t.kubeconfig, &cache, &["apply", "-f", &m]).await;
+    assert!(
+        applied.ok && applied.stdout.contains("configmap/plan created"),
+        "{}",
+        applied.stderr
+    );
+    std::fs::write(&manifest, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: plan\n  namespace: default\ndata:\n  stage: kubernetes\n").expect("write");
+    let ssa = kubectl(
+        &t.kubeconfig,
+        &cache,
+        &["apply", "--server-side", "--force-conflicts", "-f", &m],
+    )
+    .await;
+    assert!(
+        ssa.ok && ssa.stdout.contains("serverside-applied"),
+        "{}",
+        ssa.stderr
+    );
+    let cm = t
+        .with(|c, _| c.get("configmaps", "default", "plan"))
+        .unwrap_or_default();
+    assert_eq!(cm["data"]["stage"], "kubernetes");
+    let label = k(&["label", "node", "worker-3", "ichor.dev/batch=1"]).await;
+    assert!(label.ok, "{}", label.stderr);
+    let node = t
+        .with(|c, _| c.get("nodes", "", "worker-3"))
+        .unwrap_or_default();
+    assert_eq!(node["metadata"]["labels"]["ichor.dev/batch"], "1");
+
     // kubectl delete waits for the pod to be gone.
     let web = t.with(|c, _| c.list("pods", Some("default")))[0]["metadata"]["name"]
         .as_str()

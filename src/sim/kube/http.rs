@@ -203,6 +203,11 @@ async fn handle(
         }
         ["apis", g, v, rest @ ..] => resource(&sh, g, v, rest, &method, &q, &headers, &body).await,
         ["_twin", "faults"] if method == Method::POST => faults(&sh, &body),
+        ["openapi", "v3"] => ok_json(200, &openapi_index()),
+        ["openapi", "v3", "api", "v1"] => ok_json(200, &openapi_group_version("", "v1")),
+        ["openapi", "v3", "apis", g, v] if groups().contains(&(*g, *v)) => {
+            ok_json(200, &openapi_group_version(g, v))
+        }
         _ => err(&ApiError::new(
             404,
             "NotFound",
@@ -317,6 +322,57 @@ fn metrics(sh: &Shared) -> Response<Body> {
         ));
     }
     respond(200, "text/plain; version=0.0.4; charset=utf-8", out)
+}
+
+/// `/openapi/v3`: one document per group version. kubectl reads them only to learn that
+/// PATCH takes `fieldValidation` (then it leaves validation to the server, which the twin
+/// does not do); schemas are not served.
+fn openapi_index() -> Value {
+    let mut paths = serde_json::Map::new();
+    let mut gvs = vec![("", "v1")];
+    gvs.extend(groups());
+    for (g, v) in gvs {
+        let key = if g.is_empty() {
+            "api/v1".to_string()
+        } else {
+            format!("apis/{g}/{v}")
+        };
+        paths.insert(
+            key.clone(),
+            json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash=1c4d")}),
+        );
+    }
+    json!({"paths": paths})
+}
+
+fn openapi_group_version(g: &str, v: &str) -> Value {
+    let mut paths = serde_json::Map::new();
+    for r in RESOURCES.iter().filter(|r| r.group == g && r.version == v) {
+        let base = if g.is_empty() {
+            format!("/api/{v}")
+        } else {
+            format!("/apis/{g}/{v}")
+        };
+        let path = if r.namespaced {
+            format!("{base}/namespaces/{{namespace}}/{}/{{name}}", r.plural)
+        } else {
+            format!("{base}/{}/{{name}}", r.plural)
+        };
+        let gvk = json!({"group": g, "version": v, "kind": r.kind});
+        let params = json!([
+            {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+            {"name": "fieldManager", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+            {"name": "force", "in": "query", "schema": {"type": "boolean", "uniqueItems": true}},
+        ]);
+        let op = |verb: &str| {
+            json!({"operationId": format!("{verb}{}", r.kind), "x-kubernetes-action": verb,
+                                    "x-kubernetes-group-version-kind": gvk, "parameters": params,
+                                    "responses": {"200": {"description": "OK"}}})
+        };
+        paths.insert(path, json!({"get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete")}));
+    }
+    json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "ichor-twin"},
+           "paths": paths, "components": {"schemas": {}}})
 }
 
 fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
