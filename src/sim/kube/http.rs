@@ -19,7 +19,7 @@ use super::model::Cluster;
 use super::patch::{json_patch, merge_patch, strategic_merge_patch};
 use super::resources::{groups, lookup, ResourceType, RESOURCES};
 use super::select::{FieldSelector, LabelSelector};
-use super::store::{name_of, namespace_of, rv_of, ApiError, WatchEvent};
+use super::store::{name_of, namespace_of, rv_of, ApiError, EventType, WatchEvent};
 use super::table::table;
 use crate::clock::Clock;
 
@@ -837,6 +837,51 @@ fn event_line(kind: &str, object: &Value) -> Bytes {
     Bytes::from(s)
 }
 
+/// Selector filtering for a watch, as the apiserver does it: an object that stops matching
+/// is sent as DELETED, one that starts matching as ADDED.
+struct WatchFilter {
+    labels: LabelSelector,
+    fields: FieldSelector,
+    /// Objects (namespace, name) the client currently holds; unused without selectors.
+    seen: std::collections::HashSet<(String, String)>,
+    /// Replaying history: objects may have matched before the replay started.
+    replay: bool,
+}
+
+impl WatchFilter {
+    fn new(labels: LabelSelector, fields: FieldSelector, replay: bool) -> Self {
+        WatchFilter {
+            labels,
+            fields,
+            seen: Default::default(),
+            replay,
+        }
+    }
+
+    fn translate(&mut self, kind: EventType, obj: &Value) -> Option<&'static str> {
+        if self.labels.0.is_empty() && self.fields.0.is_empty() {
+            return Some(kind.as_str());
+        }
+        let key = (namespace_of(obj).to_string(), name_of(obj).to_string());
+        let matches = self.labels.matches_object(obj) && self.fields.matches(obj);
+        let held = self.seen.contains(&key);
+        match (kind, matches, held) {
+            (EventType::Deleted, _, _) => (self.seen.remove(&key) || matches).then_some("DELETED"),
+            (_, true, true) => Some("MODIFIED"),
+            (_, true, false) => {
+                self.seen.insert(key);
+                let unknown_before = self.replay && kind == EventType::Modified;
+                Some(if unknown_before { "MODIFIED" } else { "ADDED" })
+            }
+            (_, false, true) => {
+                self.seen.remove(&key);
+                Some("DELETED")
+            }
+            (_, false, false) => None,
+        }
+    }
+}
+
 fn watch(
     sh: &Arc<Shared>,
     rt: &'static ResourceType,
@@ -866,12 +911,12 @@ fn watch(
         let c = sh.lock();
         let rx = c.store.subscribe();
         let rv = c.store.resource_version();
-        let initial: Result<Vec<(&'static str, Value)>, ApiError> = match &from {
+        let initial: Result<Vec<(EventType, Value)>, ApiError> = match &from {
             None => Ok(c
                 .store
                 .list(rt.plural, ns.as_deref(), &l, &f)
                 .into_iter()
-                .map(|o| ("ADDED", o))
+                .map(|o| (EventType::Added, o))
                 .collect()),
             Some(s) => match s.parse::<u64>() {
                 Err(_) => Err(ApiError::bad_request(format!(
@@ -880,16 +925,12 @@ fn watch(
                 Ok(rv) => c
                     .store
                     .history_since(rt.plural, ns.as_deref(), rv)
-                    .map(|evs| {
-                        evs.into_iter()
-                            .filter(|e| l.matches_object(&e.object) && f.matches(&e.object))
-                            .map(|e| (e.kind.as_str(), e.object))
-                            .collect()
-                    }),
+                    .map(|evs| evs.into_iter().map(|e| (e.kind, e.object)).collect()),
             },
         };
         (initial, rx, rv)
     };
+    let mut filter = WatchFilter::new(l, f, from.is_some());
     let (tx, body_rx) = mpsc::channel::<Result<Bytes, Infallible>>(256);
     let bookmark = move |rv: u64| json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": {"resourceVersion": rv.to_string()}});
     // `kubectl get -w` asks for Tables: each event then carries a one-row Table.
@@ -913,6 +954,9 @@ fn watch(
             }
             Ok(evs) => {
                 for (kind, obj) in evs {
+                    let Some(kind) = filter.translate(kind, &obj) else {
+                        continue;
+                    };
                     if tx.send(Ok(event_line(kind, &render(obj)))).await.is_err() {
                         return;
                     }
@@ -951,10 +995,8 @@ fn watch(
                     if ev.plural != rt.plural || ns.as_deref().is_some_and(|n| n != ev.namespace) {
                         continue;
                     }
-                    if !(l.matches_object(&ev.object) && f.matches(&ev.object)) {
-                        continue;
-                    }
-                    if tx.send(Ok(event_line(ev.kind.as_str(), &render(ev.object)))).await.is_err() {
+                    let Some(kind) = filter.translate(ev.kind, &ev.object) else { continue };
+                    if tx.send(Ok(event_line(kind, &render(ev.object)))).await.is_err() {
                         return;
                     }
                 }
