@@ -1614,3 +1614,40 @@ pub fn replica_object(namespace: &str, volume: &str, name: &str, node: &str) -> 
         "status": {"currentState": "running"},
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn int_or_percent_rounds_up_like_the_disruption_controller() {
+        assert_eq!(scaled(&json!(2), 5), Some(2));
+        assert_eq!(scaled(&json!("50%"), 5), Some(3));
+        assert_eq!(scaled(&json!("10%"), 3), Some(1));
+        assert_eq!(scaled(&json!("x"), 3), None);
+    }
+
+    #[test]
+    fn times_round_trip() {
+        let t = Timestamp(1_767_225_600_000 + 86_400_000 * 40 + 3_723_000);
+        assert_eq!(parse_time(&t.rfc3339()), Some(t));
+        assert_eq!(
+            parse_time("2026-01-01T00:00:00.123456Z"),
+            Some(Timestamp(1_767_225_600_000))
+        );
+        assert_eq!(
+            micro_time(Timestamp(1_767_225_600_123)),
+            "2026-01-01T00:00:00.123000Z"
+        );
+        assert_eq!(parse_time("garbage"), None);
+    }
+
+    #[test]
+    fn template_hash_follows_the_template_only() {
+        let a = json!({"metadata": {"name": "a"}, "spec": {"template": {"spec": {"containers": [{"image": "x:1"}]}}}});
+        let b = json!({"metadata": {"name": "b"}, "spec": {"replicas": 3, "template": {"spec": {"containers": [{"image": "x:1"}]}}}});
+        let c = json!({"spec": {"template": {"spec": {"containers": [{"image": "x:2"}]}}}});
+        assert_eq!(template_hash(&a), template_hash(&b));
+        assert_ne!(template_hash(&a), template_hash(&c));
+    }
+}
