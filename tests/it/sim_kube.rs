@@ -888,6 +888,18 @@ async fn list_filters_by_label_and_field_selectors_and_pages() {
     assert_eq!(names(&by_name), ["worker-2"]);
     let bad = api.get("/api/v1/pods?labelSelector=app%20in%20web").await;
     assert_eq!(bad.code, 400);
+    t.with(|c, now| c.set_application_status("argocd", "cilium", "OutOfSync", "Progressing", now))
+        .expect("the typical seed has the CNI Application");
+    let app = api
+        .get("/apis/argoproj.io/v1alpha1/namespaces/argocd/applications/cilium")
+        .await;
+    assert_eq!(
+        (
+            app.body["status"]["sync"]["status"].as_str(),
+            app.body["status"]["health"]["status"].as_str()
+        ),
+        (Some("OutOfSync"), Some("Progressing"))
+    );
     let page = api.get("/api/v1/pods?limit=5").await;
     assert_eq!(names(&page).len(), 5);
     let token = page.body["metadata"]["continue"]
@@ -1020,6 +1032,15 @@ async fn metrics_expose_requested_deprecated_apis() {
         .deprecated_api("", "v1", "componentstatuses", "");
     let (t, _d) = twin(seed, Behaviour::default()).await;
     let api = Api::new(&t);
+    t.with(|c, _| {
+        c.record_deprecated_request(ichor::sim::kube::DeprecatedApi {
+            group: "flowcontrol.apiserver.k8s.io".into(),
+            version: "v1beta3".into(),
+            resource: "flowschemas".into(),
+            subresource: String::new(),
+            removed_release: "1.32".into(),
+        })
+    });
     let m = api.get("/metrics").await;
     assert_eq!(m.code, 200);
     assert!(m
@@ -1027,6 +1048,9 @@ async fn metrics_expose_requested_deprecated_apis() {
         .contains("# TYPE apiserver_requested_deprecated_apis gauge"));
     assert!(m.text.contains("apiserver_requested_deprecated_apis{group=\"resource.k8s.io\",removed_release=\"1.36\",resource=\"resourceslices\",subresource=\"\",version=\"v1beta1\"} 1"), "{}", m.text);
     assert!(m.text.contains("resource=\"componentstatuses\""));
+    assert!(m
+        .text
+        .contains("removed_release=\"1.32\",resource=\"flowschemas\""));
 }
 
 #[tokio::test]
@@ -1332,6 +1356,10 @@ async fn node_model_api_for_the_integration() {
     let cp2 = api.get("/api/v1/nodes/cp-2").await;
     assert_eq!(cp2.body["status"]["nodeInfo"]["kubeletVersion"], "v1.34.1");
     assert_eq!(cp2.body["status"]["nodeInfo"]["osImage"], "Talos (v1.11.3)");
+    let app = t.with(|c, now| {
+        c.set_application_status("argocd", "cilium", "OutOfSync", "Progressing", now)
+    });
+    assert!(app.is_err(), "no Application in this seed");
     let cp3 = api.get("/api/v1/nodes/cp-3").await;
     let ready = cp3.body["status"]["conditions"]
         .as_array()

@@ -535,6 +535,38 @@ impl Cluster {
         self.upsert(pod, now)
     }
 
+    /// Set an Argo CD Application's sync and health status (e.g. the CNI hand-over).
+    pub fn set_application_status(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        sync: &str,
+        health: &str,
+        now: Timestamp,
+    ) -> Result<Value, ApiError> {
+        let Some(mut app) = self.store.get("applications", namespace, name).cloned() else {
+            return Err(ApiError::not_found(rt("applications"), name));
+        };
+        app["status"]["sync"]["status"] = json!(sync);
+        app["status"]["health"]["status"] = json!(health);
+        app["status"]["reconciledAt"] = json!(now.rfc3339());
+        if let Some(m) = app.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+        }
+        let out = self
+            .store
+            .update(rt("applications"), namespace, name, app)?;
+        self.sync(now);
+        Ok(out)
+    }
+
+    /// A client requested a deprecated API: it shows in `apiserver_requested_deprecated_apis`.
+    pub fn record_deprecated_request(&mut self, api: DeprecatedApi) {
+        if !self.deprecated_apis.contains(&api) {
+            self.deprecated_apis.push(api);
+        }
+    }
+
     /// Another holder takes the Lease (fault: a stolen lock).
     pub fn steal_lease(
         &mut self,
