@@ -192,6 +192,25 @@ async fn kubectl_drain_evicts_and_pods_come_back_elsewhere() {
         before.iter().any(|p| owner_kind(p) == "ReplicaSet"),
         "seed puts workload pods on worker-1"
     );
+    // A server-side dry run changes nothing.
+    let dry = kubectl(
+        &t.kubeconfig,
+        &cache,
+        &[
+            "drain",
+            "worker-1",
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--dry-run=server",
+        ],
+    )
+    .await;
+    assert!(dry.ok, "{}", dry.stderr);
+    assert_eq!(pods_on(&t, "worker-1").len(), before.len());
+    let node = t
+        .with(|c, _| c.get("nodes", "", "worker-1"))
+        .unwrap_or_default();
+    assert_eq!(node.pointer("/spec/unschedulable"), None);
     let out = kubectl(
         &t.kubeconfig,
         &cache,

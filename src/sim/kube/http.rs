@@ -43,6 +43,36 @@ impl Shared {
     }
 }
 
+/// The cluster locked for a write; `dryRun=All` writes are answered but not stored.
+pub struct Write<'a>(MutexGuard<'a, Cluster>);
+
+impl std::ops::Deref for Write<'_> {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Write<'_> {
+    fn deref_mut(&mut self) -> &mut Cluster {
+        &mut self.0
+    }
+}
+
+impl Drop for Write<'_> {
+    fn drop(&mut self) {
+        self.0.store.dry_run = false;
+    }
+}
+
+impl Shared {
+    fn lock_write(&self, q: &Query) -> Write<'_> {
+        let mut c = self.lock();
+        c.store.dry_run = q.get("dryRun") == Some("All");
+        Write(c)
+    }
+}
+
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new().fallback(handle).with_state(shared)
 }
@@ -471,9 +501,15 @@ async fn resource(
                 .and_then(|g| g.parse::<u64>().ok())
                 .or_else(|| options.get("gracePeriodSeconds").and_then(Value::as_u64))
                 .map(Duration::from_secs);
-            let mut c = sh.lock();
+            let mut c = sh.lock_write(q);
             let now = sh.clock.now();
-            if rt.plural == "pods" {
+            if rt.plural == "pods" && c.store.dry_run {
+                c.store
+                    .get("pods", ns_str, n)
+                    .cloned()
+                    .map(|o| (200, o))
+                    .ok_or_else(|| ApiError::not_found(rt, n))
+            } else if rt.plural == "pods" {
                 c.delete_pod(ns_str, n, grace, now).map(|o| (200, o))
             } else {
                 c.delete(rt.plural, ns_str, n, now).map(|o| (200, o))
@@ -624,7 +660,7 @@ fn create(
     }
     let now = sh.clock.now();
     super::apply::record_update(None, &mut obj, &manager(q, headers), &rt.api_version(), now);
-    let mut c = sh.lock();
+    let mut c = sh.lock_write(q);
     if rt.namespaced && c.store.get("namespaces", "", ns).is_none() {
         return Err(ApiError::not_found(rt_namespaces(), ns));
     }
@@ -699,7 +735,7 @@ fn update(
             "the name of the object does not match the name on the URL",
         ));
     }
-    let mut c = sh.lock();
+    let mut c = sh.lock_write(q);
     let now = sh.clock.now();
     let Some(old) = c.store.get(rt.plural, ns, name).cloned() else {
         return Err(ApiError::not_found(rt, name));
@@ -739,7 +775,7 @@ fn patch(
         .trim()
         .to_string();
     let p = parse_body(headers, body)?;
-    let mut c = sh.lock();
+    let mut c = sh.lock_write(q);
     let now = sh.clock.now();
     let old = c.store.get(rt.plural, ns, name).cloned();
     let bad = |e: super::patch::PatchError| ApiError::new(422, "Invalid", e.to_string());

@@ -783,6 +783,9 @@ impl Cluster {
 
     /// Called after an object changed through the API or the library.
     pub fn after_change(&mut self, plural: &str, obj: &Value, now: Timestamp) {
+        if self.store.dry_run {
+            return;
+        }
         if plural == "pods"
             && obj.pointer("/status/phase").and_then(Value::as_str) == Some("Pending")
         {
@@ -794,6 +797,9 @@ impl Cluster {
 
     /// Apply everything due at `now`, in order, until nothing changes.
     pub fn sync(&mut self, now: Timestamp) {
+        if self.store.dry_run {
+            return;
+        }
         if now > self.now {
             self.now = now;
         }

@@ -148,6 +148,8 @@ pub struct Store {
     /// Events before this resourceVersion are no longer in the history.
     compacted: u64,
     events: broadcast::Sender<WatchEvent>,
+    /// `dryRun=All`: writes are checked and answered but not stored.
+    pub dry_run: bool,
 }
 
 /// `name` of an object.
@@ -202,6 +204,7 @@ impl Store {
             history_limit: history_limit.max(1),
             compacted: 1000,
             events,
+            dry_run: false,
         }
     }
 
@@ -345,12 +348,11 @@ impl Store {
         if self.get(rt.plural, ns, &name).is_some() {
             return Err(ApiError::already_exists(rt, &name));
         }
-        self.rv += 1;
+        let rv = self.rv + 1;
         let uid = self.uid();
         let has_spec = obj.get("spec").is_some();
         obj["apiVersion"] = json!(rt.api_version());
         obj["kind"] = json!(rt.kind);
-        let rv = self.rv;
         let m = meta_mut(&mut obj);
         m.insert("name".into(), json!(name));
         if rt.namespaced {
@@ -364,6 +366,10 @@ impl Store {
         if has_spec {
             m.insert("generation".into(), json!(1));
         }
+        if self.dry_run {
+            return Ok(obj);
+        }
+        self.rv = rv;
         self.objects
             .insert((rt.plural, ns.to_string(), name), obj.clone());
         self.record(rt, ns, EventType::Added, obj.clone());
@@ -421,9 +427,12 @@ impl Store {
                 .unwrap_or(0);
             meta_mut(&mut obj).insert("generation".into(), json!(g + 1));
         }
-        self.rv += 1;
-        let rv = self.rv;
+        let rv = self.rv + 1;
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
+        if self.dry_run {
+            return Ok(obj);
+        }
+        self.rv = rv;
         self.objects
             .insert((rt.plural, ns.to_string(), name.to_string()), obj.clone());
         self.record(rt, ns, EventType::Modified, obj.clone());
@@ -458,6 +467,12 @@ impl Store {
         name: &str,
     ) -> Result<Value, ApiError> {
         let ns = if rt.namespaced { ns } else { "" };
+        if self.dry_run {
+            return self
+                .get(rt.plural, ns, name)
+                .cloned()
+                .ok_or_else(|| ApiError::not_found(rt, name));
+        }
         let Some(mut obj) = self
             .objects
             .remove(&(rt.plural, ns.to_string(), name.to_string()))
