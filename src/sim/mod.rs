@@ -4,5 +4,6 @@
 
 pub mod fixture;
 pub mod github;
+pub mod kube;
 pub mod pki;
 pub mod talos;

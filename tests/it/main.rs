@@ -3,6 +3,7 @@
 mod cli;
 mod props;
 mod sim_github;
+mod sim_kube;
 mod sim_talos;
 
 use std::path::{Path, PathBuf};

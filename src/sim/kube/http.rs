@@ -1,0 +1,1084 @@
+//! The REST surface: discovery, CRUD, watch, the three patch formats plus server-side
+//! apply, Tables, pods/eviction, /metrics, and the twin's own fault endpoint, over HTTPS
+//! with a bearer token.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, Method, Response, StatusCode, Uri};
+use axum::Router;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, mpsc};
+use tokio_rustls::{rustls, TlsAcceptor};
+
+use super::model::Cluster;
+use super::patch::{json_patch, merge_patch, strategic_merge_patch};
+use super::resources::{groups, lookup, ResourceType, RESOURCES};
+use super::select::{FieldSelector, LabelSelector};
+use super::store::{name_of, namespace_of, rv_of, ApiError, EventType, WatchEvent};
+use super::table::table;
+use crate::clock::Clock;
+
+/// State shared by every request.
+pub struct Shared {
+    pub cluster: Mutex<Cluster>,
+    pub clock: Clock,
+    pub token: String,
+    /// `127.0.0.1:PORT`, for `/api`'s serverAddressByClientCIDRs.
+    pub server_address: String,
+    pub kubernetes_version: String,
+}
+
+impl Shared {
+    /// The cluster, synced to the clock.
+    pub fn lock(&self) -> MutexGuard<'_, Cluster> {
+        // A poisoned lock means a panic in a handler; the model is still usable.
+        let mut c = self.cluster.lock().unwrap_or_else(|e| e.into_inner());
+        c.sync(self.clock.now());
+        c
+    }
+}
+
+/// The cluster locked for a write; `dryRun=All` writes are answered but not stored.
+pub struct Write<'a>(MutexGuard<'a, Cluster>);
+
+impl std::ops::Deref for Write<'_> {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Write<'_> {
+    fn deref_mut(&mut self) -> &mut Cluster {
+        &mut self.0
+    }
+}
+
+impl Drop for Write<'_> {
+    fn drop(&mut self) {
+        self.0.store.dry_run = false;
+    }
+}
+
+impl Shared {
+    fn lock_write(&self, q: &Query) -> Write<'_> {
+        let mut c = self.lock();
+        c.store.dry_run = q.get("dryRun") == Some("All");
+        Write(c)
+    }
+}
+
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new().fallback(handle).with_state(shared)
+}
+
+/// Accept TLS connections and serve HTTP/1.1 and HTTP/2 on each.
+pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: Router) {
+    let acceptor = TlsAcceptor::from(tls);
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            tokio::task::yield_now().await;
+            continue;
+        };
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let Ok(stream) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let svc = hyper_util::service::TowerToHyperService::new(app);
+            let builder =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let _ = builder
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+fn respond(code: u16, content_type: &str, body: impl Into<Body>) -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header(header::CONTENT_TYPE, content_type)
+        .body(body.into())
+        .unwrap_or_default()
+}
+
+fn ok_json(code: u16, v: &Value) -> Response<Body> {
+    respond(code, "application/json", v.to_string())
+}
+
+fn err(e: &ApiError) -> Response<Body> {
+    ok_json(e.code, &e.status())
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16)
+                {
+                    Ok(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Query parameters, decoded.
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(uri: &Uri) -> Self {
+        Query(
+            uri.query()
+                .unwrap_or("")
+                .split('&')
+                .filter(|p| !p.is_empty())
+                .map(|p| match p.split_once('=') {
+                    Some((k, v)) => (percent_decode(k), percent_decode(v)),
+                    None => (percent_decode(p), String::new()),
+                })
+                .collect(),
+        )
+    }
+    fn get(&self, k: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+    }
+    fn flag(&self, k: &str) -> bool {
+        matches!(self.get(k), Some("true" | "1"))
+    }
+}
+
+/// Constant-time comparison, so the token cannot be guessed byte by byte from timing.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn handle(
+    State(sh): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response<Body> {
+    let path = uri.path().trim_matches('/').to_string();
+    let segs: Vec<&str> = if path.is_empty() {
+        Vec::new()
+    } else {
+        path.split('/').collect()
+    };
+    let public = matches!(
+        segs.as_slice(),
+        ["version"] | ["healthz"] | ["livez"] | ["readyz"]
+    );
+    if !public {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !same(presented.as_bytes(), sh.token.as_bytes()) {
+            return err(&ApiError::new(401, "Unauthorized", "Unauthorized"));
+        }
+        if matches!(segs.first(), Some(&"api" | &"apis")) {
+            let burst = sh.lock().take_burst();
+            if let Some((code, retry)) = burst {
+                return injected(code, retry);
+            }
+        }
+    }
+    let q = Query::parse(&uri);
+    match segs.as_slice() {
+        ["version"] => ok_json(200, &version(&sh.kubernetes_version)),
+        ["healthz"] | ["livez"] | ["readyz"] => respond(200, "text/plain", "ok"),
+        ["metrics"] => metrics(&sh),
+        ["api"] => ok_json(
+            200,
+            &json!({"kind": "APIVersions", "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": sh.server_address}]}),
+        ),
+        ["apis"] => ok_json(200, &group_list()),
+        ["api", "v1"] => ok_json(200, &resource_list("", "v1")),
+        ["apis", g] => match groups().into_iter().find(|(name, _)| name == g) {
+            Some((g, v)) => ok_json(200, &group(g, v)),
+            None => err(&ApiError::new(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            )),
+        },
+        ["apis", g, v] if groups().contains(&(*g, *v)) => ok_json(200, &resource_list(g, v)),
+        ["api", "v1", rest @ ..] => {
+            resource(&sh, "", "v1", rest, &method, &q, &headers, &body).await
+        }
+        ["apis", g, v, rest @ ..] => resource(&sh, g, v, rest, &method, &q, &headers, &body).await,
+        ["_twin", "faults"] if method == Method::POST => faults(&sh, &body),
+        ["openapi", "v3"] => ok_json(200, &openapi_index()),
+        ["openapi", "v3", "api", "v1"] => ok_json(200, &openapi_group_version("", "v1")),
+        ["openapi", "v3", "apis", g, v] if groups().contains(&(*g, *v)) => {
+            ok_json(200, &openapi_group_version(g, v))
+        }
+        _ => err(&ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )),
+    }
+}
+
+fn injected(code: u16, retry_after: u64) -> Response<Body> {
+    if code == 429 {
+        let e = ApiError {
+            details: Some(json!({"retryAfterSeconds": retry_after})),
+            ..ApiError::new(
+                429,
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+            )
+        };
+        let mut r = err(&e);
+        if let Ok(v) = header::HeaderValue::from_str(&retry_after.to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        r
+    } else {
+        err(&ApiError::new(
+            code,
+            "InternalError",
+            "Internal error occurred: injected fault",
+        ))
+    }
+}
+
+fn version(k8s: &str) -> Value {
+    let trimmed = k8s.trim_start_matches('v');
+    let mut parts = trimmed.split('.');
+    let major = parts.next().unwrap_or("1");
+    let minor = parts.next().unwrap_or("0");
+    json!({"major": major, "minor": minor, "gitVersion": format!("v{trimmed}"),
+           "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
+           "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24.6", "compiler": "gc",
+           "platform": "linux/amd64"})
+}
+
+fn group(g: &str, v: &str) -> Value {
+    let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
+    json!({"kind": "APIGroup", "apiVersion": "v1", "name": g, "versions": [gv], "preferredVersion": gv})
+}
+
+fn group_list() -> Value {
+    let groups: Vec<Value> = groups()
+        .into_iter()
+        .map(|(g, v)| {
+            let mut x = group(g, v);
+            if let Some(m) = x.as_object_mut() {
+                m.remove("kind");
+                m.remove("apiVersion");
+            }
+            x
+        })
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+fn resource_list(g: &str, v: &str) -> Value {
+    let mut out = Vec::new();
+    for r in RESOURCES.iter().filter(|r| r.group == g && r.version == v) {
+        let mut verbs = vec![
+            "create", "delete", "get", "list", "patch", "update", "watch",
+        ];
+        if r.plural == "events" {
+            verbs.retain(|v| *v != "update");
+        }
+        let mut entry = json!({"name": r.plural, "singularName": r.singular, "namespaced": r.namespaced,
+                               "kind": r.kind, "verbs": verbs});
+        if !r.short_names.is_empty() {
+            entry["shortNames"] = json!(r.short_names);
+        }
+        if matches!(
+            r.plural,
+            "pods" | "deployments" | "replicasets" | "statefulsets" | "daemonsets"
+        ) {
+            entry["categories"] = json!(["all"]);
+        }
+        out.push(entry);
+        for sub in r.subresources {
+            let mut e = json!({"name": format!("{}/{}", r.plural, sub), "singularName": "",
+                               "namespaced": r.namespaced, "kind": r.kind, "verbs": ["get", "patch", "update"]});
+            if *sub == "eviction" {
+                e = json!({"name": "pods/eviction", "singularName": "", "namespaced": true,
+                           "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]});
+            }
+            out.push(e);
+        }
+    }
+    let gv = if g.is_empty() {
+        v.to_string()
+    } else {
+        format!("{g}/{v}")
+    };
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out})
+}
+
+fn metrics(sh: &Shared) -> Response<Body> {
+    let c = sh.lock();
+    let mut out = String::from(
+        "# HELP apiserver_requested_deprecated_apis [STABLE] Gauge of deprecated APIs that have been requested, broken out by API group, version, resource, subresource, and removed_release.\n# TYPE apiserver_requested_deprecated_apis gauge\n",
+    );
+    for d in &c.deprecated_apis {
+        out.push_str(&format!(
+            "apiserver_requested_deprecated_apis{{group=\"{}\",removed_release=\"{}\",resource=\"{}\",subresource=\"{}\",version=\"{}\"}} 1\n",
+            d.group, d.removed_release, d.resource, d.subresource, d.version
+        ));
+    }
+    respond(200, "text/plain; version=0.0.4; charset=utf-8", out)
+}
+
+/// `/openapi/v3`: one document per group version. kubectl reads them only to learn that
+/// PATCH takes `fieldValidation` (then it leaves validation to the server, which the twin
+/// does not do); schemas are not served.
+fn openapi_index() -> Value {
+    let mut paths = serde_json::Map::new();
+    let mut gvs = vec![("", "v1")];
+    gvs.extend(groups());
+    for (g, v) in gvs {
+        let key = if g.is_empty() {
+            "api/v1".to_string()
+        } else {
+            format!("apis/{g}/{v}")
+        };
+        paths.insert(
+            key.clone(),
+            json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash=1c4d")}),
+        );
+    }
+    json!({"paths": paths})
+}
+
+fn openapi_group_version(g: &str, v: &str) -> Value {
+    let mut paths = serde_json::Map::new();
+    for r in RESOURCES.iter().filter(|r| r.group == g && r.version == v) {
+        let base = if g.is_empty() {
+            format!("/api/{v}")
+        } else {
+            format!("/apis/{g}/{v}")
+        };
+        let path = if r.namespaced {
+            format!("{base}/namespaces/{{namespace}}/{}/{{name}}", r.plural)
+        } else {
+            format!("{base}/{}/{{name}}", r.plural)
+        };
+        let gvk = json!({"group": g, "version": v, "kind": r.kind});
+        let params = json!([
+            {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+            {"name": "fieldManager", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+            {"name": "force", "in": "query", "schema": {"type": "boolean", "uniqueItems": true}},
+        ]);
+        let op = |verb: &str| {
+            json!({"operationId": format!("{verb}{}", r.kind), "x-kubernetes-action": verb,
+                                    "x-kubernetes-group-version-kind": gvk, "parameters": params,
+                                    "responses": {"200": {"description": "OK"}}})
+        };
+        paths.insert(path, json!({"get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete")}));
+    }
+    json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "ichor-twin"},
+           "paths": paths, "components": {"schemas": {}}})
+}
+
+fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
+    if ct.contains("yaml") {
+        serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding JSON: {e}")))
+    }
+}
+
+fn strip_rv(obj: &mut Value) {
+    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("resourceVersion");
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn resource(
+    sh: &Arc<Shared>,
+    g: &str,
+    v: &str,
+    rest: &[&str],
+    method: &Method,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Response<Body> {
+    let not_found = || {
+        err(&ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        ))
+    };
+    let (ns, rest) = match rest {
+        ["namespaces", ns, plural, more @ ..]
+            if lookup(g, v, plural).is_some_and(|r| r.namespaced) =>
+        {
+            (
+                Some(*ns),
+                std::iter::once(*plural)
+                    .chain(more.iter().copied())
+                    .collect::<Vec<_>>(),
+            )
+        }
+        _ => (None, rest.to_vec()),
+    };
+    let Some(plural) = rest.first() else {
+        return not_found();
+    };
+    let Some(rt) = lookup(g, v, plural) else {
+        return not_found();
+    };
+    let name = rest.get(1).copied();
+    let sub = rest.get(2).copied();
+    if rest.len() > 3 || (rt.namespaced && name.is_some() && ns.is_none()) {
+        return not_found();
+    }
+    if let Some(s) = sub {
+        if !rt.subresources.contains(&s) {
+            return not_found();
+        }
+    }
+    let ns_str = ns.unwrap_or("");
+    let result = match (method.clone(), name, sub) {
+        (Method::GET, None, None) => {
+            if q.flag("watch") {
+                return watch(sh, rt, ns, q, Render::from(headers));
+            }
+            list(sh, rt, ns, q, headers)
+        }
+        (Method::POST, None, None) => create(sh, rt, ns_str, q, headers, body),
+        (Method::GET, Some(n), None | Some("status")) => {
+            match sh.lock().store.get(rt.plural, ns_str, n) {
+                Some(o) => Ok((200, maybe_table(sh, rt, o.clone(), headers))),
+                None => Err(ApiError::not_found(rt, n)),
+            }
+        }
+        (Method::PUT, Some(n), None | Some("status")) => {
+            update(sh, rt, ns_str, n, sub, q, headers, body)
+        }
+        (Method::PATCH, Some(n), None | Some("status")) => {
+            patch(sh, rt, ns_str, n, sub, q, headers, body)
+        }
+        (Method::DELETE, Some(n), None) => {
+            // DeleteOptions' gracePeriodSeconds, from the query or the body.
+            let options: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+            let grace = q
+                .get("gracePeriodSeconds")
+                .and_then(|g| g.parse::<u64>().ok())
+                .or_else(|| options.get("gracePeriodSeconds").and_then(Value::as_u64))
+                .map(Duration::from_secs);
+            let mut c = sh.lock_write(q);
+            let now = sh.clock.now();
+            if rt.plural == "pods" && c.store.dry_run {
+                c.store
+                    .get("pods", ns_str, n)
+                    .cloned()
+                    .map(|o| (200, o))
+                    .ok_or_else(|| ApiError::not_found(rt, n))
+            } else if rt.plural == "pods" {
+                c.delete_pod(ns_str, n, grace, now).map(|o| (200, o))
+            } else {
+                c.delete(rt.plural, ns_str, n, now).map(|o| (200, o))
+            }
+        }
+        (Method::POST, Some(n), Some("eviction")) => match parse_body(headers, body) {
+            Ok(ev) => {
+                let mut c = sh.lock();
+                let now = sh.clock.now();
+                c.evict(ns_str, n, &ev, now).map(|s| (200, s))
+            }
+            Err(e) => Err(e),
+        },
+        _ => Err(ApiError::new(
+            405,
+            "MethodNotAllowed",
+            format!(
+                "the server does not allow this method on the requested resource ({})",
+                rt.plural
+            ),
+        )),
+    };
+    match result {
+        Ok((code, v)) => ok_json(code, &v),
+        Err(e) => err(&e),
+    }
+}
+
+fn wants_table(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("as=Table"))
+}
+
+/// `Accept: application/json;as=PartialObjectMetadata(List);g=meta.k8s.io;v=v1`, which
+/// kube-rs' metadata-only API sends.
+fn wants_metadata(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("as=PartialObjectMetadata"))
+}
+
+fn partial_metadata(obj: &Value) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+           "metadata": obj.get("metadata").cloned().unwrap_or(json!({}))})
+}
+
+fn maybe_table(sh: &Shared, rt: &ResourceType, obj: Value, headers: &HeaderMap) -> Value {
+    if wants_metadata(headers) {
+        return partial_metadata(&obj);
+    }
+    if wants_table(headers) {
+        let rv = rv_of(&obj).unwrap_or(0);
+        table(rt, &[obj], rv, sh.clock.now(), false)
+    } else {
+        obj
+    }
+}
+
+fn selectors(q: &Query) -> Result<(LabelSelector, FieldSelector), ApiError> {
+    let l = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let f = FieldSelector::parse(q.get("fieldSelector").unwrap_or(""))
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok((l, f))
+}
+
+fn list(
+    sh: &Shared,
+    rt: &'static ResourceType,
+    ns: Option<&str>,
+    q: &Query,
+    headers: &HeaderMap,
+) -> Result<(u16, Value), ApiError> {
+    let (l, f) = selectors(q)?;
+    let c = sh.lock();
+    let items = c.store.list(rt.plural, ns, &l, &f);
+    let rv = c.store.resource_version();
+    drop(c);
+    let offset: usize = match q.get("continue").filter(|s| !s.is_empty()) {
+        Some(tok) => tok
+            .strip_prefix("o")
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| ApiError::bad_request("invalid continue token"))?,
+        None => 0,
+    };
+    let limit: usize = q
+        .get("limit")
+        .and_then(|s| s.parse().ok())
+        .filter(|l| *l > 0)
+        .unwrap_or(usize::MAX);
+    let end = offset.saturating_add(limit).min(items.len());
+    let page: Vec<Value> = items
+        .get(offset.min(items.len())..end)
+        .unwrap_or(&[])
+        .to_vec();
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if end < items.len() {
+        meta["continue"] = json!(format!("o{end}"));
+        meta["remainingItemCount"] = json!(items.len() - end);
+    }
+    if wants_metadata(headers) {
+        let items: Vec<Value> = page.iter().map(partial_metadata).collect();
+        return Ok((
+            200,
+            json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                               "metadata": meta, "items": items}),
+        ));
+    }
+    if wants_table(headers) {
+        let mut t = table(
+            rt,
+            &page,
+            rv,
+            sh.clock.now(),
+            q.get("includeObject") == Some("Object"),
+        );
+        t["metadata"] = meta;
+        return Ok((200, t));
+    }
+    Ok((
+        200,
+        json!({"kind": format!("{}List", rt.kind), "apiVersion": rt.api_version(), "metadata": meta, "items": page}),
+    ))
+}
+
+fn create(
+    sh: &Shared,
+    rt: &'static ResourceType,
+    ns: &str,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(u16, Value), ApiError> {
+    let mut obj = parse_body(headers, body)?;
+    let body_ns = namespace_of(&obj).to_string();
+    if rt.namespaced && !body_ns.is_empty() && body_ns != ns {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    strip_rv(&mut obj);
+    if rt.plural == "pods" {
+        // The apiserver ignores status on create; the twin's kubelet starts the pod later.
+        obj["status"] = json!({"phase": "Pending"});
+    }
+    let now = sh.clock.now();
+    super::apply::record_update(None, &mut obj, &manager(q, headers), &rt.api_version(), now);
+    let mut c = sh.lock_write(q);
+    if rt.namespaced && c.store.get("namespaces", "", ns).is_none() {
+        return Err(ApiError::not_found(rt_namespaces(), ns));
+    }
+    let out = c.store.create(rt, ns, obj, now)?;
+    c.after_change(rt.plural, &out, now);
+    c.sync(now);
+    Ok((201, out))
+}
+
+/// Keep status on the main resource, or only status on `/status`, as the apiserver does
+/// for resources with a status subresource.
+fn split_status(rt: &ResourceType, old: &Value, mut new: Value, sub: Option<&str>) -> Value {
+    if !rt.subresources.contains(&"status") {
+        return new;
+    }
+    if sub == Some("status") {
+        let mut out = old.clone();
+        out["status"] = new.get("status").cloned().unwrap_or(Value::Null);
+        if let Some(rv) = new.pointer("/metadata/resourceVersion").cloned() {
+            out["metadata"]["resourceVersion"] = rv;
+        } else {
+            strip_rv(&mut out);
+        }
+        out
+    } else {
+        match old.get("status") {
+            Some(s) => new["status"] = s.clone(),
+            None => {
+                if let Some(m) = new.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+        }
+        new
+    }
+}
+
+fn rt_namespaces() -> &'static ResourceType {
+    // Namespaces are the first served resource.
+    super::resources::by_plural("namespaces").unwrap_or(&RESOURCES[0])
+}
+
+/// The field manager of a write: `fieldManager`, else the User-Agent's program name (as
+/// the apiserver defaults it).
+fn manager(q: &Query, headers: &HeaderMap) -> String {
+    if let Some(m) = q.get("fieldManager").filter(|m| !m.is_empty()) {
+        return m.to_string();
+    }
+    headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|ua| ua.split('/').next())
+        .filter(|m| !m.is_empty())
+        .unwrap_or("unknown")
+        .to_string()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn update(
+    sh: &Shared,
+    rt: &'static ResourceType,
+    ns: &str,
+    name: &str,
+    sub: Option<&str>,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(u16, Value), ApiError> {
+    let obj = parse_body(headers, body)?;
+    if !name_of(&obj).is_empty() && name_of(&obj) != name {
+        return Err(ApiError::bad_request(
+            "the name of the object does not match the name on the URL",
+        ));
+    }
+    let mut c = sh.lock_write(q);
+    let now = sh.clock.now();
+    let Some(old) = c.store.get(rt.plural, ns, name).cloned() else {
+        return Err(ApiError::not_found(rt, name));
+    };
+    let mut new = split_status(rt, &old, obj, sub);
+    super::apply::record_update(
+        Some(&old),
+        &mut new,
+        &manager(q, headers),
+        &rt.api_version(),
+        now,
+    );
+    let out = c.store.update(rt, ns, name, new)?;
+    c.after_change(rt.plural, &out, now);
+    c.sync(now);
+    Ok((200, out))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn patch(
+    sh: &Shared,
+    rt: &'static ResourceType,
+    ns: &str,
+    name: &str,
+    sub: Option<&str>,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(u16, Value), ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    let p = parse_body(headers, body)?;
+    let mut c = sh.lock_write(q);
+    let now = sh.clock.now();
+    let old = c.store.get(rt.plural, ns, name).cloned();
+    let bad = |e: super::patch::PatchError| ApiError::new(422, "Invalid", e.to_string());
+    let (code, new) = match ct.as_str() {
+        "application/apply-patch+yaml" => {
+            let Some(manager) = q.get("fieldManager").filter(|m| !m.is_empty()) else {
+                return Err(ApiError::new(422, "Invalid",
+                    "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"));
+            };
+            let force = q.flag("force");
+            let applied = super::apply::apply(old.as_ref(), &p, manager, &rt.api_version(), force, now)
+                .map_err(|conflicts| ApiError {
+                    details: Some(json!({"causes": conflicts.iter().map(|c| json!({
+                        "reason": "FieldManagerConflict",
+                        "message": format!("conflict with \"{}\" using {}", c.manager, c.api_version),
+                        "field": c.field})).collect::<Vec<_>>()})),
+                    ..ApiError::new(409, "Conflict", super::apply::conflict_message(&conflicts))
+                })?;
+            match old.clone() {
+                None => {
+                    let mut obj = applied;
+                    strip_rv(&mut obj);
+                    obj["metadata"]["name"] = json!(name);
+                    if rt.plural == "pods" {
+                        obj["status"] = json!({"phase": "Pending"});
+                    }
+                    let out = c.store.create(rt, ns, obj, now)?;
+                    c.after_change(rt.plural, &out, now);
+                    c.sync(now);
+                    return Ok((201, out));
+                }
+                Some(_) => (200, applied),
+            }
+        }
+        kind => {
+            let Some(mut cur) = old.clone() else {
+                return Err(ApiError::not_found(rt, name));
+            };
+            match kind {
+                "application/merge-patch+json" => merge_patch(&mut cur, &p),
+                "application/strategic-merge-patch+json" if !rt.is_custom() => {
+                    strategic_merge_patch(&mut cur, &p).map_err(bad)?
+                }
+                "application/json-patch+json" => json_patch(&mut cur, &p).map_err(bad)?,
+                other => {
+                    return Err(ApiError::new(415, "UnsupportedMediaType",
+                        format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {other:?})")));
+                }
+            }
+            (200, cur)
+        }
+    };
+    let Some(old) = old else {
+        return Err(ApiError::not_found(rt, name));
+    };
+    let mut new = split_status(rt, &old, new, sub);
+    if ct != "application/apply-patch+yaml" {
+        super::apply::record_update(
+            Some(&old),
+            &mut new,
+            &manager(q, headers),
+            &rt.api_version(),
+            now,
+        );
+    }
+    let out = c.store.update(rt, ns, name, new)?;
+    c.after_change(rt.plural, &out, now);
+    c.sync(now);
+    Ok((code, out))
+}
+
+/// How watch events carry their objects, from the Accept header.
+#[derive(Debug, Clone, Copy)]
+enum Render {
+    Object,
+    Table,
+    Metadata,
+}
+
+impl Render {
+    fn from(headers: &HeaderMap) -> Self {
+        if wants_metadata(headers) {
+            Render::Metadata
+        } else if wants_table(headers) {
+            Render::Table
+        } else {
+            Render::Object
+        }
+    }
+}
+
+fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut s = json!({"type": kind, "object": object}).to_string();
+    s.push('\n');
+    Bytes::from(s)
+}
+
+/// Selector filtering for a watch, as the apiserver does it: an object that stops matching
+/// is sent as DELETED, one that starts matching as ADDED.
+struct WatchFilter {
+    labels: LabelSelector,
+    fields: FieldSelector,
+    /// Objects (namespace, name) the client currently holds; unused without selectors.
+    seen: std::collections::HashSet<(String, String)>,
+    /// Replaying history: objects may have matched before the replay started.
+    replay: bool,
+}
+
+impl WatchFilter {
+    fn new(labels: LabelSelector, fields: FieldSelector, replay: bool) -> Self {
+        WatchFilter {
+            labels,
+            fields,
+            seen: Default::default(),
+            replay,
+        }
+    }
+
+    fn translate(&mut self, kind: EventType, obj: &Value) -> Option<&'static str> {
+        if self.labels.0.is_empty() && self.fields.0.is_empty() {
+            return Some(kind.as_str());
+        }
+        let key = (namespace_of(obj).to_string(), name_of(obj).to_string());
+        let matches = self.labels.matches_object(obj) && self.fields.matches(obj);
+        let held = self.seen.contains(&key);
+        match (kind, matches, held) {
+            (EventType::Deleted, _, _) => (self.seen.remove(&key) || matches).then_some("DELETED"),
+            (_, true, true) => Some("MODIFIED"),
+            (_, true, false) => {
+                self.seen.insert(key);
+                let unknown_before = self.replay && kind == EventType::Modified;
+                Some(if unknown_before { "MODIFIED" } else { "ADDED" })
+            }
+            (_, false, true) => {
+                self.seen.remove(&key);
+                Some("DELETED")
+            }
+            (_, false, false) => None,
+        }
+    }
+}
+
+fn watch(
+    sh: &Arc<Shared>,
+    rt: &'static ResourceType,
+    ns: Option<&str>,
+    q: &Query,
+    render_as: Render,
+) -> Response<Body> {
+    let (l, f) = match selectors(q) {
+        Ok(x) => x,
+        Err(e) => return err(&e),
+    };
+    let ns = ns.map(String::from);
+    let bookmarks = q.flag("allowWatchBookmarks");
+    let timeout = q
+        .get("timeoutSeconds")
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(1800));
+    // sendInitialEvents=true: the current state first, then a bookmark marking its end.
+    let initial_events = q.flag("sendInitialEvents");
+    let from = q
+        .get("resourceVersion")
+        .filter(|_| !initial_events)
+        .filter(|s| !s.is_empty() && *s != "0")
+        .map(String::from);
+    let (initial, mut rx, start_rv) = {
+        let c = sh.lock();
+        let rx = c.store.subscribe();
+        let rv = c.store.resource_version();
+        let initial: Result<Vec<(EventType, Value)>, ApiError> = match &from {
+            None => Ok(c
+                .store
+                .list(rt.plural, ns.as_deref(), &l, &f)
+                .into_iter()
+                .map(|o| (EventType::Added, o))
+                .collect()),
+            Some(s) => match s.parse::<u64>() {
+                Err(_) => Err(ApiError::bad_request(format!(
+                    "invalid resource version {s:?}"
+                ))),
+                Ok(rv) => c
+                    .store
+                    .history_since(rt.plural, ns.as_deref(), rv)
+                    .map(|evs| evs.into_iter().map(|e| (e.kind, e.object)).collect()),
+            },
+        };
+        (initial, rx, rv)
+    };
+    let mut filter = WatchFilter::new(l, f, from.is_some());
+    let (tx, body_rx) = mpsc::channel::<Result<Bytes, Infallible>>(256);
+    let bookmark = move |rv: u64| json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": {"resourceVersion": rv.to_string()}});
+    // `kubectl get -w` asks for Tables: each event then carries a one-row Table.
+    let clock = sh.clock.clone();
+    let render = move |obj: Value| match render_as {
+        Render::Table => table(
+            rt,
+            std::slice::from_ref(&obj),
+            rv_of(&obj).unwrap_or(0),
+            clock.now(),
+            false,
+        ),
+        Render::Metadata => partial_metadata(&obj),
+        Render::Object => obj,
+    };
+    tokio::spawn(async move {
+        match initial {
+            Err(e) => {
+                let _ = tx.send(Ok(event_line("ERROR", &e.status()))).await;
+                return;
+            }
+            Ok(evs) => {
+                for (kind, obj) in evs {
+                    let Some(kind) = filter.translate(kind, &obj) else {
+                        continue;
+                    };
+                    if tx.send(Ok(event_line(kind, &render(obj)))).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        let mut last = start_rv;
+        if bookmarks || initial_events {
+            let mut mark = bookmark(last);
+            if initial_events {
+                mark["metadata"]["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+            }
+            if tx.send(Ok(event_line("BOOKMARK", &mark))).await.is_err() {
+                return;
+            }
+        }
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = &mut deadline => return,
+                _ = tick.tick(), if bookmarks => {
+                    if tx.send(Ok(event_line("BOOKMARK", &bookmark(last)))).await.is_err() {
+                        return;
+                    }
+                }
+                ev = rx.recv() => {
+                    let ev: WatchEvent = match ev {
+                        Ok(ev) => ev,
+                        // Too slow a reader: end the stream; the client re-watches.
+                        Err(broadcast::error::RecvError::Lagged(_)) | Err(broadcast::error::RecvError::Closed) => return,
+                    };
+                    last = last.max(ev.rv);
+                    if ev.plural != rt.plural || ns.as_deref().is_some_and(|n| n != ev.namespace) {
+                        continue;
+                    }
+                    let Some(kind) = filter.translate(ev.kind, &ev.object) else { continue };
+                    if tx.send(Ok(event_line(kind, &render(ev.object)))).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(body_rx);
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CACHE_CONTROL, "no-cache, private")
+        .body(Body::from_stream(stream))
+        .unwrap_or_default()
+}
+
+/// `POST /_twin/faults`: the run-time fault API of `ichor sim`.
+/// `{"failNext": N, "code": 500|429, "retryAfterSeconds": S}`,
+/// `{"pdbNeverAllows": {"namespace": ..., "name": ..., "on": true}}`,
+/// `{"stealLease": {"namespace": ..., "name": ..., "holder": ...}}`.
+fn faults(sh: &Shared, body: &Bytes) -> Response<Body> {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return err(&ApiError::bad_request("the fault request is not JSON"));
+    };
+    let mut c = sh.lock();
+    let now = sh.clock.now();
+    if let Some(n) = v.get("failNext").and_then(Value::as_u64) {
+        let code = v.get("code").and_then(Value::as_u64).unwrap_or(500) as u16;
+        let retry = v
+            .get("retryAfterSeconds")
+            .and_then(Value::as_u64)
+            .unwrap_or(1);
+        c.fail_next_requests(n as u32, code, retry);
+    }
+    if let Some(p) = v.get("pdbNeverAllows") {
+        let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        let on = p.get("on").and_then(Value::as_bool).unwrap_or(true);
+        c.set_pdb_never_allows(&s("namespace"), &s("name"), on, now);
+    }
+    if let Some(p) = v.get("stealLease") {
+        let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        if let Err(e) = c.steal_lease(&s("namespace"), &s("name"), &s("holder"), now) {
+            return err(&e);
+        }
+    }
+    ok_json(
+        200,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}),
+    )
+}

@@ -1,0 +1,1691 @@
+//! The simulated cluster behind the API: the store plus the controllers the twin plays
+//! (ReplicaSet, StatefulSet, Deployment, DaemonSet, scheduler, PDB status, Longhorn
+//! replicas), faults, and the Eviction API. Everything runs on timestamps passed in, so a
+//! manual clock makes it deterministic: a change is applied when `sync(now)` reaches its time.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::resources::{by_kind, ResourceType};
+use super::select::{FieldSelector, LabelSelector};
+use super::store::{name_of, namespace_of, ApiError, Store};
+use crate::clock::Timestamp;
+
+/// How fast the simulated controllers react.
+#[derive(Debug, Clone)]
+pub struct Behaviour {
+    /// From a pod's creation (after an eviction or loss) until it runs Ready on a node.
+    pub pod_start_delay: Duration,
+    /// From a Longhorn volume becoming degraded until its lost replica is rebuilt elsewhere.
+    pub replica_rebuild_delay: Duration,
+    /// Watch events kept for `watch` with a resourceVersion; older ones get 410 Expired.
+    pub watch_history: usize,
+    /// How long a deleted or evicted pod stays Terminating before it is gone, unless the
+    /// request gives `gracePeriodSeconds`. Zero (the default) removes pods at once.
+    pub pod_termination: Duration,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Behaviour {
+            pod_start_delay: Duration::from_secs(10),
+            replica_rebuild_delay: Duration::from_secs(120),
+            watch_history: 10_000,
+            pod_termination: Duration::ZERO,
+        }
+    }
+}
+
+/// Injected failures.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// PDBs (namespace, name) that never allow a disruption.
+    pub pdb_never_allows: BTreeSet<(String, String)>,
+    /// Fail the next N API requests with `burst_code`.
+    pub burst_remaining: u32,
+    /// 500 (InternalError) or 429 (TooManyRequests, with Retry-After).
+    pub burst_code: u16,
+    pub retry_after_secs: u64,
+}
+
+/// A sample of `apiserver_requested_deprecated_apis`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeprecatedApi {
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    pub subresource: String,
+    pub removed_release: String,
+}
+
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+/// The twin's record of which pod template a pod was made from (for rolling updates).
+pub const TEMPLATE_HASH: &str = "twin.ichor.dev/template-hash";
+
+/// A short stable hash of an owner's pod template.
+pub fn template_hash(owner: &Value) -> String {
+    let text = owner
+        .pointer("/spec/template")
+        .map(Value::to_string)
+        .unwrap_or_default();
+    // FNV-1a: stable across runs, unlike the std hasher.
+    let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{:08x}", h as u32)
+}
+
+fn pod_template_hash(pod: &Value) -> Option<&str> {
+    pod.pointer("/metadata/annotations")?
+        .get(TEMPLATE_HASH)?
+        .as_str()
+}
+pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+
+/// The simulated cluster: objects and the controllers acting on them.
+pub struct Cluster {
+    pub store: Store,
+    pub behaviour: Behaviour,
+    pub faults: Faults,
+    pub deprecated_apis: Vec<DeprecatedApi>,
+    /// Pods waiting to start: (namespace, name) → when they were created.
+    pending: BTreeMap<(String, String), Timestamp>,
+    /// Longhorn volumes (namespace, name) → since when they are degraded.
+    degraded_since: BTreeMap<(String, String), Timestamp>,
+    /// Terminating pods (namespace, name) → when they are gone.
+    terminating: BTreeMap<(String, String), Timestamp>,
+    now: Timestamp,
+    /// The resourceVersion the controllers last settled at, and when something is due next.
+    settled_at: Option<u64>,
+    next_due: Option<Timestamp>,
+    /// The next time a pending pod may start (computed by the scheduler pass).
+    next_pod_start: Option<Timestamp>,
+}
+
+fn rt(plural: &str) -> &'static ResourceType {
+    // Every plural the model names is in RESOURCES; a typo is a programming error caught by
+    // the unit tests, so fall back to the first entry rather than panic.
+    super::resources::by_plural(plural).unwrap_or(&super::resources::RESOURCES[0])
+}
+
+fn all_labels() -> (LabelSelector, FieldSelector) {
+    (LabelSelector::default(), FieldSelector::default())
+}
+
+/// Parse `2026-01-01T00:00:00Z` (fractions ignored) back to a timestamp.
+pub fn parse_time(s: &str) -> Option<Timestamp> {
+    let b = s.as_bytes();
+    if b.len() < 19 {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    // Days from civil, Howard Hinnant's algorithm.
+    let y2 = if mo <= 2 { y - 1 } else { y };
+    let era = if y2 >= 0 { y2 } else { y2 - 399 } / 400;
+    let yoe = y2 - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + mi * 60 + se;
+    u64::try_from(secs).ok().map(|s| Timestamp(s * 1000))
+}
+
+/// MicroTime as Leases carry it.
+pub fn micro_time(now: Timestamp) -> String {
+    let base = now.rfc3339();
+    format!(
+        "{}.{:06}Z",
+        base.trim_end_matches('Z'),
+        (now.0 % 1000) * 1000
+    )
+}
+
+pub fn is_ready(obj: &Value) -> bool {
+    condition(obj, "Ready") == Some("True")
+}
+
+pub fn condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a str> {
+    obj.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(kind))?
+        .get("status")?
+        .as_str()
+}
+
+/// Set a condition, moving lastTransitionTime only when the status changes.
+pub fn set_condition(obj: &mut Value, kind: &str, status: bool, reason: &str, now: Timestamp) {
+    let status = if status { "True" } else { "False" };
+    if !obj["status"]["conditions"].is_array() {
+        obj["status"]["conditions"] = json!([]);
+    }
+    let Some(conds) = obj["status"]["conditions"].as_array_mut() else {
+        return;
+    };
+    let t = now.rfc3339();
+    if let Some(c) = conds
+        .iter_mut()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(kind))
+    {
+        if c.get("status").and_then(Value::as_str) != Some(status) {
+            c["status"] = json!(status);
+            c["lastTransitionTime"] = json!(t);
+            c["reason"] = json!(reason);
+        }
+        if c.get("lastHeartbeatTime").is_some() {
+            c["lastHeartbeatTime"] = json!(t);
+        }
+    } else {
+        conds.push(
+            json!({"type": kind, "status": status, "reason": reason, "lastTransitionTime": t}),
+        );
+    }
+}
+
+/// The owner with `controller: true`: (kind, name).
+pub fn controller_of(pod: &Value) -> Option<(&str, &str)> {
+    pod.pointer("/metadata/ownerReferences")?
+        .as_array()?
+        .iter()
+        .find(|o| o.get("controller").and_then(Value::as_bool) == Some(true))
+        .map(|o| {
+            (
+                o.get("kind").and_then(Value::as_str).unwrap_or(""),
+                o.get("name").and_then(Value::as_str).unwrap_or(""),
+            )
+        })
+}
+
+pub fn is_mirror(pod: &Value) -> bool {
+    pod.pointer("/metadata/annotations")
+        .and_then(|a| a.get(MIRROR_ANNOTATION))
+        .is_some()
+}
+
+fn node_of(pod: &Value) -> &str {
+    pod.pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+fn replicas_of(obj: &Value) -> u64 {
+    obj.pointer("/spec/replicas")
+        .and_then(Value::as_u64)
+        .unwrap_or(1)
+}
+
+fn owner_ref(obj: &Value) -> Value {
+    json!({
+        "apiVersion": obj.get("apiVersion").cloned().unwrap_or(Value::Null),
+        "kind": obj.get("kind").cloned().unwrap_or(Value::Null),
+        "name": name_of(obj),
+        "uid": obj.pointer("/metadata/uid").cloned().unwrap_or(Value::Null),
+        "controller": true,
+        "blockOwnerDeletion": true,
+    })
+}
+
+/// An int-or-percent against a total; percentages round up, as the disruption controller does.
+fn scaled(v: &Value, total: u64) -> Option<u64> {
+    match v {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => {
+            let p: u64 = s.strip_suffix('%')?.trim().parse().ok()?;
+            Some((p * total).div_ceil(100))
+        }
+        _ => None,
+    }
+}
+
+impl Cluster {
+    pub fn new(behaviour: Behaviour, now: Timestamp) -> Self {
+        Cluster {
+            store: Store::new(behaviour.watch_history),
+            behaviour,
+            faults: Faults::default(),
+            deprecated_apis: Vec::new(),
+            pending: BTreeMap::new(),
+            degraded_since: BTreeMap::new(),
+            terminating: BTreeMap::new(),
+            now,
+            settled_at: None,
+            next_due: None,
+            next_pod_start: None,
+        }
+    }
+
+    /// The last time the model was synced to.
+    pub fn now(&self) -> Timestamp {
+        self.now
+    }
+
+    // ---- plain library API -------------------------------------------------------------
+
+    /// Create or replace an object by its apiVersion/kind (no resourceVersion check).
+    pub fn upsert(&mut self, obj: Value, now: Timestamp) -> Result<Value, ApiError> {
+        let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+        let Some(rt) = by_kind(api_version, kind) else {
+            return Err(ApiError::bad_request(format!(
+                "no resource served for apiVersion {api_version:?} kind {kind:?}"
+            )));
+        };
+        let out = self.store.upsert(rt, obj, now)?;
+        self.after_change(rt.plural, &out, now);
+        self.sync(now);
+        Ok(out)
+    }
+
+    /// Upsert without running the controllers (bulk seeding; call `sync` after).
+    pub(crate) fn upsert_quiet(&mut self, obj: Value, now: Timestamp) -> Result<Value, ApiError> {
+        let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+        let Some(rt) = by_kind(api_version, kind) else {
+            return Err(ApiError::bad_request(format!(
+                "no resource served for apiVersion {api_version:?} kind {kind:?}"
+            )));
+        };
+        let out = self.store.upsert(rt, obj, now)?;
+        self.after_change(rt.plural, &out, now);
+        Ok(out)
+    }
+
+    pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        let rt = super::resources::by_plural(plural)?;
+        self.store.get(rt.plural, namespace, name).cloned()
+    }
+
+    pub fn list(&self, plural: &str, namespace: Option<&str>) -> Vec<Value> {
+        let Some(rt) = super::resources::by_plural(plural) else {
+            return Vec::new();
+        };
+        let (l, f) = all_labels();
+        self.store.list(rt.plural, namespace, &l, &f)
+    }
+
+    pub fn delete(
+        &mut self,
+        plural: &str,
+        namespace: &str,
+        name: &str,
+        now: Timestamp,
+    ) -> Result<Value, ApiError> {
+        let rt = Store::rt(plural)?;
+        if rt.plural == "pods" {
+            return self.delete_pod(namespace, name, None, now);
+        }
+        let out = self.store.delete(rt, namespace, name)?;
+        self.sync(now);
+        Ok(out)
+    }
+
+    /// Delete a pod gracefully: it turns Terminating (deletionTimestamp set, not Ready) and is
+    /// gone after `grace` (default `Behaviour::pod_termination`); zero, or a pod that never
+    /// started, goes at once. Its controller makes a replacement right away.
+    pub fn delete_pod(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        grace: Option<Duration>,
+        now: Timestamp,
+    ) -> Result<Value, ApiError> {
+        let key = (namespace.to_string(), name.to_string());
+        let Some(pod) = self.store.get("pods", namespace, name).cloned() else {
+            return Err(ApiError::not_found(rt_pods(), name));
+        };
+        let grace = grace.unwrap_or(self.behaviour.pod_termination);
+        let started = !node_of(&pod).is_empty() && !self.pending.contains_key(&key);
+        if grace.is_zero() || !started {
+            let out = self.store.delete(rt_pods(), namespace, name)?;
+            self.pending.remove(&key);
+            self.terminating.remove(&key);
+            self.sync(now);
+            return Ok(out);
+        }
+        let due = now.plus(grace);
+        if let Some(old_due) = self.terminating.get(&key) {
+            // Already terminating: a shorter grace period moves the end closer.
+            if due < *old_due {
+                self.terminating.insert(key, due);
+                self.settled_at = None;
+                self.sync(now);
+            }
+            return Ok(pod);
+        }
+        let mut p = pod;
+        p["metadata"]["deletionTimestamp"] = json!(due.rfc3339());
+        p["metadata"]["deletionGracePeriodSeconds"] = json!(grace.as_secs());
+        set_condition(&mut p, "Ready", false, "PodTerminating", now);
+        set_condition(&mut p, "ContainersReady", false, "PodTerminating", now);
+        if let Some(m) = p.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+        }
+        let out = self.store.update(rt_pods(), namespace, name, p)?;
+        self.terminating.insert(key, due);
+        self.sync(now);
+        Ok(out)
+    }
+
+    /// Set a node's Ready condition. Pods on a NotReady node stay but report not Ready.
+    pub fn set_node_ready(
+        &mut self,
+        node: &str,
+        ready: bool,
+        now: Timestamp,
+    ) -> Result<(), ApiError> {
+        let rt = rt("nodes");
+        let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
+            return Err(ApiError::not_found(rt, node));
+        };
+        let was_ready = is_ready(&n);
+        let (reason, _msg) = if ready {
+            ("KubeletReady", "kubelet is posting ready status")
+        } else {
+            ("NodeStatusUnknown", "Kubelet stopped posting node status.")
+        };
+        set_condition(&mut n, "Ready", ready, reason, now);
+        let n = self.store.update(rt, "", node, n)?;
+        if was_ready != ready {
+            let (reason, message) = if ready {
+                ("NodeReady", format!("Node {node} status is now: NodeReady"))
+            } else {
+                (
+                    "NodeNotReady",
+                    format!("Node {node} status is now: NodeNotReady"),
+                )
+            };
+            self.record_event(&n, reason, &message, now);
+        }
+        for pod in self.pods_on(node) {
+            let mut p = pod.clone();
+            // Only pods that run (not pending) follow their node's readiness.
+            let terminating = p.pointer("/metadata/deletionTimestamp").is_some();
+            if p.pointer("/status/phase").and_then(Value::as_str) == Some("Running") && !terminating
+            {
+                set_condition(
+                    &mut p,
+                    "Ready",
+                    ready,
+                    if ready { "" } else { "NodeNotReady" },
+                    now,
+                );
+                let _ = self
+                    .store
+                    .update(rt_pods(), namespace_of(&pod), name_of(&pod), p);
+            }
+        }
+        if ready {
+            self.replicas_on_node(node, "running", now);
+        }
+        self.sync(now);
+        Ok(())
+    }
+
+    /// The node went down (reboot, crash): NotReady, every pod on it lost except mirror pods
+    /// (which stay, not Ready, as the apiserver keeps them), Longhorn replicas on it stopped.
+    pub fn node_down(&mut self, node: &str, now: Timestamp) -> Result<(), ApiError> {
+        self.set_node_ready(node, false, now)?;
+        for pod in self.pods_on(node) {
+            if !is_mirror(&pod) {
+                let ns = namespace_of(&pod).to_string();
+                let name = name_of(&pod).to_string();
+                let _ = self.store.delete(rt_pods(), &ns, &name);
+                self.pending.remove(&(ns.clone(), name.clone()));
+                self.terminating.remove(&(ns, name));
+            }
+        }
+        self.replicas_on_node(node, "stopped", now);
+        self.sync(now);
+        Ok(())
+    }
+
+    /// The node is back: Ready, its stopped replicas (if not yet replaced) running again.
+    pub fn node_up(&mut self, node: &str, now: Timestamp) -> Result<(), ApiError> {
+        self.set_node_ready(node, true, now)
+    }
+
+    /// Cordon (`true`) or uncordon a node.
+    pub fn set_unschedulable(
+        &mut self,
+        node: &str,
+        unschedulable: bool,
+        now: Timestamp,
+    ) -> Result<(), ApiError> {
+        let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
+            return Err(ApiError::not_found(rt("nodes"), node));
+        };
+        if unschedulable {
+            n["spec"]["unschedulable"] = json!(true);
+        } else if let Some(spec) = n.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.remove("unschedulable");
+        }
+        self.store.update(rt("nodes"), "", node, n)?;
+        self.sync(now);
+        Ok(())
+    }
+
+    /// The kubelet restarted with a new version.
+    pub fn set_kubelet_version(
+        &mut self,
+        node: &str,
+        version: &str,
+        now: Timestamp,
+    ) -> Result<(), ApiError> {
+        let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
+            return Err(ApiError::not_found(rt("nodes"), node));
+        };
+        n["status"]["nodeInfo"]["kubeletVersion"] = json!(version);
+        self.store.update(rt("nodes"), "", node, n)?;
+        self.sync(now);
+        Ok(())
+    }
+
+    /// The OS image the node reports, e.g. `Talos (v1.11.3)`.
+    pub fn set_os_image(
+        &mut self,
+        node: &str,
+        os_image: &str,
+        now: Timestamp,
+    ) -> Result<(), ApiError> {
+        let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
+            return Err(ApiError::not_found(rt("nodes"), node));
+        };
+        n["status"]["nodeInfo"]["osImage"] = json!(os_image);
+        self.store.update(rt("nodes"), "", node, n)?;
+        self.sync(now);
+        Ok(())
+    }
+
+    /// Pods bound to a node.
+    pub fn pods_on_node(&self, node: &str) -> Vec<Value> {
+        self.pods_on(node)
+    }
+
+    /// Post or replace the mirror pod of a static pod (`<component>-<node>` in kube-system),
+    /// as the kubelet does after a static pod (re)starts.
+    pub fn upsert_mirror_pod(
+        &mut self,
+        node: &str,
+        component: &str,
+        image: &str,
+        config_version: &str,
+        ready: bool,
+        now: Timestamp,
+    ) -> Result<Value, ApiError> {
+        let Some(n) = self.store.get("nodes", "", node) else {
+            return Err(ApiError::not_found(rt("nodes"), node));
+        };
+        let mut pod = super::seed::mirror_pod(n, component, image, config_version, now);
+        if !ready {
+            set_condition(&mut pod, "Ready", false, "ContainersNotReady", now);
+            set_condition(
+                &mut pod,
+                "ContainersReady",
+                false,
+                "ContainersNotReady",
+                now,
+            );
+            pod["status"]["containerStatuses"][0]["ready"] = json!(false);
+        }
+        self.upsert(pod, now)
+    }
+
+    /// Set an Argo CD Application's sync and health status (e.g. the CNI hand-over).
+    pub fn set_application_status(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        sync: &str,
+        health: &str,
+        now: Timestamp,
+    ) -> Result<Value, ApiError> {
+        let Some(mut app) = self.store.get("applications", namespace, name).cloned() else {
+            return Err(ApiError::not_found(rt("applications"), name));
+        };
+        app["status"]["sync"]["status"] = json!(sync);
+        app["status"]["health"]["status"] = json!(health);
+        app["status"]["reconciledAt"] = json!(now.rfc3339());
+        if let Some(m) = app.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+        }
+        let out = self
+            .store
+            .update(rt("applications"), namespace, name, app)?;
+        self.sync(now);
+        Ok(out)
+    }
+
+    /// A client requested a deprecated API: it shows in `apiserver_requested_deprecated_apis`.
+    pub fn record_deprecated_request(&mut self, api: DeprecatedApi) {
+        if !self.deprecated_apis.contains(&api) {
+            self.deprecated_apis.push(api);
+        }
+    }
+
+    /// Another holder takes the Lease (fault: a stolen lock).
+    pub fn steal_lease(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        holder: &str,
+        now: Timestamp,
+    ) -> Result<Value, ApiError> {
+        let rt = rt("leases");
+        let Some(mut l) = self.store.get("leases", namespace, name).cloned() else {
+            return Err(ApiError::not_found(rt, name));
+        };
+        let transitions = l
+            .pointer("/spec/leaseTransitions")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        l["spec"]["holderIdentity"] = json!(holder);
+        l["spec"]["acquireTime"] = json!(micro_time(now));
+        l["spec"]["renewTime"] = json!(micro_time(now));
+        l["spec"]["leaseTransitions"] = json!(transitions + 1);
+        if let Some(m) = l.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+        }
+        self.store.update(rt, namespace, name, l)
+    }
+
+    /// Fault: this PDB never allows a disruption (or allows again with `false`).
+    pub fn set_pdb_never_allows(&mut self, namespace: &str, name: &str, on: bool, now: Timestamp) {
+        let key = (namespace.to_string(), name.to_string());
+        if on {
+            self.faults.pdb_never_allows.insert(key);
+        } else {
+            self.faults.pdb_never_allows.remove(&key);
+        }
+        // Not an object change, so the controllers would not otherwise look again.
+        self.settled_at = None;
+        self.sync(now);
+    }
+
+    /// Fault: fail the next `n` API requests with 500, or 429 with `Retry-After`.
+    pub fn fail_next_requests(&mut self, n: u32, code: u16, retry_after_secs: u64) {
+        self.faults.burst_remaining = n;
+        self.faults.burst_code = code;
+        self.faults.retry_after_secs = retry_after_secs;
+    }
+
+    /// Take one injected failure for a request, if a burst is running.
+    pub fn take_burst(&mut self) -> Option<(u16, u64)> {
+        if self.faults.burst_remaining == 0 {
+            return None;
+        }
+        self.faults.burst_remaining -= 1;
+        Some((self.faults.burst_code, self.faults.retry_after_secs))
+    }
+
+    // ---- the Eviction API --------------------------------------------------------------
+
+    /// POST pods/eviction (policy/v1): the pod is deleted when no PDB covers it or the
+    /// one PDB that does allows it; 429 with the DisruptionBudget cause when it blocks; 500
+    /// when several PDBs match. Returns the success Status.
+    pub fn evict(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        eviction: &Value,
+        now: Timestamp,
+    ) -> Result<Value, ApiError> {
+        self.sync(now);
+        let pods = rt_pods();
+        let Some(pod) = self.store.get("pods", namespace, name).cloned() else {
+            return Err(ApiError::not_found(pods, name));
+        };
+        if let Some(uid) = eviction
+            .pointer("/deleteOptions/preconditions/uid")
+            .and_then(Value::as_str)
+        {
+            if pod.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid) {
+                return Err(ApiError::conflict(pods, name));
+            }
+        }
+        let dry_run = eviction
+            .pointer("/deleteOptions/dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|v| v == "All"));
+        let success = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                             "status": "Success", "code": 200});
+        let phase = pod
+            .pointer("/status/phase")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        // As the apiserver's canIgnorePDB: finished, not yet running, or already terminating.
+        let terminal = matches!(phase, "Succeeded" | "Failed" | "Pending")
+            || pod.pointer("/metadata/deletionTimestamp").is_some();
+        let pdbs: Vec<Value> = if terminal {
+            Vec::new()
+        } else {
+            self.store
+                .list(
+                    "poddisruptionbudgets",
+                    Some(namespace),
+                    &LabelSelector::default(),
+                    &FieldSelector::default(),
+                )
+                .into_iter()
+                .filter(|pdb| {
+                    LabelSelector::from_object(
+                        pdb.pointer("/spec/selector").unwrap_or(&Value::Null),
+                    )
+                    .is_some_and(|s| s.matches_object(&pod))
+                })
+                .collect()
+        };
+        if pdbs.len() > 1 {
+            return Err(ApiError::new(
+                500,
+                "InternalError",
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+            ));
+        }
+        if let Some(pdb) = pdbs.first() {
+            let pdb_name = name_of(pdb).to_string();
+            let generation = pdb
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            let observed = pdb
+                .pointer("/status/observedGeneration")
+                .and_then(Value::as_i64)
+                .unwrap_or(-1);
+            let too_many = |cause: String| ApiError {
+                details: Some(
+                    json!({"causes": [{"reason": "DisruptionBudget", "message": cause}]}),
+                ),
+                ..ApiError::new(
+                    429,
+                    "TooManyRequests",
+                    "Cannot evict pod as it would violate the pod's disruption budget.",
+                )
+            };
+            if observed < generation {
+                return Err(too_many(format!(
+                    "The disruption budget {pdb_name} is still being processed by the server."
+                )));
+            }
+            let allowed = pdb
+                .pointer("/status/disruptionsAllowed")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            let current = pdb
+                .pointer("/status/currentHealthy")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            let desired = pdb
+                .pointer("/status/desiredHealthy")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            if allowed < 0 {
+                return Err(ApiError::new(
+                    403,
+                    "Forbidden",
+                    "pdb disruptions allowed is negative",
+                ));
+            }
+            let running_unready = phase == "Running" && !is_ready(&pod);
+            let policy = pdb
+                .pointer("/spec/unhealthyPodEvictionPolicy")
+                .and_then(Value::as_str)
+                .unwrap_or("IfHealthyBudget");
+            let ok = if running_unready {
+                policy == "AlwaysAllow" || current >= desired
+            } else {
+                allowed > 0
+            };
+            if !ok {
+                return Err(too_many(format!(
+                    "The disruption budget {pdb_name} needs {desired} healthy pods and has {current} currently"
+                )));
+            }
+        }
+        if !dry_run {
+            let grace = eviction
+                .pointer("/deleteOptions/gracePeriodSeconds")
+                .and_then(Value::as_u64)
+                .map(Duration::from_secs);
+            self.delete_pod(namespace, name, grace, now)?;
+            self.record_event(&pod, "Evicted", "Eviction API: pod evicted", now);
+        }
+        Ok(success)
+    }
+
+    /// Record a core/v1 Event about an object.
+    pub fn record_event(&mut self, about: &Value, reason: &str, message: &str, now: Timestamp) {
+        let ns = match namespace_of(about) {
+            "" => "default",
+            ns => ns,
+        }
+        .to_string();
+        let ev = json!({
+            "metadata": {"generateName": format!("{}.", name_of(about)), "namespace": ns},
+            "involvedObject": {
+                "apiVersion": about.get("apiVersion").cloned().unwrap_or(Value::Null),
+                "kind": about.get("kind").cloned().unwrap_or(Value::Null),
+                "name": name_of(about), "namespace": namespace_of(about),
+                "uid": about.pointer("/metadata/uid").cloned().unwrap_or(Value::Null),
+            },
+            "reason": reason, "message": message, "type": "Normal", "count": 1,
+            "firstTimestamp": now.rfc3339(), "lastTimestamp": now.rfc3339(),
+            "source": {"component": "ichor-twin"},
+        });
+        let _ = self.store.create(rt("events"), &ns, ev, now);
+    }
+
+    // ---- the controllers -----------------------------------------------------------------
+
+    /// Called after an object changed through the API or the library.
+    pub fn after_change(&mut self, plural: &str, obj: &Value, now: Timestamp) {
+        if self.store.dry_run {
+            return;
+        }
+        if plural == "pods"
+            && obj.pointer("/status/phase").and_then(Value::as_str) == Some("Pending")
+        {
+            self.pending
+                .entry((namespace_of(obj).to_string(), name_of(obj).to_string()))
+                .or_insert(now);
+        }
+    }
+
+    /// Apply everything due at `now`, in order, until nothing changes.
+    pub fn sync(&mut self, now: Timestamp) {
+        if self.store.dry_run {
+            return;
+        }
+        if now > self.now {
+            self.now = now;
+        }
+        let now = self.now;
+        // Nothing changed and nothing is due: the model is already settled.
+        if self.settled_at == Some(self.store.resource_version())
+            && self.next_due.is_none_or(|d| now < d)
+        {
+            return;
+        }
+        let gone: Vec<(String, String)> = self
+            .terminating
+            .iter()
+            .filter(|(_, due)| **due <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (ns, name) in gone {
+            let _ = self.store.delete(rt_pods(), &ns, &name);
+            self.terminating.remove(&(ns, name));
+        }
+        // A handful of passes reach a fixed point: deployments → replicasets → pods → status.
+        for _ in 0..4 {
+            let before = self.store.resource_version();
+            self.deployments();
+            self.replica_sets(now);
+            self.stateful_sets(now);
+            self.daemon_sets(now);
+            self.start_pending(now);
+            self.pod_gc();
+            self.longhorn(now);
+            self.statuses(now);
+            if self.store.resource_version() == before {
+                break;
+            }
+        }
+        self.settled_at = Some(self.store.resource_version());
+        let pod_due = self.next_pod_start;
+        let rebuild_due = self
+            .degraded_since
+            .values()
+            .map(|t| t.plus(self.behaviour.replica_rebuild_delay));
+        let gone_due = self.terminating.values().copied();
+        self.next_due = pod_due.into_iter().chain(rebuild_due).chain(gone_due).min();
+    }
+
+    /// Advance the model to `now` (same as `sync`).
+    pub fn advance_to(&mut self, now: Timestamp) {
+        self.sync(now)
+    }
+
+    fn pods_on(&self, node: &str) -> Vec<Value> {
+        self.store
+            .all("pods")
+            .into_iter()
+            .filter(|p| node_of(p) == node)
+            .collect()
+    }
+
+    /// Pods by controller (namespace, kind, name): just what the controllers look at.
+    fn pods_by_owner(&self) -> HashMap<(String, String, String), Vec<PodBrief>> {
+        let mut out: HashMap<(String, String, String), Vec<PodBrief>> = HashMap::new();
+        for p in self.store.iter("pods") {
+            if let Some((k, n)) = controller_of(p) {
+                out.entry((namespace_of(p).to_string(), k.to_string(), n.to_string()))
+                    .or_default()
+                    .push(PodBrief {
+                        namespace: namespace_of(p).to_string(),
+                        name: name_of(p).to_string(),
+                        node: node_of(p).to_string(),
+                        template: pod_template_hash(p).map(String::from),
+                        terminating: p.pointer("/metadata/deletionTimestamp").is_some(),
+                    });
+            }
+        }
+        out
+    }
+
+    /// Name, readiness and schedulability of every node.
+    fn node_briefs(&self) -> Vec<NodeBrief> {
+        self.store
+            .iter("nodes")
+            .map(|n| NodeBrief {
+                name: name_of(n).to_string(),
+                ready: is_ready(n),
+                schedulable: Self::schedulable(n),
+                control_plane: is_control_plane(n),
+                ip: internal_ip(n).unwrap_or_default(),
+                ready_since: ready_since(n),
+            })
+            .collect()
+    }
+
+    /// A node pods can be scheduled on: Ready, not cordoned, no NoSchedule taint.
+    fn schedulable(node: &Value) -> bool {
+        let cordoned = node.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true);
+        let tainted = node
+            .pointer("/spec/taints")
+            .and_then(Value::as_array)
+            .is_some_and(|ts| {
+                ts.iter()
+                    .any(|t| t.get("effect").and_then(Value::as_str) == Some("NoSchedule"))
+            });
+        is_ready(node) && !cordoned && !tainted
+    }
+
+    fn new_pod(
+        &mut self,
+        owner: &Value,
+        name: String,
+        node: Option<&str>,
+        volumes: Vec<Value>,
+        now: Timestamp,
+    ) {
+        let template = owner
+            .pointer("/spec/template")
+            .cloned()
+            .unwrap_or(json!({}));
+        let ns = namespace_of(owner).to_string();
+        let mut pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": name, "namespace": ns,
+                "labels": template.pointer("/metadata/labels").cloned().unwrap_or(json!({})),
+                "ownerReferences": [owner_ref(owner)],
+            },
+            "spec": template.get("spec").cloned().unwrap_or(json!({})),
+            "status": {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": if node.is_some() {"True"} else {"False"}}]},
+        });
+        if let Some(a) = template.pointer("/metadata/annotations") {
+            pod["metadata"]["annotations"] = a.clone();
+        }
+        pod["metadata"]["annotations"][TEMPLATE_HASH] = json!(template_hash(owner));
+        if let Some(n) = node {
+            pod["spec"]["nodeName"] = json!(n);
+        }
+        if !volumes.is_empty() {
+            let mut all = pod["spec"]["volumes"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            all.extend(volumes);
+            pod["spec"]["volumes"] = Value::Array(all);
+        }
+        if let Ok(p) = self.store.create(rt_pods(), &ns, pod, now) {
+            self.pending.insert((ns, name_of(&p).to_string()), now);
+        }
+    }
+
+    /// Deployments own one ReplicaSet each: its scale and pod template follow the
+    /// Deployment's (the twin updates the ReplicaSet in place instead of creating a new one).
+    fn deployments(&mut self) {
+        for d in self.store.all("deployments") {
+            let ns = namespace_of(&d).to_string();
+            let want = replicas_of(&d);
+            let template = d.pointer("/spec/template").cloned().unwrap_or(json!({}));
+            for rs in self.store.list(
+                "replicasets",
+                Some(&ns),
+                &LabelSelector::default(),
+                &FieldSelector::default(),
+            ) {
+                if !controller_of(&rs).is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d)) {
+                    continue;
+                }
+                // The ReplicaSet's template carries pod-template-hash on top of the Deployment's.
+                let mut rs_template = template.clone();
+                if let Some(h) = rs.pointer("/spec/template/metadata/labels/pod-template-hash") {
+                    rs_template["metadata"]["labels"]["pod-template-hash"] = h.clone();
+                }
+                if replicas_of(&rs) != want || rs.pointer("/spec/template") != Some(&rs_template) {
+                    let mut rs2 = rs.clone();
+                    rs2["spec"]["replicas"] = json!(want);
+                    rs2["spec"]["template"] = rs_template;
+                    if let Some(m) = rs2.get_mut("metadata").and_then(Value::as_object_mut) {
+                        m.remove("resourceVersion");
+                    }
+                    let _ = self.store.update(rt("replicasets"), &ns, name_of(&rs), rs2);
+                }
+            }
+        }
+    }
+
+    /// Rolling update, one pod at a time: when none of the owner's pods is starting,
+    /// replace one pod built from an older template.
+    fn roll(&mut self, owner: &Value, have: &[PodBrief]) {
+        let current = template_hash(owner);
+        let starting = have.iter().any(|p| {
+            self.pending
+                .contains_key(&(p.namespace.clone(), p.name.clone()))
+        });
+        if starting {
+            return;
+        }
+        if let Some(stale) = have
+            .iter()
+            .find(|p| p.template.as_deref() != Some(current.as_str()))
+        {
+            let _ = self.store.delete(rt_pods(), &stale.namespace, &stale.name);
+        }
+    }
+
+    fn replica_sets(&mut self, now: Timestamp) {
+        let index = self.pods_by_owner();
+        for rs in self.store.all("replicasets") {
+            let ns = namespace_of(&rs).to_string();
+            let key = (
+                ns.clone(),
+                "ReplicaSet".to_string(),
+                name_of(&rs).to_string(),
+            );
+            let mut have = index.get(&key).cloned().unwrap_or_default();
+            // Terminating pods no longer count: the ReplicaSet replaces them at once.
+            let winding_down = have.iter().any(|p| p.terminating);
+            have.retain(|p| !p.terminating);
+            let want = replicas_of(&rs) as usize;
+            for _ in have.len()..want {
+                let name = format!("{}-{}", name_of(&rs), self.store.suffix());
+                self.new_pod(&rs, name, None, Vec::new(), now);
+            }
+            // Scale down: drop the newest extra pods.
+            for p in have.iter().skip(want) {
+                let _ = self.store.delete(rt_pods(), &ns, &p.name);
+            }
+            if have.len() == want && !winding_down {
+                self.roll(&rs, &have);
+            }
+        }
+    }
+
+    fn stateful_sets(&mut self, now: Timestamp) {
+        for sts in self.store.all("statefulsets") {
+            let ns = namespace_of(&sts).to_string();
+            let mut have = Vec::new();
+            for i in 0..replicas_of(&sts) {
+                let name = format!("{}-{}", name_of(&sts), i);
+                match self.store.get("pods", &ns, &name) {
+                    Some(p) => have.push(PodBrief {
+                        namespace: ns.clone(),
+                        name: name.clone(),
+                        node: node_of(p).to_string(),
+                        template: pod_template_hash(p).map(String::from),
+                        terminating: p.pointer("/metadata/deletionTimestamp").is_some(),
+                    }),
+                    None => {
+                        // One claim per volumeClaimTemplate: `<template>-<pod>`.
+                        let claims: Vec<Value> = sts
+                            .pointer("/spec/volumeClaimTemplates")
+                            .and_then(Value::as_array)
+                            .into_iter()
+                            .flatten()
+                            .map(|t| {
+                                let tname = name_of(t);
+                                json!({"name": tname, "persistentVolumeClaim": {"claimName": format!("{tname}-{name}")}})
+                            })
+                            .collect();
+                        self.new_pod(&sts, name, None, claims, now)
+                    }
+                }
+            }
+            if have.len() as u64 == replicas_of(&sts) {
+                // StatefulSets roll from the highest ordinal down.
+                have.reverse();
+                self.roll(&sts, &have);
+            }
+        }
+    }
+
+    fn daemon_sets(&mut self, now: Timestamp) {
+        let nodes = self.node_briefs();
+        let index = self.pods_by_owner();
+        for ds in self.store.all("daemonsets") {
+            let ns = namespace_of(&ds).to_string();
+            let key = (
+                ns.clone(),
+                "DaemonSet".to_string(),
+                name_of(&ds).to_string(),
+            );
+            let have = index.get(&key).cloned().unwrap_or_default();
+            let covered: BTreeSet<&str> = have.iter().map(|p| p.node.as_str()).collect();
+            let mut complete = true;
+            // Every node gets one (DaemonSet pods tolerate NotReady); on a NotReady node the
+            // pod stays Pending until the kubelet is back.
+            for node in &nodes {
+                if !covered.contains(node.name.as_str()) {
+                    let name = format!("{}-{}", name_of(&ds), self.store.suffix());
+                    self.new_pod(&ds, name, Some(&node.name), Vec::new(), now);
+                    complete = false;
+                }
+            }
+            // Pods of a node that no longer exists are garbage.
+            let known: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+            for p in have.iter().filter(|p| !known.contains(p.node.as_str())) {
+                let _ = self.store.delete(rt_pods(), &ns, &p.name);
+            }
+            if complete {
+                self.roll(&ds, &have);
+            }
+        }
+    }
+
+    /// Pods bound to a node that no longer exists are deleted, as the pod GC does.
+    fn pod_gc(&mut self) {
+        let known: BTreeSet<&str> = self.store.iter("nodes").map(name_of).collect();
+        let orphans: Vec<(String, String)> = self
+            .store
+            .iter("pods")
+            .filter(|p| !node_of(p).is_empty() && !known.contains(node_of(p)))
+            .map(|p| (namespace_of(p).to_string(), name_of(p).to_string()))
+            .collect();
+        for (ns, name) in orphans {
+            let _ = self.store.delete(rt_pods(), &ns, &name);
+            self.pending.remove(&(ns.clone(), name.clone()));
+            self.terminating.remove(&(ns, name));
+        }
+    }
+
+    /// The node a pending pod may run on, for pods bound by PV node affinity (local-path).
+    fn pinned_node(&self, pod: &Value) -> Option<String> {
+        let vols = pod.pointer("/spec/volumes")?.as_array()?;
+        for v in vols {
+            let Some(claim) = v
+                .pointer("/persistentVolumeClaim/claimName")
+                .and_then(Value::as_str)
+            else {
+                continue;
+            };
+            let ns = namespace_of(pod);
+            let pv = self.store.all("persistentvolumes").into_iter().find(|pv| {
+                pv.pointer("/spec/claimRef/name").and_then(Value::as_str) == Some(claim)
+                    && pv
+                        .pointer("/spec/claimRef/namespace")
+                        .and_then(Value::as_str)
+                        == Some(ns)
+            })?;
+            let node = pv
+                .pointer(
+                    "/spec/nodeAffinity/required/nodeSelectorTerms/0/matchExpressions/0/values/0",
+                )
+                .and_then(Value::as_str)?;
+            return Some(node.to_string());
+        }
+        None
+    }
+
+    /// Start pods whose delay passed: pick a node if none, then Running and Ready.
+    fn start_pending(&mut self, now: Timestamp) {
+        let delay = self.behaviour.pod_start_delay;
+        self.next_pod_start = None;
+        let due: Vec<(String, String, Timestamp)> = self
+            .pending
+            .iter()
+            .filter(|(_, t)| t.plus(delay) <= now)
+            .map(|((ns, name), t)| (ns.clone(), name.clone(), *t))
+            .collect();
+        // Pods not due yet wake the model when they are.
+        self.next_pod_start = self
+            .pending
+            .values()
+            .map(|t| t.plus(delay))
+            .filter(|d| *d > now)
+            .min();
+        if due.is_empty() {
+            return;
+        }
+        let nodes = self.node_briefs();
+        // Pods per node and per owner per node, counted once and kept current while placing.
+        type OwnerKey = (String, String, String);
+        let mut per_node: HashMap<String, usize> = HashMap::new();
+        let mut per_owner: HashMap<OwnerKey, HashMap<String, usize>> = HashMap::new();
+        let owner_key = |p: &Value| {
+            controller_of(p)
+                .map(|(k, n)| (namespace_of(p).to_string(), k.to_string(), n.to_string()))
+        };
+        for p in self.store.iter("pods") {
+            let n = node_of(p);
+            if n.is_empty() {
+                continue;
+            }
+            if let Some(o) = owner_key(p) {
+                *per_owner
+                    .entry(o)
+                    .or_default()
+                    .entry(n.to_string())
+                    .or_default() += 1;
+            }
+            *per_node.entry(n.to_string()).or_default() += 1;
+        }
+        let no_counts = HashMap::new();
+        for (ns, name, created) in due {
+            let Some(mut pod) = self.store.get("pods", &ns, &name).cloned() else {
+                self.pending.remove(&(ns, name));
+                continue;
+            };
+            let owner = owner_key(&pod);
+            let node_name = match node_of(&pod) {
+                "" => {
+                    let pinned = self.pinned_node(&pod);
+                    let same = owner
+                        .as_ref()
+                        .and_then(|o| per_owner.get(o))
+                        .unwrap_or(&no_counts);
+                    // Spread: fewest pods of the same owner, then fewest pods, then name.
+                    let best = nodes
+                        .iter()
+                        .filter(|n| n.schedulable)
+                        .filter(|n| pinned.as_deref().is_none_or(|p| p == n.name))
+                        .min_by_key(|n| {
+                            (
+                                same.get(&n.name).copied().unwrap_or(0),
+                                per_node.get(&n.name).copied().unwrap_or(0),
+                                &n.name,
+                            )
+                        });
+                    match best {
+                        Some(n) => n.name.clone(),
+                        None => continue,
+                    }
+                }
+                n => {
+                    // A pod bound to a node starts once that node's kubelet has been Ready
+                    // for the start delay (a rebooted node restarts its DaemonSet pods).
+                    let Some(node) = nodes.iter().find(|x| x.name == n && x.ready) else {
+                        continue;
+                    };
+                    let start = created.max(node.ready_since).plus(delay);
+                    if start > now {
+                        self.next_pod_start =
+                            Some(self.next_pod_start.map_or(start, |t| t.min(start)));
+                        continue;
+                    }
+                    n.to_string()
+                }
+            };
+            if node_of(&pod).is_empty() {
+                if let Some(o) = owner {
+                    *per_owner
+                        .entry(o)
+                        .or_default()
+                        .entry(node_name.clone())
+                        .or_default() += 1;
+                }
+                *per_node.entry(node_name.clone()).or_default() += 1;
+            }
+            let host_ip = nodes
+                .iter()
+                .find(|n| n.name == node_name)
+                .map(|n| n.ip.clone())
+                .unwrap_or_default();
+            let serial = self.store.resource_version();
+            pod["spec"]["nodeName"] = json!(node_name);
+            pod["status"]["phase"] = json!("Running");
+            pod["status"]["hostIP"] = json!(host_ip);
+            pod["status"]["hostIPs"] = json!([{"ip": host_ip}]);
+            // Host-network pods (the CNI, kube-proxy) use the node's address.
+            let pod_ip = if pod.pointer("/spec/hostNetwork") == Some(&json!(true)) {
+                host_ip.clone()
+            } else {
+                format!("10.244.{}.{}", (serial / 250) % 250, serial % 250 + 2)
+            };
+            pod["status"]["podIP"] = json!(pod_ip);
+            pod["status"]["podIPs"] = json!([{"ip": pod_ip}]);
+            pod["status"]["startTime"] = json!(now.rfc3339());
+            set_condition(&mut pod, "PodScheduled", true, "", now);
+            set_condition(&mut pod, "Initialized", true, "", now);
+            set_condition(&mut pod, "ContainersReady", true, "", now);
+            set_condition(&mut pod, "Ready", true, "", now);
+            pod["status"]["containerStatuses"] = container_statuses(&pod, now);
+            if let Some(m) = pod.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.remove("resourceVersion");
+            }
+            if self.store.update(rt_pods(), &ns, &name, pod).is_ok() {
+                self.pending.remove(&(ns, name));
+            }
+        }
+    }
+
+    fn replicas_on_node(&mut self, node: &str, state: &str, now: Timestamp) {
+        for r in self.store.all("replicas") {
+            if r.pointer("/spec/nodeID").and_then(Value::as_str) != Some(node) {
+                continue;
+            }
+            let mut r2 = r.clone();
+            r2["status"]["currentState"] = json!(state);
+            r2["spec"]["failedAt"] = json!(if state == "running" {
+                String::new()
+            } else {
+                now.rfc3339()
+            });
+            let _ = self
+                .store
+                .update(rt("replicas"), namespace_of(&r), name_of(&r), r2);
+        }
+    }
+
+    /// Longhorn: robustness from the running replicas; a degraded volume's stopped replica
+    /// is replaced on another Ready node once the rebuild delay passed.
+    fn longhorn(&mut self, now: Timestamp) {
+        let nodes = self.node_briefs();
+        for vol in self.store.all("volumes") {
+            let ns = namespace_of(&vol).to_string();
+            let vname = name_of(&vol).to_string();
+            let replicas: Vec<Value> = self
+                .store
+                .list(
+                    "replicas",
+                    Some(&ns),
+                    &LabelSelector::default(),
+                    &FieldSelector::default(),
+                )
+                .into_iter()
+                .filter(|r| {
+                    r.pointer("/spec/volumeName").and_then(Value::as_str) == Some(vname.as_str())
+                })
+                .collect();
+            let running = replicas
+                .iter()
+                .filter(|r| {
+                    r.pointer("/status/currentState").and_then(Value::as_str) == Some("running")
+                })
+                .count() as u64;
+            let want = vol
+                .pointer("/spec/numberOfReplicas")
+                .and_then(Value::as_u64)
+                .unwrap_or(3);
+            let key = (ns.clone(), vname.clone());
+            if running < want && running > 0 {
+                let since = *self.degraded_since.entry(key.clone()).or_insert(now);
+                if since.plus(self.behaviour.replica_rebuild_delay) <= now {
+                    let used: BTreeSet<&str> = replicas
+                        .iter()
+                        .filter(|r| {
+                            r.pointer("/status/currentState").and_then(Value::as_str)
+                                == Some("running")
+                        })
+                        .filter_map(|r| r.pointer("/spec/nodeID").and_then(Value::as_str))
+                        .collect();
+                    let has_workers = nodes.iter().any(|n| !n.control_plane);
+                    let target = nodes.iter().find(|n| {
+                        n.ready
+                            && !used.contains(n.name.as_str())
+                            && (!has_workers || !n.control_plane)
+                    });
+                    let failed = replicas.iter().find(|r| {
+                        r.pointer("/status/currentState").and_then(Value::as_str) != Some("running")
+                    });
+                    if let Some(target) = target {
+                        if let Some(f) = failed {
+                            let _ = self.store.delete(rt("replicas"), &ns, name_of(f));
+                        }
+                        let r = replica_object(
+                            &ns,
+                            &vname,
+                            &format!("{}-r-{}", vname, self.store.suffix()),
+                            &target.name,
+                        );
+                        let _ = self.store.create(rt("replicas"), &ns, r, now);
+                        self.degraded_since.remove(&key);
+                    }
+                }
+            } else {
+                self.degraded_since.remove(&key);
+            }
+            let robustness = if running == 0 {
+                "faulted"
+            } else if running < want {
+                "degraded"
+            } else {
+                "healthy"
+            };
+            let attached = vol
+                .pointer("/spec/nodeID")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty());
+            let state = if attached { "attached" } else { "detached" };
+            if vol.pointer("/status/robustness").and_then(Value::as_str) != Some(robustness)
+                || vol.pointer("/status/state").and_then(Value::as_str) != Some(state)
+            {
+                let mut v2 = vol.clone();
+                v2["status"]["robustness"] = json!(robustness);
+                v2["status"]["state"] = json!(state);
+                let _ = self.store.update(rt("volumes"), &ns, &vname, v2);
+            }
+        }
+    }
+
+    /// Status of PDBs, ReplicaSets, Deployments, StatefulSets and DaemonSets from the pods.
+    fn statuses(&mut self, _now: Timestamp) {
+        let pods: Vec<&Value> = self.store.iter("pods").collect();
+        let mut by_owner: HashMap<(&str, &str, &str), Vec<&Value>> = HashMap::new();
+        for p in &pods {
+            if let Some((k, n)) = controller_of(p) {
+                by_owner.entry((namespace_of(p), k, n)).or_default().push(p);
+            }
+        }
+        let owned = |ns: &str, kind: &str, name: &str| -> Vec<&Value> {
+            by_owner.get(&(ns, kind, name)).cloned().unwrap_or_default()
+        };
+        let updated = |ps: &[&Value], owner: &Value| {
+            let h = template_hash(owner);
+            ps.iter()
+                .filter(|p| pod_template_hash(p) == Some(h.as_str()))
+                .count()
+        };
+        let mut updates: Vec<(&'static str, Value)> = Vec::new();
+        for kind in ["ReplicaSet", "StatefulSet"] {
+            let plural = if kind == "ReplicaSet" {
+                "replicasets"
+            } else {
+                "statefulsets"
+            };
+            for o in self.store.all(plural) {
+                let ps = owned(namespace_of(&o), kind, name_of(&o));
+                let ready = ps.iter().filter(|p| is_ready(p)).count();
+                let mut o2 = o.clone();
+                o2["status"]["replicas"] = json!(ps.len());
+                o2["status"]["readyReplicas"] = json!(ready);
+                o2["status"]["availableReplicas"] = json!(ready);
+                o2["status"]["currentReplicas"] = json!(ps.len());
+                o2["status"]["updatedReplicas"] = json!(updated(&ps, &o));
+                o2["status"]["observedGeneration"] = o
+                    .pointer("/metadata/generation")
+                    .cloned()
+                    .unwrap_or(json!(1));
+                updates.push((plural, o2));
+            }
+        }
+        for d in self.store.all("deployments") {
+            let ns = namespace_of(&d);
+            let mut rs_pods: Vec<&Value> = Vec::new();
+            let mut up_to_date = 0;
+            for rs in self.store.iter("replicasets").filter(|rs| {
+                namespace_of(rs) == ns
+                    && controller_of(rs).is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d))
+            }) {
+                let ps = owned(ns, "ReplicaSet", name_of(rs));
+                up_to_date += updated(&ps, rs);
+                rs_pods.extend(ps);
+            }
+            let ready = rs_pods.iter().filter(|p| is_ready(p)).count();
+            let want = replicas_of(&d) as usize;
+            let mut d2 = d.clone();
+            d2["status"]["replicas"] = json!(rs_pods.len());
+            d2["status"]["readyReplicas"] = json!(ready);
+            d2["status"]["availableReplicas"] = json!(ready);
+            d2["status"]["updatedReplicas"] = json!(up_to_date);
+            d2["status"]["unavailableReplicas"] = json!(want.saturating_sub(ready));
+            d2["status"]["observedGeneration"] = d
+                .pointer("/metadata/generation")
+                .cloned()
+                .unwrap_or(json!(1));
+            updates.push(("deployments", d2));
+        }
+        let desired = self.store.iter("nodes").count();
+        for ds in self.store.all("daemonsets") {
+            let ps = owned(namespace_of(&ds), "DaemonSet", name_of(&ds));
+            let ready = ps.iter().filter(|p| is_ready(p)).count();
+            let mut ds2 = ds.clone();
+            ds2["status"]["desiredNumberScheduled"] = json!(desired);
+            ds2["status"]["currentNumberScheduled"] = json!(ps.len());
+            ds2["status"]["updatedNumberScheduled"] = json!(updated(&ps, &ds));
+            ds2["status"]["numberReady"] = json!(ready);
+            ds2["status"]["numberAvailable"] = json!(ready);
+            ds2["status"]["numberUnavailable"] = json!(desired.saturating_sub(ready));
+            ds2["status"]["numberMisscheduled"] = json!(0);
+            ds2["status"]["observedGeneration"] = ds
+                .pointer("/metadata/generation")
+                .cloned()
+                .unwrap_or(json!(1));
+            updates.push(("daemonsets", ds2));
+        }
+        for pdb in self.store.all("poddisruptionbudgets") {
+            let ns = namespace_of(&pdb).to_string();
+            let selector =
+                LabelSelector::from_object(pdb.pointer("/spec/selector").unwrap_or(&Value::Null));
+            let matched: Vec<&Value> = pods
+                .iter()
+                .copied()
+                .filter(|p| {
+                    namespace_of(p) == ns && selector.as_ref().is_some_and(|s| s.matches_object(p))
+                })
+                .collect();
+            // expectedPods: the scale of each controller behind the pods; bare pods count one.
+            let mut controllers: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+            let mut bare = 0u64;
+            for p in &matched {
+                match controller_of(p) {
+                    Some((k, n)) if k == "ReplicaSet" || k == "StatefulSet" => {
+                        let plural = if k == "ReplicaSet" {
+                            "replicasets"
+                        } else {
+                            "statefulsets"
+                        };
+                        let scale = self
+                            .store
+                            .get(rt(plural).plural, &ns, n)
+                            .map(replicas_of)
+                            .unwrap_or(1);
+                        controllers.insert((k, n), scale);
+                    }
+                    _ => bare += 1,
+                }
+            }
+            let expected = controllers.values().sum::<u64>() + bare;
+            let healthy = matched.iter().filter(|p| is_ready(p)).count() as u64;
+            let desired = if let Some(min) = pdb.pointer("/spec/minAvailable") {
+                scaled(min, expected).unwrap_or(0)
+            } else if let Some(max) = pdb.pointer("/spec/maxUnavailable") {
+                expected.saturating_sub(scaled(max, expected).unwrap_or(0))
+            } else {
+                0
+            };
+            let mut allowed = healthy.saturating_sub(desired);
+            if self
+                .faults
+                .pdb_never_allows
+                .contains(&(ns.clone(), name_of(&pdb).to_string()))
+            {
+                allowed = 0;
+            }
+            let mut p2 = pdb.clone();
+            p2["status"]["currentHealthy"] = json!(healthy);
+            p2["status"]["desiredHealthy"] = json!(desired);
+            p2["status"]["expectedPods"] = json!(expected);
+            p2["status"]["disruptionsAllowed"] = json!(allowed);
+            p2["status"]["observedGeneration"] = pdb
+                .pointer("/metadata/generation")
+                .cloned()
+                .unwrap_or(json!(1));
+            let reason = if allowed > 0 {
+                "SufficientPods"
+            } else {
+                "InsufficientPods"
+            };
+            let since = pdb
+                .pointer("/status/conditions/0/lastTransitionTime")
+                .cloned()
+                .unwrap_or(json!(self.now.rfc3339()));
+            let old_status = pdb
+                .pointer("/status/conditions/0/status")
+                .and_then(Value::as_str);
+            let status = if allowed > 0 { "True" } else { "False" };
+            let since = if old_status == Some(status) {
+                since
+            } else {
+                json!(self.now.rfc3339())
+            };
+            p2["status"]["conditions"] = json!([{"type": "DisruptionAllowed", "status": status,
+                "reason": reason, "message": "", "lastTransitionTime": since,
+                "observedGeneration": p2["status"]["observedGeneration"].clone()}]);
+            updates.push(("poddisruptionbudgets", p2));
+        }
+        for (plural, obj) in updates {
+            let old = self
+                .store
+                .get(rt(plural).plural, namespace_of(&obj), name_of(&obj));
+            if old.map(|o| o.get("status")) != Some(obj.get("status")) {
+                let mut obj = obj;
+                if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.remove("resourceVersion");
+                }
+                let ns = namespace_of(&obj).to_string();
+                let name = name_of(&obj).to_string();
+                let _ = self.store.update(rt(plural), &ns, &name, obj);
+            }
+        }
+    }
+}
+
+/// What the controllers need to know about a pod.
+#[derive(Debug, Clone)]
+struct PodBrief {
+    namespace: String,
+    name: String,
+    node: String,
+    template: Option<String>,
+    terminating: bool,
+}
+
+/// What the scheduler and Longhorn need to know about a node.
+#[derive(Debug, Clone)]
+struct NodeBrief {
+    name: String,
+    ready: bool,
+    schedulable: bool,
+    control_plane: bool,
+    ip: String,
+    ready_since: Timestamp,
+}
+
+fn rt_pods() -> &'static ResourceType {
+    rt("pods")
+}
+
+/// When the node's Ready condition last changed.
+fn ready_since(node: &Value) -> Timestamp {
+    node.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c.get("type").and_then(Value::as_str) == Some("Ready"))
+        })
+        .and_then(|c| c.get("lastTransitionTime"))
+        .and_then(Value::as_str)
+        .and_then(parse_time)
+        .unwrap_or_default()
+}
+
+pub fn is_control_plane(node: &Value) -> bool {
+    node.pointer("/metadata/labels")
+        .and_then(|l| l.get(CONTROL_PLANE_LABEL))
+        .is_some()
+}
+
+pub fn internal_ip(node: &Value) -> Option<String> {
+    node.pointer("/status/addresses")?
+        .as_array()?
+        .iter()
+        .find(|a| a.get("type").and_then(Value::as_str) == Some("InternalIP"))?
+        .get("address")?
+        .as_str()
+        .map(String::from)
+}
+
+fn container_statuses(pod: &Value, now: Timestamp) -> Value {
+    let containers = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    Value::Array(
+        containers
+            .iter()
+            .map(|c| {
+                json!({"name": c.get("name").cloned().unwrap_or(json!("main")),
+                       "image": c.get("image").cloned().unwrap_or(Value::Null),
+                       "imageID": super::seed::image_id(c.get("image").and_then(Value::as_str).unwrap_or("")),
+                       "ready": true, "started": true, "restartCount": 0,
+                       "state": {"running": {"startedAt": now.rfc3339()}}})
+            })
+            .collect(),
+    )
+}
+
+pub fn replica_object(namespace: &str, volume: &str, name: &str, node: &str) -> Value {
+    json!({
+        "apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"longhornvolume": volume, "longhornnode": node}},
+        "spec": {"nodeID": node, "volumeName": volume, "failedAt": "", "desireState": "running"},
+        "status": {"currentState": "running"},
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn int_or_percent_rounds_up_like_the_disruption_controller() {
+        assert_eq!(scaled(&json!(2), 5), Some(2));
+        assert_eq!(scaled(&json!("50%"), 5), Some(3));
+        assert_eq!(scaled(&json!("10%"), 3), Some(1));
+        assert_eq!(scaled(&json!("x"), 3), None);
+    }
+
+    #[test]
+    fn times_round_trip() {
+        let t = Timestamp(1_767_225_600_000 + 86_400_000 * 40 + 3_723_000);
+        assert_eq!(parse_time(&t.rfc3339()), Some(t));
+        assert_eq!(
+            parse_time("2026-01-01T00:00:00.123456Z"),
+            Some(Timestamp(1_767_225_600_000))
+        );
+        assert_eq!(
+            micro_time(Timestamp(1_767_225_600_123)),
+            "2026-01-01T00:00:00.123000Z"
+        );
+        assert_eq!(parse_time("garbage"), None);
+    }
+
+    #[test]
+    fn template_hash_follows_the_template_only() {
+        let a = json!({"metadata": {"name": "a"}, "spec": {"template": {"spec": {"containers": [{"image": "x:1"}]}}}});
+        let b = json!({"metadata": {"name": "b"}, "spec": {"replicas": 3, "template": {"spec": {"containers": [{"image": "x:1"}]}}}});
+        let c = json!({"spec": {"template": {"spec": {"containers": [{"image": "x:2"}]}}}});
+        assert_eq!(template_hash(&a), template_hash(&b));
+        assert_ne!(template_hash(&a), template_hash(&c));
+    }
+}

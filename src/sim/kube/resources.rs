@@ -1,0 +1,259 @@
+//! The resource types the twin serves: enough of core, apps, policy, coordination,
+//! apiextensions, Longhorn and Argo CD for kubectl and ichor. Resources are named by their
+//! plural, which is unique across the groups served here.
+
+/// One served resource (a REST collection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResourceType {
+    /// API group; empty for the core group.
+    pub group: &'static str,
+    pub version: &'static str,
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub kind: &'static str,
+    pub namespaced: bool,
+    pub short_names: &'static [&'static str],
+    /// Subresources served under this resource, e.g. `status`, `eviction`.
+    pub subresources: &'static [&'static str],
+}
+
+impl ResourceType {
+    /// `v1` or `apps/v1`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+    /// `pods` or `leases.coordination.k8s.io`, as apiserver messages name a resource.
+    pub fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.to_string()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+    /// A custom resource, described by a CRD in the store.
+    pub fn is_custom(&self) -> bool {
+        matches!(self.group, "longhorn.io" | "argoproj.io")
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+const fn rt(
+    group: &'static str,
+    version: &'static str,
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    short_names: &'static [&'static str],
+    subresources: &'static [&'static str],
+) -> ResourceType {
+    ResourceType {
+        group,
+        version,
+        plural,
+        singular,
+        kind,
+        namespaced,
+        short_names,
+        subresources,
+    }
+}
+
+/// Every resource type served, in discovery order.
+pub const RESOURCES: &[ResourceType] = &[
+    rt(
+        "",
+        "v1",
+        "namespaces",
+        "namespace",
+        "Namespace",
+        false,
+        &["ns"],
+        &["status"],
+    ),
+    rt(
+        "",
+        "v1",
+        "nodes",
+        "node",
+        "Node",
+        false,
+        &["no"],
+        &["status"],
+    ),
+    rt(
+        "",
+        "v1",
+        "pods",
+        "pod",
+        "Pod",
+        true,
+        &["po"],
+        &["eviction", "status"],
+    ),
+    rt(
+        "",
+        "v1",
+        "configmaps",
+        "configmap",
+        "ConfigMap",
+        true,
+        &["cm"],
+        &[],
+    ),
+    rt("", "v1", "events", "event", "Event", true, &["ev"], &[]),
+    rt(
+        "",
+        "v1",
+        "persistentvolumes",
+        "persistentvolume",
+        "PersistentVolume",
+        false,
+        &["pv"],
+        &["status"],
+    ),
+    rt(
+        "",
+        "v1",
+        "persistentvolumeclaims",
+        "persistentvolumeclaim",
+        "PersistentVolumeClaim",
+        true,
+        &["pvc"],
+        &["status"],
+    ),
+    rt(
+        "apps",
+        "v1",
+        "deployments",
+        "deployment",
+        "Deployment",
+        true,
+        &["deploy"],
+        &["status"],
+    ),
+    rt(
+        "apps",
+        "v1",
+        "replicasets",
+        "replicaset",
+        "ReplicaSet",
+        true,
+        &["rs"],
+        &["status"],
+    ),
+    rt(
+        "apps",
+        "v1",
+        "statefulsets",
+        "statefulset",
+        "StatefulSet",
+        true,
+        &["sts"],
+        &["status"],
+    ),
+    rt(
+        "apps",
+        "v1",
+        "daemonsets",
+        "daemonset",
+        "DaemonSet",
+        true,
+        &["ds"],
+        &["status"],
+    ),
+    rt(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "poddisruptionbudget",
+        "PodDisruptionBudget",
+        true,
+        &["pdb"],
+        &["status"],
+    ),
+    rt(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        "lease",
+        "Lease",
+        true,
+        &[],
+        &[],
+    ),
+    rt(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "customresourcedefinition",
+        "CustomResourceDefinition",
+        false,
+        &["crd", "crds"],
+        &["status"],
+    ),
+    rt(
+        "longhorn.io",
+        "v1beta2",
+        "volumes",
+        "volume",
+        "Volume",
+        true,
+        &["lhv"],
+        &["status"],
+    ),
+    rt(
+        "longhorn.io",
+        "v1beta2",
+        "replicas",
+        "replica",
+        "Replica",
+        true,
+        &["lhr"],
+        &["status"],
+    ),
+    rt(
+        "argoproj.io",
+        "v1alpha1",
+        "applications",
+        "application",
+        "Application",
+        true,
+        &["app", "apps"],
+        &[],
+    ),
+];
+
+/// The resource with this plural.
+pub fn by_plural(plural: &str) -> Option<&'static ResourceType> {
+    RESOURCES.iter().find(|r| r.plural == plural)
+}
+
+/// The resource served at `group/version/plural`.
+pub fn lookup(group: &str, version: &str, plural: &str) -> Option<&'static ResourceType> {
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.version == version && r.plural == plural)
+}
+
+/// The resource for an object's `apiVersion` and `kind`.
+pub fn by_kind(api_version: &str, kind: &str) -> Option<&'static ResourceType> {
+    RESOURCES
+        .iter()
+        .find(|r| r.api_version() == api_version && r.kind == kind)
+}
+
+/// The groups other than core, each with its one version, in discovery order.
+pub fn groups() -> Vec<(&'static str, &'static str)> {
+    let mut out: Vec<(&'static str, &'static str)> = Vec::new();
+    for r in RESOURCES {
+        if !r.group.is_empty() && !out.iter().any(|(g, _)| *g == r.group) {
+            out.push((r.group, r.version));
+        }
+    }
+    out
+}

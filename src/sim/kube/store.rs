@@ -1,0 +1,559 @@
+//! The object store: JSON objects per resource/namespace/name, one global resourceVersion
+//! counter, uids and creation timestamps, and a bounded watch history that `watch` replays
+//! from a resourceVersion (older than the history → 410 Expired).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde_json::{json, Map, Value};
+use tokio::sync::broadcast;
+
+use super::resources::{by_plural, ResourceType};
+use super::select::{FieldSelector, LabelSelector};
+use crate::clock::Timestamp;
+
+/// A failed request, rendered as a metav1 Status.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{code} {reason}: {message}")]
+pub struct ApiError {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+    pub details: Option<Value>,
+}
+
+impl ApiError {
+    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
+    }
+    fn details(rt: &ResourceType, name: &str) -> Value {
+        let mut d = json!({"name": name, "kind": rt.plural});
+        if !rt.group.is_empty() {
+            d["group"] = json!(rt.group);
+        }
+        d
+    }
+    pub fn not_found(rt: &ResourceType, name: &str) -> Self {
+        ApiError {
+            details: Some(Self::details(rt, name)),
+            ..Self::new(
+                404,
+                "NotFound",
+                format!("{} \"{}\" not found", rt.qualified(), name),
+            )
+        }
+    }
+    pub fn already_exists(rt: &ResourceType, name: &str) -> Self {
+        ApiError {
+            details: Some(Self::details(rt, name)),
+            ..Self::new(
+                409,
+                "AlreadyExists",
+                format!("{} \"{}\" already exists", rt.qualified(), name),
+            )
+        }
+    }
+    pub fn conflict(rt: &ResourceType, name: &str) -> Self {
+        ApiError {
+            details: Some(Self::details(rt, name)),
+            ..Self::new(
+                409,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {} \"{}\": the object has been modified; please apply your changes to the latest version and try again",
+                    rt.qualified(),
+                    name
+                ),
+            )
+        }
+    }
+    pub fn invalid(rt: &ResourceType, name: &str, field: &str, why: &str) -> Self {
+        let group = if rt.group.is_empty() {
+            String::new()
+        } else {
+            format!(".{}", rt.group)
+        };
+        ApiError {
+            details: Some(json!({"name": name, "group": rt.group, "kind": rt.kind,
+                "causes": [{"reason": "FieldValueRequired", "message": why, "field": field}]})),
+            ..Self::new(
+                422,
+                "Invalid",
+                format!(
+                    "{}{} \"{}\" is invalid: {}: {}",
+                    rt.kind, group, name, field, why
+                ),
+            )
+        }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+    pub fn expired(message: impl Into<String>) -> Self {
+        Self::new(410, "Expired", message)
+    }
+
+    /// The metav1 Status object for this error.
+    pub fn status(&self) -> Value {
+        let mut s = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": self.message, "reason": self.reason, "code": self.code,
+        });
+        if let Some(d) = &self.details {
+            s["details"] = d.clone();
+        }
+        s
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change, as `watch` streams it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WatchEvent {
+    pub rv: u64,
+    pub plural: &'static str,
+    pub namespace: String,
+    pub kind: EventType,
+    pub object: Value,
+}
+
+type Key = (&'static str, String, String);
+
+pub struct Store {
+    objects: BTreeMap<Key, Value>,
+    rv: u64,
+    serial: u64,
+    history: VecDeque<WatchEvent>,
+    history_limit: usize,
+    /// Events before this resourceVersion are no longer in the history.
+    compacted: u64,
+    events: broadcast::Sender<WatchEvent>,
+    /// `dryRun=All`: writes are checked and answered but not stored.
+    pub dry_run: bool,
+}
+
+/// `name` of an object.
+pub fn name_of(obj: &Value) -> &str {
+    obj.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+/// `namespace` of an object (empty for cluster-scoped ones).
+pub fn namespace_of(obj: &Value) -> &str {
+    obj.pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+/// The parsed `metadata.resourceVersion`, if any.
+pub fn rv_of(obj: &Value) -> Option<u64> {
+    obj.pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .and_then(|s| s.parse().ok())
+}
+
+fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
+    if !obj.is_object() {
+        *obj = json!({});
+    }
+    let Value::Object(top) = obj else {
+        unreachable!("just made an object")
+    };
+    let meta = top.entry("metadata").or_insert_with(|| json!({}));
+    if !meta.is_object() {
+        *meta = json!({});
+    }
+    match meta {
+        Value::Object(m) => m,
+        _ => unreachable!("just made an object"),
+    }
+}
+
+const NAME_CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+impl Store {
+    pub fn new(history_limit: usize) -> Self {
+        let (events, _) = broadcast::channel(4096);
+        Store {
+            objects: BTreeMap::new(),
+            rv: 1000,
+            serial: 0,
+            history: VecDeque::new(),
+            history_limit: history_limit.max(1),
+            compacted: 1000,
+            events,
+            dry_run: false,
+        }
+    }
+
+    pub fn resource_version(&self) -> u64 {
+        self.rv
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<WatchEvent> {
+        self.events.subscribe()
+    }
+
+    /// A deterministic five-character suffix, like the ones generateName produces.
+    pub fn suffix(&mut self) -> String {
+        self.serial += 1;
+        let mut n = self.serial.wrapping_mul(2_654_435_761).wrapping_add(97);
+        (0..5)
+            .map(|_| {
+                let c = NAME_CHARS[(n % NAME_CHARS.len() as u64) as usize] as char;
+                n /= NAME_CHARS.len() as u64;
+                c
+            })
+            .collect()
+    }
+
+    fn uid(&mut self) -> String {
+        self.serial += 1;
+        format!(
+            "5eed{:04x}-0000-4000-8000-{:012x}",
+            self.serial & 0xffff,
+            self.serial
+        )
+    }
+
+    fn record(&mut self, rt: &'static ResourceType, ns: &str, kind: EventType, object: Value) {
+        let ev = WatchEvent {
+            rv: self.rv,
+            plural: rt.plural,
+            namespace: ns.to_string(),
+            kind,
+            object,
+        };
+        self.history.push_back(ev.clone());
+        while self.history.len() > self.history_limit {
+            if let Some(old) = self.history.pop_front() {
+                self.compacted = old.rv;
+            }
+        }
+        // No receiver is fine: nobody watches.
+        let _ = self.events.send(ev);
+    }
+
+    /// Events after `rv` for `plural` (and namespace when given), or 410 when `rv` is older
+    /// than the history.
+    pub fn history_since(
+        &self,
+        plural: &str,
+        ns: Option<&str>,
+        rv: u64,
+    ) -> Result<Vec<WatchEvent>, ApiError> {
+        if rv < self.compacted {
+            return Err(ApiError::expired(format!(
+                "too old resource version: {} ({})",
+                rv, self.compacted
+            )));
+        }
+        Ok(self
+            .history
+            .iter()
+            .filter(|e| e.rv > rv && e.plural == plural && ns.is_none_or(|n| n == e.namespace))
+            .cloned()
+            .collect())
+    }
+
+    pub fn get(&self, plural: &'static str, ns: &str, name: &str) -> Option<&Value> {
+        self.objects
+            .get(&(plural, ns.to_string(), name.to_string()))
+    }
+
+    /// Objects of one resource, optionally in one namespace, that match both selectors.
+    pub fn list(
+        &self,
+        plural: &'static str,
+        ns: Option<&str>,
+        labels: &LabelSelector,
+        fields: &FieldSelector,
+    ) -> Vec<Value> {
+        self.objects
+            .range((plural, String::new(), String::new())..)
+            .take_while(|((p, _, _), _)| *p == plural)
+            .filter(|((_, n, _), _)| ns.is_none_or(|want| want == n))
+            .filter(|(_, o)| labels.matches_object(o) && fields.matches(o))
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+
+    /// Borrow every object of one resource (all namespaces), in key order.
+    pub fn iter(&self, plural: &'static str) -> impl Iterator<Item = &Value> {
+        self.objects
+            .range((plural, String::new(), String::new())..)
+            .take_while(move |((p, _, _), _)| *p == plural)
+            .map(|(_, o)| o)
+    }
+
+    /// Every object of one resource (all namespaces).
+    pub fn all(&self, plural: &'static str) -> Vec<Value> {
+        self.list(
+            plural,
+            None,
+            &LabelSelector::default(),
+            &FieldSelector::default(),
+        )
+    }
+
+    /// Create an object: fills name (from generateName), namespace, uid, resourceVersion,
+    /// creationTimestamp and generation; 409 AlreadyExists if the name is taken.
+    pub fn create(
+        &mut self,
+        rt: &'static ResourceType,
+        ns: &str,
+        mut obj: Value,
+        now: Timestamp,
+    ) -> Result<Value, ApiError> {
+        let ns = if rt.namespaced { ns } else { "" };
+        let mut name = name_of(&obj).to_string();
+        if name.is_empty() {
+            let generate = obj
+                .pointer("/metadata/generateName")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            if generate.is_empty() {
+                return Err(ApiError::invalid(
+                    rt,
+                    "",
+                    "metadata.name",
+                    "Required value: name or generateName is required",
+                ));
+            }
+            name = format!("{}{}", generate, self.suffix());
+        }
+        if self.get(rt.plural, ns, &name).is_some() {
+            return Err(ApiError::already_exists(rt, &name));
+        }
+        let rv = self.rv + 1;
+        let uid = self.uid();
+        let has_spec = obj.get("spec").is_some();
+        obj["apiVersion"] = json!(rt.api_version());
+        obj["kind"] = json!(rt.kind);
+        let m = meta_mut(&mut obj);
+        m.insert("name".into(), json!(name));
+        if rt.namespaced {
+            m.insert("namespace".into(), json!(ns));
+        } else {
+            m.remove("namespace");
+        }
+        m.insert("uid".into(), json!(uid));
+        m.insert("resourceVersion".into(), json!(rv.to_string()));
+        m.insert("creationTimestamp".into(), json!(now.rfc3339()));
+        if has_spec {
+            m.insert("generation".into(), json!(1));
+        }
+        if self.dry_run {
+            return Ok(obj);
+        }
+        self.rv = rv;
+        self.objects
+            .insert((rt.plural, ns.to_string(), name), obj.clone());
+        self.record(rt, ns, EventType::Added, obj.clone());
+        Ok(obj)
+    }
+
+    /// Replace an object. A non-empty `metadata.resourceVersion` must match the stored one
+    /// (409 Conflict otherwise). uid and creationTimestamp are kept; generation moves when
+    /// the spec changes. Returns the stored object; no event when nothing changed.
+    pub fn update(
+        &mut self,
+        rt: &'static ResourceType,
+        ns: &str,
+        name: &str,
+        mut obj: Value,
+    ) -> Result<Value, ApiError> {
+        let ns = if rt.namespaced { ns } else { "" };
+        let Some(old) = self.get(rt.plural, ns, name).cloned() else {
+            return Err(ApiError::not_found(rt, name));
+        };
+        if let Some(want) = rv_of(&obj) {
+            if Some(want) != rv_of(&old) {
+                return Err(ApiError::conflict(rt, name));
+            }
+        } else if obj
+            .pointer("/metadata/resourceVersion")
+            .is_some_and(|v| !v.is_string() && !v.is_null())
+        {
+            return Err(ApiError::bad_request(
+                "metadata.resourceVersion must be a string",
+            ));
+        }
+        obj["apiVersion"] = json!(rt.api_version());
+        obj["kind"] = json!(rt.kind);
+        {
+            let m = meta_mut(&mut obj);
+            m.insert("name".into(), json!(name));
+            if rt.namespaced {
+                m.insert("namespace".into(), json!(ns));
+            }
+            for keep in ["uid", "creationTimestamp", "generation", "resourceVersion"] {
+                match old.pointer(&format!("/metadata/{keep}")) {
+                    Some(v) => m.insert(keep.into(), v.clone()),
+                    None => m.remove(keep),
+                };
+            }
+        }
+        if obj == old {
+            return Ok(old);
+        }
+        if obj.get("spec") != old.get("spec") && obj.get("spec").is_some() {
+            let g = old
+                .pointer("/metadata/generation")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
+            meta_mut(&mut obj).insert("generation".into(), json!(g + 1));
+        }
+        let rv = self.rv + 1;
+        meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
+        if self.dry_run {
+            return Ok(obj);
+        }
+        self.rv = rv;
+        self.objects
+            .insert((rt.plural, ns.to_string(), name.to_string()), obj.clone());
+        self.record(rt, ns, EventType::Modified, obj.clone());
+        Ok(obj)
+    }
+
+    /// Create or replace, ignoring resourceVersion (the library path for the model).
+    pub fn upsert(
+        &mut self,
+        rt: &'static ResourceType,
+        mut obj: Value,
+        now: Timestamp,
+    ) -> Result<Value, ApiError> {
+        let ns = if rt.namespaced {
+            namespace_of(&obj).to_string()
+        } else {
+            String::new()
+        };
+        let name = name_of(&obj).to_string();
+        if !name.is_empty() && self.get(rt.plural, &ns, &name).is_some() {
+            meta_mut(&mut obj).remove("resourceVersion");
+            self.update(rt, &ns, &name, obj)
+        } else {
+            self.create(rt, &ns, obj, now)
+        }
+    }
+
+    pub fn delete(
+        &mut self,
+        rt: &'static ResourceType,
+        ns: &str,
+        name: &str,
+    ) -> Result<Value, ApiError> {
+        let ns = if rt.namespaced { ns } else { "" };
+        if self.dry_run {
+            return self
+                .get(rt.plural, ns, name)
+                .cloned()
+                .ok_or_else(|| ApiError::not_found(rt, name));
+        }
+        let Some(mut obj) = self
+            .objects
+            .remove(&(rt.plural, ns.to_string(), name.to_string()))
+        else {
+            return Err(ApiError::not_found(rt, name));
+        };
+        // The caller gets the object as last stored; the DELETED event carries the new
+        // version, so a watch from the returned version sees the deletion.
+        let last = obj.clone();
+        self.rv += 1;
+        let rv = self.rv;
+        meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
+        self.record(rt, ns, EventType::Deleted, obj);
+        Ok(last)
+    }
+
+    /// Look up a resource type by plural; the model only names served ones.
+    pub fn rt(plural: &str) -> Result<&'static ResourceType, ApiError> {
+        by_plural(plural).ok_or_else(|| {
+            ApiError::new(
+                404,
+                "NotFound",
+                format!("the server could not find the requested resource ({plural})"),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leases() -> &'static ResourceType {
+        by_plural("leases").unwrap_or(&super::super::resources::RESOURCES[0])
+    }
+
+    #[test]
+    fn create_update_conflict_and_history() {
+        let mut s = Store::new(3);
+        let now = Timestamp(0);
+        let created = s.create(
+            leases(),
+            "default",
+            json!({"metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}}),
+            now,
+        );
+        let created = created.unwrap_or_default();
+        assert_eq!(rv_of(&created), Some(1001));
+        assert_eq!(
+            s.create(leases(), "default", json!({"metadata": {"name": "l"}}), now)
+                .map_err(|e| e.code),
+            Err(409)
+        );
+        let mut next = created.clone();
+        next["spec"]["holderIdentity"] = json!("b");
+        let updated = s
+            .update(leases(), "default", "l", next.clone())
+            .unwrap_or_default();
+        assert_eq!(updated.pointer("/metadata/generation"), Some(&json!(2)));
+        // The same stale resourceVersion again: conflict.
+        let err = s
+            .update(leases(), "default", "l", next)
+            .map_err(|e| e.reason);
+        assert_eq!(err, Err("Conflict"));
+        assert_eq!(
+            s.history_since("leases", None, 1001)
+                .map(|h| h.len())
+                .unwrap_or(0),
+            1
+        );
+        for i in 0..4 {
+            let _ = s.create(
+                leases(),
+                "default",
+                json!({"metadata": {"name": format!("x{i}")}}),
+                now,
+            );
+        }
+        assert_eq!(
+            s.history_since("leases", None, 1001).map_err(|e| e.code),
+            Err(410)
+        );
+    }
+}

@@ -1,0 +1,1690 @@
+//! The twin's Kubernetes API against independent clients: real kubectl, and raw HTTPS
+//! requests (hyper) asserting on the wire bodies. Plus behaviour tests of the model.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::TokioIo;
+use ichor::clock::Clock;
+use ichor::sim::kube::{Behaviour, KubeSeed, KubeTwin};
+use serde_json::{json, Value};
+use tokio_rustls::rustls;
+
+const KUBECTL: &str = "/usr/bin/kubectl";
+
+async fn twin(seed: KubeSeed, behaviour: Behaviour) -> (KubeTwin, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let t = KubeTwin::start_with(Clock::manual(), seed, behaviour, dir.path())
+        .await
+        .expect("twin starts");
+    (t, dir)
+}
+
+// ---- kubectl -------------------------------------------------------------------------------
+
+fn have_kubectl() -> bool {
+    if Path::new(KUBECTL).exists() {
+        return true;
+    }
+    eprintln!("SKIPPED: {KUBECTL} is absent; install kubectl to run the kubectl tests");
+    false
+}
+
+struct Out {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+async fn kubectl(kubeconfig: &Path, cache: &Path, args: &[&str]) -> Out {
+    let mut cmd = std::process::Command::new(KUBECTL);
+    cmd.arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--cache-dir")
+        .arg(cache)
+        .args(args);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .expect("join")
+        .expect("kubectl runs");
+    let o = Out {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    eprintln!("$ kubectl {}\n{}{}", args.join(" "), o.stdout, o.stderr);
+    o
+}
+
+fn drain_seed() -> KubeSeed {
+    KubeSeed::typical(1, 3)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_gets_nodes_wide_and_pods_in_all_namespaces() {
+    if !have_kubectl() {
+        return;
+    }
+    let (t, dir) = twin(drain_seed(), Behaviour::default()).await;
+    let cache = dir.path().join("cache");
+    let nodes = kubectl(&t.kubeconfig, &cache, &["get", "nodes", "-o", "wide"]).await;
+    assert!(nodes.ok);
+    let header = nodes.stdout.lines().next().unwrap_or("");
+    for col in [
+        "NAME",
+        "STATUS",
+        "ROLES",
+        "AGE",
+        "VERSION",
+        "INTERNAL-IP",
+        "OS-IMAGE",
+        "CONTAINER-RUNTIME",
+    ] {
+        assert!(header.contains(col), "missing column {col}: {header}");
+    }
+    let cp = nodes
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("cp-1"))
+        .unwrap_or("");
+    assert!(
+        cp.contains("Ready") && cp.contains("control-plane") && cp.contains("v1.34.1"),
+        "{cp}"
+    );
+    assert!(
+        cp.contains("10.5.0.11") && cp.contains("Talos (v1.11.3)"),
+        "{cp}"
+    );
+    assert_eq!(
+        nodes
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("worker-"))
+            .count(),
+        3
+    );
+
+    let pods = kubectl(&t.kubeconfig, &cache, &["get", "pods", "-A", "-o", "wide"]).await;
+    assert!(pods.ok);
+    let header = pods.stdout.lines().next().unwrap_or("");
+    for col in [
+        "NAMESPACE",
+        "NAME",
+        "READY",
+        "STATUS",
+        "RESTARTS",
+        "AGE",
+        "IP",
+        "NODE",
+    ] {
+        assert!(header.contains(col), "missing column {col}: {header}");
+    }
+    let apiserver = pods
+        .stdout
+        .lines()
+        .find(|l| l.contains("kube-apiserver-cp-1"))
+        .unwrap_or("");
+    assert!(
+        apiserver.starts_with("kube-system")
+            && apiserver.contains("1/1")
+            && apiserver.contains("Running"),
+        "{apiserver}"
+    );
+    assert_eq!(
+        pods.stdout
+            .lines()
+            .filter(|l| l.starts_with("default ") && l.contains("web-"))
+            .count(),
+        3
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_cordons_and_uncordons() {
+    if !have_kubectl() {
+        return;
+    }
+    let (t, dir) = twin(drain_seed(), Behaviour::default()).await;
+    let cache = dir.path().join("cache");
+    let out = kubectl(&t.kubeconfig, &cache, &["cordon", "worker-2"]).await;
+    assert!(out.ok && out.stdout.contains("node/worker-2 cordoned"));
+    let unsched = |t: &KubeTwin| {
+        t.with(|c, _| c.get("nodes", "", "worker-2"))
+            .and_then(|n| n.pointer("/spec/unschedulable").cloned())
+    };
+    assert_eq!(unsched(&t), Some(json!(true)));
+    let nodes = kubectl(&t.kubeconfig, &cache, &["get", "nodes"]).await;
+    assert!(nodes
+        .stdout
+        .lines()
+        .any(|l| l.starts_with("worker-2") && l.contains("Ready,SchedulingDisabled")));
+    let out = kubectl(&t.kubeconfig, &cache, &["uncordon", "worker-2"]).await;
+    assert!(out.ok && out.stdout.contains("node/worker-2 uncordoned"));
+    assert_eq!(unsched(&t), None);
+}
+
+fn pods_on(t: &KubeTwin, node: &str) -> Vec<Value> {
+    t.with(|c, _| c.list("pods", None))
+        .into_iter()
+        .filter(|p| p.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node))
+        .collect()
+}
+
+fn owner_kind(p: &Value) -> String {
+    p.pointer("/metadata/ownerReferences/0/kind")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_drain_evicts_and_pods_come_back_elsewhere() {
+    if !have_kubectl() {
+        return;
+    }
+    let (t, dir) = twin(drain_seed(), Behaviour::default()).await;
+    let cache = dir.path().join("cache");
+    let before = pods_on(&t, "worker-1");
+    assert!(
+        before.iter().any(|p| owner_kind(p) == "ReplicaSet"),
+        "seed puts workload pods on worker-1"
+    );
+    // A server-side dry run changes nothing.
+    let dry = kubectl(
+        &t.kubeconfig,
+        &cache,
+        &[
+            "drain",
+            "worker-1",
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--dry-run=server",
+        ],
+    )
+    .await;
+    assert!(dry.ok, "{}", dry.stderr);
+    assert_eq!(pods_on(&t, "worker-1").len(), before.len());
+    let node = t
+        .with(|c, _| c.get("nodes", "", "worker-1"))
+        .unwrap_or_default();
+    assert_eq!(node.pointer("/spec/unschedulable"), None);
+    let out = kubectl(
+        &t.kubeconfig,
+        &cache,
+        &[
+            "drain",
+            "worker-1",
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=60s",
+        ],
+    )
+    .await;
+    assert!(out.ok, "drain failed: {}", out.stderr);
+    assert!(
+        out.stdout.contains("node/worker-1 drained"),
+        "{}",
+        out.stdout
+    );
+    let left = pods_on(&t, "worker-1");
+    assert!(
+        left.iter().all(|p| owner_kind(p) == "DaemonSet"),
+        "only DaemonSet pods stay"
+    );
+    // Replacements exist but wait for the start delay on the simulated clock.
+    let web_ready = |t: &KubeTwin| {
+        t.with(|c, _| c.list("pods", Some("default")))
+            .iter()
+            .filter(|p| p.pointer("/status/phase") == Some(&json!("Running")))
+            .count()
+    };
+    assert_eq!(web_ready(&t), 2);
+    t.clock().advance(Duration::from_secs(10));
+    t.sync();
+    assert_eq!(web_ready(&t), 3);
+    let web: Vec<Value> = t.with(|c, _| c.list("pods", Some("default")));
+    assert!(web
+        .iter()
+        .all(|p| p.pointer("/spec/nodeName") != Some(&json!("worker-1"))));
+    let node = t
+        .with(|c, _| c.get("nodes", "", "worker-1"))
+        .unwrap_or_default();
+    assert_eq!(node.pointer("/spec/unschedulable"), Some(&json!(true)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_drain_stalled_by_a_pdb_reports_the_disruption_budget() {
+    if !have_kubectl() {
+        return;
+    }
+    let (t, dir) = twin(drain_seed(), Behaviour::default()).await;
+    let cache = dir.path().join("cache");
+    t.with(|c, now| c.set_pdb_never_allows("default", "web", true, now));
+    // kubectl's retry loop runs on wall time (5 s between attempts): a short --timeout.
+    let out = kubectl(
+        &t.kubeconfig,
+        &cache,
+        &[
+            "drain",
+            "worker-1",
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=3s",
+        ],
+    )
+    .await;
+    assert!(!out.ok, "a drain blocked by a PDB must fail");
+    let all = format!("{}{}", out.stdout, out.stderr);
+    assert!(
+        all.contains("Cannot evict pod as it would violate the pod's disruption budget"),
+        "{all}"
+    );
+    assert!(all.contains("will retry after 5s"), "{all}");
+    // The web pod on worker-1 is still there.
+    assert!(pods_on(&t, "worker-1")
+        .iter()
+        .any(|p| p.pointer("/metadata/labels/app") == Some(&json!("web"))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_prints_the_other_kinds_and_follows_a_daemonset_rollout() {
+    if !have_kubectl() {
+        return;
+    }
+    let seed = drain_seed().lease("kube-system", "ichor", "ichor-0");
+    let (t, dir) = twin(seed, Behaviour::default()).await;
+    let cache = dir.path().join("cache");
+    let k = |args: &'static [&'static str]| kubectl(&t.kubeconfig, &cache, args);
+    let pdb = k(&["get", "pdb", "-A"]).await;
+    assert!(
+        pdb.ok && pdb.stdout.contains("ALLOWED DISRUPTIONS"),
+        "{}",
+        pdb.stdout
+    );
+    assert!(pdb.stdout.lines().any(|l| l.starts_with("default")
+        && l.contains("web")
+        && l.contains(" 2 ")
+        && l.contains("N/A")));
+    let ds = k(&["get", "ds", "-n", "kube-system"]).await;
+    assert!(
+        ds.stdout
+            .lines()
+            .any(|l| l.starts_with("kube-proxy") && l.split_whitespace().nth(1) == Some("4")),
+        "{}",
+        ds.stdout
+    );
+    let vols = k(&["get", "volumes.longhorn.io", "-A"]).await;
+    assert!(
+        vols.stdout.contains("pvc-data") && vols.stdout.contains("healthy"),
+        "{}",
+        vols.stdout
+    );
+    let apps = k(&["get", "applications", "-n", "argocd"]).await;
+    assert!(
+        apps.stdout.contains("Synced") && apps.stdout.contains("Healthy"),
+        "{}",
+        apps.stdout
+    );
+    let leases = k(&["get", "leases", "-n", "kube-system"]).await;
+    assert!(leases.stdout.contains("ichor-0"), "{}", leases.stdout);
+    let crds = k(&["get", "crd"]).await;
+    assert!(
+        crds.stdout.contains("volumes.longhorn.io")
+            && crds.stdout.contains("applications.argoproj.io")
+    );
+
+    // A new kube-proxy image (strategic merge on the containers list) rolls node by node.
+    let set = k(&[
+        "set",
+        "image",
+        "ds/kube-proxy",
+        "kube-proxy=registry.k8s.io/kube-proxy:v1.35.0",
+        "-n",
+        "kube-system",
+    ])
+    .await;
+    assert!(set.ok, "{}", set.stderr);
+    let ds = || {
+        t.with(|c, _| c.get("daemonsets", "kube-system", "kube-proxy"))
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        ds()["status"]["updatedNumberScheduled"],
+        1,
+        "one pod replaced at a time"
+    );
+    for _ in 0..8 {
+        t.clock().advance(Duration::from_secs(10));
+        t.sync();
+    }
+    assert_eq!(ds()["status"]["updatedNumberScheduled"], 4);
+    assert_eq!(ds()["status"]["numberAvailable"], 4);
+    let images: Vec<String> = t
+        .with(|c, _| c.list("pods", Some("kube-system")))
+        .iter()
+        .filter(|p| p["metadata"]["labels"]["k8s-app"] == "kube-proxy")
+        .map(|p| {
+            p["spec"]["containers"][0]["image"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(images, vec!["registry.k8s.io/kube-proxy:v1.35.0"; 4]);
+    let status = k(&[
+        "rollout",
+        "status",
+        "ds/kube-proxy",
+        "-n",
+        "kube-system",
+        "--timeout=10s",
+    ])
+    .await;
+    assert!(
+        status.ok && status.stdout.contains("successfully rolled out"),
+        "{}",
+        status.stdout
+    );
+
+    // describe reads the node, its pods and its events with field selectors.
+    let describe = k(&["describe", "node", "worker-1"]).await;
+    assert!(describe.ok, "{}", describe.stderr);
+    assert!(
+        describe.stdout.contains("Non-terminated Pods:") && describe.stdout.contains("kube-proxy-"),
+        "{}",
+        describe.stdout
+    );
+    assert!(
+        describe.stdout.contains("HolderIdentity:  worker-1"),
+        "node leases are seeded: {}",
+        describe.stdout
+    );
+    let describe_pod = k(&[
+        "describe",
+        "pod",
+        "-n",
+        "kube-system",
+        "kube-apiserver-cp-1",
+    ])
+    .await;
+    assert!(
+        describe_pod.ok && describe_pod.stdout.contains("Node/cp-1"),
+        "{}",
+        describe_pod.stdout
+    );
+
+    // apply (client-side, then server-side) and label go through the patch paths.
+    let manifest = dir.path().join("cm.yaml");
+    std::fs::write(&manifest, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: plan\n  namespace: default\ndata:\n  stage: talos\n").expect("write");
+    let m = manifest.to_string_lossy().to_string();
+    let applied = kubectl(&t.kubeconfig, &cache, &["apply", "-f", &m]).await;
+    assert!(
+        applied.ok && applied.stdout.contains("configmap/plan created"),
+        "{}",
+        applied.stderr
+    );
+    std::fs::write(&manifest, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: plan\n  namespace: default\ndata:\n  stage: kubernetes\n").expect("write");
+    let ssa = kubectl(
+        &t.kubeconfig,
+        &cache,
+        &["apply", "--server-side", "--force-conflicts", "-f", &m],
+    )
+    .await;
+    assert!(
+        ssa.ok && ssa.stdout.contains("serverside-applied"),
+        "{}",
+        ssa.stderr
+    );
+    let cm = t
+        .with(|c, _| c.get("configmaps", "default", "plan"))
+        .unwrap_or_default();
+    assert_eq!(cm["data"]["stage"], "kubernetes");
+    let label = k(&["label", "node", "worker-3", "ichor.dev/batch=1"]).await;
+    assert!(label.ok, "{}", label.stderr);
+    let node = t
+        .with(|c, _| c.get("nodes", "", "worker-3"))
+        .unwrap_or_default();
+    assert_eq!(node["metadata"]["labels"]["ichor.dev/batch"], "1");
+
+    // kubectl delete waits for the pod to be gone.
+    let web = t.with(|c, _| c.list("pods", Some("default")))[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let del = kubectl(
+        &t.kubeconfig,
+        &cache,
+        &["delete", "pod", &web, "--timeout=10s"],
+    )
+    .await;
+    assert!(del.ok && del.stdout.contains("deleted"), "{}", del.stderr);
+}
+
+// ---- raw HTTPS ---------------------------------------------------------------------------
+
+struct Api {
+    addr: std::net::SocketAddr,
+    token: String,
+    tls: tokio_rustls::TlsConnector,
+}
+
+struct Reply {
+    code: u16,
+    headers: hyper::HeaderMap,
+    body: Value,
+    text: String,
+}
+
+impl Api {
+    fn new(t: &KubeTwin) -> Self {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pemfile::certs(&mut t.ca_pem.as_bytes()).flatten() {
+            roots.add(cert).expect("CA cert");
+        }
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("protocols")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        Api {
+            addr: t.addr,
+            token: t.token().to_string(),
+            tls: tokio_rustls::TlsConnector::from(Arc::new(cfg)),
+        }
+    }
+
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        ct: Option<&str>,
+        body: String,
+    ) -> hyper::Response<Incoming> {
+        let tcp = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .expect("connect");
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+        let tls = self
+            .tls
+            .connect(name, tcp)
+            .await
+            .expect("TLS handshake against the twin CA");
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .expect("h1");
+        tokio::spawn(conn);
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", self.addr.to_string())
+            .header("authorization", format!("Bearer {}", self.token));
+        if let Some(ct) = ct {
+            req = req.header("content-type", ct);
+        }
+        let req = req.body(Full::new(Bytes::from(body))).expect("request");
+        sender.send_request(req).await.expect("response")
+    }
+
+    async fn call(&self, method: &str, path: &str, ct: Option<&str>, body: Option<Value>) -> Reply {
+        let resp = self
+            .send(
+                method,
+                path,
+                ct.or(body.as_ref().map(|_| "application/json")),
+                body.map(|b| b.to_string()).unwrap_or_default(),
+            )
+            .await;
+        let code = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        Reply {
+            code,
+            headers,
+            body: serde_json::from_str(&text).unwrap_or(Value::Null),
+            text,
+        }
+    }
+
+    async fn call_with_accept(&self, path: &str, accept: &str) -> Reply {
+        let tcp = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .expect("connect");
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+        let tls = self.tls.connect(name, tcp).await.expect("TLS");
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .expect("h1");
+        tokio::spawn(conn);
+        let req = hyper::Request::builder()
+            .uri(path)
+            .header("host", self.addr.to_string())
+            .header("authorization", format!("Bearer {}", self.token))
+            .header("accept", accept)
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let resp = sender.send_request(req).await.expect("response");
+        let code = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        Reply {
+            code,
+            headers,
+            body: serde_json::from_str(&text).unwrap_or(Value::Null),
+            text,
+        }
+    }
+
+    async fn get(&self, path: &str) -> Reply {
+        self.call("GET", path, None, None).await
+    }
+}
+
+/// Read newline-delimited watch events until `n` arrived.
+async fn read_events(body: &mut Incoming, buf: &mut String, n: usize) -> Vec<Value> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        while let Some(i) = buf.find('\n') {
+            let line: String = buf.drain(..=i).collect();
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                out.push(v);
+            }
+            if out.len() == n {
+                return out;
+            }
+        }
+        let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .expect("watch event within the safety timeout");
+        match frame {
+            Some(Ok(f)) => {
+                if let Some(d) = f.data_ref() {
+                    buf.push_str(&String::from_utf8_lossy(d));
+                }
+            }
+            _ => break,
+        }
+    }
+    out
+}
+
+fn two_pdbs_seed() -> KubeSeed {
+    KubeSeed::nodes(1, 3)
+        .deployment("default", "web", 3)
+        .pdb_min_available("default", "web", "web", json!(2))
+}
+
+#[tokio::test]
+async fn eviction_blocked_by_a_pdb_is_429_with_the_disruption_budget_cause() {
+    let (t, _d) = twin(two_pdbs_seed(), Behaviour::default()).await;
+    let api = Api::new(&t);
+    let web: Vec<String> = t
+        .with(|c, _| c.list("pods", Some("default")))
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap_or("").to_string())
+        .collect();
+    let evict = |name: &str| json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": "default"}});
+    let path = |name: &str| format!("/api/v1/namespaces/default/pods/{name}/eviction");
+    // minAvailable 2 of 3: one eviction allowed, then the budget blocks.
+    let first = api
+        .call("POST", &path(&web[0]), None, Some(evict(&web[0])))
+        .await;
+    assert_eq!(first.code, 200, "{}", first.text);
+    assert_eq!(first.body["status"], "Success");
+    let pdb = api
+        .get("/apis/policy/v1/namespaces/default/poddisruptionbudgets/web")
+        .await;
+    assert_eq!(pdb.body["status"]["disruptionsAllowed"], 0);
+    assert_eq!(pdb.body["status"]["currentHealthy"], 2);
+    assert_eq!(pdb.body["status"]["desiredHealthy"], 2);
+    assert_eq!(pdb.body["status"]["expectedPods"], 3);
+    let second = api
+        .call("POST", &path(&web[1]), None, Some(evict(&web[1])))
+        .await;
+    assert_eq!(second.code, 429);
+    assert_eq!(second.body["kind"], "Status");
+    assert_eq!(second.body["reason"], "TooManyRequests");
+    assert_eq!(
+        second.body["message"],
+        "Cannot evict pod as it would violate the pod's disruption budget."
+    );
+    assert_eq!(
+        second.body["details"]["causes"][0]["reason"],
+        "DisruptionBudget"
+    );
+    assert_eq!(
+        second.body["details"]["causes"][0]["message"],
+        "The disruption budget web needs 2 healthy pods and has 2 currently"
+    );
+    // After the replacement starts, the budget allows again.
+    t.clock().advance(Duration::from_secs(10));
+    let third = api
+        .call("POST", &path(&web[1]), None, Some(evict(&web[1])))
+        .await;
+    assert_eq!(third.code, 200, "{}", third.text);
+    // Unknown pod: 404 NotFound Status.
+    let gone = api
+        .call("POST", &path("nope"), None, Some(evict("nope")))
+        .await;
+    assert_eq!(
+        (gone.code, gone.body["reason"].as_str()),
+        (404, Some("NotFound"))
+    );
+}
+
+#[tokio::test]
+async fn eviction_with_two_matching_pdbs_is_500() {
+    let seed = two_pdbs_seed().pdb_max_unavailable("default", "web-too", "web", json!(1));
+    let (t, _d) = twin(seed, Behaviour::default()).await;
+    let api = Api::new(&t);
+    let pod = t.with(|c, _| c.list("pods", Some("default")))[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let r = api
+        .call(
+            "POST",
+            &format!("/api/v1/namespaces/default/pods/{pod}/eviction"),
+            None,
+            Some(json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod}})),
+        )
+        .await;
+    assert_eq!(r.code, 500);
+    assert!(r.body["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("more than one PodDisruptionBudget"));
+    assert!(
+        t.with(|c, _| c.get("pods", "default", &pod)).is_some(),
+        "the pod stays"
+    );
+}
+
+#[tokio::test]
+async fn eviction_of_unready_pods_follows_unhealthy_pod_eviction_policy() {
+    use ichor::sim::kube::PdbSeed;
+    let pdb = |policy: Option<&str>| PdbSeed {
+        namespace: "default".into(),
+        name: "web".into(),
+        app: "web".into(),
+        min_available: Some(json!(3)),
+        max_unavailable: None,
+        unhealthy_pod_eviction_policy: policy.map(String::from),
+    };
+    for (policy, want) in [(None, 429), (Some("AlwaysAllow"), 200)] {
+        let seed = KubeSeed::nodes(1, 3)
+            .deployment("default", "web", 3)
+            .pdb(pdb(policy));
+        let (t, _d) = twin(seed, Behaviour::default()).await;
+        let api = Api::new(&t);
+        // worker-1 goes NotReady: its web pod runs but is not Ready; the budget (3) is broken.
+        t.with(|c, now| c.set_node_ready("worker-1", false, now))
+            .expect("node");
+        let pod = t
+            .with(|c, _| c.list("pods", Some("default")))
+            .into_iter()
+            .find(|p| p["spec"]["nodeName"] == "worker-1")
+            .expect("a web pod on worker-1");
+        let name = pod["metadata"]["name"].as_str().unwrap_or("");
+        let r = api.call("POST", &format!("/api/v1/namespaces/default/pods/{name}/eviction"), None,
+            Some(json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name}}))).await;
+        assert_eq!(r.code, want, "policy {policy:?}: {}", r.text);
+    }
+}
+
+#[tokio::test]
+async fn lease_update_with_a_stale_resource_version_is_409_and_a_stolen_lease_shows() {
+    let (t, _d) = twin(KubeSeed::nodes(1, 0), Behaviour::default()).await;
+    let api = Api::new(&t);
+    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "ichor", "namespace": "kube-system"},
+        "spec": {"holderIdentity": "ichor-a", "leaseDurationSeconds": 15}});
+    let base = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases";
+    let created = api.call("POST", base, None, Some(lease.clone())).await;
+    assert_eq!(created.code, 201, "{}", created.text);
+    let again = api.call("POST", base, None, Some(lease)).await;
+    assert_eq!(
+        (again.code, again.body["reason"].as_str()),
+        (409, Some("AlreadyExists"))
+    );
+    let mut renewed = created.body.clone();
+    renewed["spec"]["renewTime"] = json!("2026-01-01T00:00:05.000000Z");
+    let ok = api
+        .call("PUT", &format!("{base}/ichor"), None, Some(renewed.clone()))
+        .await;
+    assert_eq!(ok.code, 200, "{}", ok.text);
+    // The same (now stale) resourceVersion again.
+    let stale = api
+        .call("PUT", &format!("{base}/ichor"), None, Some(renewed))
+        .await;
+    assert_eq!(stale.code, 409);
+    assert_eq!(stale.body["reason"], "Conflict");
+    assert_eq!(stale.body["message"], "Operation cannot be fulfilled on leases.coordination.k8s.io \"ichor\": the object has been modified; please apply your changes to the latest version and try again");
+    // Fault: another holder takes the lease; our next update conflicts and a GET shows it.
+    t.with(|c, now| c.steal_lease("kube-system", "ichor", "intruder", now))
+        .expect("lease exists");
+    let mut mine = ok.body.clone();
+    mine["spec"]["renewTime"] = json!("2026-01-01T00:00:10.000000Z");
+    let lost = api
+        .call("PUT", &format!("{base}/ichor"), None, Some(mine))
+        .await;
+    assert_eq!(lost.code, 409);
+    let now = api.get(&format!("{base}/ichor")).await;
+    assert_eq!(now.body["spec"]["holderIdentity"], "intruder");
+    assert_eq!(now.body["spec"]["leaseTransitions"], 1);
+}
+
+#[tokio::test]
+async fn watch_replays_from_a_resource_version_sends_bookmarks_and_expires_old_versions() {
+    let behaviour = Behaviour {
+        watch_history: 40,
+        ..Behaviour::default()
+    };
+    let (t, _d) = twin(KubeSeed::nodes(1, 2), behaviour).await;
+    let api = Api::new(&t);
+    let base = "/api/v1/namespaces/default/configmaps";
+    let list = api.get(base).await;
+    let rv = list.body["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    for i in 0..3 {
+        let r = api
+            .call(
+                "POST",
+                base,
+                None,
+                Some(
+                    json!({"metadata": {"name": format!("cm-{i}")}, "data": {"i": i.to_string()}}),
+                ),
+            )
+            .await;
+        assert_eq!(r.code, 201);
+    }
+    let resp = api
+        .send(
+            "GET",
+            &format!("{base}?watch=true&resourceVersion={rv}&allowWatchBookmarks=true"),
+            None,
+            String::new(),
+        )
+        .await;
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut body = resp.into_body();
+    let mut buf = String::new();
+    let evs = read_events(&mut body, &mut buf, 4).await;
+    let types: Vec<&str> = evs
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(types, ["ADDED", "ADDED", "ADDED", "BOOKMARK"]);
+    assert_eq!(evs[0]["object"]["metadata"]["name"], "cm-0");
+    // A change after the watch started streams as it happens.
+    let patched = api
+        .call(
+            "PATCH",
+            &format!("{base}/cm-1"),
+            Some("application/merge-patch+json"),
+            Some(json!({"data": {"i": "one"}})),
+        )
+        .await;
+    assert_eq!(patched.code, 200);
+    let evs = read_events(&mut body, &mut buf, 1).await;
+    assert_eq!(evs[0]["type"], "MODIFIED");
+    assert_eq!(evs[0]["object"]["data"]["i"], "one");
+    // Push the history past the old version: 410 Expired as an ERROR event.
+    for i in 0..50 {
+        api.call(
+            "POST",
+            base,
+            None,
+            Some(json!({"metadata": {"name": format!("filler-{i}")}})),
+        )
+        .await;
+    }
+    let resp = api
+        .send(
+            "GET",
+            &format!("{base}?watch=true&resourceVersion={rv}"),
+            None,
+            String::new(),
+        )
+        .await;
+    let mut body = resp.into_body();
+    let mut buf = String::new();
+    let evs = read_events(&mut body, &mut buf, 1).await;
+    assert_eq!(evs[0]["type"], "ERROR");
+    assert_eq!(evs[0]["object"]["code"], 410);
+    assert_eq!(evs[0]["object"]["reason"], "Expired");
+}
+
+#[tokio::test]
+async fn list_filters_by_label_and_field_selectors_and_pages() {
+    let (t, _d) = twin(KubeSeed::typical(1, 3), Behaviour::default()).await;
+    let api = Api::new(&t);
+    let names = |r: &Reply| -> Vec<String> {
+        r.body["items"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|i| i["metadata"]["name"].as_str().unwrap_or("").to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let web = api.get("/api/v1/pods?labelSelector=app%3Dweb").await;
+    assert_eq!(names(&web).len(), 3);
+    let not_web = api
+        .get("/api/v1/namespaces/default/pods?labelSelector=app!%3Dweb")
+        .await;
+    assert_eq!(names(&not_web).len(), 0);
+    let set = api
+        .get("/api/v1/pods?labelSelector=k8s-app%20in%20(kube-proxy,cilium)")
+        .await;
+    assert_eq!(names(&set).len(), 8, "two DaemonSets on four nodes");
+    let exists = api
+        .get("/api/v1/nodes?labelSelector=node-role.kubernetes.io/control-plane")
+        .await;
+    assert_eq!(names(&exists), ["cp-1"]);
+    let on_w1 = api
+        .get("/api/v1/pods?fieldSelector=spec.nodeName%3Dworker-1,status.phase%3DRunning")
+        .await;
+    assert!(names(&on_w1).len() >= 3);
+    assert!(on_w1.body["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|p| p["spec"]["nodeName"] == "worker-1"));
+    let by_name = api
+        .get("/api/v1/nodes?fieldSelector=metadata.name%3Dworker-2")
+        .await;
+    assert_eq!(names(&by_name), ["worker-2"]);
+    let bad = api.get("/api/v1/pods?labelSelector=app%20in%20web").await;
+    assert_eq!(bad.code, 400);
+    t.with(|c, now| c.set_application_status("argocd", "cilium", "OutOfSync", "Progressing", now))
+        .expect("the typical seed has the CNI Application");
+    let app = api
+        .get("/apis/argoproj.io/v1alpha1/namespaces/argocd/applications/cilium")
+        .await;
+    assert_eq!(
+        (
+            app.body["status"]["sync"]["status"].as_str(),
+            app.body["status"]["health"]["status"].as_str()
+        ),
+        (Some("OutOfSync"), Some("Progressing"))
+    );
+    let page = api.get("/api/v1/pods?limit=5").await;
+    assert_eq!(names(&page).len(), 5);
+    let token = page.body["metadata"]["continue"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let rest = api
+        .get(&format!("/api/v1/pods?limit=500&continue={token}"))
+        .await;
+    let all = api.get("/api/v1/pods").await;
+    assert_eq!(names(&page).len() + names(&rest).len(), names(&all).len());
+}
+
+#[tokio::test]
+async fn server_side_apply_creates_then_merges_and_records_the_field_manager() {
+    let (t, _d) = twin(KubeSeed::nodes(1, 0), Behaviour::default()).await;
+    let api = Api::new(&t);
+    let path = "/api/v1/namespaces/kube-system/configmaps/talos-bootstrap-manifests-inventory";
+    let yaml = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: talos-bootstrap-manifests-inventory\n  namespace: kube-system\ndata:\n  a: \"1\"\n";
+    let no_manager = api
+        .send(
+            "PATCH",
+            path,
+            Some("application/apply-patch+yaml"),
+            yaml.into(),
+        )
+        .await;
+    assert_eq!(no_manager.status().as_u16(), 422);
+    let created = api
+        .send(
+            "PATCH",
+            &format!("{path}?fieldManager=talos"),
+            Some("application/apply-patch+yaml"),
+            yaml.into(),
+        )
+        .await;
+    assert_eq!(created.status().as_u16(), 201);
+    let second = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: talos-bootstrap-manifests-inventory\n  namespace: kube-system\ndata:\n  b: \"2\"\n";
+    let merged = api
+        .send(
+            "PATCH",
+            &format!("{path}?fieldManager=ichor&force=true"),
+            Some("application/apply-patch+yaml"),
+            second.into(),
+        )
+        .await;
+    assert_eq!(merged.status().as_u16(), 200);
+    let got = api.get(path).await;
+    assert_eq!(got.body["data"], json!({"a": "1", "b": "2"}));
+    let managers: Vec<&str> = got.body["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["manager"].as_str())
+        .collect();
+    assert_eq!(managers, ["talos", "ichor"]);
+    // Strategic merge and JSON patch on the same object.
+    let json_patched = api
+        .call(
+            "PATCH",
+            path,
+            Some("application/json-patch+json"),
+            Some(json!([{"op": "add", "path": "/data/c", "value": "3"}])),
+        )
+        .await;
+    assert_eq!(json_patched.body["data"]["c"], "3");
+
+    // ichor applying a value talos owns: a conflict, unless forced.
+    let clash = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: talos-bootstrap-manifests-inventory\ndata:\n  a: \"9\"\n  b: \"2\"\n";
+    let conflict = api
+        .send(
+            "PATCH",
+            &format!("{path}?fieldManager=ichor"),
+            Some("application/apply-patch+yaml"),
+            clash.into(),
+        )
+        .await;
+    assert_eq!(conflict.status().as_u16(), 409);
+    let body: Value = serde_json::from_slice(
+        &conflict
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes(),
+    )
+    .unwrap_or_default();
+    assert_eq!(body["reason"], "Conflict");
+    assert_eq!(
+        body["message"],
+        "Apply failed with 1 conflict: conflict with \"talos\" using v1: .data.a"
+    );
+    assert_eq!(body["details"]["causes"][0]["field"], ".data.a");
+    let forced = api
+        .send(
+            "PATCH",
+            &format!("{path}?fieldManager=ichor&force=true"),
+            Some("application/apply-patch+yaml"),
+            clash.into(),
+        )
+        .await;
+    assert_eq!(forced.status().as_u16(), 200);
+    // talos owned only `a`, now ichor's, so its entry goes; the JSON patch's field belongs to
+    // the patching client (an Update entry).
+    let got = api.get(path).await;
+    assert_eq!(got.body["data"], json!({"a": "9", "b": "2", "c": "3"}));
+    let ops: Vec<(String, String)> = got.body["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|f| {
+            (
+                f["manager"].as_str().unwrap_or("").to_string(),
+                f["operation"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert!(ops.contains(&("ichor".into(), "Apply".into())), "{ops:?}");
+    assert!(ops.iter().any(|(_, op)| op == "Update"), "{ops:?}");
+    assert!(
+        !ops.iter().any(|(m, _)| m == "talos"),
+        "talos lost its only field: {ops:?}"
+    );
+}
+
+#[tokio::test]
+async fn metrics_expose_requested_deprecated_apis() {
+    let seed = KubeSeed::nodes(1, 0)
+        .deprecated_api("resource.k8s.io", "v1beta1", "resourceslices", "1.36")
+        .deprecated_api("", "v1", "componentstatuses", "");
+    let (t, _d) = twin(seed, Behaviour::default()).await;
+    let api = Api::new(&t);
+    t.with(|c, _| {
+        c.record_deprecated_request(ichor::sim::kube::DeprecatedApi {
+            group: "flowcontrol.apiserver.k8s.io".into(),
+            version: "v1beta3".into(),
+            resource: "flowschemas".into(),
+            subresource: String::new(),
+            removed_release: "1.32".into(),
+        })
+    });
+    let m = api.get("/metrics").await;
+    assert_eq!(m.code, 200);
+    assert!(m
+        .text
+        .contains("# TYPE apiserver_requested_deprecated_apis gauge"));
+    assert!(m.text.contains("apiserver_requested_deprecated_apis{group=\"resource.k8s.io\",removed_release=\"1.36\",resource=\"resourceslices\",subresource=\"\",version=\"v1beta1\"} 1"), "{}", m.text);
+    assert!(m.text.contains("resource=\"componentstatuses\""));
+    assert!(m
+        .text
+        .contains("removed_release=\"1.32\",resource=\"flowschemas\""));
+}
+
+#[tokio::test]
+async fn errors_are_status_objects_and_the_token_is_required() {
+    let (t, _d) = twin(KubeSeed::nodes(1, 1), Behaviour::default()).await;
+    let api = Api::new(&t);
+    let missing = api.get("/api/v1/nodes/nope").await;
+    assert_eq!(missing.code, 404);
+    assert_eq!(
+        missing.body,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "nodes \"nope\" not found", "reason": "NotFound", "code": 404,
+        "details": {"name": "nope", "kind": "nodes"}})
+    );
+    let invalid = api
+        .call(
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            None,
+            Some(json!({"data": {}})),
+        )
+        .await;
+    assert_eq!(
+        (invalid.code, invalid.body["reason"].as_str()),
+        (422, Some("Invalid"))
+    );
+    let no_ns = api
+        .call(
+            "POST",
+            "/api/v1/namespaces/nope/configmaps",
+            None,
+            Some(json!({"metadata": {"name": "x"}})),
+        )
+        .await;
+    assert_eq!(
+        (no_ns.code, no_ns.body["message"].as_str()),
+        (404, Some("namespaces \"nope\" not found"))
+    );
+    let anon = Api {
+        token: "wrong".into(),
+        ..Api::new(&t)
+    };
+    assert_eq!(anon.get("/api/v1/nodes").await.code, 401);
+    assert_eq!(
+        anon.get("/version").await.code,
+        200,
+        "/version is public as on a real apiserver"
+    );
+    let v = api.get("/version").await;
+    assert_eq!(v.body["gitVersion"], "v1.34.1");
+    let res = api.get("/api/v1").await;
+    let eviction = res.body["resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["name"] == "pods/eviction")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (eviction["group"].as_str(), eviction["version"].as_str()),
+        (Some("policy"), Some("v1"))
+    );
+    let crds = api
+        .get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
+        .await;
+    assert_eq!(crds.body["items"].as_array().map(Vec::len), Some(3));
+}
+
+// ---- faults --------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn fault_bursts_of_5xx_and_429_with_retry_after() {
+    let (t, _d) = twin(KubeSeed::nodes(1, 1), Behaviour::default()).await;
+    let api = Api::new(&t);
+    t.with(|c, _| c.fail_next_requests(2, 500, 0));
+    assert_eq!(api.get("/api/v1/nodes").await.code, 500);
+    assert_eq!(api.get("/api/v1/nodes").await.code, 500);
+    assert_eq!(api.get("/api/v1/nodes").await.code, 200);
+    // The same through the run-time fault endpoint.
+    let set = api
+        .call(
+            "POST",
+            "/_twin/faults",
+            None,
+            Some(json!({"failNext": 1, "code": 429, "retryAfterSeconds": 7})),
+        )
+        .await;
+    assert_eq!(set.code, 200);
+    let limited = api.get("/api/v1/nodes").await;
+    assert_eq!(limited.code, 429);
+    assert_eq!(
+        limited
+            .headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("7")
+    );
+    assert_eq!(limited.body["reason"], "TooManyRequests");
+    assert_eq!(api.get("/api/v1/nodes").await.code, 200);
+}
+
+#[tokio::test]
+async fn fault_pdb_that_never_allows() {
+    let (t, _d) = twin(two_pdbs_seed(), Behaviour::default()).await;
+    let api = Api::new(&t);
+    let set = api
+        .call(
+            "POST",
+            "/_twin/faults",
+            None,
+            Some(json!({"pdbNeverAllows": {"namespace": "default", "name": "web"}})),
+        )
+        .await;
+    assert_eq!(set.code, 200);
+    let pdb = api
+        .get("/apis/policy/v1/namespaces/default/poddisruptionbudgets/web")
+        .await;
+    assert_eq!(pdb.body["status"]["disruptionsAllowed"], 0);
+    assert_eq!(pdb.body["status"]["currentHealthy"], 3);
+    let pod = t.with(|c, _| c.list("pods", Some("default")))[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let r = api
+        .call(
+            "POST",
+            &format!("/api/v1/namespaces/default/pods/{pod}/eviction"),
+            None,
+            Some(json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod}})),
+        )
+        .await;
+    assert_eq!(r.code, 429);
+    t.with(|c, now| c.set_pdb_never_allows("default", "web", false, now));
+    let r = api
+        .call(
+            "POST",
+            &format!("/api/v1/namespaces/default/pods/{pod}/eviction"),
+            None,
+            Some(json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod}})),
+        )
+        .await;
+    assert_eq!(r.code, 200);
+}
+
+// ---- behaviour -----------------------------------------------------------------------------
+
+#[tokio::test]
+async fn deleted_pods_are_recreated_on_a_schedulable_node_after_the_delay() {
+    let (t, _d) = twin(
+        KubeSeed::nodes(1, 3)
+            .deployment("default", "web", 3)
+            .statefulset("db", "pg", 2),
+        Behaviour::default(),
+    )
+    .await;
+    t.with(|c, now| c.set_unschedulable("worker-3", true, now))
+        .expect("node");
+    let victim = t
+        .with(|c, _| c.list("pods", Some("default")))
+        .into_iter()
+        .find(|p| p["spec"]["nodeName"] == "worker-1")
+        .expect("pod on worker-1");
+    let name = victim["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    t.with(|c, now| c.delete("pods", "default", &name, now))
+        .expect("delete");
+    let pods = t.with(|c, _| c.list("pods", Some("default")));
+    assert_eq!(pods.len(), 3, "the ReplicaSet made a replacement at once");
+    let fresh = pods
+        .iter()
+        .find(|p| p["status"]["phase"] == "Pending")
+        .cloned()
+        .expect("a pending replacement");
+    t.clock().advance(Duration::from_secs(9));
+    t.sync();
+    assert!(t
+        .with(|c, _| c.list("pods", Some("default")))
+        .iter()
+        .any(|p| p["status"]["phase"] == "Pending"));
+    t.clock().advance(Duration::from_secs(1));
+    t.sync();
+    let started = t
+        .with(|c, _| {
+            c.get(
+                "pods",
+                "default",
+                fresh["metadata"]["name"].as_str().unwrap_or(""),
+            )
+        })
+        .unwrap_or_default();
+    assert_eq!(started["status"]["phase"], "Running");
+    let node = started["spec"]["nodeName"].as_str().unwrap_or("");
+    assert!(
+        node == "worker-1" || node == "worker-2",
+        "never the cordoned worker-3 or the tainted control plane: {node}"
+    );
+    // A deleted Node takes its pods with it (pod GC); the ReplicaSet replaces them.
+    t.with(|c, now| c.delete("nodes", "", "worker-2", now))
+        .expect("delete node");
+    assert!(pods_on(&t, "worker-2").is_empty());
+    assert_eq!(t.with(|c, _| c.list("pods", Some("default"))).len(), 3);
+    // A StatefulSet pod comes back with the same name.
+    t.with(|c, now| c.delete("pods", "db", "pg-0", now))
+        .expect("delete");
+    t.clock().advance(Duration::from_secs(10));
+    t.sync();
+    assert_eq!(
+        t.with(|c, _| c.get("pods", "db", "pg-0"))
+            .map(|p| p["status"]["phase"].clone()),
+        Some(json!("Running"))
+    );
+}
+
+#[tokio::test]
+async fn node_down_loses_pods_and_degrades_longhorn_volumes_until_rebuilt() {
+    let behaviour = Behaviour {
+        replica_rebuild_delay: Duration::from_secs(60),
+        ..Behaviour::default()
+    };
+    let seed = KubeSeed::typical(1, 4);
+    let (t, _d) = twin(seed, behaviour).await;
+    let vol = |t: &KubeTwin| {
+        t.with(|c, _| c.get("volumes", "longhorn-system", "pvc-data"))
+            .unwrap_or_default()
+    };
+    assert_eq!(vol(&t)["status"]["robustness"], "healthy");
+    let replica_nodes = |t: &KubeTwin| -> Vec<String> {
+        t.with(|c, _| c.list("replicas", Some("longhorn-system")))
+            .iter()
+            .filter(|r| r["status"]["currentState"] == "running")
+            .map(|r| r["spec"]["nodeID"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let holder = replica_nodes(&t)[0].clone();
+    t.with(|c, now| c.node_down(&holder, now)).expect("node");
+    assert_eq!(vol(&t)["status"]["robustness"], "degraded");
+    // Every pod on the node is lost; the DaemonSets' new pods wait there, Pending.
+    let left: Vec<Value> = pods_on(&t, &holder);
+    assert_eq!(left.len(), 2);
+    assert!(left
+        .iter()
+        .all(|p| owner_kind(p) == "DaemonSet" && p["status"]["phase"] == "Pending"));
+    let ds = t
+        .with(|c, _| c.get("daemonsets", "kube-system", "cilium"))
+        .unwrap_or_default();
+    assert_eq!(
+        ds["status"]["desiredNumberScheduled"], 5,
+        "every node, the down one too"
+    );
+    assert_eq!(ds["status"]["numberAvailable"], 4);
+    t.clock().advance(Duration::from_secs(59));
+    t.sync();
+    assert_eq!(vol(&t)["status"]["robustness"], "degraded");
+    t.clock().advance(Duration::from_secs(1));
+    t.sync();
+    assert_eq!(vol(&t)["status"]["robustness"], "healthy");
+    let nodes = replica_nodes(&t);
+    assert_eq!(nodes.len(), 3);
+    assert!(
+        !nodes.contains(&holder),
+        "rebuilt on another node: {nodes:?}"
+    );
+    // The node returns: Ready again; its DaemonSet pods start after the start delay.
+    t.with(|c, now| c.node_up(&holder, now)).expect("node");
+    t.clock().advance(Duration::from_secs(9));
+    t.sync();
+    assert!(pods_on(&t, &holder)
+        .iter()
+        .all(|p| p["status"]["phase"] == "Pending"));
+    t.clock().advance(Duration::from_secs(1));
+    t.sync();
+    let back = pods_on(&t, &holder);
+    assert_eq!(
+        back.len(),
+        2,
+        "kube-proxy and cilium return with their node"
+    );
+    assert!(pods_on(&t, &holder)
+        .iter()
+        .all(|p| p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")));
+}
+
+#[tokio::test]
+async fn node_model_api_for_the_integration() {
+    let (t, _d) = twin(
+        KubeSeed::nodes(3, 1).versions("1.10.6", "1.33.5"),
+        Behaviour::default(),
+    )
+    .await;
+    let api = Api::new(&t);
+    t.with(|c, now| {
+        c.set_kubelet_version("cp-2", "v1.34.1", now)?;
+        c.set_os_image("cp-2", "Talos (v1.11.3)", now)?;
+        c.set_node_ready("cp-3", false, now)
+    })
+    .expect("nodes exist");
+    let cp2 = api.get("/api/v1/nodes/cp-2").await;
+    assert_eq!(cp2.body["status"]["nodeInfo"]["kubeletVersion"], "v1.34.1");
+    assert_eq!(cp2.body["status"]["nodeInfo"]["osImage"], "Talos (v1.11.3)");
+    let app = t.with(|c, now| {
+        c.set_application_status("argocd", "cilium", "OutOfSync", "Progressing", now)
+    });
+    assert!(app.is_err(), "no Application in this seed");
+    let cp3 = api.get("/api/v1/nodes/cp-3").await;
+    let ready = cp3.body["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(ready["status"], "False");
+    let apiserver = api
+        .get("/api/v1/namespaces/kube-system/pods/kube-apiserver-cp-1")
+        .await;
+    assert_eq!(
+        apiserver.body["spec"]["containers"][0]["image"],
+        "registry.k8s.io/kube-apiserver:v1.33.5"
+    );
+    assert!(apiserver.body["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string());
+    // upsert: a mirror pod with a new image, as the integration does after a NO_REBOOT apply.
+    t.with(|c, now| {
+        c.upsert_mirror_pod(
+            "cp-1",
+            "kube-apiserver",
+            "registry.k8s.io/kube-apiserver:v1.34.1",
+            "2",
+            true,
+            now,
+        )
+    })
+    .expect("upsert");
+    let after = api
+        .get("/api/v1/namespaces/kube-system/pods/kube-apiserver-cp-1")
+        .await;
+    assert_eq!(
+        after.body["spec"]["containers"][0]["image"],
+        "registry.k8s.io/kube-apiserver:v1.34.1"
+    );
+    assert_eq!(
+        after.body["metadata"]["annotations"]["talos.dev/config-version"],
+        "2"
+    );
+    assert_eq!(after.body["status"]["hostIP"], "10.5.0.11");
+}
+
+#[tokio::test]
+async fn terminal_pods_are_evicted_without_a_budget_check_and_dry_run_keeps_the_pod() {
+    let seed = two_pdbs_seed()
+        .pdb_never_allows("default", "web")
+        .bare_pod("default", "debug", "worker-1");
+    let (t, _d) = twin(seed, Behaviour::default()).await;
+    let api = Api::new(&t);
+    let evict = |name: &str, dry: bool| {
+        let mut body =
+            json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name}});
+        if dry {
+            body["deleteOptions"] = json!({"dryRun": ["All"]});
+        }
+        body
+    };
+    let mut pods = t.with(|c, _| c.list("pods", Some("default")));
+    pods.retain(|p| p["metadata"]["labels"]["app"] == "web");
+    let name = pods[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let path = format!("/api/v1/namespaces/default/pods/{name}/eviction");
+    assert_eq!(
+        api.call("POST", &path, None, Some(evict(&name, false)))
+            .await
+            .code,
+        429,
+        "the configured fault holds"
+    );
+    // The pod finished: a terminal pod goes without asking the budget.
+    let mut done = pods[0].clone();
+    done["status"]["phase"] = json!("Succeeded");
+    t.with(|c, now| c.upsert(done, now)).expect("upsert");
+    let r = api
+        .call("POST", &path, None, Some(evict(&name, false)))
+        .await;
+    assert_eq!(r.code, 200, "{}", r.text);
+    // No PDB covers the bare pod: dry run answers 200 and keeps it.
+    let dry = api
+        .call(
+            "POST",
+            "/api/v1/namespaces/default/pods/debug/eviction",
+            None,
+            Some(evict("debug", true)),
+        )
+        .await;
+    assert_eq!(dry.code, 200);
+    assert!(t.with(|c, _| c.get("pods", "default", "debug")).is_some());
+}
+
+#[tokio::test]
+async fn watch_with_initial_events_and_metadata_only_lists() {
+    let (t, _d) = twin(KubeSeed::nodes(1, 2), Behaviour::default()).await;
+    let api = Api::new(&t);
+    let resp = api
+        .send("GET", "/api/v1/nodes?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true", None, String::new())
+        .await;
+    let mut body = resp.into_body();
+    let mut buf = String::new();
+    let evs = read_events(&mut body, &mut buf, 4).await;
+    let types: Vec<&str> = evs
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(types, ["ADDED", "ADDED", "ADDED", "BOOKMARK"]);
+    assert_eq!(
+        evs[3]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    // A node going NotReady shows on the watch and leaves an Event.
+    t.with(|c, now| c.set_node_ready("worker-2", false, now))
+        .expect("node");
+    let evs = read_events(&mut body, &mut buf, 1).await;
+    assert_eq!(
+        (
+            evs[0]["type"].as_str(),
+            evs[0]["object"]["metadata"]["name"].as_str()
+        ),
+        (Some("MODIFIED"), Some("worker-2"))
+    );
+    let events = api
+        .get("/api/v1/namespaces/default/events?fieldSelector=reason%3DNodeNotReady")
+        .await;
+    assert_eq!(
+        events.body["items"][0]["involvedObject"]["name"],
+        "worker-2"
+    );
+
+    let meta = api
+        .call_with_accept(
+            "/api/v1/nodes",
+            "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+        )
+        .await;
+    assert_eq!(meta.body["kind"], "PartialObjectMetadataList");
+    assert_eq!(meta.body["items"][0]["kind"], "PartialObjectMetadata");
+    assert_eq!(meta.body["items"][0]["metadata"]["name"], "cp-1");
+    assert!(meta.body["items"][0].get("status").is_none());
+}
+
+#[tokio::test]
+async fn evicted_pods_terminate_for_their_grace_period_while_a_replacement_starts() {
+    let behaviour = Behaviour {
+        pod_termination: Duration::from_secs(30),
+        ..Behaviour::default()
+    };
+    let (t, _d) = twin(two_pdbs_seed(), behaviour).await;
+    let api = Api::new(&t);
+    let name = t.with(|c, _| c.list("pods", Some("default")))[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let r = api
+        .call(
+            "POST",
+            &format!("/api/v1/namespaces/default/pods/{name}/eviction"),
+            None,
+            Some(
+                json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name}}),
+            ),
+        )
+        .await;
+    assert_eq!(r.code, 200);
+    let pod = api
+        .get(&format!("/api/v1/namespaces/default/pods/{name}"))
+        .await;
+    assert_eq!(pod.code, 200, "still there, terminating");
+    assert!(pod.body["metadata"]["deletionTimestamp"].is_string());
+    let pods = t.with(|c, _| c.list("pods", Some("default")));
+    assert_eq!(
+        pods.len(),
+        4,
+        "the replacement exists while the old pod terminates"
+    );
+    let pdb = api
+        .get("/apis/policy/v1/namespaces/default/poddisruptionbudgets/web")
+        .await;
+    assert_eq!(
+        (
+            pdb.body["status"]["currentHealthy"].as_u64(),
+            pdb.body["status"]["disruptionsAllowed"].as_u64()
+        ),
+        (Some(2), Some(0))
+    );
+    t.clock().advance(Duration::from_secs(30));
+    t.sync();
+    assert_eq!(
+        api.get(&format!("/api/v1/namespaces/default/pods/{name}"))
+            .await
+            .code,
+        404
+    );
+    let healthy = api
+        .get("/apis/policy/v1/namespaces/default/poddisruptionbudgets/web")
+        .await;
+    assert_eq!(healthy.body["status"]["currentHealthy"], 3);
+    // An explicit zero grace period deletes at once.
+    let other = t.with(|c, _| c.list("pods", Some("default")))[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let del = api
+        .call(
+            "DELETE",
+            &format!("/api/v1/namespaces/default/pods/{other}?gracePeriodSeconds=0"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(del.code, 200);
+    assert_eq!(
+        api.get(&format!("/api/v1/namespaces/default/pods/{other}"))
+            .await
+            .code,
+        404
+    );
+}
+
+#[tokio::test]
+async fn local_path_pods_come_back_only_on_their_own_node() {
+    let seed = KubeSeed::nodes(1, 3).statefulset_with_local_storage("db", "pg", 2);
+    let (t, _d) = twin(seed, Behaviour::default()).await;
+    let pod = |name: &str| t.with(|c, _| c.get("pods", "db", name)).unwrap_or_default();
+    assert_eq!(pod("pg-0")["spec"]["nodeName"], "worker-1");
+    assert_eq!(pod("pg-1")["spec"]["nodeName"], "worker-2");
+    assert_eq!(
+        pod("pg-0")["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
+        "data-pg-0"
+    );
+    let pv = t
+        .with(|c, _| c.get("persistentvolumes", "", "pvc-db-pg-0"))
+        .unwrap_or_default();
+    assert_eq!(
+        pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]
+            ["values"][0],
+        "worker-1"
+    );
+    // Cordoned and drained: the pod cannot start anywhere else.
+    t.with(|c, now| c.set_unschedulable("worker-1", true, now))
+        .expect("node");
+    t.with(|c, now| c.delete("pods", "db", "pg-0", now))
+        .expect("delete");
+    t.clock().advance(Duration::from_secs(60));
+    t.sync();
+    assert_eq!(pod("pg-0")["status"]["phase"], "Pending");
+    t.with(|c, now| c.set_unschedulable("worker-1", false, now))
+        .expect("node");
+    assert_eq!(pod("pg-0")["status"]["phase"], "Running");
+    assert_eq!(pod("pg-0")["spec"]["nodeName"], "worker-1");
+}
+
+#[tokio::test]
+async fn a_watch_with_a_selector_sees_objects_leave_and_enter_it() {
+    let (t, _d) = twin(two_pdbs_seed(), Behaviour::default()).await;
+    let api = Api::new(&t);
+    let resp = api
+        .send(
+            "GET",
+            "/api/v1/namespaces/default/pods?watch=1&labelSelector=app%3Dweb",
+            None,
+            String::new(),
+        )
+        .await;
+    let mut body = resp.into_body();
+    let mut buf = String::new();
+    let initial = read_events(&mut body, &mut buf, 3).await;
+    assert!(initial.iter().all(|e| e["type"] == "ADDED"));
+    let name = initial[0]["object"]["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let path = format!("/api/v1/namespaces/default/pods/{name}");
+    let relabel = |app: &str| json!({"metadata": {"labels": {"app": app}}});
+    api.call(
+        "PATCH",
+        &path,
+        Some("application/merge-patch+json"),
+        Some(relabel("debug")),
+    )
+    .await;
+    let left = read_events(&mut body, &mut buf, 1).await;
+    assert_eq!(
+        (
+            left[0]["type"].as_str(),
+            left[0]["object"]["metadata"]["name"].as_str()
+        ),
+        (Some("DELETED"), Some(name.as_str()))
+    );
+    // The twin's ReplicaSet owns pods by reference, so no replacement appears; relabelling
+    // back brings the pod into the watch again.
+    api.call(
+        "PATCH",
+        &path,
+        Some("application/merge-patch+json"),
+        Some(relabel("web")),
+    )
+    .await;
+    let back = read_events(&mut body, &mut buf, 1).await;
+    assert_eq!(
+        (
+            back[0]["type"].as_str(),
+            back[0]["object"]["metadata"]["name"].as_str()
+        ),
+        (Some("ADDED"), Some(name.as_str()))
+    );
+}
