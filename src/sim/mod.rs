@@ -7,3 +7,4 @@ pub mod github;
 pub mod kube;
 pub mod pki;
 pub mod talos;
+pub mod twin;

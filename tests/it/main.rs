@@ -5,6 +5,7 @@ mod props;
 mod sim_github;
 mod sim_kube;
 mod sim_talos;
+mod sim_twin;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -219,6 +219,9 @@ pub struct NodeObservation {
     pub static_pods: Vec<StaticPod>,
     pub etcd_member: bool,
     pub etcd_leader: bool,
+    /// Bumped on every applied configuration (and at boot); mirror pods carry it as
+    /// `talos.dev/config-version`.
+    pub config_version: u64,
 }
 
 /// Result of an ApplyConfiguration.
@@ -542,6 +545,7 @@ impl TalosCluster {
                 static_pods: n.static_pods.clone(),
                 etcd_member: members.contains(&n.etcd_member_id) && n.is_control_plane(),
                 etcd_leader: self.etcd_leader().is_some_and(|l| l == n.name),
+                config_version: n.config_version,
             })
             .collect()
     }

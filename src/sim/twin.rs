@@ -1,0 +1,562 @@
+//! The whole twin: the Talos nodes and the Kubernetes API server built from one cluster
+//! folder (`cluster.yaml` inventory + `release-set.yaml` versions), kept consistent with each
+//! other, plus optionally the GitHub emulator over the repository the folder lives in.
+//!
+//! The Talos model owns the machines (versions, reboots, static pods, etcd); the Kubernetes
+//! model owns the API objects. After every change on the Talos side, [`Twin::project`]
+//! carries what Kubernetes would see across: a node that went down is NotReady and loses its
+//! pods (controllers recreate them elsewhere, Longhorn replicas degrade), a node that came
+//! back is Ready with its new boot id and `Talos (vX)` OS image, a restarted kubelet reports
+//! its new version, and a restarted static pod's mirror pod shows the new image and its
+//! readiness.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use crate::clock::{Clock, Timestamp};
+use crate::releaseset::{
+    Cluster, DocumentError, HandoverMode, HumanDuration, ReleaseSet, Role, Version, VolumeProvider,
+};
+use crate::sim::github::{GithubTwin, RepoSpec};
+use crate::sim::kube::{self, KubeSeed, KubeTwin};
+use crate::sim::talos::{self, ConfigForm, NodeObservation, NodeSpec, TalosTwin, TalosTwinOptions};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("{0}")]
+    Document(#[from] DocumentError),
+    #[error("{path}: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("{0}")]
+    Spec(String),
+    #[error(transparent)]
+    Talos(#[from] talos::TwinError),
+    #[error(transparent)]
+    Kube(#[from] kube::TwinError),
+    #[error("github emulator: {0}")]
+    Github(String),
+}
+
+/// Simulated durations and faults for `ichor sim --config FILE` (all optional).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TwinConfig {
+    #[serde(default)]
+    pub timings: TimingsConfig,
+    #[serde(default)]
+    pub faults: FaultsConfig,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TimingsConfig {
+    /// Legacy Upgrade: from the request to the node going down.
+    pub upgrade: Option<HumanDuration>,
+    /// From going down to being back up.
+    pub reboot: Option<HumanDuration>,
+    /// LifecycleService/Upgrade: writing the new version to disk.
+    pub install: Option<HumanDuration>,
+    pub static_pod_restart: Option<HumanDuration>,
+    pub kubelet_restart: Option<HumanDuration>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct FaultsConfig {
+    /// Nodes that go down and never come back.
+    #[serde(default)]
+    pub nodes_never_return: Vec<String>,
+    /// Nodes whose ApplyConfiguration blocks this long before acting.
+    #[serde(default)]
+    pub slow_apply: BTreeMap<String, HumanDuration>,
+    /// Image references whose pull fails with NotFound.
+    #[serde(default)]
+    pub failing_images: Vec<String>,
+    /// PodDisruptionBudgets (`namespace/name`) that never allow a disruption.
+    #[serde(default)]
+    pub pdbs_never_allow: Vec<String>,
+    /// The next N Kubernetes API requests fail with this status (500 or 429).
+    #[serde(default)]
+    pub api_error_burst: Option<ApiBurst>,
+    /// The next N webhooks of the GitHub emulator are dropped.
+    #[serde(default)]
+    pub dropped_webhooks: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ApiBurst {
+    pub count: u32,
+    pub status: u16,
+    #[serde(default)]
+    pub retry_after: Option<HumanDuration>,
+}
+
+impl TwinConfig {
+    pub fn parse(file: &str, text: &str) -> Result<TwinConfig, DocumentError> {
+        if text.trim().is_empty() {
+            return Ok(TwinConfig::default());
+        }
+        serde_yaml::from_str(text).map_err(|e| DocumentError::from_yaml(file, &e))
+    }
+}
+
+/// A cluster folder: `cluster.yaml` (with `spec.inventory`) and `release-set.yaml`.
+#[derive(Debug, Clone)]
+pub struct ClusterFolder {
+    pub dir: PathBuf,
+    pub cluster: Cluster,
+    pub release_set: ReleaseSet,
+}
+
+impl ClusterFolder {
+    pub fn read(dir: &Path) -> Result<ClusterFolder, SimError> {
+        let read = |name: &str| -> Result<(String, String), SimError> {
+            let path = dir.join(name);
+            std::fs::read_to_string(&path)
+                .map(|t| (path.display().to_string(), t))
+                .map_err(|e| SimError::File {
+                    path,
+                    message: format!("cannot read: {e}"),
+                })
+        };
+        let (cpath, ctext) = read("cluster.yaml")?;
+        let (rpath, rtext) = read("release-set.yaml")?;
+        let cluster = Cluster::parse(&cpath, &ctext)?;
+        let release_set = ReleaseSet::parse(&rpath, &rtext)?;
+        if cluster
+            .spec
+            .inventory
+            .as_ref()
+            .is_none_or(|i| i.nodes.is_empty())
+        {
+            return Err(SimError::Spec(format!(
+                "{cpath}: spec.inventory lists no nodes; the twin builds its machines from it"
+            )));
+        }
+        Ok(ClusterFolder {
+            dir: dir.to_path_buf(),
+            cluster,
+            release_set,
+        })
+    }
+}
+
+/// Options for [`Twin::start`].
+#[derive(Debug, Clone, Default)]
+pub struct TwinOptions {
+    pub config: TwinConfig,
+    /// Serve the GitHub emulator over this repository as `owner/name`.
+    pub github: Option<(String, PathBuf)>,
+}
+
+/// The running twin.
+pub struct Twin {
+    pub clock: Clock,
+    pub talos: Arc<TalosTwin>,
+    pub kube: Arc<KubeTwin>,
+    pub github: Option<GithubTwin>,
+    pub state_dir: PathBuf,
+    seen: Arc<Mutex<BTreeMap<String, Seen>>>,
+    projector: Option<JoinHandle<()>>,
+}
+
+/// What Kubernetes was last told about a node, so projection only sends changes.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Seen {
+    up: bool,
+    ready: bool,
+    boot_id: String,
+    talos_version: String,
+    kubelet_version: String,
+    static_pods: Vec<(String, String, bool)>,
+    config_version: u64,
+}
+
+fn ip_for(i: usize, address: Option<&str>) -> Result<IpAddr, SimError> {
+    match address {
+        Some(a) => a.parse().map_err(|_| {
+            SimError::Spec(format!(
+                "node address `{a}` is not an IP address; the twin needs one per node"
+            ))
+        }),
+        None => Ok(IpAddr::from([10, 5, (i / 250) as u8, (i % 250 + 2) as u8])),
+    }
+}
+
+/// Talos 1.14 writes the Kubernetes components as separate documents.
+fn config_form(talos: &Version) -> ConfigForm {
+    if talos.minor_version() >= crate::releaseset::MinorVersion::new(1, 14) {
+        ConfigForm::MultiDoc
+    } else {
+        ConfigForm::V1Alpha1
+    }
+}
+
+/// The machines and the Kubernetes objects a cluster folder describes.
+pub fn build_specs(folder: &ClusterFolder) -> Result<(Vec<NodeSpec>, KubeSeed), SimError> {
+    let rs = &folder.release_set.spec;
+    let spec = &folder.cluster.spec;
+    let inventory = spec
+        .inventory
+        .as_ref()
+        .map(|i| i.nodes.as_slice())
+        .unwrap_or_default();
+    let mut nodes = Vec::new();
+    let mut seed = KubeSeed::new().versions(&rs.talos.tag(), &rs.kubernetes.tag());
+    for (i, n) in inventory.iter().enumerate() {
+        let talos_version = n.talos.as_ref().unwrap_or(&rs.talos);
+        let kubelet = n.kubelet.as_ref().unwrap_or(&rs.kubernetes);
+        let ip = ip_for(i, n.address.as_deref())?;
+        nodes.push(NodeSpec {
+            name: n.name.clone(),
+            role: match n.role {
+                Role::Controlplane => talos::Role::ControlPlane,
+                Role::Worker => talos::Role::Worker,
+            },
+            ip,
+            talos_version: talos_version.tag(),
+            kubernetes_version: rs.kubernetes.tag(),
+            kubelet_version: kubelet.tag(),
+            config_form: config_form(talos_version),
+        });
+        seed = seed.node(
+            &n.name,
+            if n.role == Role::Controlplane {
+                kube::Role::ControlPlane
+            } else {
+                kube::Role::Worker
+            },
+            &ip.to_string(),
+        );
+        if let Some(last) = seed.nodes.last_mut() {
+            last.talos_version = talos_version.tag();
+            last.kubelet_version = kubelet.tag();
+        }
+    }
+    // What a small home cluster runs: the CNI (and kube-proxy unless the CNI replaces it) on
+    // every node, CoreDNS and a web app with PodDisruptionBudgets.
+    let cni = &rs.cni;
+    seed = seed.daemonset(
+        "kube-system",
+        &cni.name,
+        &format!("{}:{}", cni_image(&cni.name), cni.version.tag()),
+    );
+    if !spec.cni.replaces_kube_proxy {
+        seed = seed.daemonset("kube-system", "kube-proxy", "registry.k8s.io/kube-proxy");
+    }
+    seed = seed
+        .deployment("kube-system", "coredns", 2)
+        .pdb_max_unavailable("kube-system", "coredns", "coredns", json!(1))
+        .deployment_with_empty_dir("default", "web", 3)
+        .pdb_min_available("default", "web", "web", json!(2));
+    if spec.cni.handover.mode != HandoverMode::Disabled {
+        if let Some(app) = &spec.cni.handover.argocd_application {
+            seed = seed.application(&app.name, "Synced", "Healthy");
+        }
+    }
+    if spec.volumes.provider == VolumeProvider::Longhorn {
+        for (volume, holders) in volume_holders(folder) {
+            seed = seed.longhorn_volume(&volume, holders.len() as u32);
+        }
+    }
+    Ok((nodes, seed))
+}
+
+fn cni_image(name: &str) -> String {
+    match name {
+        "cilium" => "quay.io/cilium/cilium".into(),
+        "calico" => "quay.io/calico/node".into(),
+        "flannel" => "ghcr.io/flannel-io/flannel".into(),
+        other => format!("registry.example/{other}"),
+    }
+}
+
+/// Volume → the nodes holding a replica of it, from the inventory.
+fn volume_holders(folder: &ClusterFolder) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for n in folder.cluster.spec.inventory.iter().flat_map(|i| &i.nodes) {
+        for v in &n.volumes {
+            out.entry(v.clone()).or_default().push(n.name.clone());
+        }
+    }
+    out
+}
+
+impl Twin {
+    /// Start the Talos endpoints and the Kubernetes API server for `folder`, write
+    /// `talosconfig` and `kubeconfig` into `state_dir`, and keep the two consistent.
+    pub async fn start(
+        clock: Clock,
+        folder: &ClusterFolder,
+        state_dir: &Path,
+        options: TwinOptions,
+    ) -> Result<Twin, SimError> {
+        std::fs::create_dir_all(state_dir).map_err(|e| SimError::File {
+            path: state_dir.to_path_buf(),
+            message: format!("cannot create: {e}"),
+        })?;
+        let (nodes, mut seed) = build_specs(folder)?;
+        let cfg = &options.config;
+        let mut topts = TalosTwinOptions {
+            context: folder.cluster.name().to_string(),
+            ..Default::default()
+        };
+        let t = &cfg.timings;
+        let set = |slot: &mut Duration, v: Option<HumanDuration>| {
+            if let Some(v) = v {
+                *slot = v.0;
+            }
+        };
+        set(&mut topts.timings.upgrade, t.upgrade);
+        set(&mut topts.timings.reboot, t.reboot);
+        set(&mut topts.timings.install, t.install);
+        set(&mut topts.timings.static_pod_restart, t.static_pod_restart);
+        set(&mut topts.timings.kubelet_restart, t.kubelet_restart);
+        let f = &cfg.faults;
+        for n in &f.nodes_never_return {
+            if !nodes.iter().any(|x| &x.name == n) {
+                return Err(SimError::Spec(format!(
+                    "faults.nodesNeverReturn: no node `{n}` in the inventory"
+                )));
+            }
+            topts.faults.never_return.insert(n.clone());
+        }
+        for (n, d) in &f.slow_apply {
+            if !nodes.iter().any(|x| &x.name == n) {
+                return Err(SimError::Spec(format!(
+                    "faults.slowApply: no node `{n}` in the inventory"
+                )));
+            }
+            topts.faults.slow_apply.insert(n.clone(), d.0);
+        }
+        topts
+            .faults
+            .failing_images
+            .extend(f.failing_images.iter().cloned());
+        for p in &f.pdbs_never_allow {
+            let (ns, name) = p.split_once('/').ok_or_else(|| {
+                SimError::Spec(format!(
+                    "faults.pdbsNeverAllow: `{p}` must be namespace/name"
+                ))
+            })?;
+            seed.faults
+                .pdb_never_allows
+                .insert((ns.to_string(), name.to_string()));
+        }
+        if let Some(b) = &f.api_error_burst {
+            if b.status != 500 && b.status != 429 {
+                return Err(SimError::Spec(format!(
+                    "faults.apiErrorBurst.status: {} is not 500 or 429",
+                    b.status
+                )));
+            }
+            seed.faults.burst_remaining = b.count;
+            seed.faults.burst_code = b.status;
+            seed.faults.retry_after_secs = b.retry_after.map(|d| d.0.as_secs()).unwrap_or(1);
+        }
+
+        let talos = TalosTwin::start(clock.clone(), nodes, state_dir, topts).await?;
+        let kube = KubeTwin::start(clock.clone(), seed, state_dir).await?;
+        place_replicas(&kube, folder);
+        let github = match &options.github {
+            Some((name, path)) => {
+                let gh = GithubTwin::start(clock.clone(), vec![RepoSpec::new(name, path)], None)
+                    .await
+                    .map_err(|e| SimError::Github(e.to_string()))?;
+                if f.dropped_webhooks > 0 {
+                    gh.drop_next_webhooks(f.dropped_webhooks);
+                }
+                Some(gh)
+            }
+            None => None,
+        };
+        let mut twin = Twin {
+            clock,
+            talos: Arc::new(talos),
+            kube: Arc::new(kube),
+            github,
+            state_dir: state_dir.to_path_buf(),
+            seen: Arc::new(Mutex::new(BTreeMap::new())),
+            projector: None,
+        };
+        twin.project();
+        twin.projector = Some(twin.spawn_projector());
+        Ok(twin)
+    }
+
+    /// Keep projecting on every Talos model change (the background half of the twin; tests
+    /// may also call [`Twin::advance`], which projects synchronously).
+    fn spawn_projector(&self) -> JoinHandle<()> {
+        let mut changes = self.talos.changes();
+        let seen = self.seen.clone();
+        let talos = self.talos.clone();
+        let kube = self.kube.clone();
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                project_into(&seen, &talos.observe(), &kube);
+            }
+        })
+    }
+
+    /// Carry the Talos side's current state into Kubernetes.
+    pub fn project(&self) {
+        self.talos.sync();
+        project_into(&self.seen, &self.talos.observe(), &self.kube);
+    }
+
+    /// Manual clock: move time forward by `d` in steps no longer than `step`, applying every
+    /// due event on both sides in order. Deterministic: no task scheduling involved.
+    pub fn advance(&self, d: Duration) {
+        let step = Duration::from_secs(1);
+        let end = self.clock.now().plus(d);
+        while self.clock.now() < end {
+            let left = end.since(self.clock.now());
+            self.clock.advance(left.min(step));
+            self.project();
+            self.kube.sync();
+        }
+    }
+
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kube.kubeconfig
+    }
+
+    pub fn talosconfig(&self) -> &Path {
+        self.talos.talosconfig_path()
+    }
+
+    pub async fn shutdown(mut self) {
+        if let Some(p) = self.projector.take() {
+            p.abort();
+        }
+        if let Some(gh) = self.github.take() {
+            gh.shutdown().await;
+        }
+        // Dropping the Talos and Kubernetes twins stops their endpoints.
+    }
+}
+
+impl Drop for Twin {
+    fn drop(&mut self) {
+        if let Some(p) = self.projector.take() {
+            p.abort();
+        }
+    }
+}
+
+/// Put the Longhorn replicas on the nodes the inventory names (the seed spreads them
+/// round-robin).
+fn place_replicas(kube: &KubeTwin, folder: &ClusterFolder) {
+    if folder.cluster.spec.volumes.provider != VolumeProvider::Longhorn {
+        return;
+    }
+    let holders = volume_holders(folder);
+    kube.with(|c, now| {
+        for r in c.list("replicas", Some("longhorn-system")) {
+            let name = r
+                .pointer("/metadata/name")
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_string();
+            let _ = c.delete("replicas", "longhorn-system", &name, now);
+        }
+        for (volume, nodes) in holders {
+            for (i, node) in nodes.iter().enumerate() {
+                let _ = c.upsert(
+                    kube::model::replica_object(
+                        "longhorn-system",
+                        &volume,
+                        &format!("{volume}-r-{i}"),
+                        node,
+                    ),
+                    now,
+                );
+            }
+        }
+    });
+}
+
+fn project_into(
+    seen: &Mutex<BTreeMap<String, Seen>>,
+    observations: &[NodeObservation],
+    kube: &KubeTwin,
+) {
+    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+    kube.with(|c, now| {
+        for o in observations {
+            let prev = seen.get(&o.name).cloned();
+            let mut next = Seen {
+                up: o.up,
+                ready: o.ready,
+                boot_id: o.boot_id.clone(),
+                talos_version: o.talos_version.clone(),
+                kubelet_version: o.kubelet_version.clone(),
+                static_pods: o
+                    .static_pods
+                    .iter()
+                    .map(|p| (p.component.name().to_string(), p.image.clone(), p.ready))
+                    .collect(),
+                config_version: o.config_version,
+            };
+            if prev.as_ref() == Some(&next) {
+                continue;
+            }
+            let was_up = prev.as_ref().is_none_or(|p| p.up);
+            if was_up && !o.up {
+                let _ = c.node_down(&o.name, now);
+            } else if prev.as_ref().is_none_or(|p| p.ready != o.ready) {
+                let _ = c.set_node_ready(&o.name, o.ready, now);
+            }
+            if prev
+                .as_ref()
+                .is_none_or(|p| p.kubelet_version != o.kubelet_version)
+            {
+                let _ = c.set_kubelet_version(&o.name, &o.kubelet_version, now);
+            }
+            if prev
+                .as_ref()
+                .is_none_or(|p| p.talos_version != o.talos_version)
+            {
+                let _ = c.set_os_image(&o.name, &format!("Talos ({})", o.talos_version), now);
+            }
+            if prev.as_ref().is_none_or(|p| p.boot_id != o.boot_id) {
+                set_boot_id(c, &o.name, &o.boot_id, now);
+            }
+            let pods_changed = prev
+                .as_ref()
+                .is_none_or(|p| p.static_pods != next.static_pods);
+            if pods_changed {
+                // Talos stamps the mirror pod with the config version that produced it.
+                for (component, image, ready) in &next.static_pods {
+                    let _ = c.upsert_mirror_pod(
+                        &o.name,
+                        component,
+                        image,
+                        &next.config_version.to_string(),
+                        *ready,
+                        now,
+                    );
+                }
+            }
+            seen.insert(o.name.clone(), next);
+        }
+    });
+}
+
+fn set_boot_id(c: &mut kube::Cluster, node: &str, boot_id: &str, now: Timestamp) {
+    if let Some(mut n) = c.get("nodes", "", node) {
+        n["status"]["nodeInfo"]["bootID"] = json!(boot_id);
+        if let Some(m) = n.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+            m.remove("resourceVersion");
+        }
+        let _ = c.upsert(n, now);
+    }
+}

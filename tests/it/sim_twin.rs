@@ -1,0 +1,380 @@
+//! The whole twin from a cluster folder: Talos machine API and Kubernetes API stay
+//! consistent. A user's clients talk to both over real sockets, using the talosconfig and
+//! kubeconfig the twin wrote; time moves only through a manual clock.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine;
+use ichor::clock::Clock;
+use ichor::sim::twin::{ClusterFolder, Twin, TwinConfig, TwinOptions};
+use ichor::talos::proto::cosi::resource::state_client::StateClient;
+use ichor::talos::proto::cosi::resource::GetRequest;
+use ichor::talos::proto::machine::apply_configuration_request::Mode;
+use ichor::talos::proto::machine::machine_service_client::MachineServiceClient;
+use ichor::talos::proto::machine::{ApplyConfigurationRequest, RebootRequest};
+use ichor::talos::proto::resource::config::MachineConfigSpec;
+use prost::Message;
+use serde_json::Value;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+use tonic::Request;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn homelab_folder() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/repos/homelab/tree/clusters/homelab")
+}
+
+async fn start(
+    config: TwinConfig,
+) -> Result<(Twin, tempfile::TempDir), Box<dyn std::error::Error>> {
+    let state = tempfile::tempdir()?;
+    let folder = ClusterFolder::read(&homelab_folder())?;
+    let twin = Twin::start(
+        Clock::manual(),
+        &folder,
+        state.path(),
+        TwinOptions {
+            config,
+            github: None,
+        },
+    )
+    .await?;
+    Ok((twin, state))
+}
+
+/// A Talos client configured from the talosconfig the twin wrote, as talosctl would be.
+async fn talos_channel(talosconfig: &Path) -> Result<Channel, Box<dyn std::error::Error>> {
+    let cfg: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(talosconfig)?)?;
+    let name = cfg["context"].as_str().ok_or("no context")?;
+    let ctx = &cfg["contexts"][name];
+    let b64 = |k: &str| -> Result<String, Box<dyn std::error::Error>> {
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(ctx[k].as_str().ok_or("missing field")?)?;
+        Ok(String::from_utf8(raw)?)
+    };
+    // Talos labels Ed25519 keys with its own PEM type; rustls wants PKCS#8 "PRIVATE KEY".
+    let key = b64("key")?.replace("ED25519 PRIVATE KEY", "PRIVATE KEY");
+    let endpoint = ctx["endpoints"][0].as_str().ok_or("no endpoint")?;
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(b64("ca")?))
+        .identity(Identity::from_pem(b64("crt")?, key))
+        .domain_name("127.0.0.1");
+    Ok(Channel::from_shared(format!("https://{endpoint}"))?
+        .tls_config(tls)?
+        .connect()
+        .await?)
+}
+
+fn to_node<T>(msg: T, node: &str) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.metadata_mut()
+        .insert("node", node.parse().expect("ascii node"));
+    r
+}
+
+fn node(twin: &Twin, name: &str) -> Value {
+    twin.kube
+        .with(|c, _| c.get("nodes", "", name))
+        .unwrap_or(Value::Null)
+}
+
+fn ready(n: &Value) -> bool {
+    n.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .is_some_and(|c| c["status"] == "True")
+}
+
+/// Pods other than DaemonSet and mirror pods on `node`.
+fn movable_pods(twin: &Twin, node: &str) -> Vec<String> {
+    twin.kube
+        .with(|c, _| c.pods_on_node(node))
+        .into_iter()
+        .filter(|p| {
+            p.pointer("/metadata/ownerReferences/0/kind")
+                .and_then(Value::as_str)
+                != Some("DaemonSet")
+        })
+        .filter(|p| {
+            p.pointer("/metadata/annotations/kubernetes.io~1config.mirror")
+                .is_none()
+        })
+        .filter(|p| p.pointer("/metadata/deletionTimestamp").is_none())
+        .filter_map(|p| {
+            p.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .map(String::from)
+        })
+        .collect()
+}
+
+fn web_pods(twin: &Twin) -> usize {
+    twin.kube
+        .with(|c, _| c.list("pods", Some("default")))
+        .iter()
+        .filter(|p| p.pointer("/metadata/labels/app").and_then(Value::as_str) == Some("web"))
+        .filter(|p| p.pointer("/metadata/deletionTimestamp").is_none())
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_sees_what_the_talos_nodes_run() -> TestResult {
+    let (twin, _state) = start(TwinConfig::default()).await?;
+    let nodes = twin.kube.with(|c, _| c.list("nodes", None));
+    assert_eq!(nodes.len(), 6);
+    for n in &nodes {
+        assert!(ready(n), "{n}");
+        assert_eq!(
+            n.pointer("/status/nodeInfo/osImage")
+                .and_then(Value::as_str),
+            Some("Talos (v1.12.4)")
+        );
+        assert_eq!(
+            n.pointer("/status/nodeInfo/kubeletVersion")
+                .and_then(Value::as_str),
+            Some("v1.30.14")
+        );
+        assert_eq!(
+            n.pointer("/status/nodeInfo/bootID")
+                .and_then(Value::as_str)
+                .map(str::len),
+            Some(36)
+        );
+    }
+    let cp1 = node(&twin, "cp-1");
+    assert_eq!(
+        cp1.pointer("/status/addresses/0/address")
+            .and_then(Value::as_str),
+        Some("10.0.10.11")
+    );
+    let mirror = twin
+        .kube
+        .with(|c, _| c.get("pods", "kube-system", "kube-apiserver-cp-1"))
+        .ok_or("mirror pod")?;
+    assert!(
+        mirror
+            .pointer("/spec/containers/0/image")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .ends_with(":v1.30.14"),
+        "{mirror}"
+    );
+    // The inventory's replicas: every volume on w-1, w-2 and w-3.
+    let replicas = twin
+        .kube
+        .with(|c, _| c.list("replicas", Some("longhorn-system")));
+    let on = |n: &str| {
+        replicas
+            .iter()
+            .filter(|r| r.pointer("/spec/nodeID").and_then(Value::as_str) == Some(n))
+            .count()
+    };
+    assert_eq!((on("w-1"), on("w-2"), on("w-3"), on("cp-1")), (3, 3, 3, 0));
+    // The CNI replaces kube-proxy in this cluster: no kube-proxy DaemonSet.
+    assert!(twin
+        .kube
+        .with(|c, _| c.get("daemonsets", "kube-system", "kube-proxy"))
+        .is_none());
+    assert!(twin
+        .kube
+        .with(|c, _| c.get("daemonsets", "kube-system", "cilium"))
+        .is_some());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_talos_reboot_takes_the_node_and_its_pods_down_and_back() -> TestResult {
+    let (twin, _state) = start(TwinConfig::default()).await?;
+    let mut talos = MachineServiceClient::new(talos_channel(twin.talosconfig()).await?);
+    let boot_before = node(&twin, "w-1")
+        .pointer("/status/nodeInfo/bootID")
+        .cloned();
+    let had_pods = movable_pods(&twin, "w-1");
+    assert!(
+        !had_pods.is_empty(),
+        "the seed spreads workloads over the workers"
+    );
+    let webs = web_pods(&twin);
+
+    talos
+        .reboot(to_node(RebootRequest { mode: 0 }, "10.0.10.21"))
+        .await?;
+    twin.advance(Duration::from_secs(2));
+    let down = node(&twin, "w-1");
+    assert!(!ready(&down), "NotReady while rebooting: {down}");
+    assert!(
+        movable_pods(&twin, "w-1").is_empty(),
+        "pods on a down node are lost"
+    );
+    // Longhorn volumes with a replica there are degraded.
+    let vols = twin
+        .kube
+        .with(|c, _| c.list("volumes", Some("longhorn-system")));
+    assert!(
+        vols.iter()
+            .all(|v| v.pointer("/status/robustness").and_then(Value::as_str) == Some("degraded")),
+        "{vols:?}"
+    );
+
+    twin.advance(Duration::from_secs(120));
+    let up = node(&twin, "w-1");
+    assert!(ready(&up), "Ready after the reboot: {up}");
+    assert_ne!(
+        up.pointer("/status/nodeInfo/bootID").cloned(),
+        boot_before,
+        "a new boot id"
+    );
+    assert_eq!(web_pods(&twin), webs, "the web Deployment is whole again");
+    Ok(())
+}
+
+/// The machine config as Talos stores it, fetched over COSI.
+async fn machine_config(
+    channel: Channel,
+    node: &str,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let r = StateClient::new(channel)
+        .get(to_node(
+            GetRequest {
+                namespace: "config".into(),
+                r#type: "MachineConfigs.config.talos.dev".into(),
+                id: "v1alpha1".into(),
+                options: None,
+            },
+            node,
+        ))
+        .await?
+        .into_inner();
+    let spec = r.resource.and_then(|r| r.spec).ok_or("no spec")?;
+    Ok(String::from_utf8(
+        MachineConfigSpec::decode(spec.proto_spec.as_slice())?.yaml_marshalled,
+    )?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_changes_show_as_a_new_kubelet_version_and_restarted_static_pods() -> TestResult {
+    let (twin, _state) = start(TwinConfig::default()).await?;
+    let channel = talos_channel(twin.talosconfig()).await?;
+    let mut talos = MachineServiceClient::new(channel.clone());
+
+    // kube-apiserver on cp-1.
+    let cfg = machine_config(channel.clone(), "10.0.10.11").await?;
+    let new = cfg.replace(
+        "registry.k8s.io/kube-apiserver:v1.30.14",
+        "registry.k8s.io/kube-apiserver:v1.31.14",
+    );
+    assert_ne!(cfg, new, "the config names the apiserver image");
+    talos
+        .apply_configuration(to_node(
+            ApplyConfigurationRequest {
+                data: new.into_bytes(),
+                mode: Mode::NoReboot as i32,
+                dry_run: false,
+                try_mode_timeout: None,
+            },
+            "10.0.10.11",
+        ))
+        .await?;
+    twin.advance(Duration::from_secs(1));
+    let pod = twin
+        .kube
+        .with(|c, _| c.get("pods", "kube-system", "kube-apiserver-cp-1"))
+        .ok_or("mirror pod")?;
+    assert!(
+        pod.pointer("/spec/containers/0/image")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .ends_with(":v1.31.14"),
+        "{pod}"
+    );
+    assert!(!ready(&pod), "restarting: {pod}");
+    twin.advance(Duration::from_secs(60));
+    let pod = twin
+        .kube
+        .with(|c, _| c.get("pods", "kube-system", "kube-apiserver-cp-1"))
+        .ok_or("mirror pod")?;
+    assert!(ready(&pod), "Ready after the restart: {pod}");
+    assert_eq!(
+        pod.pointer("/metadata/annotations/talos.dev~1config-version")
+            .and_then(Value::as_str),
+        Some("2"),
+        "a new config version: {pod}"
+    );
+
+    // The kubelet on w-2.
+    let cfg = machine_config(channel.clone(), "10.0.10.22").await?;
+    let new = cfg.replace(
+        "ghcr.io/siderolabs/kubelet:v1.30.14",
+        "ghcr.io/siderolabs/kubelet:v1.31.14",
+    );
+    talos
+        .apply_configuration(to_node(
+            ApplyConfigurationRequest {
+                data: new.into_bytes(),
+                mode: Mode::NoReboot as i32,
+                dry_run: false,
+                try_mode_timeout: None,
+            },
+            "10.0.10.22",
+        ))
+        .await?;
+    twin.advance(Duration::from_secs(60));
+    let w2 = node(&twin, "w-2");
+    assert_eq!(
+        w2.pointer("/status/nodeInfo/kubeletVersion")
+            .and_then(Value::as_str),
+        Some("v1.31.14"),
+        "{w2}"
+    );
+    assert!(ready(&w2));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_faults_reach_both_sides() -> TestResult {
+    let config = TwinConfig::parse(
+        "twin.yaml",
+        "faults:\n  nodesNeverReturn: [w-3]\n  pdbsNeverAllow: [default/web]\n",
+    )?;
+    let (twin, _state) = start(config).await?;
+    let mut talos = MachineServiceClient::new(talos_channel(twin.talosconfig()).await?);
+    talos
+        .reboot(to_node(RebootRequest { mode: 0 }, "w-3"))
+        .await?;
+    twin.advance(Duration::from_secs(600));
+    assert!(!ready(&node(&twin, "w-3")), "w-3 never returns");
+    let pdb = twin
+        .kube
+        .with(|c, _| c.get("poddisruptionbudgets", "default", "web"))
+        .ok_or("pdb")?;
+    assert_eq!(
+        pdb.pointer("/status/disruptionsAllowed")
+            .and_then(Value::as_i64),
+        Some(0),
+        "{pdb}"
+    );
+    // A fault naming an unknown node is refused with a clear message.
+    let bad = TwinConfig::parse("twin.yaml", "faults:\n  nodesNeverReturn: [w-9]\n")?;
+    let folder = ClusterFolder::read(&homelab_folder())?;
+    let state = tempfile::tempdir()?;
+    let err = Twin::start(
+        Clock::manual(),
+        &folder,
+        state.path(),
+        TwinOptions {
+            config: bad,
+            github: None,
+        },
+    )
+    .await
+    .err()
+    .ok_or("should fail")?;
+    assert!(err.to_string().contains("no node `w-9`"), "{err}");
+    // Unknown fields in the config are refused with their line.
+    let err = TwinConfig::parse("twin.yaml", "faults:\n  nodesNeverReturns: [w-3]\n")
+        .err()
+        .ok_or("should fail")?;
+    assert_eq!(err.line, Some(2), "{err}");
+    Ok(())
+}
