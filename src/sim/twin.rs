@@ -493,7 +493,7 @@ fn project_into(
     kube.with(|c, now| {
         for o in observations {
             let prev = seen.get(&o.name).cloned();
-            let mut next = Seen {
+            let next = Seen {
                 up: o.up,
                 ready: o.ready,
                 boot_id: o.boot_id.clone(),
