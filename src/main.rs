@@ -39,6 +39,25 @@ enum Command {
         #[arg(long, value_name = "NODE")]
         ichor_node: Option<String>,
     },
+    /// Run the twin: a simulated Talos cluster served over the real Talos API (mutual TLS)
+    /// and Kubernetes API, built from a cluster folder, until interrupted.
+    Sim {
+        /// The cluster folder: cluster.yaml (with spec.inventory) and release-set.yaml.
+        #[arg(long, value_name = "DIR")]
+        cluster: PathBuf,
+        /// Simulated seconds per wall-clock second.
+        #[arg(long, value_name = "N", default_value_t = 1.0)]
+        speed: f64,
+        /// Where kubeconfig, talosconfig and github-token are written.
+        #[arg(long, value_name = "DIR", default_value = ".ichor-sim")]
+        state_dir: PathBuf,
+        /// Also serve the GitHub API emulator over the git repository holding the folder.
+        #[arg(long)]
+        github: bool,
+        /// Timings and faults (YAML; see docs/twin.md).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
     /// Build the bundled homelab repository and gate every pull-request branch in it.
     Demo {
         /// Keep the demo repository here instead of a temporary directory.
@@ -124,8 +143,112 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print(&text)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Sim {
+            cluster,
+            speed,
+            state_dir,
+            github,
+            config,
+        } => sim(cluster, speed, state_dir, github, config),
         Command::Demo { dir } => demo(dir),
     }
+}
+
+fn sim(
+    dir: PathBuf,
+    speed: f64,
+    state_dir: PathBuf,
+    github: bool,
+    config: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    use ichor::sim::twin::{ClusterFolder, Twin, TwinConfig, TwinOptions};
+    if !(speed.is_finite() && speed > 0.0) {
+        anyhow::bail!(
+            "--speed must be a positive number of simulated seconds per second, got {speed}"
+        );
+    }
+    let folder = ClusterFolder::read(&dir)?;
+    let config = match &config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", path.display()))?;
+            TwinConfig::parse(&path.display().to_string(), &text)?
+        }
+        None => TwinConfig::default(),
+    };
+    let github = if github {
+        let repo = git2::Repository::discover(&dir).map_err(|e| {
+            anyhow::anyhow!(
+                "--github: {} is not inside a git repository: {}",
+                dir.display(),
+                e.message()
+            )
+        })?;
+        let root = repo.workdir().unwrap_or_else(|| repo.path()).to_path_buf();
+        let name = root
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "repo".into());
+        Some((format!("local/{name}"), root))
+    } else {
+        None
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let clock = ichor::clock::Clock::scaled(speed);
+        let twin = Twin::start(clock, &folder, &state_dir, TwinOptions { config, github }).await?;
+        let rs = &folder.release_set.spec;
+        let mut out = format!(
+            "ichor sim: cluster {} — {} nodes, Talos {}, Kubernetes {}, {}x speed\n\n",
+            folder.cluster.name(),
+            twin.talos.endpoints().len(),
+            rs.talos,
+            rs.kubernetes,
+            speed
+        );
+        let abs =
+            |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        out.push_str(&format!(
+            "Kubernetes API  {}\n  export KUBECONFIG={}\n  kubectl get nodes -o wide\n\n",
+            twin.kube.url,
+            abs(twin.kubeconfig()).display()
+        ));
+        out.push_str("Talos API (one endpoint per node; any control plane routes by `-n`)\n");
+        let observed = twin.talos.observe();
+        for (name, addr) in twin.talos.endpoints() {
+            let ip = observed
+                .iter()
+                .find(|o| &o.name == name)
+                .map(|o| o.ip.to_string())
+                .unwrap_or_default();
+            out.push_str(&format!("  {name:<12} {addr:<22} node {ip}\n"));
+        }
+        out.push_str(&format!(
+            "  export TALOSCONFIG={}\n  talosctl -n {} version\n",
+            abs(twin.talosconfig()).display(),
+            observed
+                .first()
+                .map(|o| o.ip.to_string())
+                .unwrap_or_default()
+        ));
+        if let Some(gh) = &twin.github {
+            let token_path = state_dir.join("github-token");
+            ichor::sim::pki::write_private(&token_path, gh.token().as_bytes())?;
+            out.push_str(&format!(
+                "\nGitHub API      {}\n  token in {}\n",
+                gh.base_url(),
+                abs(&token_path).display()
+            ));
+        }
+        out.push_str("\nServing until interrupted (Ctrl-C).\n");
+        print(&out)?;
+        tokio::signal::ctrl_c().await?;
+        twin.shutdown().await;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn load(t: &Target) -> Result<gate::Change, GateError> {

@@ -378,3 +378,84 @@ async fn configured_faults_reach_both_sides() -> TestResult {
     assert_eq!(err.line, Some(2), "{err}");
     Ok(())
 }
+
+/// `ichor sim` as a user runs it: it prints the endpoints, kubectl works with the kubeconfig
+/// it wrote, and Ctrl-C (SIGINT) stops it cleanly.
+#[test]
+fn ichor_sim_serves_until_interrupted() -> TestResult {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let state = tempfile::tempdir()?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ichor"))
+        .args(["sim", "--speed", "60", "--cluster"])
+        .arg(homelab_folder())
+        .arg("--state-dir")
+        .arg(state.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("stdout")?;
+    // Read until the twin says it serves (or the process ends, which fails the test).
+    let mut printed = String::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        printed.push_str(&line);
+        printed.push('\n');
+        if line.starts_with("Serving until interrupted") {
+            break;
+        }
+    }
+    assert!(printed.contains("Serving until interrupted"), "{printed}");
+    assert!(
+        printed.contains("w-1") && printed.contains("node 10.0.10.21"),
+        "{printed}"
+    );
+    let kubeconfig = state.path().join("kubeconfig");
+    if Path::new("/usr/bin/kubectl").exists() {
+        let out = Command::new("/usr/bin/kubectl")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["get", "nodes", "-o", "wide"])
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains("Talos (v1.12.4)") && text.lines().count() == 7,
+            "{text}"
+        );
+    }
+    assert!(state.path().join("talosconfig").exists());
+    let pid = child.id().to_string();
+    Command::new("kill").args(["-INT", &pid]).status()?;
+    let status = child.wait()?;
+    assert!(status.success(), "exits cleanly on Ctrl-C: {status:?}");
+    Ok(())
+}
+
+#[test]
+fn ichor_sim_refuses_a_folder_without_inventory() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(
+        dir.path().join("release-set.yaml"),
+        std::fs::read_to_string(homelab_folder().join("release-set.yaml"))?,
+    )?;
+    std::fs::write(
+        dir.path().join("cluster.yaml"),
+        "apiVersion: ichor.dev/v1alpha1\nkind: Cluster\nmetadata: {name: homelab}\nspec: {}\n",
+    )?;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ichor"))
+        .args(["sim", "--cluster"])
+        .arg(dir.path())
+        .output()?;
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cluster.yaml: spec.inventory lists no nodes"),
+        "{err}"
+    );
+    Ok(())
+}
