@@ -52,6 +52,10 @@ pub struct TwinConfig {
     pub timings: TimingsConfig,
     #[serde(default)]
     pub faults: FaultsConfig,
+    /// Extra workload pods beyond the small home set (CoreDNS, a web app, the CNI), spread
+    /// over Deployments of at most 100 replicas, to rehearse on a busier cluster.
+    #[serde(default)]
+    pub extra_pods: u32,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -201,7 +205,7 @@ fn config_form(talos: &Version) -> ConfigForm {
 }
 
 /// The machines and the Kubernetes objects a cluster folder describes.
-pub fn build_specs(folder: &ClusterFolder) -> Result<(Vec<NodeSpec>, KubeSeed), SimError> {
+pub fn build_specs(folder: &ClusterFolder, extra_pods: u32) -> Result<(Vec<NodeSpec>, KubeSeed), SimError> {
     let rs = &folder.release_set.spec;
     let spec = &folder.cluster.spec;
     let inventory = spec
@@ -257,6 +261,14 @@ pub fn build_specs(folder: &ClusterFolder) -> Result<(Vec<NodeSpec>, KubeSeed), 
         .pdb_max_unavailable("kube-system", "coredns", "coredns", json!(1))
         .deployment_with_empty_dir("default", "web", 3)
         .pdb_min_available("default", "web", "web", json!(2));
+    let mut left = extra_pods;
+    let mut i = 0;
+    while left > 0 {
+        let n = left.min(100);
+        i += 1;
+        seed = seed.deployment("load", &format!("app-{i}"), n);
+        left -= n;
+    }
     if spec.cni.handover.mode != HandoverMode::Disabled {
         if let Some(app) = &spec.cni.handover.argocd_application {
             seed = seed.application(&app.name, "Synced", "Healthy");
@@ -303,7 +315,7 @@ impl Twin {
             path: state_dir.to_path_buf(),
             message: format!("cannot create: {e}"),
         })?;
-        let (nodes, mut seed) = build_specs(folder)?;
+        let (nodes, mut seed) = build_specs(folder, options.config.extra_pods)?;
         let cfg = &options.config;
         let mut topts = TalosTwinOptions {
             context: folder.cluster.name().to_string(),
