@@ -1688,3 +1688,57 @@ async fn a_watch_with_a_selector_sees_objects_leave_and_enter_it() {
         (Some("ADDED"), Some(name.as_str()))
     );
 }
+
+#[tokio::test]
+async fn malformed_objects_are_refused_not_crashing_the_server() {
+    let (t, _d) = twin(KubeSeed::nodes(1, 1), Behaviour::default()).await;
+    let api = Api::new(&t);
+    let cms = "/api/v1/namespaces/default/configmaps";
+    for body in [
+        json!([1, 2]),
+        json!({"metadata": "x"}),
+        json!({"metadata": {"name": "a", "labels": {"n": 1}}}),
+        json!({"metadata": {"name": "a"}, "status": 3}),
+    ] {
+        let r = api.call("POST", cms, None, Some(body.clone())).await;
+        assert_eq!(r.code, 400, "{body}: {}", r.text);
+    }
+    let node = "/api/v1/nodes/worker-1";
+    let r = api
+        .call(
+            "PATCH",
+            node,
+            Some("application/merge-patch+json"),
+            Some(json!({"metadata": "gone"})),
+        )
+        .await;
+    assert_eq!(r.code, 422, "{}", r.text);
+    let r = api
+        .call(
+            "PATCH",
+            node,
+            Some("application/merge-patch+json"),
+            Some(json!(["not", "an", "object"])),
+        )
+        .await;
+    assert_eq!(r.code, 422, "{}", r.text);
+    // A client-made odd status shape does not trip the model later.
+    let r = api
+        .call(
+            "PATCH",
+            &format!("{node}/status"),
+            Some("application/merge-patch+json"),
+            Some(json!({"status": {"nodeInfo": "odd"}})),
+        )
+        .await;
+    assert_eq!(r.code, 200, "{}", r.text);
+    t.with(|c, now| c.set_kubelet_version("worker-1", "v1.35.0", now))
+        .expect("node");
+    let n = api.get(node).await;
+    assert_eq!(n.body["status"]["nodeInfo"]["kubeletVersion"], "v1.35.0");
+    let garbage = api
+        .send("POST", cms, Some("application/json"), "{not json".into())
+        .await;
+    assert_eq!(garbage.status().as_u16(), 400);
+    assert_eq!(api.get("/api/v1/nodes").await.code, 200, "still serving");
+}

@@ -19,7 +19,7 @@ use super::model::Cluster;
 use super::patch::{json_patch, merge_patch, strategic_merge_patch};
 use super::resources::{groups, lookup, ResourceType, RESOURCES};
 use super::select::{FieldSelector, LabelSelector};
-use super::store::{name_of, namespace_of, rv_of, ApiError, EventType, WatchEvent};
+use super::store::{name_of, namespace_of, rv_of, set_path, ApiError, EventType, WatchEvent};
 use super::table::table;
 use crate::clock::Clock;
 
@@ -419,6 +419,15 @@ fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
     }
 }
 
+/// A request body that must be a JSON (or YAML) object.
+fn parse_object(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
+    let v = parse_body(headers, body)?;
+    if !v.is_object() {
+        return Err(ApiError::bad_request("the request body is not an object"));
+    }
+    Ok(v)
+}
+
 fn strip_rv(obj: &mut Value) {
     if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("resourceVersion");
@@ -646,7 +655,8 @@ fn create(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<(u16, Value), ApiError> {
-    let mut obj = parse_body(headers, body)?;
+    let mut obj = parse_object(headers, body)?;
+    super::store::check_shape(rt, &obj)?;
     let body_ns = namespace_of(&obj).to_string();
     if rt.namespaced && !body_ns.is_empty() && body_ns != ns {
         return Err(ApiError::bad_request(
@@ -680,7 +690,7 @@ fn split_status(rt: &ResourceType, old: &Value, mut new: Value, sub: Option<&str
         let mut out = old.clone();
         out["status"] = new.get("status").cloned().unwrap_or(Value::Null);
         if let Some(rv) = new.pointer("/metadata/resourceVersion").cloned() {
-            out["metadata"]["resourceVersion"] = rv;
+            set_path(&mut out, &["metadata", "resourceVersion"], rv);
         } else {
             strip_rv(&mut out);
         }
@@ -729,7 +739,8 @@ fn update(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<(u16, Value), ApiError> {
-    let obj = parse_body(headers, body)?;
+    let obj = parse_object(headers, body)?;
+    super::store::check_shape(rt, &obj)?;
     if !name_of(&obj).is_empty() && name_of(&obj) != name {
         return Err(ApiError::bad_request(
             "the name of the object does not match the name on the URL",
@@ -781,6 +792,11 @@ fn patch(
     let bad = |e: super::patch::PatchError| ApiError::new(422, "Invalid", e.to_string());
     let (code, new) = match ct.as_str() {
         "application/apply-patch+yaml" => {
+            if !p.is_object() {
+                return Err(ApiError::bad_request(
+                    "the applied configuration is not an object",
+                ));
+            }
             let Some(manager) = q.get("fieldManager").filter(|m| !m.is_empty()) else {
                 return Err(ApiError::new(422, "Invalid",
                     "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"));
@@ -798,7 +814,7 @@ fn patch(
                 None => {
                     let mut obj = applied;
                     strip_rv(&mut obj);
-                    obj["metadata"]["name"] = json!(name);
+                    set_path(&mut obj, &["metadata", "name"], json!(name));
                     if rt.plural == "pods" {
                         obj["status"] = json!({"phase": "Pending"});
                     }
@@ -831,6 +847,8 @@ fn patch(
     let Some(old) = old else {
         return Err(ApiError::not_found(rt, name));
     };
+    // A patch may have turned the object into anything; refuse what cannot be stored.
+    super::store::check_shape(rt, &new).map_err(|e| ApiError::new(422, "Invalid", e.message))?;
     let mut new = split_status(rt, &old, new, sub);
     if ct != "application/apply-patch+yaml" {
         super::apply::record_update(
@@ -1003,7 +1021,11 @@ fn watch(
         if bookmarks || initial_events {
             let mut mark = bookmark(last);
             if initial_events {
-                mark["metadata"]["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+                set_path(
+                    &mut mark,
+                    &["metadata", "annotations"],
+                    json!({"k8s.io/initial-events-end": "true"}),
+                );
             }
             if tx.send(Ok(event_line("BOOKMARK", &mark))).await.is_err() {
                 return;

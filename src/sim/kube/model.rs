@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::resources::{by_kind, ResourceType};
 use super::select::{FieldSelector, LabelSelector};
-use super::store::{name_of, namespace_of, ApiError, Store};
+use super::store::{name_of, namespace_of, set_path, ApiError, Store};
 use crate::clock::Timestamp;
 
 /// How fast the simulated controllers react.
@@ -162,7 +162,7 @@ pub fn condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a str> {
 pub fn set_condition(obj: &mut Value, kind: &str, status: bool, reason: &str, now: Timestamp) {
     let status = if status { "True" } else { "False" };
     if !obj["status"]["conditions"].is_array() {
-        obj["status"]["conditions"] = json!([]);
+        set_path(obj, &["status", "conditions"], json!([]));
     }
     let Some(conds) = obj["status"]["conditions"].as_array_mut() else {
         return;
@@ -358,8 +358,16 @@ impl Cluster {
             return Ok(pod);
         }
         let mut p = pod;
-        p["metadata"]["deletionTimestamp"] = json!(due.rfc3339());
-        p["metadata"]["deletionGracePeriodSeconds"] = json!(grace.as_secs());
+        set_path(
+            &mut p,
+            &["metadata", "deletionTimestamp"],
+            json!(due.rfc3339()),
+        );
+        set_path(
+            &mut p,
+            &["metadata", "deletionGracePeriodSeconds"],
+            json!(grace.as_secs()),
+        );
         set_condition(&mut p, "Ready", false, "PodTerminating", now);
         set_condition(&mut p, "ContainersReady", false, "PodTerminating", now);
         if let Some(m) = p.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -460,7 +468,7 @@ impl Cluster {
             return Err(ApiError::not_found(rt("nodes"), node));
         };
         if unschedulable {
-            n["spec"]["unschedulable"] = json!(true);
+            set_path(&mut n, &["spec", "unschedulable"], json!(true));
         } else if let Some(spec) = n.get_mut("spec").and_then(Value::as_object_mut) {
             spec.remove("unschedulable");
         }
@@ -479,7 +487,11 @@ impl Cluster {
         let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
             return Err(ApiError::not_found(rt("nodes"), node));
         };
-        n["status"]["nodeInfo"]["kubeletVersion"] = json!(version);
+        set_path(
+            &mut n,
+            &["status", "nodeInfo", "kubeletVersion"],
+            json!(version),
+        );
         self.store.update(rt("nodes"), "", node, n)?;
         self.sync(now);
         Ok(())
@@ -495,7 +507,7 @@ impl Cluster {
         let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
             return Err(ApiError::not_found(rt("nodes"), node));
         };
-        n["status"]["nodeInfo"]["osImage"] = json!(os_image);
+        set_path(&mut n, &["status", "nodeInfo", "osImage"], json!(os_image));
         self.store.update(rt("nodes"), "", node, n)?;
         self.sync(now);
         Ok(())
@@ -547,9 +559,9 @@ impl Cluster {
         let Some(mut app) = self.store.get("applications", namespace, name).cloned() else {
             return Err(ApiError::not_found(rt("applications"), name));
         };
-        app["status"]["sync"]["status"] = json!(sync);
-        app["status"]["health"]["status"] = json!(health);
-        app["status"]["reconciledAt"] = json!(now.rfc3339());
+        set_path(&mut app, &["status", "sync", "status"], json!(sync));
+        set_path(&mut app, &["status", "health", "status"], json!(health));
+        set_path(&mut app, &["status", "reconciledAt"], json!(now.rfc3339()));
         if let Some(m) = app.get_mut("metadata").and_then(Value::as_object_mut) {
             m.remove("resourceVersion");
         }
@@ -583,10 +595,14 @@ impl Cluster {
             .pointer("/spec/leaseTransitions")
             .and_then(Value::as_u64)
             .unwrap_or(0);
-        l["spec"]["holderIdentity"] = json!(holder);
-        l["spec"]["acquireTime"] = json!(micro_time(now));
-        l["spec"]["renewTime"] = json!(micro_time(now));
-        l["spec"]["leaseTransitions"] = json!(transitions + 1);
+        set_path(&mut l, &["spec", "holderIdentity"], json!(holder));
+        set_path(&mut l, &["spec", "acquireTime"], json!(micro_time(now)));
+        set_path(&mut l, &["spec", "renewTime"], json!(micro_time(now)));
+        set_path(
+            &mut l,
+            &["spec", "leaseTransitions"],
+            json!(transitions + 1),
+        );
         if let Some(m) = l.get_mut("metadata").and_then(Value::as_object_mut) {
             m.remove("resourceVersion");
         }
@@ -930,11 +946,15 @@ impl Cluster {
                 {"type": "PodScheduled", "status": if node.is_some() {"True"} else {"False"}}]},
         });
         if let Some(a) = template.pointer("/metadata/annotations") {
-            pod["metadata"]["annotations"] = a.clone();
+            set_path(&mut pod, &["metadata", "annotations"], a.clone());
         }
-        pod["metadata"]["annotations"][TEMPLATE_HASH] = json!(template_hash(owner));
+        set_path(
+            &mut pod,
+            &["metadata", "annotations", TEMPLATE_HASH],
+            json!(template_hash(owner)),
+        );
         if let Some(n) = node {
-            pod["spec"]["nodeName"] = json!(n);
+            set_path(&mut pod, &["spec", "nodeName"], json!(n));
         }
         if !volumes.is_empty() {
             let mut all = pod["spec"]["volumes"]
@@ -942,7 +962,7 @@ impl Cluster {
                 .cloned()
                 .unwrap_or_default();
             all.extend(volumes);
-            pod["spec"]["volumes"] = Value::Array(all);
+            set_path(&mut pod, &["spec", "volumes"], Value::Array(all));
         }
         if let Ok(p) = self.store.create(rt_pods(), &ns, pod, now) {
             self.pending.insert((ns, name_of(&p).to_string()), now);
@@ -968,12 +988,16 @@ impl Cluster {
                 // The ReplicaSet's template carries pod-template-hash on top of the Deployment's.
                 let mut rs_template = template.clone();
                 if let Some(h) = rs.pointer("/spec/template/metadata/labels/pod-template-hash") {
-                    rs_template["metadata"]["labels"]["pod-template-hash"] = h.clone();
+                    set_path(
+                        &mut rs_template,
+                        &["metadata", "labels", "pod-template-hash"],
+                        h.clone(),
+                    );
                 }
                 if replicas_of(&rs) != want || rs.pointer("/spec/template") != Some(&rs_template) {
                     let mut rs2 = rs.clone();
-                    rs2["spec"]["replicas"] = json!(want);
-                    rs2["spec"]["template"] = rs_template;
+                    set_path(&mut rs2, &["spec", "replicas"], json!(want));
+                    set_path(&mut rs2, &["spec", "template"], rs_template);
                     if let Some(m) = rs2.get_mut("metadata").and_then(Value::as_object_mut) {
                         m.remove("resourceVersion");
                     }
@@ -1250,24 +1274,25 @@ impl Cluster {
                 .map(|n| n.ip.clone())
                 .unwrap_or_default();
             let serial = self.store.resource_version();
-            pod["spec"]["nodeName"] = json!(node_name);
-            pod["status"]["phase"] = json!("Running");
-            pod["status"]["hostIP"] = json!(host_ip);
-            pod["status"]["hostIPs"] = json!([{"ip": host_ip}]);
+            set_path(&mut pod, &["spec", "nodeName"], json!(node_name));
+            set_path(&mut pod, &["status", "phase"], json!("Running"));
+            set_path(&mut pod, &["status", "hostIP"], json!(host_ip));
+            set_path(&mut pod, &["status", "hostIPs"], json!([{"ip": host_ip}]));
             // Host-network pods (the CNI, kube-proxy) use the node's address.
             let pod_ip = if pod.pointer("/spec/hostNetwork") == Some(&json!(true)) {
                 host_ip.clone()
             } else {
                 format!("10.244.{}.{}", (serial / 250) % 250, serial % 250 + 2)
             };
-            pod["status"]["podIP"] = json!(pod_ip);
-            pod["status"]["podIPs"] = json!([{"ip": pod_ip}]);
-            pod["status"]["startTime"] = json!(now.rfc3339());
+            set_path(&mut pod, &["status", "podIP"], json!(pod_ip));
+            set_path(&mut pod, &["status", "podIPs"], json!([{"ip": pod_ip}]));
+            set_path(&mut pod, &["status", "startTime"], json!(now.rfc3339()));
             set_condition(&mut pod, "PodScheduled", true, "", now);
             set_condition(&mut pod, "Initialized", true, "", now);
             set_condition(&mut pod, "ContainersReady", true, "", now);
             set_condition(&mut pod, "Ready", true, "", now);
-            pod["status"]["containerStatuses"] = container_statuses(&pod, now);
+            let statuses = container_statuses(&pod, now);
+            set_path(&mut pod, &["status", "containerStatuses"], statuses);
             if let Some(m) = pod.get_mut("metadata").and_then(Value::as_object_mut) {
                 m.remove("resourceVersion");
             }
@@ -1283,7 +1308,7 @@ impl Cluster {
                 continue;
             }
             let mut r2 = r.clone();
-            r2["status"]["currentState"] = json!(state);
+            set_path(&mut r2, &["status", "currentState"], json!(state));
             r2["spec"]["failedAt"] = json!(if state == "running" {
                 String::new()
             } else {
@@ -1379,8 +1404,8 @@ impl Cluster {
                 || vol.pointer("/status/state").and_then(Value::as_str) != Some(state)
             {
                 let mut v2 = vol.clone();
-                v2["status"]["robustness"] = json!(robustness);
-                v2["status"]["state"] = json!(state);
+                set_path(&mut v2, &["status", "robustness"], json!(robustness));
+                set_path(&mut v2, &["status", "state"], json!(state));
                 let _ = self.store.update(rt("volumes"), &ns, &vname, v2);
             }
         }
@@ -1415,11 +1440,15 @@ impl Cluster {
                 let ps = owned(namespace_of(&o), kind, name_of(&o));
                 let ready = ps.iter().filter(|p| is_ready(p)).count();
                 let mut o2 = o.clone();
-                o2["status"]["replicas"] = json!(ps.len());
-                o2["status"]["readyReplicas"] = json!(ready);
-                o2["status"]["availableReplicas"] = json!(ready);
-                o2["status"]["currentReplicas"] = json!(ps.len());
-                o2["status"]["updatedReplicas"] = json!(updated(&ps, &o));
+                set_path(&mut o2, &["status", "replicas"], json!(ps.len()));
+                set_path(&mut o2, &["status", "readyReplicas"], json!(ready));
+                set_path(&mut o2, &["status", "availableReplicas"], json!(ready));
+                set_path(&mut o2, &["status", "currentReplicas"], json!(ps.len()));
+                set_path(
+                    &mut o2,
+                    &["status", "updatedReplicas"],
+                    json!(updated(&ps, &o)),
+                );
                 o2["status"]["observedGeneration"] = o
                     .pointer("/metadata/generation")
                     .cloned()
@@ -1442,11 +1471,15 @@ impl Cluster {
             let ready = rs_pods.iter().filter(|p| is_ready(p)).count();
             let want = replicas_of(&d) as usize;
             let mut d2 = d.clone();
-            d2["status"]["replicas"] = json!(rs_pods.len());
-            d2["status"]["readyReplicas"] = json!(ready);
-            d2["status"]["availableReplicas"] = json!(ready);
-            d2["status"]["updatedReplicas"] = json!(up_to_date);
-            d2["status"]["unavailableReplicas"] = json!(want.saturating_sub(ready));
+            set_path(&mut d2, &["status", "replicas"], json!(rs_pods.len()));
+            set_path(&mut d2, &["status", "readyReplicas"], json!(ready));
+            set_path(&mut d2, &["status", "availableReplicas"], json!(ready));
+            set_path(&mut d2, &["status", "updatedReplicas"], json!(up_to_date));
+            set_path(
+                &mut d2,
+                &["status", "unavailableReplicas"],
+                json!(want.saturating_sub(ready)),
+            );
             d2["status"]["observedGeneration"] = d
                 .pointer("/metadata/generation")
                 .cloned()
@@ -1458,13 +1491,29 @@ impl Cluster {
             let ps = owned(namespace_of(&ds), "DaemonSet", name_of(&ds));
             let ready = ps.iter().filter(|p| is_ready(p)).count();
             let mut ds2 = ds.clone();
-            ds2["status"]["desiredNumberScheduled"] = json!(desired);
-            ds2["status"]["currentNumberScheduled"] = json!(ps.len());
-            ds2["status"]["updatedNumberScheduled"] = json!(updated(&ps, &ds));
-            ds2["status"]["numberReady"] = json!(ready);
-            ds2["status"]["numberAvailable"] = json!(ready);
-            ds2["status"]["numberUnavailable"] = json!(desired.saturating_sub(ready));
-            ds2["status"]["numberMisscheduled"] = json!(0);
+            set_path(
+                &mut ds2,
+                &["status", "desiredNumberScheduled"],
+                json!(desired),
+            );
+            set_path(
+                &mut ds2,
+                &["status", "currentNumberScheduled"],
+                json!(ps.len()),
+            );
+            set_path(
+                &mut ds2,
+                &["status", "updatedNumberScheduled"],
+                json!(updated(&ps, &ds)),
+            );
+            set_path(&mut ds2, &["status", "numberReady"], json!(ready));
+            set_path(&mut ds2, &["status", "numberAvailable"], json!(ready));
+            set_path(
+                &mut ds2,
+                &["status", "numberUnavailable"],
+                json!(desired.saturating_sub(ready)),
+            );
+            set_path(&mut ds2, &["status", "numberMisscheduled"], json!(0));
             ds2["status"]["observedGeneration"] = ds
                 .pointer("/metadata/generation")
                 .cloned()
@@ -1521,10 +1570,10 @@ impl Cluster {
                 allowed = 0;
             }
             let mut p2 = pdb.clone();
-            p2["status"]["currentHealthy"] = json!(healthy);
-            p2["status"]["desiredHealthy"] = json!(desired);
-            p2["status"]["expectedPods"] = json!(expected);
-            p2["status"]["disruptionsAllowed"] = json!(allowed);
+            set_path(&mut p2, &["status", "currentHealthy"], json!(healthy));
+            set_path(&mut p2, &["status", "desiredHealthy"], json!(desired));
+            set_path(&mut p2, &["status", "expectedPods"], json!(expected));
+            set_path(&mut p2, &["status", "disruptionsAllowed"], json!(allowed));
             p2["status"]["observedGeneration"] = pdb
                 .pointer("/metadata/generation")
                 .cloned()

@@ -191,6 +191,57 @@ fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
     }
 }
 
+/// Set `path` in `obj`, turning anything in the way into an object. Objects come from
+/// clients, so a plain `obj["a"]["b"] = v` (which panics on a non-object) is not safe.
+pub fn set_path(obj: &mut Value, path: &[&str], v: Value) {
+    let mut cur = obj;
+    for k in path {
+        if !cur.is_object() {
+            *cur = json!({});
+        }
+        let Value::Object(m) = cur else { return };
+        cur = m.entry(k.to_string()).or_insert(Value::Null);
+    }
+    *cur = v;
+}
+
+/// The shape every stored object has: an object whose metadata, spec and status (when
+/// present) are objects, labels and annotations maps of strings.
+pub fn check_shape(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
+    let bad = |what: &str| {
+        ApiError::new(
+            400,
+            "BadRequest",
+            format!("unable to decode the {} object: {what}", rt.kind),
+        )
+    };
+    let Some(top) = obj.as_object() else {
+        return Err(bad("the body is not a JSON object"));
+    };
+    for k in ["metadata", "spec", "status"] {
+        if top.get(k).is_some_and(|v| !v.is_object() && !v.is_null()) {
+            return Err(bad(&format!("{k} must be an object")));
+        }
+    }
+    for k in ["labels", "annotations"] {
+        if let Some(v) = obj.pointer(&format!("/metadata/{k}")) {
+            let ok = v.is_null()
+                || v.as_object()
+                    .is_some_and(|m| m.values().all(Value::is_string));
+            if !ok {
+                return Err(bad(&format!("metadata.{k} must map strings to strings")));
+            }
+        }
+    }
+    if obj
+        .pointer("/metadata/ownerReferences")
+        .is_some_and(|v| !v.is_array() && !v.is_null())
+    {
+        return Err(bad("metadata.ownerReferences must be a list"));
+    }
+    Ok(())
+}
+
 const NAME_CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
 impl Store {
@@ -327,6 +378,7 @@ impl Store {
         mut obj: Value,
         now: Timestamp,
     ) -> Result<Value, ApiError> {
+        check_shape(rt, &obj)?;
         let ns = if rt.namespaced { ns } else { "" };
         let mut name = name_of(&obj).to_string();
         if name.is_empty() {
@@ -386,6 +438,7 @@ impl Store {
         name: &str,
         mut obj: Value,
     ) -> Result<Value, ApiError> {
+        check_shape(rt, &obj)?;
         let ns = if rt.namespaced { ns } else { "" };
         let Some(old) = self.get(rt.plural, ns, name).cloned() else {
             return Err(ApiError::not_found(rt, name));
