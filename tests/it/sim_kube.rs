@@ -1361,7 +1361,10 @@ async fn node_down_loses_pods_and_degrades_longhorn_volumes_until_rebuilt() {
 #[tokio::test]
 async fn node_model_api_for_the_integration() {
     let (t, _d) = twin(
-        KubeSeed::nodes(3, 1).versions("1.10.6", "1.33.5"),
+        KubeSeed::nodes(3, 1)
+            .versions("1.10.6", "1.33.5")
+            .node_versions("worker-1", "1.11.3", "1.33.5")
+            .longhorn_volume_attached("pvc-db", 1, "worker-1"),
         Behaviour::default(),
     )
     .await;
@@ -1379,6 +1382,18 @@ async fn node_model_api_for_the_integration() {
         c.set_application_status("argocd", "cilium", "OutOfSync", "Progressing", now)
     });
     assert!(app.is_err(), "no Application in this seed");
+    let w1 = api.get("/api/v1/nodes/worker-1").await;
+    assert_eq!(w1.body["status"]["nodeInfo"]["osImage"], "Talos (v1.11.3)");
+    let vol = api
+        .get("/apis/longhorn.io/v1beta2/namespaces/longhorn-system/volumes/pvc-db")
+        .await;
+    assert_eq!(
+        (
+            vol.body["status"]["state"].as_str(),
+            vol.body["status"]["robustness"].as_str()
+        ),
+        (Some("attached"), Some("healthy"))
+    );
     let cp3 = api.get("/api/v1/nodes/cp-3").await;
     let ready = cp3.body["status"]["conditions"]
         .as_array()

@@ -288,6 +288,25 @@ impl KubeSeed {
         self
     }
 
+    /// A Longhorn volume attached to (in use on) `node`.
+    pub fn longhorn_volume_attached(mut self, name: &str, replicas: u32, node: &str) -> Self {
+        self.volumes.push(VolumeSeed {
+            name: name.into(),
+            replicas,
+            attached_to: Some(node.into()),
+        });
+        self
+    }
+
+    /// One node's own versions, for a cluster caught mid-upgrade.
+    pub fn node_versions(mut self, node: &str, talos: &str, kubelet: &str) -> Self {
+        for n in self.nodes.iter_mut().filter(|n| n.name == node) {
+            n.talos_version = v(talos);
+            n.kubelet_version = v(kubelet);
+        }
+        self
+    }
+
     /// A local-path PV pinned to `node`, bound to claim `ns/claim`.
     pub fn local_pv(mut self, name: &str, node: &str, ns: &str, claim: &str) -> Self {
         self.local_pvs
