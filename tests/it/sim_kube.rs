@@ -449,6 +449,32 @@ async fn kubectl_prints_the_other_kinds_and_follows_a_daemonset_rollout() {
         .unwrap_or_default();
     assert_eq!(node["metadata"]["labels"]["ichor.dev/batch"], "1");
 
+    // scale (the /scale subresource) and logs.
+    let scaled = k(&["scale", "deployment/web", "--replicas=5"]).await;
+    assert!(
+        scaled.ok && scaled.stdout.contains("scaled"),
+        "{}",
+        scaled.stderr
+    );
+    t.clock().advance(Duration::from_secs(10));
+    t.sync();
+    let web = t
+        .with(|c, _| c.get("deployments", "default", "web"))
+        .unwrap_or_default();
+    assert_eq!(
+        (
+            web["status"]["readyReplicas"].as_u64(),
+            web["spec"]["replicas"].as_u64()
+        ),
+        (Some(5), Some(5))
+    );
+    let logs = k(&["logs", "-n", "kube-system", "kube-apiserver-cp-1"]).await;
+    assert!(
+        logs.ok && logs.stdout.contains("runs no real containers"),
+        "{}",
+        logs.stderr
+    );
+
     // kubectl delete waits for the pod to be gone.
     let web = t.with(|c, _| c.list("pods", Some("default")))[0]["metadata"]["name"]
         .as_str()

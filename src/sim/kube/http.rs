@@ -325,9 +325,21 @@ fn resource_list(g: &str, v: &str) -> Value {
         for sub in r.subresources {
             let mut e = json!({"name": format!("{}/{}", r.plural, sub), "singularName": "",
                                "namespaced": r.namespaced, "kind": r.kind, "verbs": ["get", "patch", "update"]});
-            if *sub == "eviction" {
-                e = json!({"name": "pods/eviction", "singularName": "", "namespaced": true,
-                           "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]});
+            match *sub {
+                "eviction" => {
+                    e = json!({"name": "pods/eviction", "singularName": "", "namespaced": true,
+                               "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]});
+                }
+                "log" => {
+                    e = json!({"name": "pods/log", "singularName": "", "namespaced": true,
+                               "kind": "Pod", "verbs": ["get"]});
+                }
+                "scale" => {
+                    e = json!({"name": format!("{}/scale", r.plural), "singularName": "", "namespaced": true,
+                               "group": "autoscaling", "version": "v1", "kind": "Scale",
+                               "verbs": ["get", "patch", "update"]});
+                }
+                _ => {}
             }
             out.push(e);
         }
@@ -490,6 +502,18 @@ async fn resource(
             list(sh, rt, ns, q, headers)
         }
         (Method::POST, None, None) => create(sh, rt, ns_str, q, headers, body),
+        (Method::GET, Some(n), Some("log")) => {
+            return match sh.lock().store.get(rt.plural, ns_str, n) {
+                // The twin runs no containers: a short, honest log.
+                Some(_) => respond(
+                    200,
+                    "text/plain",
+                    format!("ichor twin: pod {ns_str}/{n} runs no real containers\n"),
+                ),
+                None => err(&ApiError::not_found(rt, n)),
+            };
+        }
+        (m, Some(n), Some("scale")) => scale(sh, rt, ns_str, n, &m, headers, body),
         (Method::GET, Some(n), None | Some("status")) => {
             match sh.lock().store.get(rt.plural, ns_str, n) {
                 Some(o) => Ok((200, maybe_table(sh, rt, o.clone(), headers))),
@@ -711,6 +735,88 @@ fn split_status(rt: &ResourceType, old: &Value, mut new: Value, sub: Option<&str
 fn rt_namespaces() -> &'static ResourceType {
     // Namespaces are the first served resource.
     super::resources::by_plural("namespaces").unwrap_or(&RESOURCES[0])
+}
+
+/// The `/scale` subresource (autoscaling/v1 Scale) of Deployments, ReplicaSets and
+/// StatefulSets: read or set `spec.replicas`.
+fn scale(
+    sh: &Shared,
+    rt: &'static ResourceType,
+    ns: &str,
+    name: &str,
+    method: &Method,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(u16, Value), ApiError> {
+    let mut c = sh.lock();
+    let now = sh.clock.now();
+    let Some(obj) = c.store.get(rt.plural, ns, name).cloned() else {
+        return Err(ApiError::not_found(rt, name));
+    };
+    let as_scale = |o: &Value| {
+        let selector = o
+            .pointer("/spec/selector/matchLabels")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default();
+        json!({"kind": "Scale", "apiVersion": "autoscaling/v1",
+               "metadata": {"name": name_of(o), "namespace": namespace_of(o),
+                            "uid": o.pointer("/metadata/uid"), "resourceVersion": o.pointer("/metadata/resourceVersion"),
+                            "creationTimestamp": o.pointer("/metadata/creationTimestamp")},
+               "spec": {"replicas": o.pointer("/spec/replicas").and_then(Value::as_u64).unwrap_or(1)},
+               "status": {"replicas": o.pointer("/status/replicas").and_then(Value::as_u64).unwrap_or(0),
+                          "selector": selector}})
+    };
+    let mut scale = as_scale(&obj);
+    match *method {
+        Method::GET => return Ok((200, scale)),
+        Method::PUT => scale = parse_object(headers, body)?,
+        Method::PATCH => {
+            let p = parse_body(headers, body)?;
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            if ct.starts_with("application/json-patch+json") {
+                json_patch(&mut scale, &p)
+                    .map_err(|e| ApiError::new(422, "Invalid", e.to_string()))?;
+            } else {
+                merge_patch(&mut scale, &p);
+            }
+        }
+        _ => {
+            return Err(ApiError::new(
+                405,
+                "MethodNotAllowed",
+                "the scale subresource takes get, update and patch",
+            ))
+        }
+    }
+    if let Some(want) = rv_of(&scale) {
+        if Some(want) != rv_of(&obj) {
+            return Err(ApiError::conflict(rt, name));
+        }
+    }
+    let Some(replicas) = scale.pointer("/spec/replicas").and_then(Value::as_u64) else {
+        return Err(ApiError::invalid(
+            rt,
+            name,
+            "spec.replicas",
+            "Required value: a non-negative integer",
+        ));
+    };
+    let mut next = obj.clone();
+    set_path(&mut next, &["spec", "replicas"], json!(replicas));
+    strip_rv(&mut next);
+    let out = c.store.update(rt, ns, name, next)?;
+    c.sync(now);
+    let out = c.store.get(rt.plural, ns, name).cloned().unwrap_or(out);
+    Ok((200, as_scale(&out)))
 }
 
 /// The field manager of a write: `fieldManager`, else the User-Agent's program name (as

@@ -93,7 +93,7 @@ pub const RESOURCES: &[ResourceType] = &[
         "Pod",
         true,
         &["po"],
-        &["eviction", "status"],
+        &["eviction", "log", "status"],
     ),
     rt(
         "",
@@ -134,7 +134,7 @@ pub const RESOURCES: &[ResourceType] = &[
         "Deployment",
         true,
         &["deploy"],
-        &["status"],
+        &["scale", "status"],
     ),
     rt(
         "apps",
@@ -144,7 +144,7 @@ pub const RESOURCES: &[ResourceType] = &[
         "ReplicaSet",
         true,
         &["rs"],
-        &["status"],
+        &["scale", "status"],
     ),
     rt(
         "apps",
@@ -154,7 +154,7 @@ pub const RESOURCES: &[ResourceType] = &[
         "StatefulSet",
         true,
         &["sts"],
-        &["status"],
+        &["scale", "status"],
     ),
     rt(
         "apps",
