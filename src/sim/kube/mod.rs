@@ -11,7 +11,8 @@
 //!   watch (resourceVersion replay, bookmarks, `sendInitialEvents`, 410 Expired as an ERROR
 //!   event as the watch cache sends it), merge / strategic-merge / JSON patch, server-side
 //!   apply with field ownership, `dryRun=All`, `/scale`, a stub `pods/log`, Tables for
-//!   kubectl, metadata-only lists, metav1 Status errors, `/metrics` with `apiserver_requested_deprecated_apis`, `/openapi/v3` stubs.
+//!   kubectl, metadata-only lists, metav1 Status errors, `/metrics` with
+//!   `apiserver_requested_deprecated_apis`, `/openapi/v3` stubs.
 //! - Controllers: ReplicaSet/StatefulSet/Deployment/DaemonSet (replacement pods, one-at-a-time
 //!   rolling updates), a scheduler (Ready, not cordoned, no NoSchedule taint, local-path PV
 //!   node affinity, spread), pod start delay and graceful termination on the clock, pod GC,
