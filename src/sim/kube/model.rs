@@ -295,11 +295,14 @@ impl Cluster {
         Ok(out)
     }
 
+    /// One object by resource plural (`pods`, `nodes`, `volumes`...); namespace "" for
+    /// cluster-scoped resources.
     pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
         let rt = super::resources::by_plural(plural)?;
         self.store.get(rt.plural, namespace, name).cloned()
     }
 
+    /// Every object of a resource, in one namespace or all.
     pub fn list(&self, plural: &str, namespace: Option<&str>) -> Vec<Value> {
         let Some(rt) = super::resources::by_plural(plural) else {
             return Vec::new();
@@ -308,6 +311,7 @@ impl Cluster {
         self.store.list(rt.plural, namespace, &l, &f)
     }
 
+    /// Delete an object (pods gracefully, see [`Cluster::delete_pod`]).
     pub fn delete(
         &mut self,
         plural: &str,

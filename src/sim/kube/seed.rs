@@ -605,11 +605,9 @@ impl KubeSeed {
             )?;
         }
         // Seeded pods start at once, as if the cluster had been running for a while.
-        let start = c.behaviour.pod_start_delay;
         let saved = std::mem::replace(&mut c.behaviour.pod_start_delay, std::time::Duration::ZERO);
         c.sync(now);
         c.behaviour.pod_start_delay = saved;
-        let _ = start;
         Ok(c)
     }
 }
