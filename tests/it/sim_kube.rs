@@ -1783,3 +1783,43 @@ async fn malformed_objects_are_refused_not_crashing_the_server() {
     assert_eq!(garbage.status().as_u16(), 400);
     assert_eq!(api.get("/api/v1/nodes").await.code, 200, "still serving");
 }
+
+#[tokio::test]
+async fn events_k8s_io_events_as_kube_rs_records_them() {
+    let (t, _d) = twin(KubeSeed::nodes(1, 1), Behaviour::default()).await;
+    let api = Api::new(&t);
+    let groups = api.get("/apis").await;
+    assert!(groups.body["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|g| g["name"] == "events.k8s.io"));
+    let base = "/apis/events.k8s.io/v1/namespaces/kube-system/events";
+    let ev = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"generateName": "ichor-"}, "eventTime": "2026-01-01T00:00:00.000000Z",
+        "reportingController": "ichor", "reportingInstance": "ichor-0", "action": "Rollout",
+        "reason": "Started", "type": "Normal", "note": "rollout to v1.35.0 started",
+        "regarding": {"kind": "Node", "name": "worker-1", "apiVersion": "v1"}});
+    let created = api.call("POST", base, None, Some(ev)).await;
+    assert_eq!(created.code, 201, "{}", created.text);
+    let name = created.body["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(name.starts_with("ichor-"));
+    let series = api
+        .call(
+            "PATCH",
+            &format!("{base}/{name}"),
+            Some("application/merge-patch+json"),
+            Some(
+                json!({"series": {"count": 2, "lastObservedTime": "2026-01-01T00:01:00.000000Z"}}),
+            ),
+        )
+        .await;
+    assert_eq!(series.body["series"]["count"], 2);
+    let list = api.get(base).await;
+    assert_eq!(list.body["items"].as_array().map(Vec::len), Some(1));
+    assert_eq!(list.body["kind"], "EventList");
+    assert_eq!(list.body["apiVersion"], "events.k8s.io/v1");
+}

@@ -503,7 +503,7 @@ async fn resource(
         }
         (Method::POST, None, None) => create(sh, rt, ns_str, q, headers, body),
         (Method::GET, Some(n), Some("log")) => {
-            return match sh.lock().store.get(rt.plural, ns_str, n) {
+            return match sh.lock().store.get(rt.storage, ns_str, n) {
                 // The twin runs no containers: a short, honest log.
                 Some(_) => respond(
                     200,
@@ -515,7 +515,7 @@ async fn resource(
         }
         (m, Some(n), Some("scale")) => scale(sh, rt, ns_str, n, &m, headers, body),
         (Method::GET, Some(n), None | Some("status")) => {
-            match sh.lock().store.get(rt.plural, ns_str, n) {
+            match sh.lock().store.get(rt.storage, ns_str, n) {
                 Some(o) => Ok((200, maybe_table(sh, rt, o.clone(), headers))),
                 None => Err(ApiError::not_found(rt, n)),
             }
@@ -545,7 +545,7 @@ async fn resource(
             } else if rt.plural == "pods" {
                 c.delete_pod(ns_str, n, grace, now).map(|o| (200, o))
             } else {
-                c.delete(rt.plural, ns_str, n, now).map(|o| (200, o))
+                c.delete(rt.storage, ns_str, n, now).map(|o| (200, o))
             }
         }
         (Method::POST, Some(n), Some("eviction")) => match parse_body(headers, body) {
@@ -621,7 +621,7 @@ fn list(
 ) -> Result<(u16, Value), ApiError> {
     let (l, f) = selectors(q)?;
     let c = sh.lock();
-    let items = c.store.list(rt.plural, ns, &l, &f);
+    let items = c.store.list(rt.storage, ns, &l, &f);
     let rv = c.store.resource_version();
     drop(c);
     let offset: usize = match q.get("continue").filter(|s| !s.is_empty()) {
@@ -750,7 +750,7 @@ fn scale(
 ) -> Result<(u16, Value), ApiError> {
     let mut c = sh.lock();
     let now = sh.clock.now();
-    let Some(obj) = c.store.get(rt.plural, ns, name).cloned() else {
+    let Some(obj) = c.store.get(rt.storage, ns, name).cloned() else {
         return Err(ApiError::not_found(rt, name));
     };
     let as_scale = |o: &Value| {
@@ -815,7 +815,7 @@ fn scale(
     strip_rv(&mut next);
     let out = c.store.update(rt, ns, name, next)?;
     c.sync(now);
-    let out = c.store.get(rt.plural, ns, name).cloned().unwrap_or(out);
+    let out = c.store.get(rt.storage, ns, name).cloned().unwrap_or(out);
     Ok((200, as_scale(&out)))
 }
 
@@ -854,7 +854,7 @@ fn update(
     }
     let mut c = sh.lock_write(q);
     let now = sh.clock.now();
-    let Some(old) = c.store.get(rt.plural, ns, name).cloned() else {
+    let Some(old) = c.store.get(rt.storage, ns, name).cloned() else {
         return Err(ApiError::not_found(rt, name));
     };
     let mut new = split_status(rt, &old, obj, sub);
@@ -894,7 +894,7 @@ fn patch(
     let p = parse_body(headers, body)?;
     let mut c = sh.lock_write(q);
     let now = sh.clock.now();
-    let old = c.store.get(rt.plural, ns, name).cloned();
+    let old = c.store.get(rt.storage, ns, name).cloned();
     let bad = |e: super::patch::PatchError| ApiError::new(422, "Invalid", e.to_string());
     let (code, new) = match ct.as_str() {
         "application/apply-patch+yaml" => {
@@ -1074,7 +1074,7 @@ fn watch(
         let initial: Result<Vec<(EventType, Value)>, ApiError> = match &from {
             None => Ok(c
                 .store
-                .list(rt.plural, ns.as_deref(), &l, &f)
+                .list(rt.storage, ns.as_deref(), &l, &f)
                 .into_iter()
                 .map(|o| (EventType::Added, o))
                 .collect()),
@@ -1084,7 +1084,7 @@ fn watch(
                 ))),
                 Ok(rv) => c
                     .store
-                    .history_since(rt.plural, ns.as_deref(), rv)
+                    .history_since(rt.storage, ns.as_deref(), rv)
                     .map(|evs| evs.into_iter().map(|e| (e.kind, e.object)).collect()),
             },
         };
@@ -1156,7 +1156,7 @@ fn watch(
                         Err(broadcast::error::RecvError::Lagged(_)) | Err(broadcast::error::RecvError::Closed) => return,
                     };
                     last = last.max(ev.rv);
-                    if ev.plural != rt.plural || ns.as_deref().is_some_and(|n| n != ev.namespace) {
+                    if ev.plural != rt.storage || ns.as_deref().is_some_and(|n| n != ev.namespace) {
                         continue;
                     }
                     let Some(kind) = filter.translate(ev.kind, &ev.object) else { continue };

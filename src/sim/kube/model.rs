@@ -299,7 +299,7 @@ impl Cluster {
     /// cluster-scoped resources.
     pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
         let rt = super::resources::by_plural(plural)?;
-        self.store.get(rt.plural, namespace, name).cloned()
+        self.store.get(rt.storage, namespace, name).cloned()
     }
 
     /// Every object of a resource, in one namespace or all.
@@ -308,7 +308,7 @@ impl Cluster {
             return Vec::new();
         };
         let (l, f) = all_labels();
-        self.store.list(rt.plural, namespace, &l, &f)
+        self.store.list(rt.storage, namespace, &l, &f)
     }
 
     /// Delete an object (pods gracefully, see [`Cluster::delete_pod`]).
@@ -1548,7 +1548,7 @@ impl Cluster {
                         };
                         let scale = self
                             .store
-                            .get(rt(plural).plural, &ns, n)
+                            .get(rt(plural).storage, &ns, n)
                             .map(replicas_of)
                             .unwrap_or(1);
                         controllers.insert((k, n), scale);
@@ -1608,7 +1608,7 @@ impl Cluster {
         for (plural, obj) in updates {
             let old = self
                 .store
-                .get(rt(plural).plural, namespace_of(&obj), name_of(&obj));
+                .get(rt(plural).storage, namespace_of(&obj), name_of(&obj));
             if old.map(|o| o.get("status")) != Some(obj.get("status")) {
                 let mut obj = obj;
                 if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {

@@ -292,7 +292,7 @@ impl Store {
     fn record(&mut self, rt: &'static ResourceType, ns: &str, kind: EventType, object: Value) {
         let ev = WatchEvent {
             rv: self.rv,
-            plural: rt.plural,
+            plural: rt.storage,
             namespace: ns.to_string(),
             kind,
             object,
@@ -397,7 +397,7 @@ impl Store {
             }
             name = format!("{}{}", generate, self.suffix());
         }
-        if self.get(rt.plural, ns, &name).is_some() {
+        if self.get(rt.storage, ns, &name).is_some() {
             return Err(ApiError::already_exists(rt, &name));
         }
         let rv = self.rv + 1;
@@ -423,7 +423,7 @@ impl Store {
         }
         self.rv = rv;
         self.objects
-            .insert((rt.plural, ns.to_string(), name), obj.clone());
+            .insert((rt.storage, ns.to_string(), name), obj.clone());
         self.record(rt, ns, EventType::Added, obj.clone());
         Ok(obj)
     }
@@ -440,7 +440,7 @@ impl Store {
     ) -> Result<Value, ApiError> {
         check_shape(rt, &obj)?;
         let ns = if rt.namespaced { ns } else { "" };
-        let Some(old) = self.get(rt.plural, ns, name).cloned() else {
+        let Some(old) = self.get(rt.storage, ns, name).cloned() else {
             return Err(ApiError::not_found(rt, name));
         };
         if let Some(want) = rv_of(&obj) {
@@ -487,7 +487,7 @@ impl Store {
         }
         self.rv = rv;
         self.objects
-            .insert((rt.plural, ns.to_string(), name.to_string()), obj.clone());
+            .insert((rt.storage, ns.to_string(), name.to_string()), obj.clone());
         self.record(rt, ns, EventType::Modified, obj.clone());
         Ok(obj)
     }
@@ -505,7 +505,7 @@ impl Store {
             String::new()
         };
         let name = name_of(&obj).to_string();
-        if !name.is_empty() && self.get(rt.plural, &ns, &name).is_some() {
+        if !name.is_empty() && self.get(rt.storage, &ns, &name).is_some() {
             meta_mut(&mut obj).remove("resourceVersion");
             self.update(rt, &ns, &name, obj)
         } else {
@@ -522,13 +522,13 @@ impl Store {
         let ns = if rt.namespaced { ns } else { "" };
         if self.dry_run {
             return self
-                .get(rt.plural, ns, name)
+                .get(rt.storage, ns, name)
                 .cloned()
                 .ok_or_else(|| ApiError::not_found(rt, name));
         }
         let Some(mut obj) = self
             .objects
-            .remove(&(rt.plural, ns.to_string(), name.to_string()))
+            .remove(&(rt.storage, ns.to_string(), name.to_string()))
         else {
             return Err(ApiError::not_found(rt, name));
         };
