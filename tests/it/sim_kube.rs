@@ -531,6 +531,17 @@ impl Api {
         ct: Option<&str>,
         body: String,
     ) -> hyper::Response<Incoming> {
+        self.send_accepting(method, path, ct, None, body).await
+    }
+
+    async fn send_accepting(
+        &self,
+        method: &str,
+        path: &str,
+        ct: Option<&str>,
+        accept: Option<&str>,
+        body: String,
+    ) -> hyper::Response<Incoming> {
         let tcp = tokio::net::TcpStream::connect(self.addr)
             .await
             .expect("connect");
@@ -551,6 +562,9 @@ impl Api {
             .header("authorization", format!("Bearer {}", self.token));
         if let Some(ct) = ct {
             req = req.header("content-type", ct);
+        }
+        if let Some(accept) = accept {
+            req = req.header("accept", accept);
         }
         let req = req.body(Full::new(Bytes::from(body))).expect("request");
         sender.send_request(req).await.expect("response")
@@ -578,23 +592,9 @@ impl Api {
     }
 
     async fn call_with_accept(&self, path: &str, accept: &str) -> Reply {
-        let tcp = tokio::net::TcpStream::connect(self.addr)
-            .await
-            .expect("connect");
-        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
-        let tls = self.tls.connect(name, tcp).await.expect("TLS");
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .expect("h1");
-        tokio::spawn(conn);
-        let req = hyper::Request::builder()
-            .uri(path)
-            .header("host", self.addr.to_string())
-            .header("authorization", format!("Bearer {}", self.token))
-            .header("accept", accept)
-            .body(Full::new(Bytes::new()))
-            .expect("request");
-        let resp = sender.send_request(req).await.expect("response");
+        let resp = self
+            .send_accepting("GET", path, None, Some(accept), String::new())
+            .await;
         let code = resp.status().as_u16();
         let headers = resp.headers().clone();
         let bytes = resp.into_body().collect().await.expect("body").to_bytes();
@@ -1550,6 +1550,25 @@ async fn watch_with_initial_events_and_metadata_only_lists() {
         events.body["items"][0]["involvedObject"]["name"],
         "worker-2"
     );
+
+    // `kubectl get -w` asks for Tables: each watch event carries a one-row Table.
+    let resp = api
+        .send_accepting(
+            "GET",
+            "/api/v1/nodes?watch=1",
+            None,
+            Some("application/json;as=Table;v=v1;g=meta.k8s.io"),
+            String::new(),
+        )
+        .await;
+    let mut tbody = resp.into_body();
+    let mut tbuf = String::new();
+    let first = read_events(&mut tbody, &mut tbuf, 1)
+        .await
+        .pop()
+        .unwrap_or_default();
+    assert_eq!(first["object"]["kind"], "Table");
+    assert_eq!(first["object"]["rows"][0]["cells"][0], "cp-1");
 
     let meta = api
         .call_with_accept(

@@ -133,7 +133,8 @@ impl KubeTwin {
         &self.shared.clock
     }
 
-    /// Run `f` on the cluster, synced to the clock's now (passed to `f`).
+    /// Run `f` on the cluster, synced to the clock's now (passed to `f`). The cluster is
+    /// locked meanwhile: do not call back into the twin (or its HTTP API) from `f`.
     pub fn with<R>(&self, f: impl FnOnce(&mut Cluster, Timestamp) -> R) -> R {
         let mut c = self.shared.lock();
         let now = self.shared.clock.now();
