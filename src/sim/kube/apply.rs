@@ -6,7 +6,7 @@
 use serde_json::{json, Map, Value};
 
 use super::patch::strategic_merge_patch;
-use super::store::set_path;
+use super::store::{set_path, At};
 use crate::clock::Timestamp;
 
 type Path = Vec<String>;
@@ -121,7 +121,7 @@ fn dotted(path: &[String]) -> String {
 }
 
 fn entries_of(obj: Option<&Value>) -> Vec<Value> {
-    obj.and_then(|o| o.pointer("/metadata/managedFields"))
+    obj.and_then(|o| o.at("/metadata/managedFields"))
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default()

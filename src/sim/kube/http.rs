@@ -19,7 +19,7 @@ use super::model::Cluster;
 use super::patch::{json_patch, merge_patch, strategic_merge_patch};
 use super::resources::{groups, lookup, ResourceType, RESOURCES};
 use super::select::{FieldSelector, LabelSelector};
-use super::store::{name_of, namespace_of, rv_of, set_path, ApiError, EventType, WatchEvent};
+use super::store::{name_of, namespace_of, rv_of, set_path, ApiError, At, EventType, WatchEvent};
 use super::table::table;
 use crate::clock::Clock;
 
@@ -713,7 +713,7 @@ fn split_status(rt: &ResourceType, old: &Value, mut new: Value, sub: Option<&str
     if sub == Some("status") {
         let mut out = old.clone();
         out["status"] = new.get("status").cloned().unwrap_or(Value::Null);
-        if let Some(rv) = new.pointer("/metadata/resourceVersion").cloned() {
+        if let Some(rv) = new.at("/metadata/resourceVersion").cloned() {
             set_path(&mut out, &["metadata", "resourceVersion"], rv);
         } else {
             strip_rv(&mut out);
@@ -755,7 +755,7 @@ fn scale(
     };
     let as_scale = |o: &Value| {
         let selector = o
-            .pointer("/spec/selector/matchLabels")
+            .at("/spec/selector/matchLabels")
             .and_then(Value::as_object)
             .map(|m| {
                 m.iter()
@@ -766,10 +766,10 @@ fn scale(
             .unwrap_or_default();
         json!({"kind": "Scale", "apiVersion": "autoscaling/v1",
                "metadata": {"name": name_of(o), "namespace": namespace_of(o),
-                            "uid": o.pointer("/metadata/uid"), "resourceVersion": o.pointer("/metadata/resourceVersion"),
-                            "creationTimestamp": o.pointer("/metadata/creationTimestamp")},
-               "spec": {"replicas": o.pointer("/spec/replicas").and_then(Value::as_u64).unwrap_or(1)},
-               "status": {"replicas": o.pointer("/status/replicas").and_then(Value::as_u64).unwrap_or(0),
+                            "uid": o.at("/metadata/uid"), "resourceVersion": o.at("/metadata/resourceVersion"),
+                            "creationTimestamp": o.at("/metadata/creationTimestamp")},
+               "spec": {"replicas": o.at("/spec/replicas").and_then(Value::as_u64).unwrap_or(1)},
+               "status": {"replicas": o.at("/status/replicas").and_then(Value::as_u64).unwrap_or(0),
                           "selector": selector}})
     };
     let mut scale = as_scale(&obj);
@@ -802,7 +802,7 @@ fn scale(
             return Err(ApiError::conflict(rt, name));
         }
     }
-    let Some(replicas) = scale.pointer("/spec/replicas").and_then(Value::as_u64) else {
+    let Some(replicas) = scale.at("/spec/replicas").and_then(Value::as_u64) else {
         return Err(ApiError::invalid(
             rt,
             name,

@@ -10,7 +10,7 @@ use super::model::{
     replica_object, Behaviour, Cluster, DeprecatedApi, Faults, CONTROL_PLANE_LABEL,
     MIRROR_ANNOTATION,
 };
-use super::store::ApiError;
+use super::store::{ApiError, At};
 use crate::clock::Timestamp;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -688,10 +688,7 @@ pub fn mirror_pod(
     let t = now.rfc3339();
     let node = super::store::name_of(node_obj);
     let ip = super::model::internal_ip(node_obj).unwrap_or_default();
-    let uid = node_obj
-        .pointer("/metadata/uid")
-        .cloned()
-        .unwrap_or(json!(""));
+    let uid = node_obj.at("/metadata/uid").cloned().unwrap_or(json!(""));
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {

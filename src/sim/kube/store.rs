@@ -154,21 +154,21 @@ pub struct Store {
 
 /// `name` of an object.
 pub fn name_of(obj: &Value) -> &str {
-    obj.pointer("/metadata/name")
+    obj.at("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or("")
 }
 
 /// `namespace` of an object (empty for cluster-scoped ones).
 pub fn namespace_of(obj: &Value) -> &str {
-    obj.pointer("/metadata/namespace")
+    obj.at("/metadata/namespace")
         .and_then(Value::as_str)
         .unwrap_or("")
 }
 
 /// The parsed `metadata.resourceVersion`, if any.
 pub fn rv_of(obj: &Value) -> Option<u64> {
-    obj.pointer("/metadata/resourceVersion")
+    obj.at("/metadata/resourceVersion")
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
         .and_then(|s| s.parse().ok())
@@ -188,6 +188,28 @@ fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
     match meta {
         Value::Object(m) => m,
         _ => unreachable!("just made an object"),
+    }
+}
+
+/// `Value::pointer` without its per-segment allocations (it unescapes `~0`/`~1`, which
+/// the twin's own paths never contain). The controllers walk paths on every pod of every
+/// pass, so this matters.
+pub trait At {
+    fn at(&self, path: &str) -> Option<&Value>;
+}
+
+impl At for Value {
+    fn at(&self, path: &str) -> Option<&Value> {
+        if path.is_empty() {
+            return Some(self);
+        }
+        path.strip_prefix('/')?
+            .split('/')
+            .try_fold(self, |cur, k| match cur {
+                Value::Object(m) => m.get(k),
+                Value::Array(a) => k.parse::<usize>().ok().and_then(|i| a.get(i)),
+                _ => None,
+            })
     }
 }
 
@@ -224,7 +246,7 @@ pub fn check_shape(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
         }
     }
     for k in ["labels", "annotations"] {
-        if let Some(v) = obj.pointer(&format!("/metadata/{k}")) {
+        if let Some(v) = obj.at(&format!("/metadata/{k}")) {
             let ok = v.is_null()
                 || v.as_object()
                     .is_some_and(|m| m.values().all(Value::is_string));
@@ -234,7 +256,7 @@ pub fn check_shape(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
         }
     }
     if obj
-        .pointer("/metadata/ownerReferences")
+        .at("/metadata/ownerReferences")
         .is_some_and(|v| !v.is_array() && !v.is_null())
     {
         return Err(bad("metadata.ownerReferences must be a list"));
@@ -383,7 +405,7 @@ impl Store {
         let mut name = name_of(&obj).to_string();
         if name.is_empty() {
             let generate = obj
-                .pointer("/metadata/generateName")
+                .at("/metadata/generateName")
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string();
@@ -448,7 +470,7 @@ impl Store {
                 return Err(ApiError::conflict(rt, name));
             }
         } else if obj
-            .pointer("/metadata/resourceVersion")
+            .at("/metadata/resourceVersion")
             .is_some_and(|v| !v.is_string() && !v.is_null())
         {
             return Err(ApiError::bad_request(
@@ -464,7 +486,7 @@ impl Store {
                 m.insert("namespace".into(), json!(ns));
             }
             for keep in ["uid", "creationTimestamp", "generation", "resourceVersion"] {
-                match old.pointer(&format!("/metadata/{keep}")) {
+                match old.at(&format!("/metadata/{keep}")) {
                     Some(v) => m.insert(keep.into(), v.clone()),
                     None => m.remove(keep),
                 };
@@ -475,7 +497,7 @@ impl Store {
         }
         if obj.get("spec") != old.get("spec") && obj.get("spec").is_some() {
             let g = old
-                .pointer("/metadata/generation")
+                .at("/metadata/generation")
                 .and_then(Value::as_u64)
                 .unwrap_or(0);
             meta_mut(&mut obj).insert("generation".into(), json!(g + 1));
@@ -584,7 +606,7 @@ mod tests {
         let updated = s
             .update(leases(), "default", "l", next.clone())
             .unwrap_or_default();
-        assert_eq!(updated.pointer("/metadata/generation"), Some(&json!(2)));
+        assert_eq!(updated.at("/metadata/generation"), Some(&json!(2)));
         // The same stale resourceVersion again: conflict.
         let err = s
             .update(leases(), "default", "l", next)
