@@ -449,6 +449,32 @@ async fn kubectl_prints_the_other_kinds_and_follows_a_daemonset_rollout() {
         .unwrap_or_default();
     assert_eq!(node["metadata"]["labels"]["ichor.dev/batch"], "1");
 
+    // scale (the /scale subresource) and logs.
+    let scaled = k(&["scale", "deployment/web", "--replicas=5"]).await;
+    assert!(
+        scaled.ok && scaled.stdout.contains("scaled"),
+        "{}",
+        scaled.stderr
+    );
+    t.clock().advance(Duration::from_secs(10));
+    t.sync();
+    let web = t
+        .with(|c, _| c.get("deployments", "default", "web"))
+        .unwrap_or_default();
+    assert_eq!(
+        (
+            web["status"]["readyReplicas"].as_u64(),
+            web["spec"]["replicas"].as_u64()
+        ),
+        (Some(5), Some(5))
+    );
+    let logs = k(&["logs", "-n", "kube-system", "kube-apiserver-cp-1"]).await;
+    assert!(
+        logs.ok && logs.stdout.contains("runs no real containers"),
+        "{}",
+        logs.stderr
+    );
+
     // kubectl delete waits for the pod to be gone.
     let web = t.with(|c, _| c.list("pods", Some("default")))[0]["metadata"]["name"]
         .as_str()
@@ -505,6 +531,17 @@ impl Api {
         ct: Option<&str>,
         body: String,
     ) -> hyper::Response<Incoming> {
+        self.send_accepting(method, path, ct, None, body).await
+    }
+
+    async fn send_accepting(
+        &self,
+        method: &str,
+        path: &str,
+        ct: Option<&str>,
+        accept: Option<&str>,
+        body: String,
+    ) -> hyper::Response<Incoming> {
         let tcp = tokio::net::TcpStream::connect(self.addr)
             .await
             .expect("connect");
@@ -525,6 +562,9 @@ impl Api {
             .header("authorization", format!("Bearer {}", self.token));
         if let Some(ct) = ct {
             req = req.header("content-type", ct);
+        }
+        if let Some(accept) = accept {
+            req = req.header("accept", accept);
         }
         let req = req.body(Full::new(Bytes::from(body))).expect("request");
         sender.send_request(req).await.expect("response")
@@ -552,23 +592,9 @@ impl Api {
     }
 
     async fn call_with_accept(&self, path: &str, accept: &str) -> Reply {
-        let tcp = tokio::net::TcpStream::connect(self.addr)
-            .await
-            .expect("connect");
-        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
-        let tls = self.tls.connect(name, tcp).await.expect("TLS");
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .expect("h1");
-        tokio::spawn(conn);
-        let req = hyper::Request::builder()
-            .uri(path)
-            .header("host", self.addr.to_string())
-            .header("authorization", format!("Bearer {}", self.token))
-            .header("accept", accept)
-            .body(Full::new(Bytes::new()))
-            .expect("request");
-        let resp = sender.send_request(req).await.expect("response");
+        let resp = self
+            .send_accepting("GET", path, None, Some(accept), String::new())
+            .await;
         let code = resp.status().as_u16();
         let headers = resp.headers().clone();
         let bytes = resp.into_body().collect().await.expect("body").to_bytes();
@@ -1361,7 +1387,10 @@ async fn node_down_loses_pods_and_degrades_longhorn_volumes_until_rebuilt() {
 #[tokio::test]
 async fn node_model_api_for_the_integration() {
     let (t, _d) = twin(
-        KubeSeed::nodes(3, 1).versions("1.10.6", "1.33.5"),
+        KubeSeed::nodes(3, 1)
+            .versions("1.10.6", "1.33.5")
+            .node_versions("worker-1", "1.11.3", "1.33.5")
+            .longhorn_volume_attached("pvc-db", 1, "worker-1"),
         Behaviour::default(),
     )
     .await;
@@ -1379,6 +1408,18 @@ async fn node_model_api_for_the_integration() {
         c.set_application_status("argocd", "cilium", "OutOfSync", "Progressing", now)
     });
     assert!(app.is_err(), "no Application in this seed");
+    let w1 = api.get("/api/v1/nodes/worker-1").await;
+    assert_eq!(w1.body["status"]["nodeInfo"]["osImage"], "Talos (v1.11.3)");
+    let vol = api
+        .get("/apis/longhorn.io/v1beta2/namespaces/longhorn-system/volumes/pvc-db")
+        .await;
+    assert_eq!(
+        (
+            vol.body["status"]["state"].as_str(),
+            vol.body["status"]["robustness"].as_str()
+        ),
+        (Some("attached"), Some("healthy"))
+    );
     let cp3 = api.get("/api/v1/nodes/cp-3").await;
     let ready = cp3.body["status"]["conditions"]
         .as_array()
@@ -1509,6 +1550,25 @@ async fn watch_with_initial_events_and_metadata_only_lists() {
         events.body["items"][0]["involvedObject"]["name"],
         "worker-2"
     );
+
+    // `kubectl get -w` asks for Tables: each watch event carries a one-row Table.
+    let resp = api
+        .send_accepting(
+            "GET",
+            "/api/v1/nodes?watch=1",
+            None,
+            Some("application/json;as=Table;v=v1;g=meta.k8s.io"),
+            String::new(),
+        )
+        .await;
+    let mut tbody = resp.into_body();
+    let mut tbuf = String::new();
+    let first = read_events(&mut tbody, &mut tbuf, 1)
+        .await
+        .pop()
+        .unwrap_or_default();
+    assert_eq!(first["object"]["kind"], "Table");
+    assert_eq!(first["object"]["rows"][0]["cells"][0], "cp-1");
 
     let meta = api
         .call_with_accept(
@@ -1687,4 +1747,98 @@ async fn a_watch_with_a_selector_sees_objects_leave_and_enter_it() {
         ),
         (Some("ADDED"), Some(name.as_str()))
     );
+}
+
+#[tokio::test]
+async fn malformed_objects_are_refused_not_crashing_the_server() {
+    let (t, _d) = twin(KubeSeed::nodes(1, 1), Behaviour::default()).await;
+    let api = Api::new(&t);
+    let cms = "/api/v1/namespaces/default/configmaps";
+    for body in [
+        json!([1, 2]),
+        json!({"metadata": "x"}),
+        json!({"metadata": {"name": "a", "labels": {"n": 1}}}),
+        json!({"metadata": {"name": "a"}, "status": 3}),
+    ] {
+        let r = api.call("POST", cms, None, Some(body.clone())).await;
+        assert_eq!(r.code, 400, "{body}: {}", r.text);
+    }
+    let node = "/api/v1/nodes/worker-1";
+    let r = api
+        .call(
+            "PATCH",
+            node,
+            Some("application/merge-patch+json"),
+            Some(json!({"metadata": "gone"})),
+        )
+        .await;
+    assert_eq!(r.code, 422, "{}", r.text);
+    let r = api
+        .call(
+            "PATCH",
+            node,
+            Some("application/merge-patch+json"),
+            Some(json!(["not", "an", "object"])),
+        )
+        .await;
+    assert_eq!(r.code, 422, "{}", r.text);
+    // A client-made odd status shape does not trip the model later.
+    let r = api
+        .call(
+            "PATCH",
+            &format!("{node}/status"),
+            Some("application/merge-patch+json"),
+            Some(json!({"status": {"nodeInfo": "odd"}})),
+        )
+        .await;
+    assert_eq!(r.code, 200, "{}", r.text);
+    t.with(|c, now| c.set_kubelet_version("worker-1", "v1.35.0", now))
+        .expect("node");
+    let n = api.get(node).await;
+    assert_eq!(n.body["status"]["nodeInfo"]["kubeletVersion"], "v1.35.0");
+    let garbage = api
+        .send("POST", cms, Some("application/json"), "{not json".into())
+        .await;
+    assert_eq!(garbage.status().as_u16(), 400);
+    assert_eq!(api.get("/api/v1/nodes").await.code, 200, "still serving");
+}
+
+#[tokio::test]
+async fn events_k8s_io_events_as_kube_rs_records_them() {
+    let (t, _d) = twin(KubeSeed::nodes(1, 1), Behaviour::default()).await;
+    let api = Api::new(&t);
+    let groups = api.get("/apis").await;
+    assert!(groups.body["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|g| g["name"] == "events.k8s.io"));
+    let base = "/apis/events.k8s.io/v1/namespaces/kube-system/events";
+    let ev = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"generateName": "ichor-"}, "eventTime": "2026-01-01T00:00:00.000000Z",
+        "reportingController": "ichor", "reportingInstance": "ichor-0", "action": "Rollout",
+        "reason": "Started", "type": "Normal", "note": "rollout to v1.35.0 started",
+        "regarding": {"kind": "Node", "name": "worker-1", "apiVersion": "v1"}});
+    let created = api.call("POST", base, None, Some(ev)).await;
+    assert_eq!(created.code, 201, "{}", created.text);
+    let name = created.body["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(name.starts_with("ichor-"));
+    let series = api
+        .call(
+            "PATCH",
+            &format!("{base}/{name}"),
+            Some("application/merge-patch+json"),
+            Some(
+                json!({"series": {"count": 2, "lastObservedTime": "2026-01-01T00:01:00.000000Z"}}),
+            ),
+        )
+        .await;
+    assert_eq!(series.body["series"]["count"], 2);
+    let list = api.get(base).await;
+    assert_eq!(list.body["items"].as_array().map(Vec::len), Some(1));
+    assert_eq!(list.body["kind"], "EventList");
+    assert_eq!(list.body["apiVersion"], "events.k8s.io/v1");
 }

@@ -6,6 +6,7 @@
 use serde_json::{json, Map, Value};
 
 use super::patch::strategic_merge_patch;
+use super::store::{set_path, At};
 use crate::clock::Timestamp;
 
 type Path = Vec<String>;
@@ -120,7 +121,7 @@ fn dotted(path: &[String]) -> String {
 }
 
 fn entries_of(obj: Option<&Value>) -> Vec<Value> {
-    obj.and_then(|o| o.pointer("/metadata/managedFields"))
+    obj.and_then(|o| o.at("/metadata/managedFields"))
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default()
@@ -223,7 +224,7 @@ pub fn apply(
     if !placed {
         out.push(entry(manager, "Apply", api_version, &applied, now));
     }
-    obj["metadata"]["managedFields"] = Value::Array(out);
+    set_path(&mut obj, &["metadata", "managedFields"], Value::Array(out));
     Ok(obj)
 }
 
@@ -267,7 +268,7 @@ pub fn record_update(
         }
     }
     out.push(entry(manager, "Update", api_version, &mine, now));
-    new["metadata"]["managedFields"] = Value::Array(out);
+    set_path(new, &["metadata", "managedFields"], Value::Array(out));
 }
 
 /// The apiserver's conflict message.

@@ -19,7 +19,7 @@ use super::model::Cluster;
 use super::patch::{json_patch, merge_patch, strategic_merge_patch};
 use super::resources::{groups, lookup, ResourceType, RESOURCES};
 use super::select::{FieldSelector, LabelSelector};
-use super::store::{name_of, namespace_of, rv_of, ApiError, EventType, WatchEvent};
+use super::store::{name_of, namespace_of, rv_of, set_path, ApiError, At, EventType, WatchEvent};
 use super::table::table;
 use crate::clock::Clock;
 
@@ -325,9 +325,21 @@ fn resource_list(g: &str, v: &str) -> Value {
         for sub in r.subresources {
             let mut e = json!({"name": format!("{}/{}", r.plural, sub), "singularName": "",
                                "namespaced": r.namespaced, "kind": r.kind, "verbs": ["get", "patch", "update"]});
-            if *sub == "eviction" {
-                e = json!({"name": "pods/eviction", "singularName": "", "namespaced": true,
-                           "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]});
+            match *sub {
+                "eviction" => {
+                    e = json!({"name": "pods/eviction", "singularName": "", "namespaced": true,
+                               "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]});
+                }
+                "log" => {
+                    e = json!({"name": "pods/log", "singularName": "", "namespaced": true,
+                               "kind": "Pod", "verbs": ["get"]});
+                }
+                "scale" => {
+                    e = json!({"name": format!("{}/scale", r.plural), "singularName": "", "namespaced": true,
+                               "group": "autoscaling", "version": "v1", "kind": "Scale",
+                               "verbs": ["get", "patch", "update"]});
+                }
+                _ => {}
             }
             out.push(e);
         }
@@ -419,6 +431,15 @@ fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
     }
 }
 
+/// A request body that must be a JSON (or YAML) object.
+fn parse_object(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
+    let v = parse_body(headers, body)?;
+    if !v.is_object() {
+        return Err(ApiError::bad_request("the request body is not an object"));
+    }
+    Ok(v)
+}
+
 fn strip_rv(obj: &mut Value) {
     if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("resourceVersion");
@@ -481,8 +502,20 @@ async fn resource(
             list(sh, rt, ns, q, headers)
         }
         (Method::POST, None, None) => create(sh, rt, ns_str, q, headers, body),
+        (Method::GET, Some(n), Some("log")) => {
+            return match sh.lock().store.get(rt.storage, ns_str, n) {
+                // The twin runs no containers: a short, honest log.
+                Some(_) => respond(
+                    200,
+                    "text/plain",
+                    format!("ichor twin: pod {ns_str}/{n} runs no real containers\n"),
+                ),
+                None => err(&ApiError::not_found(rt, n)),
+            };
+        }
+        (m, Some(n), Some("scale")) => scale(sh, rt, ns_str, n, &m, headers, body),
         (Method::GET, Some(n), None | Some("status")) => {
-            match sh.lock().store.get(rt.plural, ns_str, n) {
+            match sh.lock().store.get(rt.storage, ns_str, n) {
                 Some(o) => Ok((200, maybe_table(sh, rt, o.clone(), headers))),
                 None => Err(ApiError::not_found(rt, n)),
             }
@@ -512,7 +545,7 @@ async fn resource(
             } else if rt.plural == "pods" {
                 c.delete_pod(ns_str, n, grace, now).map(|o| (200, o))
             } else {
-                c.delete(rt.plural, ns_str, n, now).map(|o| (200, o))
+                c.delete(rt.storage, ns_str, n, now).map(|o| (200, o))
             }
         }
         (Method::POST, Some(n), Some("eviction")) => match parse_body(headers, body) {
@@ -588,7 +621,7 @@ fn list(
 ) -> Result<(u16, Value), ApiError> {
     let (l, f) = selectors(q)?;
     let c = sh.lock();
-    let items = c.store.list(rt.plural, ns, &l, &f);
+    let items = c.store.list(rt.storage, ns, &l, &f);
     let rv = c.store.resource_version();
     drop(c);
     let offset: usize = match q.get("continue").filter(|s| !s.is_empty()) {
@@ -646,7 +679,8 @@ fn create(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<(u16, Value), ApiError> {
-    let mut obj = parse_body(headers, body)?;
+    let mut obj = parse_object(headers, body)?;
+    super::store::check_shape(rt, &obj)?;
     let body_ns = namespace_of(&obj).to_string();
     if rt.namespaced && !body_ns.is_empty() && body_ns != ns {
         return Err(ApiError::bad_request(
@@ -679,8 +713,8 @@ fn split_status(rt: &ResourceType, old: &Value, mut new: Value, sub: Option<&str
     if sub == Some("status") {
         let mut out = old.clone();
         out["status"] = new.get("status").cloned().unwrap_or(Value::Null);
-        if let Some(rv) = new.pointer("/metadata/resourceVersion").cloned() {
-            out["metadata"]["resourceVersion"] = rv;
+        if let Some(rv) = new.at("/metadata/resourceVersion").cloned() {
+            set_path(&mut out, &["metadata", "resourceVersion"], rv);
         } else {
             strip_rv(&mut out);
         }
@@ -701,6 +735,88 @@ fn split_status(rt: &ResourceType, old: &Value, mut new: Value, sub: Option<&str
 fn rt_namespaces() -> &'static ResourceType {
     // Namespaces are the first served resource.
     super::resources::by_plural("namespaces").unwrap_or(&RESOURCES[0])
+}
+
+/// The `/scale` subresource (autoscaling/v1 Scale) of Deployments, ReplicaSets and
+/// StatefulSets: read or set `spec.replicas`.
+fn scale(
+    sh: &Shared,
+    rt: &'static ResourceType,
+    ns: &str,
+    name: &str,
+    method: &Method,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(u16, Value), ApiError> {
+    let mut c = sh.lock();
+    let now = sh.clock.now();
+    let Some(obj) = c.store.get(rt.storage, ns, name).cloned() else {
+        return Err(ApiError::not_found(rt, name));
+    };
+    let as_scale = |o: &Value| {
+        let selector = o
+            .at("/spec/selector/matchLabels")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default();
+        json!({"kind": "Scale", "apiVersion": "autoscaling/v1",
+               "metadata": {"name": name_of(o), "namespace": namespace_of(o),
+                            "uid": o.at("/metadata/uid"), "resourceVersion": o.at("/metadata/resourceVersion"),
+                            "creationTimestamp": o.at("/metadata/creationTimestamp")},
+               "spec": {"replicas": o.at("/spec/replicas").and_then(Value::as_u64).unwrap_or(1)},
+               "status": {"replicas": o.at("/status/replicas").and_then(Value::as_u64).unwrap_or(0),
+                          "selector": selector}})
+    };
+    let mut scale = as_scale(&obj);
+    match *method {
+        Method::GET => return Ok((200, scale)),
+        Method::PUT => scale = parse_object(headers, body)?,
+        Method::PATCH => {
+            let p = parse_body(headers, body)?;
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            if ct.starts_with("application/json-patch+json") {
+                json_patch(&mut scale, &p)
+                    .map_err(|e| ApiError::new(422, "Invalid", e.to_string()))?;
+            } else {
+                merge_patch(&mut scale, &p);
+            }
+        }
+        _ => {
+            return Err(ApiError::new(
+                405,
+                "MethodNotAllowed",
+                "the scale subresource takes get, update and patch",
+            ))
+        }
+    }
+    if let Some(want) = rv_of(&scale) {
+        if Some(want) != rv_of(&obj) {
+            return Err(ApiError::conflict(rt, name));
+        }
+    }
+    let Some(replicas) = scale.at("/spec/replicas").and_then(Value::as_u64) else {
+        return Err(ApiError::invalid(
+            rt,
+            name,
+            "spec.replicas",
+            "Required value: a non-negative integer",
+        ));
+    };
+    let mut next = obj.clone();
+    set_path(&mut next, &["spec", "replicas"], json!(replicas));
+    strip_rv(&mut next);
+    let out = c.store.update(rt, ns, name, next)?;
+    c.sync(now);
+    let out = c.store.get(rt.storage, ns, name).cloned().unwrap_or(out);
+    Ok((200, as_scale(&out)))
 }
 
 /// The field manager of a write: `fieldManager`, else the User-Agent's program name (as
@@ -729,7 +845,8 @@ fn update(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<(u16, Value), ApiError> {
-    let obj = parse_body(headers, body)?;
+    let obj = parse_object(headers, body)?;
+    super::store::check_shape(rt, &obj)?;
     if !name_of(&obj).is_empty() && name_of(&obj) != name {
         return Err(ApiError::bad_request(
             "the name of the object does not match the name on the URL",
@@ -737,7 +854,7 @@ fn update(
     }
     let mut c = sh.lock_write(q);
     let now = sh.clock.now();
-    let Some(old) = c.store.get(rt.plural, ns, name).cloned() else {
+    let Some(old) = c.store.get(rt.storage, ns, name).cloned() else {
         return Err(ApiError::not_found(rt, name));
     };
     let mut new = split_status(rt, &old, obj, sub);
@@ -777,10 +894,15 @@ fn patch(
     let p = parse_body(headers, body)?;
     let mut c = sh.lock_write(q);
     let now = sh.clock.now();
-    let old = c.store.get(rt.plural, ns, name).cloned();
+    let old = c.store.get(rt.storage, ns, name).cloned();
     let bad = |e: super::patch::PatchError| ApiError::new(422, "Invalid", e.to_string());
     let (code, new) = match ct.as_str() {
         "application/apply-patch+yaml" => {
+            if !p.is_object() {
+                return Err(ApiError::bad_request(
+                    "the applied configuration is not an object",
+                ));
+            }
             let Some(manager) = q.get("fieldManager").filter(|m| !m.is_empty()) else {
                 return Err(ApiError::new(422, "Invalid",
                     "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"));
@@ -798,7 +920,7 @@ fn patch(
                 None => {
                     let mut obj = applied;
                     strip_rv(&mut obj);
-                    obj["metadata"]["name"] = json!(name);
+                    set_path(&mut obj, &["metadata", "name"], json!(name));
                     if rt.plural == "pods" {
                         obj["status"] = json!({"phase": "Pending"});
                     }
@@ -831,6 +953,8 @@ fn patch(
     let Some(old) = old else {
         return Err(ApiError::not_found(rt, name));
     };
+    // A patch may have turned the object into anything; refuse what cannot be stored.
+    super::store::check_shape(rt, &new).map_err(|e| ApiError::new(422, "Invalid", e.message))?;
     let mut new = split_status(rt, &old, new, sub);
     if ct != "application/apply-patch+yaml" {
         super::apply::record_update(
@@ -950,7 +1074,7 @@ fn watch(
         let initial: Result<Vec<(EventType, Value)>, ApiError> = match &from {
             None => Ok(c
                 .store
-                .list(rt.plural, ns.as_deref(), &l, &f)
+                .list(rt.storage, ns.as_deref(), &l, &f)
                 .into_iter()
                 .map(|o| (EventType::Added, o))
                 .collect()),
@@ -960,7 +1084,7 @@ fn watch(
                 ))),
                 Ok(rv) => c
                     .store
-                    .history_since(rt.plural, ns.as_deref(), rv)
+                    .history_since(rt.storage, ns.as_deref(), rv)
                     .map(|evs| evs.into_iter().map(|e| (e.kind, e.object)).collect()),
             },
         };
@@ -1003,7 +1127,11 @@ fn watch(
         if bookmarks || initial_events {
             let mut mark = bookmark(last);
             if initial_events {
-                mark["metadata"]["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+                set_path(
+                    &mut mark,
+                    &["metadata", "annotations"],
+                    json!({"k8s.io/initial-events-end": "true"}),
+                );
             }
             if tx.send(Ok(event_line("BOOKMARK", &mark))).await.is_err() {
                 return;
@@ -1028,7 +1156,7 @@ fn watch(
                         Err(broadcast::error::RecvError::Lagged(_)) | Err(broadcast::error::RecvError::Closed) => return,
                     };
                     last = last.max(ev.rv);
-                    if ev.plural != rt.plural || ns.as_deref().is_some_and(|n| n != ev.namespace) {
+                    if ev.plural != rt.storage || ns.as_deref().is_some_and(|n| n != ev.namespace) {
                         continue;
                     }
                     let Some(kind) = filter.translate(ev.kind, &ev.object) else { continue };

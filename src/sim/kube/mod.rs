@@ -10,8 +10,9 @@
 //!   limit/continue), get, create, update (resourceVersion preconditions → 409), delete,
 //!   watch (resourceVersion replay, bookmarks, `sendInitialEvents`, 410 Expired as an ERROR
 //!   event as the watch cache sends it), merge / strategic-merge / JSON patch, server-side
-//!   apply with field ownership, Tables for kubectl, metadata-only lists, metav1 Status
-//!   errors, `/metrics` with `apiserver_requested_deprecated_apis`, `/openapi/v3` stubs.
+//!   apply with field ownership, `dryRun=All`, `/scale`, a stub `pods/log`, Tables for
+//!   kubectl, metadata-only lists, metav1 Status errors, `/metrics` with
+//!   `apiserver_requested_deprecated_apis`, `/openapi/v3` stubs.
 //! - Controllers: ReplicaSet/StatefulSet/Deployment/DaemonSet (replacement pods, one-at-a-time
 //!   rolling updates), a scheduler (Ready, not cordoned, no NoSchedule taint, local-path PV
 //!   node affinity, spread), pod start delay and graceful termination on the clock, pod GC,
@@ -19,10 +20,11 @@
 //!
 //! Not simulated: authorization (the one token is cluster-admin), admission and schema
 //! validation (`fieldValidation` is accepted and ignored), protobuf, aggregated discovery,
-//! `/scale`, deletecollection, finalizers and owner-reference garbage collection, resource
+//! deletecollection, finalizers and owner-reference garbage collection, resource
 //! requests and priorities, tolerations of ordinary pods, new ReplicaSets per Deployment
 //! revision (the twin updates the one ReplicaSet in place), SSA ownership of list items
-//! (lists are owned whole), node lease renewal. A successful eviction answers 200 (the
+//! (lists are owned whole), node lease renewal; core/v1 and events.k8s.io/v1 Events are
+//! stored apart (the apiserver serves one set of events in both shapes). A successful eviction answers 200 (the
 //! documented code; the apiserver's create handler answers 201).
 
 pub mod apply;
@@ -131,7 +133,8 @@ impl KubeTwin {
         &self.shared.clock
     }
 
-    /// Run `f` on the cluster, synced to the clock's now (passed to `f`).
+    /// Run `f` on the cluster, synced to the clock's now (passed to `f`). The cluster is
+    /// locked meanwhile: do not call back into the twin (or its HTTP API) from `f`.
     pub fn with<R>(&self, f: impl FnOnce(&mut Cluster, Timestamp) -> R) -> R {
         let mut c = self.shared.lock();
         let now = self.shared.clock.now();

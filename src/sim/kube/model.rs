@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::resources::{by_kind, ResourceType};
 use super::select::{FieldSelector, LabelSelector};
-use super::store::{name_of, namespace_of, ApiError, Store};
+use super::store::{name_of, namespace_of, set_path, ApiError, At, Store};
 use crate::clock::Timestamp;
 
 /// How fast the simulated controllers react.
@@ -67,7 +67,7 @@ pub const TEMPLATE_HASH: &str = "twin.ichor.dev/template-hash";
 /// A short stable hash of an owner's pod template.
 pub fn template_hash(owner: &Value) -> String {
     let text = owner
-        .pointer("/spec/template")
+        .at("/spec/template")
         .map(Value::to_string)
         .unwrap_or_default();
     // FNV-1a: stable across runs, unlike the std hasher.
@@ -78,7 +78,7 @@ pub fn template_hash(owner: &Value) -> String {
 }
 
 fn pod_template_hash(pod: &Value) -> Option<&str> {
-    pod.pointer("/metadata/annotations")?
+    pod.at("/metadata/annotations")?
         .get(TEMPLATE_HASH)?
         .as_str()
 }
@@ -150,7 +150,7 @@ pub fn is_ready(obj: &Value) -> bool {
 }
 
 pub fn condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a str> {
-    obj.pointer("/status/conditions")?
+    obj.at("/status/conditions")?
         .as_array()?
         .iter()
         .find(|c| c.get("type").and_then(Value::as_str) == Some(kind))?
@@ -162,7 +162,7 @@ pub fn condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a str> {
 pub fn set_condition(obj: &mut Value, kind: &str, status: bool, reason: &str, now: Timestamp) {
     let status = if status { "True" } else { "False" };
     if !obj["status"]["conditions"].is_array() {
-        obj["status"]["conditions"] = json!([]);
+        set_path(obj, &["status", "conditions"], json!([]));
     }
     let Some(conds) = obj["status"]["conditions"].as_array_mut() else {
         return;
@@ -189,7 +189,7 @@ pub fn set_condition(obj: &mut Value, kind: &str, status: bool, reason: &str, no
 
 /// The owner with `controller: true`: (kind, name).
 pub fn controller_of(pod: &Value) -> Option<(&str, &str)> {
-    pod.pointer("/metadata/ownerReferences")?
+    pod.at("/metadata/ownerReferences")?
         .as_array()?
         .iter()
         .find(|o| o.get("controller").and_then(Value::as_bool) == Some(true))
@@ -202,19 +202,19 @@ pub fn controller_of(pod: &Value) -> Option<(&str, &str)> {
 }
 
 pub fn is_mirror(pod: &Value) -> bool {
-    pod.pointer("/metadata/annotations")
+    pod.at("/metadata/annotations")
         .and_then(|a| a.get(MIRROR_ANNOTATION))
         .is_some()
 }
 
 fn node_of(pod: &Value) -> &str {
-    pod.pointer("/spec/nodeName")
+    pod.at("/spec/nodeName")
         .and_then(Value::as_str)
         .unwrap_or("")
 }
 
 fn replicas_of(obj: &Value) -> u64 {
-    obj.pointer("/spec/replicas")
+    obj.at("/spec/replicas")
         .and_then(Value::as_u64)
         .unwrap_or(1)
 }
@@ -224,7 +224,7 @@ fn owner_ref(obj: &Value) -> Value {
         "apiVersion": obj.get("apiVersion").cloned().unwrap_or(Value::Null),
         "kind": obj.get("kind").cloned().unwrap_or(Value::Null),
         "name": name_of(obj),
-        "uid": obj.pointer("/metadata/uid").cloned().unwrap_or(Value::Null),
+        "uid": obj.at("/metadata/uid").cloned().unwrap_or(Value::Null),
         "controller": true,
         "blockOwnerDeletion": true,
     })
@@ -295,19 +295,23 @@ impl Cluster {
         Ok(out)
     }
 
+    /// One object by resource plural (`pods`, `nodes`, `volumes`...); namespace "" for
+    /// cluster-scoped resources.
     pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
         let rt = super::resources::by_plural(plural)?;
-        self.store.get(rt.plural, namespace, name).cloned()
+        self.store.get(rt.storage, namespace, name).cloned()
     }
 
+    /// Every object of a resource, in one namespace or all.
     pub fn list(&self, plural: &str, namespace: Option<&str>) -> Vec<Value> {
         let Some(rt) = super::resources::by_plural(plural) else {
             return Vec::new();
         };
         let (l, f) = all_labels();
-        self.store.list(rt.plural, namespace, &l, &f)
+        self.store.list(rt.storage, namespace, &l, &f)
     }
 
+    /// Delete an object (pods gracefully, see [`Cluster::delete_pod`]).
     pub fn delete(
         &mut self,
         plural: &str,
@@ -358,8 +362,16 @@ impl Cluster {
             return Ok(pod);
         }
         let mut p = pod;
-        p["metadata"]["deletionTimestamp"] = json!(due.rfc3339());
-        p["metadata"]["deletionGracePeriodSeconds"] = json!(grace.as_secs());
+        set_path(
+            &mut p,
+            &["metadata", "deletionTimestamp"],
+            json!(due.rfc3339()),
+        );
+        set_path(
+            &mut p,
+            &["metadata", "deletionGracePeriodSeconds"],
+            json!(grace.as_secs()),
+        );
         set_condition(&mut p, "Ready", false, "PodTerminating", now);
         set_condition(&mut p, "ContainersReady", false, "PodTerminating", now);
         if let Some(m) = p.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -373,6 +385,17 @@ impl Cluster {
 
     /// Set a node's Ready condition. Pods on a NotReady node stay but report not Ready.
     pub fn set_node_ready(
+        &mut self,
+        node: &str,
+        ready: bool,
+        now: Timestamp,
+    ) -> Result<(), ApiError> {
+        self.node_ready_unsynced(node, ready, now)?;
+        self.sync(now);
+        Ok(())
+    }
+
+    fn node_ready_unsynced(
         &mut self,
         node: &str,
         ready: bool,
@@ -404,9 +427,8 @@ impl Cluster {
         for pod in self.pods_on(node) {
             let mut p = pod.clone();
             // Only pods that run (not pending) follow their node's readiness.
-            let terminating = p.pointer("/metadata/deletionTimestamp").is_some();
-            if p.pointer("/status/phase").and_then(Value::as_str) == Some("Running") && !terminating
-            {
+            let terminating = p.at("/metadata/deletionTimestamp").is_some();
+            if p.at("/status/phase").and_then(Value::as_str) == Some("Running") && !terminating {
                 set_condition(
                     &mut p,
                     "Ready",
@@ -422,14 +444,13 @@ impl Cluster {
         if ready {
             self.replicas_on_node(node, "running", now);
         }
-        self.sync(now);
         Ok(())
     }
 
     /// The node went down (reboot, crash): NotReady, every pod on it lost except mirror pods
     /// (which stay, not Ready, as the apiserver keeps them), Longhorn replicas on it stopped.
     pub fn node_down(&mut self, node: &str, now: Timestamp) -> Result<(), ApiError> {
-        self.set_node_ready(node, false, now)?;
+        self.node_ready_unsynced(node, false, now)?;
         for pod in self.pods_on(node) {
             if !is_mirror(&pod) {
                 let ns = namespace_of(&pod).to_string();
@@ -460,7 +481,7 @@ impl Cluster {
             return Err(ApiError::not_found(rt("nodes"), node));
         };
         if unschedulable {
-            n["spec"]["unschedulable"] = json!(true);
+            set_path(&mut n, &["spec", "unschedulable"], json!(true));
         } else if let Some(spec) = n.get_mut("spec").and_then(Value::as_object_mut) {
             spec.remove("unschedulable");
         }
@@ -479,7 +500,11 @@ impl Cluster {
         let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
             return Err(ApiError::not_found(rt("nodes"), node));
         };
-        n["status"]["nodeInfo"]["kubeletVersion"] = json!(version);
+        set_path(
+            &mut n,
+            &["status", "nodeInfo", "kubeletVersion"],
+            json!(version),
+        );
         self.store.update(rt("nodes"), "", node, n)?;
         self.sync(now);
         Ok(())
@@ -495,7 +520,7 @@ impl Cluster {
         let Some(mut n) = self.store.get("nodes", "", node).cloned() else {
             return Err(ApiError::not_found(rt("nodes"), node));
         };
-        n["status"]["nodeInfo"]["osImage"] = json!(os_image);
+        set_path(&mut n, &["status", "nodeInfo", "osImage"], json!(os_image));
         self.store.update(rt("nodes"), "", node, n)?;
         self.sync(now);
         Ok(())
@@ -547,9 +572,9 @@ impl Cluster {
         let Some(mut app) = self.store.get("applications", namespace, name).cloned() else {
             return Err(ApiError::not_found(rt("applications"), name));
         };
-        app["status"]["sync"]["status"] = json!(sync);
-        app["status"]["health"]["status"] = json!(health);
-        app["status"]["reconciledAt"] = json!(now.rfc3339());
+        set_path(&mut app, &["status", "sync", "status"], json!(sync));
+        set_path(&mut app, &["status", "health", "status"], json!(health));
+        set_path(&mut app, &["status", "reconciledAt"], json!(now.rfc3339()));
         if let Some(m) = app.get_mut("metadata").and_then(Value::as_object_mut) {
             m.remove("resourceVersion");
         }
@@ -580,13 +605,17 @@ impl Cluster {
             return Err(ApiError::not_found(rt, name));
         };
         let transitions = l
-            .pointer("/spec/leaseTransitions")
+            .at("/spec/leaseTransitions")
             .and_then(Value::as_u64)
             .unwrap_or(0);
-        l["spec"]["holderIdentity"] = json!(holder);
-        l["spec"]["acquireTime"] = json!(micro_time(now));
-        l["spec"]["renewTime"] = json!(micro_time(now));
-        l["spec"]["leaseTransitions"] = json!(transitions + 1);
+        set_path(&mut l, &["spec", "holderIdentity"], json!(holder));
+        set_path(&mut l, &["spec", "acquireTime"], json!(micro_time(now)));
+        set_path(&mut l, &["spec", "renewTime"], json!(micro_time(now)));
+        set_path(
+            &mut l,
+            &["spec", "leaseTransitions"],
+            json!(transitions + 1),
+        );
         if let Some(m) = l.get_mut("metadata").and_then(Value::as_object_mut) {
             m.remove("resourceVersion");
         }
@@ -640,26 +669,26 @@ impl Cluster {
             return Err(ApiError::not_found(pods, name));
         };
         if let Some(uid) = eviction
-            .pointer("/deleteOptions/preconditions/uid")
+            .at("/deleteOptions/preconditions/uid")
             .and_then(Value::as_str)
         {
-            if pod.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid) {
+            if pod.at("/metadata/uid").and_then(Value::as_str) != Some(uid) {
                 return Err(ApiError::conflict(pods, name));
             }
         }
         let dry_run = eviction
-            .pointer("/deleteOptions/dryRun")
+            .at("/deleteOptions/dryRun")
             .and_then(Value::as_array)
             .is_some_and(|a| a.iter().any(|v| v == "All"));
         let success = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
                              "status": "Success", "code": 200});
         let phase = pod
-            .pointer("/status/phase")
+            .at("/status/phase")
             .and_then(Value::as_str)
             .unwrap_or("");
         // As the apiserver's canIgnorePDB: finished, not yet running, or already terminating.
         let terminal = matches!(phase, "Succeeded" | "Failed" | "Pending")
-            || pod.pointer("/metadata/deletionTimestamp").is_some();
+            || pod.at("/metadata/deletionTimestamp").is_some();
         let pdbs: Vec<Value> = if terminal {
             Vec::new()
         } else {
@@ -672,10 +701,8 @@ impl Cluster {
                 )
                 .into_iter()
                 .filter(|pdb| {
-                    LabelSelector::from_object(
-                        pdb.pointer("/spec/selector").unwrap_or(&Value::Null),
-                    )
-                    .is_some_and(|s| s.matches_object(&pod))
+                    LabelSelector::from_object(pdb.at("/spec/selector").unwrap_or(&Value::Null))
+                        .is_some_and(|s| s.matches_object(&pod))
                 })
                 .collect()
         };
@@ -689,11 +716,11 @@ impl Cluster {
         if let Some(pdb) = pdbs.first() {
             let pdb_name = name_of(pdb).to_string();
             let generation = pdb
-                .pointer("/metadata/generation")
+                .at("/metadata/generation")
                 .and_then(Value::as_i64)
                 .unwrap_or(0);
             let observed = pdb
-                .pointer("/status/observedGeneration")
+                .at("/status/observedGeneration")
                 .and_then(Value::as_i64)
                 .unwrap_or(-1);
             let too_many = |cause: String| ApiError {
@@ -712,15 +739,15 @@ impl Cluster {
                 )));
             }
             let allowed = pdb
-                .pointer("/status/disruptionsAllowed")
+                .at("/status/disruptionsAllowed")
                 .and_then(Value::as_i64)
                 .unwrap_or(0);
             let current = pdb
-                .pointer("/status/currentHealthy")
+                .at("/status/currentHealthy")
                 .and_then(Value::as_i64)
                 .unwrap_or(0);
             let desired = pdb
-                .pointer("/status/desiredHealthy")
+                .at("/status/desiredHealthy")
                 .and_then(Value::as_i64)
                 .unwrap_or(0);
             if allowed < 0 {
@@ -732,7 +759,7 @@ impl Cluster {
             }
             let running_unready = phase == "Running" && !is_ready(&pod);
             let policy = pdb
-                .pointer("/spec/unhealthyPodEvictionPolicy")
+                .at("/spec/unhealthyPodEvictionPolicy")
                 .and_then(Value::as_str)
                 .unwrap_or("IfHealthyBudget");
             let ok = if running_unready {
@@ -748,7 +775,7 @@ impl Cluster {
         }
         if !dry_run {
             let grace = eviction
-                .pointer("/deleteOptions/gracePeriodSeconds")
+                .at("/deleteOptions/gracePeriodSeconds")
                 .and_then(Value::as_u64)
                 .map(Duration::from_secs);
             self.delete_pod(namespace, name, grace, now)?;
@@ -770,7 +797,7 @@ impl Cluster {
                 "apiVersion": about.get("apiVersion").cloned().unwrap_or(Value::Null),
                 "kind": about.get("kind").cloned().unwrap_or(Value::Null),
                 "name": name_of(about), "namespace": namespace_of(about),
-                "uid": about.pointer("/metadata/uid").cloned().unwrap_or(Value::Null),
+                "uid": about.at("/metadata/uid").cloned().unwrap_or(Value::Null),
             },
             "reason": reason, "message": message, "type": "Normal", "count": 1,
             "firstTimestamp": now.rfc3339(), "lastTimestamp": now.rfc3339(),
@@ -786,9 +813,7 @@ impl Cluster {
         if self.store.dry_run {
             return;
         }
-        if plural == "pods"
-            && obj.pointer("/status/phase").and_then(Value::as_str) == Some("Pending")
-        {
+        if plural == "pods" && obj.at("/status/phase").and_then(Value::as_str) == Some("Pending") {
             self.pending
                 .entry((namespace_of(obj).to_string(), name_of(obj).to_string()))
                 .or_insert(now);
@@ -820,8 +845,9 @@ impl Cluster {
             let _ = self.store.delete(rt_pods(), &ns, &name);
             self.terminating.remove(&(ns, name));
         }
-        // A handful of passes reach a fixed point: deployments → replicasets → pods → status.
-        for _ in 0..4 {
+        // The controllers run until they change nothing more (a few passes: deployments →
+        // replicasets → pods); status, which no controller reads, is computed once after.
+        for _ in 0..6 {
             let before = self.store.resource_version();
             self.deployments();
             self.replica_sets(now);
@@ -830,11 +856,11 @@ impl Cluster {
             self.start_pending(now);
             self.pod_gc();
             self.longhorn(now);
-            self.statuses(now);
             if self.store.resource_version() == before {
                 break;
             }
         }
+        self.statuses(now);
         self.settled_at = Some(self.store.resource_version());
         let pod_due = self.next_pod_start;
         let rebuild_due = self
@@ -852,9 +878,9 @@ impl Cluster {
 
     fn pods_on(&self, node: &str) -> Vec<Value> {
         self.store
-            .all("pods")
-            .into_iter()
+            .iter("pods")
             .filter(|p| node_of(p) == node)
+            .cloned()
             .collect()
     }
 
@@ -870,7 +896,7 @@ impl Cluster {
                         name: name_of(p).to_string(),
                         node: node_of(p).to_string(),
                         template: pod_template_hash(p).map(String::from),
-                        terminating: p.pointer("/metadata/deletionTimestamp").is_some(),
+                        terminating: p.at("/metadata/deletionTimestamp").is_some(),
                     });
             }
         }
@@ -894,9 +920,9 @@ impl Cluster {
 
     /// A node pods can be scheduled on: Ready, not cordoned, no NoSchedule taint.
     fn schedulable(node: &Value) -> bool {
-        let cordoned = node.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true);
+        let cordoned = node.at("/spec/unschedulable").and_then(Value::as_bool) == Some(true);
         let tainted = node
-            .pointer("/spec/taints")
+            .at("/spec/taints")
             .and_then(Value::as_array)
             .is_some_and(|ts| {
                 ts.iter()
@@ -913,28 +939,29 @@ impl Cluster {
         volumes: Vec<Value>,
         now: Timestamp,
     ) {
-        let template = owner
-            .pointer("/spec/template")
-            .cloned()
-            .unwrap_or(json!({}));
+        let template = owner.at("/spec/template").cloned().unwrap_or(json!({}));
         let ns = namespace_of(owner).to_string();
         let mut pod = json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {
                 "name": name, "namespace": ns,
-                "labels": template.pointer("/metadata/labels").cloned().unwrap_or(json!({})),
+                "labels": template.at("/metadata/labels").cloned().unwrap_or(json!({})),
                 "ownerReferences": [owner_ref(owner)],
             },
             "spec": template.get("spec").cloned().unwrap_or(json!({})),
             "status": {"phase": "Pending", "conditions": [
                 {"type": "PodScheduled", "status": if node.is_some() {"True"} else {"False"}}]},
         });
-        if let Some(a) = template.pointer("/metadata/annotations") {
-            pod["metadata"]["annotations"] = a.clone();
+        if let Some(a) = template.at("/metadata/annotations") {
+            set_path(&mut pod, &["metadata", "annotations"], a.clone());
         }
-        pod["metadata"]["annotations"][TEMPLATE_HASH] = json!(template_hash(owner));
+        set_path(
+            &mut pod,
+            &["metadata", "annotations", TEMPLATE_HASH],
+            json!(template_hash(owner)),
+        );
         if let Some(n) = node {
-            pod["spec"]["nodeName"] = json!(n);
+            set_path(&mut pod, &["spec", "nodeName"], json!(n));
         }
         if !volumes.is_empty() {
             let mut all = pod["spec"]["volumes"]
@@ -942,7 +969,7 @@ impl Cluster {
                 .cloned()
                 .unwrap_or_default();
             all.extend(volumes);
-            pod["spec"]["volumes"] = Value::Array(all);
+            set_path(&mut pod, &["spec", "volumes"], Value::Array(all));
         }
         if let Ok(p) = self.store.create(rt_pods(), &ns, pod, now) {
             self.pending.insert((ns, name_of(&p).to_string()), now);
@@ -955,7 +982,7 @@ impl Cluster {
         for d in self.store.all("deployments") {
             let ns = namespace_of(&d).to_string();
             let want = replicas_of(&d);
-            let template = d.pointer("/spec/template").cloned().unwrap_or(json!({}));
+            let template = d.at("/spec/template").cloned().unwrap_or(json!({}));
             for rs in self.store.list(
                 "replicasets",
                 Some(&ns),
@@ -967,13 +994,17 @@ impl Cluster {
                 }
                 // The ReplicaSet's template carries pod-template-hash on top of the Deployment's.
                 let mut rs_template = template.clone();
-                if let Some(h) = rs.pointer("/spec/template/metadata/labels/pod-template-hash") {
-                    rs_template["metadata"]["labels"]["pod-template-hash"] = h.clone();
+                if let Some(h) = rs.at("/spec/template/metadata/labels/pod-template-hash") {
+                    set_path(
+                        &mut rs_template,
+                        &["metadata", "labels", "pod-template-hash"],
+                        h.clone(),
+                    );
                 }
-                if replicas_of(&rs) != want || rs.pointer("/spec/template") != Some(&rs_template) {
+                if replicas_of(&rs) != want || rs.at("/spec/template") != Some(&rs_template) {
                     let mut rs2 = rs.clone();
-                    rs2["spec"]["replicas"] = json!(want);
-                    rs2["spec"]["template"] = rs_template;
+                    set_path(&mut rs2, &["spec", "replicas"], json!(want));
+                    set_path(&mut rs2, &["spec", "template"], rs_template);
                     if let Some(m) = rs2.get_mut("metadata").and_then(Value::as_object_mut) {
                         m.remove("resourceVersion");
                     }
@@ -1042,12 +1073,12 @@ impl Cluster {
                         name: name.clone(),
                         node: node_of(p).to_string(),
                         template: pod_template_hash(p).map(String::from),
-                        terminating: p.pointer("/metadata/deletionTimestamp").is_some(),
+                        terminating: p.at("/metadata/deletionTimestamp").is_some(),
                     }),
                     None => {
                         // One claim per volumeClaimTemplate: `<template>-<pod>`.
                         let claims: Vec<Value> = sts
-                            .pointer("/spec/volumeClaimTemplates")
+                            .at("/spec/volumeClaimTemplates")
                             .and_then(Value::as_array)
                             .into_iter()
                             .flatten()
@@ -1119,26 +1150,21 @@ impl Cluster {
 
     /// The node a pending pod may run on, for pods bound by PV node affinity (local-path).
     fn pinned_node(&self, pod: &Value) -> Option<String> {
-        let vols = pod.pointer("/spec/volumes")?.as_array()?;
+        let vols = pod.at("/spec/volumes")?.as_array()?;
         for v in vols {
             let Some(claim) = v
-                .pointer("/persistentVolumeClaim/claimName")
+                .at("/persistentVolumeClaim/claimName")
                 .and_then(Value::as_str)
             else {
                 continue;
             };
             let ns = namespace_of(pod);
             let pv = self.store.all("persistentvolumes").into_iter().find(|pv| {
-                pv.pointer("/spec/claimRef/name").and_then(Value::as_str) == Some(claim)
-                    && pv
-                        .pointer("/spec/claimRef/namespace")
-                        .and_then(Value::as_str)
-                        == Some(ns)
+                pv.at("/spec/claimRef/name").and_then(Value::as_str) == Some(claim)
+                    && pv.at("/spec/claimRef/namespace").and_then(Value::as_str) == Some(ns)
             })?;
             let node = pv
-                .pointer(
-                    "/spec/nodeAffinity/required/nodeSelectorTerms/0/matchExpressions/0/values/0",
-                )
+                .at("/spec/nodeAffinity/required/nodeSelectorTerms/0/matchExpressions/0/values/0")
                 .and_then(Value::as_str)?;
             return Some(node.to_string());
         }
@@ -1250,24 +1276,25 @@ impl Cluster {
                 .map(|n| n.ip.clone())
                 .unwrap_or_default();
             let serial = self.store.resource_version();
-            pod["spec"]["nodeName"] = json!(node_name);
-            pod["status"]["phase"] = json!("Running");
-            pod["status"]["hostIP"] = json!(host_ip);
-            pod["status"]["hostIPs"] = json!([{"ip": host_ip}]);
+            set_path(&mut pod, &["spec", "nodeName"], json!(node_name));
+            set_path(&mut pod, &["status", "phase"], json!("Running"));
+            set_path(&mut pod, &["status", "hostIP"], json!(host_ip));
+            set_path(&mut pod, &["status", "hostIPs"], json!([{"ip": host_ip}]));
             // Host-network pods (the CNI, kube-proxy) use the node's address.
-            let pod_ip = if pod.pointer("/spec/hostNetwork") == Some(&json!(true)) {
+            let pod_ip = if pod.at("/spec/hostNetwork") == Some(&json!(true)) {
                 host_ip.clone()
             } else {
                 format!("10.244.{}.{}", (serial / 250) % 250, serial % 250 + 2)
             };
-            pod["status"]["podIP"] = json!(pod_ip);
-            pod["status"]["podIPs"] = json!([{"ip": pod_ip}]);
-            pod["status"]["startTime"] = json!(now.rfc3339());
+            set_path(&mut pod, &["status", "podIP"], json!(pod_ip));
+            set_path(&mut pod, &["status", "podIPs"], json!([{"ip": pod_ip}]));
+            set_path(&mut pod, &["status", "startTime"], json!(now.rfc3339()));
             set_condition(&mut pod, "PodScheduled", true, "", now);
             set_condition(&mut pod, "Initialized", true, "", now);
             set_condition(&mut pod, "ContainersReady", true, "", now);
             set_condition(&mut pod, "Ready", true, "", now);
-            pod["status"]["containerStatuses"] = container_statuses(&pod, now);
+            let statuses = container_statuses(&pod, now);
+            set_path(&mut pod, &["status", "containerStatuses"], statuses);
             if let Some(m) = pod.get_mut("metadata").and_then(Value::as_object_mut) {
                 m.remove("resourceVersion");
             }
@@ -1279,11 +1306,11 @@ impl Cluster {
 
     fn replicas_on_node(&mut self, node: &str, state: &str, now: Timestamp) {
         for r in self.store.all("replicas") {
-            if r.pointer("/spec/nodeID").and_then(Value::as_str) != Some(node) {
+            if r.at("/spec/nodeID").and_then(Value::as_str) != Some(node) {
                 continue;
             }
             let mut r2 = r.clone();
-            r2["status"]["currentState"] = json!(state);
+            set_path(&mut r2, &["status", "currentState"], json!(state));
             r2["spec"]["failedAt"] = json!(if state == "running" {
                 String::new()
             } else {
@@ -1312,17 +1339,15 @@ impl Cluster {
                 )
                 .into_iter()
                 .filter(|r| {
-                    r.pointer("/spec/volumeName").and_then(Value::as_str) == Some(vname.as_str())
+                    r.at("/spec/volumeName").and_then(Value::as_str) == Some(vname.as_str())
                 })
                 .collect();
             let running = replicas
                 .iter()
-                .filter(|r| {
-                    r.pointer("/status/currentState").and_then(Value::as_str) == Some("running")
-                })
+                .filter(|r| r.at("/status/currentState").and_then(Value::as_str) == Some("running"))
                 .count() as u64;
             let want = vol
-                .pointer("/spec/numberOfReplicas")
+                .at("/spec/numberOfReplicas")
                 .and_then(Value::as_u64)
                 .unwrap_or(3);
             let key = (ns.clone(), vname.clone());
@@ -1332,10 +1357,9 @@ impl Cluster {
                     let used: BTreeSet<&str> = replicas
                         .iter()
                         .filter(|r| {
-                            r.pointer("/status/currentState").and_then(Value::as_str)
-                                == Some("running")
+                            r.at("/status/currentState").and_then(Value::as_str) == Some("running")
                         })
-                        .filter_map(|r| r.pointer("/spec/nodeID").and_then(Value::as_str))
+                        .filter_map(|r| r.at("/spec/nodeID").and_then(Value::as_str))
                         .collect();
                     let has_workers = nodes.iter().any(|n| !n.control_plane);
                     let target = nodes.iter().find(|n| {
@@ -1344,7 +1368,7 @@ impl Cluster {
                             && (!has_workers || !n.control_plane)
                     });
                     let failed = replicas.iter().find(|r| {
-                        r.pointer("/status/currentState").and_then(Value::as_str) != Some("running")
+                        r.at("/status/currentState").and_then(Value::as_str) != Some("running")
                     });
                     if let Some(target) = target {
                         if let Some(f) = failed {
@@ -1371,16 +1395,16 @@ impl Cluster {
                 "healthy"
             };
             let attached = vol
-                .pointer("/spec/nodeID")
+                .at("/spec/nodeID")
                 .and_then(Value::as_str)
                 .is_some_and(|n| !n.is_empty());
             let state = if attached { "attached" } else { "detached" };
-            if vol.pointer("/status/robustness").and_then(Value::as_str) != Some(robustness)
-                || vol.pointer("/status/state").and_then(Value::as_str) != Some(state)
+            if vol.at("/status/robustness").and_then(Value::as_str) != Some(robustness)
+                || vol.at("/status/state").and_then(Value::as_str) != Some(state)
             {
                 let mut v2 = vol.clone();
-                v2["status"]["robustness"] = json!(robustness);
-                v2["status"]["state"] = json!(state);
+                set_path(&mut v2, &["status", "robustness"], json!(robustness));
+                set_path(&mut v2, &["status", "state"], json!(state));
                 let _ = self.store.update(rt("volumes"), &ns, &vname, v2);
             }
         }
@@ -1415,15 +1439,17 @@ impl Cluster {
                 let ps = owned(namespace_of(&o), kind, name_of(&o));
                 let ready = ps.iter().filter(|p| is_ready(p)).count();
                 let mut o2 = o.clone();
-                o2["status"]["replicas"] = json!(ps.len());
-                o2["status"]["readyReplicas"] = json!(ready);
-                o2["status"]["availableReplicas"] = json!(ready);
-                o2["status"]["currentReplicas"] = json!(ps.len());
-                o2["status"]["updatedReplicas"] = json!(updated(&ps, &o));
-                o2["status"]["observedGeneration"] = o
-                    .pointer("/metadata/generation")
-                    .cloned()
-                    .unwrap_or(json!(1));
+                set_path(&mut o2, &["status", "replicas"], json!(ps.len()));
+                set_path(&mut o2, &["status", "readyReplicas"], json!(ready));
+                set_path(&mut o2, &["status", "availableReplicas"], json!(ready));
+                set_path(&mut o2, &["status", "currentReplicas"], json!(ps.len()));
+                set_path(
+                    &mut o2,
+                    &["status", "updatedReplicas"],
+                    json!(updated(&ps, &o)),
+                );
+                o2["status"]["observedGeneration"] =
+                    o.at("/metadata/generation").cloned().unwrap_or(json!(1));
                 updates.push((plural, o2));
             }
         }
@@ -1442,15 +1468,17 @@ impl Cluster {
             let ready = rs_pods.iter().filter(|p| is_ready(p)).count();
             let want = replicas_of(&d) as usize;
             let mut d2 = d.clone();
-            d2["status"]["replicas"] = json!(rs_pods.len());
-            d2["status"]["readyReplicas"] = json!(ready);
-            d2["status"]["availableReplicas"] = json!(ready);
-            d2["status"]["updatedReplicas"] = json!(up_to_date);
-            d2["status"]["unavailableReplicas"] = json!(want.saturating_sub(ready));
-            d2["status"]["observedGeneration"] = d
-                .pointer("/metadata/generation")
-                .cloned()
-                .unwrap_or(json!(1));
+            set_path(&mut d2, &["status", "replicas"], json!(rs_pods.len()));
+            set_path(&mut d2, &["status", "readyReplicas"], json!(ready));
+            set_path(&mut d2, &["status", "availableReplicas"], json!(ready));
+            set_path(&mut d2, &["status", "updatedReplicas"], json!(up_to_date));
+            set_path(
+                &mut d2,
+                &["status", "unavailableReplicas"],
+                json!(want.saturating_sub(ready)),
+            );
+            d2["status"]["observedGeneration"] =
+                d.at("/metadata/generation").cloned().unwrap_or(json!(1));
             updates.push(("deployments", d2));
         }
         let desired = self.store.iter("nodes").count();
@@ -1458,23 +1486,37 @@ impl Cluster {
             let ps = owned(namespace_of(&ds), "DaemonSet", name_of(&ds));
             let ready = ps.iter().filter(|p| is_ready(p)).count();
             let mut ds2 = ds.clone();
-            ds2["status"]["desiredNumberScheduled"] = json!(desired);
-            ds2["status"]["currentNumberScheduled"] = json!(ps.len());
-            ds2["status"]["updatedNumberScheduled"] = json!(updated(&ps, &ds));
-            ds2["status"]["numberReady"] = json!(ready);
-            ds2["status"]["numberAvailable"] = json!(ready);
-            ds2["status"]["numberUnavailable"] = json!(desired.saturating_sub(ready));
-            ds2["status"]["numberMisscheduled"] = json!(0);
-            ds2["status"]["observedGeneration"] = ds
-                .pointer("/metadata/generation")
-                .cloned()
-                .unwrap_or(json!(1));
+            set_path(
+                &mut ds2,
+                &["status", "desiredNumberScheduled"],
+                json!(desired),
+            );
+            set_path(
+                &mut ds2,
+                &["status", "currentNumberScheduled"],
+                json!(ps.len()),
+            );
+            set_path(
+                &mut ds2,
+                &["status", "updatedNumberScheduled"],
+                json!(updated(&ps, &ds)),
+            );
+            set_path(&mut ds2, &["status", "numberReady"], json!(ready));
+            set_path(&mut ds2, &["status", "numberAvailable"], json!(ready));
+            set_path(
+                &mut ds2,
+                &["status", "numberUnavailable"],
+                json!(desired.saturating_sub(ready)),
+            );
+            set_path(&mut ds2, &["status", "numberMisscheduled"], json!(0));
+            ds2["status"]["observedGeneration"] =
+                ds.at("/metadata/generation").cloned().unwrap_or(json!(1));
             updates.push(("daemonsets", ds2));
         }
         for pdb in self.store.all("poddisruptionbudgets") {
             let ns = namespace_of(&pdb).to_string();
             let selector =
-                LabelSelector::from_object(pdb.pointer("/spec/selector").unwrap_or(&Value::Null));
+                LabelSelector::from_object(pdb.at("/spec/selector").unwrap_or(&Value::Null));
             let matched: Vec<&Value> = pods
                 .iter()
                 .copied()
@@ -1495,7 +1537,7 @@ impl Cluster {
                         };
                         let scale = self
                             .store
-                            .get(rt(plural).plural, &ns, n)
+                            .get(rt(plural).storage, &ns, n)
                             .map(replicas_of)
                             .unwrap_or(1);
                         controllers.insert((k, n), scale);
@@ -1505,9 +1547,9 @@ impl Cluster {
             }
             let expected = controllers.values().sum::<u64>() + bare;
             let healthy = matched.iter().filter(|p| is_ready(p)).count() as u64;
-            let desired = if let Some(min) = pdb.pointer("/spec/minAvailable") {
+            let desired = if let Some(min) = pdb.at("/spec/minAvailable") {
                 scaled(min, expected).unwrap_or(0)
-            } else if let Some(max) = pdb.pointer("/spec/maxUnavailable") {
+            } else if let Some(max) = pdb.at("/spec/maxUnavailable") {
                 expected.saturating_sub(scaled(max, expected).unwrap_or(0))
             } else {
                 0
@@ -1521,25 +1563,23 @@ impl Cluster {
                 allowed = 0;
             }
             let mut p2 = pdb.clone();
-            p2["status"]["currentHealthy"] = json!(healthy);
-            p2["status"]["desiredHealthy"] = json!(desired);
-            p2["status"]["expectedPods"] = json!(expected);
-            p2["status"]["disruptionsAllowed"] = json!(allowed);
-            p2["status"]["observedGeneration"] = pdb
-                .pointer("/metadata/generation")
-                .cloned()
-                .unwrap_or(json!(1));
+            set_path(&mut p2, &["status", "currentHealthy"], json!(healthy));
+            set_path(&mut p2, &["status", "desiredHealthy"], json!(desired));
+            set_path(&mut p2, &["status", "expectedPods"], json!(expected));
+            set_path(&mut p2, &["status", "disruptionsAllowed"], json!(allowed));
+            p2["status"]["observedGeneration"] =
+                pdb.at("/metadata/generation").cloned().unwrap_or(json!(1));
             let reason = if allowed > 0 {
                 "SufficientPods"
             } else {
                 "InsufficientPods"
             };
             let since = pdb
-                .pointer("/status/conditions/0/lastTransitionTime")
+                .at("/status/conditions/0/lastTransitionTime")
                 .cloned()
                 .unwrap_or(json!(self.now.rfc3339()));
             let old_status = pdb
-                .pointer("/status/conditions/0/status")
+                .at("/status/conditions/0/status")
                 .and_then(Value::as_str);
             let status = if allowed > 0 { "True" } else { "False" };
             let since = if old_status == Some(status) {
@@ -1555,7 +1595,7 @@ impl Cluster {
         for (plural, obj) in updates {
             let old = self
                 .store
-                .get(rt(plural).plural, namespace_of(&obj), name_of(&obj));
+                .get(rt(plural).storage, namespace_of(&obj), name_of(&obj));
             if old.map(|o| o.get("status")) != Some(obj.get("status")) {
                 let mut obj = obj;
                 if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -1596,7 +1636,7 @@ fn rt_pods() -> &'static ResourceType {
 
 /// When the node's Ready condition last changed.
 fn ready_since(node: &Value) -> Timestamp {
-    node.pointer("/status/conditions")
+    node.at("/status/conditions")
         .and_then(Value::as_array)
         .and_then(|cs| {
             cs.iter()
@@ -1609,13 +1649,13 @@ fn ready_since(node: &Value) -> Timestamp {
 }
 
 pub fn is_control_plane(node: &Value) -> bool {
-    node.pointer("/metadata/labels")
+    node.at("/metadata/labels")
         .and_then(|l| l.get(CONTROL_PLANE_LABEL))
         .is_some()
 }
 
 pub fn internal_ip(node: &Value) -> Option<String> {
-    node.pointer("/status/addresses")?
+    node.at("/status/addresses")?
         .as_array()?
         .iter()
         .find(|a| a.get("type").and_then(Value::as_str) == Some("InternalIP"))?
@@ -1626,7 +1666,7 @@ pub fn internal_ip(node: &Value) -> Option<String> {
 
 fn container_statuses(pod: &Value, now: Timestamp) -> Value {
     let containers = pod
-        .pointer("/spec/containers")
+        .at("/spec/containers")
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();

@@ -15,6 +15,9 @@ pub struct ResourceType {
     pub short_names: &'static [&'static str],
     /// Subresources served under this resource, e.g. `status`, `eviction`.
     pub subresources: &'static [&'static str],
+    /// The store's key for these objects: the plural, unless another group serves the same
+    /// plural (events.k8s.io `events` → `events.events.k8s.io`).
+    pub storage: &'static str,
 }
 
 impl ResourceType {
@@ -60,6 +63,7 @@ const fn rt(
         namespaced,
         short_names,
         subresources,
+        storage: plural,
     }
 }
 
@@ -93,7 +97,7 @@ pub const RESOURCES: &[ResourceType] = &[
         "Pod",
         true,
         &["po"],
-        &["eviction", "status"],
+        &["eviction", "log", "status"],
     ),
     rt(
         "",
@@ -134,7 +138,7 @@ pub const RESOURCES: &[ResourceType] = &[
         "Deployment",
         true,
         &["deploy"],
-        &["status"],
+        &["scale", "status"],
     ),
     rt(
         "apps",
@@ -144,7 +148,7 @@ pub const RESOURCES: &[ResourceType] = &[
         "ReplicaSet",
         true,
         &["rs"],
-        &["status"],
+        &["scale", "status"],
     ),
     rt(
         "apps",
@@ -154,7 +158,7 @@ pub const RESOURCES: &[ResourceType] = &[
         "StatefulSet",
         true,
         &["sts"],
-        &["status"],
+        &["scale", "status"],
     ),
     rt(
         "apps",
@@ -226,11 +230,23 @@ pub const RESOURCES: &[ResourceType] = &[
         &["app", "apps"],
         &[],
     ),
+    // kube-rs' event recorder writes events.k8s.io/v1 Events.
+    ResourceType {
+        group: "events.k8s.io",
+        version: "v1",
+        plural: "events",
+        singular: "event",
+        kind: "Event",
+        namespaced: true,
+        short_names: &["ev"],
+        subresources: &[],
+        storage: "events.events.k8s.io",
+    },
 ];
 
-/// The resource with this plural.
+/// The resource stored under this key: its plural, or `events.events.k8s.io`.
 pub fn by_plural(plural: &str) -> Option<&'static ResourceType> {
-    RESOURCES.iter().find(|r| r.plural == plural)
+    RESOURCES.iter().find(|r| r.storage == plural)
 }
 
 /// The resource served at `group/version/plural`.

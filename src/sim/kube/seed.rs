@@ -10,7 +10,7 @@ use super::model::{
     replica_object, Behaviour, Cluster, DeprecatedApi, Faults, CONTROL_PLANE_LABEL,
     MIRROR_ANNOTATION,
 };
-use super::store::ApiError;
+use super::store::{ApiError, At};
 use crate::clock::Timestamp;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -285,6 +285,25 @@ impl KubeSeed {
             replicas,
             attached_to: None,
         });
+        self
+    }
+
+    /// A Longhorn volume attached to (in use on) `node`.
+    pub fn longhorn_volume_attached(mut self, name: &str, replicas: u32, node: &str) -> Self {
+        self.volumes.push(VolumeSeed {
+            name: name.into(),
+            replicas,
+            attached_to: Some(node.into()),
+        });
+        self
+    }
+
+    /// One node's own versions, for a cluster caught mid-upgrade.
+    pub fn node_versions(mut self, node: &str, talos: &str, kubelet: &str) -> Self {
+        for n in self.nodes.iter_mut().filter(|n| n.name == node) {
+            n.talos_version = v(talos);
+            n.kubelet_version = v(kubelet);
+        }
         self
     }
 
@@ -586,11 +605,9 @@ impl KubeSeed {
             )?;
         }
         // Seeded pods start at once, as if the cluster had been running for a while.
-        let start = c.behaviour.pod_start_delay;
         let saved = std::mem::replace(&mut c.behaviour.pod_start_delay, std::time::Duration::ZERO);
         c.sync(now);
         c.behaviour.pod_start_delay = saved;
-        let _ = start;
         Ok(c)
     }
 }
@@ -671,10 +688,7 @@ pub fn mirror_pod(
     let t = now.rfc3339();
     let node = super::store::name_of(node_obj);
     let ip = super::model::internal_ip(node_obj).unwrap_or_default();
-    let uid = node_obj
-        .pointer("/metadata/uid")
-        .cloned()
-        .unwrap_or(json!(""));
+    let uid = node_obj.at("/metadata/uid").cloned().unwrap_or(json!(""));
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {

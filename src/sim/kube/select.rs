@@ -1,8 +1,11 @@
 //! Label and field selectors, as the `labelSelector` / `fieldSelector` query parameters
 //! spell them, and the `LabelSelector` object of PDBs and workloads.
 
-use serde_json::Value;
 use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::store::At;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requirement {
@@ -160,7 +163,7 @@ impl LabelSelector {
 
     /// Match against an object's labels without copying them.
     pub fn matches_object(&self, obj: &Value) -> bool {
-        let labels = obj.pointer("/metadata/labels").and_then(Value::as_object);
+        let labels = obj.at("/metadata/labels").and_then(Value::as_object);
         let get = |k: &str| labels.and_then(|m| m.get(k)).and_then(Value::as_str);
         self.0.iter().all(|r| match r {
             Requirement::Eq(k, v) => get(k) == Some(v.as_str()),
@@ -175,7 +178,7 @@ impl LabelSelector {
 
 /// The labels of an object as a map.
 pub fn labels_of(obj: &Value) -> BTreeMap<String, String> {
-    obj.pointer("/metadata/labels")
+    obj.at("/metadata/labels")
         .and_then(Value::as_object)
         .map(|m| {
             m.iter()
@@ -244,7 +247,7 @@ impl FieldSelector {
                 "source" => "/source/component".to_string(),
                 p => format!("/{}", p.replace('.', "/")),
             };
-            let have = match obj.pointer(&pointer) {
+            let have = match obj.at(&pointer) {
                 Some(Value::String(s)) => s.clone(),
                 Some(Value::Bool(b)) => b.to_string(),
                 Some(Value::Number(n)) => n.to_string(),

@@ -154,21 +154,21 @@ pub struct Store {
 
 /// `name` of an object.
 pub fn name_of(obj: &Value) -> &str {
-    obj.pointer("/metadata/name")
+    obj.at("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or("")
 }
 
 /// `namespace` of an object (empty for cluster-scoped ones).
 pub fn namespace_of(obj: &Value) -> &str {
-    obj.pointer("/metadata/namespace")
+    obj.at("/metadata/namespace")
         .and_then(Value::as_str)
         .unwrap_or("")
 }
 
 /// The parsed `metadata.resourceVersion`, if any.
 pub fn rv_of(obj: &Value) -> Option<u64> {
-    obj.pointer("/metadata/resourceVersion")
+    obj.at("/metadata/resourceVersion")
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
         .and_then(|s| s.parse().ok())
@@ -189,6 +189,79 @@ fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
         Value::Object(m) => m,
         _ => unreachable!("just made an object"),
     }
+}
+
+/// `Value::pointer` without its per-segment allocations (it unescapes `~0`/`~1`, which
+/// the twin's own paths never contain). The controllers walk paths on every pod of every
+/// pass, so this matters.
+pub trait At {
+    fn at(&self, path: &str) -> Option<&Value>;
+}
+
+impl At for Value {
+    fn at(&self, path: &str) -> Option<&Value> {
+        if path.is_empty() {
+            return Some(self);
+        }
+        path.strip_prefix('/')?
+            .split('/')
+            .try_fold(self, |cur, k| match cur {
+                Value::Object(m) => m.get(k),
+                Value::Array(a) => k.parse::<usize>().ok().and_then(|i| a.get(i)),
+                _ => None,
+            })
+    }
+}
+
+/// Set `path` in `obj`, turning anything in the way into an object. Objects come from
+/// clients, so a plain `obj["a"]["b"] = v` (which panics on a non-object) is not safe.
+pub fn set_path(obj: &mut Value, path: &[&str], v: Value) {
+    let mut cur = obj;
+    for k in path {
+        if !cur.is_object() {
+            *cur = json!({});
+        }
+        let Value::Object(m) = cur else { return };
+        cur = m.entry(k.to_string()).or_insert(Value::Null);
+    }
+    *cur = v;
+}
+
+/// The shape every stored object has: an object whose metadata, spec and status (when
+/// present) are objects, labels and annotations maps of strings.
+pub fn check_shape(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
+    let bad = |what: &str| {
+        ApiError::new(
+            400,
+            "BadRequest",
+            format!("unable to decode the {} object: {what}", rt.kind),
+        )
+    };
+    let Some(top) = obj.as_object() else {
+        return Err(bad("the body is not a JSON object"));
+    };
+    for k in ["metadata", "spec", "status"] {
+        if top.get(k).is_some_and(|v| !v.is_object() && !v.is_null()) {
+            return Err(bad(&format!("{k} must be an object")));
+        }
+    }
+    for k in ["labels", "annotations"] {
+        if let Some(v) = obj.at(&format!("/metadata/{k}")) {
+            let ok = v.is_null()
+                || v.as_object()
+                    .is_some_and(|m| m.values().all(Value::is_string));
+            if !ok {
+                return Err(bad(&format!("metadata.{k} must map strings to strings")));
+            }
+        }
+    }
+    if obj
+        .at("/metadata/ownerReferences")
+        .is_some_and(|v| !v.is_array() && !v.is_null())
+    {
+        return Err(bad("metadata.ownerReferences must be a list"));
+    }
+    Ok(())
 }
 
 const NAME_CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
@@ -241,7 +314,7 @@ impl Store {
     fn record(&mut self, rt: &'static ResourceType, ns: &str, kind: EventType, object: Value) {
         let ev = WatchEvent {
             rv: self.rv,
-            plural: rt.plural,
+            plural: rt.storage,
             namespace: ns.to_string(),
             kind,
             object,
@@ -327,11 +400,12 @@ impl Store {
         mut obj: Value,
         now: Timestamp,
     ) -> Result<Value, ApiError> {
+        check_shape(rt, &obj)?;
         let ns = if rt.namespaced { ns } else { "" };
         let mut name = name_of(&obj).to_string();
         if name.is_empty() {
             let generate = obj
-                .pointer("/metadata/generateName")
+                .at("/metadata/generateName")
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string();
@@ -345,7 +419,7 @@ impl Store {
             }
             name = format!("{}{}", generate, self.suffix());
         }
-        if self.get(rt.plural, ns, &name).is_some() {
+        if self.get(rt.storage, ns, &name).is_some() {
             return Err(ApiError::already_exists(rt, &name));
         }
         let rv = self.rv + 1;
@@ -371,7 +445,7 @@ impl Store {
         }
         self.rv = rv;
         self.objects
-            .insert((rt.plural, ns.to_string(), name), obj.clone());
+            .insert((rt.storage, ns.to_string(), name), obj.clone());
         self.record(rt, ns, EventType::Added, obj.clone());
         Ok(obj)
     }
@@ -386,8 +460,9 @@ impl Store {
         name: &str,
         mut obj: Value,
     ) -> Result<Value, ApiError> {
+        check_shape(rt, &obj)?;
         let ns = if rt.namespaced { ns } else { "" };
-        let Some(old) = self.get(rt.plural, ns, name).cloned() else {
+        let Some(old) = self.get(rt.storage, ns, name).cloned() else {
             return Err(ApiError::not_found(rt, name));
         };
         if let Some(want) = rv_of(&obj) {
@@ -395,7 +470,7 @@ impl Store {
                 return Err(ApiError::conflict(rt, name));
             }
         } else if obj
-            .pointer("/metadata/resourceVersion")
+            .at("/metadata/resourceVersion")
             .is_some_and(|v| !v.is_string() && !v.is_null())
         {
             return Err(ApiError::bad_request(
@@ -411,7 +486,7 @@ impl Store {
                 m.insert("namespace".into(), json!(ns));
             }
             for keep in ["uid", "creationTimestamp", "generation", "resourceVersion"] {
-                match old.pointer(&format!("/metadata/{keep}")) {
+                match old.at(&format!("/metadata/{keep}")) {
                     Some(v) => m.insert(keep.into(), v.clone()),
                     None => m.remove(keep),
                 };
@@ -422,7 +497,7 @@ impl Store {
         }
         if obj.get("spec") != old.get("spec") && obj.get("spec").is_some() {
             let g = old
-                .pointer("/metadata/generation")
+                .at("/metadata/generation")
                 .and_then(Value::as_u64)
                 .unwrap_or(0);
             meta_mut(&mut obj).insert("generation".into(), json!(g + 1));
@@ -434,7 +509,7 @@ impl Store {
         }
         self.rv = rv;
         self.objects
-            .insert((rt.plural, ns.to_string(), name.to_string()), obj.clone());
+            .insert((rt.storage, ns.to_string(), name.to_string()), obj.clone());
         self.record(rt, ns, EventType::Modified, obj.clone());
         Ok(obj)
     }
@@ -452,7 +527,7 @@ impl Store {
             String::new()
         };
         let name = name_of(&obj).to_string();
-        if !name.is_empty() && self.get(rt.plural, &ns, &name).is_some() {
+        if !name.is_empty() && self.get(rt.storage, &ns, &name).is_some() {
             meta_mut(&mut obj).remove("resourceVersion");
             self.update(rt, &ns, &name, obj)
         } else {
@@ -469,13 +544,13 @@ impl Store {
         let ns = if rt.namespaced { ns } else { "" };
         if self.dry_run {
             return self
-                .get(rt.plural, ns, name)
+                .get(rt.storage, ns, name)
                 .cloned()
                 .ok_or_else(|| ApiError::not_found(rt, name));
         }
         let Some(mut obj) = self
             .objects
-            .remove(&(rt.plural, ns.to_string(), name.to_string()))
+            .remove(&(rt.storage, ns.to_string(), name.to_string()))
         else {
             return Err(ApiError::not_found(rt, name));
         };
@@ -531,7 +606,7 @@ mod tests {
         let updated = s
             .update(leases(), "default", "l", next.clone())
             .unwrap_or_default();
-        assert_eq!(updated.pointer("/metadata/generation"), Some(&json!(2)));
+        assert_eq!(updated.at("/metadata/generation"), Some(&json!(2)));
         // The same stale resourceVersion again: conflict.
         let err = s
             .update(leases(), "default", "l", next)

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::model::{is_ready, parse_time};
 use super::resources::ResourceType;
-use super::store::{name_of, namespace_of};
+use super::store::{name_of, namespace_of, At};
 use crate::clock::Timestamp;
 
 /// An age the way kubectl prints it (`45s`, `3m20s`, `5h`, `12d`).
@@ -40,7 +40,7 @@ pub fn human_age(secs: u64) -> String {
 }
 
 fn age(obj: &Value, now: Timestamp) -> String {
-    obj.pointer("/metadata/creationTimestamp")
+    obj.at("/metadata/creationTimestamp")
         .and_then(Value::as_str)
         .and_then(parse_time)
         .map(|t| human_age(now.since(t).as_secs()))
@@ -53,7 +53,7 @@ fn col(name: &str, kind: &str, priority: u8, description: &str) -> Value {
 }
 
 fn s<'a>(obj: &'a Value, ptr: &str) -> &'a str {
-    obj.pointer(ptr).and_then(Value::as_str).unwrap_or("")
+    obj.at(ptr).and_then(Value::as_str).unwrap_or("")
 }
 
 fn or_none(v: &str) -> String {
@@ -66,7 +66,7 @@ fn or_none(v: &str) -> String {
 
 fn address(node: &Value, kind: &str) -> String {
     let found = node
-        .pointer("/status/addresses")
+        .at("/status/addresses")
         .and_then(Value::as_array)
         .and_then(|a| {
             a.iter()
@@ -80,11 +80,11 @@ fn address(node: &Value, kind: &str) -> String {
 
 fn node_row(n: &Value, now: Timestamp) -> Vec<Value> {
     let mut status = if is_ready(n) { "Ready" } else { "NotReady" }.to_string();
-    if n.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true) {
+    if n.at("/spec/unschedulable").and_then(Value::as_bool) == Some(true) {
         status.push_str(",SchedulingDisabled");
     }
     let mut roles: Vec<&str> = n
-        .pointer("/metadata/labels")
+        .at("/metadata/labels")
         .and_then(Value::as_object)
         .map(|l| {
             l.keys()
@@ -113,11 +113,9 @@ fn node_row(n: &Value, now: Timestamp) -> Vec<Value> {
 }
 
 fn pod_row(p: &Value, now: Timestamp) -> Vec<Value> {
-    let statuses = p
-        .pointer("/status/containerStatuses")
-        .and_then(Value::as_array);
+    let statuses = p.at("/status/containerStatuses").and_then(Value::as_array);
     let total = p
-        .pointer("/spec/containers")
+        .at("/spec/containers")
         .and_then(Value::as_array)
         .map_or(0, Vec::len);
     let ready = statuses.map_or(0, |c| {
@@ -131,7 +129,7 @@ fn pod_row(p: &Value, now: Timestamp) -> Vec<Value> {
             .filter_map(|c| c.get("restartCount")?.as_u64())
             .sum()
     });
-    let status = if p.pointer("/metadata/deletionTimestamp").is_some() {
+    let status = if p.at("/metadata/deletionTimestamp").is_some() {
         "Terminating".to_string()
     } else {
         or_none(s(p, "/status/phase"))
@@ -157,13 +155,13 @@ fn cols(main: &[&str], wide: &[&str]) -> Vec<Value> {
 }
 
 fn n(obj: &Value, ptr: &str) -> u64 {
-    obj.pointer(ptr).and_then(Value::as_u64).unwrap_or(0)
+    obj.at(ptr).and_then(Value::as_u64).unwrap_or(0)
 }
 
 /// Container names and images of a workload's pod template.
 fn containers(o: &Value) -> Vec<Value> {
     let cs = o
-        .pointer("/spec/template/spec/containers")
+        .at("/spec/template/spec/containers")
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
@@ -280,7 +278,7 @@ pub fn table(
                 &[],
             ),
             |o, now| {
-                let v = |p: &str| match o.pointer(p) {
+                let v = |p: &str| match o.at(p) {
                     Some(Value::Number(n)) => n.to_string(),
                     Some(Value::String(s)) => s.clone(),
                     _ => "N/A".into(),
@@ -300,10 +298,7 @@ pub fn table(
                 &["Containers", "Images"],
             ),
             |o, now| {
-                let replicas = o
-                    .pointer("/spec/replicas")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(1);
+                let replicas = o.at("/spec/replicas").and_then(Value::as_u64).unwrap_or(1);
                 let mut row = vec![
                     json!(name_of(o)),
                     json!(format!("{}/{}", n(o, "/status/readyReplicas"), replicas)),
