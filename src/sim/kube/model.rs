@@ -3,7 +3,7 @@
 //! replicas), faults, and the Eviction API. Everything runs on timestamps passed in, so a
 //! manual clock makes it deterministic: a change is applied when `sync(now)` reaches its time.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -99,6 +99,8 @@ pub struct Cluster {
     now: Timestamp,
     /// The resourceVersion the controllers last settled at, and when something is due next.
     settled_at: Option<u64>,
+    /// The resourceVersion statuses were last computed at.
+    statuses_at: Option<u64>,
     next_due: Option<Timestamp>,
     /// The next time a pending pod may start (computed by the scheduler pass).
     next_pod_start: Option<Timestamp>,
@@ -254,6 +256,7 @@ impl Cluster {
             terminating: BTreeMap::new(),
             now,
             settled_at: None,
+            statuses_at: None,
             next_due: None,
             next_pod_start: None,
         }
@@ -356,7 +359,7 @@ impl Cluster {
             // Already terminating: a shorter grace period moves the end closer.
             if due < *old_due {
                 self.terminating.insert(key, due);
-                self.settled_at = None;
+                self.invalidate();
                 self.sync(now);
             }
             return Ok(pod);
@@ -631,7 +634,7 @@ impl Cluster {
             self.faults.pdb_never_allows.remove(&key);
         }
         // Not an object change, so the controllers would not otherwise look again.
-        self.settled_at = None;
+        self.invalidate();
         self.sync(now);
     }
 
@@ -847,21 +850,34 @@ impl Cluster {
         }
         // The controllers run until they change nothing more (a few passes: deployments →
         // replicasets → pods); status, which no controller reads, is computed once after.
+        // Each pass looks only at the owners whose pods or specs changed since the last one.
+        let mut since = self.settled_at;
+        let mut settled = false;
         for _ in 0..6 {
             let before = self.store.resource_version();
+            let dirty = self.dirty_since(since);
             self.deployments();
-            self.replica_sets(now);
-            self.stateful_sets(now);
-            self.daemon_sets(now);
+            self.replica_sets(now, &dirty);
+            self.stateful_sets(now, &dirty);
+            self.daemon_sets(now, &dirty);
             self.start_pending(now);
             self.pod_gc();
             self.longhorn(now);
             if self.store.resource_version() == before {
+                settled = true;
                 break;
             }
+            since = Some(before);
         }
-        self.statuses(now);
-        self.settled_at = Some(self.store.resource_version());
+        let dirty = self.dirty_since(self.statuses_at);
+        self.statuses(now, &dirty);
+        self.statuses_at = Some(self.store.resource_version());
+        // Out of passes before settling: the next sync picks up from the last pass.
+        self.settled_at = if settled {
+            Some(self.store.resource_version())
+        } else {
+            since
+        };
         let pod_due = self.next_pod_start;
         let rebuild_due = self
             .degraded_since
@@ -876,6 +892,54 @@ impl Cluster {
         self.sync(now)
     }
 
+    /// Forget what is settled: the next sync looks at everything.
+    fn invalidate(&mut self) {
+        self.settled_at = None;
+        self.statuses_at = None;
+    }
+
+    /// What changed after `rv` (everything when unknown or older than the history).
+    fn dirty_since(&self, rv: Option<u64>) -> Dirty {
+        let everything = Dirty {
+            all: true,
+            ..Dirty::default()
+        };
+        let Some(changes) = rv.and_then(|rv| self.store.changes_since(rv)) else {
+            return everything;
+        };
+        let mut d = Dirty::default();
+        for e in changes {
+            let name = name_of(&e.object);
+            let kind = match e.plural {
+                "pods" => {
+                    d.namespaces.insert(e.namespace.clone());
+                    if let Some((k, n)) = controller_of(&e.object) {
+                        d.owners
+                            .insert((e.namespace.clone(), k.to_string(), n.to_string()));
+                    }
+                    continue;
+                }
+                "poddisruptionbudgets" => {
+                    d.namespaces.insert(e.namespace.clone());
+                    continue;
+                }
+                // DaemonSets cover every node (and count them in their status).
+                "nodes" => {
+                    d.nodes = true;
+                    continue;
+                }
+                "replicasets" => "ReplicaSet",
+                "statefulsets" => "StatefulSet",
+                "daemonsets" => "DaemonSet",
+                "deployments" => "Deployment",
+                _ => continue,
+            };
+            d.owners
+                .insert((e.namespace.clone(), kind.to_string(), name.to_string()));
+        }
+        d
+    }
+
     fn pods_on(&self, node: &str) -> Vec<Value> {
         self.store
             .iter("pods")
@@ -884,23 +948,19 @@ impl Cluster {
             .collect()
     }
 
-    /// Pods by controller (namespace, kind, name): just what the controllers look at.
-    fn pods_by_owner(&self) -> HashMap<(String, String, String), Vec<PodBrief>> {
-        let mut out: HashMap<(String, String, String), Vec<PodBrief>> = HashMap::new();
-        for p in self.store.iter("pods") {
-            if let Some((k, n)) = controller_of(p) {
-                out.entry((namespace_of(p).to_string(), k.to_string(), n.to_string()))
-                    .or_default()
-                    .push(PodBrief {
-                        namespace: namespace_of(p).to_string(),
-                        name: name_of(p).to_string(),
-                        node: node_of(p).to_string(),
-                        template: pod_template_hash(p).map(String::from),
-                        terminating: p.at("/metadata/deletionTimestamp").is_some(),
-                    });
-            }
-        }
-        out
+    /// The pods of one controller: just what the controllers look at.
+    fn briefs_of(&self, ns: &str, kind: &str, name: &str) -> Vec<PodBrief> {
+        self.store
+            .pods_owned_by(ns, kind, name)
+            .into_iter()
+            .map(|p| PodBrief {
+                namespace: namespace_of(p).to_string(),
+                name: name_of(p).to_string(),
+                node: node_of(p).to_string(),
+                template: pod_template_hash(p).map(String::from),
+                terminating: p.at("/metadata/deletionTimestamp").is_some(),
+            })
+            .collect()
     }
 
     /// Name, readiness and schedulability of every node.
@@ -1033,16 +1093,13 @@ impl Cluster {
         }
     }
 
-    fn replica_sets(&mut self, now: Timestamp) {
-        let index = self.pods_by_owner();
+    fn replica_sets(&mut self, now: Timestamp, dirty: &Dirty) {
         for rs in self.store.all("replicasets") {
+            if !dirty.owner(namespace_of(&rs), "ReplicaSet", name_of(&rs)) {
+                continue;
+            }
             let ns = namespace_of(&rs).to_string();
-            let key = (
-                ns.clone(),
-                "ReplicaSet".to_string(),
-                name_of(&rs).to_string(),
-            );
-            let mut have = index.get(&key).cloned().unwrap_or_default();
+            let mut have = self.briefs_of(&ns, "ReplicaSet", name_of(&rs));
             // Terminating pods no longer count: the ReplicaSet replaces them at once.
             let winding_down = have.iter().any(|p| p.terminating);
             have.retain(|p| !p.terminating);
@@ -1061,8 +1118,11 @@ impl Cluster {
         }
     }
 
-    fn stateful_sets(&mut self, now: Timestamp) {
+    fn stateful_sets(&mut self, now: Timestamp, dirty: &Dirty) {
         for sts in self.store.all("statefulsets") {
+            if !dirty.owner(namespace_of(&sts), "StatefulSet", name_of(&sts)) {
+                continue;
+            }
             let ns = namespace_of(&sts).to_string();
             let mut have = Vec::new();
             for i in 0..replicas_of(&sts) {
@@ -1099,17 +1159,14 @@ impl Cluster {
         }
     }
 
-    fn daemon_sets(&mut self, now: Timestamp) {
+    fn daemon_sets(&mut self, now: Timestamp, dirty: &Dirty) {
         let nodes = self.node_briefs();
-        let index = self.pods_by_owner();
         for ds in self.store.all("daemonsets") {
+            if !dirty.owner(namespace_of(&ds), "DaemonSet", name_of(&ds)) {
+                continue;
+            }
             let ns = namespace_of(&ds).to_string();
-            let key = (
-                ns.clone(),
-                "DaemonSet".to_string(),
-                name_of(&ds).to_string(),
-            );
-            let have = index.get(&key).cloned().unwrap_or_default();
+            let have = self.briefs_of(&ns, "DaemonSet", name_of(&ds));
             let covered: BTreeSet<&str> = have.iter().map(|p| p.node.as_str()).collect();
             let mut complete = true;
             // Every node gets one (DaemonSet pods tolerate NotReady); on a NotReady node the
@@ -1411,17 +1468,9 @@ impl Cluster {
     }
 
     /// Status of PDBs, ReplicaSets, Deployments, StatefulSets and DaemonSets from the pods.
-    fn statuses(&mut self, _now: Timestamp) {
-        let pods: Vec<&Value> = self.store.iter("pods").collect();
-        let mut by_owner: HashMap<(&str, &str, &str), Vec<&Value>> = HashMap::new();
-        for p in &pods {
-            if let Some((k, n)) = controller_of(p) {
-                by_owner.entry((namespace_of(p), k, n)).or_default().push(p);
-            }
-        }
-        let owned = |ns: &str, kind: &str, name: &str| -> Vec<&Value> {
-            by_owner.get(&(ns, kind, name)).cloned().unwrap_or_default()
-        };
+    fn statuses(&mut self, _now: Timestamp, dirty: &Dirty) {
+        let store = &self.store;
+        let owned = |ns: &str, kind: &str, name: &str| store.pods_owned_by(ns, kind, name);
         let updated = |ps: &[&Value], owner: &Value| {
             let h = template_hash(owner);
             ps.iter()
@@ -1436,6 +1485,9 @@ impl Cluster {
                 "statefulsets"
             };
             for o in self.store.all(plural) {
+                if !dirty.owner(namespace_of(&o), kind, name_of(&o)) {
+                    continue;
+                }
                 let ps = owned(namespace_of(&o), kind, name_of(&o));
                 let ready = ps.iter().filter(|p| is_ready(p)).count();
                 let mut o2 = o.clone();
@@ -1455,6 +1507,21 @@ impl Cluster {
         }
         for d in self.store.all("deployments") {
             let ns = namespace_of(&d);
+            let its_sets: Vec<&str> = self
+                .store
+                .iter("replicasets")
+                .filter(|rs| {
+                    namespace_of(rs) == ns
+                        && controller_of(rs)
+                            .is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d))
+                })
+                .map(name_of)
+                .collect();
+            let touched = dirty.owner(ns, "Deployment", name_of(&d))
+                || its_sets.iter().any(|rs| dirty.owner(ns, "ReplicaSet", rs));
+            if !touched {
+                continue;
+            }
             let mut rs_pods: Vec<&Value> = Vec::new();
             let mut up_to_date = 0;
             for rs in self.store.iter("replicasets").filter(|rs| {
@@ -1483,6 +1550,9 @@ impl Cluster {
         }
         let desired = self.store.iter("nodes").count();
         for ds in self.store.all("daemonsets") {
+            if !dirty.owner(namespace_of(&ds), "DaemonSet", name_of(&ds)) {
+                continue;
+            }
             let ps = owned(namespace_of(&ds), "DaemonSet", name_of(&ds));
             let ready = ps.iter().filter(|p| is_ready(p)).count();
             let mut ds2 = ds.clone();
@@ -1514,15 +1584,16 @@ impl Cluster {
             updates.push(("daemonsets", ds2));
         }
         for pdb in self.store.all("poddisruptionbudgets") {
+            if !dirty.namespace(namespace_of(&pdb)) {
+                continue;
+            }
             let ns = namespace_of(&pdb).to_string();
             let selector =
                 LabelSelector::from_object(pdb.at("/spec/selector").unwrap_or(&Value::Null));
-            let matched: Vec<&Value> = pods
-                .iter()
-                .copied()
-                .filter(|p| {
-                    namespace_of(p) == ns && selector.as_ref().is_some_and(|s| s.matches_object(p))
-                })
+            let matched: Vec<&Value> = self
+                .store
+                .iter_ns("pods", &ns)
+                .filter(|p| selector.as_ref().is_some_and(|s| s.matches_object(p)))
                 .collect();
             // expectedPods: the scale of each controller behind the pods; bare pods count one.
             let mut controllers: BTreeMap<(&str, &str), u64> = BTreeMap::new();
@@ -1606,6 +1677,32 @@ impl Cluster {
                 let _ = self.store.update(rt(plural), &ns, &name, obj);
             }
         }
+    }
+}
+
+/// What changed since a resourceVersion: the controllers and statuses to look at again.
+#[derive(Debug, Default)]
+struct Dirty {
+    all: bool,
+    /// A node changed: every DaemonSet looks again.
+    nodes: bool,
+    /// (namespace, kind, name) of controllers whose object or pods changed.
+    owners: HashSet<(String, String, String)>,
+    /// Namespaces where a pod or a PDB changed (PDB status).
+    namespaces: HashSet<String>,
+}
+
+impl Dirty {
+    fn owner(&self, ns: &str, kind: &str, name: &str) -> bool {
+        self.all
+            || (self.nodes && kind == "DaemonSet")
+            || self
+                .owners
+                .contains(&(ns.to_string(), kind.to_string(), name.to_string()))
+    }
+
+    fn namespace(&self, ns: &str) -> bool {
+        self.all || self.namespaces.contains(ns)
     }
 }
 

@@ -2,7 +2,7 @@
 //! counter, uids and creation timestamps, and a bounded watch history that `watch` replays
 //! from a resourceVersion (older than the history → 410 Expired).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use serde_json::{json, Map, Value};
 use tokio::sync::broadcast;
@@ -150,6 +150,24 @@ pub struct Store {
     events: broadcast::Sender<WatchEvent>,
     /// `dryRun=All`: writes are checked and answered but not stored.
     pub dry_run: bool,
+    /// Pods by their controller, (namespace, kind, name) → pod names, so the controllers
+    /// find their pods without scanning every pod.
+    pod_owners: HashMap<(String, String, String), BTreeSet<String>>,
+}
+
+/// The controller (kind, name) of a pod.
+fn controller_ref(pod: &Value) -> Option<(&str, &str)> {
+    pod.get("metadata")?
+        .get("ownerReferences")?
+        .as_array()?
+        .iter()
+        .find(|o| o.get("controller").and_then(Value::as_bool) == Some(true))
+        .map(|o| {
+            (
+                o.get("kind").and_then(Value::as_str).unwrap_or(""),
+                o.get("name").and_then(Value::as_str).unwrap_or(""),
+            )
+        })
 }
 
 /// `name` of an object.
@@ -278,6 +296,7 @@ impl Store {
             compacted: 1000,
             events,
             dry_run: false,
+            pod_owners: HashMap::new(),
         }
     }
 
@@ -351,6 +370,67 @@ impl Store {
             .collect())
     }
 
+    /// The changes after `rv`, oldest first; `None` when the history no longer reaches back
+    /// that far.
+    pub fn changes_since(&self, rv: u64) -> Option<impl Iterator<Item = &WatchEvent>> {
+        if rv < self.compacted {
+            return None;
+        }
+        let start = self.history.partition_point(|e| e.rv <= rv);
+        Some(self.history.range(start..))
+    }
+
+    fn index(&mut self, storage: &str, obj: &Value, add: bool) {
+        if storage != "pods" {
+            return;
+        }
+        let Some((kind, owner)) = controller_ref(obj) else {
+            return;
+        };
+        let key = (
+            namespace_of(obj).to_string(),
+            kind.to_string(),
+            owner.to_string(),
+        );
+        if add {
+            self.pod_owners
+                .entry(key)
+                .or_default()
+                .insert(name_of(obj).to_string());
+        } else if let Some(set) = self.pod_owners.get_mut(&key) {
+            set.remove(name_of(obj));
+            if set.is_empty() {
+                self.pod_owners.remove(&key);
+            }
+        }
+    }
+
+    /// The pods whose controller is `kind/name` in `ns`.
+    pub fn pods_owned_by(&self, ns: &str, kind: &str, name: &str) -> Vec<&Value> {
+        let key = (ns.to_string(), kind.to_string(), name.to_string());
+        self.pod_owners
+            .get(&key)
+            .map(|names| {
+                names
+                    .iter()
+                    .filter_map(|n| self.get("pods", ns, n))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Borrow the objects of one resource in one namespace.
+    pub fn iter_ns<'a>(
+        &'a self,
+        plural: &'static str,
+        ns: &'a str,
+    ) -> impl Iterator<Item = &'a Value> {
+        self.objects
+            .range((plural, ns.to_string(), String::new())..)
+            .take_while(move |((p, n, _), _)| *p == plural && n == ns)
+            .map(|(_, o)| o)
+    }
+
     pub fn get(&self, plural: &'static str, ns: &str, name: &str) -> Option<&Value> {
         self.objects
             .get(&(plural, ns.to_string(), name.to_string()))
@@ -364,13 +444,11 @@ impl Store {
         labels: &LabelSelector,
         fields: &FieldSelector,
     ) -> Vec<Value> {
-        self.objects
-            .range((plural, String::new(), String::new())..)
-            .take_while(|((p, _, _), _)| *p == plural)
-            .filter(|((_, n, _), _)| ns.is_none_or(|want| want == n))
-            .filter(|(_, o)| labels.matches_object(o) && fields.matches(o))
-            .map(|(_, o)| o.clone())
-            .collect()
+        let keep = |o: &&Value| labels.matches_object(o) && fields.matches(o);
+        match ns {
+            Some(ns) => self.iter_ns(plural, ns).filter(keep).cloned().collect(),
+            None => self.iter(plural).filter(keep).cloned().collect(),
+        }
     }
 
     /// Borrow every object of one resource (all namespaces), in key order.
@@ -446,6 +524,7 @@ impl Store {
         self.rv = rv;
         self.objects
             .insert((rt.storage, ns.to_string(), name), obj.clone());
+        self.index(rt.storage, &obj, true);
         self.record(rt, ns, EventType::Added, obj.clone());
         Ok(obj)
     }
@@ -508,8 +587,10 @@ impl Store {
             return Ok(obj);
         }
         self.rv = rv;
+        self.index(rt.storage, &old, false);
         self.objects
             .insert((rt.storage, ns.to_string(), name.to_string()), obj.clone());
+        self.index(rt.storage, &obj, true);
         self.record(rt, ns, EventType::Modified, obj.clone());
         Ok(obj)
     }
@@ -554,6 +635,7 @@ impl Store {
         else {
             return Err(ApiError::not_found(rt, name));
         };
+        self.index(rt.storage, &obj, false);
         // The caller gets the object as last stored; the DELETED event carries the new
         // version, so a watch from the returned version sees the deletion.
         let last = obj.clone();
