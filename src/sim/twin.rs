@@ -424,16 +424,21 @@ impl Twin {
         project_into(&self.seen, &self.talos.observe(), &self.kube);
     }
 
-    /// Manual clock: move time forward by `d` in steps no longer than `step`, applying every
-    /// due event on both sides in order. Deterministic: no task scheduling involved.
+    /// Manual clock: move time forward by `d`, stopping at every moment either side has
+    /// something due, so every event applies in order. Deterministic: no task scheduling
+    /// is involved.
     pub fn advance(&self, d: Duration) {
-        let step = Duration::from_secs(1);
         let end = self.clock.now().plus(d);
-        while self.clock.now() < end {
-            let left = end.since(self.clock.now());
-            self.clock.advance(left.min(step));
+        loop {
+            let talos_due = self.talos.with_model(|m| m.next_due());
+            let kube_due = self.kube.with(|c, _| c.next_due());
+            let next = [talos_due, kube_due, Some(end)].into_iter().flatten().filter(|t| *t > self.clock.now()).min().unwrap_or(end).min(end);
+            self.clock.advance_to(next);
             self.project();
             self.kube.sync();
+            if next >= end {
+                break;
+            }
         }
     }
 
@@ -496,71 +501,74 @@ fn place_replicas(kube: &KubeTwin, folder: &ClusterFolder) {
     });
 }
 
-fn project_into(
-    seen: &Mutex<BTreeMap<String, Seen>>,
-    observations: &[NodeObservation],
-    kube: &KubeTwin,
-) {
+fn project_into(seen: &Mutex<BTreeMap<String, Seen>>, observations: &[NodeObservation], kube: &KubeTwin) {
     let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
     kube.with(|c, now| {
-        for o in observations {
-            let prev = seen.get(&o.name).cloned();
-            let next = Seen {
-                up: o.up,
-                ready: o.ready,
-                boot_id: o.boot_id.clone(),
-                talos_version: o.talos_version.clone(),
-                kubelet_version: o.kubelet_version.clone(),
-                static_pods: o
-                    .static_pods
-                    .iter()
-                    .map(|p| (p.component.name().to_string(), p.image.clone(), p.ready))
-                    .collect(),
-                config_version: o.config_version,
-            };
-            if prev.as_ref() == Some(&next) {
-                continue;
-            }
-            let was_up = prev.as_ref().is_none_or(|p| p.up);
-            if was_up && !o.up {
-                let _ = c.node_down(&o.name, now);
-            } else if prev.as_ref().is_none_or(|p| p.ready != o.ready) {
-                let _ = c.set_node_ready(&o.name, o.ready, now);
-            }
-            if prev
-                .as_ref()
-                .is_none_or(|p| p.kubelet_version != o.kubelet_version)
-            {
-                let _ = c.set_kubelet_version(&o.name, &o.kubelet_version, now);
-            }
-            if prev
-                .as_ref()
-                .is_none_or(|p| p.talos_version != o.talos_version)
-            {
-                let _ = c.set_os_image(&o.name, &format!("Talos ({})", o.talos_version), now);
-            }
-            if prev.as_ref().is_none_or(|p| p.boot_id != o.boot_id) {
-                set_boot_id(c, &o.name, &o.boot_id, now);
-            }
-            let pods_changed = prev
-                .as_ref()
-                .is_none_or(|p| p.static_pods != next.static_pods);
-            if pods_changed {
-                // Talos stamps the mirror pod with the config version that produced it.
-                for (component, image, ready) in &next.static_pods {
-                    let _ = c.upsert_mirror_pod(
-                        &o.name,
-                        component,
-                        image,
-                        &next.config_version.to_string(),
-                        *ready,
-                        now,
-                    );
+        c.batch(now, |c| {
+            for o in observations {
+                let next = Seen {
+                    up: o.up,
+                    ready: o.ready,
+                    boot_id: o.boot_id.clone(),
+                    talos_version: o.talos_version.clone(),
+                    kubelet_version: o.kubelet_version.clone(),
+                    static_pods: o.static_pods.iter().map(|p| (p.component.name().to_string(), p.image.clone(), p.ready)).collect(),
+                    config_version: o.config_version,
+                };
+                // The first time, compare with what the Kubernetes side was seeded with.
+                let prev = match seen.get(&o.name) {
+                    Some(p) => p.clone(),
+                    None => seeded(c, &o.name),
+                };
+                if prev == next {
+                    continue;
                 }
+                if prev.up && !o.up {
+                    let _ = c.node_down(&o.name, now);
+                } else if prev.ready != o.ready {
+                    let _ = c.set_node_ready(&o.name, o.ready, now);
+                }
+                if prev.kubelet_version != o.kubelet_version {
+                    let _ = c.set_kubelet_version(&o.name, &o.kubelet_version, now);
+                }
+                if prev.talos_version != o.talos_version {
+                    let _ = c.set_os_image(&o.name, &format!("Talos ({})", o.talos_version), now);
+                }
+                if prev.boot_id != o.boot_id {
+                    set_boot_id(c, &o.name, &o.boot_id, now);
+                }
+                if prev.static_pods != next.static_pods || prev.config_version != next.config_version {
+                    // Talos stamps the mirror pod with the config version that produced it.
+                    for (component, image, ready) in &next.static_pods {
+                        let _ = c.upsert_mirror_pod(&o.name, component, image, &next.config_version.to_string(), *ready, now);
+                    }
+                }
+                seen.insert(o.name.clone(), next);
             }
-            seen.insert(o.name.clone(), next);
-        }
+        })
     });
+}
+
+/// What the Kubernetes objects of `node` say before the first projection.
+fn seeded(c: &kube::Cluster, node: &str) -> Seen {
+    let n = c.get("nodes", "", node).unwrap_or_default();
+    let text = |ptr: &str| n.pointer(ptr).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+    let ready = n
+        .pointer("/status/conditions")
+        .and_then(|v| v.as_array())
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .is_some_and(|c| c["status"] == "True");
+    let talos_version = text("/status/nodeInfo/osImage").trim_start_matches("Talos (").trim_end_matches(')').to_string();
+    Seen {
+        up: true,
+        ready,
+        boot_id: text("/status/nodeInfo/bootID"),
+        talos_version,
+        kubelet_version: text("/status/nodeInfo/kubeletVersion"),
+        // Mirror pods are always written once, with Talos's image and config version.
+        static_pods: Vec::new(),
+        config_version: 0,
+    }
 }
 
 fn set_boot_id(c: &mut kube::Cluster, node: &str, boot_id: &str, now: Timestamp) {

@@ -104,6 +104,8 @@ pub struct Cluster {
     next_due: Option<Timestamp>,
     /// The next time a pending pod may start (computed by the scheduler pass).
     next_pod_start: Option<Timestamp>,
+    /// Inside [`Cluster::batch`]: mutations skip the controllers until the batch ends.
+    deferred: bool,
 }
 
 fn rt(plural: &str) -> &'static ResourceType {
@@ -259,7 +261,25 @@ impl Cluster {
             statuses_at: None,
             next_due: None,
             next_pod_start: None,
+            deferred: false,
         }
+    }
+
+    /// Run several mutations (e.g. a whole reboot wave's node changes) and let the
+    /// controllers react once, at the end, instead of after each one.
+    pub fn batch<R>(&mut self, now: Timestamp, f: impl FnOnce(&mut Self) -> R) -> R {
+        let outer = self.deferred;
+        self.deferred = true;
+        let r = f(self);
+        self.deferred = outer;
+        self.sync(now);
+        r
+    }
+
+    /// When the model next has something to do on its own (a pod start, a replica rebuild,
+    /// a terminating pod gone), if anything.
+    pub fn next_due(&self) -> Option<Timestamp> {
+        self.next_due
     }
 
     /// The last time the model was synced to.
@@ -825,7 +845,7 @@ impl Cluster {
 
     /// Apply everything due at `now`, in order, until nothing changes.
     pub fn sync(&mut self, now: Timestamp) {
-        if self.store.dry_run {
+        if self.store.dry_run || self.deferred {
             return;
         }
         if now > self.now {
