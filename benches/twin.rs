@@ -13,17 +13,30 @@ use ichor::sim::twin::{ClusterFolder, Twin, TwinConfig, TwinOptions};
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
         .unwrap_or(0)
 }
 
 fn folder(dir: &std::path::Path, workers: usize) -> ClusterFolder {
     let mut inv = String::new();
     for i in 1..=3 {
-        let _ = writeln!(inv, "      - {{name: cp-{i}, role: controlplane, address: 10.1.0.{i}}}");
+        let _ = writeln!(
+            inv,
+            "      - {{name: cp-{i}, role: controlplane, address: 10.1.0.{i}}}"
+        );
     }
     for i in 0..workers {
-        let _ = writeln!(inv, "      - {{name: w-{i:03}, role: worker, address: 10.1.{}.{}, volumes: [pvc-{}]}}", 1 + i / 200, 1 + i % 200, i / 3);
+        let _ = writeln!(
+            inv,
+            "      - {{name: w-{i:03}, role: worker, address: 10.1.{}.{}, volumes: [pvc-{}]}}",
+            1 + i / 200,
+            1 + i % 200,
+            i / 3
+        );
     }
     std::fs::write(dir.join("release-set.yaml"), "apiVersion: ichor.dev/v1alpha1\nkind: ReleaseSet\nmetadata: {name: bench}\nspec:\n  talos: v1.13.9\n  kubernetes: v1.35.2\n  cni: {name: cilium, version: 1.19.6}\n").expect("write");
     std::fs::write(dir.join("cluster.yaml"), format!("apiVersion: ichor.dev/v1alpha1\nkind: Cluster\nmetadata: {{name: bench}}\nspec:\n  volumes: {{provider: longhorn}}\n  inventory:\n    nodes:\n{inv}")).expect("write");
@@ -31,7 +44,11 @@ fn folder(dir: &std::path::Path, workers: usize) -> ClusterFolder {
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     runtime.block_on(async {
         let dir = tempfile::tempdir().expect("tempdir");
         let f = folder(dir.path(), 200);

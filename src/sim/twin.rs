@@ -205,7 +205,10 @@ fn config_form(talos: &Version) -> ConfigForm {
 }
 
 /// The machines and the Kubernetes objects a cluster folder describes.
-pub fn build_specs(folder: &ClusterFolder, extra_pods: u32) -> Result<(Vec<NodeSpec>, KubeSeed), SimError> {
+pub fn build_specs(
+    folder: &ClusterFolder,
+    extra_pods: u32,
+) -> Result<(Vec<NodeSpec>, KubeSeed), SimError> {
     let rs = &folder.release_set.spec;
     let spec = &folder.cluster.spec;
     let inventory = spec
@@ -432,7 +435,13 @@ impl Twin {
         loop {
             let talos_due = self.talos.with_model(|m| m.next_due());
             let kube_due = self.kube.with(|c, _| c.next_due());
-            let next = [talos_due, kube_due, Some(end)].into_iter().flatten().filter(|t| *t > self.clock.now()).min().unwrap_or(end).min(end);
+            let next = [talos_due, kube_due, Some(end)]
+                .into_iter()
+                .flatten()
+                .filter(|t| *t > self.clock.now())
+                .min()
+                .unwrap_or(end)
+                .min(end);
             self.clock.advance_to(next);
             self.project();
             self.kube.sync();
@@ -476,32 +485,38 @@ fn place_replicas(kube: &KubeTwin, folder: &ClusterFolder) {
         return;
     }
     let holders = volume_holders(folder);
-    kube.with(|c, now| {
-        for r in c.list("replicas", Some("longhorn-system")) {
-            let name = r
-                .pointer("/metadata/name")
-                .and_then(|v| v.as_str())
-                .unwrap_or_default()
-                .to_string();
-            let _ = c.delete("replicas", "longhorn-system", &name, now);
-        }
-        for (volume, nodes) in holders {
-            for (i, node) in nodes.iter().enumerate() {
-                let _ = c.upsert(
-                    kube::model::replica_object(
-                        "longhorn-system",
-                        &volume,
-                        &format!("{volume}-r-{i}"),
-                        node,
-                    ),
-                    now,
-                );
-            }
-        }
-    });
+    kube.with(|c, now| c.batch(now, |c| place(c, now, &holders)));
 }
 
-fn project_into(seen: &Mutex<BTreeMap<String, Seen>>, observations: &[NodeObservation], kube: &KubeTwin) {
+fn place(c: &mut kube::Cluster, now: Timestamp, holders: &BTreeMap<String, Vec<String>>) {
+    for r in c.list("replicas", Some("longhorn-system")) {
+        let name = r
+            .pointer("/metadata/name")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string();
+        let _ = c.delete("replicas", "longhorn-system", &name, now);
+    }
+    for (volume, nodes) in holders {
+        for (i, node) in nodes.iter().enumerate() {
+            let _ = c.upsert(
+                kube::model::replica_object(
+                    "longhorn-system",
+                    volume,
+                    &format!("{volume}-r-{i}"),
+                    node,
+                ),
+                now,
+            );
+        }
+    }
+}
+
+fn project_into(
+    seen: &Mutex<BTreeMap<String, Seen>>,
+    observations: &[NodeObservation],
+    kube: &KubeTwin,
+) {
     let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
     kube.with(|c, now| {
         c.batch(now, |c| {
@@ -512,7 +527,11 @@ fn project_into(seen: &Mutex<BTreeMap<String, Seen>>, observations: &[NodeObserv
                     boot_id: o.boot_id.clone(),
                     talos_version: o.talos_version.clone(),
                     kubelet_version: o.kubelet_version.clone(),
-                    static_pods: o.static_pods.iter().map(|p| (p.component.name().to_string(), p.image.clone(), p.ready)).collect(),
+                    static_pods: o
+                        .static_pods
+                        .iter()
+                        .map(|p| (p.component.name().to_string(), p.image.clone(), p.ready))
+                        .collect(),
                     config_version: o.config_version,
                 };
                 // The first time, compare with what the Kubernetes side was seeded with.
@@ -537,10 +556,19 @@ fn project_into(seen: &Mutex<BTreeMap<String, Seen>>, observations: &[NodeObserv
                 if prev.boot_id != o.boot_id {
                     set_boot_id(c, &o.name, &o.boot_id, now);
                 }
-                if prev.static_pods != next.static_pods || prev.config_version != next.config_version {
+                if prev.static_pods != next.static_pods
+                    || prev.config_version != next.config_version
+                {
                     // Talos stamps the mirror pod with the config version that produced it.
                     for (component, image, ready) in &next.static_pods {
-                        let _ = c.upsert_mirror_pod(&o.name, component, image, &next.config_version.to_string(), *ready, now);
+                        let _ = c.upsert_mirror_pod(
+                            &o.name,
+                            component,
+                            image,
+                            &next.config_version.to_string(),
+                            *ready,
+                            now,
+                        );
                     }
                 }
                 seen.insert(o.name.clone(), next);
@@ -552,13 +580,21 @@ fn project_into(seen: &Mutex<BTreeMap<String, Seen>>, observations: &[NodeObserv
 /// What the Kubernetes objects of `node` say before the first projection.
 fn seeded(c: &kube::Cluster, node: &str) -> Seen {
     let n = c.get("nodes", "", node).unwrap_or_default();
-    let text = |ptr: &str| n.pointer(ptr).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+    let text = |ptr: &str| {
+        n.pointer(ptr)
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
     let ready = n
         .pointer("/status/conditions")
         .and_then(|v| v.as_array())
         .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
         .is_some_and(|c| c["status"] == "True");
-    let talos_version = text("/status/nodeInfo/osImage").trim_start_matches("Talos (").trim_end_matches(')').to_string();
+    let talos_version = text("/status/nodeInfo/osImage")
+        .trim_start_matches("Talos (")
+        .trim_end_matches(')')
+        .to_string();
     Seen {
         up: true,
         ready,
