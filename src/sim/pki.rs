@@ -54,6 +54,8 @@ pub struct IssuedCert {
     pub cert_pem: String,
     pub cert_der: Vec<u8>,
     pub key_pem: String,
+    /// The same key as PKCS#8 DER, for rustls.
+    pub key_der: Vec<u8>,
     pub algorithm: KeyAlgorithm,
 }
 
@@ -172,6 +174,7 @@ impl CertificateAuthority {
             cert_pem: cert.pem(),
             cert_der: cert.der().to_vec(),
             key_pem: key.serialize_pem(),
+            key_der: key.serialize_der(),
             algorithm,
         })
     }

@@ -459,3 +459,59 @@ fn ichor_sim_refuses_a_folder_without_inventory() -> TestResult {
     );
     Ok(())
 }
+
+/// `ichor sim --github` serves the GitHub emulator over the repository that holds the
+/// cluster folder, and writes its token to the state dir instead of printing it.
+#[test]
+fn ichor_sim_with_github_serves_the_repository() -> TestResult {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::{Command, Stdio};
+    let work = tempfile::tempdir()?;
+    let repo = work.path().join("homelab");
+    ichor::sim::fixture::Fixture::homelab().build(&repo)?;
+    let state = work.path().join("state");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ichor"))
+        .args(["sim", "--github", "--cluster"])
+        .arg(repo.join("clusters/homelab"))
+        .arg("--state-dir")
+        .arg(&state)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("stdout")?;
+    let mut base = String::new();
+    let mut printed = String::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        printed.push_str(&line);
+        printed.push('\n');
+        if let Some(rest) = line.strip_prefix("GitHub API") {
+            base = rest.trim().to_string();
+        }
+        if line.starts_with("Serving until interrupted") {
+            break;
+        }
+    }
+    let token = std::fs::read_to_string(state.join("github-token"))?;
+    assert!(
+        !printed.contains(token.trim()),
+        "the token is never printed"
+    );
+    let addr = base
+        .strip_prefix("http://")
+        .ok_or(format!("no GitHub line in {printed}"))?;
+    let mut conn = std::net::TcpStream::connect(addr)?;
+    write!(conn, "GET /repos/local/homelab HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\nUser-Agent: test\r\nConnection: close\r\n\r\n", token.trim())?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer)?;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.contains("\"full_name\":\"local/homelab\""),
+        "{answer}"
+    );
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()?;
+    assert!(child.wait()?.success());
+    Ok(())
+}

@@ -1,59 +1,49 @@
-//! The apiserver's own CA and serving certificate (rcgen), until the twin's shared PKI
-//! (`src/sim/pki.rs`) takes over.
+//! The apiserver's CA and serving certificate, from the twin's shared PKI, and the rustls
+//! server configuration.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use tokio_rustls::rustls;
+
+use crate::sim::pki::{CertificateAuthority, KeyAlgorithm, PkiError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("generating the apiserver certificates: {0}")]
-    Generate(#[from] rcgen::Error),
+    Generate(#[from] PkiError),
     #[error("building the TLS server configuration: {0}")]
     Config(#[from] rustls::Error),
 }
 
-/// A CA (in the kubeconfig) and the serving certificate it signed.
+/// The serving certificate and the CA that signed it (the kubeconfig trusts the CA).
 pub struct ServingCert {
     pub ca_pem: String,
     pub cert_der: Vec<u8>,
     pub key_der: Vec<u8>,
 }
 
+/// A cluster CA (ECDSA P-256, as the Kubernetes CA on Talos) and a serving certificate for
+/// 127.0.0.1 and the in-cluster names.
 pub fn generate() -> Result<ServingCert, TlsError> {
-    let ca_key = KeyPair::generate()?;
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.distinguished_name.push(DnType::CommonName, "kubernetes");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_cert = ca.self_signed(&ca_key)?;
-    let issuer = Issuer::new(ca, ca_key);
-
-    let key = KeyPair::generate()?;
-    let mut params = CertificateParams::new(vec![
-        "127.0.0.1".to_string(),
-        "localhost".to_string(),
-        "kubernetes".to_string(),
-        "kubernetes.default.svc".to_string(),
-    ])?;
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "kube-apiserver");
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-    let cert = params.signed_by(&key, &issuer)?;
+    let ca = CertificateAuthority::new("kubernetes", None, KeyAlgorithm::EcdsaP256)?;
+    let dns: Vec<String> = ["localhost", "kubernetes", "kubernetes.default.svc"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let cert = ca.issue_server(
+        "kube-apiserver",
+        &dns,
+        &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
+        KeyAlgorithm::EcdsaP256,
+    )?;
     Ok(ServingCert {
-        ca_pem: ca_cert.pem(),
-        cert_der: cert.der().to_vec(),
-        key_der: key.serialize_der(),
+        ca_pem: ca.cert_pem().to_string(),
+        cert_der: cert.cert_der,
+        key_der: cert.key_der,
     })
 }
 
-/// rustls server config (ring provider), offering h2 and http/1.1.
 pub fn server_config(cert: &ServingCert) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(cert.key_der.clone().into());
