@@ -139,14 +139,20 @@ impl Repo {
             })
     }
 
+    /// The folder `path` at `rev`, or `None` when there is none.
+    fn subtree(&self, rev: &Rev, path: &str) -> Result<Option<git2::Tree<'_>>, GitError> {
+        match self.tree(rev)?.get_path(Path::new(path)) {
+            Ok(e) if e.kind() == Some(ObjectType::Tree) => Ok(Some(self.repo.find_tree(e.id())?)),
+            Ok(_) => Ok(None),
+            Err(e) if e.code() == git2::ErrorCode::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Cluster names at `rev`: folders `clusters/<name>/` that hold a `release-set.yaml`.
     pub fn clusters(&self, rev: &Rev) -> Result<Vec<String>, GitError> {
-        let tree = self.tree(rev)?;
-        let clusters = match tree.get_path(Path::new("clusters")) {
-            Ok(e) if e.kind() == Some(ObjectType::Tree) => self.repo.find_tree(e.id())?,
-            Ok(_) => return Ok(vec![]),
-            Err(e) if e.code() == git2::ErrorCode::NotFound => return Ok(vec![]),
-            Err(e) => return Err(e.into()),
+        let Some(clusters) = self.subtree(rev, "clusters")? else {
+            return Ok(vec![]);
         };
         let mut names = Vec::new();
         for entry in clusters.iter() {
@@ -166,12 +172,8 @@ impl Repo {
 
     /// Every `policies/**/*.yaml` (or `.yml`) at `rev` as (path, text), in path order.
     pub fn policy_files(&self, rev: &Rev) -> Result<Vec<(String, String)>, GitError> {
-        let tree = self.tree(rev)?;
-        let policies = match tree.get_path(Path::new("policies")) {
-            Ok(e) if e.kind() == Some(ObjectType::Tree) => self.repo.find_tree(e.id())?,
-            Ok(_) => return Ok(vec![]),
-            Err(e) if e.code() == git2::ErrorCode::NotFound => return Ok(vec![]),
-            Err(e) => return Err(e.into()),
+        let Some(policies) = self.subtree(rev, "policies")? else {
+            return Ok(vec![]);
         };
         let mut paths = Vec::new();
         policies.walk(TreeWalkMode::PreOrder, |dir, entry| {

@@ -191,19 +191,7 @@ pub fn set_condition(obj: &mut Value, kind: &str, status: bool, reason: &str, no
     }
 }
 
-/// The owner with `controller: true`: (kind, name).
-pub fn controller_of(pod: &Value) -> Option<(&str, &str)> {
-    pod.at("/metadata/ownerReferences")?
-        .as_array()?
-        .iter()
-        .find(|o| o.get("controller").and_then(Value::as_bool) == Some(true))
-        .map(|o| {
-            (
-                o.get("kind").and_then(Value::as_str).unwrap_or(""),
-                o.get("name").and_then(Value::as_str).unwrap_or(""),
-            )
-        })
-}
+pub use super::store::controller_of;
 
 pub fn is_mirror(pod: &Value) -> bool {
     pod.at("/metadata/annotations")
@@ -291,15 +279,7 @@ impl Cluster {
 
     /// Create or replace an object by its apiVersion/kind (no resourceVersion check).
     pub fn upsert(&mut self, obj: Value, now: Timestamp) -> Result<Value, ApiError> {
-        let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
-        let Some(rt) = by_kind(api_version, kind) else {
-            return Err(ApiError::bad_request(format!(
-                "no resource served for apiVersion {api_version:?} kind {kind:?}"
-            )));
-        };
-        let out = self.store.upsert(rt, obj, now)?;
-        self.after_change(rt.plural, &out, now);
+        let out = self.upsert_quiet(obj, now)?;
         self.sync(now);
         Ok(out)
     }

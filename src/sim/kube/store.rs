@@ -155,8 +155,8 @@ pub struct Store {
     pod_owners: HashMap<(String, String, String), BTreeSet<String>>,
 }
 
-/// The controller (kind, name) of a pod.
-fn controller_ref(pod: &Value) -> Option<(&str, &str)> {
+/// The owner with `controller: true`: (kind, name).
+pub fn controller_of(pod: &Value) -> Option<(&str, &str)> {
     pod.get("metadata")?
         .get("ownerReferences")?
         .as_array()?
@@ -384,7 +384,7 @@ impl Store {
         if storage != "pods" {
             return;
         }
-        let Some((kind, owner)) = controller_ref(obj) else {
+        let Some((kind, owner)) = controller_of(obj) else {
             return;
         };
         let key = (
