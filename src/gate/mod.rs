@@ -32,8 +32,12 @@ pub enum GateError {
         rev: String,
         available: Vec<String>,
     },
-    #[error("clusters/{cluster}/cluster.yaml at {rev} has no spec.inventory; `plan` needs the node list until ichor reads it from the cluster")]
-    NoInventory { cluster: String, rev: String },
+    #[error("clusters/{cluster}/cluster.yaml at {rev} {}; `plan` needs the node list (spec.inventory) until ichor reads it from the cluster", if *missing { "does not exist" } else { "has no spec.inventory" })]
+    NoInventory {
+        cluster: String,
+        rev: String,
+        missing: bool,
+    },
 }
 
 fn available_list(names: &[String]) -> String {
@@ -180,12 +184,16 @@ pub fn verdict(change: &Change) -> Verdict {
 
 /// The staged plan for a change; needs the inventory in `cluster.yaml`.
 pub fn plan(change: &Change, opts: &PlanOptions) -> Result<Plan, GateError> {
-    let no_inventory = || GateError::NoInventory {
+    let no_inventory = |missing| GateError::NoInventory {
         cluster: change.cluster.clone(),
         rev: change.head.to_string(),
+        missing,
     };
-    let doc = change.cluster_doc.as_ref().ok_or_else(no_inventory)?;
-    let nodes = change.nodes().ok_or_else(no_inventory)?;
+    let doc = change
+        .cluster_doc
+        .as_ref()
+        .ok_or_else(|| no_inventory(true))?;
+    let nodes = change.nodes().ok_or_else(|| no_inventory(false))?;
     Ok(plan::plan(
         &change.cluster,
         &change.bump,

@@ -434,3 +434,96 @@ fn repository_policies_at_the_base_are_applied() {
         "{cni}"
     );
 }
+
+/// A repository of two clusters, the second without cluster.yaml.
+fn two_clusters() -> (tempfile::TempDir, String) {
+    let rs = |name: &str, k8s: &str| {
+        format!("apiVersion: ichor.dev/v1alpha1\nkind: ReleaseSet\nmetadata: {{name: {name}}}\nspec:\n  talos: v1.12.6\n  kubernetes: {k8s}\n  cni: {{name: cilium, version: 1.18.3}}\n")
+    };
+    let home = rs("home", "v1.33.5");
+    let lab = rs("lab", "v1.33.5");
+    let tree = [
+        ("clusters/home/release-set.yaml", home.as_str()),
+        ("clusters/lab/release-set.yaml", lab.as_str()),
+    ];
+    let history = "people: {me: {name: Me, email: me@example.com}}\nmain:\n  - {message: init, author: me, date: \"2026-11-01T00:00:00Z\", tree: true}\nbranches:\n  - name: bump\n    expect: pass\n    title: bump\n    commits:\n      - message: bump lab\n        author: me\n        date: \"2026-11-02T00:00:00Z\"\n        edits: [{file: clusters/lab/release-set.yaml, find: \"kubernetes: v1.33.5\", replace: \"kubernetes: v1.33.7\"}]\n";
+    let fixture = Fixture::parse("two", &tree, history).expect("fixture");
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture.build(dir.path()).expect("build");
+    let path = dir.path().to_string_lossy().into_owned();
+    (dir, path)
+}
+
+#[test]
+fn several_clusters_need_cluster_and_cluster_yaml_is_optional_for_check() {
+    let (_dir, repo) = two_clusters();
+    let o = ichor(&["check", "--repo", &repo, "--base", "main", "--head", "bump"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("has 2 clusters (home, lab); choose one with --cluster"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ichor(&[
+        "check",
+        "--repo",
+        &repo,
+        "--base",
+        "main",
+        "--head",
+        "bump",
+        "--cluster",
+        "lab",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert!(item(&v, "documents")["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("no cluster.yaml (static checks only)"));
+    assert!(
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["id"] != "nodes-talos"),
+        "no node items without an inventory"
+    );
+    // The other cluster did not change.
+    let o = ichor(&[
+        "check",
+        "--repo",
+        &repo,
+        "--base",
+        "main",
+        "--head",
+        "bump",
+        "--cluster",
+        "home",
+        "--output",
+        "json",
+    ]);
+    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["changes"].as_array().map(Vec::len), Some(0));
+    // plan needs an inventory.
+    let o = ichor(&[
+        "plan",
+        "--repo",
+        &repo,
+        "--base",
+        "main",
+        "--head",
+        "bump",
+        "--cluster",
+        "lab",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("clusters/lab/cluster.yaml at bump")
+            && stderr(&o).contains("does not exist"),
+        "{}",
+        stderr(&o)
+    );
+}
