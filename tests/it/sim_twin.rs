@@ -252,6 +252,23 @@ async fn machine_config(
     )?)
 }
 
+/// The kubelet's (state, healthy) from ServiceList.
+async fn kubelet_service(
+    talos: &mut MachineServiceClient<Channel>,
+    node: &str,
+) -> Result<(String, bool), Box<dyn std::error::Error>> {
+    let r = talos.service_list(to_node((), node)).await?.into_inner();
+    let services = &r.messages.first().ok_or("no reply")?.services;
+    let k = services
+        .iter()
+        .find(|s| s.id == "kubelet")
+        .ok_or("no kubelet service")?;
+    Ok((
+        k.state.clone(),
+        k.health.as_ref().is_some_and(|h| h.healthy),
+    ))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn image_changes_show_as_a_new_kubelet_version_and_restarted_static_pods() -> TestResult {
     let (twin, _state) = start(TwinConfig::default()).await?;
@@ -319,7 +336,17 @@ async fn image_changes_show_as_a_new_kubelet_version_and_restarted_static_pods()
             "10.0.10.22",
         ))
         .await?;
+    twin.advance(Duration::from_secs(1));
+    assert_eq!(
+        kubelet_service(&mut talos, "10.0.10.22").await?,
+        ("Starting".to_string(), false),
+        "the kubelet restarts"
+    );
     twin.advance(Duration::from_secs(60));
+    assert_eq!(
+        kubelet_service(&mut talos, "10.0.10.22").await?,
+        ("Running".to_string(), true)
+    );
     let w2 = node(&twin, "w-2");
     assert_eq!(
         w2.pointer("/status/nodeInfo/kubeletVersion")
