@@ -56,6 +56,21 @@ pub struct TwinConfig {
     /// over Deployments of at most 100 replicas, to rehearse on a busier cluster.
     #[serde(default)]
     pub extra_pods: u32,
+    /// Requests to deprecated APIs the apiserver has seen, reported by `/metrics` as
+    /// `apiserver_requested_deprecated_apis` (to rehearse the removed-API warning).
+    #[serde(default)]
+    pub deprecated_api_requests: Vec<DeprecatedApiRequest>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DeprecatedApiRequest {
+    #[serde(default)]
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    /// The Kubernetes minor that removes it, e.g. "1.36".
+    pub removed_release: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -319,6 +334,9 @@ impl Twin {
             message: format!("cannot create: {e}"),
         })?;
         let (nodes, mut seed) = build_specs(folder, options.config.extra_pods)?;
+        for d in &options.config.deprecated_api_requests {
+            seed = seed.deprecated_api(&d.group, &d.version, &d.resource, &d.removed_release);
+        }
         let cfg = &options.config;
         let mut topts = TalosTwinOptions {
             context: folder.cluster.name().to_string(),

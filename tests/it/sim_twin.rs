@@ -362,7 +362,7 @@ async fn image_changes_show_as_a_new_kubelet_version_and_restarted_static_pods()
 async fn configured_faults_reach_both_sides() -> TestResult {
     let config = TwinConfig::parse(
         "twin.yaml",
-        "faults:\n  nodesNeverReturn: [w-3]\n  pdbsNeverAllow: [default/web]\n",
+        "faults:\n  nodesNeverReturn: [w-3]\n  pdbsNeverAllow: [default/web]\ndeprecatedApiRequests:\n  - {group: resource.k8s.io, version: v1beta1, resource: resourceclaims, removedRelease: \"1.36\"}\n",
     )?;
     let (twin, _state) = start(config).await?;
     let mut talos = MachineServiceClient::new(talos_channel(twin.talosconfig()).await?);
@@ -380,6 +380,15 @@ async fn configured_faults_reach_both_sides() -> TestResult {
             .and_then(Value::as_i64),
         Some(0),
         "{pdb}"
+    );
+    let deprecated = twin.kube.with(|c, _| c.deprecated_apis.clone());
+    assert_eq!(deprecated.len(), 1);
+    assert_eq!(
+        (
+            deprecated[0].resource.as_str(),
+            deprecated[0].removed_release.as_str()
+        ),
+        ("resourceclaims", "1.36")
     );
     // A fault naming an unknown node is refused with a clear message.
     let bad = TwinConfig::parse("twin.yaml", "faults:\n  nodesNeverReturn: [w-9]\n")?;
