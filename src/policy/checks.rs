@@ -587,8 +587,14 @@ pub fn nodes_talos(bump: &Bump, p: &Policies, nodes: &[Node]) -> CheckItem {
     let title = "Every node can take the Talos upgrade";
     let target = &bump.head.spec.talos;
     let row = p.talos_row(target.minor_version());
+    // Nodes at the base release set's version are judged by `talos-step`; this item is
+    // about the nodes that run something else (left behind, or upgraded by hand).
+    let base = &bump.base.spec.talos;
     let mut bad = Vec::new();
-    for n in nodes.iter().filter(|n| &n.talos < target) {
+    for n in nodes
+        .iter()
+        .filter(|n| &n.talos < target && &n.talos != base)
+    {
         let step = n.talos.minor_version().minors_to(target.minor_version());
         let too_far = step.is_none_or(|s| s as u64 > p.skew.talos_max_minor_step);
         let too_old = row
@@ -598,14 +604,22 @@ pub fn nodes_talos(bump: &Bump, p: &Policies, nodes: &[Node]) -> CheckItem {
             bad.push(format!("{} runs {}", n.name, n.talos));
         }
     }
-    let behind = nodes.iter().filter(|n| &n.talos < target).count();
+    let others: Vec<String> = nodes
+        .iter()
+        .filter(|n| &n.talos != base)
+        .map(|n| format!("{} ({})", n.name, n.talos))
+        .collect();
     if bad.is_empty() {
-        let msg = if behind == 0 {
-            format!("all {} nodes run Talos {target}", nodes.len())
+        let msg = if others.is_empty() {
+            format!(
+                "all {} nodes run the release set's Talos {base}",
+                nodes.len()
+            )
         } else {
             format!(
-                "{behind} of {} nodes move to Talos {target}, each by at most one minor",
-                nodes.len()
+                "{} node(s) run another Talos than the release set: {}; each can take {target}",
+                others.len(),
+                others.join(", ")
             )
         };
         CheckItem::new(id, title, Status::Pass, msg).source("inventory")
@@ -639,9 +653,12 @@ pub fn kubelet_skew(bump: &Bump, p: &Policies, nodes: &[Node]) -> CheckItem {
     let target = bump.head.spec.kubernetes.minor_version();
     let max_older = p.skew.kubelet_max_older_before_upgrade;
     let oldest_ok = MinorVersion::new(target.major, target.minor.saturating_sub(max_older));
+    // Kubelets at the base release set's version are judged by the static items
+    // (`kubernetes-step`, `no-downgrade`); this item is about the ones that differ.
+    let base = &bump.base.spec.kubernetes;
     let mut too_old = Vec::new();
     let mut too_new = Vec::new();
-    for n in nodes {
+    for n in nodes.iter().filter(|n| &n.kubelet != base) {
         let k = n.kubelet.minor_version();
         if k < oldest_ok {
             too_old.push(format!("{} ({}, {})", n.name, n.kubelet, n.role));
@@ -679,20 +696,24 @@ pub fn kubelet_skew(bump: &Bump, p: &Policies, nodes: &[Node]) -> CheckItem {
         ))
         .source(&p.skew.source);
     }
-    let cps = nodes
+    let others: Vec<String> = nodes
         .iter()
-        .filter(|n| n.role == Role::Controlplane)
-        .count();
-    CheckItem::new(
-        id,
-        title,
-        Status::Pass,
+        .filter(|n| &n.kubelet != base)
+        .map(|n| format!("{} ({})", n.name, n.kubelet))
+        .collect();
+    let msg = if others.is_empty() {
         format!(
-            "all {} kubelets ({cps} control planes) are within {max_older} minors of {target}",
+            "all {} kubelets run the release set's Kubernetes {base}",
             nodes.len()
-        ),
-    )
-    .source(&p.skew.source)
+        )
+    } else {
+        format!(
+            "{} kubelet(s) differ from the release set: {}; all within {max_older} minors of {target} and none newer",
+            others.len(),
+            others.join(", ")
+        )
+    };
+    CheckItem::new(id, title, Status::Pass, msg).source(&p.skew.source)
 }
 
 #[cfg(test)]
@@ -1087,6 +1108,10 @@ mod tests {
         let item = kubelet_skew(&b, &p(), &old);
         assert_eq!(item.status, Status::Fail);
         assert!(item.message.contains("w-1"), "{}", item.message);
+        // Nodes at the base versions are left to talos-step and no-downgrade (no duplicates).
+        let skip = from_base("v1.14.2", "v1.33.4", "cilium@1.18.3");
+        assert_eq!(nodes_talos(&skip, &p(), &good).status, Status::Pass);
+        assert_eq!(kubelet_skew(&skip, &p(), &good).status, Status::Pass);
         let newer = vec![node("w-1", Role::Worker, "v1.12.6", "v1.35.0")];
         assert!(kubelet_skew(&b, &p(), &newer)
             .message
