@@ -2,9 +2,7 @@
 //! compatibility data and (when given) the nodes. One function per item; each returns the
 //! item with its status, a message, and a hint when it did not pass.
 
-use crate::releaseset::{
-    Bump, ChangeKind, Component, ComponentId, MinorVersion, Node, Role, Version,
-};
+use crate::releaseset::{Bump, ChangeKind, Component, ComponentId, MinorVersion, Node, Version};
 
 use super::data::{Confidence, Policies};
 use super::verdict::{CheckItem, Status};
@@ -719,7 +717,7 @@ pub fn kubelet_skew(bump: &Bump, p: &Policies, nodes: &[Node]) -> CheckItem {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::releaseset::ReleaseSet;
+    use crate::releaseset::{ReleaseSet, Role};
 
     /// A release set from a compact spec: talos, kubernetes, cni "name@version", add-ons.
     fn rs(talos: &str, k8s: &str, cni: &str, addons: &[&str]) -> ReleaseSet {
