@@ -100,6 +100,13 @@ enum PlanOutput {
 const EXIT_INVALID: u8 = 2;
 
 fn main() -> ExitCode {
+    // Diagnostics go to stderr; RUST_LOG (e.g. `RUST_LOG=ichor=debug`) turns them up.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
