@@ -33,9 +33,6 @@ impl Timestamp {
     pub fn since(self, earlier: Timestamp) -> Duration {
         Duration::from_millis(self.0.saturating_sub(earlier.0))
     }
-    pub fn as_system_time(self) -> SystemTime {
-        UNIX_EPOCH + Duration::from_millis(self.0)
-    }
     /// RFC 3339 in UTC with second precision, e.g. `2026-11-30T07:12:06Z`.
     pub fn rfc3339(self) -> String {
         let secs = self.0 / 1000;
@@ -185,10 +182,6 @@ impl Clock {
     /// Simulated time that starts at a fixed, reproducible instant (2026-01-01T00:00:00Z).
     pub fn manual() -> Self {
         Self::manual_at(Timestamp(1_767_225_600_000))
-    }
-
-    pub fn is_simulated(&self) -> bool {
-        !matches!(self.inner.mode, Mode::System)
     }
 
     pub fn now(&self) -> Timestamp {

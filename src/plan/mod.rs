@@ -10,8 +10,6 @@
 mod batch;
 mod render;
 
-use std::time::Duration;
-
 use serde::Serialize;
 
 use crate::releaseset::{Bump, ClusterSpec, HumanDuration, Node, Role, Version, VolumeProvider};
@@ -92,10 +90,6 @@ pub struct Plan {
 }
 
 impl Plan {
-    pub fn estimate(&self) -> Duration {
-        Duration::from_secs(self.estimate_secs)
-    }
-
     pub fn steps(&self) -> impl Iterator<Item = &Step> {
         self.stages.iter().flat_map(|s| s.steps.iter())
     }

@@ -174,10 +174,6 @@ impl Verdict {
         self.counts = c;
     }
 
-    pub fn item(&self, id: &str) -> Option<&CheckItem> {
-        self.items.iter().find(|i| i.id == id)
-    }
-
     fn headline(&self) -> String {
         let c = &self.counts;
         format!(

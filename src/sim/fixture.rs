@@ -287,11 +287,6 @@ fn snapshot(
     }
 }
 
-/// Where a built fixture lives: `dest` itself.
-pub fn build_homelab(dest: &Path) -> Result<Repository, FixtureError> {
-    Fixture::homelab().build(dest)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,8 +295,8 @@ mod tests {
     fn homelab_builds_with_stable_ids_and_every_branch() {
         let a = tempfile::tempdir().unwrap();
         let b = tempfile::tempdir().unwrap();
-        let ra = build_homelab(a.path()).unwrap();
-        let rb = build_homelab(b.path()).unwrap();
+        let ra = Fixture::homelab().build(a.path()).unwrap();
+        let rb = Fixture::homelab().build(b.path()).unwrap();
         let main_a = ra.revparse_single("main").unwrap().id();
         assert_eq!(
             main_a,
