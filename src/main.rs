@@ -6,9 +6,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use ichor::gate::{self, CheckReport, GateError, PlanReport};
+use ichor::gate::{self, CheckReport, GateError, Review};
 use ichor::git::Repo;
 use ichor::plan::PlanOptions;
+use ichor::policy::Outcome;
 
 /// Gate and roll out Talos Linux and Kubernetes upgrades from Git.
 #[derive(Parser)]
@@ -20,24 +21,41 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Judge the change between two revisions of a cluster's release set.
+    /// Judge a change: every cluster it touches, against the compatibility data.
     ///
-    /// Exit status: 0 pass (warnings allowed), 1 blocked, 2 invalid input or usage, 3 waiting.
+    /// Without --cluster, each cluster whose release-set.yaml or cluster.yaml differs between
+    /// the two revisions gets its own section (a cluster the change adds is judged on its
+    /// own); a change that edits only policies/ is judged as that policy change.
+    ///
+    /// Exit status: 0 pass (warnings allowed), 1 blocked, 2 invalid input or usage, 3 waiting;
+    /// with several clusters, the worst of them.
     Check {
         #[command(flatten)]
         target: Target,
+        /// text: a table for the terminal; json: the stable report of docs/cli.md; markdown:
+        /// the table as a pull-request comment shows it.
         #[arg(long, value_enum, default_value_t = CheckOutput::Text)]
         output: CheckOutput,
     },
-    /// Show the staged rollout the change would run: stages, node order, batches, estimate.
+    /// Show the staged rollout a change would run: stages, node order, batches, estimate.
+    ///
+    /// The gate runs first. A change it blocks (or that waits) gets no plan: the verdict is
+    /// printed instead, with exit status 1 (or 3), unless --allow-blocked.
+    ///
+    /// Exit status: 0 a plan was shown, 1 blocked, 2 invalid input or usage, 3 waiting.
     Plan {
         #[command(flatten)]
         target: Target,
+        /// text: the steps for the terminal; json: the stable report of docs/cli.md;
+        /// mermaid: a gantt chart; markdown: ordered steps and the gantt, for a PR comment.
         #[arg(long, value_enum, default_value_t = PlanOutput::Text)]
         output: PlanOutput,
-        /// The node running ichor; its batch goes last.
+        /// The node running ichor; its batch goes last. Must be a node of the inventory.
         #[arg(long, value_name = "NODE")]
         ichor_node: Option<String>,
+        /// Show the plan even when the gate blocks the change (it is still not run).
+        #[arg(long)]
+        allow_blocked: bool,
     },
     /// Run the twin: a simulated Talos cluster served over the real Talos API (mutual TLS)
     /// and Kubernetes API, built from a cluster folder, until interrupted.
@@ -60,7 +78,8 @@ enum Command {
     },
     /// Build the bundled homelab repository and gate every pull-request branch in it.
     Demo {
-        /// Keep the demo repository here instead of a temporary directory.
+        /// Build the demo repository here and keep it (reused when it already is the demo
+        /// repository); without it, a temporary directory is used and removed on exit.
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
@@ -68,16 +87,18 @@ enum Command {
 
 #[derive(clap::Args)]
 struct Target {
-    /// The GitOps repository (bare or with a work tree).
+    /// The GitOps repository (bare or with a work tree, or any folder inside it).
     #[arg(long, value_name = "PATH", default_value = ".")]
     repo: PathBuf,
-    /// The revision the change starts from (branch, tag or SHA), e.g. main.
+    /// The revision the change starts from: a branch, tag, remote branch (origin/x) or SHA,
+    /// e.g. main. What decides safety (policies, inventory, rollout policy) is read here.
     #[arg(long, value_name = "REV")]
     base: String,
-    /// The revision with the change, e.g. renovate/ghcr.io-siderolabs-kubelet-1.x.
+    /// The revision with the change, e.g. renovate/ghcr.io-siderolabs-kubelet-1.x; `.` is
+    /// the working tree, so uncommitted edits can be gated.
     #[arg(long, value_name = "REV")]
     head: String,
-    /// The cluster (folder under clusters/); optional when the revision has one.
+    /// Judge only this cluster (folder under clusters/).
     #[arg(long, value_name = "NAME")]
     cluster: Option<String>,
 }
@@ -120,36 +141,21 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Check { target, output } => {
-            let change = load(&target)?;
-            let verdict = gate::verdict(&change);
+            let review = review(&target)?;
             let text = match output {
-                CheckOutput::Text => verdict.render_text(),
-                CheckOutput::Markdown => verdict.render_markdown(),
-                CheckOutput::Json => json(&CheckReport::new(&change, &verdict))?,
+                CheckOutput::Json => json(&CheckReport::new(&review))?,
+                CheckOutput::Text => check_text(&review, |v| v.render_text()),
+                CheckOutput::Markdown => check_text(&review, |v| v.render_markdown()),
             };
             print(&text)?;
-            Ok(ExitCode::from(verdict.outcome.exit_code() as u8))
+            Ok(ExitCode::from(gate::exit_code(&review) as u8))
         }
         Command::Plan {
             target,
             output,
             ichor_node,
-        } => {
-            let change = load(&target)?;
-            let plan = gate::plan(&change, &PlanOptions { ichor_node })?;
-            let text = match output {
-                PlanOutput::Text => plan.render_text(),
-                PlanOutput::Mermaid => plan.render_mermaid(),
-                PlanOutput::Markdown => plan.render_markdown(),
-                PlanOutput::Json => json(&PlanReport {
-                    base: (&change.base).into(),
-                    head: (&change.head).into(),
-                    plan: &plan,
-                })?,
-            };
-            print(&text)?;
-            Ok(ExitCode::SUCCESS)
-        }
+            allow_blocked,
+        } => plan(&target, output, ichor_node, allow_blocked),
         Command::Sim {
             cluster,
             speed,
@@ -258,9 +264,149 @@ fn sim(
     Ok(ExitCode::SUCCESS)
 }
 
-fn load(t: &Target) -> Result<gate::Change, GateError> {
+fn review(t: &Target) -> Result<Review, GateError> {
     let repo = Repo::open(&t.repo)?;
-    gate::load(&repo, &t.base, &t.head, t.cluster.as_deref())
+    gate::review(&repo, &t.base, &t.head, t.cluster.as_deref())
+}
+
+/// Every section of a review rendered with `render`, errors in place, then the overall line.
+fn check_text(review: &Review, render: impl Fn(&ichor::policy::Verdict) -> String) -> String {
+    if review.sections.is_empty() {
+        return format!(
+            "no cluster changes between {} and {}: nothing to judge\n",
+            review.base, review.head
+        );
+    }
+    let mut out = String::new();
+    for (i, s) in review.sections.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        match &s.result {
+            Ok(j) => out.push_str(&render(&j.verdict)),
+            // Errors go to stderr, as every other error does.
+            Err(e) => eprintln!(
+                "error: cluster {}: {e}",
+                s.cluster.as_deref().unwrap_or("-")
+            ),
+        }
+    }
+    if review.sections.len() > 1 {
+        out.push_str(&format!(
+            "\noverall: {} ({} sections, exit {})\n",
+            if review.has_errors() {
+                "INVALID".to_string()
+            } else {
+                review.outcome().to_string().to_uppercase()
+            },
+            review.sections.len(),
+            gate::exit_code(review)
+        ));
+    }
+    out
+}
+
+fn plan(
+    target: &Target,
+    output: PlanOutput,
+    ichor_node: Option<String>,
+    allow_blocked: bool,
+) -> anyhow::Result<ExitCode> {
+    let review = review(target)?;
+    let opts = PlanOptions { ichor_node };
+    let mut text = String::new();
+    let mut plans = Vec::new();
+    let mut code = 0;
+    for s in &review.sections {
+        let name = s.cluster.as_deref().unwrap_or("policies");
+        let judged = match &s.result {
+            Ok(j) => j,
+            Err(e) => {
+                code = 2;
+                eprintln!("error: cluster {name}: {e}");
+                continue;
+            }
+        };
+        let outcome = judged.verdict.outcome;
+        let Some(change) = &judged.change else {
+            // A removed cluster or a policy edit: nothing to roll out, the verdict says why.
+            text.push_str(&judged.verdict.render_text());
+            continue;
+        };
+        if outcome != Outcome::Pass {
+            if !allow_blocked {
+                code = code.max(outcome.exit_code());
+                let what = if outcome == Outcome::Blocked {
+                    "blocks"
+                } else {
+                    "holds (waiting)"
+                };
+                let msg = format!(
+                    "cluster {name}: the gate {what} this change, so there is no plan to run (exit {}); --allow-blocked shows it anyway\n\n",
+                    outcome.exit_code()
+                );
+                if matches!(output, PlanOutput::Text | PlanOutput::Markdown) {
+                    text.push_str(&msg);
+                    text.push_str(&judged.verdict.render_text());
+                } else {
+                    eprint!("{msg}{}", judged.verdict.render_text());
+                }
+                continue;
+            }
+            let warning = format!(
+                "WARNING: the gate {} this change; this plan is shown because of --allow-blocked and will not run\n\n",
+                if outcome == Outcome::Blocked { "blocks" } else { "holds" }
+            );
+            match output {
+                PlanOutput::Text => text.push_str(&warning),
+                PlanOutput::Markdown => text.push_str(&format!("> **{}**\n\n", warning.trim())),
+                _ => eprint!("{warning}"),
+            }
+        }
+        match gate::plan(change, &opts) {
+            Ok(p) => plans.push((outcome, p)),
+            Err(e) => {
+                code = 2;
+                eprintln!("error: {e}");
+            }
+        }
+    }
+    if review.sections.is_empty() {
+        text.push_str(&format!(
+            "no cluster changes between {} and {}: nothing to roll out\n",
+            review.base, review.head
+        ));
+    }
+    match output {
+        PlanOutput::Json => {
+            let report = gate::PlanReport {
+                api_version: gate::REPORT_API_VERSION,
+                kind: "PlanReport",
+                base: (&review.base).into(),
+                head: (&review.head).into(),
+                plans: plans
+                    .iter()
+                    .map(|(gate, plan)| gate::ClusterPlan { gate: *gate, plan })
+                    .collect(),
+            };
+            text = json(&report)?;
+        }
+        _ => {
+            for (_, p) in &plans {
+                if !text.is_empty() && !text.ends_with("\n\n") {
+                    text.push('\n');
+                }
+                text.push_str(&match output {
+                    PlanOutput::Text => p.render_text(),
+                    PlanOutput::Mermaid => p.render_mermaid(),
+                    PlanOutput::Markdown => p.render_markdown(),
+                    PlanOutput::Json => unreachable!("handled above"),
+                });
+            }
+        }
+    }
+    print(&text)?;
+    Ok(ExitCode::from(code as u8))
 }
 
 fn json<T: serde::Serialize>(v: &T) -> anyhow::Result<String> {
@@ -279,23 +425,28 @@ fn print(text: &str) -> anyhow::Result<()> {
 /// Build the homelab fixture and run the gate on every branch, the way ichor would on each
 /// pull request; then show the plan of a change that passes.
 fn demo(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let fixture = ichor::sim::fixture::Fixture::homelab();
+    // Without --dir the repository lives in a temporary directory removed on return.
     let tmp;
-    let path = match dir {
-        Some(d) => d,
+    let (path, kept) = match dir {
+        Some(d) => {
+            prepare_demo_dir(&fixture, &d)?;
+            (d, true)
+        }
         None => {
-            tmp = tempfile_dir()?;
-            tmp.clone()
+            tmp = tempfile::Builder::new().prefix("ichor-demo-").tempdir()?;
+            fixture.build(tmp.path())?;
+            (tmp.path().to_path_buf(), false)
         }
     };
-    let fixture = ichor::sim::fixture::Fixture::homelab();
-    fixture.build(&path)?;
     let repo = Repo::open(&path)?;
     let mut out = format!(
-        "ichor demo: the homelab repository ({} commits on main, {} pull-request branches) at {}\n\
+        "ichor demo: the homelab repository ({} commits on main, {} pull-request branches) at {}{}\n\
          Each branch is gated as ichor gates a pull request: `ichor check --repo {} --base <base> --head <branch>`.\n",
         fixture.history.main.len(),
         fixture.history.branches.len(),
         path.display(),
+        if kept { "" } else { " (temporary; keep it with --dir DIR)" },
         path.display()
     );
     let mut passing = None;
@@ -331,11 +482,35 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn tempfile_dir() -> anyhow::Result<PathBuf> {
-    let base = std::env::temp_dir().join(format!("ichor-demo-{}", std::process::id()));
-    if base.exists() {
-        std::fs::remove_dir_all(&base)?;
+/// Make `dir` hold the demo repository: build it when `dir` is missing or empty, reuse it
+/// when it already is the demo repository, and refuse anything else (it is not ours).
+fn prepare_demo_dir(
+    fixture: &ichor::sim::fixture::Fixture,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let empty = match std::fs::read_dir(dir) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => anyhow::bail!("--dir {}: {e}", dir.display()),
+    };
+    if empty {
+        fixture.build(dir)?;
+        return Ok(());
     }
-    std::fs::create_dir_all(&base)?;
-    Ok(base)
+    // The fixture's history is deterministic: the same build has the same main commit.
+    let fresh = tempfile::Builder::new().prefix("ichor-demo-").tempdir()?;
+    fixture.build(fresh.path())?;
+    let main_of = |p: &std::path::Path| {
+        Repo::open(p)
+            .ok()
+            .and_then(|r| r.resolve("main").ok())
+            .and_then(|r| r.commit)
+    };
+    match (main_of(dir), main_of(fresh.path())) {
+        (Some(a), Some(b)) if a == b => Ok(()),
+        _ => anyhow::bail!(
+            "--dir {}: the folder exists, is not empty and is not the demo repository; choose another folder or remove this one",
+            dir.display()
+        ),
+    }
 }

@@ -2,14 +2,15 @@
 //! against the compatibility data. Today the facts are static (documents, policies, the
 //! optional inventory); live facts from the cluster join the same verdict later.
 //!
-//! Trust: the repository's `policies/` are read from the *base* revision. A pull request's
-//! content is data to evaluate, so a change cannot relax the rules it is judged by; edits to
-//! `policies/` take effect once merged, and the verdict says so.
+//! Trust: whatever decides a verdict — the repository's `policies/` and the inventory,
+//! rollout policy and volumes in `cluster.yaml` — is read from the *base* revision. A pull
+//! request's content is data to evaluate, so a change cannot relax the rules it is judged
+//! by; its edits to them take effect once merged, and the verdict shows each as its own item.
 
 use crate::git::{GitError, Repo, Rev};
 use crate::plan::{self, Plan, PlanOptions};
-use crate::policy::{self, CheckItem, Policies, Status, Verdict};
-use crate::releaseset::{Bump, Cluster, DocumentError, Node, ReleaseSet};
+use crate::policy::{self, CheckItem, Outcome, Policies, Status, Verdict};
+use crate::releaseset::{Bump, Cluster, ClusterSpec, DocumentError, Node, ReleaseSet};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GateError {
@@ -56,11 +57,21 @@ pub struct Change {
     pub head: Rev,
     pub base_release_set: ReleaseSet,
     pub head_release_set: ReleaseSet,
-    /// `cluster.yaml` at head (what the rollout will follow once merged), if present.
+    /// `cluster.yaml` as the gate judges with it: the base revision's, since a pull request
+    /// cannot rewrite its own judge (inventory, rollout policy and volumes decide safety).
+    /// Only a cluster the change adds is judged with the head's.
     pub cluster_doc: Option<Cluster>,
+    /// Where `cluster_doc` comes from ("base" or "head").
+    pub cluster_doc_side: &'static str,
+    /// Fields of `cluster.yaml` the head changes (`spec.inventory`, …); they apply once merged.
+    pub cluster_edits: Vec<&'static str>,
+    /// The cluster does not exist at the base revision: it is judged on its own.
+    pub new_cluster: bool,
     pub policies: Policies,
     /// Whether the change edits `policies/` (which then applies only after merge).
     pub edits_policies: bool,
+    /// Why the head's `policies/` would not load, when the change breaks them.
+    pub head_policies_error: Option<String>,
     pub bump: Bump,
 }
 
@@ -79,6 +90,39 @@ fn doc_err(side: &'static str, rev: &Rev) -> impl Fn(DocumentError) -> GateError
         side,
         rev: rev.clone(),
     }
+}
+
+/// The policies a change is judged with (the base's), and what the change does to them.
+struct PolicyState {
+    policies: Policies,
+    edits: bool,
+    head_error: Option<String>,
+    head: Option<Policies>,
+}
+
+fn policy_state(repo: &Repo, base: &Rev, head: &Rev) -> Result<PolicyState, GateError> {
+    let base_files = repo.policy_files(base)?;
+    let policies = Policies::load(&base_files).map_err(doc_err("base", base))?;
+    // A head that cannot even be listed (too many files, a link) is a broken policy edit.
+    let head_files = match repo.policy_files(head) {
+        Ok(files) => Ok(files),
+        Err(e) => Err(e.to_string()),
+    };
+    let edits = head_files.as_ref().map_or(true, |h| *h != base_files);
+    let (head_policies, head_error) = match head_files {
+        Ok(files) if edits => match Policies::load(&files) {
+            Ok(p) => (Some(p), None),
+            Err(e) => (None, Some(e.to_string())),
+        },
+        Ok(_) => (None, None),
+        Err(e) => (None, Some(e)),
+    };
+    Ok(PolicyState {
+        policies,
+        edits,
+        head_error,
+        head: head_policies,
+    })
 }
 
 /// Read `cluster` (or the only cluster) at `base` and `head`.
@@ -111,67 +155,396 @@ pub fn load(
             }
         }
     };
-    let rs_path = format!("clusters/{name}/release-set.yaml");
-    let read_rs = |side: &'static str, rev: &Rev| -> Result<ReleaseSet, GateError> {
-        let text = repo
-            .read_file(rev, &rs_path)?
-            .ok_or_else(|| GateError::UnknownCluster {
-                name: name.clone(),
-                side,
-                rev: rev.to_string(),
-                available: repo.clusters(rev).unwrap_or_default(),
-            })?;
-        ReleaseSet::parse(&rs_path, &text).map_err(doc_err(side, rev))
+    let state = policy_state(repo, &base, &head)?;
+    load_cluster(repo, &base, &head, &name, &state)
+}
+
+/// The paths of a cluster's two documents.
+fn paths(name: &str) -> (String, String) {
+    (
+        format!("clusters/{name}/release-set.yaml"),
+        format!("clusters/{name}/cluster.yaml"),
+    )
+}
+
+fn load_cluster(
+    repo: &Repo,
+    base: &Rev,
+    head: &Rev,
+    name: &str,
+    state: &PolicyState,
+) -> Result<Change, GateError> {
+    let (rs_path, cluster_path) = paths(name);
+    let unknown = |side: &'static str, rev: &Rev| GateError::UnknownCluster {
+        name: name.to_string(),
+        side,
+        rev: rev.to_string(),
+        available: repo.clusters(rev).unwrap_or_default(),
     };
-    let base_release_set = read_rs("base", &base)?;
-    let head_release_set = read_rs("head", &head)?;
-    let cluster_path = format!("clusters/{name}/cluster.yaml");
-    let cluster_doc = match repo.read_file(&head, &cluster_path)? {
-        Some(text) => Some(Cluster::parse(&cluster_path, &text).map_err(doc_err("head", &head))?),
-        None => None,
+    let read_rs = |side: &'static str, rev: &Rev| -> Result<Option<ReleaseSet>, GateError> {
+        let Some(text) = repo.read_file(rev, &rs_path)? else {
+            return Ok(None);
+        };
+        let rs = ReleaseSet::parse(&rs_path, &text).map_err(doc_err(side, rev))?;
+        same_name(&rs_path, &text, rs.name(), name).map_err(doc_err(side, rev))?;
+        Ok(Some(rs))
     };
-    let base_policies = repo.policy_files(&base)?;
-    let edits_policies = base_policies != repo.policy_files(&head)?;
-    let policies = Policies::load(&base_policies).map_err(doc_err("base", &base))?;
+    let read_cluster = |side: &'static str, rev: &Rev| -> Result<Option<Cluster>, GateError> {
+        let Some(text) = repo.read_file(rev, &cluster_path)? else {
+            return Ok(None);
+        };
+        let c = Cluster::parse(&cluster_path, &text).map_err(doc_err(side, rev))?;
+        same_name(&cluster_path, &text, c.name(), name).map_err(doc_err(side, rev))?;
+        Ok(Some(c))
+    };
+    let head_release_set = read_rs("head", head)?.ok_or_else(|| unknown("head", head))?;
+    let base_release_set = read_rs("base", base)?;
+    let new_cluster = base_release_set.is_none();
+    let base_release_set = base_release_set.unwrap_or_else(|| head_release_set.clone());
+    let head_cluster = read_cluster("head", head)?;
+    let base_cluster = if new_cluster {
+        None
+    } else {
+        read_cluster("base", base)?
+    };
+    let cluster_edits = match (&base_cluster, &head_cluster) {
+        (Some(b), Some(h)) => spec_edits(&b.spec, &h.spec),
+        (None, Some(_)) if !new_cluster => vec!["cluster.yaml (added)"],
+        (Some(_), None) => vec!["cluster.yaml (removed)"],
+        _ => vec![],
+    };
+    let (cluster_doc, cluster_doc_side) = if new_cluster {
+        (head_cluster, "head")
+    } else {
+        (base_cluster, "base")
+    };
     let bump = Bump::between(&base_release_set, &head_release_set);
     Ok(Change {
-        cluster: name,
-        base,
-        head,
+        cluster: name.to_string(),
+        base: base.clone(),
+        head: head.clone(),
         base_release_set,
         head_release_set,
         cluster_doc,
-        policies,
-        edits_policies,
+        cluster_doc_side,
+        cluster_edits,
+        new_cluster,
+        policies: state.policies.clone(),
+        edits_policies: state.edits,
+        head_policies_error: state.head_error.clone(),
         bump,
     })
+}
+
+/// `metadata.name` must be the folder's name: Renovate, the lock and the reports key on it.
+fn same_name(path: &str, text: &str, doc: &str, folder: &str) -> Result<(), DocumentError> {
+    if doc == folder {
+        return Ok(());
+    }
+    Err(DocumentError::at(
+        path,
+        crate::releaseset::locate(text, "name:", 0),
+        format!("metadata.name is `{doc}`, but the folder is clusters/{folder}/; they must match"),
+    ))
+}
+
+/// Which parts of a cluster's spec the head changes. Every part decides how (and whether)
+/// a rollout is safe, so each edit is shown and applies only once merged.
+fn spec_edits(base: &ClusterSpec, head: &ClusterSpec) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if base.inventory != head.inventory {
+        out.push("spec.inventory");
+    }
+    if base.rollout != head.rollout {
+        out.push("spec.rollout");
+    }
+    if base.volumes != head.volumes {
+        out.push("spec.volumes");
+    }
+    if base.cni != head.cni {
+        out.push("spec.cni");
+    }
+    if base.talos != head.talos {
+        out.push("spec.talos");
+    }
+    out
+}
+
+/// One section of a review: a cluster the change touches, or the policy change itself.
+#[derive(Debug)]
+pub struct Section {
+    /// The cluster's name; `None` for a change that edits only `policies/`.
+    pub cluster: Option<String>,
+    pub result: Result<Judged, GateError>,
+}
+
+#[derive(Debug)]
+pub struct Judged {
+    pub verdict: Verdict,
+    /// The change, when there is one to plan (not for a removed cluster or a policy edit).
+    pub change: Option<Change>,
+}
+
+/// Everything a change between two revisions touches, each judged on its own.
+#[derive(Debug)]
+pub struct Review {
+    pub base: Rev,
+    pub head: Rev,
+    pub sections: Vec<Section>,
+}
+
+impl Review {
+    /// The worst outcome over the sections; invalid input (exit 2) is reported apart.
+    pub fn outcome(&self) -> Outcome {
+        let outcomes = self
+            .sections
+            .iter()
+            .filter_map(|s| s.result.as_ref().ok())
+            .map(|j| j.verdict.outcome);
+        outcomes.fold(Outcome::Pass, Outcome::worst)
+    }
+
+    pub fn has_errors(&self) -> bool {
+        self.sections.iter().any(|s| s.result.is_err())
+    }
+}
+
+/// Judge every cluster the change between `base` and `head` touches (or just `cluster`).
+/// A cluster the change adds is judged on its own; one it removes is reported; a change
+/// that edits only `policies/` says what the new policies will do once merged.
+pub fn review(
+    repo: &Repo,
+    base: &str,
+    head: &str,
+    cluster: Option<&str>,
+) -> Result<Review, GateError> {
+    let base = repo.resolve(base)?;
+    let head = repo.resolve(head)?;
+    let state = policy_state(repo, &base, &head)?;
+    let head_names = repo.clusters(&head)?;
+    let names: Vec<String> = match cluster {
+        Some(n) => vec![n.to_string()],
+        None => {
+            let mut all = repo.clusters(&base)?;
+            all.extend(head_names.iter().cloned());
+            all.sort();
+            all.dedup();
+            let mut touched = Vec::new();
+            for n in all {
+                let (rs, cl) = paths(&n);
+                // A file that cannot be read counts as touched: judging it says why.
+                let differs = |p: &str| match (repo.read_file(&base, p), repo.read_file(&head, p)) {
+                    (Ok(a), Ok(b)) => a != b,
+                    _ => true,
+                };
+                if differs(&rs) || differs(&cl) {
+                    touched.push(n);
+                }
+            }
+            touched
+        }
+    };
+    let mut sections = Vec::new();
+    for name in names {
+        let (rs_path, _) = paths(&name);
+        let gone_at_head =
+            !head_names.contains(&name) && matches!(repo.read_file(&head, &rs_path), Ok(None));
+        let result = if gone_at_head && cluster.is_none() {
+            Ok(Judged {
+                verdict: removed_verdict(&name),
+                change: None,
+            })
+        } else {
+            load_cluster(repo, &base, &head, &name, &state).map(|change| Judged {
+                verdict: verdict(&change),
+                change: Some(change),
+            })
+        };
+        sections.push(Section {
+            cluster: Some(name),
+            result,
+        });
+    }
+    if sections.is_empty() && state.edits && cluster.is_none() {
+        sections.push(Section {
+            cluster: None,
+            result: Ok(Judged {
+                verdict: policy_only_verdict(repo, &head, &head_names, &state),
+                change: None,
+            }),
+        });
+    }
+    Ok(Review {
+        base,
+        head,
+        sections,
+    })
+}
+
+fn removed_verdict(name: &str) -> Verdict {
+    Verdict::new(
+        name,
+        "cluster removed",
+        vec![CheckItem::new(
+            "cluster-removed",
+            "The change removes the cluster",
+            Status::Warn,
+            format!("clusters/{name}/ is removed: once merged, ichor no longer gates or rolls out this cluster; nothing on the cluster changes"),
+        )
+        .hint("make sure removing the cluster from Git is intended")],
+    )
+}
+
+/// A change that edits only `policies/` *is* the policy change: it passes when the new
+/// policies load, and shows what they will say about each cluster once merged.
+fn policy_only_verdict(
+    repo: &Repo,
+    head: &Rev,
+    clusters: &[String],
+    state: &PolicyState,
+) -> Verdict {
+    let title = "The new policies load and apply once merged";
+    let mut items = Vec::new();
+    match (&state.head_error, &state.head) {
+        (Some(why), _) => {
+            items.push(
+                CheckItem::new(
+                    "policies",
+                    title,
+                    Status::Fail,
+                    format!("the edited policies/ do not load: {why}"),
+                )
+                .hint("fix the file named above: once merged, every gate run would fail on it"),
+            );
+        }
+        (None, Some(new)) => {
+            items.push(CheckItem::new(
+                "policies",
+                title,
+                Status::Pass,
+                format!("this change edits policies/ only; once merged, ichor judges every later change with them ({} compatibility rows, {} blockers)", new.compatibility.len(), new.blockers.len()),
+            ));
+            // What the new rules say about each cluster as it stands: not a reason to block
+            // the policy change, but worth knowing before merging it.
+            for name in clusters {
+                let (rs_path, _) = paths(name);
+                let Ok(Some(text)) = repo.read_file(head, &rs_path) else {
+                    continue;
+                };
+                let Ok(rs) = ReleaseSet::parse(&rs_path, &text) else {
+                    continue;
+                };
+                let bump = Bump::between(&rs, &rs);
+                for item in policy::evaluate(&bump, new, None) {
+                    if item.status == Status::Pass {
+                        continue;
+                    }
+                    let mut after = item.clone();
+                    after.id = format!("after-merge/{name}/{}", item.id);
+                    after.status = Status::Warn;
+                    after.message = format!("once merged, cluster {name}: {}", item.message);
+                    items.push(after);
+                }
+            }
+        }
+        (None, None) => {}
+    }
+    Verdict::new("policies", "policies/ edited", items)
 }
 
 /// The static verdict for a change.
 pub fn verdict(change: &Change) -> Verdict {
     let nodes = change.nodes();
+    let cluster_doc = match (&change.cluster_doc, change.cluster_doc_side) {
+        (Some(_), side) => format!(", cluster.yaml valid (judged with the {side} revision's)"),
+        (None, _) => "; no cluster.yaml (static checks only)".to_string(),
+    };
     let mut items = vec![CheckItem::new(
         "documents",
         "Documents are valid",
         Status::Pass,
-        format!(
-            "release-set.yaml valid at both revisions{}",
-            if change.cluster_doc.is_some() {
-                ", cluster.yaml valid at head"
-            } else {
-                "; no cluster.yaml (static checks only)"
-            }
-        ),
+        if change.new_cluster {
+            format!("release-set.yaml valid at head{cluster_doc}")
+        } else {
+            format!("release-set.yaml valid at both revisions{cluster_doc}")
+        },
     )];
+    if change.new_cluster {
+        items.push(CheckItem::new(
+            "new-cluster",
+            "A new cluster is judged on its own",
+            Status::Pass,
+            format!("cluster {} is added by this change: its release set is judged on its own (pairing, CNI, add-ons); there is nothing to roll out until it runs", change.cluster),
+        ));
+    }
     if change.edits_policies {
+        match &change.head_policies_error {
+            Some(e) => items.push(
+                CheckItem::new("policies", "Policies come from the protected branch", Status::Fail, format!("this change edits policies/, and they do not load: {e}"))
+                    .hint("fix the file named above: once merged, every gate run would fail on it"),
+            ),
+            None => items.push(
+                CheckItem::new(
+                    "policies",
+                    "Policies come from the protected branch",
+                    Status::Warn,
+                    "this change edits policies/; the gate judged it with the base revision's policies",
+                )
+                .hint("merge policy changes on their own first, then re-run the gate on this change"),
+            ),
+        }
+    }
+    if !change.cluster_edits.is_empty() {
         items.push(
             CheckItem::new(
-                "policies",
-                "Policies come from the protected branch",
+                "cluster-settings",
+                "cluster.yaml settings come from the protected branch",
                 Status::Warn,
-                "this change edits policies/; the gate judged it with the base revision's policies",
+                format!(
+                    "this change edits {} in clusters/{}/cluster.yaml; the gate and the plan use the base revision's until it merges",
+                    change.cluster_edits.join(", "),
+                    change.cluster
+                ),
             )
-            .hint("merge policy changes on their own first, then re-run the gate on this change"),
+            .hint("merge cluster.yaml changes on their own first to have this change judged with them"),
+        );
+    }
+    if let Some(doc) = &change.cluster_doc {
+        let warnings = doc.warnings();
+        if !warnings.is_empty() {
+            items.push(
+                CheckItem::new(
+                    "rollout-settings",
+                    "Rollout settings are consistent",
+                    Status::Warn,
+                    warnings.join("; "),
+                )
+                .hint("lengthen the window or timeout, or shorten the estimate, in spec.rollout"),
+            );
+        }
+    }
+    let pre: Vec<String> = change
+        .bump
+        .changes
+        .iter()
+        .filter_map(|c| c.to.as_ref().map(|v| (c, v)))
+        .filter(|(_, v)| !v.semver().pre.is_empty())
+        .map(|(c, v)| format!("{} {v}", c.component.name()))
+        .collect();
+    if !pre.is_empty() {
+        items.push(
+            CheckItem::new(
+                "prerelease",
+                "Targets are releases",
+                Status::Warn,
+                format!(
+                    "{} is a pre-release: compatibility data and upgrade paths are for releases",
+                    pre.join(", ")
+                ),
+            )
+            .hint(
+                "roll pre-releases out to a test cluster only; wait for the release for this one",
+            ),
         );
     }
     items.extend(policy::evaluate(
@@ -182,11 +555,17 @@ pub fn verdict(change: &Change) -> Verdict {
     Verdict::new(&change.cluster, change.bump.summary(), items)
 }
 
-/// The staged plan for a change; needs the inventory in `cluster.yaml`.
+/// The staged plan for a change; needs the inventory in `cluster.yaml` (the base
+/// revision's: a pull request cannot change how its own rollout is staged).
 pub fn plan(change: &Change, opts: &PlanOptions) -> Result<Plan, GateError> {
+    let rev = if change.cluster_doc_side == "head" {
+        &change.head
+    } else {
+        &change.base
+    };
     let no_inventory = |missing| GateError::NoInventory {
         cluster: change.cluster.clone(),
-        rev: change.head.to_string(),
+        rev: rev.to_string(),
         missing,
     };
     let doc = change
@@ -203,19 +582,33 @@ pub fn plan(change: &Change, opts: &PlanOptions) -> Result<Plan, GateError> {
     ))
 }
 
-/// A revision in JSON output.
+/// The version of the JSON reports (`check` and `plan --output json`). The shapes are a
+/// stable interface (docs/cli.md): a field is never renamed or removed within a version.
+pub const REPORT_API_VERSION: &str = "ichor.dev/v1alpha1";
+
+/// A revision in JSON output; `commit` is null for the working tree.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RevJson {
     pub rev: String,
-    pub commit: String,
+    pub commit: Option<String>,
 }
 
 impl From<&Rev> for RevJson {
     fn from(r: &Rev) -> Self {
         RevJson {
             rev: r.name.clone(),
-            commit: r.commit.to_string(),
+            commit: r.commit.map(|c| c.to_string()),
         }
+    }
+}
+
+/// The exit status of `check` (and of `plan` on a change the gate does not pass):
+/// 0 pass, 1 blocked, 2 invalid input, 3 waiting.
+pub fn exit_code(review: &Review) -> i32 {
+    if review.has_errors() {
+        2
+    } else {
+        review.outcome().exit_code()
     }
 }
 
@@ -223,38 +616,89 @@ impl From<&Rev> for RevJson {
 #[derive(Debug, Clone, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CheckReport<'a> {
-    pub cluster: &'a str,
+    pub api_version: &'static str,
+    pub kind: &'static str,
     pub base: RevJson,
     pub head: RevJson,
-    pub summary: &'a str,
-    pub outcome: policy::Outcome,
+    pub outcome: Outcome,
     pub exit_code: i32,
-    pub counts: &'a policy::Counts,
+    pub clusters: Vec<ClusterReport<'a>>,
+}
+
+/// One section of a check report: a cluster (or, with `cluster: null`, a policy-only change).
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterReport<'a> {
+    pub cluster: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+    pub exit_code: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub counts: Option<&'a policy::Counts>,
     pub changes: &'a [crate::releaseset::Change],
     pub items: &'a [CheckItem],
 }
 
 impl<'a> CheckReport<'a> {
-    pub fn new(change: &'a Change, verdict: &'a Verdict) -> Self {
+    pub fn new(review: &'a Review) -> Self {
+        let clusters = review
+            .sections
+            .iter()
+            .map(|s| match &s.result {
+                Ok(j) => ClusterReport {
+                    cluster: s.cluster.as_deref(),
+                    error: None,
+                    summary: Some(&j.verdict.summary),
+                    outcome: Some(j.verdict.outcome),
+                    exit_code: j.verdict.outcome.exit_code(),
+                    counts: Some(&j.verdict.counts),
+                    changes: j.change.as_ref().map_or(&[], |c| &c.bump.changes),
+                    items: &j.verdict.items,
+                },
+                Err(e) => ClusterReport {
+                    cluster: s.cluster.as_deref(),
+                    error: Some(e.to_string()),
+                    summary: None,
+                    outcome: None,
+                    exit_code: 2,
+                    counts: None,
+                    changes: &[],
+                    items: &[],
+                },
+            })
+            .collect();
         CheckReport {
-            cluster: &change.cluster,
-            base: (&change.base).into(),
-            head: (&change.head).into(),
-            summary: &verdict.summary,
-            outcome: verdict.outcome,
-            exit_code: verdict.outcome.exit_code(),
-            counts: &verdict.counts,
-            changes: &change.bump.changes,
-            items: &verdict.items,
+            api_version: REPORT_API_VERSION,
+            kind: "CheckReport",
+            base: (&review.base).into(),
+            head: (&review.head).into(),
+            outcome: review.outcome(),
+            exit_code: exit_code(review),
+            clusters,
         }
     }
 }
 
 /// `ichor plan --output json`.
 #[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PlanReport<'a> {
+    pub api_version: &'static str,
+    pub kind: &'static str,
     pub base: RevJson,
     pub head: RevJson,
+    pub plans: Vec<ClusterPlan<'a>>,
+}
+
+/// One cluster's plan, with the gate's outcome for the change it would roll out.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterPlan<'a> {
+    pub gate: Outcome,
     #[serde(flatten)]
     pub plan: &'a Plan,
 }

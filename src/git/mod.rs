@@ -1,6 +1,8 @@
 //! Git, through git2: open or clone a repository, resolve revisions, and read the cluster
 //! documents and policy files at any revision straight from the object database (no
-//! checkout, no history walk: reading a revision touches only its tree).
+//! checkout, no history walk: reading a revision touches only its tree). The working tree
+//! can stand in for a revision (`.`), so uncommitted edits can be gated; it is read from
+//! disk without following symbolic links.
 
 use std::path::{Path, PathBuf};
 
@@ -22,30 +24,78 @@ pub enum GitError {
     UnknownRevision { rev: String },
     #[error("{path} at {rev} is not valid UTF-8 text")]
     NotText { path: String, rev: String },
+    #[error("{path} at {rev} is {what}, not a file; ichor reads only regular files (a link could point anywhere)")]
+    NotAFile {
+        path: String,
+        rev: String,
+        what: &'static str,
+    },
+    #[error(
+        "{path} at {rev} is {size} bytes; ichor reads files of at most {MAX_FILE_BYTES} bytes"
+    )]
+    TooLarge {
+        path: String,
+        rev: String,
+        size: u64,
+    },
+    #[error("{rev} has {count} files under policies/; ichor reads at most {MAX_POLICY_FILES}")]
+    TooManyPolicyFiles { rev: String, count: usize },
+    #[error("--head .: {path} has no working tree (a bare repository); name a revision instead")]
+    NoWorkTree { path: PathBuf },
+    #[error("cannot read {path} in the working tree: {message}")]
+    WorkTree { path: String, message: String },
     #[error("git: {0}")]
     Git(#[from] git2::Error),
 }
 
-/// A resolved revision: what the user typed and the commit it names.
+/// The largest file ichor reads from a revision (the documents' own bound).
+pub const MAX_FILE_BYTES: u64 = crate::releaseset::yaml::MAX_DOCUMENT_BYTES as u64;
+/// The most files ichor reads under `policies/`.
+pub const MAX_POLICY_FILES: usize = 256;
+/// What `--head` (or `--base`) says to mean the working tree. `.` is never a ref name.
+pub const WORK_TREE: &str = ".";
+
+/// A resolved revision: what the user typed and the commit it names, or the working tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rev {
     pub name: String,
-    pub commit: Oid,
+    /// `None` for the working tree.
+    pub commit: Option<Oid>,
 }
 
 impl Rev {
     pub fn short(&self) -> String {
-        self.commit.to_string()[..10].to_string()
+        match self.commit {
+            Some(c) => c.to_string()[..10].to_string(),
+            None => "working tree".to_string(),
+        }
+    }
+
+    pub fn is_work_tree(&self) -> bool {
+        self.commit.is_none()
     }
 }
 
 impl std::fmt::Display for Rev {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.name.starts_with(&self.short()) || self.commit.to_string() == self.name {
-            write!(f, "{}", self.short())
-        } else {
-            write!(f, "{} ({})", self.name, self.short())
+        match self.commit {
+            None => f.write_str("the working tree"),
+            Some(c) if self.name.starts_with(&self.short()) || c.to_string() == self.name => {
+                write!(f, "{}", self.short())
+            }
+            Some(_) => write!(f, "{} ({})", self.name, self.short()),
         }
+    }
+}
+
+/// What a tree entry is, when it is not a regular file.
+fn not_a_file(entry: &git2::TreeEntry) -> Option<&'static str> {
+    match entry.kind() {
+        Some(ObjectType::Blob) if entry.filemode() == 0o120000 => Some("a symbolic link"),
+        Some(ObjectType::Blob) => None,
+        Some(ObjectType::Tree) => Some("a directory"),
+        Some(ObjectType::Commit) => Some("a submodule"),
+        _ => Some("not a file"),
     }
 }
 
@@ -92,8 +142,19 @@ impl Repo {
     }
 
     /// Resolve a branch name, tag, remote branch (`origin/x` or just `x` when only the
-    /// remote has it) or (abbreviated) SHA to a commit.
+    /// remote has it) or (abbreviated) SHA to a commit; `.` is the working tree.
     pub fn resolve(&self, rev: &str) -> Result<Rev, GitError> {
+        if rev == WORK_TREE {
+            if self.repo.workdir().is_none() {
+                return Err(GitError::NoWorkTree {
+                    path: self.repo.path().to_path_buf(),
+                });
+            }
+            return Ok(Rev {
+                name: rev.to_string(),
+                commit: None,
+            });
+        }
         let candidates = [
             rev.to_string(),
             format!("refs/heads/{rev}"),
@@ -105,7 +166,7 @@ impl Repo {
                 if let Ok(commit) = obj.peel_to_commit() {
                     return Ok(Rev {
                         name: rev.to_string(),
-                        commit: commit.id(),
+                        commit: Some(commit.id()),
                     });
                 }
             }
@@ -115,23 +176,105 @@ impl Repo {
         })
     }
 
-    fn tree(&self, rev: &Rev) -> Result<git2::Tree<'_>, GitError> {
-        Ok(self.repo.find_commit(rev.commit)?.tree()?)
+    fn tree(&self, commit: Oid) -> Result<git2::Tree<'_>, GitError> {
+        Ok(self.repo.find_commit(commit)?.tree()?)
     }
 
-    /// The text of `path` at `rev`, or `None` when the file does not exist there.
+    /// The text of `path` at `rev`, or `None` when the file does not exist there. A path that
+    /// is a link, a directory or a submodule is an error that says so.
     pub fn read_file(&self, rev: &Rev, path: &str) -> Result<Option<String>, GitError> {
-        let tree = self.tree(rev)?;
+        let Some(commit) = rev.commit else {
+            return self.read_work_tree_file(rev, path);
+        };
+        let tree = self.tree(commit)?;
         let entry = match tree.get_path(Path::new(path)) {
             Ok(e) => e,
             Err(e) if e.code() == git2::ErrorCode::NotFound => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        if entry.kind() != Some(ObjectType::Blob) {
-            return Ok(None);
+        if let Some(what) = not_a_file(&entry) {
+            return Err(GitError::NotAFile {
+                path: path.to_string(),
+                rev: rev.to_string(),
+                what,
+            });
         }
-        let blob = self.repo.find_blob(entry.id())?;
-        String::from_utf8(blob.content().to_vec())
+        self.read_blob(rev, path, entry.id()).map(Some)
+    }
+
+    /// A blob as text, refusing one over the size bound before loading it.
+    fn read_blob(&self, rev: &Rev, path: &str, id: Oid) -> Result<String, GitError> {
+        let (size, _) = self.repo.odb()?.read_header(id)?;
+        if size as u64 > MAX_FILE_BYTES {
+            return Err(GitError::TooLarge {
+                path: path.to_string(),
+                rev: rev.to_string(),
+                size: size as u64,
+            });
+        }
+        let blob = self.repo.find_blob(id)?;
+        String::from_utf8(blob.content().to_vec()).map_err(|_| GitError::NotText {
+            path: path.to_string(),
+            rev: rev.to_string(),
+        })
+    }
+
+    fn work_tree(&self) -> Result<&Path, GitError> {
+        self.repo.workdir().ok_or_else(|| GitError::NoWorkTree {
+            path: self.repo.path().to_path_buf(),
+        })
+    }
+
+    /// A file of the working tree, read the way a tree entry is: links are refused, not
+    /// followed (a PR branch checked out locally could point one at a secret).
+    fn read_work_tree_file(&self, rev: &Rev, path: &str) -> Result<Option<String>, GitError> {
+        let full = self.work_tree()?.join(path);
+        let io = |e: std::io::Error| GitError::WorkTree {
+            path: path.to_string(),
+            message: e.to_string(),
+        };
+        // Every component, so a linked folder cannot lead outside the tree either.
+        let mut at = self.work_tree()?.to_path_buf();
+        for part in Path::new(path).components() {
+            at.push(part);
+            match std::fs::symlink_metadata(&at) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(GitError::NotAFile {
+                        path: path.to_string(),
+                        rev: rev.to_string(),
+                        what: "a symbolic link (or inside one)",
+                    })
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => return Ok(None),
+                Err(e) => return Err(io(e)),
+            }
+        }
+        let meta = std::fs::symlink_metadata(&full).map_err(io)?;
+        if meta.is_dir() {
+            return Err(GitError::NotAFile {
+                path: path.to_string(),
+                rev: rev.to_string(),
+                what: "a directory",
+            });
+        }
+        if !meta.is_file() {
+            return Err(GitError::NotAFile {
+                path: path.to_string(),
+                rev: rev.to_string(),
+                what: "not a regular file",
+            });
+        }
+        if meta.len() > MAX_FILE_BYTES {
+            return Err(GitError::TooLarge {
+                path: path.to_string(),
+                rev: rev.to_string(),
+                size: meta.len(),
+            });
+        }
+        let bytes = std::fs::read(&full).map_err(io)?;
+        String::from_utf8(bytes)
             .map(Some)
             .map_err(|_| GitError::NotText {
                 path: path.to_string(),
@@ -139,9 +282,9 @@ impl Repo {
             })
     }
 
-    /// The folder `path` at `rev`, or `None` when there is none.
-    fn subtree(&self, rev: &Rev, path: &str) -> Result<Option<git2::Tree<'_>>, GitError> {
-        match self.tree(rev)?.get_path(Path::new(path)) {
+    /// The folder `path` at a commit, or `None` when there is none.
+    fn subtree(&self, commit: Oid, path: &str) -> Result<Option<git2::Tree<'_>>, GitError> {
+        match self.tree(commit)?.get_path(Path::new(path)) {
             Ok(e) if e.kind() == Some(ObjectType::Tree) => Ok(Some(self.repo.find_tree(e.id())?)),
             Ok(_) => Ok(None),
             Err(e) if e.code() == git2::ErrorCode::NotFound => Ok(None),
@@ -149,20 +292,39 @@ impl Repo {
         }
     }
 
-    /// Cluster names at `rev`: folders `clusters/<name>/` that hold a `release-set.yaml`.
+    /// Cluster names at `rev`: folders `clusters/<name>/` that hold a `release-set.yaml`
+    /// (whatever it is: reading it says when it is not a file).
     pub fn clusters(&self, rev: &Rev) -> Result<Vec<String>, GitError> {
-        let Some(clusters) = self.subtree(rev, "clusters")? else {
-            return Ok(vec![]);
-        };
         let mut names = Vec::new();
-        for entry in clusters.iter() {
-            if entry.kind() != Some(ObjectType::Tree) {
-                continue;
+        match rev.commit {
+            Some(commit) => {
+                let Some(clusters) = self.subtree(commit, "clusters")? else {
+                    return Ok(vec![]);
+                };
+                for entry in clusters.iter() {
+                    if entry.kind() != Some(ObjectType::Tree) {
+                        continue;
+                    }
+                    let sub = self.repo.find_tree(entry.id())?;
+                    if sub.get_name("release-set.yaml").is_some() {
+                        if let Ok(name) = entry.name() {
+                            names.push(name.to_string());
+                        }
+                    }
+                }
             }
-            let sub = self.repo.find_tree(entry.id())?;
-            if sub.get_name("release-set.yaml").is_some() {
-                if let Ok(name) = entry.name() {
-                    names.push(name.to_string());
+            None => {
+                let dir = self.work_tree()?.join("clusters");
+                let Ok(entries) = std::fs::read_dir(&dir) else {
+                    return Ok(vec![]);
+                };
+                for entry in entries.flatten() {
+                    let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+                    let has_rs =
+                        std::fs::symlink_metadata(entry.path().join("release-set.yaml")).is_ok();
+                    if let (true, true, Some(name)) = (is_dir, has_rs, entry.file_name().to_str()) {
+                        names.push(name.to_string());
+                    }
                 }
             }
         }
@@ -172,28 +334,65 @@ impl Repo {
 
     /// Every `policies/**/*.yaml` (or `.yml`) at `rev` as (path, text), in path order.
     pub fn policy_files(&self, rev: &Rev) -> Result<Vec<(String, String)>, GitError> {
-        let Some(policies) = self.subtree(rev, "policies")? else {
-            return Ok(vec![]);
-        };
-        let mut paths = Vec::new();
-        policies.walk(TreeWalkMode::PreOrder, |dir, entry| {
-            if let (Some(ObjectType::Blob), Ok(name)) = (entry.kind(), entry.name()) {
-                if name.ends_with(".yaml") || name.ends_with(".yml") {
-                    paths.push((format!("policies/{dir}{name}"), entry.id()));
-                }
+        let paths = match rev.commit {
+            Some(commit) => {
+                let Some(policies) = self.subtree(commit, "policies")? else {
+                    return Ok(vec![]);
+                };
+                let mut paths = Vec::new();
+                policies.walk(TreeWalkMode::PreOrder, |dir, entry| {
+                    if let (Some(ObjectType::Blob), Ok(name)) = (entry.kind(), entry.name()) {
+                        if name.ends_with(".yaml") || name.ends_with(".yml") {
+                            paths.push(format!("policies/{dir}{name}"));
+                        }
+                    }
+                    TreeWalkResult::Ok
+                })?;
+                paths
             }
-            TreeWalkResult::Ok
-        })?;
+            None => {
+                let mut paths = Vec::new();
+                let root = self.work_tree()?.to_path_buf();
+                let mut dirs = vec![root.join("policies")];
+                while let Some(dir) = dirs.pop() {
+                    let Ok(entries) = std::fs::read_dir(&dir) else {
+                        continue;
+                    };
+                    for entry in entries.flatten() {
+                        let path = entry.path();
+                        let Ok(rel) = path.strip_prefix(&root) else {
+                            continue;
+                        };
+                        let Some(rel) = rel.to_str() else { continue };
+                        match entry.file_type() {
+                            Ok(t) if t.is_dir() => dirs.push(path.clone()),
+                            // Links and files alike: reading refuses a link with its reason.
+                            Ok(_) if rel.ends_with(".yaml") || rel.ends_with(".yml") => {
+                                paths.push(rel.to_string())
+                            }
+                            _ => {}
+                        }
+                    }
+                    if paths.len() > MAX_POLICY_FILES {
+                        break;
+                    }
+                }
+                paths
+            }
+        };
+        if paths.len() > MAX_POLICY_FILES {
+            return Err(GitError::TooManyPolicyFiles {
+                rev: rev.to_string(),
+                count: paths.len(),
+            });
+        }
+        let mut paths = paths;
         paths.sort();
         let mut out = Vec::new();
-        for (path, id) in paths {
-            let blob = self.repo.find_blob(id)?;
-            let text =
-                String::from_utf8(blob.content().to_vec()).map_err(|_| GitError::NotText {
-                    path: path.clone(),
-                    rev: rev.to_string(),
-                })?;
-            out.push((path, text));
+        for path in paths {
+            if let Some(text) = self.read_file(rev, &path)? {
+                out.push((path, text));
+            }
         }
         Ok(out)
     }
@@ -300,8 +499,8 @@ mod tests {
             .map(|p| p.0)
             .collect();
         assert_eq!(policies, vec!["policies/sub/a.yml", "policies/z.yaml"]);
-        assert_eq!(r.resolve("v1").unwrap().commit, c1);
-        assert_eq!(r.resolve(&c1.to_string()[..8]).unwrap().commit, c1);
+        assert_eq!(r.resolve("v1").unwrap().commit, Some(c1));
+        assert_eq!(r.resolve(&c1.to_string()[..8]).unwrap().commit, Some(c1));
         assert!(matches!(
             r.resolve("nope"),
             Err(GitError::UnknownRevision { .. })
@@ -322,7 +521,7 @@ mod tests {
         let dest = tempfile::tempdir().unwrap();
         let cloned =
             Repo::clone_bare(&src.path().to_string_lossy(), &dest.path().join("mirror")).unwrap();
-        assert_eq!(cloned.resolve("main").unwrap().commit, c1);
+        assert_eq!(cloned.resolve("main").unwrap().commit, Some(c1));
         assert!(Repo::open(&dest.path().join("nothing-here")).is_err());
     }
 }

@@ -96,18 +96,21 @@ fn minor_step(
             f.major
         ))
         .source(source),
-        Some(n) if n as u64 > max_step => {
-            let skipped: Vec<String> = (1..n)
-                .map(|i| MinorVersion::new(f.major, f.minor + i as u64).to_string())
-                .collect();
+        Some(n) if n.unsigned_abs() > max_step => {
+            // Name the skipped minors without enumerating them: the count comes from a PR.
+            let first = f.next();
+            let last = MinorVersion::new(t.major, t.minor.saturating_sub(1));
+            let skipped = match n {
+                2 => first.to_string(),
+                3 => format!("{first} and {last}"),
+                _ => format!("{first} through {last}"),
+            };
             CheckItem::new(
                 id,
                 title,
                 Status::Fail,
                 format!(
-                    "{what} {from} → {to} skips {} ({} minors at once; at most {max_step})",
-                    skipped.join(", "),
-                    n
+                    "{what} {from} → {to} skips {skipped} ({n} minors at once; at most {max_step})"
                 ),
             )
             .hint(format!(
@@ -162,7 +165,7 @@ pub fn talos_step(bump: &Bump, p: &Policies) -> CheckItem {
         None => CheckItem::new(step.id, step.title, Status::Warn, format!("no compatibility data for Talos {}", to.minor_version()))
             .hint(format!("add a `talos:` row for \"{}\" under policies/ in the repository", to.minor_version())),
         Some(row) => match &row.upgrade_from {
-            Some(min) if from < min => CheckItem::new(
+            Some(min) if talos_release(from) < talos_release(min) => CheckItem::new(
                 step.id,
                 step.title,
                 graded(row.confidence, true),
@@ -589,18 +592,38 @@ pub fn nodes_talos(bump: &Bump, p: &Policies, nodes: &[Node]) -> CheckItem {
     // about the nodes that run something else (left behind, or upgraded by hand).
     let base = &bump.base.spec.talos;
     let mut bad = Vec::new();
-    for n in nodes
-        .iter()
-        .filter(|n| &n.talos < target && &n.talos != base)
-    {
+    let mut ahead = Vec::new();
+    for n in nodes.iter().filter(|n| &n.talos != base) {
+        if &n.talos > target {
+            ahead.push(format!("{} runs {}", n.name, n.talos));
+            continue;
+        }
+        if &n.talos == target {
+            continue;
+        }
         let step = n.talos.minor_version().minors_to(target.minor_version());
-        let too_far = step.is_none_or(|s| s as u64 > p.skew.talos_max_minor_step);
+        let too_far = step.is_none_or(|s| s.unsigned_abs() > p.skew.talos_max_minor_step);
         let too_old = row
             .and_then(|r| r.upgrade_from.as_ref())
-            .is_some_and(|min| &n.talos < min);
+            .is_some_and(|min| talos_release(&n.talos) < talos_release(min));
         if too_far || too_old {
             bad.push(format!("{} runs {}", n.name, n.talos));
         }
+    }
+    if !ahead.is_empty() {
+        return CheckItem::new(
+            id,
+            title,
+            Status::Fail,
+            format!(
+                "Talos {target} would move nodes backwards: {}",
+                ahead.join(", ")
+            ),
+        )
+        .hint(format!(
+            "ichor only rolls forward; target at least the newest Talos a node runs (not {target})"
+        ))
+        .source("inventory");
     }
     let others: Vec<String> = nodes
         .iter()
@@ -641,6 +664,12 @@ pub fn nodes_talos(bump: &Bump, p: &Policies, nodes: &[Node]) -> CheckItem {
         ))
         .source("inventory")
     }
+}
+
+/// Talos compares host versions on major.minor.patch only (its `talos_version_test.go`): a
+/// `1.12.0-beta.0` host counts as 1.12.0 for the installer's upgrade-from rule.
+pub fn talos_release(v: &Version) -> (u64, u64, u64) {
+    (v.major(), v.minor(), v.patch())
 }
 
 /// Before the apiserver moves, every kubelet must be recent enough; and no kubelet may be
@@ -1114,6 +1143,51 @@ mod tests {
         assert!(kubelet_skew(&b, &p(), &newer)
             .message
             .contains("newer than the target apiserver"));
+    }
+
+    #[test]
+    fn a_node_ahead_of_the_target_fails() {
+        // The release set moves to v1.12.9, but a node already runs v1.13.0.
+        let b = from_base("v1.12.9", "v1.33.5", "cilium@1.18.3");
+        let nodes = vec![
+            node("cp-1", Role::Controlplane, "v1.12.6", "v1.33.5"),
+            node("w-1", Role::Worker, "v1.13.0", "v1.33.5"),
+        ];
+        let item = nodes_talos(&b, &p(), &nodes);
+        assert_eq!(item.status, Status::Fail, "{}", item.message);
+        assert!(item.message.contains("backwards"), "{}", item.message);
+        assert!(
+            item.message.contains("w-1 runs v1.13.0"),
+            "{}",
+            item.message
+        );
+    }
+
+    #[test]
+    fn a_prerelease_host_counts_as_its_release_for_upgrade_from() {
+        let v = |s: &str| Version::parse(s).unwrap();
+        assert_eq!(
+            talos_release(&v("1.12.0-beta.0")),
+            talos_release(&v("1.12.0"))
+        );
+        assert!(talos_release(&v("1.11.9")) < talos_release(&v("1.12.0-alpha.1")));
+    }
+
+    #[test]
+    fn a_huge_minor_jump_is_judged_without_enumerating_it() {
+        let b = from_base("v1.12.6", "v1.999999999.0", "cilium@1.18.3");
+        let item = kubernetes_step(&b, &p());
+        assert_eq!(item.status, Status::Fail);
+        assert!(
+            item.message.contains("skips 1.34 through 1.999999998"),
+            "{}",
+            item.message
+        );
+        assert!(
+            item.message.contains("999999966 minors at once"),
+            "{}",
+            item.message
+        );
     }
 
     #[test]

@@ -123,6 +123,58 @@ impl VersionMatch {
         }
     }
 
+    /// Whether any release version can match (`>=1.18, <1.17` cannot). Pre-releases are
+    /// matched as their release, so only major.minor.patch intervals matter.
+    pub fn is_satisfiable(&self) -> bool {
+        let VersionMatch::Req(req) = self else {
+            return true;
+        };
+        type V = (u64, u64, u64);
+        let bump = |(a, b, c): V, at: usize| -> V {
+            match at {
+                0 => (a.saturating_add(1), 0, 0),
+                1 => (a, b.saturating_add(1), 0),
+                _ => (a, b, c.saturating_add(1)),
+            }
+        };
+        let mut lo: V = (0, 0, 0);
+        let mut hi: Option<V> = None;
+        for c in &req.comparators {
+            let v: V = (c.major, c.minor.unwrap_or(0), c.patch.unwrap_or(0));
+            // The last component the comparator names: 0 major, 1 minor, 2 patch.
+            let last = match (c.minor, c.patch) {
+                (None, _) => 0,
+                (Some(_), None) => 1,
+                _ => 2,
+            };
+            let (l, h): (V, Option<V>) = match c.op {
+                semver::Op::GreaterEq => (v, None),
+                semver::Op::Greater => (bump(v, last), None),
+                semver::Op::Less => ((0, 0, 0), Some(v)),
+                semver::Op::LessEq => ((0, 0, 0), Some(bump(v, last))),
+                semver::Op::Exact | semver::Op::Wildcard => (v, Some(bump(v, last))),
+                semver::Op::Tilde => (v, Some(bump(v, last.min(1)))),
+                semver::Op::Caret => {
+                    let first_nonzero = if v.0 > 0 || last == 0 {
+                        0
+                    } else if v.1 > 0 || last == 1 {
+                        1
+                    } else {
+                        2
+                    };
+                    (v, Some(bump(v, first_nonzero)))
+                }
+                _ => continue,
+            };
+            lo = lo.max(l);
+            hi = match (hi, h) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        hi.is_none_or(|h| lo < h)
+    }
+
     /// The lowest version this match admits, for ordering rows and writing hints.
     fn floor(&self) -> Option<semver::Version> {
         match self {
@@ -377,8 +429,9 @@ impl Merged {
             let file: PolicyFile = if text.trim().is_empty() {
                 PolicyFile::default()
             } else {
-                serde_yaml::from_str(text).map_err(|e| DocumentError::from_yaml(path, &e))?
+                crate::releaseset::yaml::parse(path, text)?
             };
+            validate_file(path, text, &file)?;
             if let Some(s) = file.skew {
                 let l = &mut self.skew;
                 l.kubernetes_max_minor_step =
@@ -474,6 +527,74 @@ impl Merged {
             blockers: self.blockers.into_values().collect(),
         })
     }
+}
+
+/// Refuse rows that contradict themselves, at their line: a Kubernetes range whose `min` is
+/// above its `max`, a version match nothing can satisfy, a requirement of `*` (which any
+/// version meets, so the hint it would produce means nothing).
+fn validate_file(path: &str, text: &str, file: &PolicyFile) -> Result<(), DocumentError> {
+    let range = |r: &KubeRange, what: String, at: Option<(usize, usize)>| {
+        match r.max {
+        Some(max) if max < r.min => Err(DocumentError::at(
+            path,
+            at,
+            format!("{what}: kubernetes.min {} is above kubernetes.max {max}; the range admits no Kubernetes", r.min),
+        )),
+        _ => Ok(()),
+    }
+    };
+    let matches = |m: &VersionMatch, what: String, at: Option<(usize, usize)>| {
+        if m.is_satisfiable() {
+            Ok(())
+        } else {
+            Err(DocumentError::at(
+                path,
+                at,
+                format!("{what}: `{m}` matches no version; write a range whose lower bound is below its upper bound, e.g. \">=1.18, <1.19\""),
+            ))
+        }
+    };
+    let mut nth: BTreeMap<String, usize> = BTreeMap::new();
+    let mut at = |needle: String| {
+        let n = nth.entry(needle.clone()).or_insert(0);
+        *n += 1;
+        locate(text, &needle, *n - 1).or_else(|| locate(text, &needle, 0))
+    };
+    for row in &file.talos {
+        let pos = at(format!("version: \"{}\"", row.version));
+        range(&row.kubernetes, format!("talos row {}", row.version), pos)?;
+    }
+    for row in &file.compatibility {
+        let pos = at(format!("component: {}", row.component));
+        let what = format!("compatibility row {} {}", row.component, row.version);
+        range(&row.kubernetes, what.clone(), pos)?;
+        matches(&row.version, what, pos)?;
+    }
+    for b in &file.blockers {
+        let pos = at(format!("id: {}", b.id));
+        let what = format!("blocker `{}`", b.id);
+        for m in [&b.kubernetes, &b.talos, &b.version].into_iter().flatten() {
+            matches(m, what.clone(), pos)?;
+        }
+        if b.version.is_some() && b.component.is_none() {
+            return Err(DocumentError::at(
+                path,
+                pos,
+                format!("{what}: `version` says which versions of `component` the blocker is about, but there is no `component`"),
+            ));
+        }
+        for r in &b.requires {
+            matches(&r.version, format!("{what} requires {}", r.component), pos)?;
+            if r.version == VersionMatch::Any {
+                return Err(DocumentError::at(
+                    path,
+                    pos,
+                    format!("{what}: requiring {} `*` is met by every version, so it can never block; name the version that must be reached, e.g. \">=1.19\"", r.component),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuse the second row with `key` in one layer; count occurrences so the error points at
@@ -575,6 +696,55 @@ mod tests {
         assert_eq!(e.file, "policies/a.yaml");
         assert_eq!(e.line, Some(3), "{e}");
         assert!(e.message.contains("quoted"), "{e}");
+    }
+
+    #[test]
+    fn contradicting_rows_are_refused_at_their_line() {
+        let load =
+            |text: &str| Policies::load(&[("policies/a.yaml".to_string(), text.to_string())]);
+        let e = load("compatibility:\n  - component: x\n    version: \"1.0\"\n    kubernetes: {min: \"1.30\"}\n    source: s\n  - component: x\n    version: \"1.1\"\n    kubernetes: {min: \"1.33\", max: \"1.31\"}\n    source: s\n").unwrap_err();
+        assert_eq!(e.line, Some(6), "{e}");
+        assert!(
+            e.message.contains("min 1.33 is above kubernetes.max 1.31"),
+            "{e}"
+        );
+        let e = load("compatibility:\n  - component: cilium\n    version: \">=1.18, <1.17\"\n    kubernetes: {min: \"1.30\"}\n    source: s\n").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("matches no version"), "{e}");
+        let e = load("blockers:\n  - id: b\n    kubernetes: \">=1.34\"\n    requires: [{component: cilium, version: \"*\"}]\n    message: m\n    source: s\n").unwrap_err();
+        assert!(e.message.contains("met by every version"), "{e}");
+        assert_eq!(e.line, Some(2), "{e}");
+        let e = load("talos:\n  - version: \"1.13\"\n    kubernetes: {min: \"1.36\", max: \"1.30\"}\n    source: s\n").unwrap_err();
+        assert!(e.message.contains("admits no Kubernetes"), "{e}");
+    }
+
+    #[test]
+    fn satisfiable_matches() {
+        let sat = |t: &str| VersionMatch::parse(t).unwrap().is_satisfiable();
+        for t in [
+            "*",
+            "1.18",
+            ">=1.18, <1.19",
+            ">1.18.0, <1.18.2",
+            "~1.2",
+            "^0.3",
+            "=1.2.3",
+            "<=1.2, >=1.2.9",
+            ">=1.0.0, <1.0.1",
+        ] {
+            assert!(sat(t), "{t}");
+        }
+        for t in [
+            ">=1.18, <1.17",
+            ">1.2.3, <1.2.4",
+            ">=2, <1",
+            "~1.2, >=1.3",
+            "^1.2, <1.0",
+            "=1.2.3, =1.2.4",
+            ">1.2, <=1.2",
+        ] {
+            assert!(!sat(t), "{t}");
+        }
     }
 
     #[test]

@@ -92,6 +92,20 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The worse of two outcomes: blocked over waiting over pass.
+    pub fn worst(self, other: Outcome) -> Outcome {
+        let rank = |o: Outcome| match o {
+            Outcome::Pass => 0,
+            Outcome::Waiting => 1,
+            Outcome::Blocked => 2,
+        };
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
+    }
+
     /// The process exit code of `ichor check`: 0 pass, 1 blocked, 3 waiting (2 is bad input).
     pub fn exit_code(self) -> i32 {
         match self {

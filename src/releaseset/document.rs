@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::duration::HumanDuration;
 use super::scalar::{self, FromScalar};
-use super::version::Version;
+use super::version::{excerpt, Version};
 
 pub const API_VERSION: &str = "ichor.dev/v1alpha1";
 
@@ -60,6 +60,8 @@ impl DocumentError {
         if let Some(i) = message.find(" at line ") {
             message.truncate(i);
         }
+        // serde_yaml quotes offending keys and values whole; a PR can make them huge.
+        message = super::version::excerpt(&message, 300);
         if message.trim().is_empty() || message == "EOF while parsing a value" {
             message = "the document is empty; expected apiVersion, kind, metadata and spec".into();
         }
@@ -139,8 +141,7 @@ pub struct Component {
 
 impl ReleaseSet {
     pub fn parse(file: &str, text: &str) -> Result<Self, DocumentError> {
-        let doc: ReleaseSet =
-            serde_yaml::from_str(text).map_err(|e| DocumentError::from_yaml(file, &e))?;
+        let doc: ReleaseSet = super::yaml::parse(file, text)?;
         doc.validate(file, text)?;
         Ok(doc)
     }
@@ -194,7 +195,7 @@ fn check_name(file: &str, text: &str, name: &str) -> Result<(), DocumentError> {
         Err(DocumentError::at(
             file,
             locate(text, "name:", 0),
-            format!("metadata.name `{name}` is not a valid name; expected lower-case letters, digits and `-` (at most 63)"),
+            format!("metadata.name `{}` is not a valid name; expected lower-case letters, digits and `-` (at most 63)", excerpt(name, 64)),
         ))
     }
 }
@@ -205,12 +206,21 @@ fn check_component_name(
     name: &str,
     nth: usize,
 ) -> Result<(), DocumentError> {
-    if name.trim().is_empty() || name.chars().any(char::is_whitespace) {
+    let ok = name.len() <= 63
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+    if !ok {
         return Err(DocumentError::at(
             file,
-            locate(text, &format!("name: {name}"), nth),
+            locate(text, &format!("name: {name}"), nth).or_else(|| locate(text, "name:", 1)),
             format!(
-                "component name `{name}` must be a single word such as `cilium` or `cert-manager`"
+                "component name `{}` must be a single word of letters, digits, `-`, `.` or `_` (at most 63), such as `cilium` or `cert-manager`",
+                excerpt(name, 64)
             ),
         ));
     }
@@ -487,8 +497,7 @@ impl fmt::Display for Role {
 
 impl Cluster {
     pub fn parse(file: &str, text: &str) -> Result<Self, DocumentError> {
-        let doc: Cluster =
-            serde_yaml::from_str(text).map_err(|e| DocumentError::from_yaml(file, &e))?;
+        let doc: Cluster = super::yaml::parse(file, text)?;
         doc.validate(file, text)?;
         Ok(doc)
     }
@@ -528,37 +537,206 @@ impl Cluster {
                 ));
             }
         }
-        if let Some(inv) = &spec.inventory {
-            let mut names = BTreeSet::new();
-            for (i, n) in inv.nodes.iter().enumerate() {
-                if n.name.trim().is_empty() {
-                    return Err(DocumentError::at(
-                        file,
-                        locate(text, "nodes:", 0),
-                        format!("spec.inventory.nodes[{i}].name is empty"),
-                    ));
-                }
-                if !names.insert(n.name.as_str()) {
-                    return Err(DocumentError::at(
-                        file,
-                        locate(text, &format!("name: {}", n.name), 1),
-                        format!(
-                            "spec.inventory.nodes[{i}]: node `{}` is listed twice",
-                            n.name
-                        ),
-                    ));
-                }
-            }
-            if !inv.nodes.is_empty() && !inv.nodes.iter().any(|n| n.role == Role::Controlplane) {
+        let r = &spec.rollout;
+        if r.node_timeout < r.drain_timeout {
+            return Err(DocumentError::at(
+                file,
+                locate(text, "nodeTimeout:", 0).or_else(|| locate(text, "drainTimeout:", 0)),
+                format!(
+                    "spec.rollout.nodeTimeout ({}) is shorter than spec.rollout.drainTimeout ({}): a node's whole upgrade includes its drain",
+                    r.node_timeout, r.drain_timeout
+                ),
+            ));
+        }
+        for (i, e) in spec.talos.endpoints.iter().enumerate() {
+            if let Err(why) = check_endpoint(e) {
                 return Err(DocumentError::at(
                     file,
-                    locate(text, "inventory:", 0),
-                    "spec.inventory lists no node with role controlplane; a Talos cluster has at least one",
+                    locate(text, "endpoints:", 0),
+                    format!("spec.talos.endpoints[{i}] `{}`: {why}", excerpt(e, 64)),
                 ));
             }
         }
+        if let Some(inv) = &spec.inventory {
+            validate_inventory(file, text, inv)?;
+        }
         Ok(())
     }
+
+    /// Settings that are allowed but probably not meant, each with the reason.
+    pub fn warnings(&self) -> Vec<String> {
+        let r = &self.spec.rollout;
+        let longest = r.estimates.talos_node.max(r.estimates.kubelet);
+        let mut out = Vec::new();
+        for (i, w) in r.maintenance_windows.iter().enumerate() {
+            if w.duration < longest {
+                out.push(format!(
+                    "spec.rollout.maintenanceWindows[{i}] lasts {}, shorter than one node's step ({} estimated): each window starts at most one node, which finishes outside it",
+                    w.duration, longest
+                ));
+            }
+        }
+        if r.node_timeout < longest {
+            out.push(format!(
+                "spec.rollout.nodeTimeout ({}) is shorter than the estimate for one node ({}): expect the rollout to pause on timeouts",
+                r.node_timeout, longest
+            ));
+        }
+        out
+    }
+}
+
+/// The most nodes an inventory may list.
+pub const MAX_INVENTORY_NODES: usize = 10_000;
+
+fn validate_inventory(file: &str, text: &str, inv: &Inventory) -> Result<(), DocumentError> {
+    let at_nodes = || locate(text, "nodes:", 0).or_else(|| locate(text, "inventory:", 0));
+    if inv.nodes.is_empty() {
+        return Err(DocumentError::at(
+            file,
+            at_nodes(),
+            "spec.inventory.nodes is empty; list every node of the cluster, or remove spec.inventory",
+        ));
+    }
+    if inv.nodes.len() > MAX_INVENTORY_NODES {
+        return Err(DocumentError::at(
+            file,
+            at_nodes(),
+            format!(
+                "spec.inventory lists {} nodes; at most {MAX_INVENTORY_NODES}",
+                inv.nodes.len()
+            ),
+        ));
+    }
+    let mut names = BTreeSet::new();
+    let mut addresses = std::collections::BTreeMap::new();
+    for (i, n) in inv.nodes.iter().enumerate() {
+        let at_name = || {
+            locate(text, &format!("name: {}", n.name), 0)
+                .or_else(|| locate(text, &format!("name: \"{}\"", n.name), 0))
+                .or_else(|| locate(text, &format!("name: '{}'", n.name), 0))
+                .or_else(at_nodes)
+        };
+        if let Err(why) = check_node_name(&n.name) {
+            return Err(DocumentError::at(
+                file,
+                at_name(),
+                format!(
+                    "spec.inventory.nodes[{i}].name `{}` is not a valid Kubernetes node name: {why}",
+                    excerpt(&n.name, 64)
+                ),
+            ));
+        }
+        if !names.insert(n.name.as_str()) {
+            return Err(DocumentError::at(
+                file,
+                locate(text, &format!("name: {}", n.name), 1).or_else(at_nodes),
+                format!(
+                    "spec.inventory.nodes[{i}]: node `{}` is listed twice",
+                    n.name
+                ),
+            ));
+        }
+        if let Some(addr) = &n.address {
+            let at_addr = || locate(text, &format!("address: {addr}"), 0).or_else(at_name);
+            let ip: std::net::IpAddr = addr.parse().map_err(|_| {
+                DocumentError::at(
+                    file,
+                    at_addr(),
+                    format!(
+                        "spec.inventory.nodes[{i}].address `{}` is not an IP address; expected e.g. 10.0.10.11 or fd00::11, without a port",
+                        excerpt(addr, 64)
+                    ),
+                )
+            })?;
+            if let Some(other) = addresses.insert(ip, n.name.as_str()) {
+                return Err(DocumentError::at(
+                    file,
+                    at_addr(),
+                    format!(
+                        "spec.inventory.nodes[{i}].address {ip} is also the address of `{other}`; each node has its own"
+                    ),
+                ));
+            }
+        }
+        for (j, v) in n.volumes.iter().enumerate() {
+            if let Err(why) = check_node_name(v) {
+                return Err(DocumentError::at(
+                    file,
+                    at_name(),
+                    format!(
+                        "spec.inventory.nodes[{i}].volumes[{j}] `{}` is not a valid volume name: {why}",
+                        excerpt(v, 64)
+                    ),
+                ));
+            }
+        }
+    }
+    if !inv.nodes.iter().any(|n| n.role == Role::Controlplane) {
+        return Err(DocumentError::at(
+            file,
+            locate(text, "inventory:", 0),
+            "spec.inventory lists no node with role controlplane; a Talos cluster has at least one",
+        ));
+    }
+    Ok(())
+}
+
+/// A Kubernetes object name (DNS-1123 subdomain), as Node, PV and Longhorn volume names are.
+pub fn check_node_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("it is empty");
+    }
+    if name.len() > 253 {
+        return Err("longer than 253 characters");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    {
+        return Err("only lower-case letters, digits, `-` and `.` are allowed");
+    }
+    let alnum = |b: Option<u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    if name
+        .split('.')
+        .any(|l| l.len() > 63 || !alnum(l.bytes().next()) || !alnum(l.bytes().last()))
+    {
+        return Err("each dot-separated part must start and end with a letter or digit (at most 63 characters)");
+    }
+    Ok(())
+}
+
+/// A Talos API endpoint as talosconfig takes it: a host name or IP, optionally with a port.
+fn check_endpoint(e: &str) -> Result<(), String> {
+    if e.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(());
+    }
+    if let Ok(sock) = e.parse::<std::net::SocketAddr>() {
+        return match sock.port() {
+            0 => Err("port 0 is not a port".into()),
+            _ => Ok(()),
+        };
+    }
+    let (host, port) = match e.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (e, None),
+    };
+    if let Some(p) = port {
+        match p.parse::<u16>() {
+            Ok(n) if n > 0 => {}
+            _ => return Err(format!("`{}` is not a port (1–65535)", excerpt(p, 12))),
+        }
+    }
+    if host.parse::<std::net::Ipv4Addr>().is_err()
+        && host
+            .split('.')
+            .all(|l| l.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err("not a valid IPv4 address".into());
+    }
+    check_node_name(&host.to_ascii_lowercase()).map_err(|why| {
+        format!("expected an IP address or host name, optionally with :port ({why})")
+    })
 }
 
 #[cfg(test)]
@@ -712,6 +890,118 @@ spec:
         assert_eq!(e.line, Some(22), "{e}");
         let e = Cluster::parse("c.yaml", &CL.replace("\"02:00\"", "\"25:00\"")).unwrap_err();
         assert_eq!(e.line, Some(14), "{e}");
+    }
+
+    #[test]
+    fn inventories_that_cannot_be_real_are_refused_with_their_line() {
+        let bad = |from: &str, to: &str, want: &str, line: usize| {
+            let e = Cluster::parse("c.yaml", &CL.replace(from, to)).unwrap_err();
+            assert!(e.message.contains(want), "{to:?}: {e}");
+            assert_eq!(e.line, Some(line), "{to:?}: {e}");
+        };
+        let nodes = CL.find("    nodes:").unwrap();
+        let e = Cluster::parse("c.yaml", &format!("{}    nodes: []\n", &CL[..nodes])).unwrap_err();
+        assert!(e.message.contains("nodes is empty"), "{e}");
+        bad(
+            "name: w-1",
+            "name: \"CP 1/../x\"",
+            "not a valid Kubernetes node name",
+            22,
+        );
+        bad(
+            "name: w-1",
+            "name: \"w-1\\nrole: x\"",
+            "not a valid Kubernetes node name",
+            19,
+        );
+        bad("name: w-1", "name: W-1", "lower-case", 22);
+        bad(
+            "role: worker",
+            "role: worker\n        address: 10.0.10.300",
+            "not an IP address",
+            24,
+        );
+        bad(
+            "role: worker",
+            "role: worker\n        address: not-an-ip",
+            "not an IP address",
+            24,
+        );
+        bad(
+            "role: worker",
+            "role: worker\n        address: ''",
+            "not an IP address",
+            24,
+        );
+        bad(
+            "role: worker",
+            "role: worker\n        address: 10.0.10.5:50000",
+            "without a port",
+            24,
+        );
+        let twice = CL
+            .replace(
+                "role: controlplane",
+                "role: controlplane\n        address: 10.0.0.1",
+            )
+            .replace("role: worker", "role: worker\n        address: 10.0.0.1");
+        let e = Cluster::parse("c.yaml", &twice).unwrap_err();
+        assert!(e.message.contains("also the address of `cp-1`"), "{e}");
+        bad(
+            "volumes: [pvc-a]",
+            "volumes: [\"pvc a`\"]",
+            "not a valid volume name",
+            22,
+        );
+        bad(
+            "endpoints: [10.0.0.11]",
+            "endpoints: [\"10.0.0.11:99999\"]",
+            "not a port",
+            7,
+        );
+        bad(
+            "endpoints: [10.0.0.11]",
+            "endpoints: [10.0.0.300]",
+            "IPv4",
+            7,
+        );
+        for ok in [
+            "10.0.0.11:50000",
+            "cp.example.com",
+            "[fd00::1]:50000",
+            "fd00::1",
+        ] {
+            Cluster::parse("c.yaml", &CL.replace("[10.0.0.11]", &format!("[\"{ok}\"]")))
+                .unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+    }
+
+    #[test]
+    fn contradictory_rollout_settings_are_refused_or_warned() {
+        let e = Cluster::parse(
+            "c.yaml",
+            &CL.replace(
+                "drainTimeout: 15m",
+                "drainTimeout: 15m\n    nodeTimeout: 10m",
+            ),
+        )
+        .unwrap_err();
+        assert!(
+            e.message.contains("shorter than spec.rollout.drainTimeout"),
+            "{e}"
+        );
+        assert_eq!(e.line, Some(12), "{e}");
+        let c = Cluster::parse("c.yaml", &CL.replace("duration: 4h", "duration: 5m")).unwrap();
+        let w = c.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("maintenanceWindows[0] lasts 5m"), "{w:?}");
+        assert!(Cluster::parse("c.yaml", CL).unwrap().warnings().is_empty());
+        let e = Cluster::parse(
+            "c.yaml",
+            &CL.replace("drainTimeout: 15m", "drainTimeout: 18446744073709551615s"),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("longer than 366 days"), "{e}");
     }
 }
 

@@ -6,10 +6,11 @@ mod document;
 mod duration;
 pub(crate) mod scalar;
 mod version;
+pub mod yaml;
 
 pub use bump::{Bump, Change, ChangeKind, ComponentId};
 pub use document::*;
 pub use duration::HumanDuration;
-pub use version::{MinorVersion, Version, VersionError};
+pub use version::{excerpt, MinorVersion, Version, VersionError, MAX_VERSION_NUMBER};
 
 pub use scalar::{deserialize as deserialize_scalar, FromScalar as FromScalarText};

@@ -9,6 +9,30 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::scalar::{self, FromScalar};
 
+/// The longest version string accepted (`v1.36.2-rc.1` is 12).
+pub const MAX_VERSION_LEN: usize = 64;
+/// The largest major, minor or patch number accepted. Dates (20261201) fit; anything that
+/// could make arithmetic on versions allocate, loop or overflow does not.
+pub const MAX_VERSION_NUMBER: u64 = 999_999_999;
+
+/// At most `max` characters of `text`, for error messages about hostile values: a 50 MB
+/// value is never echoed back whole. Control characters are shown escaped.
+pub fn excerpt(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == max {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 #[derive(Clone, Debug)]
 pub struct Version {
     raw: String,
@@ -16,20 +40,60 @@ pub struct Version {
 }
 
 impl Version {
-    /// Parse `v1.2.3`, `1.2.3`, `V1.2.3` or with a pre-release (`v1.37.0-rc.1`).
-    pub fn parse(text: &str) -> Result<Self, VersionError> {
-        let raw = text.trim();
-        let body = raw
-            .strip_prefix('v')
-            .or_else(|| raw.strip_prefix('V'))
-            .unwrap_or(raw);
+    /// Parse `v1.2.3`, `1.2.3` or with a pre-release (`v1.37.0-rc.1`).
+    ///
+    /// Refused on purpose, each with its own reason: surrounding white space, an upper-case
+    /// `V`, build metadata (`+a`: semver gives it no precedence and `+` cannot appear in an
+    /// image tag), more than [`MAX_VERSION_LEN`] characters, or a number above
+    /// [`MAX_VERSION_NUMBER`] (nothing downstream may compute with an unbounded number).
+    pub fn parse(raw: &str) -> Result<Self, VersionError> {
+        if raw.len() > MAX_VERSION_LEN {
+            return Err(VersionError::new(
+                raw,
+                &format!("longer than {MAX_VERSION_LEN} characters"),
+            ));
+        }
+        if raw.trim() != raw || raw.is_empty() {
+            return Err(VersionError::new(
+                raw,
+                if raw.trim().is_empty() {
+                    "it is empty"
+                } else {
+                    "it has white space around it"
+                },
+            ));
+        }
+        if raw.starts_with('V') {
+            return Err(VersionError::new(
+                raw,
+                "the prefix must be a lower-case `v` (as in image tags)",
+            ));
+        }
+        let body = raw.strip_prefix('v').unwrap_or(raw);
         if body.starts_with(['v', 'V']) {
             return Err(VersionError::new(raw, "more than one leading `v`"));
         }
-        let core = body.split(['-', '+']).next().unwrap_or(body);
+        if let Some((_, build)) = body.split_once('+') {
+            return Err(VersionError::new(
+                raw,
+                &format!("build metadata `+{}` is not allowed: it does not order versions (semver), and `+` cannot appear in an image tag", excerpt(build, 20)),
+            ));
+        }
+        let core = body.split('-').next().unwrap_or(body);
         let numeric = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit());
         if core.split('.').count() < 3 && core.split('.').all(numeric) {
             return Err(VersionError::new(raw, "the patch number is missing"));
+        }
+        if let Some(big) = core.split('.').find(|p| {
+            numeric(p) && (p.len() > 9 || p.parse::<u64>().map_or(true, |n| n > MAX_VERSION_NUMBER))
+        }) {
+            return Err(VersionError::new(
+                raw,
+                &format!(
+                    "the number {} is larger than {MAX_VERSION_NUMBER}",
+                    excerpt(big, 12)
+                ),
+            ));
         }
         let semver =
             semver::Version::parse(body).map_err(|e| VersionError::new(raw, &e.to_string()))?;
@@ -141,7 +205,7 @@ pub struct VersionError {
 impl VersionError {
     fn new(text: &str, reason: &str) -> Self {
         VersionError {
-            text: text.to_string(),
+            text: excerpt(text, 40),
             reason: reason.to_string(),
         }
     }
@@ -163,28 +227,40 @@ impl MinorVersion {
     pub fn parse(text: &str) -> Result<Self, VersionError> {
         let raw = text.trim();
         let body = raw.strip_prefix('v').unwrap_or(raw);
+        let number = |p: &str| {
+            p.parse::<u64>()
+                .ok()
+                .filter(|n| *n <= MAX_VERSION_NUMBER && !p.starts_with('+'))
+        };
         let mut parts = body.splitn(3, '.');
-        let major = parts.next().and_then(|p| p.parse().ok());
+        let major = parts.next().and_then(number);
         let minor = parts
             .next()
             .map(|p| p.split(['-', '+']).next().unwrap_or(p))
-            .and_then(|p| p.parse().ok());
+            .and_then(number);
         match (major, minor) {
             (Some(major), Some(minor)) => Ok(MinorVersion { major, minor }),
             _ => Err(VersionError {
-                text: raw.to_string(),
-                reason: "expected MAJOR.MINOR, e.g. 1.36".to_string(),
+                text: excerpt(raw, 40),
+                reason: format!(
+                    "expected MAJOR.MINOR, e.g. 1.36, each at most {MAX_VERSION_NUMBER}"
+                ),
             }),
         }
     }
 
     /// How many minors `to` is ahead of `self` (same major only; `None` across majors).
     pub fn minors_to(self, to: MinorVersion) -> Option<i64> {
-        (self.major == to.major).then(|| to.minor as i64 - self.minor as i64)
+        // i128 cannot overflow for two u64s; the clamp only matters for values no parser
+        // admits (numbers are bounded by MAX_VERSION_NUMBER).
+        (self.major == to.major).then(|| {
+            let d = i128::from(to.minor) - i128::from(self.minor);
+            d.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+        })
     }
 
     pub fn next(self) -> MinorVersion {
-        MinorVersion::new(self.major, self.minor + 1)
+        MinorVersion::new(self.major, self.minor.saturating_add(1))
     }
 
     pub fn prev(self) -> Option<MinorVersion> {
@@ -246,6 +322,42 @@ mod tests {
         assert!(Version::parse("vv1.36.0").is_err());
         let e = Version::parse("1.36").unwrap_err();
         assert!(e.to_string().contains("MAJOR.MINOR.PATCH"), "{e}");
+    }
+
+    #[test]
+    fn odd_spellings_are_refused_with_their_reason() {
+        for (text, reason) in [
+            ("V1.33.6", "lower-case `v`"),
+            (" v1.33.6 ", "white space"),
+            ("v1.33.6\n", "white space"),
+            ("", "empty"),
+            ("v1.33.5+a", "build metadata"),
+            ("1.33.5+build.7", "image tag"),
+            ("v1.2147483648.0", "larger than"),
+            ("v1.18446744073709551615.0", "larger than"),
+            ("v1.1000000000.0", "larger than"),
+        ] {
+            let e = Version::parse(text).unwrap_err();
+            assert!(e.to_string().contains(reason), "{text:?}: {e}");
+        }
+        assert!(Version::parse(&"1".repeat(10_000)).is_err());
+        let e = Version::parse(&format!("v1.2.3-{}", "x".repeat(100_000))).unwrap_err();
+        assert!(
+            e.to_string().len() < 300,
+            "the value is not echoed whole: {e}"
+        );
+        // Dates as numbers still work.
+        assert_eq!(Version::parse("20261201.0.1").unwrap().major(), 20261201);
+    }
+
+    #[test]
+    fn minor_arithmetic_cannot_overflow() {
+        let lo = MinorVersion::new(1, 0);
+        let hi = MinorVersion::new(1, u64::MAX);
+        assert_eq!(lo.minors_to(hi), Some(i64::MAX));
+        assert_eq!(hi.minors_to(lo), Some(i64::MIN));
+        assert_eq!(hi.next(), hi);
+        assert!(MinorVersion::parse("1.99999999999").is_err());
     }
 
     #[test]

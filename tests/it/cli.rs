@@ -23,12 +23,20 @@ fn check(base: &str, head: &str, output: &str) -> std::process::Output {
     ])
 }
 
+/// The exit code and the report's only cluster section.
 fn check_json(base: &str, head: &str) -> (i32, Value) {
     let o = check(base, head, "json");
     let code = o.status.code().unwrap_or(-1);
     let v: Value = serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("json from {head}: {e}\n{}{}", stdout(&o), stderr(&o)));
-    (code, v)
+    (code, only_cluster(v))
+}
+
+fn only_cluster(v: Value) -> Value {
+    assert_eq!(v["apiVersion"], "ichor.dev/v1alpha1", "{v:#}");
+    assert_eq!(v["kind"], "CheckReport", "{v:#}");
+    assert_eq!(v["clusters"].as_array().map(Vec::len), Some(1), "{v:#}");
+    v["clusters"][0].clone()
 }
 
 fn item<'a>(v: &'a Value, id: &str) -> &'a Value {
@@ -213,7 +221,10 @@ fn grouped_talos_and_kubernetes_pass_and_plan_talos_first() {
         "json",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let plan: Value = serde_json::from_slice(&o.stdout).expect("plan json");
+    let report: Value = serde_json::from_slice(&o.stdout).expect("plan json");
+    assert_eq!(report["kind"], "PlanReport");
+    let plan = &report["plans"][0];
+    assert_eq!(plan["gate"], "pass");
     let stages: Vec<&str> = plan["stages"]
         .as_array()
         .unwrap()
@@ -251,7 +262,7 @@ fn grouped_talos_and_kubernetes_pass_and_plan_talos_first() {
     // Every Longhorn volume has a replica on each worker: one worker at a time.
     assert_eq!(plan["workerBatches"]["count"], 3);
     assert_eq!(plan["workerBatches"]["lowerBound"], 3);
-    assert_eq!(plan["base"]["rev"], "main");
+    assert_eq!(report["base"]["rev"], "main");
     assert!(plan["estimateSecs"].as_u64().unwrap_or(0) > 0);
     assert_eq!(plan["pairings"][1]["talos"], "v1.12.9");
     assert_eq!(
@@ -426,7 +437,7 @@ fn repository_policies_at_the_base_are_applied() {
         "--output",
         "json",
     ]);
-    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    let v = only_cluster(serde_json::from_slice(&o.stdout).expect("json"));
     let cni = item(&v, "cni");
     assert_eq!(cni["status"], "pass", "{v:#}");
     assert!(
@@ -457,13 +468,13 @@ fn two_clusters() -> (tempfile::TempDir, String) {
 #[test]
 fn several_clusters_need_cluster_and_cluster_yaml_is_optional_for_check() {
     let (_dir, repo) = two_clusters();
-    let o = ichor(&["check", "--repo", &repo, "--base", "main", "--head", "bump"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("has 2 clusters (home, lab); choose one with --cluster"),
-        "{}",
-        stderr(&o)
-    );
+    // Without --cluster, every cluster the change touches is judged: here only lab.
+    let o = ichor(&[
+        "check", "--repo", &repo, "--base", "main", "--head", "bump", "--output", "json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = only_cluster(serde_json::from_slice(&o.stdout).expect("json"));
+    assert_eq!(v["cluster"], "lab");
     let o = ichor(&[
         "check",
         "--repo",
@@ -478,7 +489,7 @@ fn several_clusters_need_cluster_and_cluster_yaml_is_optional_for_check() {
         "json",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    let v = only_cluster(serde_json::from_slice(&o.stdout).expect("json"));
     assert!(item(&v, "documents")["message"]
         .as_str()
         .unwrap_or("")
@@ -505,7 +516,7 @@ fn several_clusters_need_cluster_and_cluster_yaml_is_optional_for_check() {
         "--output",
         "json",
     ]);
-    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    let v = only_cluster(serde_json::from_slice(&o.stdout).expect("json"));
     assert_eq!(v["changes"].as_array().map(Vec::len), Some(0));
     // plan needs an inventory.
     let o = ichor(&[
@@ -521,7 +532,7 @@ fn several_clusters_need_cluster_and_cluster_yaml_is_optional_for_check() {
     ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(
-        stderr(&o).contains("clusters/lab/cluster.yaml at bump")
+        stderr(&o).contains("clusters/lab/cluster.yaml at main")
             && stderr(&o).contains("does not exist"),
         "{}",
         stderr(&o)
