@@ -318,8 +318,8 @@ pub fn review(
     head: &str,
     cluster: Option<&str>,
 ) -> Result<Review, GateError> {
-    let base = repo.resolve(base)?;
     let head = repo.resolve(head)?;
+    let base = repo.resolve(base)?;
     let state = policy_state(repo, &base, &head)?;
     let head_names = repo.clusters(&head)?;
     let names: Vec<String> = match cluster {

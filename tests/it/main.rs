@@ -1,6 +1,7 @@
 //! Integration tests: one binary, one module per area.
 
 mod cli;
+mod gate;
 mod props;
 mod sim_github;
 mod sim_kube;
@@ -11,18 +12,21 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-/// The homelab fixture as a real git repository, built once per test run.
+/// The homelab fixture as a real git repository, built once per test run. It lives under
+/// cargo's per-target temporary directory and is rebuilt in place each run, so no run
+/// leaves a directory behind (a `TempDir` in a `static` is never dropped).
 pub fn homelab() -> &'static Path {
-    static REPO: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    let (_, path) = REPO.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("homelab");
+    static REPO: OnceLock<PathBuf> = OnceLock::new();
+    REPO.get_or_init(|| {
+        let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("homelab-fixture");
+        if path.exists() {
+            std::fs::remove_dir_all(&path).expect("remove the previous fixture");
+        }
         ichor::sim::fixture::Fixture::homelab()
             .build(&path)
             .expect("build the homelab fixture");
-        (dir, path)
-    });
-    path
+        path
+    })
 }
 
 /// Run the ichor binary.

@@ -89,4 +89,51 @@ proptest! {
         let ctext = format!("apiVersion: ichor.dev/v1alpha1\nkind: Cluster\nmetadata: {{name: x}}\nspec:\n  rollout: {{maxUnavailable: {k8s}, drainTimeout: {talos}}}\n{extra}");
         let _ = Cluster::parse("near.yaml", &ctext);
     }
+
+    #[test]
+    fn every_document_parser_takes_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..2048)) {
+        let text = String::from_utf8_lossy(&bytes);
+        let started = std::time::Instant::now();
+        let _ = ReleaseSet::parse("fuzz.yaml", &text);
+        let _ = Cluster::parse("fuzz.yaml", &text);
+        let _ = Policies::load(&[("policies/fuzz.yaml".to_string(), text.to_string())]);
+        let _ = ichor::releaseset::Version::parse(&text);
+        let _ = ichor::releaseset::HumanDuration::parse(&text);
+        let _ = ichor::policy::VersionMatch::parse(&text);
+        // A hang detector, not a speed test: linear parsers finish 2 KB in microseconds.
+        prop_assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    }
+
+    /// YAML-shaped input built from the constructs that have hurt parsers: nesting, aliases,
+    /// anchors, block scalars, quotes, flow collections, BOMs and huge numbers.
+    #[test]
+    fn every_document_parser_takes_hostile_yaml(
+        parts in prop::collection::vec(prop::sample::select(vec![
+            "[", "]", "{", "}", "- ", "  ", "\n", ": ", "&a ", "*a", "|\n", ">-\n", "\"", "'",
+            "# c\n", "\u{feff}", "talos: ", "kubernetes: ", "v1.33.5", "v1.99999999999.0",
+            "18446744073709551615s", "nodes:\n", "- name: ", "role: controlplane", "apiVersion: ichor.dev/v1alpha1\n",
+            "kind: ReleaseSet\n", "kind: Cluster\n", "spec:\n", "inventory:\n", "? ", ",", "!!str ", "<<: *a\n",
+        ]), 0..200),
+    ) {
+        let text: String = parts.concat();
+        let started = std::time::Instant::now();
+        for r in [ReleaseSet::parse("h.yaml", &text).err(), Cluster::parse("h.yaml", &text).err()].into_iter().flatten() {
+            prop_assert!(r.to_string().starts_with("h.yaml"), "{}", r);
+            prop_assert!(r.to_string().len() < 2000, "error echoes too much: {}", r.to_string().len());
+        }
+        let _ = Policies::load(&[("policies/h.yaml".to_string(), text.clone())]);
+        prop_assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    }
+
+    #[test]
+    fn versions_never_overflow_the_checks(a in any::<u64>(), b in any::<u64>(), c in any::<u64>()) {
+        // Whatever numbers a PR writes, parsing either refuses them or the checks run.
+        let text = format!("apiVersion: ichor.dev/v1alpha1\nkind: ReleaseSet\nmetadata: {{name: x}}\nspec:\n  talos: v1.{a}.0\n  kubernetes: v{b}.{c}.0\n  cni: {{name: cilium, version: 1.18.3}}\n");
+        let base = ReleaseSet::parse("b", "apiVersion: ichor.dev/v1alpha1\nkind: ReleaseSet\nmetadata: {name: x}\nspec:\n  talos: v1.12.6\n  kubernetes: v1.33.5\n  cni: {name: cilium, version: 1.18.3}\n").unwrap();
+        if let Ok(head) = ReleaseSet::parse("h", &text) {
+            let bump = Bump::between(&base, &head);
+            let items = policy::evaluate(&bump, &Policies::shipped().unwrap(), None);
+            prop_assert!(items.iter().all(|i| i.message.len() < 1000));
+        }
+    }
 }
