@@ -1,4 +1,11 @@
-//! The Talos machine API. For now only the generated protocol code; ichor's own client
-//! (mTLS from a talosconfig) comes later.
+//! The Talos machine API: ichor's own client (mutual TLS from a talosconfig, node routing,
+//! failover, deadlines on ichor's clock, typed errors), the machine-config edit the
+//! Kubernetes stages use, and the generated protocol code (our protos in `proto/`).
 
+pub mod client;
+pub mod config;
+pub mod machine_config;
 pub mod proto;
+
+pub use client::{CallOptions, TalosClient, TalosError, UpgradeApi};
+pub use config::TalosContext;

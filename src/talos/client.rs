@@ -1,0 +1,910 @@
+//! ichor's client for the Talos machine API: mutual TLS from a talosconfig, a call about a
+//! node routed through a control-plane endpoint with the `node` metadata key (as talosctl
+//! does), failover across endpoints on Unavailable, a deadline on every call measured on
+//! ichor's clock, and errors that name the node and the call.
+//!
+//! A call can be told to avoid an endpoint: the calls that watch a control plane while it
+//! reboots must not travel through that control plane. Which node an endpoint *is* is
+//! learned from etcd (the endpoint's local member id and the member list), which every
+//! control plane answers without `node` metadata.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prost::Message;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+use tonic::{Code, Request, Status};
+
+use super::config::{Endpoint, TalosContext};
+use super::proto::common::ContainerdNamespace;
+use super::proto::cosi::resource::state_client::StateClient;
+use super::proto::cosi::resource::{GetRequest, ListRequest, Resource};
+use super::proto::machine::apply_configuration_request::Mode as ApplyMode;
+use super::proto::machine::image_service_client::ImageServiceClient;
+use super::proto::machine::lifecycle_service_client::LifecycleServiceClient;
+use super::proto::machine::machine_service_client::MachineServiceClient;
+use super::proto::machine::{
+    ApplyConfigurationRequest, EtcdForfeitLeadershipRequest, EtcdMemberListRequest,
+    ImagePullRequest, ImageServicePullRequest, InstallArtifactsSource,
+    LifecycleServiceUpgradeRequest, ReadRequest, RebootRequest, UpgradeRequest,
+};
+use super::proto::resource::config::MachineConfigSpec;
+use crate::clock::Clock;
+
+/// The deadline of a call when the caller gives none.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
+/// How long dialling one endpoint may take (a network timeout, in real time).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest reply accepted (a machine config with inline manifests is well under this).
+const MAX_REPLY: usize = 16 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TalosError {
+    #[error("{call} on {node}: unreachable ({detail}; tried {tried})")]
+    Unreachable {
+        node: String,
+        call: &'static str,
+        tried: String,
+        detail: String,
+    },
+    #[error("{call} on {node}: no answer within {}s (deadline)", after.as_secs_f64())]
+    Deadline {
+        node: String,
+        call: &'static str,
+        after: Duration,
+    },
+    #[error("{call} on {node}: permission denied: {message} (the talosconfig certificate needs the os:admin role for this call)")]
+    PermissionDenied {
+        node: String,
+        call: &'static str,
+        message: String,
+    },
+    #[error("{call} on {node}: not found: {message}")]
+    NotFound {
+        node: String,
+        call: &'static str,
+        message: String,
+    },
+    #[error("{call} on {node}: refused by the node ({code:?}): {message}")]
+    Refused {
+        node: String,
+        call: &'static str,
+        code: Code,
+        message: String,
+    },
+    #[error("{call} on {node}: unexpected reply: {message}")]
+    Reply {
+        node: String,
+        call: &'static str,
+        message: String,
+    },
+    #[error("talosconfig context `{context}`: {message}")]
+    Tls { context: String, message: String },
+}
+
+impl TalosError {
+    /// The error's name, for metrics labels and retry decisions.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TalosError::Unreachable { .. } => "unreachable",
+            TalosError::Deadline { .. } => "deadline",
+            TalosError::PermissionDenied { .. } => "permission_denied",
+            TalosError::NotFound { .. } => "not_found",
+            TalosError::Refused { .. } => "refused",
+            TalosError::Reply { .. } => "reply",
+            TalosError::Tls { .. } => "tls",
+        }
+    }
+}
+
+/// Which upgrade API a node has: `LifecycleService/Upgrade` (Talos ≥ 1.13, no reboot of its
+/// own) or the legacy `MachineService/Upgrade` (which drains and reboots by itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UpgradeApi {
+    Lifecycle,
+    Machine,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeVersion {
+    pub tag: String,
+    pub upgrade_api: UpgradeApi,
+}
+
+impl NodeVersion {
+    fn from_tag(tag: String) -> NodeVersion {
+        let v = crate::releaseset::Version::parse(&tag).ok();
+        // The new API arrived in 1.13.0-alpha.2; compare on major.minor as Talos's
+        // version checks do (a 1.13 pre-release counts as 1.13).
+        let upgrade_api = match v {
+            Some(v) if (v.major(), v.minor()) >= (1, 13) => UpgradeApi::Lifecycle,
+            _ => UpgradeApi::Machine,
+        };
+        NodeVersion { tag, upgrade_api }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    pub id: String,
+    pub state: String,
+    pub healthy: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdMember {
+    pub id: u64,
+    pub hostname: String,
+    pub peer_urls: Vec<String>,
+    pub is_learner: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdStatus {
+    pub member_id: u64,
+    pub leader: u64,
+    pub is_learner: bool,
+    pub errors: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    pub mode: ApplyMode,
+    pub details: String,
+    pub warnings: Vec<String>,
+}
+
+/// The node's machine configuration as COSI serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineConfig {
+    /// The exact YAML as submitted, every document included.
+    pub yaml: String,
+    /// The resource version (a decimal counter).
+    pub version: String,
+}
+
+/// The containerd namespace an image is pulled into: the kubelet image runs as a system
+/// container, static-pod images go to the CRI (ADR 0057).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageNamespace {
+    System,
+    Cri,
+}
+
+/// How one call is routed and bounded.
+#[derive(Debug, Clone, Copy)]
+pub struct CallOptions<'a> {
+    pub deadline: Duration,
+    /// Do not carry the call through this node's endpoint (name or address).
+    pub avoid: Option<&'a str>,
+}
+
+impl Default for CallOptions<'_> {
+    fn default() -> Self {
+        CallOptions {
+            deadline: DEFAULT_DEADLINE,
+            avoid: None,
+        }
+    }
+}
+
+/// What an endpoint is, learned from etcd: its member's hostname and peer addresses.
+#[derive(Debug, Clone)]
+struct EndpointIdentity {
+    hostname: String,
+    addresses: Vec<String>,
+}
+
+pub struct TalosClient {
+    context: TalosContext,
+    clock: Clock,
+    channels: Mutex<HashMap<usize, Channel>>,
+    identities: Mutex<HashMap<usize, EndpointIdentity>>,
+    /// The endpoint that answered last; calls start there.
+    preferred: Mutex<usize>,
+}
+
+impl std::fmt::Debug for TalosClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TalosClient")
+            .field("context", &self.context)
+            .finish_non_exhaustive()
+    }
+}
+
+fn status_text(s: &Status) -> String {
+    crate::releaseset::excerpt(s.message(), 300)
+}
+
+impl TalosClient {
+    pub fn new(context: TalosContext, clock: Clock) -> TalosClient {
+        TalosClient {
+            context,
+            clock,
+            channels: Mutex::new(HashMap::new()),
+            identities: Mutex::new(HashMap::new()),
+            preferred: Mutex::new(0),
+        }
+    }
+
+    pub fn context(&self) -> &TalosContext {
+        &self.context
+    }
+
+    pub fn endpoints(&self) -> &[Endpoint] {
+        &self.context.endpoints
+    }
+
+    async fn channel(&self, index: usize) -> Result<Channel, String> {
+        if let Some(c) = self.channels.lock().ok().and_then(|m| m.get(&index).cloned()) {
+            return Ok(c);
+        }
+        let ep = &self.context.endpoints[index];
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.context.ca_pem))
+            .identity(Identity::from_pem(&self.context.crt_pem, &self.context.key_pem))
+            .domain_name(ep.host.clone());
+        let channel = Channel::from_shared(ep.uri())
+            .map_err(|e| format!("endpoint {ep}: {e}"))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tls_config(tls)
+            .map_err(|e| format!("endpoint {ep}: TLS: {e}"))?
+            .connect()
+            .await
+            .map_err(|e| format!("endpoint {ep}: {}", error_chain(&e)))?;
+        if let Ok(mut m) = self.channels.lock() {
+            m.insert(index, channel.clone());
+        }
+        Ok(channel)
+    }
+
+    /// Run `f` against endpoints until one answers: start with the last one that did, skip
+    /// the one to avoid, move on when an endpoint is unreachable or answers Unavailable.
+    async fn call<T, F, Fut>(
+        &self,
+        node: &str,
+        call: &'static str,
+        opts: CallOptions<'_>,
+        f: F,
+    ) -> Result<T, TalosError>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let n = self.context.endpoints.len();
+        let start = self.preferred.lock().map(|p| *p).unwrap_or(0);
+        let mut order: Vec<usize> = (0..n).map(|i| (start + i) % n).collect();
+        if let Some(avoid) = opts.avoid {
+            let mut keep = Vec::new();
+            for i in order {
+                if !self.endpoint_is(i, avoid, opts.deadline).await {
+                    keep.push(i);
+                }
+            }
+            order = keep;
+        }
+        let deadline = self.clock.now().plus(opts.deadline);
+        let mut tried = Vec::new();
+        let mut last = "no endpoint left to try".to_string();
+        for i in order {
+            tried.push(self.context.endpoints[i].to_string());
+            let attempt = async {
+                let channel = self.channel(i).await.map_err(Err)?;
+                f(channel).await.map_err(Ok)
+            };
+            let outcome = tokio::select! {
+                r = attempt => r,
+                _ = self.clock.sleep_until(deadline) => {
+                    return Err(TalosError::Deadline { node: node.to_string(), call, after: opts.deadline });
+                }
+            };
+            match outcome {
+                Ok(v) => {
+                    if let Ok(mut p) = self.preferred.lock() {
+                        *p = i;
+                    }
+                    return Ok(v);
+                }
+                // Could not dial this endpoint: try the next.
+                Err(Err(dial)) => last = dial,
+                Err(Ok(s)) if s.code() == Code::Unavailable => {
+                    last = format!("{}: {}", self.context.endpoints[i], status_text(&s));
+                    // The channel may be stale (the node rebooted): dial afresh next time.
+                    if let Ok(mut m) = self.channels.lock() {
+                        m.remove(&i);
+                    }
+                }
+                Err(Ok(s)) => return Err(self.typed(node, call, &s, opts.deadline)),
+            }
+        }
+        Err(TalosError::Unreachable {
+            node: node.to_string(),
+            call,
+            tried: if tried.is_empty() {
+                "none: every endpoint was avoided".into()
+            } else {
+                tried.join(", ")
+            },
+            detail: last,
+        })
+    }
+
+    fn typed(&self, node: &str, call: &'static str, s: &Status, deadline: Duration) -> TalosError {
+        let (node, message) = (node.to_string(), status_text(s));
+        match s.code() {
+            Code::DeadlineExceeded => TalosError::Deadline {
+                node,
+                call,
+                after: deadline,
+            },
+            // tonic reports its own expired timer as Cancelled "Timeout expired".
+            Code::Cancelled if s.message().contains("Timeout expired") => TalosError::Deadline {
+                node,
+                call,
+                after: deadline,
+            },
+            Code::PermissionDenied | Code::Unauthenticated => {
+                TalosError::PermissionDenied { node, call, message }
+            }
+            Code::NotFound => TalosError::NotFound { node, call, message },
+            code => TalosError::Refused {
+                node,
+                call,
+                code,
+                message,
+            },
+        }
+    }
+
+    /// Whether endpoint `i` is the node `who` (a name or an address).
+    async fn endpoint_is(&self, i: usize, who: &str, deadline: Duration) -> bool {
+        if self.context.endpoints[i].host == who {
+            return true;
+        }
+        let known = self.identities.lock().ok().and_then(|m| m.get(&i).cloned());
+        let id = match known {
+            Some(id) => Some(id),
+            None => self.identify(i, deadline).await,
+        };
+        match id {
+            Some(id) => id.hostname == who || id.addresses.iter().any(|a| a == who),
+            // An endpoint we cannot identify is not known to be the node: keep it.
+            None => false,
+        }
+    }
+
+    async fn identify(&self, i: usize, deadline: Duration) -> Option<EndpointIdentity> {
+        let channel = self.channel(i).await.ok()?;
+        let work = async {
+            let mut c = MachineServiceClient::new(channel).max_decoding_message_size(MAX_REPLY);
+            let status = c.etcd_status(()).await.ok()?.into_inner();
+            let own = status.messages.first()?.member_status.as_ref()?.member_id;
+            let members = c
+                .etcd_member_list(EtcdMemberListRequest { query_local: false })
+                .await
+                .ok()?
+                .into_inner();
+            let m = members
+                .messages
+                .first()?
+                .members
+                .iter()
+                .find(|m| m.id == own)?
+                .clone();
+            Some(EndpointIdentity {
+                hostname: m.hostname,
+                addresses: m.peer_urls.iter().filter_map(|u| url_host(u)).collect(),
+            })
+        };
+        let id = tokio::select! {
+            r = work => r,
+            _ = self.clock.sleep(deadline) => None,
+        }?;
+        if let Ok(mut m) = self.identities.lock() {
+            m.insert(i, id.clone());
+        }
+        Some(id)
+    }
+
+    fn request<M>(&self, msg: M, node: &str, deadline: Duration) -> Result<Request<M>, Status> {
+        let mut r = Request::new(msg);
+        let value = node
+            .parse()
+            .map_err(|_| Status::invalid_argument(format!("node `{node}` is not valid metadata")))?;
+        r.metadata_mut().insert("node", value);
+        // Real servers also learn the deadline (grpc-timeout), so they stop working on it.
+        r.set_timeout(deadline);
+        Ok(r)
+    }
+
+    fn machine(c: Channel) -> MachineServiceClient<Channel> {
+        MachineServiceClient::new(c).max_decoding_message_size(MAX_REPLY)
+    }
+
+    /// The node's Talos version and which upgrade API it has.
+    pub async fn version(&self, node: &str, opts: CallOptions<'_>) -> Result<NodeVersion, TalosError> {
+        let r = self
+            .call(node, "Version", opts, |c| async move {
+                Self::machine(c)
+                    .version(self.request((), node, opts.deadline)?)
+                    .await
+            })
+            .await?
+            .into_inner();
+        let msg = first(r.messages, node, "Version")?;
+        node_error(msg.metadata.as_ref(), node, "Version")?;
+        let tag = msg.version.map(|v| v.tag).unwrap_or_default();
+        if tag.is_empty() {
+            return Err(reply(node, "Version", "no version tag"));
+        }
+        Ok(NodeVersion::from_tag(tag))
+    }
+
+    pub async fn services(&self, node: &str, opts: CallOptions<'_>) -> Result<Vec<Service>, TalosError> {
+        let r = self
+            .call(node, "ServiceList", opts, |c| async move {
+                Self::machine(c)
+                    .service_list(self.request((), node, opts.deadline)?)
+                    .await
+            })
+            .await?
+            .into_inner();
+        let msg = first(r.messages, node, "ServiceList")?;
+        node_error(msg.metadata.as_ref(), node, "ServiceList")?;
+        Ok(msg
+            .services
+            .into_iter()
+            .map(|s| Service {
+                id: s.id,
+                state: s.state,
+                healthy: s.health.is_some_and(|h| h.healthy && !h.unknown),
+            })
+            .collect())
+    }
+
+    pub async fn etcd_members(&self, node: &str, opts: CallOptions<'_>) -> Result<Vec<EtcdMember>, TalosError> {
+        let r = self
+            .call(node, "EtcdMemberList", opts, |c| async move {
+                Self::machine(c)
+                    .etcd_member_list(self.request(
+                        EtcdMemberListRequest { query_local: false },
+                        node,
+                        opts.deadline,
+                    )?)
+                    .await
+            })
+            .await?
+            .into_inner();
+        let msg = first(r.messages, node, "EtcdMemberList")?;
+        node_error(msg.metadata.as_ref(), node, "EtcdMemberList")?;
+        Ok(msg
+            .members
+            .into_iter()
+            .map(|m| EtcdMember {
+                id: m.id,
+                hostname: m.hostname,
+                peer_urls: m.peer_urls,
+                is_learner: m.is_learner,
+            })
+            .collect())
+    }
+
+    pub async fn etcd_status(&self, node: &str, opts: CallOptions<'_>) -> Result<EtcdStatus, TalosError> {
+        let r = self
+            .call(node, "EtcdStatus", opts, |c| async move {
+                Self::machine(c)
+                    .etcd_status(self.request((), node, opts.deadline)?)
+                    .await
+            })
+            .await?
+            .into_inner();
+        let msg = first(r.messages, node, "EtcdStatus")?;
+        node_error(msg.metadata.as_ref(), node, "EtcdStatus")?;
+        let s = msg
+            .member_status
+            .ok_or_else(|| reply(node, "EtcdStatus", "no member status"))?;
+        Ok(EtcdStatus {
+            member_id: s.member_id,
+            leader: s.leader,
+            is_learner: s.is_learner,
+            errors: s.errors,
+        })
+    }
+
+    /// Move etcd leadership off `node`; the member that took it, if the node led.
+    pub async fn etcd_forfeit_leadership(
+        &self,
+        node: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<Option<String>, TalosError> {
+        let r = self
+            .call(node, "EtcdForfeitLeadership", opts, |c| async move {
+                Self::machine(c)
+                    .etcd_forfeit_leadership(self.request(
+                        EtcdForfeitLeadershipRequest {},
+                        node,
+                        opts.deadline,
+                    )?)
+                    .await
+            })
+            .await?
+            .into_inner();
+        let msg = first(r.messages, node, "EtcdForfeitLeadership")?;
+        node_error(msg.metadata.as_ref(), node, "EtcdForfeitLeadership")?;
+        Ok(Some(msg.member).filter(|m| !m.is_empty()))
+    }
+
+    /// Pre-pull `image` on `node`: ImageService/Pull where the node has the new API,
+    /// MachineService/ImagePull before.
+    pub async fn pull_image(
+        &self,
+        node: &str,
+        image: &str,
+        namespace: ImageNamespace,
+        api: UpgradeApi,
+        opts: CallOptions<'_>,
+    ) -> Result<(), TalosError> {
+        let ns = match namespace {
+            ImageNamespace::System => ContainerdNamespace::NsSystem,
+            ImageNamespace::Cri => ContainerdNamespace::NsCri,
+        };
+        match api {
+            UpgradeApi::Machine => {
+                let r = self
+                    .call(node, "ImagePull", opts, |c| async move {
+                        Self::machine(c)
+                            .image_pull(self.request(
+                                ImagePullRequest {
+                                    namespace: ns as i32,
+                                    reference: image.to_string(),
+                                },
+                                node,
+                                opts.deadline,
+                            )?)
+                            .await
+                    })
+                    .await?
+                    .into_inner();
+                for m in &r.messages {
+                    node_error(m.metadata.as_ref(), node, "ImagePull")?;
+                }
+                Ok(())
+            }
+            UpgradeApi::Lifecycle => {
+                let containerd = super::proto::common::ContainerdInstance {
+                    driver: match namespace {
+                        ImageNamespace::System => super::proto::common::ContainerDriver::Containerd,
+                        ImageNamespace::Cri => super::proto::common::ContainerDriver::Cri,
+                    } as i32,
+                    namespace: ns as i32,
+                };
+                self.call(node, "ImageService/Pull", opts, |c| {
+                    let containerd = containerd;
+                    async move {
+                        let mut stream = ImageServiceClient::new(c)
+                            .pull(self.request(
+                                ImageServicePullRequest {
+                                    containerd: Some(containerd),
+                                    image_ref: image.to_string(),
+                                },
+                                node,
+                                opts.deadline,
+                            )?)
+                            .await?
+                            .into_inner();
+                        while stream.message().await?.is_some() {}
+                        Ok(())
+                    }
+                })
+                .await
+            }
+        }
+    }
+
+    /// ApplyConfiguration of `config` (the whole document set).
+    pub async fn apply_configuration(
+        &self,
+        node: &str,
+        config: &str,
+        mode: ApplyMode,
+        dry_run: bool,
+        opts: CallOptions<'_>,
+    ) -> Result<Applied, TalosError> {
+        let r = self
+            .call(node, "ApplyConfiguration", opts, |c| async move {
+                Self::machine(c)
+                    .apply_configuration(self.request(
+                        ApplyConfigurationRequest {
+                            data: config.as_bytes().to_vec(),
+                            mode: mode as i32,
+                            dry_run,
+                            try_mode_timeout: None,
+                        },
+                        node,
+                        opts.deadline,
+                    )?)
+                    .await
+            })
+            .await?
+            .into_inner();
+        let msg = first(r.messages, node, "ApplyConfiguration")?;
+        node_error(msg.metadata.as_ref(), node, "ApplyConfiguration")?;
+        Ok(Applied {
+            mode: ApplyMode::try_from(msg.mode).unwrap_or(mode),
+            details: msg.mode_details,
+            warnings: msg.warnings,
+        })
+    }
+
+    /// The legacy MachineService/Upgrade (Talos ≤ 1.12): the node drains, installs and
+    /// reboots by itself. Returns the acknowledgement.
+    pub async fn upgrade_legacy(&self, node: &str, image: &str, opts: CallOptions<'_>) -> Result<String, TalosError> {
+        let r = self
+            .call(node, "MachineService/Upgrade", opts, |c| async move {
+                Self::machine(c)
+                    .upgrade(self.request(
+                        UpgradeRequest {
+                            image: image.to_string(),
+                            preserve: false,
+                            stage: false,
+                            force: false,
+                            reboot_mode: 0,
+                        },
+                        node,
+                        opts.deadline,
+                    )?)
+                    .await
+            })
+            .await?
+            .into_inner();
+        let msg = first(r.messages, node, "MachineService/Upgrade")?;
+        node_error(msg.metadata.as_ref(), node, "MachineService/Upgrade")?;
+        Ok(msg.ack)
+    }
+
+    /// LifecycleService/Upgrade (Talos ≥ 1.13): installs the new image and streams progress
+    /// until done; it does not reboot (ichor's own Reboot follows). Returns the progress.
+    pub async fn upgrade_lifecycle(&self, node: &str, image: &str, opts: CallOptions<'_>) -> Result<Vec<String>, TalosError> {
+        self.call(node, "LifecycleService/Upgrade", opts, |c| async move {
+            let mut stream = LifecycleServiceClient::new(c)
+                .upgrade(self.request(
+                    LifecycleServiceUpgradeRequest {
+                        containerd: None,
+                        source: Some(InstallArtifactsSource {
+                            image_name: image.to_string(),
+                        }),
+                    },
+                    node,
+                    opts.deadline,
+                )?)
+                .await?
+                .into_inner();
+            use super::proto::machine::lifecycle_service_install_progress::Response as P;
+            let mut progress = Vec::new();
+            while let Some(m) = stream.message().await? {
+                match m.progress.and_then(|p| p.response) {
+                    Some(P::Message(text)) => progress.push(text),
+                    Some(P::ExitCode(0)) | None => {}
+                    Some(P::ExitCode(code)) => {
+                        return Err(Status::aborted(format!(
+                            "the installer exited with code {code} (last: {})",
+                            progress.last().map_or("-", String::as_str)
+                        )))
+                    }
+                }
+            }
+            Ok(progress)
+        })
+        .await
+    }
+
+    pub async fn reboot(&self, node: &str, opts: CallOptions<'_>) -> Result<(), TalosError> {
+        let r = self
+            .call(node, "Reboot", opts, |c| async move {
+                Self::machine(c)
+                    .reboot(self.request(RebootRequest { mode: 0 }, node, opts.deadline)?)
+                    .await
+            })
+            .await?
+            .into_inner();
+        for m in &r.messages {
+            node_error(m.metadata.as_ref(), node, "Reboot")?;
+        }
+        Ok(())
+    }
+
+    /// The node's boot id (`/proc/sys/kernel/random/boot_id`): it changes on every boot.
+    pub async fn boot_id(&self, node: &str, opts: CallOptions<'_>) -> Result<String, TalosError> {
+        let bytes = self
+            .call(node, "Read", opts, |c| async move {
+                let mut stream = Self::machine(c)
+                    .read(self.request(
+                        ReadRequest {
+                            path: "/proc/sys/kernel/random/boot_id".into(),
+                        },
+                        node,
+                        opts.deadline,
+                    )?)
+                    .await?
+                    .into_inner();
+                let mut out = Vec::new();
+                while let Some(chunk) = stream.message().await? {
+                    if out.len() + chunk.bytes.len() > 4096 {
+                        return Err(Status::out_of_range("boot id longer than 4 KiB"));
+                    }
+                    out.extend(chunk.bytes);
+                }
+                Ok(out)
+            })
+            .await?;
+        let id = String::from_utf8_lossy(&bytes).trim().to_string();
+        if id.is_empty() {
+            return Err(reply(node, "Read", "empty boot id"));
+        }
+        Ok(id)
+    }
+
+    /// One COSI resource; `None` when the node has no such resource.
+    pub async fn get_resource(
+        &self,
+        node: &str,
+        namespace: &str,
+        kind: &str,
+        id: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<Option<Resource>, TalosError> {
+        let r = self
+            .call(node, "cosi Get", opts, |c| async move {
+                StateClient::new(c)
+                    .max_decoding_message_size(MAX_REPLY)
+                    .get(self.request(
+                        GetRequest {
+                            namespace: namespace.into(),
+                            r#type: kind.into(),
+                            id: id.into(),
+                            options: None,
+                        },
+                        node,
+                        opts.deadline,
+                    )?)
+                    .await
+            })
+            .await;
+        match r {
+            Ok(r) => Ok(r.into_inner().resource),
+            Err(TalosError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every COSI resource of a kind in a namespace.
+    pub async fn list_resources(
+        &self,
+        node: &str,
+        namespace: &str,
+        kind: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<Vec<Resource>, TalosError> {
+        self.call(node, "cosi List", opts, |c| async move {
+            let mut stream = StateClient::new(c)
+                .max_decoding_message_size(MAX_REPLY)
+                .list(self.request(
+                    ListRequest {
+                        namespace: namespace.into(),
+                        r#type: kind.into(),
+                        options: None,
+                    },
+                    node,
+                    opts.deadline,
+                )?)
+                .await?
+                .into_inner();
+            let mut out = Vec::new();
+            while let Some(m) = stream.message().await? {
+                out.extend(m.resource);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// The node's active machine configuration (COSI `MachineConfigs.config.talos.dev`
+    /// `v1alpha1`, from `proto_spec`, which holds the exact submitted bytes in every version).
+    pub async fn machine_config(&self, node: &str, opts: CallOptions<'_>) -> Result<MachineConfig, TalosError> {
+        let res = self
+            .get_resource(node, "config", "MachineConfigs.config.talos.dev", "v1alpha1", opts)
+            .await?
+            .ok_or_else(|| reply(node, "cosi Get", "the node has no active machine configuration"))?;
+        let version = res.metadata.map(|m| m.version).unwrap_or_default();
+        let spec = res
+            .spec
+            .ok_or_else(|| reply(node, "cosi Get", "machine configuration without a spec"))?;
+        let decoded = MachineConfigSpec::decode(spec.proto_spec.as_slice())
+            .map_err(|e| reply(node, "cosi Get", &format!("machine configuration spec: {e}")))?;
+        let yaml = String::from_utf8(decoded.yaml_marshalled)
+            .map_err(|_| reply(node, "cosi Get", "machine configuration is not UTF-8"))?;
+        Ok(MachineConfig { yaml, version })
+    }
+}
+
+fn url_host(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let hostport = rest.split('/').next()?;
+    let host = match hostport.rsplit_once(':') {
+        Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => h,
+        _ => hostport,
+    };
+    Some(host.trim_matches(['[', ']']).to_string())
+}
+
+fn first<T>(messages: Vec<T>, node: &str, call: &'static str) -> Result<T, TalosError> {
+    messages
+        .into_iter()
+        .next()
+        .ok_or_else(|| reply(node, call, "no message in the reply"))
+}
+
+fn reply(node: &str, call: &'static str, message: &str) -> TalosError {
+    TalosError::Reply {
+        node: node.to_string(),
+        call,
+        message: message.to_string(),
+    }
+}
+
+/// A node's failure carried in `metadata.error` (how apid reports one node of many).
+fn node_error(
+    md: Option<&super::proto::common::Metadata>,
+    node: &str,
+    call: &'static str,
+) -> Result<(), TalosError> {
+    match md {
+        Some(m) if !m.error.is_empty() => Err(TalosError::Refused {
+            node: node.to_string(),
+            call,
+            code: m
+                .status
+                .as_ref()
+                .map_or(Code::Unknown, |s| Code::from_i32(s.code)),
+            message: crate::releaseset::excerpt(&m.error, 300),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        src = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upgrade_api_follows_the_version() {
+        assert_eq!(NodeVersion::from_tag("v1.12.6".into()).upgrade_api, UpgradeApi::Machine);
+        assert_eq!(NodeVersion::from_tag("v1.13.0".into()).upgrade_api, UpgradeApi::Lifecycle);
+        assert_eq!(
+            NodeVersion::from_tag("v1.13.0-beta.0".into()).upgrade_api,
+            UpgradeApi::Lifecycle
+        );
+        assert_eq!(NodeVersion::from_tag("garbage".into()).upgrade_api, UpgradeApi::Machine);
+    }
+
+    #[test]
+    fn hosts_of_peer_urls() {
+        assert_eq!(url_host("https://10.5.0.2:2380").as_deref(), Some("10.5.0.2"));
+        assert_eq!(url_host("https://[fd00::2]:2380").as_deref(), Some("fd00::2"));
+        assert_eq!(url_host("cp-1").as_deref(), Some("cp-1"));
+    }
+}
