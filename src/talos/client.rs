@@ -238,14 +238,28 @@ impl TalosClient {
         &self.context.endpoints
     }
 
+    /// The endpoint that carried the last successful call (where the next one starts).
+    pub fn last_endpoint(&self) -> Option<&Endpoint> {
+        let i = self.preferred.lock().map(|p| *p).ok()?;
+        self.context.endpoints.get(i)
+    }
+
     async fn channel(&self, index: usize) -> Result<Channel, String> {
-        if let Some(c) = self.channels.lock().ok().and_then(|m| m.get(&index).cloned()) {
+        if let Some(c) = self
+            .channels
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&index).cloned())
+        {
             return Ok(c);
         }
         let ep = &self.context.endpoints[index];
         let tls = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&self.context.ca_pem))
-            .identity(Identity::from_pem(&self.context.crt_pem, &self.context.key_pem))
+            .identity(Identity::from_pem(
+                &self.context.crt_pem,
+                &self.context.key_pem,
+            ))
             .domain_name(ep.host.clone());
         let channel = Channel::from_shared(ep.uri())
             .map_err(|e| format!("endpoint {ep}: {e}"))?
@@ -346,10 +360,16 @@ impl TalosClient {
                 call,
                 after: deadline,
             },
-            Code::PermissionDenied | Code::Unauthenticated => {
-                TalosError::PermissionDenied { node, call, message }
-            }
-            Code::NotFound => TalosError::NotFound { node, call, message },
+            Code::PermissionDenied | Code::Unauthenticated => TalosError::PermissionDenied {
+                node,
+                call,
+                message,
+            },
+            Code::NotFound => TalosError::NotFound {
+                node,
+                call,
+                message,
+            },
             code => TalosError::Refused {
                 node,
                 call,
@@ -411,9 +431,9 @@ impl TalosClient {
 
     fn request<M>(&self, msg: M, node: &str, deadline: Duration) -> Result<Request<M>, Status> {
         let mut r = Request::new(msg);
-        let value = node
-            .parse()
-            .map_err(|_| Status::invalid_argument(format!("node `{node}` is not valid metadata")))?;
+        let value = node.parse().map_err(|_| {
+            Status::invalid_argument(format!("node `{node}` is not valid metadata"))
+        })?;
         r.metadata_mut().insert("node", value);
         // Real servers also learn the deadline (grpc-timeout), so they stop working on it.
         r.set_timeout(deadline);
@@ -425,7 +445,11 @@ impl TalosClient {
     }
 
     /// The node's Talos version and which upgrade API it has.
-    pub async fn version(&self, node: &str, opts: CallOptions<'_>) -> Result<NodeVersion, TalosError> {
+    pub async fn version(
+        &self,
+        node: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<NodeVersion, TalosError> {
         let r = self
             .call(node, "Version", opts, |c| async move {
                 Self::machine(c)
@@ -443,7 +467,11 @@ impl TalosClient {
         Ok(NodeVersion::from_tag(tag))
     }
 
-    pub async fn services(&self, node: &str, opts: CallOptions<'_>) -> Result<Vec<Service>, TalosError> {
+    pub async fn services(
+        &self,
+        node: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<Vec<Service>, TalosError> {
         let r = self
             .call(node, "ServiceList", opts, |c| async move {
                 Self::machine(c)
@@ -465,7 +493,11 @@ impl TalosClient {
             .collect())
     }
 
-    pub async fn etcd_members(&self, node: &str, opts: CallOptions<'_>) -> Result<Vec<EtcdMember>, TalosError> {
+    pub async fn etcd_members(
+        &self,
+        node: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<Vec<EtcdMember>, TalosError> {
         let r = self
             .call(node, "EtcdMemberList", opts, |c| async move {
                 Self::machine(c)
@@ -492,7 +524,11 @@ impl TalosClient {
             .collect())
     }
 
-    pub async fn etcd_status(&self, node: &str, opts: CallOptions<'_>) -> Result<EtcdStatus, TalosError> {
+    pub async fn etcd_status(
+        &self,
+        node: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<EtcdStatus, TalosError> {
         let r = self
             .call(node, "EtcdStatus", opts, |c| async move {
                 Self::machine(c)
@@ -641,7 +677,12 @@ impl TalosClient {
 
     /// The legacy MachineService/Upgrade (Talos ≤ 1.12): the node drains, installs and
     /// reboots by itself. Returns the acknowledgement.
-    pub async fn upgrade_legacy(&self, node: &str, image: &str, opts: CallOptions<'_>) -> Result<String, TalosError> {
+    pub async fn upgrade_legacy(
+        &self,
+        node: &str,
+        image: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<String, TalosError> {
         let r = self
             .call(node, "MachineService/Upgrade", opts, |c| async move {
                 Self::machine(c)
@@ -667,7 +708,12 @@ impl TalosClient {
 
     /// LifecycleService/Upgrade (Talos ≥ 1.13): installs the new image and streams progress
     /// until done; it does not reboot (ichor's own Reboot follows). Returns the progress.
-    pub async fn upgrade_lifecycle(&self, node: &str, image: &str, opts: CallOptions<'_>) -> Result<Vec<String>, TalosError> {
+    pub async fn upgrade_lifecycle(
+        &self,
+        node: &str,
+        image: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<Vec<String>, TalosError> {
         self.call(node, "LifecycleService/Upgrade", opts, |c| async move {
             let mut stream = LifecycleServiceClient::new(c)
                 .upgrade(self.request(
@@ -813,17 +859,38 @@ impl TalosClient {
 
     /// The node's active machine configuration (COSI `MachineConfigs.config.talos.dev`
     /// `v1alpha1`, from `proto_spec`, which holds the exact submitted bytes in every version).
-    pub async fn machine_config(&self, node: &str, opts: CallOptions<'_>) -> Result<MachineConfig, TalosError> {
+    pub async fn machine_config(
+        &self,
+        node: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<MachineConfig, TalosError> {
         let res = self
-            .get_resource(node, "config", "MachineConfigs.config.talos.dev", "v1alpha1", opts)
+            .get_resource(
+                node,
+                "config",
+                "MachineConfigs.config.talos.dev",
+                "v1alpha1",
+                opts,
+            )
             .await?
-            .ok_or_else(|| reply(node, "cosi Get", "the node has no active machine configuration"))?;
+            .ok_or_else(|| {
+                reply(
+                    node,
+                    "cosi Get",
+                    "the node has no active machine configuration",
+                )
+            })?;
         let version = res.metadata.map(|m| m.version).unwrap_or_default();
         let spec = res
             .spec
             .ok_or_else(|| reply(node, "cosi Get", "machine configuration without a spec"))?;
-        let decoded = MachineConfigSpec::decode(spec.proto_spec.as_slice())
-            .map_err(|e| reply(node, "cosi Get", &format!("machine configuration spec: {e}")))?;
+        let decoded = MachineConfigSpec::decode(spec.proto_spec.as_slice()).map_err(|e| {
+            reply(
+                node,
+                "cosi Get",
+                &format!("machine configuration spec: {e}"),
+            )
+        })?;
         let yaml = String::from_utf8(decoded.yaml_marshalled)
             .map_err(|_| reply(node, "cosi Get", "machine configuration is not UTF-8"))?;
         Ok(MachineConfig { yaml, version })
@@ -892,19 +959,34 @@ mod tests {
 
     #[test]
     fn upgrade_api_follows_the_version() {
-        assert_eq!(NodeVersion::from_tag("v1.12.6".into()).upgrade_api, UpgradeApi::Machine);
-        assert_eq!(NodeVersion::from_tag("v1.13.0".into()).upgrade_api, UpgradeApi::Lifecycle);
+        assert_eq!(
+            NodeVersion::from_tag("v1.12.6".into()).upgrade_api,
+            UpgradeApi::Machine
+        );
+        assert_eq!(
+            NodeVersion::from_tag("v1.13.0".into()).upgrade_api,
+            UpgradeApi::Lifecycle
+        );
         assert_eq!(
             NodeVersion::from_tag("v1.13.0-beta.0".into()).upgrade_api,
             UpgradeApi::Lifecycle
         );
-        assert_eq!(NodeVersion::from_tag("garbage".into()).upgrade_api, UpgradeApi::Machine);
+        assert_eq!(
+            NodeVersion::from_tag("garbage".into()).upgrade_api,
+            UpgradeApi::Machine
+        );
     }
 
     #[test]
     fn hosts_of_peer_urls() {
-        assert_eq!(url_host("https://10.5.0.2:2380").as_deref(), Some("10.5.0.2"));
-        assert_eq!(url_host("https://[fd00::2]:2380").as_deref(), Some("fd00::2"));
+        assert_eq!(
+            url_host("https://10.5.0.2:2380").as_deref(),
+            Some("10.5.0.2")
+        );
+        assert_eq!(
+            url_host("https://[fd00::2]:2380").as_deref(),
+            Some("fd00::2")
+        );
         assert_eq!(url_host("cp-1").as_deref(), Some("cp-1"));
     }
 }

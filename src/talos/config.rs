@@ -233,7 +233,12 @@ pub fn parse(path: &Path, text: &str, context: Option<&str>) -> Result<TalosCont
 /// A private key as rustls reads it: PKCS#8 (v1, or v2 with the public key, both as Go and
 /// OpenSSL write them) under `PRIVATE KEY`. Talos's own label is `ED25519 PRIVATE KEY`.
 fn normalize_key(pem: &str) -> Result<String, String> {
-    for label in ["ED25519 PRIVATE KEY", "PRIVATE KEY", "EC PRIVATE KEY", "RSA PRIVATE KEY"] {
+    for label in [
+        "ED25519 PRIVATE KEY",
+        "PRIVATE KEY",
+        "EC PRIVATE KEY",
+        "RSA PRIVATE KEY",
+    ] {
         if pem.contains(&format!("-----BEGIN {label}-----")) {
             return Ok(match label {
                 "ED25519 PRIVATE KEY" => pem.replace("ED25519 PRIVATE KEY", "PRIVATE KEY"),
@@ -267,26 +272,47 @@ mod tests {
     #[test]
     fn reads_a_context_with_both_key_labels_and_default_ports() {
         let p = Path::new("talosconfig");
-        let c = parse(p, &config("ED25519 PRIVATE KEY", "[10.5.0.2, \"10.5.0.3:50001\", cp.lab, \"[fd00::1]:50000\", \"fd00::2\"]"), None).unwrap();
+        let c = parse(
+            p,
+            &config(
+                "ED25519 PRIVATE KEY",
+                "[10.5.0.2, \"10.5.0.3:50001\", cp.lab, \"[fd00::1]:50000\", \"fd00::2\"]",
+            ),
+            None,
+        )
+        .unwrap();
         assert_eq!(c.name, "lab");
         assert!(c.key_pem.starts_with("-----BEGIN PRIVATE KEY-----"));
         let eps: Vec<String> = c.endpoints.iter().map(|e| e.to_string()).collect();
         assert_eq!(
             eps,
-            ["10.5.0.2:50000", "10.5.0.3:50001", "cp.lab:50000", "[fd00::1]:50000", "[fd00::2]:50000"]
+            [
+                "10.5.0.2:50000",
+                "10.5.0.3:50001",
+                "cp.lab:50000",
+                "[fd00::1]:50000",
+                "[fd00::2]:50000"
+            ]
         );
         assert_eq!(c.endpoints[3].uri(), "https://[fd00::1]:50000");
         let c = parse(p, &config("PRIVATE KEY", "[10.5.0.2]"), None).unwrap();
         assert!(c.key_pem.contains("BEGIN PRIVATE KEY"));
         assert_eq!(c.nodes, ["10.5.0.2"]);
-        assert!(!format!("{c:?}").contains("AAAA"), "no key material in Debug");
+        assert!(
+            !format!("{c:?}").contains("AAAA"),
+            "no key material in Debug"
+        );
     }
 
     #[test]
     fn errors_name_the_file_and_what_is_missing() {
         let p = Path::new("/x/talosconfig");
         let e = parse(p, &config("PRIVATE KEY", "[10.5.0.2]"), Some("nope")).unwrap_err();
-        assert!(e.to_string().contains("context `nope` is not in `contexts` (found: lab, other)"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("context `nope` is not in `contexts` (found: lab, other)"),
+            "{e}"
+        );
         let e = parse(p, &config("PRIVATE KEY", "[10.5.0.2]"), Some("other")).unwrap_err();
         assert!(e.to_string().contains("has no `ca`"), "{e}");
         let e = parse(p, &config("PRIVATE KEY", "[\"10.5.0.2:http\"]"), None).unwrap_err();

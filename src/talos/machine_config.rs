@@ -106,7 +106,9 @@ pub struct ImageEdit {
 
 impl ImageEdit {
     pub fn is_noop(&self) -> bool {
-        self.images.iter().all(|(_, old, new)| old.as_deref() == Some(new))
+        self.images
+            .iter()
+            .all(|(_, old, new)| old.as_deref() == Some(new))
     }
 }
 
@@ -141,13 +143,20 @@ fn repository(image: &str) -> &str {
 
 /// Set `components`' images to `tag` (e.g. `v1.34.2`) in `config`, in the form the node
 /// uses, and prove that nothing else changed.
-pub fn set_images(config: &str, tag: &str, components: &[Component]) -> Result<ImageEdit, EditError> {
+pub fn set_images(
+    config: &str,
+    tag: &str,
+    components: &[Component],
+) -> Result<ImageEdit, EditError> {
     if !tag.starts_with('v') || crate::releaseset::Version::parse(tag).is_err() {
         return Err(EditError::BadTag(crate::releaseset::excerpt(tag, 40)));
     }
     let original = documents(config)?;
     let mut docs = original.clone();
-    let legacy = docs.iter().position(is_v1alpha1).ok_or(EditError::NoV1alpha1)?;
+    let legacy = docs
+        .iter()
+        .position(is_v1alpha1)
+        .ok_or(EditError::NoV1alpha1)?;
     let mut images = Vec::new();
     for &c in components {
         let kind_doc = docs.iter().position(|d| kind_of(d) == Some(c.kind()));
@@ -166,7 +175,10 @@ pub fn set_images(config: &str, tag: &str, components: &[Component]) -> Result<I
                         kind: c.kind(),
                     });
                 }
-                let old = docs[i].get("image").and_then(Value::as_str).map(str::to_string);
+                let old = docs[i]
+                    .get("image")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
                 (&mut docs[i], old)
             }
             None => {
@@ -174,17 +186,22 @@ pub fn set_images(config: &str, tag: &str, components: &[Component]) -> Result<I
                 (section, legacy_image)
             }
         };
-        let repo = old.as_deref().map(repository).unwrap_or(c.default_repository());
+        let repo = old
+            .as_deref()
+            .map(repository)
+            .unwrap_or(c.default_repository());
         let new = format!("{repo}:{tag}");
         set(slot, "image", Value::String(new.clone()));
         images.push((c, old, new));
     }
     let allowed: Vec<String> = images
         .iter()
-        .map(|(c, _, _)| match docs.iter().any(|d| kind_of(d) == Some(c.kind())) {
-            true => format!("{}.image", c.kind()),
-            false => c.legacy_path().join("."),
-        })
+        .map(
+            |(c, _, _)| match docs.iter().any(|d| kind_of(d) == Some(c.kind())) {
+                true => format!("{}.image", c.kind()),
+                false => c.legacy_path().join("."),
+            },
+        )
         .collect();
     let yaml = docs
         .iter()
@@ -221,7 +238,11 @@ pub fn changed_paths(old: &[Value], new: &[Value]) -> Vec<String> {
     let mut out = Vec::new();
     for k in a.keys().chain(b.keys().filter(|k| !a.contains_key(*k))) {
         // Paths inside the legacy document read as Talos writes them (`cluster.proxy.image`).
-        let prefix = if k == "v1alpha1" { String::new() } else { k.clone() };
+        let prefix = if k == "v1alpha1" {
+            String::new()
+        } else {
+            k.clone()
+        };
         diff(&prefix, a.get(k), b.get(k), &mut out);
     }
     out
@@ -243,13 +264,24 @@ fn diff(path: &str, a: Option<&Value>, b: Option<&Value>, out: &mut Vec<String>)
             for k in keys {
                 let name = match k {
                     Value::String(s) => s.clone(),
-                    other => serde_yaml::to_string(other).unwrap_or_default().trim().to_string(),
+                    other => serde_yaml::to_string(other)
+                        .unwrap_or_default()
+                        .trim()
+                        .to_string(),
                 };
-                let p = if path.is_empty() { name } else { format!("{path}.{name}") };
+                let p = if path.is_empty() {
+                    name
+                } else {
+                    format!("{path}.{name}")
+                };
                 diff(&p, x.get(k), y.get(k), out);
             }
         }
-        (x, y) if x != y => out.push(if path.is_empty() { "(document)".into() } else { path.to_string() }),
+        (x, y) if x != y => out.push(if path.is_empty() {
+            "(document)".into()
+        } else {
+            path.to_string()
+        }),
         _ => {}
     }
 }
@@ -315,12 +347,24 @@ cluster:
             ]
         );
         let img = |c: Component| e.images.iter().find(|i| i.0 == c).unwrap().2.clone();
-        assert_eq!(img(Component::ApiServer), "registry.example.com:5000/kube-apiserver:v1.34.2");
-        assert_eq!(img(Component::Kubelet), "ghcr.io/siderolabs/kubelet:v1.34.2");
+        assert_eq!(
+            img(Component::ApiServer),
+            "registry.example.com:5000/kube-apiserver:v1.34.2"
+        );
+        assert_eq!(
+            img(Component::Kubelet),
+            "ghcr.io/siderolabs/kubelet:v1.34.2"
+        );
         // The scheduler named no image: Talos's default repository, now pinned.
-        assert_eq!(img(Component::Scheduler), "registry.k8s.io/kube-scheduler:v1.34.2");
+        assert_eq!(
+            img(Component::Scheduler),
+            "registry.k8s.io/kube-scheduler:v1.34.2"
+        );
         assert!(e.yaml.contains("rotate-server-certificates: true"));
-        assert!(e.yaml.contains("installer:v1.12.6"), "the installer is not a component image");
+        assert!(
+            e.yaml.contains("installer:v1.12.6"),
+            "the installer is not a component image"
+        );
     }
 
     #[test]
@@ -330,7 +374,8 @@ cluster:
         let paths = changed_paths(&documents(multi).unwrap(), &documents(&e.yaml).unwrap());
         assert_eq!(paths, ["KubeProxyConfig.image", "KubeletConfig.image"]);
         assert!(!e.is_noop());
-        let again = set_images(&e.yaml, "v1.34.2", &[Component::Kubelet, Component::Proxy]).unwrap();
+        let again =
+            set_images(&e.yaml, "v1.34.2", &[Component::Kubelet, Component::Proxy]).unwrap();
         assert!(again.is_noop(), "idempotent");
     }
 
@@ -345,8 +390,14 @@ cluster:
             set_images("machine: {}\n", "v1.34.2", &[Component::Kubelet]),
             Err(EditError::NoV1alpha1)
         );
-        assert!(matches!(set_images(LEGACY, "1.34.2", &[Component::Kubelet]), Err(EditError::BadTag(_))));
-        assert!(matches!(set_images(LEGACY, "v1.34.2\nmachine: x", &[Component::Kubelet]), Err(EditError::BadTag(_))));
+        assert!(matches!(
+            set_images(LEGACY, "1.34.2", &[Component::Kubelet]),
+            Err(EditError::BadTag(_))
+        ));
+        assert!(matches!(
+            set_images(LEGACY, "v1.34.2\nmachine: x", &[Component::Kubelet]),
+            Err(EditError::BadTag(_))
+        ));
     }
 
     #[test]

@@ -7,6 +7,7 @@ mod sim_github;
 mod sim_kube;
 mod sim_talos;
 mod sim_twin;
+mod talos_client;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
