@@ -617,23 +617,20 @@ impl TalosClient {
                     } as i32,
                     namespace: ns as i32,
                 };
-                self.call(node, "ImageService/Pull", opts, |c| {
-                    let containerd = containerd;
-                    async move {
-                        let mut stream = ImageServiceClient::new(c)
-                            .pull(self.request(
-                                ImageServicePullRequest {
-                                    containerd: Some(containerd),
-                                    image_ref: image.to_string(),
-                                },
-                                node,
-                                opts.deadline,
-                            )?)
-                            .await?
-                            .into_inner();
-                        while stream.message().await?.is_some() {}
-                        Ok(())
-                    }
+                self.call(node, "ImageService/Pull", opts, |c| async move {
+                    let mut stream = ImageServiceClient::new(c)
+                        .pull(self.request(
+                            ImageServicePullRequest {
+                                containerd: Some(containerd),
+                                image_ref: image.to_string(),
+                            },
+                            node,
+                            opts.deadline,
+                        )?)
+                        .await?
+                        .into_inner();
+                    while stream.message().await?.is_some() {}
+                    Ok(())
                 })
                 .await
             }
