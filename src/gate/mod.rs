@@ -7,7 +7,7 @@
 //! `policies/` take effect once merged, and the verdict says so.
 
 use crate::git::{GitError, Repo, Rev};
-use crate::plan::{self, Plan, PlanOptions};
+use crate::plan::{self, Plan, PlanError, PlanOptions};
 use crate::policy::{self, CheckItem, Policies, Status, Verdict};
 use crate::releaseset::{Bump, Cluster, DocumentError, Node, ReleaseSet};
 
@@ -38,6 +38,8 @@ pub enum GateError {
         rev: String,
         missing: bool,
     },
+    #[error(transparent)]
+    Plan(#[from] PlanError),
 }
 
 fn available_list(names: &[String]) -> String {
@@ -200,7 +202,7 @@ pub fn plan(change: &Change, opts: &PlanOptions) -> Result<Plan, GateError> {
         &doc.spec,
         &nodes,
         opts,
-    ))
+    )?)
 }
 
 /// A revision in JSON output.

@@ -10,8 +10,11 @@
 mod batch;
 mod render;
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
+use crate::escape;
 use crate::releaseset::{Bump, ClusterSpec, HumanDuration, Node, Role, Version, VolumeProvider};
 
 pub use batch::{plan_batches, Batches, Placeable};
@@ -43,6 +46,7 @@ pub enum StepKind {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Step {
     /// Stable id, e.g. `talos/cp-1`, `talos/workers-2`, `kubelet/w-3`.
     pub id: String,
@@ -56,6 +60,7 @@ pub struct Step {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Stage {
     pub id: StageId,
     pub title: String,
@@ -87,6 +92,9 @@ pub struct Plan {
     pub pairings: Vec<Pairing>,
     /// What the plan leaves out and why (nodes already at the target, kube-proxy replaced…).
     pub notes: Vec<String>,
+    /// What the rollout will cost that a reader must know before merging (the Kubernetes
+    /// API going down with a single control plane…).
+    pub warnings: Vec<String>,
 }
 
 impl Plan {
@@ -106,6 +114,7 @@ impl Plan {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Pairing {
     pub talos: Version,
     pub kubernetes: Version,
@@ -118,6 +127,38 @@ pub struct PlanOptions {
     pub ichor_node: Option<String>,
 }
 
+/// Why no plan can be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "--ichor-node `{}` is not a node in the inventory (nodes: {})",
+        escape::terminal(name),
+        name_list(known)
+    )]
+    UnknownIchorNode { name: String, known: Vec<String> },
+}
+
+/// At most this many names in an error; the rest are counted.
+const LISTED_NAMES: usize = 10;
+
+fn name_list(names: &[String]) -> String {
+    if names.is_empty() {
+        return "none".into();
+    }
+    let shown: Vec<String> = names
+        .iter()
+        .take(LISTED_NAMES)
+        .map(|n| escape::terminal(n))
+        .collect();
+    let mut out = shown.join(", ");
+    if names.len() > LISTED_NAMES {
+        out.push_str(&format!(" and {} more", names.len() - LISTED_NAMES));
+    }
+    out
+}
+
+/// Offsets and the estimate saturate: durations come from a pull request, and a wrapped
+/// sum would print a short estimate for an endless rollout.
 struct Timeline {
     at: u64,
 }
@@ -139,7 +180,7 @@ impl Timeline {
             start_secs: self.at,
             duration_secs: d.0.as_secs(),
         };
-        self.at += s.duration_secs;
+        self.at = self.at.saturating_add(s.duration_secs);
         s
     }
 }
@@ -147,8 +188,40 @@ impl Timeline {
 fn plural(word: &str, n: usize) -> String {
     if n == 1 {
         word.to_string()
+    } else if word.ends_with(['s', 'h']) {
+        format!("{word}es")
     } else {
         format!("{word}s")
+    }
+}
+
+/// `3 workers`, `1 batch`.
+pub(crate) fn count(n: usize, word: &str) -> String {
+    format!("{n} {}", plural(word, n))
+}
+
+/// `w-1, w-2: Talos v1.12.6 → v1.13.0` when the nodes agree on where they come from (the
+/// version as the node's document spells it), else `w-1 (v1.12.5), w-2 (v1.12.6): Talos →
+/// v1.13.0`.
+fn from_to(
+    members: &[&Node],
+    from: impl Fn(&Node) -> &Version,
+    what: &str,
+    to: &Version,
+) -> String {
+    let first = members.first().map(|n| from(n).original());
+    if members.iter().all(|n| Some(from(n).original()) == first) {
+        let names: Vec<&str> = members.iter().map(|n| n.name.as_str()).collect();
+        match first {
+            Some(v) => format!("{}: {what}{v} → {to}", names.join(", ")),
+            None => format!("{what}→ {to}"),
+        }
+    } else {
+        let names: Vec<String> = members
+            .iter()
+            .map(|n| format!("{} ({})", n.name, from(n)))
+            .collect();
+        format!("{}: {what}→ {to}", names.join(", "))
     }
 }
 
@@ -163,7 +236,17 @@ pub fn plan(
     spec: &ClusterSpec,
     nodes: &[Node],
     opts: &PlanOptions,
-) -> Plan {
+) -> Result<Plan, PlanError> {
+    if let Some(me) = &opts.ichor_node {
+        if !nodes.iter().any(|n| &n.name == me) {
+            let mut known: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+            known.sort();
+            return Err(PlanError::UnknownIchorNode {
+                name: me.clone(),
+                known,
+            });
+        }
+    }
     let est = spec.rollout.estimates;
     let max_unavailable = spec.rollout.max_unavailable.get();
     let volume_aware = spec.volumes.provider != VolumeProvider::None;
@@ -202,9 +285,18 @@ pub fn plan(
         )
     };
 
+    let by_name: HashMap<&str, &Node> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let members_of = |names: &[String]| -> Vec<&Node> {
+        names
+            .iter()
+            .filter_map(|n| by_name.get(n.as_str()).copied())
+            .collect()
+    };
+
     let mut t = Timeline { at: 0 };
     let mut stages = Vec::new();
     let mut notes = Vec::new();
+    let mut warnings = Vec::new();
     let mut report = BatchReport {
         max_unavailable,
         count: 0,
@@ -218,9 +310,19 @@ pub fn plan(
     let at_target = nodes.len() - talos_cps.len() - talos_workers.len();
     if at_target > 0 && at_target < nodes.len() {
         notes.push(format!(
-            "{at_target} node(s) already run Talos {talos} and are skipped"
+            "{} already {} Talos {talos} and {} skipped",
+            count(at_target, "node"),
+            if at_target == 1 { "runs" } else { "run" },
+            if at_target == 1 { "is" } else { "are" },
         ));
     }
+    // What guards a control plane's reboot depends on how many etcd members there are: with
+    // three or more, one can go while the rest keep quorum; with fewer, nothing can.
+    let cp_guard = match cps.len() {
+        0 | 1 => "the only control plane: the Kubernetes API is down until it is back",
+        2 => "etcd leadership moved off first; etcd loses quorum while it reboots",
+        _ => "etcd quorum checked, leadership moved off first",
+    };
     if !talos_cps.is_empty() || !talos_workers.is_empty() {
         let mut steps = Vec::new();
         for n in &talos_cps {
@@ -228,7 +330,10 @@ pub fn plan(
                 format!("talos/{}", n.name),
                 StepKind::TalosUpgrade,
                 vec![n.name.clone()],
-                format!("control plane {}: Talos {} → {talos} (etcd quorum checked, leadership moved off first)", n.name, n.talos),
+                format!(
+                    "control plane {}: Talos {} → {talos} ({cp_guard})",
+                    n.name, n.talos
+                ),
                 est.talos_node,
             ));
         }
@@ -241,9 +346,9 @@ pub fn plan(
                 StepKind::TalosUpgrade,
                 members.clone(),
                 format!(
-                    "{} {}: Talos → {talos}",
+                    "{} {}",
                     plural("worker", members.len()),
-                    members.join(", ")
+                    from_to(&members_of(&members), |n| &n.talos, "Talos ", talos)
                 ),
                 est.talos_node,
             ));
@@ -346,10 +451,10 @@ pub fn plan(
                 StepKind::Kubelet,
                 members.clone(),
                 format!(
-                    "{} on {} {}: → {k8s}",
+                    "{} on {} {}",
                     plural("kubelet", members.len()),
                     plural("worker", members.len()),
-                    members.join(", ")
+                    from_to(&members_of(&members), |n| &n.kubelet, "", k8s)
                 ),
                 est.kubelet,
             ));
@@ -364,17 +469,54 @@ pub fn plan(
     }
 
     if !stages.is_empty() {
-        let step = t.step("verify".into(), StepKind::Verify, vec![], "verify the whole cluster: every node Ready at the target versions, etcd healthy, volumes healthy".into(), est.verify);
+        // Promise only the checks that apply: no volume provider, no volume check.
+        let volumes = match spec.volumes.provider {
+            VolumeProvider::Longhorn => ", Longhorn volumes healthy",
+            VolumeProvider::LocalPath => ", local-path volumes healthy",
+            VolumeProvider::None => "",
+        };
+        let step = t.step(
+            "verify".into(),
+            StepKind::Verify,
+            vec![],
+            format!("verify the whole cluster: every node Ready at the target versions, etcd healthy{volumes}"),
+            est.verify,
+        );
         stages.push(Stage {
             id: StageId::Verify,
             title: "verify".into(),
             steps: vec![step],
         });
     } else {
-        notes
-            .push("nothing to roll out: Talos and Kubernetes already match the release set".into());
+        notes.push(format!(
+            "nothing to roll out: every node already runs Talos {talos}{}",
+            if bump.kubernetes_moves() {
+                String::new()
+            } else {
+                format!(" and Kubernetes stays at {k8s}")
+            }
+        ));
     }
-    if !spec.rollout.maintenance_windows.is_empty() {
+    let cp_restarts = !talos_cps.is_empty() || bump.kubernetes_moves();
+    match (cps.as_slice(), cp_restarts) {
+        ([only], true) => warnings.push(format!(
+            "{} is the only control plane: the Kubernetes API is unavailable while it {}; \
+             running workloads keep running, but nothing can be scheduled or changed meanwhile",
+            only.name,
+            match (!talos_cps.is_empty(), bump.kubernetes_moves()) {
+                (true, true) => "reboots for Talos and while kube-apiserver restarts",
+                (true, false) => "reboots for Talos",
+                _ => "restarts kube-apiserver",
+            }
+        )),
+        ([_, _], _) if !talos_cps.is_empty() => warnings.push(
+            "2 control planes: etcd has no member to spare, so it loses quorum and the \
+             Kubernetes API stops while either reboots for Talos; 3 control planes keep quorum"
+                .into(),
+        ),
+        _ => {}
+    }
+    if !spec.rollout.maintenance_windows.is_empty() && !stages.is_empty() {
         notes.push("the rollout acts only inside the maintenance windows; the estimate counts working time only".into());
     }
     let changes: Vec<String> = bump
@@ -414,7 +556,7 @@ pub fn plan(
             pairings.push(next);
         }
     }
-    Plan {
+    Ok(Plan {
         cluster: cluster_name.to_string(),
         summary: bump.summary(),
         control_planes: cps.len(),
@@ -424,7 +566,8 @@ pub fn plan(
         estimate_secs: t.at,
         pairings,
         notes,
-    }
+        warnings,
+    })
 }
 
 #[cfg(test)]
@@ -456,6 +599,7 @@ mod tests {
             &nodes,
             &PlanOptions::default(),
         )
+        .unwrap()
     }
 
     #[test]

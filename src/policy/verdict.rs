@@ -5,6 +5,8 @@ use std::fmt;
 
 use serde::Serialize;
 
+use crate::escape;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
@@ -190,63 +192,64 @@ impl Verdict {
         )
     }
 
-    /// A terminal table, the hint under each item that did not pass.
+    /// A terminal table, the hint under each item that did not pass. Ids, messages and
+    /// hints embed names from the pull request: control characters are shown escaped.
     pub fn render_text(&self) -> String {
-        let mut out = format!("cluster {}: {}\n\n", self.cluster, self.summary);
+        let t = escape::terminal;
+        let mut out = format!("cluster {}: {}\n\n", t(&self.cluster), t(&self.summary));
         let w_status = 6;
-        let w_id = self
-            .items
+        let ids: Vec<String> = self.items.iter().map(|i| t(&i.id)).collect();
+        // Padding follows the widest id, up to a bound, so one long id cannot push every
+        // result off the screen.
+        let w_id = ids
             .iter()
-            .map(|i| i.id.chars().count())
+            .map(|id| id.chars().count())
             .max()
             .unwrap_or(2)
-            .max(5);
+            .clamp(5, 40);
         out.push_str(&format!(
             "  {:<w_status$}  {:<w_id$}  {}\n",
             "STATUS", "CHECK", "RESULT"
         ));
-        for i in &self.items {
+        for (i, id) in self.items.iter().zip(&ids) {
             out.push_str(&format!(
                 "  {:<w_status$}  {:<w_id$}  {}\n",
                 i.status.to_string().to_uppercase(),
-                i.id,
-                i.message
+                id,
+                t(&i.message)
             ));
             if let Some(h) = &i.hint {
-                out.push_str(&format!("  {:<w_status$}  {:<w_id$}  ↳ {}\n", "", "", h));
+                out.push_str(&format!("  {:<w_status$}  {:<w_id$}  ↳ {}\n", "", "", t(h)));
             }
         }
         out.push_str(&format!("\n{}\n", self.headline()));
         out
     }
 
-    /// A Markdown table for a PR comment.
+    /// A Markdown table for a PR comment; every cell is inert text (`escape::md_text`).
     pub fn render_markdown(&self) -> String {
+        let md = escape::md_text;
         let mut out = format!(
-            "### ichor gate — `{}`: {}\n\n**{}**\n\n",
-            self.cluster,
-            self.summary,
+            "### ichor gate — {}: {}\n\n**{}**\n\n",
+            escape::md_code(&self.cluster),
+            md(&self.summary),
             self.headline()
         );
         out.push_str("| | Check | Result |\n|---|---|---|\n");
         for i in &self.items {
-            let mut result = escape_md(&i.message);
+            let mut result = md(&i.message);
             if let Some(h) = &i.hint {
-                result.push_str(&format!("<br>↳ {}", escape_md(h)));
+                result.push_str(&format!("<br>↳ {}", md(h)));
             }
             out.push_str(&format!(
                 "| {} | {} | {} |\n",
                 i.status.symbol(),
-                escape_md(&i.title),
+                md(&i.title),
                 result
             ));
         }
         out
     }
-}
-
-fn escape_md(s: &str) -> String {
-    s.replace('|', "\\|").replace('\n', " ")
 }
 
 #[cfg(test)]
