@@ -175,7 +175,8 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
 
 /// A Mermaid gantt. Each task has an explicit start, a local date-time offset from
 /// [`CHART_EPOCH_YEAR`]: Mermaid 11 reads a bare number under `dateFormat X` as
-/// milliseconds, which put every step at 00:00.
+/// milliseconds, which put every step at 00:00. The chart's dates are not today's, so no
+/// "today" line.
 pub fn mermaid(p: &Plan) -> String {
     let title = format!("ichor plan for {} ({})", p.cluster, p.summary);
     let end = p
@@ -185,7 +186,7 @@ pub fn mermaid(p: &Plan) -> String {
         .unwrap_or(0);
     let drawable = end <= MAX_CHART_SECS;
     let mut out = format!(
-        "gantt\n    title {}\n    dateFormat YYYY-MM-DD HH:mm:ss\n    axisFormat {}\n",
+        "gantt\n    title {}\n    dateFormat YYYY-MM-DD HH:mm:ss\n    axisFormat {}\n    todayMarker off\n",
         escape::mermaid_text(&if drawable {
             title
         } else {

@@ -2,6 +2,7 @@
 
 mod cli;
 mod props;
+mod render;
 mod sim_github;
 mod sim_kube;
 mod sim_talos;
