@@ -274,7 +274,7 @@ impl MermaidIds {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const HOSTILE: &[&str] = &[
@@ -393,7 +393,7 @@ mod tests {
     }
 
     /// `t` with every `#123;` removed.
-    fn without_entity_codes(t: &str) -> String {
+    pub(crate) fn without_entity_codes(t: &str) -> String {
         let mut out = String::new();
         let mut rest = t;
         while let Some(at) = rest.find('#') {

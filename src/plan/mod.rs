@@ -704,4 +704,359 @@ mod tests {
             .contains("Stage 1 — Talos v1.12.6 → v1.13.9"));
         assert!(p.render_markdown().contains("```mermaid"));
     }
+
+    fn node(name: &str, role: Role, talos: &str) -> Node {
+        Node {
+            name: name.to_string(),
+            role,
+            talos: Version::parse(talos).unwrap(),
+            kubelet: Version::parse("v1.33.5").unwrap(),
+            volumes: vec![],
+        }
+    }
+
+    /// A cluster document with only a rollout policy and a volume provider; the nodes are
+    /// passed to `plan` directly.
+    fn spec(provider: &str, max_unavailable: u32) -> ClusterSpec {
+        let text = format!(
+            "apiVersion: ichor.dev/v1alpha1\nkind: Cluster\nmetadata: {{name: t}}\nspec:\n  rollout: {{maxUnavailable: {max_unavailable}}}\n  volumes: {{provider: {provider}}}\n"
+        );
+        Cluster::parse("c", &text).unwrap().spec
+    }
+
+    fn plan_nodes(
+        spec: &ClusterSpec,
+        nodes: &[Node],
+        head: (&str, &str),
+    ) -> Result<Plan, PlanError> {
+        let bump = Bump::between(&rs("v1.12.6", "v1.33.5"), &rs(head.0, head.1));
+        plan("t", &bump, spec, nodes, &PlanOptions::default())
+    }
+
+    #[test]
+    fn a_single_control_plane_is_warned_about_not_promised_quorum() {
+        let nodes = [
+            node("cp-1", Role::Controlplane, "v1.12.6"),
+            node("w-1", Role::Worker, "v1.12.6"),
+        ];
+        let p = plan_nodes(&spec("none", 1), &nodes, ("v1.13.9", "v1.34.1")).unwrap();
+        assert_eq!(p.warnings.len(), 1, "{:?}", p.warnings);
+        assert!(p.warnings[0].contains("cp-1 is the only control plane"));
+        assert!(p.warnings[0].contains("Kubernetes API is unavailable"));
+        assert!(p.warnings[0].contains("reboots for Talos and while kube-apiserver restarts"));
+        assert!(
+            p.steps().all(|s| !s.description.contains("quorum checked")),
+            "{:#?}",
+            p.steps().collect::<Vec<_>>()
+        );
+        let text = p.render_text();
+        assert!(
+            text.contains("\nwarning: cp-1 is the only control plane"),
+            "{text}"
+        );
+        assert!(
+            text.contains("1 control plane, 1 worker, workers in 1 batch "),
+            "{text}"
+        );
+        assert!(p
+            .render_markdown()
+            .contains("> [!WARNING]\n> cp-1 is the only"));
+
+        // Two members cannot keep quorum either; three can, and get no warning.
+        let mut nodes = nodes.to_vec();
+        nodes.push(node("cp-2", Role::Controlplane, "v1.12.6"));
+        let p = plan_nodes(&spec("none", 1), &nodes, ("v1.13.9", "v1.33.5")).unwrap();
+        assert!(
+            p.warnings[0].contains("etcd has no member to spare"),
+            "{:?}",
+            p.warnings
+        );
+        nodes.push(node("cp-3", Role::Controlplane, "v1.12.6"));
+        let p = plan_nodes(&spec("none", 1), &nodes, ("v1.13.9", "v1.33.5")).unwrap();
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+        assert!(p
+            .steps()
+            .next()
+            .unwrap()
+            .description
+            .contains("etcd quorum checked"));
+    }
+
+    #[test]
+    fn volume_checks_are_promised_only_for_a_provider() {
+        let nodes = [node("cp-1", Role::Controlplane, "v1.12.6")];
+        let verify = |provider| {
+            let p = plan_nodes(&spec(provider, 1), &nodes, ("v1.12.9", "v1.33.5")).unwrap();
+            p.steps().last().unwrap().description.clone()
+        };
+        assert!(!verify("none").contains("volume"), "{}", verify("none"));
+        assert!(verify("longhorn").contains("Longhorn volumes healthy"));
+        assert!(verify("local-path").contains("local-path volumes healthy"));
+    }
+
+    #[test]
+    fn worker_steps_say_where_each_node_comes_from() {
+        let mut nodes = vec![
+            node("cp-1", Role::Controlplane, "v1.12.6"),
+            node("w-1", Role::Worker, "v1.12.6"),
+            node("w-2", Role::Worker, "v1.12.6"),
+        ];
+        let p = plan_nodes(&spec("none", 2), &nodes, ("v1.12.9", "v1.33.7")).unwrap();
+        let descriptions: Vec<&str> = p.steps().map(|s| s.description.as_str()).collect();
+        assert!(
+            descriptions.contains(&"workers w-1, w-2: Talos v1.12.6 → v1.12.9"),
+            "{descriptions:#?}"
+        );
+        assert!(
+            descriptions.contains(&"kubelets on workers w-1, w-2: v1.33.5 → v1.33.7"),
+            "{descriptions:#?}"
+        );
+        nodes[2].talos = Version::parse("1.12.5").unwrap();
+        let p = plan_nodes(&spec("none", 2), &nodes, ("v1.12.9", "v1.33.5")).unwrap();
+        let descriptions: Vec<&str> = p.steps().map(|s| s.description.as_str()).collect();
+        assert!(
+            descriptions.contains(&"workers w-1 (v1.12.6), w-2 (1.12.5): Talos → v1.12.9"),
+            "versions as written, per node: {descriptions:#?}"
+        );
+    }
+
+    #[test]
+    fn a_plan_with_nothing_to_do_says_so_plainly() {
+        let c = cluster("");
+        let p = build(&rs("v1.12.6", "v1.33.5"), &rs("v1.12.6", "v1.33.5"), &c);
+        let text = p.render_text();
+        let headline = text.lines().nth(1).unwrap_or("");
+        assert_eq!(
+            headline,
+            "nothing to roll out: every node already runs Talos v1.12.6 and Kubernetes stays at v1.33.5"
+        );
+        assert!(
+            !text.contains("batch") && !text.contains("estimated"),
+            "{text}"
+        );
+        assert_eq!(text.matches("nothing to roll out").count(), 1, "{text}");
+        let md = p.render_markdown();
+        assert!(md.contains("\n\nnothing to roll out: every node"), "{md}");
+        assert!(!md.contains("```mermaid"), "no empty chart: {md}");
+    }
+
+    #[test]
+    fn an_ichor_node_outside_the_inventory_is_refused_naming_the_nodes() {
+        let c = cluster("");
+        let (base, head) = (rs("v1.12.6", "v1.33.5"), rs("v1.12.9", "v1.33.5"));
+        let nodes = c.spec.inventory.as_ref().unwrap().resolve(&base);
+        let opts = |n: &str| PlanOptions {
+            ichor_node: Some(n.to_string()),
+        };
+        let err = plan(
+            "t",
+            &Bump::between(&base, &head),
+            &c.spec,
+            &nodes,
+            &opts("nosuch"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            err,
+            "--ichor-node `nosuch` is not a node in the inventory (nodes: cp-1, cp-2, cp-3, w-1, w-2, w-3, w-4)"
+        );
+        assert!(plan(
+            "t",
+            &Bump::between(&base, &head),
+            &c.spec,
+            &nodes,
+            &opts("w-2")
+        )
+        .is_ok());
+
+        let many: Vec<Node> = (0..25)
+            .map(|i| node(&format!("n-{i:02}\u{1b}[2J"), Role::Worker, "v1.12.6"))
+            .collect();
+        let err = plan(
+            "t",
+            &Bump::between(&base, &head),
+            &c.spec,
+            &many,
+            &opts("\u{1b}]0;x"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.ends_with("n-09\\u{1b}[2J and 15 more)"), "{err}");
+        assert!(err.starts_with("--ichor-node `\\u{1b}]0;x`"), "{err}");
+        assert!(!err.contains('\u{1b}'), "{err}");
+    }
+
+    #[test]
+    fn estimates_saturate_instead_of_wrapping() {
+        let mut s = spec("none", 1);
+        s.rollout.estimates.talos_node = HumanDuration::from_secs(u64::MAX);
+        let nodes = [
+            node("cp-1", Role::Controlplane, "v1.12.6"),
+            node("w-1", Role::Worker, "v1.12.6"),
+        ];
+        let p = plan_nodes(&s, &nodes, ("v1.12.9", "v1.33.5")).unwrap();
+        assert_eq!(p.estimate_secs, u64::MAX);
+        let starts: Vec<u64> = p.steps().map(|s| s.start_secs).collect();
+        assert!(starts.windows(2).all(|w| w[0] <= w[1]), "{starts:?}");
+        let text = p.render_text();
+        assert!(text.contains("estimated 213503982334601d7h15s"), "{text}");
+        let gantt = p.render_mermaid();
+        assert!(gantt.contains("too long to draw"), "{gantt}");
+        assert!(
+            !gantt.contains("section"),
+            "no chart Mermaid cannot date: {gantt}"
+        );
+    }
+
+    #[test]
+    fn plans_longer_than_a_day_count_days() {
+        let mut s = spec("none", 1);
+        s.rollout.estimates.talos_node = HumanDuration::from_secs(10 * 3600);
+        let nodes: Vec<Node> = (1..=6)
+            .map(|i| node(&format!("w-{i}"), Role::Worker, "v1.12.6"))
+            .collect();
+        let p = plan_nodes(&s, &nodes, ("v1.12.9", "v1.33.5")).unwrap();
+        let text = p.render_text();
+        assert!(text.contains("  6. 2d02:00 +10h "), "{text}");
+        let gantt = p.render_mermaid();
+        assert!(gantt.contains("axisFormat day %-j %H:%M"), "{gantt}");
+        assert!(
+            gantt.contains(":talos-workers-6, 2000-01-03 02:00:00, 36000s"),
+            "{gantt}"
+        );
+    }
+
+    /// Names a pull request could carry if nothing refused them at parse time.
+    const HOSTILE: &[&str] = &[
+        "cp-1\nsection injected",
+        "```\n# owned\n```",
+        "<script>alert(1)</script>",
+        "a|b|c",
+        "%%{init: {'theme': 'dark'}}%%",
+        "click x call alert()",
+        "\u{1b}[2J\u{1b}[31mred",
+        "- item",
+        "1. one",
+        "> quote",
+        "w: x; #1",
+    ];
+
+    fn hostile_plan() -> Plan {
+        let mut nodes = vec![node(HOSTILE[0], Role::Controlplane, "v1.12.6")];
+        for h in &HOSTILE[1..] {
+            let mut n = node(h, Role::Worker, "v1.12.6");
+            n.volumes = vec![format!("{h}-vol")];
+            nodes.push(n);
+        }
+        let bump = Bump::between(&rs("v1.12.6", "v1.33.5"), &rs("v1.12.9", "v1.33.7"));
+        plan(
+            HOSTILE[2],
+            &bump,
+            &spec("longhorn", 3),
+            &nodes,
+            &PlanOptions::default(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn hostile_names_stay_text_in_the_terminal() {
+        let p = hostile_plan();
+        let text = p.render_text();
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        let step_lines = text
+            .lines()
+            .filter(|l| {
+                let t = l.trim_start();
+                t.split_once(". ")
+                    .is_some_and(|(n, _)| n.parse::<usize>().is_ok())
+                    && l.starts_with("  ")
+            })
+            .count();
+        assert_eq!(step_lines, p.steps().count(), "one line per step: {text}");
+        assert!(text.contains("cp-1\\nsection injected"), "{text}");
+    }
+
+    #[test]
+    fn hostile_names_stay_text_in_markdown() {
+        let p = hostile_plan();
+        let md = p.render_markdown();
+        assert_eq!(md.matches("```").count(), 2, "only the mermaid fence: {md}");
+        let (header, rest) = md.split_once('\n').unwrap();
+        assert!(
+            header.starts_with("### ichor plan — `<script>alert(1)</script>`: "),
+            "the cluster name is code: {header}"
+        );
+        assert!(!rest.contains('<'), "no HTML: {md}");
+        assert!(!md.contains('\u{1b}'));
+        let (prose, chart) = rest.split_once("```mermaid\n").unwrap();
+        let mut list_items = 0;
+        for line in prose.lines().filter(|l| !l.is_empty()) {
+            let item = line
+                .split_once(". `")
+                .is_some_and(|(n, _)| n.parse::<usize>().is_ok());
+            list_items += usize::from(item);
+            assert!(
+                item || line.starts_with("**")
+                    || line.starts_with("> ")
+                    || line.starts_with("- ")
+                    || line.starts_with("1 control plane, "),
+                "unexpected block: {line:?}\n{md}"
+            );
+            // Every pipe is escaped: no table can form.
+            assert!(
+                line.match_indices('|')
+                    .all(|(i, _)| line[..i].ends_with('\\')),
+                "{line:?}"
+            );
+        }
+        assert_eq!(list_items, p.steps().count(), "{md}");
+        assert_eq!(chart, format!("{}```\n", p.render_mermaid()));
+    }
+
+    #[test]
+    fn hostile_names_stay_text_in_mermaid() {
+        let p = hostile_plan();
+        let gantt = p.render_mermaid();
+        let mut lines = gantt.lines();
+        assert_eq!(lines.next(), Some("gantt"));
+        let mut tasks = 0;
+        let mut ids = std::collections::HashSet::new();
+        for line in lines {
+            let body = line
+                .strip_prefix("    ")
+                .unwrap_or_else(|| panic!("{line:?}"));
+            if body.starts_with("axisFormat ")
+                || body == "todayMarker off"
+                || body == "dateFormat YYYY-MM-DD HH:mm:ss"
+            {
+                continue;
+            }
+            // Outside our own settings, `%`, `:`, `;` and `#` appear only in entity codes.
+            let text = body.split(" :").next().unwrap_or("");
+            let bare = crate::escape::tests::without_entity_codes(text);
+            assert!(!bare.contains(['%', ':', ';', '#']), "{line:?}");
+            if body.starts_with("title ") || body.starts_with("section ") {
+                continue;
+            }
+            tasks += 1;
+            let (name, data) = body.split_once(" :").unwrap_or_else(|| panic!("{line:?}"));
+            assert!(!name.contains(':'), "{line:?}");
+            let lower = name.to_ascii_lowercase();
+            for k in ["click", "call", "section", "title", "href", "gantt"] {
+                assert!(!lower.starts_with(k), "{line:?}");
+            }
+            let fields: Vec<&str> = data.split(", ").collect();
+            assert_eq!(fields.len(), 3, "{line:?}");
+            assert!(fields[0]
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+            assert!(ids.insert(fields[0].to_string()), "ids are unique: {gantt}");
+        }
+        assert_eq!(tasks, p.steps().count(), "{gantt}");
+    }
 }

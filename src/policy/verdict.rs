@@ -274,6 +274,74 @@ mod tests {
         assert_eq!(v.outcome.exit_code(), 1);
     }
 
+    /// Items as a pull request could shape them: names with newlines, pipes, HTML and
+    /// terminal escapes inside ids, titles, messages and hints.
+    fn hostile() -> Verdict {
+        Verdict::new(
+            "lab`\n# x",
+            "addon <b>x</b> | v1 → v2",
+            vec![
+                CheckItem::new(
+                    "addon/a\nPASS  forged",
+                    "Add-on a|b supports Kubernetes",
+                    Status::Fail,
+                    "unknown add-on `a|b`\n| ✅ | forged | row |",
+                )
+                .hint("<script>alert(1)</script> or \u{1b}[2J\u{1b}[32mPASS"),
+                CheckItem::new(
+                    "x".repeat(5000),
+                    "- list\n1. item",
+                    Status::Warn,
+                    format!("```\nfence{}", "y".repeat(5000)),
+                ),
+            ],
+        )
+    }
+
+    #[test]
+    fn markdown_cells_stay_cells() {
+        let v = hostile();
+        let md = v.render_markdown();
+        let lines: Vec<&str> = md.lines().collect();
+        assert!(
+            lines[0].starts_with(
+                "### ichor gate — ``lab`\\n# x``: addon &lt;b&gt;x&lt;/b&gt; \\| v1 → v2"
+            ),
+            "{md}"
+        );
+        let rows: Vec<&&str> = lines.iter().filter(|l| l.starts_with('|')).collect();
+        assert_eq!(rows.len(), 2 + v.items.len(), "no forged rows: {md}");
+        for row in &rows[2..] {
+            let unescaped = row
+                .match_indices('|')
+                .filter(|(i, _)| !row[..*i].ends_with('\\'))
+                .count();
+            assert_eq!(unescaped, 4, "three cells: {row}");
+        }
+        assert!(!md.contains("<script") && !md.contains('\u{1b}'), "{md}");
+        assert!(!md.contains("```"), "{md}");
+        assert!(md.len() < 5000, "long strings are cut: {}", md.len());
+    }
+
+    #[test]
+    fn text_shows_escapes_instead_of_running_them() {
+        let text = hostile().render_text();
+        assert!(!text.contains('\u{1b}'), "{text:?}");
+        assert!(text.contains("\\u{1b}[2J\\u{1b}[32mPASS"), "{text}");
+        // Header, blank, column titles, 2 items + 1 hint, blank, headline: no forged lines.
+        assert_eq!(text.lines().count(), 8, "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[2].chars().count() < 80,
+            "a long id does not pad every line: {}",
+            lines[2]
+        );
+        assert!(
+            lines.iter().all(|l| l.chars().count() < 2100),
+            "long strings are cut: {text}"
+        );
+    }
+
     #[test]
     fn text_puts_the_hint_under_its_item() {
         let v = Verdict::new(
