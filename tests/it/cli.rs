@@ -301,6 +301,30 @@ fn plan_renders_mermaid_and_text() {
 }
 
 #[test]
+fn plan_refuses_an_ichor_node_outside_the_inventory() {
+    let o = ichor(&[
+        "plan",
+        "--repo",
+        &repo(),
+        "--base",
+        "main",
+        "--head",
+        "renovate/talos",
+        "--ichor-node",
+        "nosuch",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains(
+            "--ichor-node `nosuch` is not a node in the inventory (nodes: cp-1, cp-2, cp-3, w-1, w-2, w-3)"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stdout(&o).is_empty());
+}
+
+#[test]
 fn usage_errors_exit_2() {
     let o = ichor(&["check", "--repo", &repo(), "--base", "main"]);
     assert_eq!(o.status.code(), Some(2));
