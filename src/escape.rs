@@ -190,6 +190,10 @@ const MERMAID_KEYWORDS: &[&str] = &[
     "weekend",
 ];
 
+/// Mermaid turns entity codes into these characters before parsing and back into `&…;` in
+/// the SVG; written literally they would make entity references of their own.
+const MERMAID_PLACEHOLDERS: &[char] = &['\u{fb02}', '°', '¶', 'ß'];
+
 /// For Mermaid gantt text: the title, a section or a task name. Everything but letters,
 /// digits, spaces and a few harmless punctuation marks becomes a Mermaid entity code
 /// (`#35;` for `#`), which the renderer turns back into the character after parsing, so
@@ -209,7 +213,7 @@ pub fn mermaid_text(s: &str) -> String {
                 c,
                 ' ' | '-' | '_' | '.' | ',' | '/' | '(' | ')' | '+' | '=' | '\\'
             )
-            || (!c.is_ascii() && !is_invisible(c));
+            || (!c.is_ascii() && !is_invisible(c) && !MERMAID_PLACEHOLDERS.contains(&c));
         if is_invisible(c) {
             visible(c, &mut out);
         } else if safe && !(i == 0 && keyword) {
@@ -377,6 +381,7 @@ pub(crate) mod tests {
         assert_eq!(mermaid_text("<b>"), "#60;b#62;");
         assert_eq!(mermaid_text("Talos v1 → v2"), "Talos v1 → v2");
         assert_eq!(mermaid_text(""), "#32;");
+        assert_eq!(mermaid_text("ﬂ°°60¶ß"), "#64258;#176;#176;60#182;#223;");
         for h in HOSTILE {
             let t = mermaid_text(h);
             let bare = without_entity_codes(&t);

@@ -197,6 +197,8 @@ const HOSTILE_CP: &str = "click x call alert()";
 const HOSTILE_WORKERS: &[&str] = &[
     "w-1\nsection injected\n    fake :x, 2000-01-01 00:00:00, 99999s",
     "<img src=x onerror=alert(1)>",
+    // Mermaid's own placeholders for entity codes, written literally.
+    "\u{fb02}\u{b0}lt\u{b6}\u{df}b\u{fb02}\u{b0}\u{b0}60\u{b6}\u{df}",
     "%%{init: {\"theme\": \"forest\"}}%% #3; ``` |",
 ];
 const HOSTILE_CLUSTER: &str = "lab: %% comment\ntitle x";
