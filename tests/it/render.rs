@@ -261,7 +261,12 @@ fn real_mermaid_draws_steps_where_the_plan_says_and_names_as_text() {
     let Some((mmdc, config)) = mermaid_cli(dir.path()) else {
         return;
     };
-    let json: Value = serde_json::from_str(&homelab_plan("json")).expect("plan json");
+    let report: Value = serde_json::from_str(&homelab_plan("json")).expect("plan json");
+    // The plan itself, whether the report holds one (flattened) or a list per cluster.
+    let json = match report["plans"].as_array() {
+        Some(plans) => plans.first().cloned().unwrap_or_default(),
+        None => report,
+    };
     let starts: Vec<u64> = json["stages"]
         .as_array()
         .into_iter()
