@@ -165,7 +165,7 @@ fn bench_gate_plan(c: &mut Criterion) {
     let replicas: usize = nodes.iter().map(|n| n.volumes.len()).sum();
     let run = || {
         let items = policy::evaluate(&bump, &policies, Some(&nodes));
-        let p = plan("big", &bump, &cluster.spec, &nodes, &PlanOptions::default());
+        let p = plan("big", &bump, &cluster.spec, &nodes, &PlanOptions::default()).expect("plan");
         (items.len(), p)
     };
     let (_, p) = run();

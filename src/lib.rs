@@ -5,6 +5,7 @@
 //! twin: a simulated cluster and forge served over the real protocols.
 
 pub mod clock;
+pub mod escape;
 pub mod gate;
 pub mod git;
 pub mod plan;

@@ -110,7 +110,7 @@ enum CheckOutput {
     Markdown,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum PlanOutput {
     Text,
     Json,
@@ -287,7 +287,7 @@ fn check_text(review: &Review, render: impl Fn(&ichor::policy::Verdict) -> Strin
             // Errors go to stderr, as every other error does.
             Err(e) => eprintln!(
                 "error: cluster {}: {e}",
-                s.cluster.as_deref().unwrap_or("-")
+                ichor::escape::terminal(s.cluster.as_deref().unwrap_or("-"))
             ),
         }
     }
@@ -313,12 +313,28 @@ fn plan(
     allow_blocked: bool,
 ) -> anyhow::Result<ExitCode> {
     let review = review(target)?;
-    let opts = PlanOptions { ichor_node };
+    // With several clusters, the node running ichor belongs to one of them.
+    let has_node =
+        |c: &gate::Change, n: &str| c.nodes().is_some_and(|ns| ns.iter().any(|x| x.name == n));
+    let changes: Vec<&gate::Change> = review
+        .sections
+        .iter()
+        .filter_map(|s| s.result.as_ref().ok().and_then(|j| j.change.as_ref()))
+        .collect();
+    let node_somewhere = ichor_node
+        .as_deref()
+        .is_some_and(|n| changes.iter().any(|c| has_node(c, n)));
+    if output == PlanOutput::Mermaid && changes.len() > 1 {
+        anyhow::bail!(
+            "--output mermaid draws one cluster and this change touches {}; choose one with --cluster",
+            changes.len()
+        );
+    }
     let mut text = String::new();
     let mut plans = Vec::new();
     let mut code = 0;
     for s in &review.sections {
-        let name = s.cluster.as_deref().unwrap_or("policies");
+        let name = ichor::escape::terminal(s.cluster.as_deref().unwrap_or("policies"));
         let judged = match &s.result {
             Ok(j) => j,
             Err(e) => {
@@ -345,9 +361,12 @@ fn plan(
                     "cluster {name}: the gate {what} this change, so there is no plan to run (exit {}); --allow-blocked shows it anyway\n\n",
                     outcome.exit_code()
                 );
-                if matches!(output, PlanOutput::Text | PlanOutput::Markdown) {
+                if output == PlanOutput::Text {
                     text.push_str(&msg);
                     text.push_str(&judged.verdict.render_text());
+                } else if output == PlanOutput::Markdown {
+                    text.push_str(&format!("> {}\n\n", ichor::escape::md_text(msg.trim())));
+                    text.push_str(&judged.verdict.render_markdown());
                 } else {
                     eprint!("{msg}{}", judged.verdict.render_text());
                 }
@@ -363,6 +382,13 @@ fn plan(
                 _ => eprint!("{warning}"),
             }
         }
+        let opts = PlanOptions {
+            // Where the node is not in this cluster's inventory it runs elsewhere; only when
+            // no cluster has it is the name refused (by the plan, which names the nodes).
+            ichor_node: ichor_node
+                .clone()
+                .filter(|n| has_node(change, n) || !node_somewhere),
+        };
         match gate::plan(change, &opts) {
             Ok(p) => plans.push((outcome, p)),
             Err(e) => {

@@ -8,7 +8,7 @@
 //! by; its edits to them take effect once merged, and the verdict shows each as its own item.
 
 use crate::git::{GitError, Repo, Rev};
-use crate::plan::{self, Plan, PlanOptions};
+use crate::plan::{self, Plan, PlanError, PlanOptions};
 use crate::policy::{self, CheckItem, Outcome, Policies, Status, Verdict};
 use crate::releaseset::{Bump, Cluster, ClusterSpec, DocumentError, Node, ReleaseSet};
 
@@ -39,6 +39,8 @@ pub enum GateError {
         rev: String,
         missing: bool,
     },
+    #[error(transparent)]
+    Plan(#[from] PlanError),
 }
 
 fn available_list(names: &[String]) -> String {
@@ -579,7 +581,7 @@ pub fn plan(change: &Change, opts: &PlanOptions) -> Result<Plan, GateError> {
         &doc.spec,
         &nodes,
         opts,
-    ))
+    )?)
 }
 
 /// The version of the JSON reports (`check` and `plan --output json`). The shapes are a

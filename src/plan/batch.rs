@@ -15,6 +15,7 @@ pub struct Placeable<'a> {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Batches {
     pub batches: Vec<Vec<String>>,
     /// No arrangement can use fewer batches than this.

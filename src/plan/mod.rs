@@ -10,8 +10,11 @@
 mod batch;
 mod render;
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
+use crate::escape;
 use crate::releaseset::{Bump, ClusterSpec, HumanDuration, Node, Role, Version, VolumeProvider};
 
 pub use batch::{plan_batches, Batches, Placeable};
@@ -43,6 +46,7 @@ pub enum StepKind {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Step {
     /// Stable id, e.g. `talos/cp-1`, `talos/workers-2`, `kubelet/w-3`.
     pub id: String,
@@ -56,6 +60,7 @@ pub struct Step {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Stage {
     pub id: StageId,
     pub title: String,
@@ -87,6 +92,9 @@ pub struct Plan {
     pub pairings: Vec<Pairing>,
     /// What the plan leaves out and why (nodes already at the target, kube-proxy replaced…).
     pub notes: Vec<String>,
+    /// What the rollout will cost that a reader must know before merging (the Kubernetes
+    /// API going down with a single control plane…).
+    pub warnings: Vec<String>,
 }
 
 impl Plan {
@@ -106,6 +114,7 @@ impl Plan {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Pairing {
     pub talos: Version,
     pub kubernetes: Version,
@@ -118,6 +127,38 @@ pub struct PlanOptions {
     pub ichor_node: Option<String>,
 }
 
+/// Why no plan can be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "--ichor-node `{}` is not a node in the inventory (nodes: {})",
+        escape::terminal(name),
+        name_list(known)
+    )]
+    UnknownIchorNode { name: String, known: Vec<String> },
+}
+
+/// At most this many names in an error; the rest are counted.
+const LISTED_NAMES: usize = 10;
+
+fn name_list(names: &[String]) -> String {
+    if names.is_empty() {
+        return "none".into();
+    }
+    let shown: Vec<String> = names
+        .iter()
+        .take(LISTED_NAMES)
+        .map(|n| escape::terminal(n))
+        .collect();
+    let mut out = shown.join(", ");
+    if names.len() > LISTED_NAMES {
+        out.push_str(&format!(" and {} more", names.len() - LISTED_NAMES));
+    }
+    out
+}
+
+/// Offsets and the estimate saturate: durations come from a pull request, and a wrapped
+/// sum would print a short estimate for an endless rollout.
 struct Timeline {
     at: u64,
 }
@@ -139,7 +180,7 @@ impl Timeline {
             start_secs: self.at,
             duration_secs: d.0.as_secs(),
         };
-        self.at += s.duration_secs;
+        self.at = self.at.saturating_add(s.duration_secs);
         s
     }
 }
@@ -147,8 +188,40 @@ impl Timeline {
 fn plural(word: &str, n: usize) -> String {
     if n == 1 {
         word.to_string()
+    } else if word.ends_with(['s', 'h']) {
+        format!("{word}es")
     } else {
         format!("{word}s")
+    }
+}
+
+/// `3 workers`, `1 batch`.
+pub(crate) fn count(n: usize, word: &str) -> String {
+    format!("{n} {}", plural(word, n))
+}
+
+/// `w-1, w-2: Talos v1.12.6 → v1.13.0` when the nodes agree on where they come from (the
+/// version as the node's document spells it), else `w-1 (v1.12.5), w-2 (v1.12.6): Talos →
+/// v1.13.0`.
+fn from_to(
+    members: &[&Node],
+    from: impl Fn(&Node) -> &Version,
+    what: &str,
+    to: &Version,
+) -> String {
+    let first = members.first().map(|n| from(n).original());
+    if members.iter().all(|n| Some(from(n).original()) == first) {
+        let names: Vec<&str> = members.iter().map(|n| n.name.as_str()).collect();
+        match first {
+            Some(v) => format!("{}: {what}{v} → {to}", names.join(", ")),
+            None => format!("{what}→ {to}"),
+        }
+    } else {
+        let names: Vec<String> = members
+            .iter()
+            .map(|n| format!("{} ({})", n.name, from(n)))
+            .collect();
+        format!("{}: {what}→ {to}", names.join(", "))
     }
 }
 
@@ -163,7 +236,17 @@ pub fn plan(
     spec: &ClusterSpec,
     nodes: &[Node],
     opts: &PlanOptions,
-) -> Plan {
+) -> Result<Plan, PlanError> {
+    if let Some(me) = &opts.ichor_node {
+        if !nodes.iter().any(|n| &n.name == me) {
+            let mut known: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+            known.sort();
+            return Err(PlanError::UnknownIchorNode {
+                name: me.clone(),
+                known,
+            });
+        }
+    }
     let est = spec.rollout.estimates;
     let max_unavailable = spec.rollout.max_unavailable.get();
     let volume_aware = spec.volumes.provider != VolumeProvider::None;
@@ -202,9 +285,18 @@ pub fn plan(
         )
     };
 
+    let by_name: HashMap<&str, &Node> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let members_of = |names: &[String]| -> Vec<&Node> {
+        names
+            .iter()
+            .filter_map(|n| by_name.get(n.as_str()).copied())
+            .collect()
+    };
+
     let mut t = Timeline { at: 0 };
     let mut stages = Vec::new();
     let mut notes = Vec::new();
+    let mut warnings = Vec::new();
     let mut report = BatchReport {
         max_unavailable,
         count: 0,
@@ -218,9 +310,19 @@ pub fn plan(
     let at_target = nodes.len() - talos_cps.len() - talos_workers.len();
     if at_target > 0 && at_target < nodes.len() {
         notes.push(format!(
-            "{at_target} node(s) already run Talos {talos} and are skipped"
+            "{} already {} Talos {talos} and {} skipped",
+            count(at_target, "node"),
+            if at_target == 1 { "runs" } else { "run" },
+            if at_target == 1 { "is" } else { "are" },
         ));
     }
+    // What guards a control plane's reboot depends on how many etcd members there are: with
+    // three or more, one can go while the rest keep quorum; with fewer, nothing can.
+    let cp_guard = match cps.len() {
+        0 | 1 => "the only control plane: the Kubernetes API is down until it is back",
+        2 => "etcd leadership moved off first; etcd loses quorum while it reboots",
+        _ => "etcd quorum checked, leadership moved off first",
+    };
     if !talos_cps.is_empty() || !talos_workers.is_empty() {
         let mut steps = Vec::new();
         for n in &talos_cps {
@@ -228,7 +330,10 @@ pub fn plan(
                 format!("talos/{}", n.name),
                 StepKind::TalosUpgrade,
                 vec![n.name.clone()],
-                format!("control plane {}: Talos {} → {talos} (etcd quorum checked, leadership moved off first)", n.name, n.talos),
+                format!(
+                    "control plane {}: Talos {} → {talos} ({cp_guard})",
+                    n.name, n.talos
+                ),
                 est.talos_node,
             ));
         }
@@ -241,9 +346,9 @@ pub fn plan(
                 StepKind::TalosUpgrade,
                 members.clone(),
                 format!(
-                    "{} {}: Talos → {talos}",
+                    "{} {}",
                     plural("worker", members.len()),
-                    members.join(", ")
+                    from_to(&members_of(&members), |n| &n.talos, "Talos ", talos)
                 ),
                 est.talos_node,
             ));
@@ -346,10 +451,10 @@ pub fn plan(
                 StepKind::Kubelet,
                 members.clone(),
                 format!(
-                    "{} on {} {}: → {k8s}",
+                    "{} on {} {}",
                     plural("kubelet", members.len()),
                     plural("worker", members.len()),
-                    members.join(", ")
+                    from_to(&members_of(&members), |n| &n.kubelet, "", k8s)
                 ),
                 est.kubelet,
             ));
@@ -364,17 +469,54 @@ pub fn plan(
     }
 
     if !stages.is_empty() {
-        let step = t.step("verify".into(), StepKind::Verify, vec![], "verify the whole cluster: every node Ready at the target versions, etcd healthy, volumes healthy".into(), est.verify);
+        // Promise only the checks that apply: no volume provider, no volume check.
+        let volumes = match spec.volumes.provider {
+            VolumeProvider::Longhorn => ", Longhorn volumes healthy",
+            VolumeProvider::LocalPath => ", local-path volumes healthy",
+            VolumeProvider::None => "",
+        };
+        let step = t.step(
+            "verify".into(),
+            StepKind::Verify,
+            vec![],
+            format!("verify the whole cluster: every node Ready at the target versions, etcd healthy{volumes}"),
+            est.verify,
+        );
         stages.push(Stage {
             id: StageId::Verify,
             title: "verify".into(),
             steps: vec![step],
         });
     } else {
-        notes
-            .push("nothing to roll out: Talos and Kubernetes already match the release set".into());
+        notes.push(format!(
+            "nothing to roll out: every node already runs Talos {talos}{}",
+            if bump.kubernetes_moves() {
+                String::new()
+            } else {
+                format!(" and Kubernetes stays at {k8s}")
+            }
+        ));
     }
-    if !spec.rollout.maintenance_windows.is_empty() {
+    let cp_restarts = !talos_cps.is_empty() || bump.kubernetes_moves();
+    match (cps.as_slice(), cp_restarts) {
+        ([only], true) => warnings.push(format!(
+            "{} is the only control plane: the Kubernetes API is unavailable while it {}; \
+             running workloads keep running, but nothing can be scheduled or changed meanwhile",
+            only.name,
+            match (!talos_cps.is_empty(), bump.kubernetes_moves()) {
+                (true, true) => "reboots for Talos and while kube-apiserver restarts",
+                (true, false) => "reboots for Talos",
+                _ => "restarts kube-apiserver",
+            }
+        )),
+        ([_, _], _) if !talos_cps.is_empty() => warnings.push(
+            "2 control planes: etcd has no member to spare, so it loses quorum and the \
+             Kubernetes API stops while either reboots for Talos; 3 control planes keep quorum"
+                .into(),
+        ),
+        _ => {}
+    }
+    if !spec.rollout.maintenance_windows.is_empty() && !stages.is_empty() {
         notes.push("the rollout acts only inside the maintenance windows; the estimate counts working time only".into());
     }
     let changes: Vec<String> = bump
@@ -414,7 +556,7 @@ pub fn plan(
             pairings.push(next);
         }
     }
-    Plan {
+    Ok(Plan {
         cluster: cluster_name.to_string(),
         summary: bump.summary(),
         control_planes: cps.len(),
@@ -424,7 +566,8 @@ pub fn plan(
         estimate_secs: t.at,
         pairings,
         notes,
-    }
+        warnings,
+    })
 }
 
 #[cfg(test)]
@@ -456,6 +599,7 @@ mod tests {
             &nodes,
             &PlanOptions::default(),
         )
+        .unwrap()
     }
 
     #[test]
@@ -559,5 +703,360 @@ mod tests {
             .render_text()
             .contains("Stage 1 — Talos v1.12.6 → v1.13.9"));
         assert!(p.render_markdown().contains("```mermaid"));
+    }
+
+    fn node(name: &str, role: Role, talos: &str) -> Node {
+        Node {
+            name: name.to_string(),
+            role,
+            talos: Version::parse(talos).unwrap(),
+            kubelet: Version::parse("v1.33.5").unwrap(),
+            volumes: vec![],
+        }
+    }
+
+    /// A cluster document with only a rollout policy and a volume provider; the nodes are
+    /// passed to `plan` directly.
+    fn spec(provider: &str, max_unavailable: u32) -> ClusterSpec {
+        let text = format!(
+            "apiVersion: ichor.dev/v1alpha1\nkind: Cluster\nmetadata: {{name: t}}\nspec:\n  rollout: {{maxUnavailable: {max_unavailable}}}\n  volumes: {{provider: {provider}}}\n"
+        );
+        Cluster::parse("c", &text).unwrap().spec
+    }
+
+    fn plan_nodes(
+        spec: &ClusterSpec,
+        nodes: &[Node],
+        head: (&str, &str),
+    ) -> Result<Plan, PlanError> {
+        let bump = Bump::between(&rs("v1.12.6", "v1.33.5"), &rs(head.0, head.1));
+        plan("t", &bump, spec, nodes, &PlanOptions::default())
+    }
+
+    #[test]
+    fn a_single_control_plane_is_warned_about_not_promised_quorum() {
+        let nodes = [
+            node("cp-1", Role::Controlplane, "v1.12.6"),
+            node("w-1", Role::Worker, "v1.12.6"),
+        ];
+        let p = plan_nodes(&spec("none", 1), &nodes, ("v1.13.9", "v1.34.1")).unwrap();
+        assert_eq!(p.warnings.len(), 1, "{:?}", p.warnings);
+        assert!(p.warnings[0].contains("cp-1 is the only control plane"));
+        assert!(p.warnings[0].contains("Kubernetes API is unavailable"));
+        assert!(p.warnings[0].contains("reboots for Talos and while kube-apiserver restarts"));
+        assert!(
+            p.steps().all(|s| !s.description.contains("quorum checked")),
+            "{:#?}",
+            p.steps().collect::<Vec<_>>()
+        );
+        let text = p.render_text();
+        assert!(
+            text.contains("\nwarning: cp-1 is the only control plane"),
+            "{text}"
+        );
+        assert!(
+            text.contains("1 control plane, 1 worker, workers in 1 batch "),
+            "{text}"
+        );
+        assert!(p
+            .render_markdown()
+            .contains("> [!WARNING]\n> cp-1 is the only"));
+
+        // Two members cannot keep quorum either; three can, and get no warning.
+        let mut nodes = nodes.to_vec();
+        nodes.push(node("cp-2", Role::Controlplane, "v1.12.6"));
+        let p = plan_nodes(&spec("none", 1), &nodes, ("v1.13.9", "v1.33.5")).unwrap();
+        assert!(
+            p.warnings[0].contains("etcd has no member to spare"),
+            "{:?}",
+            p.warnings
+        );
+        nodes.push(node("cp-3", Role::Controlplane, "v1.12.6"));
+        let p = plan_nodes(&spec("none", 1), &nodes, ("v1.13.9", "v1.33.5")).unwrap();
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+        assert!(p
+            .steps()
+            .next()
+            .unwrap()
+            .description
+            .contains("etcd quorum checked"));
+    }
+
+    #[test]
+    fn volume_checks_are_promised_only_for_a_provider() {
+        let nodes = [node("cp-1", Role::Controlplane, "v1.12.6")];
+        let verify = |provider| {
+            let p = plan_nodes(&spec(provider, 1), &nodes, ("v1.12.9", "v1.33.5")).unwrap();
+            p.steps().last().unwrap().description.clone()
+        };
+        assert!(!verify("none").contains("volume"), "{}", verify("none"));
+        assert!(verify("longhorn").contains("Longhorn volumes healthy"));
+        assert!(verify("local-path").contains("local-path volumes healthy"));
+    }
+
+    #[test]
+    fn worker_steps_say_where_each_node_comes_from() {
+        let mut nodes = vec![
+            node("cp-1", Role::Controlplane, "v1.12.6"),
+            node("w-1", Role::Worker, "v1.12.6"),
+            node("w-2", Role::Worker, "v1.12.6"),
+        ];
+        let p = plan_nodes(&spec("none", 2), &nodes, ("v1.12.9", "v1.33.7")).unwrap();
+        let descriptions: Vec<&str> = p.steps().map(|s| s.description.as_str()).collect();
+        assert!(
+            descriptions.contains(&"workers w-1, w-2: Talos v1.12.6 → v1.12.9"),
+            "{descriptions:#?}"
+        );
+        assert!(
+            descriptions.contains(&"kubelets on workers w-1, w-2: v1.33.5 → v1.33.7"),
+            "{descriptions:#?}"
+        );
+        nodes[2].talos = Version::parse("1.12.5").unwrap();
+        let p = plan_nodes(&spec("none", 2), &nodes, ("v1.12.9", "v1.33.5")).unwrap();
+        let descriptions: Vec<&str> = p.steps().map(|s| s.description.as_str()).collect();
+        assert!(
+            descriptions.contains(&"workers w-1 (v1.12.6), w-2 (1.12.5): Talos → v1.12.9"),
+            "versions as written, per node: {descriptions:#?}"
+        );
+    }
+
+    #[test]
+    fn a_plan_with_nothing_to_do_says_so_plainly() {
+        let c = cluster("");
+        let p = build(&rs("v1.12.6", "v1.33.5"), &rs("v1.12.6", "v1.33.5"), &c);
+        let text = p.render_text();
+        let headline = text.lines().nth(1).unwrap_or("");
+        assert_eq!(
+            headline,
+            "nothing to roll out: every node already runs Talos v1.12.6 and Kubernetes stays at v1.33.5"
+        );
+        assert!(
+            !text.contains("batch") && !text.contains("estimated"),
+            "{text}"
+        );
+        assert_eq!(text.matches("nothing to roll out").count(), 1, "{text}");
+        let md = p.render_markdown();
+        assert!(md.contains("\n\nnothing to roll out: every node"), "{md}");
+        assert!(!md.contains("```mermaid"), "no empty chart: {md}");
+    }
+
+    #[test]
+    fn an_ichor_node_outside_the_inventory_is_refused_naming_the_nodes() {
+        let c = cluster("");
+        let (base, head) = (rs("v1.12.6", "v1.33.5"), rs("v1.12.9", "v1.33.5"));
+        let nodes = c.spec.inventory.as_ref().unwrap().resolve(&base);
+        let opts = |n: &str| PlanOptions {
+            ichor_node: Some(n.to_string()),
+        };
+        let err = plan(
+            "t",
+            &Bump::between(&base, &head),
+            &c.spec,
+            &nodes,
+            &opts("nosuch"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            err,
+            "--ichor-node `nosuch` is not a node in the inventory (nodes: cp-1, cp-2, cp-3, w-1, w-2, w-3, w-4)"
+        );
+        assert!(plan(
+            "t",
+            &Bump::between(&base, &head),
+            &c.spec,
+            &nodes,
+            &opts("w-2")
+        )
+        .is_ok());
+
+        let many: Vec<Node> = (0..25)
+            .map(|i| node(&format!("n-{i:02}\u{1b}[2J"), Role::Worker, "v1.12.6"))
+            .collect();
+        let err = plan(
+            "t",
+            &Bump::between(&base, &head),
+            &c.spec,
+            &many,
+            &opts("\u{1b}]0;x"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.ends_with("n-09\\u{1b}[2J and 15 more)"), "{err}");
+        assert!(err.starts_with("--ichor-node `\\u{1b}]0;x`"), "{err}");
+        assert!(!err.contains('\u{1b}'), "{err}");
+    }
+
+    #[test]
+    fn estimates_saturate_instead_of_wrapping() {
+        let mut s = spec("none", 1);
+        s.rollout.estimates.talos_node = HumanDuration::from_secs(u64::MAX);
+        let nodes = [
+            node("cp-1", Role::Controlplane, "v1.12.6"),
+            node("w-1", Role::Worker, "v1.12.6"),
+        ];
+        let p = plan_nodes(&s, &nodes, ("v1.12.9", "v1.33.5")).unwrap();
+        assert_eq!(p.estimate_secs, u64::MAX);
+        let starts: Vec<u64> = p.steps().map(|s| s.start_secs).collect();
+        assert!(starts.windows(2).all(|w| w[0] <= w[1]), "{starts:?}");
+        let text = p.render_text();
+        assert!(text.contains("estimated 213503982334601d7h15s"), "{text}");
+        let gantt = p.render_mermaid();
+        assert!(gantt.contains("too long to draw"), "{gantt}");
+        assert!(
+            !gantt.contains("section"),
+            "no chart Mermaid cannot date: {gantt}"
+        );
+    }
+
+    #[test]
+    fn plans_longer_than_a_day_count_days() {
+        let mut s = spec("none", 1);
+        s.rollout.estimates.talos_node = HumanDuration::from_secs(10 * 3600);
+        let nodes: Vec<Node> = (1..=6)
+            .map(|i| node(&format!("w-{i}"), Role::Worker, "v1.12.6"))
+            .collect();
+        let p = plan_nodes(&s, &nodes, ("v1.12.9", "v1.33.5")).unwrap();
+        let text = p.render_text();
+        assert!(text.contains("  6. 2d02:00 +10h "), "{text}");
+        let gantt = p.render_mermaid();
+        assert!(gantt.contains("axisFormat day %-j %H:%M"), "{gantt}");
+        assert!(
+            gantt.contains(":talos-workers-6, 2000-01-03 02:00:00, 36000s"),
+            "{gantt}"
+        );
+    }
+
+    /// Names a pull request could carry if nothing refused them at parse time.
+    const HOSTILE: &[&str] = &[
+        "cp-1\nsection injected",
+        "```\n# owned\n```",
+        "<script>alert(1)</script>",
+        "a|b|c",
+        "%%{init: {'theme': 'dark'}}%%",
+        "click x call alert()",
+        "\u{1b}[2J\u{1b}[31mred",
+        "- item",
+        "1. one",
+        "> quote",
+        "w: x; #1",
+    ];
+
+    fn hostile_plan() -> Plan {
+        let mut nodes = vec![node(HOSTILE[0], Role::Controlplane, "v1.12.6")];
+        for h in &HOSTILE[1..] {
+            let mut n = node(h, Role::Worker, "v1.12.6");
+            n.volumes = vec![format!("{h}-vol")];
+            nodes.push(n);
+        }
+        let bump = Bump::between(&rs("v1.12.6", "v1.33.5"), &rs("v1.12.9", "v1.33.7"));
+        plan(
+            HOSTILE[2],
+            &bump,
+            &spec("longhorn", 3),
+            &nodes,
+            &PlanOptions::default(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn hostile_names_stay_text_in_the_terminal() {
+        let p = hostile_plan();
+        let text = p.render_text();
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        let step_lines = text
+            .lines()
+            .filter(|l| {
+                let t = l.trim_start();
+                t.split_once(". ")
+                    .is_some_and(|(n, _)| n.parse::<usize>().is_ok())
+                    && l.starts_with("  ")
+            })
+            .count();
+        assert_eq!(step_lines, p.steps().count(), "one line per step: {text}");
+        assert!(text.contains("cp-1\\nsection injected"), "{text}");
+    }
+
+    #[test]
+    fn hostile_names_stay_text_in_markdown() {
+        let p = hostile_plan();
+        let md = p.render_markdown();
+        assert_eq!(md.matches("```").count(), 2, "only the mermaid fence: {md}");
+        let (header, rest) = md.split_once('\n').unwrap();
+        assert!(
+            header.starts_with("### ichor plan — `<script>alert(1)</script>`: "),
+            "the cluster name is code: {header}"
+        );
+        assert!(!rest.contains('<'), "no HTML: {md}");
+        assert!(!md.contains('\u{1b}'));
+        let (prose, chart) = rest.split_once("```mermaid\n").unwrap();
+        let mut list_items = 0;
+        for line in prose.lines().filter(|l| !l.is_empty()) {
+            let item = line
+                .split_once(". `")
+                .is_some_and(|(n, _)| n.parse::<usize>().is_ok());
+            list_items += usize::from(item);
+            assert!(
+                item || line.starts_with("**")
+                    || line.starts_with("> ")
+                    || line.starts_with("- ")
+                    || line.starts_with("1 control plane, "),
+                "unexpected block: {line:?}\n{md}"
+            );
+            // Every pipe is escaped: no table can form.
+            assert!(
+                line.match_indices('|')
+                    .all(|(i, _)| line[..i].ends_with('\\')),
+                "{line:?}"
+            );
+        }
+        assert_eq!(list_items, p.steps().count(), "{md}");
+        assert_eq!(chart, format!("{}```\n", p.render_mermaid()));
+    }
+
+    #[test]
+    fn hostile_names_stay_text_in_mermaid() {
+        let p = hostile_plan();
+        let gantt = p.render_mermaid();
+        let mut lines = gantt.lines();
+        assert_eq!(lines.next(), Some("gantt"));
+        let mut tasks = 0;
+        let mut ids = std::collections::HashSet::new();
+        for line in lines {
+            let body = line
+                .strip_prefix("    ")
+                .unwrap_or_else(|| panic!("{line:?}"));
+            if body.starts_with("axisFormat ")
+                || body == "todayMarker off"
+                || body == "dateFormat YYYY-MM-DD HH:mm:ss"
+            {
+                continue;
+            }
+            // Outside our own settings, `%`, `:`, `;` and `#` appear only in entity codes.
+            let text = body.split(" :").next().unwrap_or("");
+            let bare = crate::escape::tests::without_entity_codes(text);
+            assert!(!bare.contains(['%', ':', ';', '#']), "{line:?}");
+            if body.starts_with("title ") || body.starts_with("section ") {
+                continue;
+            }
+            tasks += 1;
+            let (name, data) = body.split_once(" :").unwrap_or_else(|| panic!("{line:?}"));
+            assert!(!name.contains(':'), "{line:?}");
+            let lower = name.to_ascii_lowercase();
+            for k in ["click", "call", "section", "title", "href", "gantt"] {
+                assert!(!lower.starts_with(k), "{line:?}");
+            }
+            let fields: Vec<&str> = data.split(", ").collect();
+            assert_eq!(fields.len(), 3, "{line:?}");
+            assert!(fields[0]
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+            assert!(ids.insert(fields[0].to_string()), "ids are unique: {gantt}");
+        }
+        assert_eq!(tasks, p.steps().count(), "{gantt}");
     }
 }

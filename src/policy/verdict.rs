@@ -5,6 +5,8 @@ use std::fmt;
 
 use serde::Serialize;
 
+use crate::escape;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
@@ -204,63 +206,64 @@ impl Verdict {
         )
     }
 
-    /// A terminal table, the hint under each item that did not pass.
+    /// A terminal table, the hint under each item that did not pass. Ids, messages and
+    /// hints embed names from the pull request: control characters are shown escaped.
     pub fn render_text(&self) -> String {
-        let mut out = format!("cluster {}: {}\n\n", self.cluster, self.summary);
+        let t = escape::terminal;
+        let mut out = format!("cluster {}: {}\n\n", t(&self.cluster), t(&self.summary));
         let w_status = 6;
-        let w_id = self
-            .items
+        let ids: Vec<String> = self.items.iter().map(|i| t(&i.id)).collect();
+        // Padding follows the widest id, up to a bound, so one long id cannot push every
+        // result off the screen.
+        let w_id = ids
             .iter()
-            .map(|i| i.id.chars().count())
+            .map(|id| id.chars().count())
             .max()
             .unwrap_or(2)
-            .max(5);
+            .clamp(5, 40);
         out.push_str(&format!(
             "  {:<w_status$}  {:<w_id$}  {}\n",
             "STATUS", "CHECK", "RESULT"
         ));
-        for i in &self.items {
+        for (i, id) in self.items.iter().zip(&ids) {
             out.push_str(&format!(
                 "  {:<w_status$}  {:<w_id$}  {}\n",
                 i.status.to_string().to_uppercase(),
-                i.id,
-                i.message
+                id,
+                t(&i.message)
             ));
             if let Some(h) = &i.hint {
-                out.push_str(&format!("  {:<w_status$}  {:<w_id$}  ↳ {}\n", "", "", h));
+                out.push_str(&format!("  {:<w_status$}  {:<w_id$}  ↳ {}\n", "", "", t(h)));
             }
         }
         out.push_str(&format!("\n{}\n", self.headline()));
         out
     }
 
-    /// A Markdown table for a PR comment.
+    /// A Markdown table for a PR comment; every cell is inert text (`escape::md_text`).
     pub fn render_markdown(&self) -> String {
+        let md = escape::md_text;
         let mut out = format!(
-            "### ichor gate — `{}`: {}\n\n**{}**\n\n",
-            self.cluster,
-            self.summary,
+            "### ichor gate — {}: {}\n\n**{}**\n\n",
+            escape::md_code(&self.cluster),
+            md(&self.summary),
             self.headline()
         );
         out.push_str("| | Check | Result |\n|---|---|---|\n");
         for i in &self.items {
-            let mut result = escape_md(&i.message);
+            let mut result = md(&i.message);
             if let Some(h) = &i.hint {
-                result.push_str(&format!("<br>↳ {}", escape_md(h)));
+                result.push_str(&format!("<br>↳ {}", md(h)));
             }
             out.push_str(&format!(
                 "| {} | {} | {} |\n",
                 i.status.symbol(),
-                escape_md(&i.title),
+                md(&i.title),
                 result
             ));
         }
         out
     }
-}
-
-fn escape_md(s: &str) -> String {
-    s.replace('|', "\\|").replace('\n', " ")
 }
 
 #[cfg(test)]
@@ -283,6 +286,74 @@ mod tests {
         assert_eq!(v.outcome, Outcome::Blocked);
         assert_eq!(v.counts.fail, 1);
         assert_eq!(v.outcome.exit_code(), 1);
+    }
+
+    /// Items as a pull request could shape them: names with newlines, pipes, HTML and
+    /// terminal escapes inside ids, titles, messages and hints.
+    fn hostile() -> Verdict {
+        Verdict::new(
+            "lab`\n# x",
+            "addon <b>x</b> | v1 → v2",
+            vec![
+                CheckItem::new(
+                    "addon/a\nPASS  forged",
+                    "Add-on a|b supports Kubernetes",
+                    Status::Fail,
+                    "unknown add-on `a|b`\n| ✅ | forged | row |",
+                )
+                .hint("<script>alert(1)</script> or \u{1b}[2J\u{1b}[32mPASS"),
+                CheckItem::new(
+                    "x".repeat(5000),
+                    "- list\n1. item",
+                    Status::Warn,
+                    format!("```\nfence{}", "y".repeat(5000)),
+                ),
+            ],
+        )
+    }
+
+    #[test]
+    fn markdown_cells_stay_cells() {
+        let v = hostile();
+        let md = v.render_markdown();
+        let lines: Vec<&str> = md.lines().collect();
+        assert!(
+            lines[0].starts_with(
+                "### ichor gate — ``lab`\\n# x``: addon &lt;b&gt;x&lt;/b&gt; \\| v1 → v2"
+            ),
+            "{md}"
+        );
+        let rows: Vec<&&str> = lines.iter().filter(|l| l.starts_with('|')).collect();
+        assert_eq!(rows.len(), 2 + v.items.len(), "no forged rows: {md}");
+        for row in &rows[2..] {
+            let unescaped = row
+                .match_indices('|')
+                .filter(|(i, _)| !row[..*i].ends_with('\\'))
+                .count();
+            assert_eq!(unescaped, 4, "three cells: {row}");
+        }
+        assert!(!md.contains("<script") && !md.contains('\u{1b}'), "{md}");
+        assert!(!md.contains("```"), "{md}");
+        assert!(md.len() < 5000, "long strings are cut: {}", md.len());
+    }
+
+    #[test]
+    fn text_shows_escapes_instead_of_running_them() {
+        let text = hostile().render_text();
+        assert!(!text.contains('\u{1b}'), "{text:?}");
+        assert!(text.contains("\\u{1b}[2J\\u{1b}[32mPASS"), "{text}");
+        // Header, blank, column titles, 2 items + 1 hint, blank, headline: no forged lines.
+        assert_eq!(text.lines().count(), 8, "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[2].chars().count() < 80,
+            "a long id does not pad every line: {}",
+            lines[2]
+        );
+        assert!(
+            lines.iter().all(|l| l.chars().count() < 2100),
+            "long strings are cut: {text}"
+        );
     }
 
     #[test]

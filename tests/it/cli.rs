@@ -287,7 +287,10 @@ fn plan_renders_mermaid_and_text() {
     let m = stdout(&o);
     assert!(m.starts_with("gantt\n"), "{m}");
     assert!(m.contains("section Talos v1.12.6 → v1.12.9"));
-    assert!(m.contains("cp-1 :talos-cp-1, 0, 480s"), "{m}");
+    assert!(
+        m.contains("cp-1 :talos-cp-1, 2000-01-01 00:00:00, 480s"),
+        "{m}"
+    );
     let o = ichor(&[
         "plan",
         "--repo",
@@ -300,12 +303,36 @@ fn plan_renders_mermaid_and_text() {
         "w-1",
     ]);
     let t = stdout(&o);
-    assert!(t.contains("workers in 3 batch(es) (lower bound 3"), "{t}");
+    assert!(t.contains("workers in 3 batches (lower bound 3"), "{t}");
     let last_worker = t.lines().rfind(|l| l.contains("worker w-")).unwrap_or("");
     assert!(
         last_worker.contains("w-1"),
         "the node running ichor goes last: {t}"
     );
+}
+
+#[test]
+fn plan_refuses_an_ichor_node_outside_the_inventory() {
+    let o = ichor(&[
+        "plan",
+        "--repo",
+        &repo(),
+        "--base",
+        "main",
+        "--head",
+        "renovate/talos",
+        "--ichor-node",
+        "nosuch",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains(
+            "--ichor-node `nosuch` is not a node in the inventory (nodes: cp-1, cp-2, cp-3, w-1, w-2, w-3)"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stdout(&o).is_empty());
 }
 
 #[test]

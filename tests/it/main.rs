@@ -3,6 +3,7 @@
 mod cli;
 mod gate;
 mod props;
+mod render;
 mod sim_github;
 mod sim_kube;
 mod sim_talos;

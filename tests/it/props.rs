@@ -57,7 +57,7 @@ proptest! {
         let item = policy::evaluate(&bump, &policies, None).into_iter().find(|i| i.id == "talos-kubernetes").unwrap();
         let cluster = Cluster::parse("c", "apiVersion: ichor.dev/v1alpha1\nkind: Cluster\nmetadata: {name: p}\nspec:\n  inventory:\n    nodes:\n      - {name: cp-1, role: controlplane}\n      - {name: w-1, role: worker}\n").unwrap();
         let nodes = cluster.spec.inventory.as_ref().unwrap().resolve(&bump.base);
-        let p = plan("p", &bump, &cluster.spec, &nodes, &PlanOptions::default());
+        let p = plan("p", &bump, &cluster.spec, &nodes, &PlanOptions::default()).unwrap();
         // Talos always moves before Kubernetes.
         let talos_stage = p.stages.iter().position(|s| s.id == ichor::plan::StageId::Talos);
         let kube_stage = p.stages.iter().position(|s| s.id == ichor::plan::StageId::KubeApiserver);
