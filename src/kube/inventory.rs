@@ -1,0 +1,517 @@
+//! What the cluster runs right now, read from the Kubernetes API: nodes (role, versions,
+//! boot id, readiness, cordon, hold), volume placement (Longhorn replicas, node-local PVs),
+//! the static pods' mirror pods, workloads such as the CNI's DaemonSet, the Argo CD
+//! Application of the hand-over, the removed-API metric and the rollout lock's Lease.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use serde_json::Value;
+
+use super::{KubeClient, KubeError, CORDONED_BY_ICHOR, HOLD};
+use crate::releaseset::{Role, Version};
+
+/// One node as the API server reports it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LiveNode {
+    pub name: String,
+    pub role: Role,
+    pub internal_ip: Option<String>,
+    /// `status.nodeInfo.kubeletVersion`, e.g. `v1.33.5`.
+    pub kubelet: String,
+    /// From `osImage` (`Talos (v1.12.6)`); `None` when the node is not Talos.
+    pub talos: Option<String>,
+    pub boot_id: String,
+    pub ready: bool,
+    pub cordoned: bool,
+    /// ichor cordoned it (and so may uncordon it).
+    pub cordoned_by_ichor: bool,
+    /// The operator's hold annotation, with its value (the reason).
+    pub hold: Option<String>,
+}
+
+impl LiveNode {
+    /// As the gate and the plan take nodes: versions parsed, volumes added by the caller.
+    pub fn to_node(&self, volumes: Vec<String>) -> Option<crate::releaseset::Node> {
+        Some(crate::releaseset::Node {
+            name: self.name.clone(),
+            role: self.role,
+            talos: Version::parse(self.talos.as_deref()?).ok()?,
+            kubelet: Version::parse(&self.kubelet).ok()?,
+            volumes,
+        })
+    }
+}
+
+/// A volume and the nodes holding its replicas.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LiveVolume {
+    pub name: String,
+    /// `longhorn` or `local` (a PV pinned to one node by its node affinity).
+    pub provider: &'static str,
+    /// Longhorn's `status.robustness` (`healthy`, `degraded`, `faulted`); `None` for local.
+    pub robustness: Option<String>,
+    /// Nodes with a running replica.
+    pub nodes: Vec<String>,
+    /// Only one copy exists: its workload is down while that node is.
+    pub single_replica: bool,
+}
+
+/// The mirror pod of a static pod (kube-apiserver, controller-manager, scheduler).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MirrorPod {
+    pub node: String,
+    pub component: String,
+    pub image: String,
+    pub ready: bool,
+}
+
+/// A DaemonSet's or Deployment's roll-out, and the version its image runs.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadStatus {
+    pub namespace: String,
+    pub name: String,
+    pub desired: i32,
+    pub updated: i32,
+    pub ready: i32,
+    pub images: Vec<String>,
+    /// The first container image's tag, when it is a version.
+    pub version: Option<String>,
+}
+
+impl WorkloadStatus {
+    pub fn rolled_out(&self) -> bool {
+        self.updated >= self.desired && self.ready >= self.desired
+    }
+}
+
+/// An Argo CD Application's sync and health.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ApplicationStatus {
+    pub sync: String,
+    pub health: String,
+}
+
+impl ApplicationStatus {
+    /// The hand-over is complete when Argo CD owns the CNI and it is in sync and healthy.
+    pub fn complete(&self) -> bool {
+        self.sync == "Synced" && self.health == "Healthy"
+    }
+}
+
+/// One series of `apiserver_requested_deprecated_apis`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeprecatedApi {
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    /// The Kubernetes minor that removes it (`1.25`), when the metric says.
+    pub removed_release: Option<String>,
+}
+
+/// Who holds a Lease, and until when (RFC 3339 renew time + duration).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseHolder {
+    pub holder: String,
+    pub renew_time: Option<String>,
+    pub duration_secs: Option<i32>,
+}
+
+fn label(n: &Node, key: &str) -> bool {
+    n.metadata.labels.as_ref().is_some_and(|l| l.contains_key(key))
+}
+
+/// `Talos (v1.12.6)` → `v1.12.6`.
+pub fn talos_from_os_image(os_image: &str) -> Option<String> {
+    let rest = os_image.trim().strip_prefix("Talos (")?;
+    Some(rest.strip_suffix(')')?.to_string())
+}
+
+/// The tag of an image reference, without a digest (`repo:v1.2.3@sha256:…` → `v1.2.3`).
+pub fn image_tag(image: &str) -> Option<&str> {
+    let no_digest = image.split('@').next()?;
+    let (_, tag) = no_digest.rsplit_once(':')?;
+    (!tag.contains('/')).then_some(tag)
+}
+
+impl KubeClient {
+    pub async fn nodes(&self) -> Result<Vec<LiveNode>, KubeError> {
+        let list = Api::<Node>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| KubeError::from_kube("list nodes", e))?;
+        let mut out = Vec::new();
+        for n in list.items {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            let annotations = n.metadata.annotations.clone().unwrap_or_default();
+            let status = n.status.clone().unwrap_or_default();
+            let info = status.node_info.clone().unwrap_or_default();
+            let role = if label(&n, "node-role.kubernetes.io/control-plane") {
+                Role::Controlplane
+            } else {
+                Role::Worker
+            };
+            let ready = status
+                .conditions
+                .as_ref()
+                .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+                .is_some_and(|c| c.status == "True");
+            let internal_ip = status
+                .addresses
+                .as_ref()
+                .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
+                .map(|a| a.address.clone());
+            out.push(LiveNode {
+                name,
+                role,
+                internal_ip,
+                kubelet: info.kubelet_version.clone(),
+                talos: talos_from_os_image(&info.os_image),
+                boot_id: info.boot_id.clone(),
+                ready,
+                cordoned: n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+                cordoned_by_ichor: annotations.contains_key(CORDONED_BY_ICHOR),
+                hold: annotations.get(HOLD).cloned(),
+            });
+        }
+        out.sort_by(|a, b| (a.role, &a.name).cmp(&(b.role, &b.name)));
+        Ok(out)
+    }
+
+    /// Longhorn volumes (`longhorn.io/v1beta2`) with the nodes of their running replicas;
+    /// when Longhorn is not installed, none.
+    pub async fn longhorn_volumes(&self) -> Result<Vec<LiveVolume>, KubeError> {
+        let gvk = |kind: &str, plural: &str| ApiResource {
+            group: "longhorn.io".into(),
+            version: "v1beta2".into(),
+            api_version: "longhorn.io/v1beta2".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let volumes = Api::<DynamicObject>::all_with(self.client.clone(), &gvk("Volume", "volumes"))
+            .list(&ListParams::default())
+            .await;
+        let volumes = match volumes {
+            Ok(v) => v.items,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(vec![]),
+            Err(e) => return Err(KubeError::from_kube("list longhorn volumes", e)),
+        };
+        let replicas = Api::<DynamicObject>::all_with(self.client.clone(), &gvk("Replica", "replicas"))
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| KubeError::from_kube("list longhorn replicas", e))?
+            .items;
+        let mut by_volume: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for r in &replicas {
+            let spec = r.data.get("spec");
+            let volume = spec.and_then(|s| s.get("volumeName")).and_then(Value::as_str);
+            let node = spec.and_then(|s| s.get("nodeID")).and_then(Value::as_str);
+            let running = r
+                .data
+                .get("status")
+                .and_then(|s| s.get("currentState"))
+                .and_then(Value::as_str)
+                .is_none_or(|s| s == "running");
+            if let (Some(v), Some(n), true) = (volume, node, running) {
+                if !n.is_empty() {
+                    by_volume.entry(v.to_string()).or_default().push(n.to_string());
+                }
+            }
+        }
+        Ok(volumes
+            .iter()
+            .map(|v| {
+                let name = v.metadata.name.clone().unwrap_or_default();
+                let mut nodes = by_volume.remove(&name).unwrap_or_default();
+                nodes.sort();
+                nodes.dedup();
+                let wanted = v
+                    .data
+                    .get("spec")
+                    .and_then(|s| s.get("numberOfReplicas"))
+                    .and_then(Value::as_u64)
+                    .unwrap_or(nodes.len() as u64);
+                LiveVolume {
+                    single_replica: wanted <= 1,
+                    robustness: v
+                        .data
+                        .get("status")
+                        .and_then(|s| s.get("robustness"))
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
+                    name,
+                    provider: "longhorn",
+                    nodes,
+                }
+            })
+            .collect())
+    }
+
+    /// PersistentVolumes pinned to one node by `spec.nodeAffinity` (local-path, local
+    /// volumes): one copy, on that node.
+    pub async fn local_volumes(&self) -> Result<Vec<LiveVolume>, KubeError> {
+        let pvs = Api::<PersistentVolume>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| KubeError::from_kube("list persistentvolumes", e))?;
+        let mut out = Vec::new();
+        for pv in pvs.items {
+            let terms = pv
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_affinity.as_ref())
+                .and_then(|a| a.required.as_ref())
+                .map(|r| r.node_selector_terms.clone())
+                .unwrap_or_default();
+            let nodes: Vec<String> = terms
+                .iter()
+                .flat_map(|t| t.match_expressions.clone().unwrap_or_default())
+                .filter(|e| e.key == "kubernetes.io/hostname" && e.operator == "In")
+                .flat_map(|e| e.values.unwrap_or_default())
+                .collect();
+            if nodes.len() == 1 {
+                out.push(LiveVolume {
+                    name: pv.metadata.name.clone().unwrap_or_default(),
+                    provider: "local",
+                    robustness: None,
+                    nodes,
+                    single_replica: true,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Names of the VolumeAttachments still attached to `node` (a drain waits for none).
+    pub async fn volume_attachments(&self, node: &str) -> Result<Vec<String>, KubeError> {
+        use k8s_openapi::api::storage::v1::VolumeAttachment;
+        let list = Api::<VolumeAttachment>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| KubeError::from_kube("list volumeattachments", e))?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|va| va.spec.node_name == node)
+            .filter(|va| va.status.as_ref().is_some_and(|s| s.attached))
+            .filter_map(|va| va.metadata.name)
+            .collect())
+    }
+
+    /// The mirror pods of the static pods, per node.
+    pub async fn mirror_pods(&self) -> Result<Vec<MirrorPod>, KubeError> {
+        let pods = Api::<Pod>::namespaced(self.client.clone(), "kube-system")
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| KubeError::from_kube("list pods in kube-system", e))?;
+        let mut out = Vec::new();
+        for p in pods.items {
+            let mirror = p
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+            if !mirror {
+                continue;
+            }
+            let spec = p.spec.clone().unwrap_or_default();
+            let Some(c) = spec.containers.first() else { continue };
+            let ready = p
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+                .is_some_and(|c| c.status == "True");
+            out.push(MirrorPod {
+                node: spec.node_name.clone().unwrap_or_default(),
+                component: c.name.clone(),
+                image: c.image.clone().unwrap_or_default(),
+                ready,
+            });
+        }
+        Ok(out)
+    }
+
+    /// A DaemonSet's roll-out status, or `None` when it does not exist.
+    pub async fn daemonset(&self, namespace: &str, name: &str) -> Result<Option<WorkloadStatus>, KubeError> {
+        let ds = Api::<DaemonSet>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(|e| KubeError::from_kube(format!("get daemonset {namespace}/{name}"), e))?;
+        Ok(ds.map(|ds| {
+            let images = containers(ds.spec.as_ref().and_then(|s| s.template.spec.as_ref()));
+            let st = ds.status.unwrap_or_default();
+            workload(namespace, name, st.desired_number_scheduled, st.updated_number_scheduled.unwrap_or(0), st.number_ready, images)
+        }))
+    }
+
+    /// A Deployment's roll-out status, or `None` when it does not exist.
+    pub async fn deployment(&self, namespace: &str, name: &str) -> Result<Option<WorkloadStatus>, KubeError> {
+        let d = Api::<Deployment>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(|e| KubeError::from_kube(format!("get deployment {namespace}/{name}"), e))?;
+        Ok(d.map(|d| {
+            let desired = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            let images = containers(d.spec.as_ref().and_then(|s| s.template.spec.as_ref()));
+            let st = d.status.unwrap_or_default();
+            workload(namespace, name, desired, st.updated_replicas.unwrap_or(0), st.ready_replicas.unwrap_or(0), images)
+        }))
+    }
+
+    /// The Argo CD Application's sync and health, or `None` when it (or Argo CD) is absent.
+    pub async fn application(&self, namespace: &str, name: &str) -> Result<Option<ApplicationStatus>, KubeError> {
+        let ar = ApiResource {
+            group: "argoproj.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "argoproj.io/v1alpha1".into(),
+            kind: "Application".into(),
+            plural: "applications".into(),
+        };
+        let app = Api::<DynamicObject>::namespaced_with(self.client.clone(), namespace, &ar)
+            .get_opt(name)
+            .await;
+        let app = match app {
+            Ok(a) => a,
+            // No Argo CD at all: the CRD's group is unknown.
+            Err(kube::Error::Api(s)) if s.code == 404 => None,
+            Err(e) => return Err(KubeError::from_kube(format!("get application {namespace}/{name}"), e)),
+        };
+        Ok(app.map(|a| {
+            let st = a.data.get("status");
+            let field = |k: &str| {
+                st.and_then(|s| s.get(k))
+                    .and_then(|s| s.get("status"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("Unknown")
+                    .to_string()
+            };
+            ApplicationStatus {
+                sync: field("sync"),
+                health: field("health"),
+            }
+        }))
+    }
+
+    /// The series of `apiserver_requested_deprecated_apis` on the API server's `/metrics`.
+    pub async fn deprecated_apis(&self) -> Result<Vec<DeprecatedApi>, KubeError> {
+        let req = http::Request::get("/metrics")
+            .body(Vec::new())
+            .map_err(|e| KubeError::Reply {
+                what: "GET /metrics".into(),
+                message: e.to_string(),
+            })?;
+        let text = self
+            .client
+            .request_text(req)
+            .await
+            .map_err(|e| KubeError::from_kube("GET /metrics", e))?;
+        Ok(parse_deprecated_apis(&text))
+    }
+
+    /// The holder of a Lease, or `None` when there is no such Lease or nobody holds it.
+    pub async fn lease_holder(&self, namespace: &str, name: &str) -> Result<Option<LeaseHolder>, KubeError> {
+        let lease = Api::<Lease>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(|e| KubeError::from_kube(format!("get lease {namespace}/{name}"), e))?;
+        Ok(lease.and_then(|l| {
+            let spec = l.spec?;
+            let holder = spec.holder_identity.filter(|h| !h.is_empty())?;
+            Some(LeaseHolder {
+                holder,
+                renew_time: spec.renew_time.map(|t| t.0.to_string()),
+                duration_secs: spec.lease_duration_seconds,
+            })
+        }))
+    }
+}
+
+fn containers(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<String> {
+    spec.map(|s| s.containers.iter().filter_map(|c| c.image.clone()).collect())
+        .unwrap_or_default()
+}
+
+fn workload(ns: &str, name: &str, desired: i32, updated: i32, ready: i32, images: Vec<String>) -> WorkloadStatus {
+    let version = images
+        .first()
+        .and_then(|i| image_tag(i))
+        .filter(|t| Version::parse(t).is_ok())
+        .map(str::to_string);
+    WorkloadStatus {
+        namespace: ns.to_string(),
+        name: name.to_string(),
+        desired,
+        updated,
+        ready,
+        images,
+        version,
+    }
+}
+
+/// Parse the Prometheus text format for `apiserver_requested_deprecated_apis` series with a
+/// non-zero value. Lines are bounded by the response; each label is read by name.
+pub fn parse_deprecated_apis(text: &str) -> Vec<DeprecatedApi> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_requested_deprecated_apis{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once('}') else { continue };
+        if value.trim().parse::<f64>().map_or(true, |v| v == 0.0) {
+            continue;
+        }
+        let mut map = BTreeMap::new();
+        for pair in labels.split("\",") {
+            if let Some((k, v)) = pair.split_once("=\"") {
+                map.insert(k.trim().trim_start_matches(','), v.trim_end_matches('"').to_string());
+            }
+        }
+        let get = |k: &str| map.get(k).cloned().unwrap_or_default();
+        let api = DeprecatedApi {
+            group: get("group"),
+            version: get("version"),
+            resource: get("resource"),
+            removed_release: map.get("removed_release").cloned().filter(|r| !r.is_empty()),
+        };
+        if !out.contains(&api) {
+            out.push(api);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn os_images_and_tags() {
+        assert_eq!(talos_from_os_image("Talos (v1.12.6)").as_deref(), Some("v1.12.6"));
+        assert_eq!(talos_from_os_image("Ubuntu 24.04"), None);
+        assert_eq!(image_tag("quay.io/cilium/cilium:v1.18.3@sha256:ab"), Some("v1.18.3"));
+        assert_eq!(image_tag("registry:5000/cilium"), None);
+    }
+
+    #[test]
+    fn deprecated_api_series() {
+        let text = "# HELP x\n\
+apiserver_requested_deprecated_apis{group=\"policy\",removed_release=\"1.25\",resource=\"podsecuritypolicies\",subresource=\"\",version=\"v1beta1\"} 1\n\
+apiserver_requested_deprecated_apis{group=\"flowcontrol.apiserver.k8s.io\",removed_release=\"1.32\",resource=\"flowschemas\",subresource=\"\",version=\"v1beta3\"} 0\n\
+apiserver_request_total{code=\"200\"} 5\n";
+        let apis = parse_deprecated_apis(text);
+        assert_eq!(apis.len(), 1, "{apis:?}");
+        assert_eq!(apis[0].resource, "podsecuritypolicies");
+        assert_eq!(apis[0].removed_release.as_deref(), Some("1.25"));
+        assert_eq!(apis[0].group, "policy");
+    }
+}

@@ -1,0 +1,140 @@
+//! ichor's Kubernetes client (kube-rs): the live inventory (nodes, volumes, static pods, the
+//! CNI, the hand-over), the drain primitives the rollout uses (cordon/uncordon that remember
+//! who cordoned, eviction through `policy/v1` that never deletes and never forces), the
+//! removed-API metric, and Leases/ConfigMaps with optimistic concurrency for the lock and the
+//! rollout record. Every error names what was asked.
+
+pub mod drain;
+pub mod inventory;
+
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+pub use drain::{DrainOutcome, EvictOutcome, PodRef};
+pub use inventory::{LiveNode, LiveVolume, MirrorPod, WorkloadStatus};
+
+/// The annotation ichor puts on a node it cordoned: it uncordons only those.
+pub const CORDONED_BY_ICHOR: &str = "ichor.dev/cordoned";
+/// The annotation an operator puts on a node to hold it out of a rollout.
+pub const HOLD: &str = "ichor.dev/hold";
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("kubeconfig {path}: {message}")]
+    Config { path: String, message: String },
+    #[error("Kubernetes API: {what}: {code} {reason}: {message}")]
+    Api {
+        what: String,
+        code: u16,
+        reason: String,
+        message: String,
+    },
+    #[error("Kubernetes API unreachable: {what}: {detail}")]
+    Unreachable { what: String, detail: String },
+    #[error("Kubernetes API: {what}: {message}")]
+    Reply { what: String, message: String },
+}
+
+impl KubeError {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            KubeError::Config { .. } => "config",
+            KubeError::Api { code: 409, .. } => "conflict",
+            KubeError::Api { code: 404, .. } => "not_found",
+            KubeError::Api { .. } => "api",
+            KubeError::Unreachable { .. } => "unreachable",
+            KubeError::Reply { .. } => "reply",
+        }
+    }
+
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, KubeError::Api { code: 409, .. })
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, KubeError::Api { code: 404, .. })
+    }
+
+    pub(crate) fn from_kube(what: impl Into<String>, e: kube::Error) -> KubeError {
+        let what = what.into();
+        match e {
+            kube::Error::Api(s) => KubeError::Api {
+                what,
+                code: s.code,
+                reason: s.reason.clone(),
+                message: crate::releaseset::excerpt(&s.message, 300),
+            },
+            other => KubeError::Unreachable {
+                what,
+                detail: crate::releaseset::excerpt(&other.to_string(), 300),
+            },
+        }
+    }
+}
+
+/// A connection to one cluster's API server.
+#[derive(Clone)]
+pub struct KubeClient {
+    pub(crate) client: kube::Client,
+}
+
+impl std::fmt::Debug for KubeClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeClient").finish_non_exhaustive()
+    }
+}
+
+impl KubeClient {
+    /// From `--kubeconfig`, else `$KUBECONFIG` / `~/.kube/config`, else the in-cluster
+    /// service account — the order kubectl and kube-rs use.
+    pub async fn connect(kubeconfig: Option<&Path>) -> Result<KubeClient, KubeError> {
+        let config = match kubeconfig {
+            Some(path) => {
+                let err = |message: String| KubeError::Config {
+                    path: path.display().to_string(),
+                    message,
+                };
+                let kc = Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
+                kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                    .await
+                    .map_err(|e| err(e.to_string()))?
+            }
+            None => kube::Config::infer().await.map_err(|e| KubeError::Config {
+                path: "$KUBECONFIG, ~/.kube/config or the in-cluster service account".into(),
+                message: e.to_string(),
+            })?,
+        };
+        let client = kube::Client::try_from(config).map_err(|e| KubeError::Config {
+            path: kubeconfig.map_or("(inferred)".into(), |p| p.display().to_string()),
+            message: e.to_string(),
+        })?;
+        Ok(KubeClient { client })
+    }
+
+    /// A ConfigMap with its resourceVersion, or `None`.
+    pub async fn config_map(&self, namespace: &str, name: &str) -> Result<Option<ConfigMap>, KubeError> {
+        Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(|e| KubeError::from_kube(format!("get configmap {namespace}/{name}"), e))
+    }
+
+    /// Create or replace a ConfigMap. A replace carries the resourceVersion it read, so a
+    /// concurrent writer makes it fail with a conflict (409) instead of being overwritten;
+    /// the caller re-reads and decides again.
+    pub async fn put_config_map(&self, cm: &ConfigMap) -> Result<ConfigMap, KubeError> {
+        let ns = cm.metadata.namespace.clone().unwrap_or_default();
+        let name = cm.metadata.name.clone().unwrap_or_default();
+        let api = Api::<ConfigMap>::namespaced(self.client.clone(), &ns);
+        let what = format!("write configmap {ns}/{name}");
+        let r = if cm.metadata.resource_version.is_some() {
+            api.replace(&name, &PostParams::default(), cm).await
+        } else {
+            api.create(&PostParams::default(), cm).await
+        };
+        r.map_err(|e| KubeError::from_kube(what, e))
+    }
+}
