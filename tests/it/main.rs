@@ -2,6 +2,7 @@
 
 mod cli;
 mod gate;
+mod policies;
 mod props;
 mod sim_github;
 mod sim_kube;
