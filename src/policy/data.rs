@@ -1400,7 +1400,7 @@ mod tests {
             .any(|n| n.id == "talos-1.14-no-ghcr-installer"));
         let repo = vec![(
             "policies/local.yaml".to_string(),
-            "endOfLife:\n  - component: kubernetes\n    version: \"1.33\"\n    date: \"2026-06-28\"\n    source: kubernetes.io releases page\n  - component: cert-manager\n    version: \"1.18\"\n    disabled: true\n    date: \"2026-03-10\"\n    source: x\ncomponents:\n  - component: kube-vip\n    matrix: unverified\n    note: our lab tracks it\n    source: us\ntalosUpgradeNotes:\n  - id: talos-1.13-nvidia-runtimeclass\n    disabled: true\n    message: x\n    source: x\n".to_string(),
+            "endOfLife:\n  - component: kubernetes\n    version: \"1.33\"\n    date: 2026-06-28\n    source: kubernetes.io releases page\n  - component: cert-manager\n    version: \"1.18\"\n    disabled: true\n    date: \"2026-03-10\"\n    source: x\ncomponents:\n  - component: kube-vip\n    matrix: unverified\n    note: our lab tracks it\n    source: us\ntalosUpgradeNotes:\n  - id: talos-1.13-nvidia-runtimeclass\n    disabled: true\n    message: x\n    source: x\n".to_string(),
         )];
         let p = Policies::load(&repo).unwrap();
         assert!(p
