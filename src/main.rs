@@ -539,6 +539,67 @@ enum PoliciesCommand {
 /// every release set of the bundled fixture (main's history and each branch).
 fn policies(command: PoliciesCommand) -> anyhow::Result<ExitCode> {
     use ichor::policy::{audit, Date, Policies};
+
+    /// (label, path, text) of every `clusters/*/release-set.yaml` the fixture's history holds:
+    /// after each commit on main and at the tip of each branch, replaying its edits in memory.
+    fn fixture_release_sets(
+        f: &ichor::sim::fixture::Fixture,
+    ) -> anyhow::Result<Vec<(String, String, String)>> {
+        use std::collections::BTreeMap;
+        type Files = BTreeMap<String, String>;
+        let apply =
+            |files: &mut Files, c: &ichor::sim::fixture::CommitSpec| -> anyhow::Result<()> {
+                if c.tree {
+                    *files = f.tree.clone();
+                }
+                for e in &c.edits {
+                    match &e.content {
+                        Some(content) => {
+                            files.insert(e.file.clone(), content.clone());
+                        }
+                        None => {
+                            let text = files
+                                .get_mut(&e.file)
+                                .ok_or_else(|| anyhow::anyhow!("fixture: no file {}", e.file))?;
+                            *text = text.replacen(&e.find, &e.replace, 1);
+                        }
+                    }
+                }
+                Ok(())
+            };
+        let release_sets = |label: &str, files: &Files| -> Vec<(String, String, String)> {
+            files
+                .iter()
+                .filter(|(p, _)| p.starts_with("clusters/") && p.ends_with("/release-set.yaml"))
+                .map(|(p, t)| (format!("{}@{label}", f.name), p.clone(), t.clone()))
+                .collect()
+        };
+        let mut out = Vec::new();
+        let mut files = Files::new();
+        let mut at_tag: BTreeMap<String, Files> = BTreeMap::new();
+        for (i, c) in f.history.main.iter().enumerate() {
+            apply(&mut files, c)?;
+            out.extend(release_sets(
+                &format!("main~{}", f.history.main.len() - 1 - i),
+                &files,
+            ));
+            if let Some(tag) = &c.tag {
+                at_tag.insert(tag.clone(), files.clone());
+            }
+        }
+        at_tag.insert("main".into(), files);
+        for b in &f.history.branches {
+            let mut files = at_tag.get(&b.base).cloned().ok_or_else(|| {
+                anyhow::anyhow!("fixture branch {}: unknown base {}", b.name, b.base)
+            })?;
+            for c in &b.commits {
+                apply(&mut files, c)?;
+            }
+            out.extend(release_sets(&b.name, &files));
+        }
+        Ok(out)
+    }
+
     let PoliciesCommand::Audit { max_age, today } = command;
     let today = match today {
         Some(t) => Date::parse(&t).map_err(|e| anyhow::anyhow!("--today: {e}"))?,
@@ -556,64 +617,4 @@ fn policies(command: PoliciesCommand) -> anyhow::Result<ExitCode> {
     let report = audit::audit(&policies, today, max_age, &sets);
     print(&report.render_text())?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// (label, path, text) of every `clusters/*/release-set.yaml` the fixture's history holds:
-/// after each commit on main and at the tip of each branch, replaying its edits in memory.
-fn fixture_release_sets(
-    f: &ichor::sim::fixture::Fixture,
-) -> anyhow::Result<Vec<(String, String, String)>> {
-    use std::collections::BTreeMap;
-    type Files = BTreeMap<String, String>;
-    let apply = |files: &mut Files, c: &ichor::sim::fixture::CommitSpec| -> anyhow::Result<()> {
-        if c.tree {
-            *files = f.tree.clone();
-        }
-        for e in &c.edits {
-            match &e.content {
-                Some(content) => {
-                    files.insert(e.file.clone(), content.clone());
-                }
-                None => {
-                    let text = files
-                        .get_mut(&e.file)
-                        .ok_or_else(|| anyhow::anyhow!("fixture: no file {}", e.file))?;
-                    *text = text.replacen(&e.find, &e.replace, 1);
-                }
-            }
-        }
-        Ok(())
-    };
-    let release_sets = |label: &str, files: &Files| -> Vec<(String, String, String)> {
-        files
-            .iter()
-            .filter(|(p, _)| p.starts_with("clusters/") && p.ends_with("/release-set.yaml"))
-            .map(|(p, t)| (format!("{}@{label}", f.name), p.clone(), t.clone()))
-            .collect()
-    };
-    let mut out = Vec::new();
-    let mut files = Files::new();
-    let mut at_tag: BTreeMap<String, Files> = BTreeMap::new();
-    for (i, c) in f.history.main.iter().enumerate() {
-        apply(&mut files, c)?;
-        out.extend(release_sets(
-            &format!("main~{}", f.history.main.len() - 1 - i),
-            &files,
-        ));
-        if let Some(tag) = &c.tag {
-            at_tag.insert(tag.clone(), files.clone());
-        }
-    }
-    at_tag.insert("main".into(), files);
-    for b in &f.history.branches {
-        let mut files = at_tag
-            .get(&b.base)
-            .cloned()
-            .ok_or_else(|| anyhow::anyhow!("fixture branch {}: unknown base {}", b.name, b.base))?;
-        for c in &b.commits {
-            apply(&mut files, c)?;
-        }
-        out.extend(release_sets(&b.name, &files));
-    }
-    Ok(out)
 }
