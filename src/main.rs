@@ -83,6 +83,11 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+    /// Maintainers: the shipped compatibility data and its health.
+    Policies {
+        #[command(subcommand)]
+        command: PoliciesCommand,
+    },
 }
 
 #[derive(clap::Args)]
@@ -164,6 +169,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config,
         } => sim(cluster, speed, state_dir, github, config),
         Command::Demo { dir } => demo(dir),
+        Command::Policies { command } => policies(command),
     }
 }
 
@@ -539,4 +545,102 @@ fn prepare_demo_dir(
             dir.display()
         ),
     }
+}
+
+#[derive(Subcommand)]
+enum PoliciesCommand {
+    /// List the rows whose source was last verified more than --max-age days ago (or never),
+    /// and the component versions in the bundled homelab fixture that no row covers.
+    Audit {
+        /// A row's source is due for re-reading after this many days.
+        #[arg(long, value_name = "DAYS", default_value_t = 90)]
+        max_age: u32,
+        /// Judge ages as of this day (YYYY-MM-DD) instead of today.
+        #[arg(long, value_name = "DATE")]
+        today: Option<String>,
+    },
+}
+
+/// `ichor policies audit`: the shipped data against its own `verified` dates and against
+/// every release set of the bundled fixture (main's history and each branch).
+fn policies(command: PoliciesCommand) -> anyhow::Result<ExitCode> {
+    use ichor::policy::{audit, Date, Policies};
+
+    /// (label, path, text) of every `clusters/*/release-set.yaml` the fixture's history holds:
+    /// after each commit on main and at the tip of each branch, replaying its edits in memory.
+    fn fixture_release_sets(
+        f: &ichor::sim::fixture::Fixture,
+    ) -> anyhow::Result<Vec<(String, String, String)>> {
+        use std::collections::BTreeMap;
+        type Files = BTreeMap<String, String>;
+        let apply =
+            |files: &mut Files, c: &ichor::sim::fixture::CommitSpec| -> anyhow::Result<()> {
+                if c.tree {
+                    *files = f.tree.clone();
+                }
+                for e in &c.edits {
+                    match &e.content {
+                        Some(content) => {
+                            files.insert(e.file.clone(), content.clone());
+                        }
+                        None => {
+                            let text = files
+                                .get_mut(&e.file)
+                                .ok_or_else(|| anyhow::anyhow!("fixture: no file {}", e.file))?;
+                            *text = text.replacen(&e.find, &e.replace, 1);
+                        }
+                    }
+                }
+                Ok(())
+            };
+        let release_sets = |label: &str, files: &Files| -> Vec<(String, String, String)> {
+            files
+                .iter()
+                .filter(|(p, _)| p.starts_with("clusters/") && p.ends_with("/release-set.yaml"))
+                .map(|(p, t)| (format!("{}@{label}", f.name), p.clone(), t.clone()))
+                .collect()
+        };
+        let mut out = Vec::new();
+        let mut files = Files::new();
+        let mut at_tag: BTreeMap<String, Files> = BTreeMap::new();
+        for (i, c) in f.history.main.iter().enumerate() {
+            apply(&mut files, c)?;
+            out.extend(release_sets(
+                &format!("main~{}", f.history.main.len() - 1 - i),
+                &files,
+            ));
+            if let Some(tag) = &c.tag {
+                at_tag.insert(tag.clone(), files.clone());
+            }
+        }
+        at_tag.insert("main".into(), files);
+        for b in &f.history.branches {
+            let mut files = at_tag.get(&b.base).cloned().ok_or_else(|| {
+                anyhow::anyhow!("fixture branch {}: unknown base {}", b.name, b.base)
+            })?;
+            for c in &b.commits {
+                apply(&mut files, c)?;
+            }
+            out.extend(release_sets(&b.name, &files));
+        }
+        Ok(out)
+    }
+
+    let PoliciesCommand::Audit { max_age, today } = command;
+    let today = match today {
+        Some(t) => Date::parse(&t).map_err(|e| anyhow::anyhow!("--today: {e}"))?,
+        None => Date::today_utc(),
+    };
+    let policies = Policies::shipped()?;
+    let fixture = ichor::sim::fixture::Fixture::homelab();
+    let mut sets = Vec::new();
+    for (label, path, text) in fixture_release_sets(&fixture)? {
+        // An invalid release set (a branch that tests the gate's refusal) has no versions to audit.
+        if let Ok(rs) = ichor::releaseset::ReleaseSet::parse(&path, &text) {
+            sets.push((label, rs));
+        }
+    }
+    let report = audit::audit(&policies, today, max_age, &sets);
+    print(&report.render_text())?;
+    Ok(ExitCode::SUCCESS)
 }

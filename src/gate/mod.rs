@@ -549,10 +549,16 @@ pub fn verdict(change: &Change) -> Verdict {
             ),
         );
     }
-    items.extend(policy::evaluate(
+    items.extend(policy::evaluate_with(
         &change.bump,
         &change.policies,
         nodes.as_deref(),
+        &policy::Context::system(
+            change
+                .cluster_doc
+                .as_ref()
+                .and_then(|d| d.spec.talos.installer_image.as_deref()),
+        ),
     ));
     Verdict::new(&change.cluster, change.bump.summary(), items)
 }

@@ -1,14 +1,67 @@
 //! The static checklist: everything that can be decided from the two release sets, the
 //! compatibility data and (when given) the nodes. One function per item; each returns the
 //! item with its status, a message, and a hint when it did not pass.
+//!
+//! Hints only ever point forward: "bump X to V" names a V newer than the release set's X.
+//! When only older versions support a target, the item says no released version supports
+//! it yet (a blocker to wait for) instead.
 
 use crate::releaseset::{Bump, ChangeKind, Component, ComponentId, MinorVersion, Node, Version};
 
-use super::data::{Confidence, Policies};
+use super::data::{
+    release_text, Admits, CompatRow, Confidence, Date, Matrix, Policies, VersionMatch,
+};
 use super::verdict::{CheckItem, Status};
 
-/// Every static item for `bump`, plus the node items when `nodes` is known.
+/// Facts beyond the two release sets that some items need. The checks never read a clock
+/// or a file themselves: the caller passes what it knows.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Context<'a> {
+    /// Today, for end-of-life warnings; `None` leaves them out.
+    pub today: Option<Date>,
+    /// `cluster.yaml` `spec.talos.installerImage` (without tag), for upgrade notes about
+    /// installer images; `None` when unknown.
+    pub installer_image: Option<&'a str>,
+}
+
+impl<'a> Context<'a> {
+    /// A context for a fixed day (tests, replays).
+    pub fn at(today: Date) -> Self {
+        Context {
+            today: Some(today),
+            installer_image: None,
+        }
+    }
+
+    /// Today by the system clock: for the gate's entry point only.
+    pub fn system(installer_image: Option<&'a str>) -> Self {
+        Context {
+            today: Some(Date::today_utc()),
+            installer_image,
+        }
+    }
+
+    pub fn with_installer_image(self, installer_image: Option<&'a str>) -> Self {
+        Context {
+            installer_image,
+            ..self
+        }
+    }
+}
+
+/// Every static item for `bump`, plus the node items when `nodes` is known. Without a
+/// [`Context`]: no end-of-life items and no installer-image notes.
 pub fn evaluate(bump: &Bump, policies: &Policies, nodes: Option<&[Node]>) -> Vec<CheckItem> {
+    evaluate_with(bump, policies, nodes, &Context::default())
+}
+
+/// [`evaluate`] with the facts of `ctx` (today, the installer image).
+pub fn evaluate_with(
+    bump: &Bump,
+    policies: &Policies,
+    nodes: Option<&[Node]>,
+    ctx: &Context,
+) -> Vec<CheckItem> {
     let mut items = vec![
         no_downgrade(bump),
         kubernetes_step(bump, policies),
@@ -20,6 +73,10 @@ pub fn evaluate(bump: &Bump, policies: &Policies, nodes: Option<&[Node]>) -> Vec
         items.push(addon_item(bump, policies, addon));
     }
     items.extend(blockers(bump, policies));
+    items.extend(talos_notes(bump, policies, ctx.installer_image));
+    if let Some(today) = ctx.today {
+        items.extend(end_of_life(bump, policies, today));
+    }
     if let Some(nodes) = nodes {
         items.push(nodes_talos(bump, policies, nodes));
         items.push(kubelet_skew(bump, policies, nodes));
@@ -41,6 +98,15 @@ fn unconfirmed_note(confidence: Confidence) -> &'static str {
         ""
     } else {
         " (data unconfirmed: treated as a warning)"
+    }
+}
+
+/// Appended to a hint that points at a version whose support is only unconfirmed.
+fn unconfirmed_target(confidence: Confidence) -> &'static str {
+    if confidence.is_confirmed() {
+        ""
+    } else {
+        "; that version's data is unconfirmed"
     }
 }
 
@@ -225,19 +291,29 @@ pub fn talos_kubernetes_pairing(bump: &Bump, p: &Policies) -> CheckItem {
         .source(&row.source);
     }
     if !range.contains(k1.minor_version()) {
+        // Only a newer Talos can be the fix: rows for older minors never count.
         let needed = p
             .talos
             .iter()
-            .filter(|r| {
-                r.kubernetes.contains(k1.minor_version()) && r.version >= t1.minor_version()
-            })
-            .map(|r| r.version)
-            .min();
-        let hint = match needed {
-            Some(v) => format!(
-                "bump Talos to {v} first (or in the same change: Talos moves before Kubernetes)"
-            ),
-            None => format!("no known Talos supports Kubernetes {}", k1.minor_version()),
+            .filter(|r| r.kubernetes.contains(k1.minor_version()) && r.version > t1.minor_version())
+            .min_by_key(|r| r.version);
+        let hint = if k1.minor_version() < range.min {
+            format!(
+                "Talos {} runs Kubernetes {} or later: target Kubernetes {} or later",
+                row.version, range.min, range.min
+            )
+        } else {
+            match needed {
+                Some(r) => format!(
+                    "bump Talos to {} first (or in the same change: Talos moves before Kubernetes){}",
+                    r.version,
+                    unconfirmed_target(r.confidence)
+                ),
+                None => format!(
+                    "no released Talos supports Kubernetes {} yet: wait for one",
+                    k1.minor_version()
+                ),
+            }
         };
         return CheckItem::new(
             id,
@@ -301,24 +377,23 @@ enum Support {
         confidence: Confidence,
         range: String,
         source: String,
+        /// Why the first (confirmed, where any is) failing row refuses `k8s`.
+        reason: Admits,
+        /// That row's lowest Kubernetes minor.
+        min: MinorVersion,
     },
 }
 
-fn support(p: &Policies, component: &str, version: &Version, k8s: MinorVersion) -> Support {
-    let rows: Vec<_> = p.rows_for(component, version).collect();
+fn support(p: &Policies, component: &str, version: &Version, k8s: &Version) -> Support {
+    let rows: Vec<&CompatRow> = p.rows_for(component, version).collect();
     if rows.is_empty() {
         return Support::NoData;
     }
-    // Every matching row must admit the version (a general and a narrower row intersect).
-    let failing: Vec<_> = rows
-        .iter()
-        .filter(|r| !r.kubernetes.contains(k8s))
-        .collect();
-    let pick = |rs: &[&&super::data::CompatRow]| {
+    let summary = |rs: &[&CompatRow]| {
         let confidence = rs.iter().map(|r| r.confidence).max().unwrap_or_default();
         let range = rs
             .iter()
-            .map(|r| r.kubernetes.to_string())
+            .map(|r| r.range_text())
             .collect::<Vec<_>>()
             .join(" and ");
         let source = rs
@@ -328,32 +403,63 @@ fn support(p: &Policies, component: &str, version: &Version, k8s: MinorVersion) 
             .join("; ");
         (confidence, range, source)
     };
+    // Every matching row must admit the version (a general and a narrower row intersect).
+    let failing: Vec<&CompatRow> = rows
+        .iter()
+        .copied()
+        .filter(|r| r.admits(k8s) != Admits::Yes)
+        .collect();
     if failing.is_empty() {
-        let all: Vec<_> = rows.iter().collect();
-        let (confidence, range, source) = pick(&all);
-        Support::Supported {
+        let (confidence, range, source) = summary(&rows);
+        return Support::Supported {
             confidence,
             range,
             source,
-        }
-    } else {
-        // A confirmed failing row outweighs unconfirmed ones.
-        let confirmed: Vec<_> = failing
-            .iter()
-            .copied()
-            .filter(|r| r.confidence.is_confirmed())
-            .collect();
-        let (confidence, range, source) = if confirmed.is_empty() {
-            pick(&failing)
-        } else {
-            pick(&confirmed)
         };
-        Support::Unsupported {
-            confidence,
-            range,
-            source,
-        }
     }
+    // A confirmed failing row outweighs unconfirmed ones.
+    let confirmed: Vec<&CompatRow> = failing
+        .iter()
+        .copied()
+        .filter(|r| r.confidence.is_confirmed())
+        .collect();
+    let chosen = if confirmed.is_empty() {
+        failing
+    } else {
+        confirmed
+    };
+    let (confidence, range, source) = summary(&chosen);
+    let first = chosen[0];
+    Support::Unsupported {
+        confidence,
+        range,
+        source,
+        reason: first.admits(k8s),
+        min: first.kubernetes.min,
+    }
+}
+
+/// "the rows cover longhorn 1.10.0 to 1.13", for a version the rows do not know.
+fn coverage(p: &Policies, component: &str) -> Option<String> {
+    let rows: Vec<&CompatRow> = p
+        .compatibility
+        .iter()
+        .filter(|r| r.component == component && r.version != VersionMatch::Any)
+        .collect();
+    let text = |r: &CompatRow| match &r.version {
+        VersionMatch::Minor(m) => m.to_string(),
+        other => release_text(other.interval().0),
+    };
+    let (first, last) = (rows.first()?, rows.last()?);
+    Some(if rows.len() == 1 {
+        format!("ichor's rows cover {component} {} only", first.version)
+    } else {
+        format!(
+            "ichor's rows cover {component} {} to {}",
+            text(first),
+            text(last)
+        )
+    })
 }
 
 /// The CNI or an add-on against the target Kubernetes (and the current one when the
@@ -372,40 +478,68 @@ fn component_item(
     } else {
         ComponentId::Addon(c.name.clone())
     };
-    let moved = bump.change(&kid).is_some();
-    let mut targets = vec![k1.minor_version()];
+    let change = bump.change(&kid);
+    let moved = change.is_some();
+    let mut targets = vec![k1];
     if moved && k0.minor_version() != k1.minor_version() && k0 < k1 {
-        targets.insert(0, k0.minor_version());
+        targets.insert(0, k0);
     }
     let kind = if is_cni { "CNI" } else { "add-on" };
+    let info = p.component_info(&c.name);
     if !p.knows_component(&c.name) {
+        let Some(info) = info else {
+            return CheckItem::new(
+                id,
+                title,
+                Status::Warn,
+                format!(
+                    "unknown {kind} `{}`: no compatibility data, so ichor cannot vouch for it",
+                    c.name
+                ),
+            )
+            .hint(format!(
+                "add `compatibility:` rows for `{}` under policies/ in the repository",
+                c.name
+            ));
+        };
+        let check = match info.matrix {
+            Matrix::None => format!("check the {} release notes", c.name),
+            Matrix::Unverified | Matrix::Policy => {
+                format!("check what upstream says ({})", info.source)
+            }
+        };
         return CheckItem::new(
             id,
             title,
             Status::Warn,
             format!(
-                "unknown {kind} `{}`: no compatibility data, so ichor cannot vouch for it",
-                c.name
+                "unknown {kind} `{}`: {}, so ichor cannot vouch for it",
+                c.name,
+                info.describe()
             ),
         )
         .hint(format!(
-            "add `compatibility:` rows for `{}` under policies/ in the repository",
+            "{check} for Kubernetes {}; once tested, add `compatibility:` rows for `{}` under policies/ in the repository",
+            k1.minor_version(),
             c.name
-        ));
+        ))
+        .source(&info.source);
     }
     let mut supported_msgs = Vec::new();
     let mut status = Status::Pass;
     let mut sources = Vec::new();
     for k in targets {
+        let km = k.minor_version();
         match support(p, &c.name, &c.version, k) {
             Support::NoData => {
-                return CheckItem::new(
-                    id,
-                    title,
-                    Status::Warn,
-                    format!("no compatibility data for {} {}", c.name, c.version),
-                )
-                .hint(format!(
+                let mut message = format!("no compatibility data for {} {}", c.name, c.version);
+                if let Some(cover) = coverage(p, &c.name) {
+                    message.push_str(&format!(" ({cover})"));
+                }
+                if let Some(info) = info {
+                    message.push_str(&format!("; {}", info.describe()));
+                }
+                return CheckItem::new(id, title, Status::Warn, message).hint(format!(
                     "add a `compatibility:` row for {} {} under policies/ in the repository",
                     c.name,
                     c.version.minor_version()
@@ -418,7 +552,7 @@ fn component_item(
             } => {
                 status = status.max(graded(confidence, false));
                 supported_msgs.push(format!(
-                    "{} {} supports Kubernetes {k} ({range}){}",
+                    "{} {} supports Kubernetes {km} ({range}){}",
                     c.name,
                     c.version,
                     unconfirmed_note(confidence)
@@ -429,22 +563,32 @@ fn component_item(
                 confidence,
                 range,
                 source,
+                reason,
+                min,
             } => {
-                let lowest = p.lowest_supporting(&c.name, k);
-                let message = if k == k1.minor_version() && k1 != k0 {
-                    match &lowest {
-                        Some(req) => format!("Kubernetes {k} is blocked on {} {req} (release set has {})", c.name, c.version),
-                        None => format!("Kubernetes {k} is blocked on {}: no known version supports it (release set has {})", c.name, c.version),
-                    }
-                } else {
-                    format!(
-                        "{} {} supports Kubernetes {range}, and the cluster runs {k}",
-                        c.name, c.version
-                    )
-                };
-                let hint = match lowest {
-                    Some(req) => format!("bump {} to {req} first (a version that supports Kubernetes {k})", c.name),
-                    None => format!("wait for a {} release that supports Kubernetes {k}, or add a row under policies/ if you have tested one", c.name),
+                let is_target = k == k1 && k1 != k0;
+                let (message, hint) = match reason {
+                    Admits::BelowPatch(floor) => (
+                        if is_target {
+                            format!("Kubernetes {k} is blocked on {}: {} {} supports Kubernetes {km} only from {} ({range})", c.name, c.name, c.version, floor.normalized())
+                        } else {
+                            format!("{} {} supports Kubernetes {km} only from {} ({range}), and the cluster runs {k}", c.name, c.version, floor.normalized())
+                        },
+                        format!(
+                            "upgrade Kubernetes to {} or later (the first {km} patch {} supports)",
+                            floor.normalized(),
+                            c.name
+                        ),
+                    ),
+                    _ => unsupported_text(
+                        p,
+                        c,
+                        change.and_then(|ch| ch.from.as_ref()),
+                        k,
+                        is_target,
+                        &range,
+                        min,
+                    ),
                 };
                 return CheckItem::new(
                     id,
@@ -466,6 +610,59 @@ fn component_item(
         item = item.hint("confirm the support range upstream, then mark the row `confidence: upstream` under policies/");
     }
     item
+}
+
+/// Message and hint for a component version whose Kubernetes range misses `k`. The hint
+/// names a newer version that supports `k` when the rows know one, and never an older one.
+fn unsupported_text(
+    p: &Policies,
+    c: &Component,
+    base_version: Option<&Version>,
+    k: &Version,
+    is_target: bool,
+    range: &str,
+    min: MinorVersion,
+) -> (String, String) {
+    let (name, v, km) = (&c.name, &c.version, k.minor_version());
+    if let Some(s) = p.lowest_supporting(name, k, v) {
+        let message = if is_target {
+            format!(
+                "Kubernetes {km} is blocked on {name} >= {} (release set has {v})",
+                s.version
+            )
+        } else {
+            format!("{name} {v} supports Kubernetes {range}, and the cluster runs {k}")
+        };
+        let hint = format!(
+            "bump {name} to >= {} first (a version that supports Kubernetes {km}){}",
+            s.version,
+            unconfirmed_target(s.confidence)
+        );
+        return (message, hint);
+    }
+    if km < min {
+        // The version is too new for `k`; older versions may support it, but pointing there
+        // would be a downgrade.
+        let message = if is_target {
+            format!("Kubernetes {km} is blocked on {name}: {name} {v} needs Kubernetes {min} or later ({range}), and no newer {name} that ichor knows supports {km}")
+        } else {
+            format!(
+                "{name} {v} needs Kubernetes {min} or later ({range}), and the cluster runs {k}"
+            )
+        };
+        let hint = match base_version.filter(|b| *b < v) {
+            Some(b) => format!("keep {name} at {b} until Kubernetes reaches {min}, then bump it"),
+            None => format!("no newer {name} supports Kubernetes {km}: move Kubernetes to {min} or later first, or add a row under policies/ if you have tested one"),
+        };
+        return (message, hint);
+    }
+    let message = if is_target {
+        format!("Kubernetes {km} is blocked on {name}: no released version supports it yet (release set has {v}; {name} {v} supports {range})")
+    } else {
+        format!("{name} {v} supports Kubernetes {range}, and the cluster runs {k}")
+    };
+    let hint = format!("no released {name} supports Kubernetes {km} yet: wait for one, or add a row under policies/ if you have tested one");
+    (message, hint)
 }
 
 pub fn cni(bump: &Bump, p: &Policies) -> CheckItem {
@@ -522,20 +719,20 @@ pub fn blockers(bump: &Bump, p: &Policies) -> Vec<CheckItem> {
         {
             continue;
         }
+        let mut present = None;
         if let Some(name) = &b.component {
             match find(name) {
-                Some(v) if b.version.as_ref().is_none_or(|m| m.matches(v)) => {}
+                Some(v) if b.version.as_ref().is_none_or(|m| m.matches(v)) => {
+                    present = Some((name, v))
+                }
                 _ => continue,
             }
         }
-        let unmet: Vec<String> = b
+        let unmet: Vec<(&str, &VersionMatch, &Version)> = b
             .requires
             .iter()
             .filter_map(|r| match find(&r.component) {
-                Some(v) if !r.version.matches(v) => Some(format!(
-                    "{} {} (release set has {v})",
-                    r.component, r.version
-                )),
+                Some(v) if !r.version.matches(v) => Some((r.component.as_str(), &r.version, v)),
                 _ => None,
             })
             .collect();
@@ -547,24 +744,67 @@ pub fn blockers(bump: &Bump, p: &Policies) -> Vec<CheckItem> {
             (None, Some(_)) => format!("Talos {}", head.talos.minor_version()),
             _ => "this release set".to_string(),
         };
-        let (message, hint) = if unmet.is_empty() {
-            (b.message.clone(), format!("remove {} from the release set, or disable blocker `{}` under policies/ once it no longer applies", b.component.as_deref().unwrap_or("the component"), b.id))
+        let disable = format!(
+            "disable blocker `{}` under policies/ once it no longer applies",
+            b.id
+        );
+        let (message, mut hint) = if unmet.is_empty() {
+            // Blocked by presence: moving past the matched versions, or removing the
+            // component, lifts it.
+            let hint = match (present, &b.version) {
+                (Some((name, v)), Some(m)) => match m.first_release_after(v) {
+                    Some(r) => format!("bump {name} to {} or later first (the blocker covers {name} {m}), or remove it from the release set", release_text(r)),
+                    None => format!("remove {name} from the release set, or {disable}"),
+                },
+                (Some((name, _)), None) => {
+                    format!("remove {name} from the release set, or {disable}")
+                }
+                _ => disable.clone(),
+            };
+            (b.message.clone(), hint)
         } else {
+            let listed: Vec<String> = unmet
+                .iter()
+                .map(|(c, m, v)| format!("{c} {m} (release set has {v})"))
+                .collect();
+            let forward: Vec<String> = unmet
+                .iter()
+                .filter(|(_, m, v)| m.lowest_above(v).is_some())
+                .map(|(c, m, _)| format!("{c} to {m}"))
+                .collect();
+            let stuck: Vec<String> = unmet
+                .iter()
+                .filter(|(_, m, v)| m.lowest_above(v).is_none())
+                .map(|(c, m, v)| format!("{c} {v} is past `{m}` and no newer {c} meets it"))
+                .collect();
+            let mut parts = Vec::new();
+            if !forward.is_empty() {
+                parts.push(format!("bump {} first", forward.join(" and ")));
+            }
+            if !stuck.is_empty() {
+                parts.push(format!(
+                    "{}: the blocker holds until its rule changes; {disable}",
+                    stuck.join(" and ")
+                ));
+            }
             (
                 format!(
                     "{target} is blocked on {}: {}",
-                    unmet.join(" and "),
+                    listed.join(" and "),
                     b.message
                 ),
-                format!("bump {} first", unmet.join(" and ")),
+                parts.join("; "),
             )
         };
+        if let Some(extra) = &b.hint {
+            hint = format!("{hint}; {extra}");
+        }
         items.push(
             CheckItem::new(
                 format!("blocker/{}", b.id),
                 format!("Known blocker {}", b.id),
                 graded(b.confidence, true),
-                message,
+                format!("{message}{}", unconfirmed_note(b.confidence)),
             )
             .hint(hint)
             .source(&b.source),
@@ -581,6 +821,142 @@ pub fn blockers(bump: &Bump, p: &Policies) -> Vec<CheckItem> {
     items
 }
 
+/// Talos upgrade notes the bump meets: release notes that need a human (remove a plugin,
+/// set a flag, change the installer image). Always warnings: the static gate cannot see
+/// whether the cluster is affected.
+pub fn talos_notes(bump: &Bump, p: &Policies, installer_image: Option<&str>) -> Vec<CheckItem> {
+    let (t0, t1) = (&bump.base.spec.talos, &bump.head.spec.talos);
+    if t1 <= t0 {
+        return Vec::new();
+    }
+    let same_image = |want: &str| {
+        installer_image.is_some_and(|have| {
+            have.trim_end_matches('/')
+                .eq_ignore_ascii_case(want.trim_end_matches('/'))
+        })
+    };
+    p.talos_notes
+        .iter()
+        .filter(|n| {
+            n.crosses.as_ref().is_none_or(|x| {
+                talos_release(t0) < talos_release(x) && talos_release(x) <= talos_release(t1)
+            }) && n.from.as_ref().is_none_or(|m| m.matches(t0))
+                && n.talos.as_ref().is_none_or(|m| m.matches(t1))
+                && n.installer_image.as_deref().is_none_or(same_image)
+        })
+        .map(|n| {
+            let hint = n.hint.clone().unwrap_or_else(|| {
+                format!("act on the note before merging, then re-run the gate; disable note `{}` under policies/ if it does not concern this cluster", n.id)
+            });
+            CheckItem::new(
+                format!("talos-note/{}", n.id),
+                format!("Talos upgrade note {}", n.id),
+                Status::Warn,
+                format!("Talos {t0} → {t1}: {}", n.message),
+            )
+            .hint(hint)
+            .source(&n.source)
+        })
+        .collect()
+}
+
+/// A warning for each component of the head release set that is past end of life on
+/// `today`: whether the change lands on it or the release set stays on it.
+pub fn end_of_life(bump: &Bump, p: &Policies, today: Date) -> Vec<CheckItem> {
+    let head = &bump.head.spec;
+    let mut parts: Vec<(ComponentId, &Version)> = vec![
+        (ComponentId::Talos, &head.talos),
+        (ComponentId::Kubernetes, &head.kubernetes),
+        (ComponentId::Cni(head.cni.name.clone()), &head.cni.version),
+    ];
+    parts.extend(
+        head.addons
+            .iter()
+            .map(|a| (ComponentId::Addon(a.name.clone()), &a.version)),
+    );
+    let mut items = Vec::new();
+    for (id, v) in parts {
+        let name = id.name();
+        let Some(row) = p.end_of_life_for(name, v, today) else {
+            continue;
+        };
+        let lands = bump.change(&id).is_some_and(|c| c.to.as_ref() == Some(v));
+        let how = if lands {
+            "this change moves to it"
+        } else {
+            "the release set stays on it"
+        };
+        let note = row
+            .note
+            .as_deref()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default();
+        let hint = match eol_successor(p, name, v, today, &head.kubernetes) {
+            Some(s) => format!(
+                "bump {id} to >= {s} (the lowest newer release ichor knows that is still supported)"
+            ),
+            None => format!(
+                "no newer {id} release that ichor knows is still supported: check upstream for a successor"
+            ),
+        };
+        items.push(
+            CheckItem::new(
+                format!("eol/{name}"),
+                format!("{id} is supported upstream"),
+                Status::Warn,
+                format!(
+                    "{id} {v} reached end of life on {}{note}: upstream no longer fixes it, and {how}",
+                    row.date
+                ),
+            )
+            .hint(hint)
+            .source(&row.source),
+        );
+    }
+    items
+}
+
+/// The lowest release of `name` newer than `v` that is not past end of life on `today` and
+/// (where rows exist) supports Kubernetes `k8s`.
+fn eol_successor(
+    p: &Policies,
+    name: &str,
+    v: &Version,
+    today: Date,
+    k8s: &Version,
+) -> Option<String> {
+    let mut candidates = p.versions_above(name, v);
+    if name == "talos" {
+        candidates.extend(
+            p.talos
+                .iter()
+                .filter(|r| {
+                    r.version > v.minor_version() && r.kubernetes.contains(k8s.minor_version())
+                })
+                .filter_map(|r| {
+                    Version::parse(&format!("{}.0", r.version))
+                        .ok()
+                        .map(|x| (x, r.version.to_string()))
+                }),
+        );
+    }
+    for r in p.end_of_life.iter().filter(|r| r.component == name) {
+        if let Some(hi) = r.version.first_release_after(v) {
+            if let Ok(x) = Version::parse(&release_text(hi)) {
+                candidates.push((x, release_text(hi)));
+            }
+        }
+    }
+    candidates.sort_by(|a, b| a.0.cmp(&b.0));
+    candidates
+        .into_iter()
+        .filter(|(x, _)| x > v)
+        .find(|(x, _)| {
+            p.end_of_life_for(name, x, today).is_none() && p.supports(name, x, k8s) != Some(false)
+        })
+        .map(|(_, text)| text)
+}
+
 /// Each node's running Talos can take the target: at most one minor behind and not older
 /// than the installer's minimum host version.
 pub fn nodes_talos(bump: &Bump, p: &Policies, nodes: &[Node]) -> CheckItem {
@@ -592,6 +968,9 @@ pub fn nodes_talos(bump: &Bump, p: &Policies, nodes: &[Node]) -> CheckItem {
     // about the nodes that run something else (left behind, or upgraded by hand).
     let base = &bump.base.spec.talos;
     let mut bad = Vec::new();
+    // Whether any bad node is more than a step behind (else each is only below the
+    // installer's minimum host, which a patch of its own minor may fix).
+    let mut any_too_far = false;
     let mut ahead = Vec::new();
     for n in nodes.iter().filter(|n| &n.talos != base) {
         if &n.talos > target {
@@ -607,6 +986,7 @@ pub fn nodes_talos(bump: &Bump, p: &Policies, nodes: &[Node]) -> CheckItem {
             .and_then(|r| r.upgrade_from.as_ref())
             .is_some_and(|min| talos_release(&n.talos) < talos_release(min));
         if too_far || too_old {
+            any_too_far |= too_far;
             bad.push(format!("{} runs {}", n.name, n.talos));
         }
     }
@@ -654,15 +1034,23 @@ pub fn nodes_talos(bump: &Bump, p: &Policies, nodes: &[Node]) -> CheckItem {
                 bad.join(", ")
             ),
         )
-        .hint(format!(
-            "bring these nodes to the latest Talos {} patch first",
-            target
-                .minor_version()
-                .prev()
-                .map(|m| m.to_string())
-                .unwrap_or_default()
+        .hint(nodes_hint(
+            target,
+            row.and_then(|r| r.upgrade_from.as_ref()),
+            any_too_far,
         ))
         .source("inventory")
+    }
+}
+
+/// Where nodes left behind must go first. Always forward: a node too far behind goes to the
+/// minor just below the target (above its own); a node only below the installer's minimum
+/// goes to that minimum (above it by definition).
+fn nodes_hint(target: &Version, min: Option<&Version>, any_too_far: bool) -> String {
+    match (any_too_far, min, target.minor_version().prev()) {
+        (false, Some(min), _) => format!("upgrade these nodes to Talos {min} or later first"),
+        (_, _, Some(prev)) => format!("bring these nodes to the latest Talos {prev} patch first"),
+        (_, _, None) => format!("bring these nodes to a Talos that {target} upgrades from first"),
     }
 }
 
@@ -1000,12 +1388,20 @@ mod tests {
             "v1.12.6",
             "v1.33.5",
             "cilium@1.18.3",
-            &["external-dns@v0.19.0"],
+            &["my-operator@v0.19.0", "external-dns@v0.19.0"],
         );
         let item = addon_item(&b, &p(), &unknown.spec.addons[0]);
         assert_eq!(item.status, Status::Warn);
         assert!(
-            item.message.contains("unknown add-on `external-dns`"),
+            item.message.contains("unknown add-on `my-operator`"),
+            "{}",
+            item.message
+        );
+        // A component the data knows of without rows: the warning names what upstream has.
+        let item = addon_item(&b, &p(), &unknown.spec.addons[1]);
+        assert_eq!(item.status, Status::Warn);
+        assert!(
+            item.message.contains("upstream publishes a compatibility matrix for external-dns, but ichor has not verified it"),
             "{}",
             item.message
         );
@@ -1209,5 +1605,863 @@ mod tests {
         assert!(evaluate(&b, &p(), None)
             .iter()
             .all(|i| i.status == Status::Pass));
+    }
+
+    fn v(s: &str) -> Version {
+        Version::parse(s).unwrap()
+    }
+
+    fn day(s: &str) -> Date {
+        Date::parse(s).unwrap()
+    }
+
+    /// One case per shipped compatibility row: a version inside the row, the Kubernetes
+    /// range upstream gives for it, and the patch floors. The test checks the version just
+    /// inside and just outside each end of the range, and that every row has a case.
+    /// (component, a version inside the row, Kubernetes min, max, patch floors).
+    type RowCase = (
+        &'static str,
+        &'static str,
+        &'static str,
+        Option<&'static str>,
+        &'static [&'static str],
+    );
+
+    const ROWS: &[RowCase] = &[
+        ("cilium", "1.14.0", "1.19", Some("1.27"), &[]),
+        ("cilium", "1.15.6", "1.26", Some("1.29"), &[]),
+        ("cilium", "1.16.0", "1.27", Some("1.30"), &[]),
+        ("cilium", "1.17.18", "1.28", Some("1.31"), &[]),
+        ("cilium", "1.18.3", "1.30", Some("1.33"), &[]),
+        ("cilium", "1.19.8", "1.32", Some("1.35"), &[]),
+        ("cilium", "1.20.2", "1.33", Some("1.36"), &[]),
+        ("calico", "3.29.4", "1.29", Some("1.32"), &[]),
+        ("calico", "3.30.2", "1.31", Some("1.35"), &[]),
+        ("calico", "3.31.0", "1.32", Some("1.35"), &[]),
+        ("calico", "3.32.1", "1.34", Some("1.36"), &[]),
+        ("calico", "3.33.0", "1.35", Some("1.37"), &[]),
+        ("flannel", "0.27.4", "1.19", None, &[]),
+        ("cert-manager", "1.15.5", "1.25", Some("1.32"), &[]),
+        ("cert-manager", "1.16.0", "1.25", Some("1.32"), &[]),
+        ("cert-manager", "1.17.2", "1.29", Some("1.33"), &[]),
+        ("cert-manager", "1.18.2", "1.29", Some("1.33"), &[]),
+        ("cert-manager", "1.19.3", "1.31", Some("1.35"), &[]),
+        ("cert-manager", "1.20.2", "1.32", Some("1.35"), &[]),
+        ("cert-manager", "1.21.0", "1.33", Some("1.36"), &[]),
+        ("cloudnative-pg", "1.25.1", "1.29", Some("1.32"), &[]),
+        ("cloudnative-pg", "1.26.0", "1.30", Some("1.33"), &[]),
+        ("cloudnative-pg", "1.27.0", "1.31", Some("1.33"), &[]),
+        ("cloudnative-pg", "1.28.2", "1.32", Some("1.35"), &[]),
+        ("cloudnative-pg", "1.29.0", "1.33", Some("1.35"), &[]),
+        ("cloudnative-pg", "1.30.0", "1.34", Some("1.36"), &[]),
+        ("rook", "1.14.1", "1.25", Some("1.29"), &[]),
+        ("rook", "1.14.2", "1.25", Some("1.30"), &[]),
+        ("rook", "1.15.3", "1.26", Some("1.31"), &[]),
+        ("rook", "1.16.8", "1.27", Some("1.32"), &[]),
+        ("rook", "1.17.8", "1.28", Some("1.32"), &[]),
+        ("rook", "1.17.9", "1.28", Some("1.33"), &[]),
+        ("rook", "1.18.10", "1.29", Some("1.33"), &[]),
+        ("rook", "1.18.11", "1.29", Some("1.34"), &[]),
+        ("rook", "1.19.9", "1.30", Some("1.35"), &[]),
+        ("rook", "1.19.10", "1.30", Some("1.35"), &[]),
+        ("rook", "1.20.6", "1.31", Some("1.36"), &[]),
+        ("argocd", "2.13.4", "1.27", Some("1.30"), &[]),
+        ("argocd", "2.14.0", "1.28", Some("1.31"), &[]),
+        ("argocd", "3.0.6", "1.29", Some("1.32"), &[]),
+        ("argocd", "3.1.10", "1.30", Some("1.33"), &[]),
+        ("argocd", "3.1.11", "1.31", Some("1.34"), &[]),
+        ("argocd", "3.2.3", "1.30", Some("1.33"), &[]),
+        ("argocd", "3.2.4", "1.31", Some("1.34"), &[]),
+        ("argocd", "3.3.4", "1.31", Some("1.34"), &[]),
+        ("argocd", "3.3.5", "1.32", Some("1.35"), &[]),
+        ("argocd", "3.4.2", "1.32", Some("1.35"), &[]),
+        ("argocd", "3.5.1", "1.33", Some("1.36"), &[]),
+        ("flux", "2.3.0", "1.28", None, &[]),
+        ("flux", "2.4.0", "1.28", None, &[]),
+        ("flux", "2.5.1", "1.30", None, &[]),
+        ("flux", "2.6.4", "1.31", None, &[]),
+        ("flux", "2.7.5", "1.32", None, &["1.34.1"]),
+        ("flux", "2.8.0", "1.33", None, &["1.34.1"]),
+        ("flux", "2.9.1", "1.33", None, &["1.34.1"]),
+        ("ingress-nginx", "1.12.1", "1.28", Some("1.32"), &[]),
+        ("ingress-nginx", "1.13.9", "1.29", Some("1.33"), &[]),
+        ("ingress-nginx", "1.14.5", "1.30", Some("1.34"), &[]),
+        ("ingress-nginx", "1.15.1", "1.31", Some("1.35"), &[]),
+        ("longhorn", "1.11.2", "1.25", None, &[]),
+        ("longhorn", "1.11.3", "1.34", None, &[]),
+        ("longhorn", "1.12.2", "1.25", None, &[]),
+        ("longhorn", "1.13.0", "1.34", None, &[]),
+        ("openebs", "4.4.0", "1.23", None, &[]),
+        ("metrics-server", "0.6.4", "1.25", None, &[]),
+        ("metrics-server", "0.7.2", "1.27", None, &[]),
+        ("metrics-server", "0.8.0", "1.31", None, &[]),
+        ("metrics-server", "0.9.0", "1.34", None, &[]),
+    ];
+
+    /// Kubernetes `minor` ± `delta` as a patch release that no patch floor concerns.
+    fn k8s(minor: &str, delta: i64) -> Version {
+        let m = MinorVersion::parse(minor).unwrap();
+        v(&format!("{}.{}.5", m.major, m.minor as i64 + delta))
+    }
+
+    #[test]
+    fn every_row_admits_just_inside_and_refuses_just_outside_its_range() {
+        let p = p();
+        for (c, ver, min, max, floors) in ROWS {
+            let at = |k: &Version| p.supports(c, &v(ver), k);
+            let case = format!("{c} {ver}");
+            assert_eq!(at(&k8s(min, 0)), Some(true), "{case} at its min {min}");
+            assert_eq!(at(&k8s(min, -1)), Some(false), "{case} below its min {min}");
+            match max {
+                Some(max) => {
+                    assert_eq!(at(&k8s(max, 0)), Some(true), "{case} at its max {max}");
+                    assert_eq!(at(&k8s(max, 1)), Some(false), "{case} above its max {max}");
+                }
+                None => assert_eq!(at(&k8s("1.40", 0)), Some(true), "{case}: no upper bound"),
+            }
+            for f in *floors {
+                let f = v(f);
+                let below = v(&format!("{}.{}.{}", f.major(), f.minor(), f.patch() - 1));
+                assert_eq!(at(&f), Some(true), "{case} at its patch floor {f}");
+                assert_eq!(at(&below), Some(false), "{case} below its patch floor {f}");
+            }
+        }
+        // Every shipped row has a case.
+        for row in &p.compatibility {
+            assert!(
+                ROWS.iter()
+                    .any(|(c, ver, ..)| *c == row.component && row.version.matches(&v(ver))),
+                "no case for the row {} {}",
+                row.component,
+                row.version
+            );
+        }
+    }
+
+    #[test]
+    fn every_talos_row_matches_the_upstream_table() {
+        // (minor, Kubernetes min, max, upgradeFrom): siderolabs/talos compatibility/talosNNN.
+        let table = [
+            ("1.7", "1.25", "1.30", "1.4.0"),
+            ("1.8", "1.26", "1.31", "1.5.0"),
+            ("1.9", "1.27", "1.32", "1.8.0"),
+            ("1.10", "1.28", "1.33", "1.8.0"),
+            ("1.11", "1.29", "1.34", "1.9.0"),
+            ("1.12", "1.30", "1.35", "1.10.0"),
+            ("1.13", "1.31", "1.36", "1.11.0"),
+            ("1.14", "1.33", "1.37", "1.12.0"),
+            ("1.15", "1.33", "1.38", "1.13.0"),
+        ];
+        let p = p();
+        assert_eq!(p.talos.len(), table.len());
+        for (t, min, max, from) in table {
+            let row = p.talos_row(MinorVersion::parse(t).unwrap()).unwrap();
+            let m = |s: &str, d: i64| k8s(s, d).minor_version();
+            assert!(row.kubernetes.contains(m(min, 0)), "{t}");
+            assert!(!row.kubernetes.contains(m(min, -1)), "{t}");
+            assert!(row.kubernetes.contains(m(max, 0)), "{t}");
+            assert!(!row.kubernetes.contains(m(max, 1)), "{t}");
+            assert_eq!(row.upgrade_from, Some(v(from)), "{t}");
+        }
+    }
+
+    /// A bump of Kubernetes from `k0` to `k1` with `addon` on a Talos that supports both.
+    fn k8s_bump(k0: &str, k1: &str, cni: &str, addons: &[&str]) -> Bump {
+        bump(
+            rs("v1.13.9", k0, cni, addons),
+            rs("v1.13.9", k1, cni, addons),
+        )
+    }
+
+    #[test]
+    fn calico_rows_follow_tigera_docs() {
+        // 3.30 was extended to 1.35 in January 2026; 3.29-3.32 are upstream, 3.33 is not.
+        let item = cni(&k8s_bump("v1.34.2", "v1.35.1", "calico@v3.30.2", &[]), &p());
+        assert_eq!(item.status, Status::Pass, "{}", item.message);
+        assert!(item.source.as_deref().unwrap_or("").contains("f81996f"));
+        let item = cni(&k8s_bump("v1.35.1", "v1.36.0", "calico@v3.30.2", &[]), &p());
+        assert_eq!(item.status, Status::Fail, "{}", item.message);
+        assert_eq!(
+            item.hint.as_deref(),
+            Some("bump calico to >= 3.32 first (a version that supports Kubernetes 1.36)")
+        );
+        for (cni_version, k0, k1) in [
+            ("calico@v3.29.4", "v1.31.2", "v1.32.1"),
+            ("calico@v3.31.0", "v1.34.2", "v1.35.1"),
+            ("calico@v3.32.1", "v1.35.1", "v1.36.0"),
+        ] {
+            let item = cni(&k8s_bump(k0, k1, cni_version, &[]), &p());
+            assert_eq!(item.status, Status::Pass, "{cni_version}: {}", item.message);
+            assert!(
+                item.source
+                    .as_deref()
+                    .unwrap_or("")
+                    .starts_with("tigera/docs"),
+                "{cni_version}: {:?}",
+                item.source
+            );
+        }
+        let b = bump(
+            rs("v1.14.1", "v1.36.2", "calico@v3.33.0", &[]),
+            rs("v1.14.1", "v1.37.0", "calico@v3.33.0", &[]),
+        );
+        assert_eq!(cni(&b, &p()).status, Status::Warn, "3.33 is unconfirmed");
+    }
+
+    #[test]
+    fn rook_1_14_supports_1_30_from_1_14_2() {
+        let item = addon_item(
+            &k8s_bump("v1.29.9", "v1.30.4", "cilium@1.16.0", &["rook@v1.14.2"]),
+            &p(),
+            &rs("v1.13.9", "v1.30.4", "cilium@1.16.0", &["rook@v1.14.2"])
+                .spec
+                .addons[0],
+        );
+        assert_eq!(item.status, Status::Pass, "{}", item.message);
+        let b = k8s_bump("v1.29.9", "v1.30.4", "cilium@1.16.0", &["rook@v1.14.1"]);
+        let item = addon_item(&b, &p(), &b.head.spec.addons[0]);
+        assert_eq!(item.status, Status::Fail, "{}", item.message);
+        assert_eq!(
+            item.hint.as_deref(),
+            Some("bump rook to >= 1.14.2 first (a version that supports Kubernetes 1.30)")
+        );
+    }
+
+    #[test]
+    fn longhorn_1_12_supports_kubernetes_from_1_25() {
+        // The case: Kubernetes 1.33 with Longhorn v1.12.2 passes, with no hint at all
+        // (it used to say "bump longhorn to >=1.10.0, <1.11.3 first").
+        let b = k8s_bump("v1.32.9", "v1.33.5", "cilium@1.18.3", &["longhorn@v1.12.2"]);
+        let item = addon_item(&b, &p(), &b.head.spec.addons[0]);
+        assert_eq!(item.status, Status::Pass, "{}", item.message);
+        assert_eq!(item.hint, None);
+        assert!(item.source.as_deref().unwrap_or("").contains("v5.3.0"));
+        // 1.11.3 and 1.13 still need 1.34; from 1.11.3, 1.12 is the way forward.
+        let b = k8s_bump("v1.32.9", "v1.33.5", "cilium@1.18.3", &["longhorn@v1.11.3"]);
+        let item = addon_item(&b, &p(), &b.head.spec.addons[0]);
+        assert_eq!(item.status, Status::Fail, "{}", item.message);
+        assert_eq!(
+            item.hint.as_deref(),
+            Some("bump longhorn to >= 1.12 first (a version that supports Kubernetes 1.33)")
+        );
+        let b = k8s_bump("v1.32.9", "v1.33.5", "cilium@1.18.3", &["longhorn@v1.13.0"]);
+        let item = addon_item(&b, &p(), &b.head.spec.addons[0]);
+        assert_eq!(item.status, Status::Fail);
+        assert!(
+            !item.hint.as_deref().unwrap_or("").contains("bump"),
+            "{:?}",
+            item.hint
+        );
+    }
+
+    #[test]
+    fn a_wrong_row_never_proposes_a_downgrade() {
+        // Reinstate the pre-correction Longhorn row: only older versions support 1.33 then,
+        // and the item says no newer version does instead of "bump to >=1.10.0, <1.11.3".
+        let repo = vec![(
+            "policies/old.yaml".to_string(),
+            "compatibility:\n  - component: longhorn\n    version: \"1.12\"\n    disabled: true\n    kubernetes: {min: \"1.25\"}\n    source: x\n  - component: longhorn\n    version: \">=1.12.1, <1.13.0\"\n    kubernetes: {min: \"1.34\"}\n    source: the pre-correction row\n".to_string(),
+        )];
+        let policies = Policies::load(&repo).unwrap();
+        let b = k8s_bump("v1.32.9", "v1.33.5", "cilium@1.18.3", &["longhorn@v1.12.2"]);
+        let item = addon_item(&b, &policies, &b.head.spec.addons[0]);
+        assert_eq!(item.status, Status::Fail);
+        let hint = item.hint.as_deref().unwrap_or("");
+        assert!(!hint.contains("bump longhorn"), "{hint}");
+        assert!(
+            hint.contains("no newer longhorn supports Kubernetes 1.33"),
+            "{hint}"
+        );
+        assert!(
+            item.message
+                .contains("no newer longhorn that ichor knows supports 1.33"),
+            "{}",
+            item.message
+        );
+        // The component moved there in this change: keep the version it had.
+        let b = bump(
+            rs("v1.13.9", "v1.32.9", "cilium@1.18.3", &["longhorn@v1.10.3"]),
+            rs("v1.13.9", "v1.33.5", "cilium@1.18.3", &["longhorn@v1.12.2"]),
+        );
+        let item = addon_item(&b, &policies, &b.head.spec.addons[0]);
+        assert_eq!(
+            item.hint.as_deref(),
+            Some("keep longhorn at v1.10.3 until Kubernetes reaches 1.34, then bump it")
+        );
+    }
+
+    #[test]
+    fn talos_1_14_is_unconfirmed_until_it_is_released() {
+        let row = p().talos_row(MinorVersion::new(1, 14)).cloned().unwrap();
+        assert_eq!(row.confidence, Confidence::Unconfirmed);
+        let note = row.note.unwrap_or_default();
+        assert!(
+            note.contains("1.33-1.37") && note.contains("1.32-1.37"),
+            "{note}"
+        );
+        let b = bump(
+            rs("v1.13.9", "v1.36.3", "cilium@1.20.2", &[]),
+            rs("v1.14.1", "v1.36.3", "cilium@1.20.2", &[]),
+        );
+        let item = talos_kubernetes_pairing(&b, &p());
+        assert_eq!(item.status, Status::Warn, "{}", item.message);
+        assert!(
+            item.message.contains("data unconfirmed"),
+            "{}",
+            item.message
+        );
+        // A hint towards 1.14 says its data is unconfirmed.
+        let item =
+            talos_kubernetes_pairing(&from_base("v1.13.9", "v1.37.0", "cilium@1.20.2"), &p());
+        let hint = item.hint.unwrap_or_default();
+        assert!(
+            hint.contains("bump Talos to 1.14 first") && hint.contains("unconfirmed"),
+            "{hint}"
+        );
+    }
+
+    #[test]
+    fn a_prerelease_host_counts_as_its_release_everywhere() {
+        // Talos 1.14 upgrades from 1.12.0; a 1.12.0-beta.0 host counts as 1.12.0.
+        let mut two = p();
+        two.skew.talos_max_minor_step = 2;
+        let b = bump(
+            rs("v1.12.0-beta.0", "v1.33.5", "cilium@1.19.1", &[]),
+            rs("v1.14.1", "v1.33.5", "cilium@1.19.1", &[]),
+        );
+        let item = talos_step(&b, &two);
+        assert_eq!(item.status, Status::Pass, "{}", item.message);
+        let b = bump(
+            rs("v1.11.9", "v1.33.5", "cilium@1.19.1", &[]),
+            rs("v1.14.1", "v1.33.5", "cilium@1.19.1", &[]),
+        );
+        let mut three = p();
+        three.skew.talos_max_minor_step = 3;
+        assert_ne!(talos_step(&b, &three).status, Status::Pass);
+        // Same rule for nodes running something else than the release set.
+        let b = from_base("v1.13.9", "v1.33.5", "cilium@1.18.3");
+        let nodes = vec![
+            node("cp-1", Role::Controlplane, "v1.12.6", "v1.33.5"),
+            node("w-1", Role::Worker, "v1.12.0-beta.0", "v1.33.5"),
+        ];
+        let mut strict = p();
+        if let Some(r) = strict
+            .talos
+            .iter_mut()
+            .find(|r| r.version == MinorVersion::new(1, 13))
+        {
+            r.upgrade_from = Some(v("1.12.0"));
+        }
+        assert_eq!(nodes_talos(&b, &strict, &nodes).status, Status::Pass);
+        let nodes = vec![node("w-1", Role::Worker, "v1.11.9", "v1.33.5")];
+        let item = nodes_talos(&b, &strict, &nodes);
+        assert_eq!(item.status, Status::Fail);
+        assert_eq!(
+            item.hint.as_deref(),
+            Some("bring these nodes to the latest Talos 1.12 patch first")
+        );
+        // A node below a patch-level minimum in the minor just below: the hint is that minimum.
+        if let Some(r) = strict
+            .talos
+            .iter_mut()
+            .find(|r| r.version == MinorVersion::new(1, 13))
+        {
+            r.upgrade_from = Some(v("1.12.3"));
+        }
+        let nodes = vec![node("w-1", Role::Worker, "v1.12.1", "v1.33.5")];
+        assert_eq!(
+            nodes_talos(&b, &strict, &nodes).hint.as_deref(),
+            Some("upgrade these nodes to Talos 1.12.3 or later first")
+        );
+    }
+
+    #[test]
+    fn argocd_early_patches_claim_one_minor_less() {
+        let item = |version: &str, k0: &str, k1: &str| {
+            let addon = format!("argocd@v{version}");
+            let b = k8s_bump(k0, k1, "cilium@1.19.1", &[&addon]);
+            addon_item(&b, &p(), &b.head.spec.addons[0])
+        };
+        for (version, k0, k1, want) in [
+            ("3.1.5", "v1.33.5", "v1.34.2", Status::Fail),
+            ("3.1.11", "v1.33.5", "v1.34.2", Status::Pass),
+            ("3.2.3", "v1.33.5", "v1.34.2", Status::Fail),
+            ("3.2.4", "v1.33.5", "v1.34.2", Status::Pass),
+            ("3.3.4", "v1.34.2", "v1.35.1", Status::Fail),
+            ("3.3.5", "v1.34.2", "v1.35.1", Status::Pass),
+        ] {
+            let i = item(version, k0, k1);
+            assert_eq!(i.status, want, "argocd {version} → {k1}: {}", i.message);
+        }
+        // The early patches do test the minor below.
+        let b = bump(
+            rs("v1.12.9", "v1.30.9", "cilium@1.18.3", &["argocd@v3.1.5"]),
+            rs("v1.12.9", "v1.30.10", "cilium@1.18.3", &["argocd@v3.1.5"]),
+        );
+        assert_eq!(
+            addon_item(&b, &p(), &b.head.spec.addons[0]).status,
+            Status::Pass
+        );
+        assert_eq!(
+            item("3.1.5", "v1.33.5", "v1.34.2").hint.as_deref(),
+            Some("bump argocd to >= 3.1.11 first (a version that supports Kubernetes 1.34)")
+        );
+    }
+
+    #[test]
+    fn flux_needs_kubernetes_1_34_1() {
+        let b = k8s_bump("v1.33.5", "v1.34.0", "cilium@1.19.1", &["flux@v2.7.3"]);
+        let item = addon_item(&b, &p(), &b.head.spec.addons[0]);
+        assert_eq!(item.status, Status::Fail, "{}", item.message);
+        assert!(
+            item.message.contains("only from 1.34.1"),
+            "{}",
+            item.message
+        );
+        assert_eq!(
+            item.hint.as_deref(),
+            Some("upgrade Kubernetes to 1.34.1 or later (the first 1.34 patch flux supports)")
+        );
+        let b = k8s_bump("v1.33.5", "v1.34.1", "cilium@1.19.1", &["flux@v2.7.3"]);
+        assert_eq!(
+            addon_item(&b, &p(), &b.head.spec.addons[0]).status,
+            Status::Pass
+        );
+        // Flux moving while the cluster still runs 1.34.0.
+        let b = bump(
+            rs("v1.13.9", "v1.34.0", "cilium@1.19.1", &["flux@v2.6.4"]),
+            rs("v1.13.9", "v1.34.0", "cilium@1.19.1", &["flux@v2.8.0"]),
+        );
+        let item = addon_item(&b, &p(), &b.head.spec.addons[0]);
+        assert_eq!(item.status, Status::Fail, "{}", item.message);
+        assert!(
+            item.message.contains("the cluster runs v1.34.0"),
+            "{}",
+            item.message
+        );
+    }
+
+    #[test]
+    fn end_of_life_warns_with_the_date_from_the_clock_passed_in() {
+        let b = from_base("v1.12.6", "v1.33.7", "cilium@1.18.3");
+        let base_items = |today: &str| {
+            let b = bump(
+                rs(
+                    "v1.12.6",
+                    "v1.33.5",
+                    "cilium@1.18.3",
+                    &["cert-manager@v1.18.2"],
+                ),
+                rs(
+                    "v1.12.6",
+                    "v1.33.7",
+                    "cilium@1.18.3",
+                    &["cert-manager@v1.18.2"],
+                ),
+            );
+            evaluate_with(&b, &p(), None, &Context::at(day(today)))
+        };
+        let items = base_items("2026-12-01");
+        let eol = items.iter().find(|i| i.id == "eol/cert-manager").unwrap();
+        assert_eq!(eol.status, Status::Warn);
+        assert!(
+            eol.message
+                .contains("v1.18.2 reached end of life on 2026-03-10"),
+            "{}",
+            eol.message
+        );
+        assert!(eol.message.contains("stays on it"), "{}", eol.message);
+        // 1.19 ended too, so the hint skips it; 1.20 supports Kubernetes 1.33.
+        assert_eq!(
+            eol.hint.as_deref(),
+            Some("bump cert-manager to >= 1.20 (the lowest newer release ichor knows that is still supported)")
+        );
+        // The day before: nothing. Without a day: nothing.
+        assert!(base_items("2026-03-09")
+            .iter()
+            .all(|i| !i.id.starts_with("eol/")));
+        assert!(evaluate(&b, &p(), None)
+            .iter()
+            .all(|i| !i.id.starts_with("eol/")));
+        // On the day itself, and landing on it.
+        let b = bump(
+            rs(
+                "v1.12.6",
+                "v1.33.5",
+                "cilium@1.18.3",
+                &["cert-manager@v1.18.2"],
+            ),
+            rs(
+                "v1.12.6",
+                "v1.33.5",
+                "cilium@1.18.3",
+                &["cert-manager@v1.19.3"],
+            ),
+        );
+        let items = end_of_life(&b, &p(), day("2026-07-08"));
+        assert_eq!(items.len(), 1);
+        assert!(
+            items[0].message.contains("this change moves to it"),
+            "{}",
+            items[0].message
+        );
+        assert!(end_of_life(&b, &p(), day("2026-07-07")).is_empty());
+        // Kubernetes and Talos minors from a repository row.
+        let repo = vec![(
+            "policies/eol.yaml".to_string(),
+            "endOfLife:\n  - component: kubernetes\n    version: \"1.33\"\n    date: \"2026-06-28\"\n    source: kubernetes.io/releases\n  - component: talos\n    version: \"<1.13.0\"\n    date: \"2026-10-01\"\n    source: siderolabs\n".to_string(),
+        )];
+        let policies = Policies::load(&repo).unwrap();
+        let b = from_base("v1.12.6", "v1.33.7", "cilium@1.18.3");
+        let items = end_of_life(&b, &policies, day("2026-12-01"));
+        let ids: Vec<&str> = items.iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(ids, ["eol/talos", "eol/kubernetes"]);
+        assert_eq!(
+            items[0].hint.as_deref(),
+            Some("bump Talos to >= 1.13 (the lowest newer release ichor knows that is still supported)")
+        );
+        assert!(
+            items[1]
+                .message
+                .contains("Kubernetes v1.33.7 reached end of life on 2026-06-28"),
+            "{}",
+            items[1].message
+        );
+    }
+
+    #[test]
+    fn new_components_block_and_pass() {
+        // metrics-server rows are unconfirmed until read upstream: warnings either way.
+        let b = k8s_bump(
+            "v1.32.9",
+            "v1.33.5",
+            "cilium@1.18.3",
+            &["metrics-server@v0.7.2"],
+        );
+        let item = addon_item(&b, &p(), &b.head.spec.addons[0]);
+        assert_eq!(item.status, Status::Warn, "{}", item.message);
+        assert!(
+            item.message.contains("supports Kubernetes 1.33"),
+            "{}",
+            item.message
+        );
+        let b = k8s_bump(
+            "v1.32.9",
+            "v1.33.5",
+            "cilium@1.18.3",
+            &["metrics-server@v0.9.0"],
+        );
+        let item = addon_item(&b, &p(), &b.head.spec.addons[0]);
+        assert_eq!(item.status, Status::Warn, "{}", item.message);
+        assert!(
+            item.message.contains("needs Kubernetes 1.34 or later"),
+            "{}",
+            item.message
+        );
+        // Confirmed by a repository, the same rows pass and block.
+        let repo = vec![(
+            "policies/ms.yaml".to_string(),
+            "compatibility:\n  - component: metrics-server\n    version: \"0.7\"\n    kubernetes: {min: \"1.27\"}\n    source: read upstream\n  - component: metrics-server\n    version: \"0.9\"\n    kubernetes: {min: \"1.34\"}\n    source: read upstream\nblockers:\n  - id: metallb-bgp-kubernetes-1.36\n    component: metallb\n    version: \"<0.16.0\"\n    kubernetes: \">=1.36\"\n    message: BGP objects rejected\n    source: metallb/metallb#3034\n".to_string(),
+        )];
+        let confirmed = Policies::load(&repo).unwrap();
+        let item = addon_item(&b, &confirmed, &b.head.spec.addons[0]);
+        assert_eq!(item.status, Status::Fail, "{}", item.message);
+        let b = k8s_bump(
+            "v1.32.9",
+            "v1.33.5",
+            "cilium@1.18.3",
+            &["metrics-server@v0.7.2"],
+        );
+        assert_eq!(
+            addon_item(&b, &confirmed, &b.head.spec.addons[0]).status,
+            Status::Pass
+        );
+
+        // MetalLB before 0.16.0 on Kubernetes 1.36: a blocker, a warning while unconfirmed.
+        let metallb = |version: &str, k0: &str, k1: &str, p: &Policies| {
+            let addon = format!("metallb@v{version}");
+            blockers(&k8s_bump(k0, k1, "cilium@1.20.2", &[&addon]), p)
+        };
+        let items = metallb("0.15.2", "v1.35.3", "v1.36.1", &p());
+        assert_eq!(items[0].id, "blocker/metallb-bgp-kubernetes-1.36");
+        assert_eq!(items[0].status, Status::Warn);
+        let hint = items[0].hint.as_deref().unwrap_or("");
+        assert!(
+            hint.starts_with("bump metallb to 0.16.0 or later first"),
+            "{hint}"
+        );
+        assert!(hint.contains("no BGP peers"), "{hint}");
+        assert_eq!(
+            metallb("0.15.2", "v1.35.3", "v1.36.1", &confirmed)[0].status,
+            Status::Fail
+        );
+        assert_eq!(
+            metallb("0.16.0", "v1.35.3", "v1.36.1", &confirmed)[0].id,
+            "blockers"
+        );
+        assert_eq!(
+            metallb("0.15.2", "v1.34.3", "v1.35.1", &confirmed)[0].id,
+            "blockers"
+        );
+
+        // external-dns before 0.18 on Kubernetes 1.33 (app versions; the 1.x chart does not match).
+        let b = k8s_bump(
+            "v1.32.9",
+            "v1.33.5",
+            "cilium@1.18.3",
+            &["external-dns@v0.17.1"],
+        );
+        let items = blockers(&b, &p());
+        assert_eq!(items[0].id, "blocker/external-dns-kubernetes-1.33");
+        assert!(items[0]
+            .hint
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("bump external-dns to 0.18.0 or later first"));
+        let b = k8s_bump(
+            "v1.32.9",
+            "v1.33.5",
+            "cilium@1.18.3",
+            &["external-dns@v0.18.0"],
+        );
+        assert_eq!(blockers(&b, &p())[0].id, "blockers");
+
+        // No matrix upstream: the warning says so.
+        let b = k8s_bump("v1.32.9", "v1.33.5", "cilium@1.18.3", &["kube-vip@v0.9.2"]);
+        let item = addon_item(&b, &p(), &b.head.spec.addons[0]);
+        assert_eq!(item.status, Status::Warn);
+        assert!(
+            item.message
+                .contains("upstream publishes no compatibility matrix for kube-vip"),
+            "{}",
+            item.message
+        );
+        // An older line the rows do not cover says what they do cover.
+        let b = k8s_bump("v1.32.9", "v1.33.5", "cilium@1.18.3", &["longhorn@v1.9.2"]);
+        let item = addon_item(&b, &p(), &b.head.spec.addons[0]);
+        assert_eq!(item.status, Status::Warn);
+        assert!(
+            item.message.contains("rows cover longhorn 1.10.0 to 1.13"),
+            "{}",
+            item.message
+        );
+    }
+
+    #[test]
+    fn talos_upgrade_notes_apply_where_the_bump_crosses_them() {
+        let ids = |t0: &str, t1: &str, image: Option<&str>| -> Vec<String> {
+            let b = bump(
+                rs(t0, "v1.33.5", "cilium@1.18.3", &[]),
+                rs(t1, "v1.33.5", "cilium@1.18.3", &[]),
+            );
+            talos_notes(&b, &p(), image)
+                .into_iter()
+                .map(|i| {
+                    assert_eq!(i.status, Status::Warn);
+                    i.id
+                })
+                .collect()
+        };
+        assert_eq!(
+            ids("v1.12.9", "v1.13.2", None),
+            [
+                "talos-note/talos-1.13-grub-extra-kernel-args",
+                "talos-note/talos-1.13-nvidia-runtimeclass"
+            ]
+        );
+        assert!(ids("v1.13.0", "v1.13.2", None).is_empty());
+        // A pre-release host of 1.13.0 counts as 1.13.0: already across.
+        assert!(ids("v1.13.0-beta.0", "v1.13.2", None).is_empty());
+        assert!(ids("v1.12.9", "v1.12.11", None).is_empty());
+        let ghcr = Some("ghcr.io/siderolabs/installer");
+        assert_eq!(
+            ids("v1.13.9", "v1.14.1", ghcr),
+            ["talos-note/talos-1.14-no-ghcr-installer"]
+        );
+        assert!(ids(
+            "v1.13.9",
+            "v1.14.1",
+            Some("factory.talos.dev/metal-installer/abc")
+        )
+        .is_empty());
+        assert!(ids("v1.13.9", "v1.14.1", None).is_empty());
+        assert!(!ids("v1.12.9", "v1.13.2", ghcr)
+            .iter()
+            .any(|i| i.contains("ghcr")));
+        // Through evaluate_with, from the installer image the caller passes.
+        let b = bump(
+            rs("v1.13.9", "v1.34.2", "cilium@1.19.1", &[]),
+            rs("v1.14.1", "v1.34.2", "cilium@1.19.1", &[]),
+        );
+        let ctx = Context::default().with_installer_image(ghcr);
+        let item = evaluate_with(&b, &p(), None, &ctx)
+            .into_iter()
+            .find(|i| i.id == "talos-note/talos-1.14-no-ghcr-installer")
+            .unwrap();
+        assert!(
+            item.hint
+                .as_deref()
+                .unwrap_or("")
+                .contains("factory.talos.dev"),
+            "{:?}",
+            item.hint
+        );
+    }
+
+    /// Every version a hint tells the user to move to, with what it is compared against:
+    /// (subject, version text, the version the release set has).
+    fn hint_targets(hint: &str, b: &Bump) -> Vec<(String, String, Version)> {
+        let words: Vec<&str> = hint.split_whitespace().collect();
+        let mut out = Vec::new();
+        for i in 0..words.len() {
+            let lead =
+                if words[i] == "to" && i >= 2 && ["bump", "upgrade", "and"].contains(&words[i - 2])
+                {
+                    Some((words[i - 1], i + 1))
+                } else if words[i] == "target" && words.get(i + 1) == Some(&"Kubernetes") {
+                    Some(("Kubernetes", i + 2))
+                } else {
+                    None
+                };
+            let Some((subject, mut at)) = lead else {
+                continue;
+            };
+            if words.get(at) == Some(&">=") {
+                at += 1;
+            }
+            let Some(text) = words.get(at) else { continue };
+            let text = text
+                .trim_start_matches(">=")
+                .trim_end_matches([',', ';', ':', ')']);
+            // Talos and Kubernetes hints are about the running (base) version; component
+            // hints about the head's, which is the version that fails.
+            let (head, base) = (&b.head.spec, &b.base.spec);
+            let current = match subject {
+                "Talos" => Some(base.talos.clone()),
+                "Kubernetes" => Some(base.kubernetes.clone()),
+                name if head.cni.name == name => Some(head.cni.version.clone()),
+                name => head
+                    .addons
+                    .iter()
+                    .find(|a| a.name == name)
+                    .map(|a| a.version.clone()),
+            };
+            if let Some(current) = current {
+                out.push((subject.to_string(), text.to_string(), current));
+            }
+        }
+        out
+    }
+
+    /// `text` is newer than `current`: a minor ("1.19") beyond its minor, or a version above it.
+    fn is_forward(text: &str, current: &Version) -> bool {
+        if text.matches('.').count() == 1 {
+            MinorVersion::parse(text).unwrap() > current.minor_version()
+        } else {
+            Version::parse(text).unwrap() > *current
+        }
+    }
+
+    #[test]
+    fn no_hint_ever_points_backwards() {
+        // The shipped data, and data with the pre-correction Longhorn row and a blocker
+        // whose requirement a newer version can never meet.
+        let wrong = Policies::load(&[(
+            "policies/wrong.yaml".to_string(),
+            "compatibility:\n  - component: longhorn\n    version: \"1.12\"\n    disabled: true\n    kubernetes: {min: \"1.25\"}\n    source: x\n  - component: longhorn\n    version: \">=1.12.1, <1.13.0\"\n    kubernetes: {min: \"1.34\"}\n    source: x\nblockers:\n  - id: odd\n    kubernetes: \">=1.30\"\n    requires: [{component: cilium, version: \"<1.19\"}, {component: rook, version: \">=1.20\"}]\n    message: m\n    source: s\n".to_string(),
+        )])
+        .unwrap();
+        let today = Context::at(day("2026-12-01"));
+        let mut checked = 0;
+        for policies in [p(), wrong] {
+            let mut check = |b: &Bump| {
+                for item in evaluate_with(b, &policies, None, &today) {
+                    let Some(hint) = &item.hint else { continue };
+                    for (subject, text, current) in hint_targets(hint, b) {
+                        checked += 1;
+                        assert!(
+                            is_forward(&text, &current),
+                            "{}: hint points {subject} back to {text} from {current}: {hint}",
+                            item.id
+                        );
+                    }
+                }
+            };
+            // Every row's versions against every Kubernetes step, staying and moving.
+            let versions: Vec<(String, String)> = policies
+                .compatibility
+                .iter()
+                .filter(|r| r.version != VersionMatch::Any)
+                .flat_map(|r| {
+                    let (a, b, c) = r.version.interval().0;
+                    [(a, b, c), (a, b, c + 3)]
+                        .map(|(a, b, c)| (r.component.clone(), format!("{a}.{b}.{c}")))
+                })
+                .collect();
+            for k in 25..=39u64 {
+                let (k0, k1) = (format!("v1.{}.4", k - 1), format!("v1.{k}.2"));
+                let talos = policies
+                    .talos
+                    .iter()
+                    .find(|r| {
+                        r.kubernetes.contains(MinorVersion::new(1, k - 1))
+                            && r.kubernetes.contains(MinorVersion::new(1, k))
+                    })
+                    .map(|r| format!("v{}.3", r.version))
+                    .unwrap_or_else(|| "v1.13.9".into());
+                for (i, (c, ver)) in versions.iter().enumerate() {
+                    let is_cni = ["cilium", "calico", "flannel"].contains(&c.as_str());
+                    let this = format!("{c}@v{ver}");
+                    let prev = versions
+                        .get(i.wrapping_sub(1))
+                        .filter(|(pc, _)| pc == c)
+                        .map(|(pc, pv)| format!("{pc}@v{pv}"))
+                        .unwrap_or_else(|| this.clone());
+                    let (cni0, cni1, add0, add1) = if is_cni {
+                        (prev.clone(), this.clone(), vec![], vec![])
+                    } else {
+                        (
+                            "cilium@1.18.3".into(),
+                            "cilium@1.18.3".into(),
+                            vec![prev.as_str()],
+                            vec![this.as_str()],
+                        )
+                    };
+                    // Kubernetes moves with the component staying, and with it moving.
+                    check(&bump(
+                        rs(&talos, &k0, &cni1, &add1),
+                        rs(&talos, &k1, &cni1, &add1),
+                    ));
+                    check(&bump(
+                        rs(&talos, &k0, &cni0, &add0),
+                        rs(&talos, &k1, &cni1, &add1),
+                    ));
+                }
+            }
+            // Talos against Kubernetes: every pair of minors one or two apart.
+            for t in 7..=15u64 {
+                for step in 0..=2u64 {
+                    for k in 24..=39u64 {
+                        let (t0, t1) = (format!("v1.{t}.2"), format!("v1.{}.1", t + step));
+                        let (k0, k1) = (format!("v1.{k}.3"), format!("v1.{}.1", k + step % 2));
+                        check(&bump(
+                            rs(
+                                &t0,
+                                &k0,
+                                "cilium@1.18.3",
+                                &["cert-manager@v1.17.2", "ingress-nginx@v1.15.1"],
+                            ),
+                            rs(
+                                &t1,
+                                &k1,
+                                "cilium@1.18.3",
+                                &["cert-manager@v1.17.2", "ingress-nginx@v1.15.1"],
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(checked > 1000, "only {checked} hint versions checked");
     }
 }

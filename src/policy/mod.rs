@@ -1,10 +1,12 @@
 //! What ichor knows about compatibility (`data`), the checklist it runs over a bump
-//! (`checks`), and the verdict that collects the results (`verdict`).
+//! (`checks`), the verdict that collects the results (`verdict`), and the maintainers' view
+//! of the data's health (`audit`).
 
+pub mod audit;
 mod checks;
 mod data;
 mod verdict;
 
-pub use checks::evaluate;
+pub use checks::{evaluate, evaluate_with, Context};
 pub use data::*;
 pub use verdict::{CheckItem, Counts, Outcome, Status, Verdict};

@@ -2,6 +2,7 @@
 
 mod cli;
 mod gate;
+mod policies;
 mod props;
 mod render;
 mod sim_github;
