@@ -32,6 +32,8 @@ enum Command {
     Check {
         #[command(flatten)]
         target: Target,
+        #[command(flatten)]
+        access: Access,
         /// text: a table for the terminal; json: the stable report of docs/cli.md; markdown:
         /// the table as a pull-request comment shows it.
         #[arg(long, value_enum, default_value_t = CheckOutput::Text)]
@@ -46,6 +48,8 @@ enum Command {
     Plan {
         #[command(flatten)]
         target: Target,
+        #[command(flatten)]
+        access: Access,
         /// text: the steps for the terminal; json: the stable report of docs/cli.md;
         /// mermaid: a gantt chart; markdown: ordered steps and the gantt, for a PR comment.
         #[arg(long, value_enum, default_value_t = PlanOutput::Text)]
@@ -76,6 +80,26 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
+    /// What the cluster runs right now: nodes, etcd, the CNI, the hand-over, removed APIs
+    /// in use and the rollout lock.
+    ///
+    /// Exit status: 0 read (whatever it shows), 2 invalid input or usage, 4 the cluster
+    /// could not be reached.
+    Status {
+        #[command(flatten)]
+        access: Access,
+        /// The GitOps repository, to learn the cluster's CNI and hand-over (optional).
+        #[arg(long, value_name = "PATH")]
+        repo: Option<PathBuf>,
+        /// The revision of --repo to read (default: HEAD).
+        #[arg(long, value_name = "REV", default_value = "HEAD")]
+        rev: String,
+        /// The cluster (folder under clusters/) when --repo holds several.
+        #[arg(long, value_name = "NAME")]
+        cluster: Option<String>,
+        #[arg(long, value_enum, default_value_t = StatusOutput::Text)]
+        output: StatusOutput,
+    },
     /// Build the bundled homelab repository and gate every pull-request branch in it.
     Demo {
         /// Build the demo repository here and keep it (reused when it already is the demo
@@ -88,6 +112,24 @@ enum Command {
         #[command(subcommand)]
         command: PoliciesCommand,
     },
+}
+
+/// Cluster access. With a kubeconfig, `check` adds the live items and `plan` plans from
+/// the live nodes; with a talosconfig too, etcd is checked through the Talos API.
+#[derive(clap::Args)]
+struct Access {
+    /// A kubeconfig for the cluster (read as kubectl reads it).
+    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// A talosconfig for the cluster (read as talosctl reads it).
+    #[arg(long, value_name = "PATH", env = "TALOSCONFIG")]
+    talosconfig: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StatusOutput {
+    Text,
+    Json,
 }
 
 #[derive(clap::Args)]
@@ -145,8 +187,15 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Check { target, output } => {
-            let review = review(&target)?;
+        Command::Check {
+            target,
+            access,
+            output,
+        } => {
+            let mut review = review(&target)?;
+            if let Some(live) = Live::connect(&access, &review)? {
+                live.judge(&mut review);
+            }
             let text = match output {
                 CheckOutput::Json => json(&CheckReport::new(&review))?,
                 CheckOutput::Text => check_text(&review, |v| v.render_text()),
@@ -157,10 +206,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Plan {
             target,
+            access,
             output,
             ichor_node,
             allow_blocked,
-        } => plan(&target, output, ichor_node, allow_blocked),
+        } => plan(&target, &access, output, ichor_node, allow_blocked),
+        Command::Status {
+            access,
+            repo,
+            rev,
+            cluster,
+            output,
+        } => status(&access, repo.as_deref(), &rev, cluster.as_deref(), output),
         Command::Sim {
             cluster,
             speed,
@@ -314,11 +371,14 @@ fn check_text(review: &Review, render: impl Fn(&ichor::policy::Verdict) -> Strin
 
 fn plan(
     target: &Target,
+    access: &Access,
     output: PlanOutput,
     ichor_node: Option<String>,
     allow_blocked: bool,
 ) -> anyhow::Result<ExitCode> {
-    let review = review(target)?;
+    let mut review = review(target)?;
+    let live = Live::connect(access, &review)?;
+    let live_nodes = live.as_ref().map(|l| l.judge(&mut review));
     // With several clusters, the node running ichor belongs to one of them.
     let has_node =
         |c: &gate::Change, n: &str| c.nodes().is_some_and(|ns| ns.iter().any(|x| x.name == n));
@@ -395,7 +455,8 @@ fn plan(
                 .clone()
                 .filter(|n| has_node(change, n) || !node_somewhere),
         };
-        match gate::plan(change, &opts) {
+        let nodes = live_nodes.as_ref().and_then(|n| n.as_deref());
+        match gate::plan_with(change, &opts, nodes) {
             Ok(p) => plans.push((outcome, p)),
             Err(e) => {
                 code = 2;
@@ -643,4 +704,122 @@ fn policies(command: PoliciesCommand) -> anyhow::Result<ExitCode> {
     let report = audit::audit(&policies, today, max_age, &sets);
     print(&report.render_text())?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Cluster access for one command: a runtime, the Kubernetes client and, when given, the
+/// Talos client. Live judging applies to one cluster at a time.
+struct Live {
+    runtime: tokio::runtime::Runtime,
+    kube: ichor::kube::KubeClient,
+    talos: Option<ichor::talos::TalosClient>,
+}
+
+impl Live {
+    fn open(access: &Access) -> anyhow::Result<Option<Live>> {
+        let Some(kubeconfig) = &access.kubeconfig else {
+            if access.talosconfig.is_some() {
+                anyhow::bail!("--talosconfig needs --kubeconfig too: the live gate reads the nodes from Kubernetes");
+            }
+            return Ok(None);
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let kube = runtime.block_on(ichor::kube::KubeClient::connect(Some(kubeconfig)))?;
+        let talos = match &access.talosconfig {
+            Some(path) => {
+                let ctx = ichor::talos::config::load(path, None)?;
+                Some(ichor::talos::TalosClient::new(
+                    ctx,
+                    ichor::clock::Clock::system(),
+                ))
+            }
+            None => None,
+        };
+        Ok(Some(Live {
+            runtime,
+            kube,
+            talos,
+        }))
+    }
+
+    fn connect(access: &Access, review: &Review) -> anyhow::Result<Option<Live>> {
+        let changes = review
+            .sections
+            .iter()
+            .filter(|s| s.result.as_ref().is_ok_and(|j| j.change.is_some()))
+            .count();
+        if access.kubeconfig.is_some() && changes > 1 {
+            anyhow::bail!(
+                "cluster access (--kubeconfig) is for one cluster, and this change touches {changes}; choose it with --cluster"
+            );
+        }
+        Live::open(access)
+    }
+
+    /// Add the live items to every cluster section; the live nodes, for the plan.
+    fn judge(&self, review: &mut Review) -> Option<Vec<ichor::releaseset::Node>> {
+        let mut nodes = None;
+        for s in &mut review.sections {
+            let Ok(j) = &mut s.result else { continue };
+            let Some(change) = &j.change else { continue };
+            let subject = gate::live::Subject::of(change);
+            let facts = self.runtime.block_on(gate::live::observe(
+                &self.kube,
+                self.talos.as_ref(),
+                &subject,
+            ));
+            let mut items = gate::live::items(change, &facts);
+            if facts.etcd.is_none() {
+                items.push(
+                    ichor::policy::CheckItem::new(
+                        "live/etcd",
+                        "etcd is healthy with quorum to spare",
+                        ichor::policy::Status::Warn,
+                        "not checked: no talosconfig (etcd is read through the Talos API)",
+                    )
+                    .hint("pass --talosconfig (or set TALOSCONFIG) to check etcd")
+                    .source("live"),
+                );
+            }
+            j.verdict.extend(items);
+            nodes = gate::live::live_nodes(&facts);
+        }
+        nodes
+    }
+}
+
+/// `ichor status`: what the cluster runs right now.
+fn status(
+    access: &Access,
+    repo: Option<&std::path::Path>,
+    rev: &str,
+    cluster: Option<&str>,
+    output: StatusOutput,
+) -> anyhow::Result<ExitCode> {
+    let Some(live) = Live::open(access)? else {
+        anyhow::bail!("status needs cluster access: pass --kubeconfig (or set KUBECONFIG), and --talosconfig for etcd");
+    };
+    let mut subject = gate::live::Subject::default();
+    if let Some(path) = repo {
+        let repo = Repo::open(path)?;
+        let change = gate::load(&repo, rev, rev, cluster)?;
+        subject = gate::live::Subject::of(&change);
+    } else if let Some(c) = cluster {
+        subject.cluster = c.to_string();
+    }
+    let facts = live.runtime.block_on(gate::live::observe(
+        &live.kube,
+        live.talos.as_ref(),
+        &subject,
+    ));
+    let report = gate::live::StatusReport::new(&subject, &facts);
+    let text = match output {
+        StatusOutput::Json => json(&report)?,
+        StatusOutput::Text => report.render_text(),
+    };
+    print(&text)?;
+    // Nothing could be read at all: the cluster is not reachable with these credentials.
+    Ok(ExitCode::from(if facts.nodes.is_err() { 4 } else { 0 }))
 }

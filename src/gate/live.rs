@@ -8,7 +8,7 @@
 use crate::kube::inventory::{ApplicationStatus, DeprecatedApi, LeaseHolder, LiveNode, LiveVolume};
 use crate::kube::{KubeClient, WorkloadStatus};
 use crate::policy::{self, CheckItem, Status};
-use crate::releaseset::{Bump, HandoverMode, MinorVersion, Node, Role, Version};
+use crate::releaseset::{HandoverMode, MinorVersion, Node, Role, Version};
 use crate::talos::client::{CallOptions, EtcdMember, EtcdStatus, TalosClient};
 
 use super::Change;
@@ -45,7 +45,10 @@ pub struct EtcdView {
 
 impl EtcdView {
     pub fn leader(&self) -> Option<&EtcdMember> {
-        let id = self.statuses.iter().find_map(|(_, s)| s.as_ref().ok().map(|s| s.leader))?;
+        let id = self
+            .statuses
+            .iter()
+            .find_map(|(_, s)| s.as_ref().ok().map(|s| s.leader))?;
         self.members.iter().find(|m| m.id == id)
     }
 }
@@ -54,50 +57,88 @@ impl EtcdView {
 pub fn cni_workload(cni: &str) -> &'static [(&'static str, &'static str)] {
     match cni {
         "cilium" => &[("kube-system", "cilium")],
-        "calico" => &[("calico-system", "calico-node"), ("kube-system", "calico-node")],
-        "flannel" => &[("kube-flannel", "kube-flannel-ds"), ("kube-system", "kube-flannel-ds")],
+        "calico" => &[
+            ("calico-system", "calico-node"),
+            ("kube-system", "calico-node"),
+        ],
+        "flannel" => &[
+            ("kube-flannel", "kube-flannel-ds"),
+            ("kube-system", "kube-flannel-ds"),
+        ],
         _ => &[],
     }
 }
 
+/// What to observe: the cluster's name (for its lock), its CNI when known, its volume
+/// provider and the hand-over's Application.
+#[derive(Debug, Clone, Default)]
+pub struct Subject {
+    pub cluster: String,
+    pub cni: Option<String>,
+    pub volumes: crate::releaseset::VolumeProvider,
+    /// `Some(None)`: a hand-over is configured without an Application.
+    pub handover: Option<Option<crate::releaseset::ObjectRef>>,
+}
+
+impl Subject {
+    pub fn of(change: &Change) -> Subject {
+        Subject {
+            cluster: change.cluster.clone(),
+            cni: Some(change.head_release_set.spec.cni.name.clone()),
+            volumes: change
+                .cluster_doc
+                .as_ref()
+                .map(|c| c.spec.volumes.provider)
+                .unwrap_or_default(),
+            handover: change.cluster_doc.as_ref().and_then(|c| {
+                let h = &c.spec.cni.handover;
+                (h.mode != HandoverMode::Disabled).then(|| h.argocd_application.clone())
+            }),
+        }
+    }
+}
+
+/// The CNIs ichor knows where to find, for `status` without a release set.
+pub const KNOWN_CNIS: [&str; 3] = ["cilium", "calico", "flannel"];
+
 /// Read everything the live items need. Never fails: each fact carries its own error.
-pub async fn observe(kube: &KubeClient, talos: Option<&TalosClient>, change: &Change) -> LiveFacts {
+pub async fn observe(
+    kube: &KubeClient,
+    talos: Option<&TalosClient>,
+    subject: &Subject,
+) -> LiveFacts {
     let s = |e: crate::kube::KubeError| e.to_string();
     let nodes = kube.nodes().await.map_err(s);
-    let volumes = match change
-        .cluster_doc
-        .as_ref()
-        .map(|c| c.spec.volumes.provider)
-        .unwrap_or_default()
-    {
+    let volumes = match subject.volumes {
         crate::releaseset::VolumeProvider::Longhorn => kube.longhorn_volumes().await.map_err(s),
         crate::releaseset::VolumeProvider::LocalPath => kube.local_volumes().await.map_err(s),
         crate::releaseset::VolumeProvider::None => Ok(vec![]),
     };
     let lock = kube
-        .lease_holder(ICHOR_NAMESPACE, &lock_name(&change.cluster))
+        .lease_holder(ICHOR_NAMESPACE, &lock_name(&subject.cluster))
         .await
         .map_err(s);
-    let cni_name = &change.head_release_set.spec.cni.name;
+    let candidates: Vec<&str> = match &subject.cni {
+        Some(c) => vec![c.as_str()],
+        None => KNOWN_CNIS.to_vec(),
+    };
     let mut cni = Ok(None);
-    for (ns, name) in cni_workload(cni_name) {
-        match kube.daemonset(ns, name).await {
-            Ok(Some(w)) => {
-                cni = Ok(Some(w));
-                break;
-            }
-            Ok(None) => {}
-            Err(e) => {
-                cni = Err(e.to_string());
-                break;
+    'found: for c in candidates {
+        for (ns, name) in cni_workload(c) {
+            match kube.daemonset(ns, name).await {
+                Ok(Some(w)) => {
+                    cni = Ok(Some(w));
+                    break 'found;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    cni = Err(e.to_string());
+                    break 'found;
+                }
             }
         }
     }
-    let handover = change.cluster_doc.as_ref().and_then(|c| {
-        let h = &c.spec.cni.handover;
-        (h.mode != HandoverMode::Disabled).then(|| h.argocd_application.clone())
-    });
-    let handover = match handover {
+    let handover = match subject.handover.clone() {
         Some(Some(app)) => Some(kube.application(&app.namespace, &app.name).await.map_err(s)),
         Some(None) => Some(Err("no argocdApplication configured".into())),
         None => None,
@@ -120,7 +161,10 @@ pub async fn observe(kube: &KubeClient, talos: Option<&TalosClient>, change: &Ch
 }
 
 async fn observe_etcd(talos: &TalosClient, nodes: &[LiveNode]) -> Result<EtcdView, String> {
-    let cps: Vec<&LiveNode> = nodes.iter().filter(|n| n.role == Role::Controlplane).collect();
+    let cps: Vec<&LiveNode> = nodes
+        .iter()
+        .filter(|n| n.role == Role::Controlplane)
+        .collect();
     let addr = |n: &LiveNode| n.internal_ip.clone().unwrap_or_else(|| n.name.clone());
     let mut members = Err("no control plane answered".to_string());
     for cp in &cps {
@@ -152,7 +196,12 @@ pub fn live_nodes(facts: &LiveFacts) -> Option<Vec<Node>> {
         .iter()
         .map(|n| {
             let vols = volumes
-                .map(|vs| vs.iter().filter(|v| v.nodes.contains(&n.name)).map(|v| v.name.clone()).collect())
+                .map(|vs| {
+                    vs.iter()
+                        .filter(|v| v.nodes.contains(&n.name))
+                        .map(|v| v.name.clone())
+                        .collect()
+                })
                 .unwrap_or_default();
             n.to_node(vols)
         })
@@ -160,9 +209,14 @@ pub fn live_nodes(facts: &LiveFacts) -> Option<Vec<Node>> {
 }
 
 fn wait(id: &str, title: &str, what: &str, e: &str) -> CheckItem {
-    CheckItem::new(id, title, Status::Wait, format!("cannot read {what}: {}", crate::releaseset::excerpt(e, 300)))
-        .hint("check the credentials and that the cluster is reachable, then re-run the gate")
-        .source("live")
+    CheckItem::new(
+        id,
+        title,
+        Status::Wait,
+        format!("cannot read {what}: {}", crate::releaseset::excerpt(e, 300)),
+    )
+    .hint("check the credentials and that the cluster is reachable, then re-run the gate")
+    .source("live")
 }
 
 /// The live items for `change`, after the static ones.
@@ -179,7 +233,7 @@ pub fn items(change: &Change, facts: &LiveFacts) -> Vec<CheckItem> {
             let not: Vec<&str> = nodes.iter().filter(|n| !n.ready).map(|n| n.name.as_str()).collect();
             if nodes.is_empty() {
                 CheckItem::new(id, title, Status::Wait, "the API server lists no nodes").source("live")
-            } else if not.is_empty() {
+            } else if !not.is_empty() {
                 CheckItem::new(id, title, Status::Wait, format!("not Ready: {}", not.join(", ")))
                     .hint("an upgrade starts only on a healthy cluster; the gate re-evaluates once they are Ready")
                     .source("live")
@@ -198,8 +252,8 @@ pub fn items(change: &Change, facts: &LiveFacts) -> Vec<CheckItem> {
     match live_nodes(facts) {
         Some(nodes) => {
             for mut item in [
-                policy::nodes_talos_item(bump, &change.policies, &nodes),
-                policy::kubelet_skew_item(bump, &change.policies, &nodes),
+                policy::nodes_talos(bump, &change.policies, &nodes),
+                policy::kubelet_skew(bump, &change.policies, &nodes),
             ] {
                 item.id = format!("live/{}", item.id);
                 item.source = Some("live".into());
@@ -213,7 +267,12 @@ pub fn items(change: &Change, facts: &LiveFacts) -> Vec<CheckItem> {
                 .err()
                 .cloned()
                 .unwrap_or_else(|| "a node reports no Talos or kubelet version".into());
-            out.push(wait("live/nodes-talos", "Every node can take the Talos upgrade", "the nodes' versions", &why));
+            out.push(wait(
+                "live/nodes-talos",
+                "Every node can take the Talos upgrade",
+                "the nodes' versions",
+                &why,
+            ));
         }
     }
 
@@ -221,10 +280,22 @@ pub fn items(change: &Change, facts: &LiveFacts) -> Vec<CheckItem> {
     let (id, title) = ("live/rollout-lock", "No rollout is in progress");
     out.push(match &facts.lock {
         Err(e) => wait(id, title, "the rollout lock", e),
-        Ok(Some(h)) => CheckItem::new(id, title, Status::Wait, format!("a rollout holds the lock ({}/{}, holder {})", ICHOR_NAMESPACE, lock_name(&change.cluster), h.holder))
-            .hint("the gate re-evaluates when that rollout ends")
-            .source("live"),
-        Ok(None) => CheckItem::new(id, title, Status::Pass, "no rollout holds the lock").source("live"),
+        Ok(Some(h)) => CheckItem::new(
+            id,
+            title,
+            Status::Wait,
+            format!(
+                "a rollout holds the lock ({}/{}, holder {})",
+                ICHOR_NAMESPACE,
+                lock_name(&change.cluster),
+                h.holder
+            ),
+        )
+        .hint("the gate re-evaluates when that rollout ends")
+        .source("live"),
+        Ok(None) => {
+            CheckItem::new(id, title, Status::Pass, "no rollout holds the lock").source("live")
+        }
     });
 
     // The CNI hand-over.
@@ -246,9 +317,16 @@ pub fn items(change: &Change, facts: &LiveFacts) -> Vec<CheckItem> {
     let (id, title) = ("live/cni-running", "The CNI running supports the target");
     out.push(match &facts.cni {
         Err(e) => wait(id, title, "the CNI's DaemonSet", e),
-        Ok(None) => CheckItem::new(id, title, Status::Warn, format!("no {cni} DaemonSet found where {cni} installs it; cannot tell which version runs"))
-            .hint("check that the release set's CNI is the one the cluster runs")
-            .source("live"),
+        Ok(None) => CheckItem::new(
+            id,
+            title,
+            Status::Warn,
+            format!(
+                "no {cni} DaemonSet found where {cni} installs it; cannot tell which version runs"
+            ),
+        )
+        .hint("check that the release set's CNI is the one the cluster runs")
+        .source("live"),
         Ok(Some(w)) => cni_running_item(change, w, target_k8s),
     });
 
@@ -288,7 +366,12 @@ fn etcd_item(etcd: &Result<EtcdView, String>) -> CheckItem {
         Err(e) => return wait(id, title, "etcd", e),
         Ok(v) => v,
     };
-    let learners: Vec<&str> = view.members.iter().filter(|m| m.is_learner).map(|m| m.hostname.as_str()).collect();
+    let learners: Vec<&str> = view
+        .members
+        .iter()
+        .filter(|m| m.is_learner)
+        .map(|m| m.hostname.as_str())
+        .collect();
     let unhealthy: Vec<String> = view
         .statuses
         .iter()
@@ -300,48 +383,104 @@ fn etcd_item(etcd: &Result<EtcdView, String>) -> CheckItem {
         .collect();
     let n = view.members.len();
     if !learners.is_empty() {
-        return CheckItem::new(id, title, Status::Wait, format!("learner member(s) still joining: {}", learners.join(", ")))
-            .hint("wait until every member is promoted to a voter")
-            .source("live");
+        return CheckItem::new(
+            id,
+            title,
+            Status::Wait,
+            format!("learner member(s) still joining: {}", learners.join(", ")),
+        )
+        .hint("wait until every member is promoted to a voter")
+        .source("live");
     }
     if !unhealthy.is_empty() {
-        return CheckItem::new(id, title, Status::Wait, format!("{} of {n} members unhealthy: {}", unhealthy.len(), unhealthy.join(", ")))
-            .hint("a control-plane upgrade takes a member down; start only with every member healthy")
-            .source("live");
+        return CheckItem::new(
+            id,
+            title,
+            Status::Wait,
+            format!(
+                "{} of {n} members unhealthy: {}",
+                unhealthy.len(),
+                unhealthy.join(", ")
+            ),
+        )
+        .hint("a control-plane upgrade takes a member down; start only with every member healthy")
+        .source("live");
     }
-    let leader = view.leader().map_or("unknown".to_string(), |m| m.hostname.clone());
+    let leader = view
+        .leader()
+        .map_or("unknown".to_string(), |m| m.hostname.clone());
     if n < 3 {
         return CheckItem::new(id, title, Status::Warn, format!("{n} member(s) (leader {leader}): with one down etcd loses quorum, so the Kubernetes API is unavailable while each control plane upgrades"))
             .hint("run three control planes for upgrades without API downtime")
             .source("live");
     }
-    CheckItem::new(id, title, Status::Pass, format!("{n} healthy members, leader {leader}; quorum holds with one down")).source("live")
+    CheckItem::new(
+        id,
+        title,
+        Status::Pass,
+        format!("{n} healthy members, leader {leader}; quorum holds with one down"),
+    )
+    .source("live")
 }
 
 fn cni_running_item(change: &Change, w: &WorkloadStatus, target: MinorVersion) -> CheckItem {
     let (id, title) = ("live/cni-running", "The CNI running supports the target");
     let cni = &change.head_release_set.spec.cni.name;
     let Some(running) = w.version.as_deref().and_then(|v| Version::parse(v).ok()) else {
-        return CheckItem::new(id, title, Status::Warn, format!("{}/{} runs {}: no version in its image tag", w.namespace, w.name, w.images.join(", ")))
-            .source("live");
+        return CheckItem::new(
+            id,
+            title,
+            Status::Warn,
+            format!(
+                "{}/{} runs {}: no version in its image tag",
+                w.namespace,
+                w.name,
+                w.images.join(", ")
+            ),
+        )
+        .source("live");
     };
     if !w.rolled_out() {
-        return CheckItem::new(id, title, Status::Wait, format!("{cni} is still rolling out ({}/{} updated, {} ready)", w.updated, w.desired, w.ready))
-            .hint("the gate re-evaluates once the CNI's DaemonSet has rolled out")
-            .source("live");
+        return CheckItem::new(
+            id,
+            title,
+            Status::Wait,
+            format!(
+                "{cni} is still rolling out ({}/{} updated, {} ready)",
+                w.updated, w.desired, w.ready
+            ),
+        )
+        .hint("the gate re-evaluates once the CNI's DaemonSet has rolled out")
+        .source("live");
     }
-    let rows: Vec<_> = change.policies.rows_for(cni, &running).collect();
-    if rows.is_empty() {
-        return CheckItem::new(id, title, Status::Warn, format!("no compatibility data for {cni} {running}, which the cluster runs"))
-            .source("live");
-    }
-    if rows.iter().all(|r| r.kubernetes.contains(target)) {
-        CheckItem::new(id, title, Status::Pass, format!("{cni} {running} runs and supports Kubernetes {target}")).source("live")
-    } else {
-        let want = change.policies.lowest_supporting(cni, target).unwrap_or_else(|| "a newer release".into());
-        CheckItem::new(id, title, Status::Wait, format!("the cluster still runs {cni} {running}, which does not support Kubernetes {target}"))
-            .hint(format!("this change can merge once {cni} {want} is rolled out (merge the CNI bump first)"))
-            .source("live")
+    let k8s = &change.head_release_set.spec.kubernetes;
+    match change.policies.supports(cni, &running, k8s) {
+        None => CheckItem::new(
+            id,
+            title,
+            Status::Warn,
+            format!("no compatibility data for {cni} {running}, which the cluster runs"),
+        )
+        .source("live"),
+        Some(true) => CheckItem::new(
+            id,
+            title,
+            Status::Pass,
+            format!("{cni} {running} runs and supports Kubernetes {target}"),
+        )
+        .source("live"),
+        Some(false) => {
+            let want = change
+                .policies
+                .lowest_supporting(cni, k8s, &running)
+                .map_or_else(
+                    || "a release that supports it".to_string(),
+                    |s| format!(">= {}", s.version),
+                );
+            CheckItem::new(id, title, Status::Wait, format!("the cluster still runs {cni} {running}, which does not support Kubernetes {target}"))
+                .hint(format!("this change can merge once {cni} {want} is rolled out (merge the CNI bump first)"))
+                .source("live")
+        }
     }
 }
 
@@ -350,33 +489,271 @@ pub fn inventory_drift(static_nodes: &[Node], live: &[Node]) -> Vec<String> {
     let mut out = Vec::new();
     for s in static_nodes {
         match live.iter().find(|l| l.name == s.name) {
-            None => out.push(format!("{} is in spec.inventory but not in the cluster", s.name)),
+            None => out.push(format!(
+                "{} is in spec.inventory but not in the cluster",
+                s.name
+            )),
             Some(l) => {
                 if l.role != s.role {
-                    out.push(format!("{}: role {} in the cluster, {} in spec.inventory", s.name, l.role, s.role));
+                    out.push(format!(
+                        "{}: role {} in the cluster, {} in spec.inventory",
+                        s.name, l.role, s.role
+                    ));
                 }
                 if l.talos != s.talos {
-                    out.push(format!("{}: runs Talos {}, spec.inventory says {}", s.name, l.talos, s.talos));
+                    out.push(format!(
+                        "{}: runs Talos {}, spec.inventory says {}",
+                        s.name, l.talos, s.talos
+                    ));
                 }
                 if l.kubelet != s.kubelet {
-                    out.push(format!("{}: runs kubelet {}, spec.inventory says {}", s.name, l.kubelet, s.kubelet));
+                    out.push(format!(
+                        "{}: runs kubelet {}, spec.inventory says {}",
+                        s.name, l.kubelet, s.kubelet
+                    ));
                 }
                 let (mut a, mut b) = (l.volumes.clone(), s.volumes.clone());
                 a.sort();
                 b.sort();
                 if a != b && !s.volumes.is_empty() {
-                    out.push(format!("{}: holds volumes [{}], spec.inventory says [{}]", s.name, a.join(", "), b.join(", ")));
+                    out.push(format!(
+                        "{}: holds volumes [{}], spec.inventory says [{}]",
+                        s.name,
+                        a.join(", "),
+                        b.join(", ")
+                    ));
                 }
             }
         }
     }
     for l in live {
         if !static_nodes.iter().any(|s| s.name == l.name) {
-            out.push(format!("{} runs in the cluster but is not in spec.inventory", l.name));
+            out.push(format!(
+                "{} runs in the cluster but is not in spec.inventory",
+                l.name
+            ));
         }
     }
     out
 }
 
-/// Compare `bump`'s target with a set of live nodes (used by `status`).
-pub fn _unused(_: &Bump) {}
+/// `ichor status`: the facts as one report (JSON: camelCase, errors as strings).
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusReport {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub cluster: Option<String>,
+    pub nodes: Vec<LiveNode>,
+    pub volumes: Vec<LiveVolume>,
+    pub etcd: Option<EtcdReport>,
+    pub cni: Option<WorkloadStatus>,
+    pub handover: Option<ApplicationStatus>,
+    pub removed_apis_in_use: Vec<DeprecatedApi>,
+    pub rollout_lock: Option<LeaseHolder>,
+    /// What could not be read, by fact.
+    pub errors: std::collections::BTreeMap<&'static str, String>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdReport {
+    pub members: Vec<String>,
+    pub leader: Option<String>,
+    pub learners: Vec<String>,
+    pub unhealthy: Vec<String>,
+}
+
+impl StatusReport {
+    pub fn new(subject: &Subject, f: &LiveFacts) -> StatusReport {
+        let mut errors = std::collections::BTreeMap::new();
+        let mut take = |k: &'static str, e: Option<&String>| {
+            if let Some(e) = e {
+                errors.insert(k, e.clone());
+            }
+        };
+        take("nodes", f.nodes.as_ref().err());
+        take("volumes", f.volumes.as_ref().err());
+        take("cni", f.cni.as_ref().err());
+        take("rolloutLock", f.lock.as_ref().err());
+        take("removedApis", f.deprecated_apis.as_ref().err());
+        if let Some(Err(e)) = &f.handover {
+            take("handover", Some(e));
+        }
+        if let Some(Err(e)) = &f.etcd {
+            take("etcd", Some(e));
+        }
+        let etcd = match &f.etcd {
+            Some(Ok(v)) => Some(EtcdReport {
+                members: v.members.iter().map(|m| m.hostname.clone()).collect(),
+                leader: v.leader().map(|m| m.hostname.clone()),
+                learners: v
+                    .members
+                    .iter()
+                    .filter(|m| m.is_learner)
+                    .map(|m| m.hostname.clone())
+                    .collect(),
+                unhealthy: v
+                    .statuses
+                    .iter()
+                    .filter(|(_, s)| s.as_ref().map_or(true, |s| !s.errors.is_empty()))
+                    .map(|(n, _)| n.clone())
+                    .collect(),
+            }),
+            _ => None,
+        };
+        StatusReport {
+            api_version: super::REPORT_API_VERSION,
+            kind: "StatusReport",
+            cluster: Some(subject.cluster.clone()).filter(|c| !c.is_empty()),
+            nodes: f.nodes.clone().unwrap_or_default(),
+            volumes: f.volumes.clone().unwrap_or_default(),
+            etcd,
+            cni: f.cni.clone().ok().flatten(),
+            handover: f.handover.clone().and_then(|h| h.ok().flatten()),
+            removed_apis_in_use: f.deprecated_apis.clone().unwrap_or_default(),
+            rollout_lock: f.lock.clone().ok().flatten(),
+            errors,
+        }
+    }
+
+    /// A table a person reads at a glance; every string from the cluster is escaped.
+    pub fn render_text(&self) -> String {
+        use crate::escape::terminal as t;
+        let mut out = match &self.cluster {
+            Some(c) => format!("cluster {} (live)\n\n", t(c)),
+            None => "cluster (live)\n\n".to_string(),
+        };
+        let rows: Vec<[String; 7]> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                [
+                    t(&n.name),
+                    n.role.to_string(),
+                    t(n.talos.as_deref().unwrap_or("-")),
+                    t(&n.kubelet),
+                    if n.ready { "yes" } else { "NO" }.to_string(),
+                    match (n.cordoned, n.cordoned_by_ichor) {
+                        (false, _) => "no".into(),
+                        (true, true) => "yes (ichor)".into(),
+                        (true, false) => "yes".into(),
+                    },
+                    n.hold.as_deref().map_or("-".into(), t),
+                ]
+            })
+            .collect();
+        let head = [
+            "NODE", "ROLE", "TALOS", "KUBELET", "READY", "CORDONED", "HOLD",
+        ];
+        let mut w = head.map(|h| h.chars().count());
+        for r in &rows {
+            for (i, c) in r.iter().enumerate() {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+        let line = |cells: &[String]| {
+            let mut l = String::from(" ");
+            for (i, c) in cells.iter().enumerate() {
+                l.push_str(&format!(" {:<width$}", c, width = w[i]));
+            }
+            l.trim_end().to_string() + "\n"
+        };
+        out.push_str(&line(&head.map(String::from)));
+        for r in &rows {
+            out.push_str(&line(r));
+        }
+        out.push('\n');
+        out.push_str(&match &self.etcd {
+            Some(e) => format!(
+                "etcd        {} members ({}), leader {}{}{}\n",
+                e.members.len(),
+                t(&e.members.join(", ")),
+                t(e.leader.as_deref().unwrap_or("unknown")),
+                if e.learners.is_empty() {
+                    String::new()
+                } else {
+                    format!("; learners: {}", t(&e.learners.join(", ")))
+                },
+                if e.unhealthy.is_empty() {
+                    "; all healthy".to_string()
+                } else {
+                    format!("; UNHEALTHY: {}", t(&e.unhealthy.join(", ")))
+                },
+            ),
+            None => "etcd        not read (no talosconfig)\n".into(),
+        });
+        out.push_str(&match &self.cni {
+            Some(c) => format!(
+                "CNI         {}/{} {} ({}/{} updated, {} ready)\n",
+                t(&c.namespace),
+                t(&c.name),
+                t(c.version.as_deref().unwrap_or("(version unknown)")),
+                c.updated,
+                c.desired,
+                c.ready
+            ),
+            None => "CNI         not found\n".into(),
+        });
+        out.push_str(&match &self.handover {
+            Some(h) => format!(
+                "hand-over   Argo CD {}, {} ({})\n",
+                t(&h.sync),
+                t(&h.health),
+                if h.complete() {
+                    "complete"
+                } else {
+                    "NOT complete"
+                }
+            ),
+            None => "hand-over   none configured (or not read)\n".into(),
+        });
+        let removed: Vec<String> = self
+            .removed_apis_in_use
+            .iter()
+            .map(|a| {
+                format!(
+                    "{}/{} {} (removed in {})",
+                    a.group,
+                    a.version,
+                    a.resource,
+                    a.removed_release.as_deref().unwrap_or("?")
+                )
+            })
+            .collect();
+        out.push_str(&format!(
+            "removed APIs requested  {}\n",
+            if removed.is_empty() {
+                "none".to_string()
+            } else {
+                t(&removed.join("; "))
+            }
+        ));
+        out.push_str(&match &self.rollout_lock {
+            Some(h) => format!("rollout lock  held by {}\n", t(&h.holder)),
+            None => "rollout lock  free\n".into(),
+        });
+        if !self.volumes.is_empty() {
+            let degraded: Vec<&str> = self
+                .volumes
+                .iter()
+                .filter(|v| v.robustness.as_deref().is_some_and(|r| r != "healthy"))
+                .map(|v| v.name.as_str())
+                .collect();
+            out.push_str(&format!(
+                "volumes     {} ({} not healthy{})\n",
+                self.volumes.len(),
+                degraded.len(),
+                if degraded.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", t(&degraded.join(", ")))
+                }
+            ));
+        }
+        for (k, e) in &self.errors {
+            out.push_str(&format!("could not read {k}: {}\n", t(e)));
+        }
+        out
+    }
+}

@@ -7,6 +7,8 @@
 //! request's content is data to evaluate, so a change cannot relax the rules it is judged
 //! by; its edits to them take effect once merged, and the verdict shows each as its own item.
 
+pub mod live;
+
 use crate::git::{GitError, Repo, Rev};
 use crate::plan::{self, Plan, PlanError, PlanOptions};
 use crate::policy::{self, CheckItem, Outcome, Policies, Status, Verdict};
@@ -566,6 +568,39 @@ pub fn verdict(change: &Change) -> Verdict {
 /// The staged plan for a change; needs the inventory in `cluster.yaml` (the base
 /// revision's: a pull request cannot change how its own rollout is staged).
 pub fn plan(change: &Change, opts: &PlanOptions) -> Result<Plan, GateError> {
+    plan_with(change, opts, None)
+}
+
+/// The staged plan, from the live nodes when given (cluster access): then `spec.inventory`
+/// is not needed, and where it disagrees with the cluster the plan's notes say so.
+pub fn plan_with(
+    change: &Change,
+    opts: &PlanOptions,
+    live: Option<&[Node]>,
+) -> Result<Plan, GateError> {
+    if let Some(nodes) = live {
+        let spec = change
+            .cluster_doc
+            .as_ref()
+            .map(|d| d.spec.clone())
+            .unwrap_or_default();
+        let mut p = plan::plan(&change.cluster, &change.bump, &spec, nodes, opts)?;
+        match change.nodes() {
+            Some(listed) => {
+                let drift = live::inventory_drift(&listed, nodes);
+                if !drift.is_empty() {
+                    p.notes.push(format!(
+                        "planned from the live cluster, which differs from spec.inventory: {}",
+                        drift.join("; ")
+                    ));
+                }
+            }
+            None => p
+                .notes
+                .push("planned from the live cluster (no spec.inventory)".into()),
+        }
+        return Ok(p);
+    }
     let rev = if change.cluster_doc_side == "head" {
         &change.head
     } else {

@@ -40,7 +40,10 @@ pub enum EvictOutcome {
     /// The API server accepted the eviction; the pod terminates with its grace period.
     Evicted,
     /// A PodDisruptionBudget does not allow it now (429).
-    Blocked { budget: Option<String>, message: String },
+    Blocked {
+        budget: Option<String>,
+        message: String,
+    },
     /// The pod no longer exists.
     Gone,
 }
@@ -94,7 +97,11 @@ impl KubeClient {
             .get(node)
             .await
             .map_err(|e| KubeError::from_kube(format!("get node {node}"), e))?;
-        if n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+        if n.spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false)
+        {
             return Ok(());
         }
         let patch = json!({
@@ -176,13 +183,23 @@ impl KubeClient {
 
     /// Evict every pod on `node` that a drain moves, retrying blocked ones with backoff
     /// until `timeout`, then wait until they are gone. The node must already be cordoned.
-    pub async fn drain(&self, node: &str, timeout: Duration, clock: &Clock) -> Result<DrainOutcome, KubeError> {
+    pub async fn drain(
+        &self,
+        node: &str,
+        timeout: Duration,
+        clock: &Clock,
+    ) -> Result<DrainOutcome, KubeError> {
         let started = clock.now();
         let deadline = started.plus(timeout);
         let mut evicted: Vec<String> = Vec::new();
         let mut backoff = BACKOFF_FIRST;
         loop {
-            let pods: Vec<PodRef> = self.pods_on(node).await?.into_iter().filter(|p| !p.stays).collect();
+            let pods: Vec<PodRef> = self
+                .pods_on(node)
+                .await?
+                .into_iter()
+                .filter(|p| !p.stays)
+                .collect();
             if pods.is_empty() {
                 return Ok(DrainOutcome::Drained { evicted });
             }
@@ -205,8 +222,15 @@ impl KubeClient {
                 // Still blocked by a budget, or still terminating past the timeout: a human
                 // decides; ichor never deletes or forces.
                 let (pod, budget, message) = blocked.unwrap_or_else(|| {
-                    let p = pods.iter().find(|p| p.terminating).map_or_else(String::new, |p| p.to_string());
-                    (p, None, "still terminating after the drain timeout".to_string())
+                    let p = pods
+                        .iter()
+                        .find(|p| p.terminating)
+                        .map_or_else(String::new, |p| p.to_string());
+                    (
+                        p,
+                        None,
+                        "still terminating after the drain timeout".to_string(),
+                    )
                 });
                 return Ok(DrainOutcome::Blocked {
                     pod,
@@ -235,7 +259,8 @@ mod tests {
     #[test]
     fn the_budget_is_named_from_the_cause() {
         assert_eq!(
-            budget_name("The disruption budget web-pdb needs 2 healthy pods and has 2 currently").as_deref(),
+            budget_name("The disruption budget web-pdb needs 2 healthy pods and has 2 currently")
+                .as_deref(),
             Some("web-pdb")
         );
         assert_eq!(budget_name("Cannot evict pod"), None);

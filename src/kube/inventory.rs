@@ -127,7 +127,10 @@ pub struct LeaseHolder {
 }
 
 fn label(n: &Node, key: &str) -> bool {
-    n.metadata.labels.as_ref().is_some_and(|l| l.contains_key(key))
+    n.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(key))
 }
 
 /// `Talos (v1.12.6)` → `v1.12.6`.
@@ -178,7 +181,11 @@ impl KubeClient {
                 talos: talos_from_os_image(&info.os_image),
                 boot_id: info.boot_id.clone(),
                 ready,
-                cordoned: n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+                cordoned: n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.unschedulable)
+                    .unwrap_or(false),
                 cordoned_by_ichor: annotations.contains_key(CORDONED_BY_ICHOR),
                 hold: annotations.get(HOLD).cloned(),
             });
@@ -197,23 +204,27 @@ impl KubeClient {
             kind: kind.into(),
             plural: plural.into(),
         };
-        let volumes = Api::<DynamicObject>::all_with(self.client.clone(), &gvk("Volume", "volumes"))
-            .list(&ListParams::default())
-            .await;
+        let volumes =
+            Api::<DynamicObject>::all_with(self.client.clone(), &gvk("Volume", "volumes"))
+                .list(&ListParams::default())
+                .await;
         let volumes = match volumes {
             Ok(v) => v.items,
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(vec![]),
             Err(e) => return Err(KubeError::from_kube("list longhorn volumes", e)),
         };
-        let replicas = Api::<DynamicObject>::all_with(self.client.clone(), &gvk("Replica", "replicas"))
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| KubeError::from_kube("list longhorn replicas", e))?
-            .items;
+        let replicas =
+            Api::<DynamicObject>::all_with(self.client.clone(), &gvk("Replica", "replicas"))
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| KubeError::from_kube("list longhorn replicas", e))?
+                .items;
         let mut by_volume: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for r in &replicas {
             let spec = r.data.get("spec");
-            let volume = spec.and_then(|s| s.get("volumeName")).and_then(Value::as_str);
+            let volume = spec
+                .and_then(|s| s.get("volumeName"))
+                .and_then(Value::as_str);
             let node = spec.and_then(|s| s.get("nodeID")).and_then(Value::as_str);
             let running = r
                 .data
@@ -223,7 +234,10 @@ impl KubeClient {
                 .is_none_or(|s| s == "running");
             if let (Some(v), Some(n), true) = (volume, node, running) {
                 if !n.is_empty() {
-                    by_volume.entry(v.to_string()).or_default().push(n.to_string());
+                    by_volume
+                        .entry(v.to_string())
+                        .or_default()
+                        .push(n.to_string());
                 }
             }
         }
@@ -324,7 +338,9 @@ impl KubeClient {
                 continue;
             }
             let spec = p.spec.clone().unwrap_or_default();
-            let Some(c) = spec.containers.first() else { continue };
+            let Some(c) = spec.containers.first() else {
+                continue;
+            };
             let ready = p
                 .status
                 .as_ref()
@@ -342,7 +358,11 @@ impl KubeClient {
     }
 
     /// A DaemonSet's roll-out status, or `None` when it does not exist.
-    pub async fn daemonset(&self, namespace: &str, name: &str) -> Result<Option<WorkloadStatus>, KubeError> {
+    pub async fn daemonset(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<WorkloadStatus>, KubeError> {
         let ds = Api::<DaemonSet>::namespaced(self.client.clone(), namespace)
             .get_opt(name)
             .await
@@ -350,12 +370,23 @@ impl KubeClient {
         Ok(ds.map(|ds| {
             let images = containers(ds.spec.as_ref().and_then(|s| s.template.spec.as_ref()));
             let st = ds.status.unwrap_or_default();
-            workload(namespace, name, st.desired_number_scheduled, st.updated_number_scheduled.unwrap_or(0), st.number_ready, images)
+            workload(
+                namespace,
+                name,
+                st.desired_number_scheduled,
+                st.updated_number_scheduled.unwrap_or(0),
+                st.number_ready,
+                images,
+            )
         }))
     }
 
     /// A Deployment's roll-out status, or `None` when it does not exist.
-    pub async fn deployment(&self, namespace: &str, name: &str) -> Result<Option<WorkloadStatus>, KubeError> {
+    pub async fn deployment(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<WorkloadStatus>, KubeError> {
         let d = Api::<Deployment>::namespaced(self.client.clone(), namespace)
             .get_opt(name)
             .await
@@ -364,12 +395,23 @@ impl KubeClient {
             let desired = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
             let images = containers(d.spec.as_ref().and_then(|s| s.template.spec.as_ref()));
             let st = d.status.unwrap_or_default();
-            workload(namespace, name, desired, st.updated_replicas.unwrap_or(0), st.ready_replicas.unwrap_or(0), images)
+            workload(
+                namespace,
+                name,
+                desired,
+                st.updated_replicas.unwrap_or(0),
+                st.ready_replicas.unwrap_or(0),
+                images,
+            )
         }))
     }
 
     /// The Argo CD Application's sync and health, or `None` when it (or Argo CD) is absent.
-    pub async fn application(&self, namespace: &str, name: &str) -> Result<Option<ApplicationStatus>, KubeError> {
+    pub async fn application(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ApplicationStatus>, KubeError> {
         let ar = ApiResource {
             group: "argoproj.io".into(),
             version: "v1alpha1".into(),
@@ -384,7 +426,12 @@ impl KubeClient {
             Ok(a) => a,
             // No Argo CD at all: the CRD's group is unknown.
             Err(kube::Error::Api(s)) if s.code == 404 => None,
-            Err(e) => return Err(KubeError::from_kube(format!("get application {namespace}/{name}"), e)),
+            Err(e) => {
+                return Err(KubeError::from_kube(
+                    format!("get application {namespace}/{name}"),
+                    e,
+                ))
+            }
         };
         Ok(app.map(|a| {
             let st = a.data.get("status");
@@ -419,7 +466,11 @@ impl KubeClient {
     }
 
     /// The holder of a Lease, or `None` when there is no such Lease or nobody holds it.
-    pub async fn lease_holder(&self, namespace: &str, name: &str) -> Result<Option<LeaseHolder>, KubeError> {
+    pub async fn lease_holder(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<LeaseHolder>, KubeError> {
         let lease = Api::<Lease>::namespaced(self.client.clone(), namespace)
             .get_opt(name)
             .await
@@ -437,11 +488,23 @@ impl KubeClient {
 }
 
 fn containers(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<String> {
-    spec.map(|s| s.containers.iter().filter_map(|c| c.image.clone()).collect())
-        .unwrap_or_default()
+    spec.map(|s| {
+        s.containers
+            .iter()
+            .filter_map(|c| c.image.clone())
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
-fn workload(ns: &str, name: &str, desired: i32, updated: i32, ready: i32, images: Vec<String>) -> WorkloadStatus {
+fn workload(
+    ns: &str,
+    name: &str,
+    desired: i32,
+    updated: i32,
+    ready: i32,
+    images: Vec<String>,
+) -> WorkloadStatus {
     let version = images
         .first()
         .and_then(|i| image_tag(i))
@@ -466,14 +529,19 @@ pub fn parse_deprecated_apis(text: &str) -> Vec<DeprecatedApi> {
         let Some(rest) = line.strip_prefix("apiserver_requested_deprecated_apis{") else {
             continue;
         };
-        let Some((labels, value)) = rest.rsplit_once('}') else { continue };
+        let Some((labels, value)) = rest.rsplit_once('}') else {
+            continue;
+        };
         if value.trim().parse::<f64>().map_or(true, |v| v == 0.0) {
             continue;
         }
         let mut map = BTreeMap::new();
         for pair in labels.split("\",") {
             if let Some((k, v)) = pair.split_once("=\"") {
-                map.insert(k.trim().trim_start_matches(','), v.trim_end_matches('"').to_string());
+                map.insert(
+                    k.trim().trim_start_matches(','),
+                    v.trim_end_matches('"').to_string(),
+                );
             }
         }
         let get = |k: &str| map.get(k).cloned().unwrap_or_default();
@@ -481,7 +549,10 @@ pub fn parse_deprecated_apis(text: &str) -> Vec<DeprecatedApi> {
             group: get("group"),
             version: get("version"),
             resource: get("resource"),
-            removed_release: map.get("removed_release").cloned().filter(|r| !r.is_empty()),
+            removed_release: map
+                .get("removed_release")
+                .cloned()
+                .filter(|r| !r.is_empty()),
         };
         if !out.contains(&api) {
             out.push(api);
@@ -496,9 +567,15 @@ mod tests {
 
     #[test]
     fn os_images_and_tags() {
-        assert_eq!(talos_from_os_image("Talos (v1.12.6)").as_deref(), Some("v1.12.6"));
+        assert_eq!(
+            talos_from_os_image("Talos (v1.12.6)").as_deref(),
+            Some("v1.12.6")
+        );
         assert_eq!(talos_from_os_image("Ubuntu 24.04"), None);
-        assert_eq!(image_tag("quay.io/cilium/cilium:v1.18.3@sha256:ab"), Some("v1.18.3"));
+        assert_eq!(
+            image_tag("quay.io/cilium/cilium:v1.18.3@sha256:ab"),
+            Some("v1.18.3")
+        );
         assert_eq!(image_tag("registry:5000/cilium"), None);
     }
 

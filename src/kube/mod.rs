@@ -107,6 +107,11 @@ impl KubeClient {
                 message: e.to_string(),
             })?,
         };
+        // kube-rs retries 429/503/504 by itself, in real time and out of sight. A 429 on an
+        // eviction is a PodDisruptionBudget speaking, and every wait must run on ichor's
+        // clock: ichor decides about retries itself.
+        let mut config = config;
+        config.default_retry = false;
         let client = kube::Client::try_from(config).map_err(|e| KubeError::Config {
             path: kubeconfig.map_or("(inferred)".into(), |p| p.display().to_string()),
             message: e.to_string(),
@@ -115,7 +120,11 @@ impl KubeClient {
     }
 
     /// A ConfigMap with its resourceVersion, or `None`.
-    pub async fn config_map(&self, namespace: &str, name: &str) -> Result<Option<ConfigMap>, KubeError> {
+    pub async fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ConfigMap>, KubeError> {
         Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
             .get_opt(name)
             .await

@@ -7,6 +7,6 @@ mod checks;
 mod data;
 mod verdict;
 
-pub use checks::{evaluate, evaluate_with, Context};
+pub use checks::{evaluate, evaluate_with, kubelet_skew, nodes_talos, Context};
 pub use data::*;
 pub use verdict::{CheckItem, Counts, Outcome, Status, Verdict};

@@ -2,6 +2,7 @@
 
 mod cli;
 mod gate;
+mod live;
 mod policies;
 mod props;
 mod render;
@@ -36,6 +37,9 @@ pub fn homelab() -> &'static Path {
 pub fn ichor(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ichor"))
         .args(args)
+        // Cluster access comes only from the flags a test passes.
+        .env_remove("KUBECONFIG")
+        .env_remove("TALOSCONFIG")
         .output()
         .expect("run ichor")
 }

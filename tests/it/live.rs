@@ -1,0 +1,495 @@
+//! The live gate and `ichor status` against the whole twin (homelab folder), through ichor's
+//! own Kubernetes and Talos clients over real sockets: each live item passing and failing.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ichor::clock::Clock;
+use ichor::gate::{self, live};
+use ichor::kube::KubeClient;
+use ichor::policy::Status;
+use ichor::releaseset::{Bump, ReleaseSet};
+use ichor::sim::twin::{ClusterFolder, DeprecatedApiRequest, Twin, TwinConfig, TwinOptions};
+use ichor::talos::TalosClient;
+use serde_json::{json, Value};
+
+use crate::{homelab, stderr, stdout};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+struct Live {
+    twin: Twin,
+    kube: KubeClient,
+    talos: TalosClient,
+    _state: tempfile::TempDir,
+}
+
+/// The homelab cluster folder as the fixture's `main` has it (what the PR branches start
+/// from), written out for the twin.
+fn main_folder(dir: &Path) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    let repo = ichor::git::Repo::open(homelab())?;
+    let main = repo.resolve("main")?;
+    let out = dir.join("homelab");
+    std::fs::create_dir_all(&out)?;
+    for f in ["cluster.yaml", "release-set.yaml"] {
+        let text = repo
+            .read_file(&main, &format!("clusters/homelab/{f}"))?
+            .ok_or("missing in the fixture")?;
+        std::fs::write(out.join(f), text)?;
+    }
+    Ok(out)
+}
+
+async fn start(config: TwinConfig) -> Result<Live, Box<dyn std::error::Error>> {
+    let state = tempfile::tempdir()?;
+    let twin = Twin::start(
+        Clock::manual(),
+        &ClusterFolder::read(&main_folder(state.path())?)?,
+        state.path(),
+        TwinOptions {
+            config,
+            github: None,
+        },
+    )
+    .await?;
+    // Let the nodes report in (heartbeats, Ready) before anything is judged.
+    twin.advance(Duration::from_secs(30));
+    let kube = KubeClient::connect(Some(twin.kubeconfig())).await?;
+    let ctx = ichor::talos::config::load(twin.talosconfig(), None)?;
+    let talos = TalosClient::new(ctx, twin.talos.clock().clone());
+    Ok(Live {
+        twin,
+        kube,
+        talos,
+        _state: state,
+    })
+}
+
+/// The fixture's change on `head`, judged live; `retarget` may move the head release set.
+async fn judge(
+    l: &Live,
+    head: &str,
+    retarget: Option<(&str, &str)>,
+) -> Result<Vec<ichor::policy::CheckItem>, Box<dyn std::error::Error>> {
+    let repo = ichor::git::Repo::open(homelab())?;
+    let mut change = gate::load(&repo, "main", head, None)?;
+    if let Some((from, to)) = retarget {
+        let text = serde_yaml::to_string(&change.head_release_set)?.replace(from, to);
+        change.head_release_set = ReleaseSet::parse("head", &text)?;
+        change.bump = Bump::between(&change.base_release_set, &change.head_release_set);
+    }
+    let facts = live::observe(&l.kube, Some(&l.talos), &live::Subject::of(&change)).await;
+    Ok(live::items(&change, &facts))
+}
+
+fn status_of(items: &[ichor::policy::CheckItem], id: &str) -> (Status, String) {
+    items
+        .iter()
+        .find(|i| i.id == id)
+        .map(|i| {
+            (
+                i.status,
+                format!("{} {}", i.message, i.hint.clone().unwrap_or_default()),
+            )
+        })
+        .unwrap_or_else(|| panic!("no item {id} in {items:#?}"))
+}
+
+#[tokio::test]
+async fn a_healthy_cluster_passes_every_live_item() -> TestResult {
+    let l = start(TwinConfig::default()).await?;
+    let items = judge(&l, "renovate/cilium-1.18.x", None).await?;
+    for id in [
+        "live/nodes-ready",
+        "live/etcd",
+        "live/nodes-talos",
+        "live/kubelet-skew",
+        "live/rollout-lock",
+        "live/cni-handover",
+        "live/cni-running",
+        "live/removed-apis",
+    ] {
+        let (s, msg) = status_of(&items, id);
+        assert_eq!(s, Status::Pass, "{id}: {msg}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_node_that_does_not_come_back_and_a_lost_etcd_member_make_the_gate_wait() -> TestResult {
+    let mut config = TwinConfig::default();
+    config.faults.nodes_never_return = vec!["cp-2".into(), "w-1".into()];
+    let l = start(config).await?;
+    for ip in ["10.0.10.12", "10.0.10.21"] {
+        l.talos.reboot(ip, Default::default()).await?;
+    }
+    l.twin.advance(Duration::from_secs(600));
+    let items = judge(&l, "renovate/cilium-1.18.x", None).await?;
+    let (s, msg) = status_of(&items, "live/nodes-ready");
+    assert_eq!(s, Status::Wait, "{msg}");
+    assert!(msg.contains("cp-2") && msg.contains("w-1"), "{msg}");
+    let (s, msg) = status_of(&items, "live/etcd");
+    assert_eq!(s, Status::Wait, "{msg}");
+    assert!(msg.contains("unhealthy") && msg.contains("cp-2"), "{msg}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unfinished_hand_over_fails_and_a_lock_waits() -> TestResult {
+    let l = start(TwinConfig::default()).await?;
+    // Argo CD has not synced the CNI yet.
+    let ar = kube::api::ApiResource {
+        group: "argoproj.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "argoproj.io/v1alpha1".into(),
+        kind: "Application".into(),
+        plural: "applications".into(),
+    };
+    let apps: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(kube_client(&l).await?, "argocd", &ar);
+    apps.patch(
+        "cilium",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"status": {"sync": {"status": "OutOfSync"}}})),
+    )
+    .await?;
+    // Another rollout holds the lock.
+    let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(kube_client(&l).await?);
+    nss.create(
+        &Default::default(),
+        &serde_json::from_value(json!({"metadata": {"name": live::ICHOR_NAMESPACE}}))?,
+    )
+    .await?;
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(kube_client(&l).await?, live::ICHOR_NAMESPACE);
+    let lease: k8s_openapi::api::coordination::v1::Lease = serde_json::from_value(json!({
+        "metadata": {"name": live::lock_name("homelab"), "namespace": live::ICHOR_NAMESPACE},
+        "spec": {"holderIdentity": "ichor-7d9f", "leaseDurationSeconds": 30}
+    }))?;
+    leases.create(&Default::default(), &lease).await?;
+    let items = judge(&l, "renovate/cilium-1.18.x", None).await?;
+    let (s, msg) = status_of(&items, "live/cni-handover");
+    assert_eq!(s, Status::Fail, "{msg}");
+    assert!(msg.contains("roll the CNI back"), "{msg}");
+    let (s, msg) = status_of(&items, "live/rollout-lock");
+    assert_eq!(s, Status::Wait, "{msg}");
+    assert!(msg.contains("ichor-7d9f"), "{msg}");
+    Ok(())
+}
+
+async fn kube_client(l: &Live) -> Result<kube::Client, Box<dyn std::error::Error>> {
+    let kc = kube::config::Kubeconfig::read_from(l.twin.kubeconfig())?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    Ok(kube::Client::try_from(cfg)?)
+}
+
+#[tokio::test]
+async fn a_cni_still_on_the_old_version_makes_the_gate_wait() -> TestResult {
+    let l = start(TwinConfig::default()).await?;
+    // The release set already says cilium 1.19 with Kubernetes 1.34; the cluster still runs
+    // the base's cilium 1.18, which does not support 1.34.
+    let items = judge(
+        &l,
+        "renovate/ghcr.io-siderolabs-kubelet-1.x",
+        Some(("version: 1.18.3", "version: 1.19.1")),
+    )
+    .await?;
+    let (s, msg) = status_of(&items, "live/cni-running");
+    assert_eq!(s, Status::Wait, "{msg}");
+    assert!(
+        msg.contains("still runs cilium") && msg.contains("1.34"),
+        "{msg}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn removed_apis_still_requested_warn_by_name() -> TestResult {
+    let config = TwinConfig {
+        deprecated_api_requests: vec![
+            DeprecatedApiRequest {
+                group: "flowcontrol.apiserver.k8s.io".into(),
+                version: "v1beta3".into(),
+                resource: "flowschemas".into(),
+                removed_release: "1.32".into(),
+            },
+            DeprecatedApiRequest {
+                group: "example.com".into(),
+                version: "v1beta1".into(),
+                resource: "widgets".into(),
+                removed_release: "1.40".into(),
+            },
+        ],
+        ..TwinConfig::default()
+    };
+    let l = start(config).await?;
+    let items = judge(&l, "renovate/cilium-1.18.x", None).await?;
+    let (s, msg) = status_of(&items, "live/removed-apis");
+    assert_eq!(s, Status::Warn, "{msg}");
+    assert!(
+        msg.contains("flowcontrol.apiserver.k8s.io/v1beta3 flowschemas"),
+        "{msg}"
+    );
+    assert!(!msg.contains("widgets"), "removed after the target: {msg}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unreachable_cluster_waits_never_passes() -> TestResult {
+    let l = start(TwinConfig::default()).await?;
+    let kubeconfig = std::fs::read_to_string(l.twin.kubeconfig())?;
+    let dir = tempfile::tempdir()?;
+    // Point the kubeconfig at a port nobody listens on.
+    let url = l.twin.kube.url.clone();
+    let dead = dir.path().join("kubeconfig");
+    std::fs::write(&dead, kubeconfig.replace(&url, "https://127.0.0.1:1"))?;
+    let kube = KubeClient::connect(Some(&dead)).await?;
+    let repo = ichor::git::Repo::open(homelab())?;
+    let change = gate::load(&repo, "main", "renovate/cilium-1.18.x", None)?;
+    let facts = live::observe(&kube, None, &live::Subject::of(&change)).await;
+    let items = live::items(&change, &facts);
+    assert!(!items.is_empty());
+    for i in &items {
+        assert_ne!(
+            i.status,
+            Status::Pass,
+            "{} passed without a cluster: {}",
+            i.id,
+            i.message
+        );
+    }
+    assert_eq!(status_of(&items, "live/nodes-ready").0, Status::Wait);
+    Ok(())
+}
+
+#[tokio::test]
+async fn check_and_status_from_the_command_line() -> TestResult {
+    let l = start(TwinConfig::default()).await?;
+    let repo = homelab().to_string_lossy().into_owned();
+    let kc = l.twin.kubeconfig().to_string_lossy().into_owned();
+    let tc = l.twin.talosconfig().to_string_lossy().into_owned();
+    let run = |args: Vec<String>| async move {
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_ichor"))
+                .args(&args)
+                .env_remove("KUBECONFIG")
+                .env_remove("TALOSCONFIG")
+                .output()
+        })
+        .await
+    };
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let o = run(s(&[
+        "check",
+        "--repo",
+        &repo,
+        "--base",
+        "main",
+        "--head",
+        "renovate/cilium-1.18.x",
+        "--kubeconfig",
+        &kc,
+        "--talosconfig",
+        &tc,
+        "--output",
+        "json",
+    ]))
+    .await??;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    let ids: Vec<&str> = v["clusters"][0]["items"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|i| i["id"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(
+        ids.contains(&"live/etcd") && ids.contains(&"live/cni-handover"),
+        "{ids:?}"
+    );
+
+    let o = run(s(&[
+        "status",
+        "--kubeconfig",
+        &kc,
+        "--talosconfig",
+        &tc,
+        "--repo",
+        &repo,
+        "--rev",
+        "main",
+    ]))
+    .await??;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    for want in [
+        "cluster homelab (live)",
+        "cp-1",
+        "w-3",
+        "v1.12.6",
+        "etcd        3 members",
+        "leader",
+        "CNI         kube-system/cilium",
+        "hand-over   Argo CD Synced, Healthy (complete)",
+        "rollout lock  free",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in\n{out}");
+    }
+    let o = run(s(&["status", "--kubeconfig", &kc, "--output", "json"])).await??;
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["kind"], "StatusReport");
+    assert_eq!(v["nodes"].as_array().map(Vec::len), Some(6));
+    assert_eq!(
+        v["cni"]["name"], "cilium",
+        "found without a release set: {v:#}"
+    );
+    Ok(())
+}
+
+/// A worker that runs a pod of `default/web` (the app behind the `web` budget).
+async fn node_with_web(l: &Live) -> Result<String, Box<dyn std::error::Error>> {
+    for n in ["w-1", "w-2", "w-3"] {
+        if l.kube
+            .pods_on(n)
+            .await?
+            .iter()
+            .any(|p| p.namespace == "default" && p.name.starts_with("web"))
+        {
+            return Ok(n.to_string());
+        }
+    }
+    Err("no worker runs a web pod".into())
+}
+
+/// Drive the twin's clock while `fut` runs (the drain's backoff and the pods' grace periods
+/// run on it).
+async fn with_ticks<T>(twin: &Twin, fut: impl std::future::Future<Output = T>) -> T {
+    let ticker = async {
+        loop {
+            tokio::task::yield_now().await;
+            twin.advance(Duration::from_secs(5));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::select! {
+        r = fut => r,
+        _ = ticker => unreachable!("the ticker never ends"),
+    }
+}
+
+#[tokio::test]
+async fn cordon_marks_what_ichor_cordoned_and_only_that_is_uncordoned() -> TestResult {
+    let l = start(TwinConfig::default()).await?;
+    l.kube.cordon("w-1").await?;
+    let n = l
+        .kube
+        .nodes()
+        .await?
+        .into_iter()
+        .find(|n| n.name == "w-1")
+        .ok_or("w-1")?;
+    assert!(n.cordoned && n.cordoned_by_ichor, "{n:?}");
+    l.kube.cordon("w-1").await?; // idempotent
+    assert!(l.kube.uncordon("w-1").await?);
+    let n = l
+        .kube
+        .nodes()
+        .await?
+        .into_iter()
+        .find(|n| n.name == "w-1")
+        .ok_or("w-1")?;
+    assert!(!n.cordoned && !n.cordoned_by_ichor, "{n:?}");
+    // A node an operator cordoned stays cordoned: it is not ichor's to release.
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(kube_client(&l).await?);
+    nodes
+        .patch(
+            "w-2",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await?;
+    l.kube.cordon("w-2").await?;
+    assert!(
+        !l.kube.uncordon("w-2").await?,
+        "uncordoned someone else's cordon"
+    );
+    let n = l
+        .kube
+        .nodes()
+        .await?
+        .into_iter()
+        .find(|n| n.name == "w-2")
+        .ok_or("w-2")?;
+    assert!(n.cordoned && !n.cordoned_by_ichor, "{n:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_drain_evicts_everything_but_daemonsets_and_mirror_pods() -> TestResult {
+    let l = start(TwinConfig::default()).await?;
+    let node = node_with_web(&l).await?;
+    let before = l.kube.pods_on(&node).await?;
+    assert!(
+        before.iter().any(|p| p.stays),
+        "a DaemonSet pod runs there: {before:?}"
+    );
+    l.kube.cordon(&node).await?;
+    let clock = l.twin.talos.clock().clone();
+    let outcome = with_ticks(
+        &l.twin,
+        l.kube.drain(&node, Duration::from_secs(600), &clock),
+    )
+    .await?;
+    match outcome {
+        ichor::kube::DrainOutcome::Drained { evicted } => {
+            assert!(
+                evicted.iter().any(|p| p.starts_with("default/web")),
+                "{evicted:?}"
+            )
+        }
+        other => return Err(format!("{other:?}").into()),
+    }
+    let after = l.kube.pods_on(&node).await?;
+    assert!(
+        after.iter().all(|p| p.stays),
+        "only DaemonSet and mirror pods stay: {after:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_budget_that_never_allows_stops_the_drain_for_a_human() -> TestResult {
+    let mut config = TwinConfig::default();
+    config.faults.pdbs_never_allow = vec!["default/web".into()];
+    let l = start(config).await?;
+    let node = node_with_web(&l).await?;
+    l.kube.cordon(&node).await?;
+    let clock = l.twin.talos.clock().clone();
+    let started = clock.now();
+    let outcome = with_ticks(
+        &l.twin,
+        l.kube.drain(&node, Duration::from_secs(300), &clock),
+    )
+    .await?;
+    match outcome {
+        ichor::kube::DrainOutcome::Blocked {
+            pod,
+            budget,
+            waited_secs,
+            ..
+        } => {
+            assert!(pod.starts_with("default/web"), "{pod}");
+            assert_eq!(budget.as_deref(), Some("web"));
+            assert!(waited_secs >= 300, "{waited_secs}");
+        }
+        other => return Err(format!("expected a stop, got {other:?}").into()),
+    }
+    assert!(clock.now().since(started) >= Duration::from_secs(300));
+    // Never deleted: the blocked pod is still there.
+    assert!(l
+        .kube
+        .pods_on(&node)
+        .await?
+        .iter()
+        .any(|p| p.namespace == "default" && p.name.starts_with("web")));
+    Ok(())
+}
