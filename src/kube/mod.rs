@@ -6,6 +6,7 @@
 
 pub mod drain;
 pub mod inventory;
+pub mod lease;
 
 use std::path::Path;
 
@@ -15,6 +16,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 pub use drain::{DrainOutcome, EvictOutcome, PodRef};
 pub use inventory::{LiveNode, LiveVolume, MirrorPod, WorkloadStatus};
+pub use lease::LockState;
 
 /// The annotation ichor puts on a node it cordoned: it uncordons only those.
 pub const CORDONED_BY_ICHOR: &str = "ichor.dev/cordoned";

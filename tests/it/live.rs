@@ -493,3 +493,108 @@ async fn a_budget_that_never_allows_stops_the_drain_for_a_human() -> TestResult 
         .any(|p| p.namespace == "default" && p.name.starts_with("web")));
     Ok(())
 }
+
+#[tokio::test]
+async fn the_lock_has_one_holder_is_renewed_and_can_be_taken_once_expired() -> TestResult {
+    use ichor::kube::LockState;
+    let l = start(TwinConfig::default()).await?;
+    let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(kube_client(&l).await?);
+    nss.create(
+        &Default::default(),
+        &serde_json::from_value(json!({"metadata": {"name": live::ICHOR_NAMESPACE}}))?,
+    )
+    .await?;
+    let clock = l.twin.talos.clock().clone();
+    let (ns, name, d) = (
+        live::ICHOR_NAMESPACE,
+        "ichor-rollout-homelab",
+        Duration::from_secs(30),
+    );
+    assert_eq!(
+        l.kube.acquire_lease(ns, name, "a", d, clock.now()).await?,
+        LockState::Held
+    );
+    assert_eq!(
+        l.kube.acquire_lease(ns, name, "b", d, clock.now()).await?,
+        LockState::HeldBy { holder: "a".into() }
+    );
+    l.twin.advance(Duration::from_secs(20));
+    assert_eq!(
+        l.kube.acquire_lease(ns, name, "a", d, clock.now()).await?,
+        LockState::Held,
+        "renewed"
+    );
+    l.twin.advance(Duration::from_secs(20));
+    assert!(
+        matches!(
+            l.kube.acquire_lease(ns, name, "b", d, clock.now()).await?,
+            LockState::HeldBy { .. }
+        ),
+        "renewal kept it"
+    );
+    // a stops renewing: after its duration, b may take it, and a has lost it.
+    l.twin.advance(Duration::from_secs(40));
+    assert_eq!(
+        l.kube.acquire_lease(ns, name, "b", d, clock.now()).await?,
+        LockState::Held
+    );
+    assert_eq!(
+        l.kube.acquire_lease(ns, name, "a", d, clock.now()).await?,
+        LockState::HeldBy { holder: "b".into() }
+    );
+    // Racing writers: both try at once, exactly one holds it.
+    l.kube.release_lease(ns, name, "b").await?;
+    let (x, y) = tokio::join!(
+        l.kube.acquire_lease(ns, name, "x", d, clock.now()),
+        l.kube.acquire_lease(ns, name, "y", d, clock.now())
+    );
+    let held = [x?, y?].iter().filter(|s| **s == LockState::Held).count();
+    assert_eq!(held, 1, "exactly one of two racing writers holds the lock");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_blocked_eviction_is_retried_until_the_budget_allows_it() -> TestResult {
+    let mut config = TwinConfig::default();
+    config.faults.pdbs_never_allow = vec!["default/web".into()];
+    let l = start(config).await?;
+    let node = node_with_web(&l).await?;
+    l.kube.cordon(&node).await?;
+    let clock = l.twin.talos.clock().clone();
+    let drain = l.kube.drain(&node, Duration::from_secs(1800), &clock);
+    // After ten simulated minutes the budget allows again (the fault is lifted at run time).
+    let lift = async {
+        let until = clock.now().plus(Duration::from_secs(600));
+        while clock.now() < until {
+            tokio::task::yield_now().await;
+            l.twin.advance(Duration::from_secs(5));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let url = format!("{}/_twin/faults", l.twin.kube.url);
+        let body = json!({"pdbNeverAllows": {"namespace": "default", "name": "web", "on": false}});
+        post_json(&l, &url, &body).await
+    };
+    let (outcome, lifted) = with_ticks(&l.twin, async { tokio::join!(drain, lift) }).await;
+    lifted?;
+    match outcome? {
+        ichor::kube::DrainOutcome::Drained { evicted } => {
+            assert!(
+                evicted.iter().any(|p| p.starts_with("default/web")),
+                "{evicted:?}"
+            )
+        }
+        other => return Err(format!("expected the drain to finish, got {other:?}").into()),
+    }
+    Ok(())
+}
+
+/// POST a JSON body to the twin's Kubernetes side with the kubeconfig's token.
+async fn post_json(l: &Live, url: &str, body: &Value) -> Result<(), Box<dyn std::error::Error>> {
+    let client = kube_client(l).await?;
+    let req = http::Request::post(url.trim_start_matches(&l.twin.kube.url).to_string())
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(body)?)?;
+    client.request_text(req).await?;
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! A Lease as a lock: one holder at a time, renewed, and lost the moment someone else holds
+//! it. Every write carries the resourceVersion it read, so two writers racing end with one
+//! winner and one 409 — which is re-read, never overwritten. Time comes from ichor's clock.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+use super::{KubeClient, KubeError};
+use crate::clock::Timestamp;
+
+/// What an attempt to take or keep the lock found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockState {
+    /// We hold it (now renewed until `now + duration`).
+    Held,
+    /// Someone else holds it, and has renewed within its duration.
+    HeldBy { holder: String },
+}
+
+/// How many times a conflicting write is re-read and retried before giving up.
+const CONFLICT_RETRIES: usize = 3;
+
+fn micro_time(t: Timestamp) -> serde_json::Value {
+    // MicroTime on the wire: RFC 3339 with microseconds.
+    let s = t.rfc3339();
+    let micros = format!("{:06}", (t.as_millis() % 1000) * 1000);
+    json!(s.replacen('Z', &format!(".{micros}Z"), 1))
+}
+
+fn renewed_at(lease: &Lease) -> Option<Timestamp> {
+    let spec = lease.spec.as_ref()?;
+    let t = spec.renew_time.as_ref().or(spec.acquire_time.as_ref())?;
+    let text = serde_json::to_value(t).ok()?;
+    parse_micro_time(text.as_str()?)
+}
+
+/// `2026-01-01T00:00:40.123456Z` (or without the fraction) to a timestamp, to the second.
+fn parse_micro_time(text: &str) -> Option<Timestamp> {
+    let whole = text.get(..19)?;
+    let rest = &text[19..];
+    let fraction_ok = rest == "Z"
+        || rest
+            .strip_prefix('.')
+            .and_then(|r| r.strip_suffix('Z'))
+            .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
+    if !fraction_ok {
+        return None;
+    }
+    Timestamp::parse_rfc3339(&format!("{whole}Z"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn micro_times_round_trip_to_the_second() {
+        let t = Timestamp(1_767_225_640_250);
+        let v = micro_time(t);
+        assert_eq!(v, json!("2026-01-01T00:00:40.250000Z"));
+        assert_eq!(
+            parse_micro_time(v.as_str().unwrap()),
+            Some(Timestamp(1_767_225_640_000))
+        );
+        assert_eq!(
+            parse_micro_time("2026-01-01T00:00:40Z"),
+            Some(Timestamp(1_767_225_640_000))
+        );
+        assert_eq!(parse_micro_time("2026-01-01T00:00:40+01:00"), None);
+        assert_eq!(parse_micro_time("garbage"), None);
+    }
+}
+
+impl KubeClient {
+    /// Take the lock `namespace/name` for `holder`, or renew it if `holder` has it. A lease
+    /// whose holder has not renewed within its duration is free to take.
+    pub async fn acquire_lease(
+        &self,
+        namespace: &str,
+        name: &str,
+        holder: &str,
+        duration: Duration,
+        now: Timestamp,
+    ) -> Result<LockState, KubeError> {
+        let api = Api::<Lease>::namespaced(self.client.clone(), namespace);
+        let what = || format!("lease {namespace}/{name}");
+        for _ in 0..CONFLICT_RETRIES {
+            let current = api
+                .get_opt(name)
+                .await
+                .map_err(|e| KubeError::from_kube(what(), e))?;
+            let body = |rv: Option<String>,
+                        acquire: Option<serde_json::Value>|
+             -> Result<Lease, KubeError> {
+                let mut spec = json!({
+                    "holderIdentity": holder,
+                    "leaseDurationSeconds": duration.as_secs().clamp(1, i32::MAX as u64),
+                    "renewTime": micro_time(now),
+                });
+                spec["acquireTime"] = acquire.unwrap_or_else(|| micro_time(now));
+                let mut meta = json!({"name": name, "namespace": namespace});
+                if let Some(rv) = rv {
+                    meta["resourceVersion"] = json!(rv);
+                }
+                serde_json::from_value(json!({"metadata": meta, "spec": spec})).map_err(|e| {
+                    KubeError::Reply {
+                        what: what(),
+                        message: e.to_string(),
+                    }
+                })
+            };
+            let result = match &current {
+                None => api.create(&PostParams::default(), &body(None, None)?).await,
+                Some(l) => {
+                    let spec = l.spec.clone().unwrap_or_default();
+                    let theirs = spec
+                        .holder_identity
+                        .clone()
+                        .filter(|h| !h.is_empty() && h != holder);
+                    let expired = renewed_at(l).is_none_or(|at| {
+                        let d = Duration::from_secs(
+                            spec.lease_duration_seconds.unwrap_or(0).max(0) as u64,
+                        );
+                        at.plus(d) < now
+                    });
+                    if let (Some(other), false) = (&theirs, expired) {
+                        return Ok(LockState::HeldBy {
+                            holder: other.clone(),
+                        });
+                    }
+                    // Ours to renew (keep when we first took it), or free to take.
+                    let acquire = if theirs.is_none() {
+                        spec.acquire_time
+                            .as_ref()
+                            .and_then(|t| serde_json::to_value(t).ok())
+                    } else {
+                        None
+                    };
+                    api.replace(
+                        name,
+                        &PostParams::default(),
+                        &body(l.metadata.resource_version.clone(), acquire)?,
+                    )
+                    .await
+                }
+            };
+            match result {
+                Ok(_) => return Ok(LockState::Held),
+                // Someone wrote in between: read again and decide again.
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(KubeError::from_kube(what(), e)),
+            }
+        }
+        // Still racing after several rounds: whoever wrote last holds it.
+        let holder = self
+            .lease_holder(namespace, name)
+            .await?
+            .map_or_else(|| "unknown".to_string(), |h| h.holder);
+        Ok(LockState::HeldBy { holder })
+    }
+
+    /// Give the lock up if `holder` has it (a lost lock is left alone).
+    pub async fn release_lease(
+        &self,
+        namespace: &str,
+        name: &str,
+        holder: &str,
+    ) -> Result<(), KubeError> {
+        let api = Api::<Lease>::namespaced(self.client.clone(), namespace);
+        let what = format!("lease {namespace}/{name}");
+        let Some(mut l) = api
+            .get_opt(name)
+            .await
+            .map_err(|e| KubeError::from_kube(what.clone(), e))?
+        else {
+            return Ok(());
+        };
+        let spec = l.spec.get_or_insert_with(Default::default);
+        if spec.holder_identity.as_deref() != Some(holder) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        match api.replace(name, &PostParams::default(), &l).await {
+            Ok(_) => Ok(()),
+            // Taken over meanwhile: it is not ours to release any more.
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(KubeError::from_kube(what, e)),
+        }
+    }
+}
