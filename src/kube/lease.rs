@@ -52,28 +52,6 @@ fn parse_micro_time(text: &str) -> Option<Timestamp> {
     Timestamp::parse_rfc3339(&format!("{whole}Z"))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn micro_times_round_trip_to_the_second() {
-        let t = Timestamp(1_767_225_640_250);
-        let v = micro_time(t);
-        assert_eq!(v, json!("2026-01-01T00:00:40.250000Z"));
-        assert_eq!(
-            parse_micro_time(v.as_str().unwrap()),
-            Some(Timestamp(1_767_225_640_000))
-        );
-        assert_eq!(
-            parse_micro_time("2026-01-01T00:00:40Z"),
-            Some(Timestamp(1_767_225_640_000))
-        );
-        assert_eq!(parse_micro_time("2026-01-01T00:00:40+01:00"), None);
-        assert_eq!(parse_micro_time("garbage"), None);
-    }
-}
-
 impl KubeClient {
     /// Take the lock `namespace/name` for `holder`, or renew it if `holder` has it. A lease
     /// whose holder has not renewed within its duration is free to take.
@@ -189,5 +167,27 @@ impl KubeClient {
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
             Err(e) => Err(KubeError::from_kube(what, e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn micro_times_round_trip_to_the_second() {
+        let t = Timestamp(1_767_225_640_250);
+        let v = micro_time(t);
+        assert_eq!(v, json!("2026-01-01T00:00:40.250000Z"));
+        assert_eq!(
+            parse_micro_time(v.as_str().unwrap()),
+            Some(Timestamp(1_767_225_640_000))
+        );
+        assert_eq!(
+            parse_micro_time("2026-01-01T00:00:40Z"),
+            Some(Timestamp(1_767_225_640_000))
+        );
+        assert_eq!(parse_micro_time("2026-01-01T00:00:40+01:00"), None);
+        assert_eq!(parse_micro_time("garbage"), None);
     }
 }
