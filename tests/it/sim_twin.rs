@@ -36,7 +36,7 @@ async fn start(
         state.path(),
         TwinOptions {
             config,
-            github: None,
+            ..TwinOptions::default()
         },
     )
     .await?;
@@ -400,13 +400,17 @@ async fn configured_faults_reach_both_sides() -> TestResult {
         state.path(),
         TwinOptions {
             config: bad,
-            github: None,
+            ..TwinOptions::default()
         },
     )
     .await
     .err()
     .ok_or("should fail")?;
-    assert!(err.to_string().contains("no node `w-9`"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("faults.nodesNeverReturn[0]: no node \"w-9\" in the inventory"),
+        "{err}"
+    );
     // Unknown fields in the config are refused with their line.
     let err = TwinConfig::parse("twin.yaml", "faults:\n  nodesNeverReturns: [w-3]\n")
         .err()
