@@ -46,7 +46,12 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         cluster: PathBuf,
         /// Simulated seconds per wall-clock second, from 0.001 to 100000.
-        #[arg(long, value_name = "N", default_value_t = 1.0)]
+        #[arg(
+            long,
+            value_name = "N",
+            default_value_t = 1.0,
+            allow_negative_numbers = true
+        )]
         speed: f64,
         /// Where kubeconfig, talosconfig, github-token and the GitHub emulator's clone are
         /// written (mode 0700; files 0600). Default: $XDG_STATE_HOME/ichor/sim/<cluster>,
@@ -214,6 +219,19 @@ fn sim(
         .enable_all()
         .build()?;
     runtime.block_on(async move {
+        // Listen for Ctrl-C before saying we serve, so an interrupt right after the banner
+        // stops the twin cleanly instead of killing the process.
+        #[cfg(unix)]
+        let interrupted = {
+            let mut sigint =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+            async move {
+                sigint.recv().await;
+                Ok::<_, std::io::Error>(())
+            }
+        };
+        #[cfg(not(unix))]
+        let interrupted = tokio::signal::ctrl_c();
         let twin = Twin::start(clock, &folder, &state_dir, options).await?;
         let rs = &folder.release_set.spec;
         let mut out = format!(
@@ -266,7 +284,7 @@ fn sim(
         }
         out.push_str("\nServing until interrupted (Ctrl-C).\n");
         print(&out)?;
-        tokio::signal::ctrl_c().await?;
+        interrupted.await?;
         twin.shutdown().await;
         Ok::<_, anyhow::Error>(())
     })?;

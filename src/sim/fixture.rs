@@ -113,7 +113,7 @@ impl Fixture {
         tree: &[(&str, &str)],
         history_yaml: &str,
     ) -> Result<Fixture, FixtureError> {
-        let history: History = serde_yaml::from_str(history_yaml)
+        let history: History = crate::sim::yaml::from_str(history_yaml)
             .map_err(|e| FixtureError::History(format!("{name}/history.yaml: {e}")))?;
         Ok(Fixture {
             name: name.to_string(),

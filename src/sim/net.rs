@@ -290,26 +290,48 @@ async fn serve_connection<S>(
     }
 }
 
+/// How long a client may take to send a whole request body.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How much of an oversized body is read and thrown away before answering 413, so a
+/// client still writing it reads the answer instead of a reset connection.
+pub const DRAIN_LIMIT: usize = 16 << 20;
+
 /// Why a request body could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum BodyError {
     #[error("the request body is larger than {limit} bytes")]
     TooLarge { limit: usize },
+    #[error("the request body did not arrive within {0:?}")]
+    Timeout(Duration),
     #[error("reading the request body: {0}")]
     Read(axum::Error),
 }
 
-/// Reads a whole request body, refusing it as soon as it passes `limit` bytes (without
-/// reading the rest).
+/// Reads a whole request body of at most `limit` bytes, within [`BODY_TIMEOUT`]. A larger
+/// one is refused without keeping it: the rest is read and discarded (up to
+/// [`DRAIN_LIMIT`]) so the client gets the refusal.
 pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, BodyError> {
-    let mut stream = body.into_data_stream();
-    let mut out = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(BodyError::Read)?;
-        if out.len().saturating_add(chunk.len()) > limit {
-            return Err(BodyError::TooLarge { limit });
+    let read = async {
+        let mut stream = body.into_data_stream();
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(BodyError::Read)?;
+            if out.len().saturating_add(chunk.len()) > limit {
+                let mut drained = out.len().saturating_add(chunk.len());
+                drop(out);
+                while drained < DRAIN_LIMIT {
+                    match stream.next().await {
+                        Some(Ok(c)) => drained = drained.saturating_add(c.len()),
+                        _ => break,
+                    }
+                }
+                return Err(BodyError::TooLarge { limit });
+            }
+            out.extend_from_slice(&chunk);
         }
-        out.extend_from_slice(&chunk);
-    }
-    Ok(Bytes::from(out))
+        Ok(Bytes::from(out))
+    };
+    tokio::time::timeout(BODY_TIMEOUT, read)
+        .await
+        .unwrap_or(Err(BodyError::Timeout(BODY_TIMEOUT)))
 }

@@ -3,9 +3,12 @@
 mod cli;
 mod props;
 mod sim_github;
+mod sim_hardening;
 mod sim_kube;
+mod sim_props;
 mod sim_talos;
 mod sim_twin;
+mod sim_wire;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -218,6 +218,9 @@ async fn handle(
                 format!("Request entity too large: limit is {limit}"),
             ))
         }
+        Err(e @ net::BodyError::Timeout(_)) => {
+            return err(&ApiError::new(408, "Timeout", e.to_string()))
+        }
         Err(e) => return err(&ApiError::bad_request(e.to_string())),
     };
     let q = Query::parse(&uri);
@@ -1294,17 +1297,17 @@ fn parse_faults(headers: &HeaderMap, body: &Bytes) -> Result<FaultsConfig, ApiEr
         }
         return serde_yaml::from_str(text).map_err(|e| invalid(e.to_string()));
     }
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let f: FaultsConfig = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    // Syntax first (400), then the schema with the path of the bad field (422).
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the fault request is not JSON: {e}")))?;
+    let f: FaultsConfig = serde_path_to_error::deserialize(v).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        match inner.classify() {
-            serde_json::error::Category::Data if path != "." => invalid(format!("{path}: {inner}")),
-            serde_json::error::Category::Data => invalid(inner.to_string()),
-            _ => ApiError::bad_request(format!("the fault request is not JSON: {inner}")),
+        if path == "." {
+            invalid(inner.to_string())
+        } else {
+            invalid(format!("{path}: {inner}"))
         }
     })?;
-    de.end()
-        .map_err(|e| ApiError::bad_request(format!("the fault request is not JSON: {e}")))?;
     Ok(f)
 }
