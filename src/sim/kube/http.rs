@@ -1088,12 +1088,12 @@ fn watch(
         let c = sh.lock();
         let rx = c.store.subscribe();
         let rv = c.store.resource_version();
-        let initial: Result<Vec<(EventType, Value)>, ApiError> = match &from {
+        let initial: Result<Vec<(EventType, Arc<Value>)>, ApiError> = match &from {
             None => Ok(c
                 .store
                 .list(rt.storage, ns.as_deref(), &l, &f)
                 .into_iter()
-                .map(|o| (EventType::Added, o))
+                .map(|o| (EventType::Added, Arc::new(o)))
                 .collect()),
             Some(s) => match s.parse::<u64>() {
                 Err(_) => Err(ApiError::bad_request(format!(
@@ -1112,17 +1112,21 @@ fn watch(
     let bookmark = move |rv: u64| json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": {"resourceVersion": rv.to_string()}});
     // `kubectl get -w` asks for Tables: each event then carries a one-row Table.
     let clock = sh.clock.clone();
-    let render = move |obj: Value| match render_as {
-        Render::Table => table(
-            rt,
-            std::slice::from_ref(&obj),
-            rv_of(&obj).unwrap_or(0),
-            clock.now(),
-            false,
+    let line = move |kind: &str, obj: &Value| match render_as {
+        Render::Table => event_line(
+            kind,
+            &table(
+                rt,
+                std::slice::from_ref(obj),
+                rv_of(obj).unwrap_or(0),
+                clock.now(),
+                false,
+            ),
         ),
-        Render::Metadata => partial_metadata(&obj),
-        Render::Object => obj,
+        Render::Metadata => event_line(kind, &partial_metadata(obj)),
+        Render::Object => event_line(kind, obj),
     };
+    let sh = sh.clone();
     tokio::spawn(async move {
         match initial {
             Err(e) => {
@@ -1134,7 +1138,7 @@ fn watch(
                     let Some(kind) = filter.translate(kind, &obj) else {
                         continue;
                     };
-                    if tx.send(Ok(event_line(kind, &render(obj)))).await.is_err() {
+                    if tx.send(Ok(line(kind, &obj))).await.is_err() {
                         return;
                     }
                 }
@@ -1166,19 +1170,39 @@ fn watch(
                         return;
                     }
                 }
-                ev = rx.recv() => {
-                    let ev: WatchEvent = match ev {
-                        Ok(ev) => ev,
-                        // Too slow a reader: end the stream; the client re-watches.
-                        Err(broadcast::error::RecvError::Lagged(_)) | Err(broadcast::error::RecvError::Closed) => return,
-                    };
-                    last = last.max(ev.rv);
-                    if ev.plural != rt.storage || ns.as_deref().is_some_and(|n| n != ev.namespace) {
-                        continue;
-                    }
-                    let Some(kind) = filter.translate(ev.kind, &ev.object) else { continue };
-                    if tx.send(Ok(event_line(kind, &render(ev.object)))).await.is_err() {
+                r = rx.recv() => {
+                    if let Err(broadcast::error::RecvError::Closed) = r {
                         return;
+                    }
+                    // The notice only says something happened; the events come from the
+                    // history, so a slow watcher holds no objects of its own.
+                    while rx.try_recv().is_ok() {}
+                    let events = sh
+                        .cluster
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .store
+                        .events_after(last);
+                    let events: Vec<WatchEvent> = match events {
+                        Ok(evs) => evs,
+                        // Too slow a reader: what it missed is gone; it must re-list.
+                        Err(compacted) => {
+                            let e = ApiError::expired(format!(
+                                "too old resource version: {last} ({compacted})"
+                            ));
+                            let _ = tx.send(Ok(event_line("ERROR", &e.status()))).await;
+                            return;
+                        }
+                    };
+                    for ev in events {
+                        last = last.max(ev.rv);
+                        if ev.plural != rt.storage || ns.as_deref().is_some_and(|n| n != ev.namespace) {
+                            continue;
+                        }
+                        let Some(kind) = filter.translate(ev.kind, &ev.object) else { continue };
+                        if tx.send(Ok(line(kind, &ev.object))).await.is_err() {
+                            return;
+                        }
                     }
                 }
             }
