@@ -233,6 +233,9 @@ async fn gate(State(shared): S, req: Request, next: Next) -> Response {
                     &format!("Request body is too large: the limit is {MAX_BODY} bytes"),
                 )
                 .into_response(),
+                Err(e @ crate::sim::net::BodyError::Timeout(_)) => {
+                    ApiError::new(StatusCode::REQUEST_TIMEOUT, &e.to_string()).into_response()
+                }
                 Err(_) => ApiError::bad_json().into_response(),
             }
         }

@@ -1257,8 +1257,9 @@ fn faults(sh: &Shared, headers: &HeaderMap, body: &Bytes) -> Response<Body> {
     if !invalid.is_empty() {
         let message = crate::sim::faults::FaultError(invalid.clone()).to_string();
         return err(&ApiError {
+            // kubectl prints `The fault request "/_twin/faults" is invalid:` and the causes.
             details: Some(
-                json!({"kind": "faults", "causes": invalid.iter().map(|e| json!({
+                json!({"kind": "fault request", "name": "/_twin/faults", "causes": invalid.iter().map(|e| json!({
                 "reason": "FieldValueInvalid", "field": e.field, "message": e.message})).collect::<Vec<_>>()}),
             ),
             ..ApiError::new(
