@@ -187,8 +187,7 @@ fn sim(
     };
     let config = match &config {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", path.display()))?;
+            let text = ichor::sim::twin::read_file(path)?;
             TwinConfig::parse(&path.display().to_string(), &text)?
         }
         None => TwinConfig::default(),

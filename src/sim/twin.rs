@@ -63,6 +63,8 @@ pub mod limits {
     pub const MAX_EXTRA_PODS: u32 = 10_000;
     /// `deprecatedApiRequests` entries.
     pub const MAX_DEPRECATED_APIS: usize = 1000;
+    /// A cluster document or `--config` file.
+    pub const MAX_FILE: u64 = 1 << 20;
 }
 
 /// Simulated durations and faults for `ichor sim --config FILE` (all optional).
@@ -175,6 +177,28 @@ impl TwinConfig {
     }
 }
 
+/// Reads a file the twin is configured from (a cluster document, `--config`), refusing
+/// one larger than [`limits::MAX_FILE`] without reading it all.
+pub fn read_file(path: &Path) -> Result<String, SimError> {
+    use std::io::Read;
+    let fail = |message: String| SimError::File {
+        path: path.to_path_buf(),
+        message,
+    };
+    let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    let mut bytes = Vec::new();
+    file.take(limits::MAX_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| fail(format!("cannot read: {e}")))?;
+    if bytes.len() as u64 > limits::MAX_FILE {
+        return Err(fail(format!(
+            "is larger than {} bytes; the twin reads configuration files up to that",
+            limits::MAX_FILE
+        )));
+    }
+    String::from_utf8(bytes).map_err(|e| fail(format!("is not UTF-8: {e}")))
+}
+
 /// A cluster folder: `cluster.yaml` (with `spec.inventory`) and `release-set.yaml`.
 #[derive(Debug, Clone)]
 pub struct ClusterFolder {
@@ -187,12 +211,7 @@ impl ClusterFolder {
     pub fn read(dir: &Path) -> Result<ClusterFolder, SimError> {
         let read = |name: &str| -> Result<(String, String), SimError> {
             let path = dir.join(name);
-            std::fs::read_to_string(&path)
-                .map(|t| (path.display().to_string(), t))
-                .map_err(|e| SimError::File {
-                    path,
-                    message: format!("cannot read: {e}"),
-                })
+            read_file(&path).map(|t| (path.display().to_string(), t))
         };
         let (cpath, ctext) = read("cluster.yaml")?;
         let (rpath, rtext) = read("release-set.yaml")?;

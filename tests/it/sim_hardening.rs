@@ -524,6 +524,11 @@ fn ichor_sim_refuses_extreme_speeds_and_sizes_before_starting() -> TestResult {
         err.contains("extraPods: 100000000 is too many: expected at most 10000"),
         "{err}"
     );
+    std::fs::write(&config, format!("# {}\n", "x".repeat(2 << 20)))?;
+    let out = sim(&["--config", &config.display().to_string()])?;
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is larger than 1048576 bytes"), "{err}");
     assert!(!state.exists(), "nothing was written");
     Ok(())
 }
