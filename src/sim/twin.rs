@@ -641,8 +641,8 @@ struct TwinFaults {
 
 impl FaultHook for TwinFaults {
     fn nodes(&self) -> std::collections::BTreeSet<String> {
-        self.talos
-            .with_model(|m| m.nodes().iter().map(|n| n.name.clone()).collect())
+        // A read: it must not count as a change of the Talos side.
+        self.talos.observe().into_iter().map(|o| o.name).collect()
     }
 
     fn github(&self) -> bool {

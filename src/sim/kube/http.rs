@@ -1231,10 +1231,12 @@ fn faults(sh: &Shared, headers: &HeaderMap, body: &Bytes) -> Response<Body> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
+    // Asked before the cluster is locked: the hook reads the Talos side.
+    let nodes = hook.as_ref().map(|h| h.nodes());
     let mut c = sh.lock();
     let now = sh.clock.now();
     let targets = FaultTargets {
-        nodes: hook.as_ref().map(|h| h.nodes()),
+        nodes,
         pdbs: c
             .list("poddisruptionbudgets", None)
             .iter()
