@@ -600,3 +600,45 @@ async fn json_patch_copy_and_move_work_and_unknown_ops_are_unsupported() -> Test
     assert!(r.text.contains("is not supported"), "{}", r.text);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_huge_replica_count_is_capped_by_the_controllers() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let behaviour = Behaviour {
+        max_replicas: 20,
+        ..Behaviour::default()
+    };
+    let t = KubeTwin::start_with(
+        Clock::manual(),
+        KubeSeed::typical(1, 2),
+        behaviour,
+        dir.path(),
+    )
+    .await?;
+    let wire = Wire::kube(&t)?;
+    let r = wire
+        .send(
+            "PATCH",
+            "/apis/apps/v1/namespaces/kube-system/deployments/coredns",
+            Some("application/merge-patch+json"),
+            br#"{"spec": {"replicas": 100000000}}"#.to_vec(),
+        )
+        .await?;
+    assert_eq!(r.code, 200, "{}", r.text);
+    let pods = t.with(|c, _| {
+        c.list("pods", Some("kube-system"))
+            .iter()
+            .filter(|p| {
+                p.pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| n.starts_with("coredns-"))
+            })
+            .count()
+    });
+    assert_eq!(pods, 20);
+    assert_eq!(
+        wire.send("GET", "/api/v1/nodes", None, vec![]).await?.code,
+        200
+    );
+    Ok(())
+}
