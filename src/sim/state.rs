@@ -4,9 +4,10 @@
 //! Rules, so that nobody else can read the secrets or make the twin write them elsewhere:
 //! - A directory the twin creates is mode 0700 whatever the umask (parents included).
 //! - An existing state directory must be a real directory (not a symbolic link) owned by
-//!   the current user and not writable by group or others; the twin then tightens it to
-//!   0700. Anything else is refused with the reason: a group- or world-writable directory
-//!   may already hold files or links planted by someone else.
+//!   the current user and not writable by everyone (nor sticky, as `/tmp` is); the twin then
+//!   tightens it to 0700 (a group-writable one too: umask 002 makes those). Anything else is
+//!   refused with the reason: a shared directory may already hold files or links planted by
+//!   someone else, and must not be taken over.
 //! - A secret is written to a new file (created exclusively, mode 0600) in the same
 //!   directory and renamed over the old one, so an existing 0644 file does not keep its
 //!   mode and a reader never sees half a file. A symbolic link at the secret's path is
@@ -24,7 +25,7 @@ pub enum StateError {
     NotADirectory(PathBuf),
     #[error("{path}: is owned by uid {owner}, not by the current user (uid {me}); pick a state directory of your own")]
     NotOwned { path: PathBuf, owner: u32, me: u32 },
-    #[error("{path}: is writable by group or others (mode {mode:04o}); the twin will not put keys there — use a private directory or `chmod go-w` it")]
+    #[error("{path}: is a shared directory (mode {mode:04o}: writable by everyone, or sticky as /tmp is); the twin will not put keys there — use a private directory, e.g. a new one inside it")]
     Writable { path: PathBuf, mode: u32 },
     #[error("{path}: {what}: {source}")]
     Io {
@@ -103,7 +104,9 @@ fn check_existing(dir: &Path, meta: &std::fs::Metadata) -> Result<(), StateError
             });
         }
         let mode = meta.mode() & 0o7777;
-        if mode & 0o022 != 0 {
+        // World-writable (or sticky, as /tmp is) means shared with everyone: never take it
+        // over. Group-writable is what umask 002 gives one's own directories: tighten it.
+        if mode & 0o1002 != 0 {
             return Err(StateError::Writable {
                 path: dir.to_path_buf(),
                 mode,
@@ -274,17 +277,21 @@ mod tests {
         prepare_dir(&state)?;
         assert_eq!(mode(&state), 0o700);
         assert_eq!(mode(&dir.path().join("a")), 0o700);
-        // An existing one of ours is tightened.
-        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755))?;
-        prepare_dir(&state)?;
-        assert_eq!(mode(&state), 0o700);
-        // A world-writable one is refused and left as it is.
-        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777))?;
-        assert!(matches!(
-            prepare_dir(&state),
-            Err(StateError::Writable { .. })
-        ));
-        assert_eq!(mode(&state), 0o777);
+        // An existing one of ours is tightened, group-writable (umask 002) too.
+        for m in [0o755, 0o775] {
+            std::fs::set_permissions(&state, std::fs::Permissions::from_mode(m))?;
+            prepare_dir(&state)?;
+            assert_eq!(mode(&state), 0o700);
+        }
+        // A world-writable or sticky one (a shared directory) is refused and left alone.
+        for m in [0o777, 0o1777, 0o1700] {
+            std::fs::set_permissions(&state, std::fs::Permissions::from_mode(m))?;
+            assert!(matches!(
+                prepare_dir(&state),
+                Err(StateError::Writable { .. })
+            ));
+            assert_eq!(mode(&state), m);
+        }
         Ok(())
     }
 
