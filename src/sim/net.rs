@@ -30,8 +30,9 @@ pub struct NetLimits {
     /// A connection with no bytes in either direction for this long is shut down
     /// gracefully (requests in flight, such as a quiet watch, are finished first).
     pub idle_timeout: Duration,
-    /// HTTP/2 and gRPC: the server pings a quiet connection this often, and drops it when a
-    /// ping goes unanswered for as long.
+    /// gRPC (the Talos endpoints, which have no idle timeout: their streams are quiet for
+    /// long): the server pings a connection this often, and drops it when a ping goes
+    /// unanswered for as long.
     pub keepalive: Duration,
     /// Connections served at once; further clients wait in the listen backlog.
     pub max_connections: usize,
@@ -257,11 +258,9 @@ async fn serve_connection<S>(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(limits.keepalive)
-        .keep_alive_timeout(limits.keepalive);
+    // No HTTP/2 pings here: a ping's answer would count as activity and keep an idle
+    // connection open for good; the idle timeout already ends dead ones.
+    builder.http2().timer(TokioTimer::new());
     let svc = hyper_util::service::TowerToHyperService::new(app);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
     tokio::pin!(conn);

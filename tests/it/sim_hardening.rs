@@ -369,6 +369,31 @@ async fn silent_clients_are_dropped_after_the_handshake_and_header_timeouts() ->
     Ok(())
 }
 
+#[tokio::test]
+async fn an_idle_connection_is_closed_after_the_idle_timeout() -> TestResult {
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir()?;
+    let net = NetLimits {
+        idle_timeout: Duration::from_millis(200),
+        ..NetLimits::default()
+    };
+    let t = KubeTwin::start_with_limits(
+        Clock::manual(),
+        KubeSeed::typical(1, 1),
+        Behaviour::default(),
+        net,
+        dir.path(),
+    )
+    .await?;
+    // Handshaken, then silent: the header timeout (30 s) is far off, the idle one is not.
+    let mut conn = Wire::kube(&t)?.tls_connect().await?;
+    let mut buf = [0u8; 16];
+    // A guard against a hang only.
+    let read = tokio::time::timeout(Duration::from_secs(20), conn.read(&mut buf)).await?;
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    Ok(())
+}
+
 // ---- 17: faults ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -60,6 +60,16 @@ impl Wire {
         }
     }
 
+    /// A TLS connection to the Kubernetes API that sends nothing yet.
+    pub async fn tls_connect(
+        &self,
+    ) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, Error> {
+        let tls = self.tls.as_ref().ok_or("not a TLS endpoint")?;
+        let tcp = tokio::net::TcpStream::connect(self.addr).await?;
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
+        Ok(tls.connect(name, tcp).await?)
+    }
+
     /// One request on a fresh connection.
     pub async fn send(
         &self,
