@@ -74,7 +74,7 @@ fn main() {
         let config = TwinConfig { extra_pods: 2_000, ..TwinConfig::default() };
         let before = rss_kib();
         let t0 = Instant::now();
-        let twin = Twin::start(Clock::manual(), &f, &dir.path().join("state"), TwinOptions { config, ..TwinOptions::default() }).await.expect("twin");
+        let twin = Twin::start(Clock::manual(), &f, &dir.path().join("state"), TwinOptions { config, ..Default::default() }).await.expect("twin");
         let startup = t0.elapsed();
         let pods = twin.kube.with(|c, _| c.list("pods", None).len());
         println!(
@@ -112,7 +112,7 @@ fn main() {
         let state = dir.path().join("idle-state");
         let clock = Clock::try_scaled(60.0).expect("speed");
         let config = TwinConfig { extra_pods: 2_000, ..TwinConfig::default() };
-        let twin = Twin::start(clock, &f, &state, TwinOptions { config, ..TwinOptions::default() }).await.expect("twin");
+        let twin = Twin::start(clock, &f, &state, TwinOptions { config, ..Default::default() }).await.expect("twin");
         tokio::time::sleep(Duration::from_secs(5)).await;
         let (cpu0, wall0, wake0) = (cpu_time(), Instant::now(), twin.wakeups());
         tokio::time::sleep(Duration::from_secs(20)).await;

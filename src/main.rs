@@ -212,7 +212,7 @@ fn sim(
     let options = TwinOptions {
         config,
         github,
-        ..TwinOptions::default()
+        ..Default::default()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -6,7 +6,7 @@
 //!
 //! At run time each field given replaces that fault's current setting (an empty list or
 //! map clears it, `apiErrorBurst: {count: 0}` ends a burst); fields not given are left as
-//! they are. `stealLease` exists only at run time.
+//! they are ([`given_fields`] tells which were). `stealLease` exists only at run time.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -37,25 +37,55 @@ pub mod limits {
 pub struct FaultsConfig {
     /// Nodes that go down and never come back.
     #[serde(default)]
-    pub nodes_never_return: Option<Vec<String>>,
+    pub nodes_never_return: Vec<String>,
     /// Nodes whose ApplyConfiguration blocks this long before acting.
     #[serde(default)]
-    pub slow_apply: Option<BTreeMap<String, HumanDuration>>,
+    pub slow_apply: BTreeMap<String, HumanDuration>,
     /// Image references whose pull fails with NotFound.
     #[serde(default)]
-    pub failing_images: Option<Vec<String>>,
+    pub failing_images: Vec<String>,
     /// PodDisruptionBudgets (`namespace/name`) that never allow a disruption.
     #[serde(default)]
-    pub pdbs_never_allow: Option<Vec<String>>,
+    pub pdbs_never_allow: Vec<String>,
     /// The next N Kubernetes API requests fail with this status (500 or 429).
     #[serde(default)]
     pub api_error_burst: Option<ApiBurst>,
     /// The next N webhooks of the GitHub emulator are dropped.
     #[serde(default)]
-    pub dropped_webhooks: Option<u64>,
+    pub dropped_webhooks: u64,
     /// Run time only: another holder takes over a Lease.
     #[serde(default)]
     pub steal_lease: Option<StealLease>,
+    /// Run time only, the endpoint's older form: one PodDisruptionBudget on or off.
+    #[serde(default)]
+    pub pdb_never_allows: Option<PdbToggle>,
+    /// Run time only, the older form of `apiErrorBurst`: `failNext` requests fail with
+    /// `code` (default 500), 429s with `Retry-After: retryAfterSeconds` (default 1).
+    #[serde(default)]
+    pub fail_next: Option<u64>,
+    #[serde(default)]
+    pub code: Option<u64>,
+    #[serde(default)]
+    pub retry_after_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PdbToggle {
+    pub namespace: String,
+    pub name: String,
+    #[serde(default = "default_on")]
+    pub on: bool,
+}
+
+fn default_on() -> bool {
+    true
+}
+
+/// The document's field names (camelCase) that appear in `doc`, a map: at run time only
+/// those replace the current faults.
+pub fn given_fields<'a>(keys: impl IntoIterator<Item = &'a str>) -> BTreeSet<String> {
+    keys.into_iter().map(str::to_string).collect()
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -98,8 +128,8 @@ pub trait FaultHook: Send + Sync {
     fn nodes(&self) -> BTreeSet<String>;
     /// Whether a GitHub emulator runs.
     fn github(&self) -> bool;
-    /// Applies the Talos and GitHub fields of a validated document.
-    fn apply(&self, faults: &FaultsConfig);
+    /// Applies the Talos and GitHub fields of a validated document that are `given`.
+    fn apply(&self, faults: &FaultsConfig, given: &BTreeSet<String>);
 }
 
 /// One invalid field.
@@ -163,7 +193,8 @@ impl FaultsConfig {
                 ),
                 Some(_) => {}
             };
-        if let Some(list) = &self.nodes_never_return {
+        {
+            let list = &self.nodes_never_return;
             let field = path("nodesNeverReturn");
             if list.len() > limits::MAX_ENTRIES {
                 bad(field.clone(), too_many(list.len()));
@@ -172,7 +203,8 @@ impl FaultsConfig {
                 check_node(format!("{field}[{i}]"), n, &mut bad);
             }
         }
-        if let Some(map) = &self.slow_apply {
+        {
+            let map = &self.slow_apply;
             let field = path("slowApply");
             if map.len() > limits::MAX_ENTRIES {
                 bad(field.clone(), too_many(map.len()));
@@ -184,12 +216,13 @@ impl FaultsConfig {
                 }
             }
         }
-        if let Some(list) = &self.failing_images {
+        {
+            let list = &self.failing_images;
             let field = path("failingImages");
             if list.len() > limits::MAX_ENTRIES {
                 bad(field.clone(), too_many(list.len()));
             }
-            if targets.nodes.is_none() {
+            if targets.nodes.is_none() && !list.is_empty() {
                 bad(field.clone(), "this twin has no Talos side".to_string());
             }
             for (i, image) in list.iter().enumerate().take(limits::MAX_ENTRIES) {
@@ -204,7 +237,8 @@ impl FaultsConfig {
                 }
             }
         }
-        if let Some(list) = &self.pdbs_never_allow {
+        {
+            let list = &self.pdbs_never_allow;
             let field = path("pdbsNeverAllow");
             if list.len() > limits::MAX_ENTRIES {
                 bad(field.clone(), too_many(list.len()));
@@ -261,7 +295,8 @@ impl FaultsConfig {
                 }
             }
         }
-        if let Some(n) = self.dropped_webhooks {
+        {
+            let n = self.dropped_webhooks;
             let field = path("droppedWebhooks");
             if n > limits::MAX_COUNT {
                 bad(
@@ -269,8 +304,74 @@ impl FaultsConfig {
                     format!("{n} is out of range: expected 0 to {}", limits::MAX_COUNT),
                 );
             }
-            if origin == Origin::Runtime && !targets.github {
+            if origin == Origin::Runtime && !targets.github && n > 0 {
                 bad(field, "this twin runs no GitHub emulator".to_string());
+            }
+        }
+        let runtime_only = |field: String, bad: &mut dyn FnMut(String, String)| {
+            bad(
+                field,
+                "only at run time (POST /_twin/faults); the config file uses pdbsNeverAllow and apiErrorBurst".to_string(),
+            )
+        };
+        if let Some(t) = &self.pdb_never_allows {
+            let field = path("pdbNeverAllows");
+            if origin == Origin::Config {
+                runtime_only(field, &mut bad);
+            } else if !targets
+                .pdbs
+                .contains(&format!("{}/{}", t.namespace, t.name))
+            {
+                bad(
+                    field,
+                    format!(
+                        "no PodDisruptionBudget {:?} in namespace {:?}",
+                        t.name, t.namespace
+                    ),
+                );
+            }
+        }
+        for (name, v) in [
+            ("failNext", self.fail_next),
+            ("code", self.code),
+            ("retryAfterSeconds", self.retry_after_seconds),
+        ] {
+            if v.is_some() && origin == Origin::Config {
+                runtime_only(path(name), &mut bad);
+            }
+        }
+        if origin == Origin::Runtime {
+            if let Some(n) = self.fail_next.filter(|n| *n > limits::MAX_COUNT) {
+                bad(
+                    path("failNext"),
+                    format!("{n} is out of range: expected 0 to {}", limits::MAX_COUNT),
+                );
+            }
+            if let Some(c) = self.code.filter(|c| *c != 429 && *c != 500) {
+                bad(
+                    path("code"),
+                    format!("{c} is not a status the twin injects: expected 429 or 500"),
+                );
+            }
+            if let Some(r) = self
+                .retry_after_seconds
+                .filter(|r| *r > limits::MAX_RETRY_AFTER.as_secs())
+            {
+                bad(
+                    path("retryAfterSeconds"),
+                    format!(
+                        "{r} is too long: expected at most {}",
+                        limits::MAX_RETRY_AFTER.as_secs()
+                    ),
+                );
+            }
+            if self.fail_next.is_none()
+                && (self.code.is_some() || self.retry_after_seconds.is_some())
+            {
+                bad(
+                    path("failNext"),
+                    "is required with code and retryAfterSeconds".to_string(),
+                );
             }
         }
         if let Some(s) = &self.steal_lease {
@@ -294,11 +395,11 @@ impl FaultsConfig {
         }
     }
 
-    /// The Talos side's part of a document, if it has one.
-    pub fn touches_talos(&self) -> bool {
-        self.nodes_never_return.is_some()
-            || self.slow_apply.is_some()
-            || self.failing_images.is_some()
+    /// Whether a run-time request with these `given` fields changes the Talos side.
+    pub fn touches_talos(given: &BTreeSet<String>) -> bool {
+        ["nodesNeverReturn", "slowApply", "failingImages"]
+            .iter()
+            .any(|f| given.contains(*f))
     }
 }
 

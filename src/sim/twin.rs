@@ -83,6 +83,9 @@ pub struct TwinConfig {
     /// `apiserver_requested_deprecated_apis` (to rehearse the removed-API warning).
     #[serde(default)]
     pub deprecated_api_requests: Vec<DeprecatedApiRequest>,
+    /// Connection limits of every listener (library only: not read from the file).
+    #[serde(skip)]
+    pub net: NetLimits,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -256,8 +259,6 @@ pub struct TwinOptions {
     /// Serve the GitHub emulator as `owner/name` over a private clone of this repository
     /// (made in the state directory; the repository itself is never written).
     pub github: Option<(String, PathBuf)>,
-    /// Connection limits of every listener.
-    pub net: NetLimits,
 }
 
 /// The running twin.
@@ -455,7 +456,7 @@ impl Twin {
         }
         let mut topts = TalosTwinOptions {
             context: folder.cluster.name().to_string(),
-            net: options.net,
+            net: cfg.net,
             ..Default::default()
         };
         let t = &cfg.timings;
@@ -474,15 +475,15 @@ impl Twin {
         topts
             .faults
             .never_return
-            .extend(f.nodes_never_return.iter().flatten().cloned());
-        for (n, d) in f.slow_apply.iter().flatten() {
+            .extend(f.nodes_never_return.iter().cloned());
+        for (n, d) in &f.slow_apply {
             topts.faults.slow_apply.insert(n.clone(), d.0);
         }
         topts
             .faults
             .failing_images
-            .extend(f.failing_images.iter().flatten().cloned());
-        for p in f.pdbs_never_allow.iter().flatten() {
+            .extend(f.failing_images.iter().cloned());
+        for p in &f.pdbs_never_allow {
             if let Some((ns, name)) = p.split_once('/') {
                 seed.faults
                     .pdb_never_allows
@@ -505,14 +506,14 @@ impl Twin {
                     clock.clone(),
                     crate::sim::github::GithubTwinConfig {
                         repos: vec![RepoSpec::new(name, clone)],
-                        net: options.net,
+                        net: cfg.net,
                         ..Default::default()
                     },
                 )
                 .await
                 .map_err(|e| SimError::Github(e.to_string()))?;
-                if let Some(n) = f.dropped_webhooks.filter(|n| *n > 0) {
-                    gh.drop_next_webhooks(u32::try_from(n).unwrap_or(u32::MAX));
+                if f.dropped_webhooks > 0 {
+                    gh.drop_next_webhooks(u32::try_from(f.dropped_webhooks).unwrap_or(u32::MAX));
                 }
                 Some(gh)
             }
@@ -524,7 +525,7 @@ impl Twin {
                 clock.clone(),
                 seed,
                 kube::Behaviour::default(),
-                options.net,
+                cfg.net,
                 state_dir,
             )
             .await?,
@@ -649,10 +650,11 @@ impl FaultHook for TwinFaults {
         self.webhooks.is_some()
     }
 
-    fn apply(&self, f: &FaultsConfig) {
-        if f.touches_talos() {
+    fn apply(&self, f: &FaultsConfig, given: &std::collections::BTreeSet<String>) {
+        if FaultsConfig::touches_talos(given) {
             self.talos.with_model(|m| {
-                if let Some(list) = &f.nodes_never_return {
+                if given.contains("nodesNeverReturn") {
+                    let list = &f.nodes_never_return;
                     let held: Vec<String> = m.faults.never_return.iter().cloned().collect();
                     for n in held.iter().filter(|n| !list.contains(n)) {
                         m.set_never_return(n, false);
@@ -661,7 +663,8 @@ impl FaultHook for TwinFaults {
                         m.set_never_return(n, true);
                     }
                 }
-                if let Some(map) = &f.slow_apply {
+                if given.contains("slowApply") {
+                    let map = &f.slow_apply;
                     let slow: Vec<String> = m.faults.slow_apply.keys().cloned().collect();
                     for n in slow {
                         m.set_slow_apply(&n, None);
@@ -670,13 +673,13 @@ impl FaultHook for TwinFaults {
                         m.set_slow_apply(n, Some(d.0));
                     }
                 }
-                if let Some(list) = &f.failing_images {
-                    m.faults.failing_images = list.iter().cloned().collect();
+                if given.contains("failingImages") {
+                    m.faults.failing_images = f.failing_images.iter().cloned().collect();
                 }
             });
         }
-        if let (Some(n), Some(w)) = (f.dropped_webhooks, &self.webhooks) {
-            w.drop_next(u32::try_from(n).unwrap_or(u32::MAX));
+        if let (true, Some(w)) = (given.contains("droppedWebhooks"), &self.webhooks) {
+            w.drop_next(u32::try_from(f.dropped_webhooks).unwrap_or(u32::MAX));
         }
     }
 }

@@ -46,8 +46,10 @@ async fn start_with_github(net: NetLimits) -> Result<(Twin, tempfile::TempDir, P
         &work.path().join("state"),
         TwinOptions {
             github: Some(("local/homelab".into(), repo.clone())),
-            net,
-            ..TwinOptions::default()
+            config: TwinConfig {
+                net,
+                ..TwinConfig::default()
+            },
         },
     )
     .await?;
@@ -436,6 +438,28 @@ async fn the_faults_endpoint_validates_like_the_config() -> TestResult {
         assert_eq!(r.body["reason"], "Invalid");
         assert!(r.text.contains(expect), "{body}: {}", r.text);
     }
+    // The endpoint's older forms are validated the same way, and still work.
+    for (body, expect) in [
+        (json!({"failNext": 1, "code": 70000}), "code"),
+        (json!({"failNext": 4294967297u64}), "failNext"),
+        (json!({"code": 429}), "failNext"),
+        (
+            json!({"pdbNeverAllows": {"namespace": "nope", "name": "nope"}}),
+            "pdbNeverAllows",
+        ),
+    ] {
+        let r = wire.json("POST", "/_twin/faults", &body).await?;
+        assert_eq!(r.code, 422, "{body}: {}", r.text);
+        assert!(r.text.contains(expect), "{body}: {}", r.text);
+    }
+    let r = wire
+        .json(
+            "POST",
+            "/_twin/faults",
+            &json!({"pdbNeverAllows": {"namespace": "default", "name": "web", "on": false}}),
+        )
+        .await?;
+    assert_eq!(r.code, 200, "{}", r.text);
     let r = wire
         .send(
             "POST",

@@ -36,7 +36,7 @@ async fn start(
         state.path(),
         TwinOptions {
             config,
-            ..TwinOptions::default()
+            ..Default::default()
         },
     )
     .await?;
@@ -400,7 +400,7 @@ async fn configured_faults_reach_both_sides() -> TestResult {
         state.path(),
         TwinOptions {
             config: bad,
-            ..TwinOptions::default()
+            ..Default::default()
         },
     )
     .await

@@ -1222,7 +1222,7 @@ fn watch(
 /// (see [`crate::sim::faults`]); every field given replaces that fault's setting. An
 /// invalid document changes nothing and gets 422 with every bad field as a cause.
 fn faults(sh: &Shared, headers: &HeaderMap, body: &Bytes) -> Response<Body> {
-    let f = match parse_faults(headers, body) {
+    let (f, given) = match parse_faults(headers, body) {
         Ok(f) => f,
         Err(e) => return err(&e),
     };
@@ -1271,7 +1271,8 @@ fn faults(sh: &Shared, headers: &HeaderMap, body: &Bytes) -> Response<Body> {
             )
         });
     }
-    if let Some(list) = &f.pdbs_never_allow {
+    if given.contains("pdbsNeverAllow") {
+        let list = &f.pdbs_never_allow;
         let current: Vec<(String, String)> = c.faults.pdb_never_allows.iter().cloned().collect();
         for (ns, name) in current {
             c.set_pdb_never_allows(&ns, &name, false, now);
@@ -1289,6 +1290,15 @@ fn faults(sh: &Shared, headers: &HeaderMap, body: &Bytes) -> Response<Body> {
         let retry = b.retry_after.map_or(1, |d| d.0.as_secs());
         c.fail_next_requests(count, code, retry);
     }
+    // The endpoint's older forms.
+    if let Some(t) = &f.pdb_never_allows {
+        c.set_pdb_never_allows(&t.namespace, &t.name, t.on, now);
+    }
+    if let Some(n) = f.fail_next {
+        let count = u32::try_from(n).unwrap_or(u32::MAX);
+        let code = f.code.and_then(|c| u16::try_from(c).ok()).unwrap_or(500);
+        c.fail_next_requests(count, code, f.retry_after_seconds.unwrap_or(1));
+    }
     if let Some(s) = &f.steal_lease {
         if let Err(e) = c.steal_lease(&s.namespace, &s.name, &s.holder, now) {
             return err(&e);
@@ -1297,7 +1307,7 @@ fn faults(sh: &Shared, headers: &HeaderMap, body: &Bytes) -> Response<Body> {
     drop(c);
     sh.poke.notify_one();
     if let Some(h) = hook {
-        h.apply(&f);
+        h.apply(&f, &given);
     }
     ok_json(
         200,
@@ -1305,28 +1315,37 @@ fn faults(sh: &Shared, headers: &HeaderMap, body: &Bytes) -> Response<Body> {
     )
 }
 
-/// The body of `POST /_twin/faults`: 400 when it is not JSON (or YAML) at all, 422 when it
-/// is but does not fit the schema (with the field path).
-fn parse_faults(headers: &HeaderMap, body: &Bytes) -> Result<FaultsConfig, ApiError> {
+/// The body of `POST /_twin/faults` and the fields it gives: 400 when it is not JSON (or
+/// YAML) at all, 422 when it is but does not fit the schema (with the field path).
+fn parse_faults(
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(FaultsConfig, std::collections::BTreeSet<String>), ApiError> {
     let yaml = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.contains("yaml"));
     let invalid =
         |m: String| ApiError::new(422, "Invalid", format!("the fault request is invalid: {m}"));
-    if yaml {
+    // Syntax first (400), then the schema with the path of the bad field (422).
+    let v: Value = if yaml {
         let text = std::str::from_utf8(body)
             .map_err(|_| ApiError::bad_request("the fault request is not UTF-8"))?;
-        crate::sim::yaml::check(text)
-            .map_err(|e| ApiError::bad_request(format!("the fault request is not YAML: {e}")))?;
         if text.trim().is_empty() {
-            return Ok(FaultsConfig::default());
+            json!({})
+        } else {
+            crate::sim::yaml::from_str(text)
+                .map_err(|e| ApiError::bad_request(format!("the fault request is not YAML: {e}")))?
         }
-        return serde_yaml::from_str(text).map_err(|e| invalid(e.to_string()));
-    }
-    // Syntax first (400), then the schema with the path of the bad field (422).
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("the fault request is not JSON: {e}")))?;
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the fault request is not JSON: {e}")))?
+    };
+    let given = crate::sim::faults::given_fields(
+        v.as_object()
+            .into_iter()
+            .flat_map(|m| m.keys().map(String::as_str)),
+    );
     let f: FaultsConfig = serde_path_to_error::deserialize(v).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -1336,5 +1355,5 @@ fn parse_faults(headers: &HeaderMap, body: &Bytes) -> Result<FaultsConfig, ApiEr
             invalid(format!("{path}: {inner}"))
         }
     })?;
-    Ok(f)
+    Ok((f, given))
 }
