@@ -209,11 +209,7 @@ fn sim(
     } else {
         None
     };
-    let options = TwinOptions {
-        config,
-        github,
-        ..Default::default()
-    };
+    let options = TwinOptions { config, github };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
