@@ -1,7 +1,9 @@
 //! Twin benchmarks: start-up time and memory for 3 control planes + 200 workers + 2,000
 //! pods, and how many simulated seconds pass per wall-clock second while every node reboots
 //! at once (the twin's worst case: every node down, every pod rescheduled, every replica
-//! rebuilt). Run with `cargo bench --bench twin`; figures are printed, never asserted.
+//! rebuilt), and what an idle twin costs: CPU-seconds per idle minute of wall time (a twin
+//! with no clients must sleep until its next simulated event). Run with
+//! `cargo bench --bench twin`; figures are printed, never asserted.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -19,6 +21,23 @@ fn rss_kib() -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// CPU time (user + system) this process has used so far, from /proc/self/stat (Linux).
+fn cpu_time() -> Duration {
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name, which is in parentheses and may hold spaces.
+            let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
+            let utime: u64 = rest.get(11)?.parse().ok()?;
+            let stime: u64 = rest.get(12)?.parse().ok()?;
+            Some(utime + stime)
+        })
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_millis(ticks * 1000 / hz)
 }
 
 fn folder(dir: &std::path::Path, workers: usize) -> ClusterFolder {
@@ -55,7 +74,7 @@ fn main() {
         let config = TwinConfig { extra_pods: 2_000, ..TwinConfig::default() };
         let before = rss_kib();
         let t0 = Instant::now();
-        let twin = Twin::start(Clock::manual(), &f, &dir.path().join("state"), TwinOptions { config, github: None }).await.expect("twin");
+        let twin = Twin::start(Clock::manual(), &f, &dir.path().join("state"), TwinOptions { config, ..Default::default() }).await.expect("twin");
         let startup = t0.elapsed();
         let pods = twin.kube.with(|c, _| c.list("pods", None).len());
         println!(
@@ -85,6 +104,28 @@ fn main() {
             simulated.as_secs(),
             wall.as_secs_f64(),
             simulated.as_secs_f64() / wall.as_secs_f64()
+        );
+        twin.shutdown().await;
+
+        // Idle: the same cluster on a scaled clock (as `ichor sim --speed 60` runs it), no
+        // clients. Let start-up work settle, then measure CPU over a wall interval.
+        let state = dir.path().join("idle-state");
+        let clock = Clock::try_scaled(60.0).expect("speed");
+        let config = TwinConfig { extra_pods: 2_000, ..TwinConfig::default() };
+        let twin = Twin::start(clock, &f, &state, TwinOptions { config, ..Default::default() }).await.expect("twin");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (cpu0, wall0, wake0) = (cpu_time(), Instant::now(), twin.wakeups());
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let (cpu, wall, wake) = (cpu_time() - cpu0, wall0.elapsed(), twin.wakeups());
+        let ratio = cpu.as_secs_f64() / wall.as_secs_f64();
+        println!(
+            "summary: idle twin (203 nodes, 60x): {:.2} CPU-seconds per idle minute ({:.2}% of one core); wakeups in {:.0}s: projector {}, talos driver {}, kube driver {}",
+            ratio * 60.0,
+            ratio * 100.0,
+            wall.as_secs_f64(),
+            wake.projector - wake0.projector,
+            wake.talos - wake0.talos,
+            wake.kube - wake0.kube,
         );
         twin.shutdown().await;
     });

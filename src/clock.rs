@@ -26,8 +26,10 @@ impl Timestamp {
     pub fn as_millis(self) -> u64 {
         self.0
     }
+    /// `self + d`, saturating at the end of representable time (never wraps).
     pub fn plus(self, d: Duration) -> Self {
-        Timestamp(self.0.saturating_add(d.as_millis() as u64))
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        Timestamp(self.0.saturating_add(ms))
     }
     /// Time elapsed from `earlier` to `self`; zero if `earlier` is later.
     pub fn since(self, earlier: Timestamp) -> Duration {
@@ -65,7 +67,10 @@ impl Timestamp {
         }
         let days = days_from_civil(y, mo as u32, d as u32);
         let secs = days * 86_400 + h * 3600 + mi * 60 + s;
-        u64::try_from(secs).ok().map(|s| Timestamp(s * 1000))
+        u64::try_from(secs)
+            .ok()
+            .and_then(|s| s.checked_mul(1000))
+            .map(Timestamp)
     }
 }
 
@@ -135,7 +140,30 @@ fn wall_now() -> Timestamp {
     let d = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    Timestamp(d.as_millis() as u64)
+    Timestamp(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The slowest and fastest [`Clock::try_scaled`] accepts. Beyond 100 000x, a year of wall
+/// time is 3 000 simulated centuries, and the millisecond timestamps run out within a
+/// human lifetime; below 0.001x, a simulated second lasts over 15 minutes.
+pub const MIN_SPEED: f64 = 0.001;
+pub const MAX_SPEED: f64 = 100_000.0;
+
+/// Why a clock cannot be made.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ClockError {
+    #[error(
+        "speed {0} is out of range: expected a number of simulated seconds per wall-clock second from {MIN_SPEED} to {MAX_SPEED}"
+    )]
+    Speed(f64),
+}
+
+/// `secs` as a Duration, saturating instead of panicking on huge, negative or NaN values.
+fn saturating_secs_f64(secs: f64) -> Duration {
+    if secs.is_nan() || secs <= 0.0 {
+        return Duration::ZERO;
+    }
+    Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
 }
 
 impl Clock {
@@ -156,14 +184,36 @@ impl Clock {
     }
 
     /// Simulated time starting now and running `speed` times faster than the wall clock.
-    /// A speed of zero or less is treated as 1.
+    /// A speed that is not a positive number is treated as 1; others are clamped to
+    /// [`MIN_SPEED`]..=[`MAX_SPEED`]. Use [`Clock::try_scaled`] to refuse them instead.
     pub fn scaled(speed: f64) -> Self {
         let speed = if speed.is_finite() && speed > 0.0 {
-            speed
+            speed.clamp(MIN_SPEED, MAX_SPEED)
         } else {
             1.0
         };
-        let start = wall_now();
+        Self::scaled_from(speed, wall_now())
+    }
+
+    /// Like [`Clock::scaled`], but a speed outside [`MIN_SPEED`]..=[`MAX_SPEED`] (or not a
+    /// number) is an error.
+    pub fn try_scaled(speed: f64) -> Result<Self, ClockError> {
+        if !(MIN_SPEED..=MAX_SPEED).contains(&speed) {
+            return Err(ClockError::Speed(speed));
+        }
+        Ok(Self::scaled_from(speed, wall_now()))
+    }
+
+    /// Scaled simulated time that starts at `start` instead of the wall clock's now (to
+    /// rehearse a later date); `speed` is checked as in [`Clock::try_scaled`].
+    pub fn scaled_at(speed: f64, start: Timestamp) -> Result<Self, ClockError> {
+        if !(MIN_SPEED..=MAX_SPEED).contains(&speed) {
+            return Err(ClockError::Speed(speed));
+        }
+        Ok(Self::scaled_from(speed, start))
+    }
+
+    fn scaled_from(speed: f64, start: Timestamp) -> Self {
         Self::new(
             Mode::Scaled {
                 speed,
@@ -193,7 +243,7 @@ impl Clock {
                 sim_start,
             } => {
                 let wall = wall_start.elapsed().as_secs_f64() * speed;
-                sim_start.plus(Duration::from_secs_f64(wall))
+                sim_start.plus(saturating_secs_f64(wall))
             }
             Mode::Manual => *self.lock_now(),
         }
@@ -239,7 +289,9 @@ impl Clock {
                 if left.is_zero() {
                     return;
                 }
-                tokio::time::sleep(Duration::from_secs_f64(left.as_secs_f64() / speed)).await;
+                // At least a millisecond: a sub-millisecond remainder must not spin.
+                let wall = saturating_secs_f64(left.as_secs_f64() / speed);
+                tokio::time::sleep(wall.max(Duration::from_millis(1))).await;
             },
             Mode::Manual => {
                 let mut rx = self.inner.tick.subscribe();
@@ -301,6 +353,23 @@ mod tests {
         clock.advance(Duration::from_secs(30));
         let woke_at = sleeper.await.unwrap_or_default();
         assert_eq!(woke_at.since(start), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn extreme_speeds_are_refused_or_clamped_and_never_panic() {
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e18, 1e308, 1e-9] {
+            assert!(
+                matches!(Clock::try_scaled(bad), Err(ClockError::Speed(_))),
+                "{bad}"
+            );
+            // The lenient constructor clamps; reading it must not panic.
+            let _ = Clock::scaled(bad).now();
+        }
+        assert!(Clock::try_scaled(MAX_SPEED).is_ok());
+        assert!(Clock::try_scaled(MIN_SPEED).is_ok());
+        assert_eq!(Timestamp(5).plus(Duration::MAX), Timestamp(u64::MAX));
+        assert_eq!(saturating_secs_f64(1e308), Duration::MAX);
+        assert_eq!(saturating_secs_f64(f64::NAN), Duration::ZERO);
     }
 
     #[test]

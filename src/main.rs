@@ -67,13 +67,21 @@ enum Command {
         /// The cluster folder: cluster.yaml (with spec.inventory) and release-set.yaml.
         #[arg(long, value_name = "DIR")]
         cluster: PathBuf,
-        /// Simulated seconds per wall-clock second.
-        #[arg(long, value_name = "N", default_value_t = 1.0)]
+        /// Simulated seconds per wall-clock second, from 0.001 to 100000.
+        #[arg(
+            long,
+            value_name = "N",
+            default_value_t = 1.0,
+            allow_negative_numbers = true
+        )]
         speed: f64,
-        /// Where kubeconfig, talosconfig and github-token are written.
-        #[arg(long, value_name = "DIR", default_value = ".ichor-sim")]
-        state_dir: PathBuf,
-        /// Also serve the GitHub API emulator over the git repository holding the folder.
+        /// Where kubeconfig, talosconfig, github-token and the GitHub emulator's clone are
+        /// written (mode 0700; files 0600). Default: $XDG_STATE_HOME/ichor/sim/<cluster>,
+        /// else $HOME/.local/state/ichor/sim/<cluster>.
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+        /// Also serve the GitHub API emulator over a private clone (in the state dir) of the
+        /// git repository holding the folder; the repository itself is never written.
         #[arg(long)]
         github: bool,
         /// Timings and faults (YAML; see docs/twin.md).
@@ -233,21 +241,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 fn sim(
     dir: PathBuf,
     speed: f64,
-    state_dir: PathBuf,
+    state_dir: Option<PathBuf>,
     github: bool,
     config: Option<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
     use ichor::sim::twin::{ClusterFolder, Twin, TwinConfig, TwinOptions};
-    if !(speed.is_finite() && speed > 0.0) {
-        anyhow::bail!(
-            "--speed must be a positive number of simulated seconds per second, got {speed}"
-        );
-    }
+    // The one speed check the library uses too.
+    let clock =
+        ichor::clock::Clock::try_scaled(speed).map_err(|e| anyhow::anyhow!("--speed: {e}"))?;
     let folder = ClusterFolder::read(&dir)?;
+    let state_dir = match state_dir {
+        Some(d) => d,
+        None => ichor::sim::state::default_dir(folder.cluster.name(), |k| std::env::var_os(k))?,
+    };
     let config = match &config {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", path.display()))?;
+            let text = ichor::sim::twin::read_file(path)?;
             TwinConfig::parse(&path.display().to_string(), &text)?
         }
         None => TwinConfig::default(),
@@ -269,12 +278,25 @@ fn sim(
     } else {
         None
     };
+    let options = TwinOptions { config, github };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let clock = ichor::clock::Clock::scaled(speed);
-        let twin = Twin::start(clock, &folder, &state_dir, TwinOptions { config, github }).await?;
+        // Listen for Ctrl-C before saying we serve, so an interrupt right after the banner
+        // stops the twin cleanly instead of killing the process.
+        #[cfg(unix)]
+        let interrupted = {
+            let mut sigint =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+            async move {
+                sigint.recv().await;
+                Ok::<_, std::io::Error>(())
+            }
+        };
+        #[cfg(not(unix))]
+        let interrupted = tokio::signal::ctrl_c();
+        let twin = Twin::start(clock, &folder, &state_dir, options).await?;
         let rs = &folder.release_set.spec;
         let mut out = format!(
             "ichor sim: cluster {} — {} nodes, Talos {}, Kubernetes {}, {}x speed\n\n",
@@ -311,16 +333,22 @@ fn sim(
         ));
         if let Some(gh) = &twin.github {
             let token_path = state_dir.join("github-token");
-            ichor::sim::pki::write_private(&token_path, gh.token().as_bytes())?;
+            ichor::sim::state::write_private(&token_path, gh.token().as_bytes())?;
             out.push_str(&format!(
                 "\nGitHub API      {}\n  token in {}\n",
                 gh.base_url(),
                 abs(&token_path).display()
             ));
+            if let Some(clone) = &twin.github_repo {
+                out.push_str(&format!(
+                    "  serving a private clone (merges land there, not in your repository):\n  git push {} <branch>\n",
+                    abs(clone).display()
+                ));
+            }
         }
         out.push_str("\nServing until interrupted (Ctrl-C).\n");
         print(&out)?;
-        tokio::signal::ctrl_c().await?;
+        interrupted.await?;
         twin.shutdown().await;
         Ok::<_, anyhow::Error>(())
     })?;

@@ -113,7 +113,7 @@ impl Fixture {
         tree: &[(&str, &str)],
         history_yaml: &str,
     ) -> Result<Fixture, FixtureError> {
-        let history: History = serde_yaml::from_str(history_yaml)
+        let history: History = crate::sim::yaml::from_str(history_yaml)
             .map_err(|e| FixtureError::History(format!("{name}/history.yaml: {e}")))?;
         Ok(Fixture {
             name: name.to_string(),
@@ -157,6 +157,15 @@ impl Fixture {
 
     /// Write the history into a new (non-bare) repository at `dest`, with `main` checked out.
     pub fn build(&self, dest: &Path) -> Result<Repository, FixtureError> {
+        // Writing history over an existing repository would fail half-way with a git error
+        // (or worse, mix two histories): refuse up front.
+        if std::fs::read_dir(dest).is_ok_and(|mut d| d.next().is_some()) {
+            return Err(FixtureError::Io {
+                path: dest.to_path_buf(),
+                message: "already exists and is not empty; choose a new directory or remove it"
+                    .into(),
+            });
+        }
         let mut opts = git2::RepositoryInitOptions::new();
         opts.initial_head("main");
         let repo = Repository::init_opts(dest, &opts)?;

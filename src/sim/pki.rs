@@ -4,6 +4,7 @@
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
 use rcgen::{
@@ -17,11 +18,8 @@ pub enum PkiError {
     KeyGeneration(KeyAlgorithm, rcgen::Error),
     #[error("building certificate {name:?}: {source}")]
     Certificate { name: String, source: rcgen::Error },
-    #[error("writing {path}: {source}")]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Write(#[from] crate::sim::state::StateError),
     #[error("talosconfig YAML: {0}")]
     Yaml(#[from] serde_yaml::Error),
     #[error("a client certificate can carry at most two roles, {0} were asked for")]
@@ -86,6 +84,7 @@ pub struct CertificateAuthority {
     cert_pem: String,
     cert_der: Vec<u8>,
     algorithm: KeyAlgorithm,
+    issued_at: SystemTime,
 }
 
 impl std::fmt::Debug for CertificateAuthority {
@@ -96,19 +95,39 @@ impl std::fmt::Debug for CertificateAuthority {
     }
 }
 
-fn validity(params: &mut CertificateParams, years: i32) {
-    // Fixed, generous window: certificates are checked against wall time, while the twin's
-    // clock may be simulated.
-    params.not_before = rcgen::date_time_ymd(2024, 1, 1);
-    params.not_after = rcgen::date_time_ymd(2026 + years, 1, 1);
+/// How long everything the twin issues stays valid: ten years from issue.
+pub const VALIDITY: Duration = Duration::from_secs(3650 * 86_400);
+/// How far before the issue time certificates start to be valid, for a client whose clock
+/// runs a little behind.
+pub const BACKDATE: Duration = Duration::from_secs(3600);
+
+/// Sets the window to [issued_at - BACKDATE, issued_at + VALIDITY]. Clients check it
+/// against their wall clock, never the twin's (possibly simulated) one, so `issued_at` is
+/// a wall time too.
+fn validity(params: &mut CertificateParams, issued_at: SystemTime) {
+    let since_epoch = issued_at.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let epoch = rcgen::date_time_ymd(1970, 1, 1);
+    params.not_before = epoch + since_epoch.saturating_sub(BACKDATE);
+    params.not_after = epoch + since_epoch.saturating_add(VALIDITY);
 }
 
 impl CertificateAuthority {
-    /// A self-signed CA. `organization` is the Subject O (Talos puts the cluster name there).
+    /// A self-signed CA issued now (wall clock). `organization` is the Subject O (Talos
+    /// puts the cluster name there).
     pub fn new(
         common_name: &str,
         organization: Option<&str>,
         algorithm: KeyAlgorithm,
+    ) -> Result<Self, PkiError> {
+        Self::new_at(common_name, organization, algorithm, SystemTime::now())
+    }
+
+    /// A CA issued at `issued_at`; so is everything it issues (see [`VALIDITY`]).
+    pub fn new_at(
+        common_name: &str,
+        organization: Option<&str>,
+        algorithm: KeyAlgorithm,
+        issued_at: SystemTime,
     ) -> Result<Self, PkiError> {
         let key = algorithm.generate()?;
         let mut params = CertificateParams::default();
@@ -125,7 +144,7 @@ impl CertificateAuthority {
             KeyUsagePurpose::CrlSign,
             KeyUsagePurpose::DigitalSignature,
         ];
-        validity(&mut params, 10);
+        validity(&mut params, issued_at);
         let cert = params
             .self_signed(&key)
             .map_err(|source| PkiError::Certificate {
@@ -138,6 +157,7 @@ impl CertificateAuthority {
             params,
             key,
             algorithm,
+            issued_at,
         })
     }
 
@@ -162,7 +182,8 @@ impl CertificateAuthority {
     ) -> Result<IssuedCert, PkiError> {
         let key = algorithm.generate()?;
         params.use_authority_key_identifier_extension = true;
-        validity(&mut params, 1);
+        // The CA's window: a leaf never outlives its issuer.
+        validity(&mut params, self.issued_at);
         let issuer = Issuer::from_params(&self.params, &self.key);
         let cert = params
             .signed_by(&key, &issuer)
@@ -280,30 +301,10 @@ pub fn write_talosconfig(
     root.insert("contexts".into(), contexts.into());
     let text = serde_yaml::to_string(&root)?;
 
-    std::fs::create_dir_all(dir).map_err(|source| PkiError::Write {
-        path: dir.to_path_buf(),
-        source,
-    })?;
+    crate::sim::state::prepare_dir(dir)?;
     let path = dir.join("talosconfig");
-    write_private(&path, text.as_bytes()).map_err(|source| PkiError::Write {
-        path: path.clone(),
-        source,
-    })?;
+    crate::sim::state::write_private(&path, text.as_bytes())?;
     Ok(path)
-}
-
-/// Writes a file readable by its owner only: it holds a private key.
-pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let mut f = opts.open(path)?;
-    f.write_all(bytes)
 }
 
 /// The Subject Organization (O) values of a DER certificate, in order. Talos maps each O of
@@ -434,6 +435,80 @@ mod tests {
             doc["contexts"]["sim"]["nodes"][0].as_str(),
             Some("10.5.0.2")
         );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod validity_tests {
+    use std::sync::Arc;
+
+    use tokio_rustls::rustls::{
+        self,
+        client::danger::ServerCertVerifier,
+        pki_types::{CertificateDer, ServerName, UnixTime},
+        RootCertStore,
+    };
+
+    use super::*;
+
+    const YEAR: Duration = Duration::from_secs(365 * 86_400);
+
+    /// A twin started a year from now (the old fixed notAfter was 2027-01-01) issues
+    /// certificates a real TLS verifier accepts for ten years from then, and not outside.
+    #[test]
+    fn certificates_are_valid_for_ten_years_from_their_issue_time(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let issued = SystemTime::now() + YEAR;
+        let at = |t: SystemTime| {
+            UnixTime::since_unix_epoch(t.duration_since(UNIX_EPOCH).unwrap_or_default())
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+
+        let kube =
+            CertificateAuthority::new_at("kubernetes", None, KeyAlgorithm::EcdsaP256, issued)?;
+        let server = kube.issue_server(
+            "kube-apiserver",
+            &["localhost".to_string()],
+            &[],
+            KeyAlgorithm::EcdsaP256,
+        )?;
+        let mut roots = RootCertStore::empty();
+        roots.add(CertificateDer::from(kube.cert_der().to_vec()))?;
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()?;
+        let name = ServerName::try_from("localhost")?;
+        let leaf = CertificateDer::from(server.cert_der.clone());
+        let server_ok = |t: SystemTime| {
+            verifier
+                .verify_server_cert(&leaf, &[], &name, &[], at(t))
+                .is_ok()
+        };
+        assert!(server_ok(issued));
+        assert!(server_ok(issued + 9 * YEAR));
+        assert!(
+            server_ok(issued - Duration::from_secs(60)),
+            "backdated for skew"
+        );
+        assert!(!server_ok(issued + 11 * YEAR));
+        assert!(!server_ok(issued - Duration::from_secs(86_400)));
+
+        // The Talos side: an Ed25519 OS CA and an os:admin client certificate.
+        let talos =
+            CertificateAuthority::new_at("talos", Some("sim"), KeyAlgorithm::Ed25519, issued)?;
+        let admin = talos.issue_client("admin", &["os:admin"], KeyAlgorithm::Ed25519)?;
+        let mut roots = RootCertStore::empty();
+        roots.add(CertificateDer::from(talos.cert_der().to_vec()))?;
+        let clients =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()?;
+        let leaf = CertificateDer::from(admin.cert_der.clone());
+        let client_ok = |t: SystemTime| clients.verify_client_cert(&leaf, &[], at(t)).is_ok();
+        assert!(client_ok(issued + 9 * YEAR));
+        assert!(!client_ok(issued + 11 * YEAR));
         Ok(())
     }
 }

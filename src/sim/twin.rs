@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,9 +25,15 @@ use crate::clock::{Clock, Timestamp};
 use crate::releaseset::{
     Cluster, DocumentError, HandoverMode, HumanDuration, ReleaseSet, Role, Version, VolumeProvider,
 };
+use crate::sim::faults::{
+    limits as fault_limits, FaultError, FaultHook, FaultTargets, FaultsConfig, FieldError, Origin,
+};
 use crate::sim::github::{GithubTwin, RepoSpec};
 use crate::sim::kube::{self, KubeSeed, KubeTwin};
+use crate::sim::net::NetLimits;
+use crate::sim::state::{self, StateError};
 use crate::sim::talos::{self, ConfigForm, NodeObservation, NodeSpec, TalosTwin, TalosTwinOptions};
+use crate::sim::yaml;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
@@ -42,6 +49,22 @@ pub enum SimError {
     Kube(#[from] kube::TwinError),
     #[error("github emulator: {0}")]
     Github(String),
+    #[error("{0}")]
+    Config(FaultError),
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// Bounds on what a cluster folder and `--config` may ask the twin to build.
+pub mod limits {
+    /// Inventory nodes: each is a Talos endpoint (a socket, a certificate) and a Node.
+    pub const MAX_NODES: usize = 500;
+    /// `extraPods`, over the whole cluster.
+    pub const MAX_EXTRA_PODS: u32 = 10_000;
+    /// `deprecatedApiRequests` entries.
+    pub const MAX_DEPRECATED_APIS: usize = 1000;
+    /// A cluster document or `--config` file.
+    pub const MAX_FILE: u64 = 1 << 20;
 }
 
 /// Simulated durations and faults for `ichor sim --config FILE` (all optional).
@@ -60,6 +83,9 @@ pub struct TwinConfig {
     /// `apiserver_requested_deprecated_apis` (to rehearse the removed-API warning).
     #[serde(default)]
     pub deprecated_api_requests: Vec<DeprecatedApiRequest>,
+    /// Connection limits of every listener (library only: not read from the file).
+    #[serde(skip)]
+    pub net: NetLimits,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -86,45 +112,94 @@ pub struct TimingsConfig {
     pub kubelet_restart: Option<HumanDuration>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct FaultsConfig {
-    /// Nodes that go down and never come back.
-    #[serde(default)]
-    pub nodes_never_return: Vec<String>,
-    /// Nodes whose ApplyConfiguration blocks this long before acting.
-    #[serde(default)]
-    pub slow_apply: BTreeMap<String, HumanDuration>,
-    /// Image references whose pull fails with NotFound.
-    #[serde(default)]
-    pub failing_images: Vec<String>,
-    /// PodDisruptionBudgets (`namespace/name`) that never allow a disruption.
-    #[serde(default)]
-    pub pdbs_never_allow: Vec<String>,
-    /// The next N Kubernetes API requests fail with this status (500 or 429).
-    #[serde(default)]
-    pub api_error_burst: Option<ApiBurst>,
-    /// The next N webhooks of the GitHub emulator are dropped.
-    #[serde(default)]
-    pub dropped_webhooks: u32,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct ApiBurst {
-    pub count: u32,
-    pub status: u16,
-    #[serde(default)]
-    pub retry_after: Option<HumanDuration>,
-}
-
 impl TwinConfig {
     pub fn parse(file: &str, text: &str) -> Result<TwinConfig, DocumentError> {
         if text.trim().is_empty() {
             return Ok(TwinConfig::default());
         }
+        yaml::check(text).map_err(|e| DocumentError::new(file, e.to_string()))?;
         serde_yaml::from_str(text).map_err(|e| DocumentError::from_yaml(file, &e))
     }
+
+    /// Every bound and reference of the configuration, against what the twin will build
+    /// (`targets`); the same validator `POST /_twin/faults` uses for `faults`.
+    pub fn validate(&self, targets: &FaultTargets) -> Result<(), SimError> {
+        let mut errors = match self.faults.validate(targets, Origin::Config, "faults") {
+            Ok(()) => Vec::new(),
+            Err(e) => e.0,
+        };
+        let mut bad = |field: &str, message: String| {
+            errors.push(FieldError {
+                field: field.to_string(),
+                message,
+            })
+        };
+        if self.extra_pods > limits::MAX_EXTRA_PODS {
+            bad(
+                "extraPods",
+                format!(
+                    "{} is too many: expected at most {}",
+                    self.extra_pods,
+                    limits::MAX_EXTRA_PODS
+                ),
+            );
+        }
+        if self.deprecated_api_requests.len() > limits::MAX_DEPRECATED_APIS {
+            bad(
+                "deprecatedApiRequests",
+                format!(
+                    "{} entries is too many: expected at most {}",
+                    self.deprecated_api_requests.len(),
+                    limits::MAX_DEPRECATED_APIS
+                ),
+            );
+        }
+        let t = &self.timings;
+        for (name, d) in [
+            ("upgrade", t.upgrade),
+            ("reboot", t.reboot),
+            ("install", t.install),
+            ("staticPodRestart", t.static_pod_restart),
+            ("kubeletRestart", t.kubelet_restart),
+        ] {
+            if let Some(d) = d.filter(|d| d.0 > fault_limits::MAX_DURATION) {
+                bad(
+                    &format!("timings.{name}"),
+                    format!(
+                        "{d} is too long: expected at most {}",
+                        HumanDuration(fault_limits::MAX_DURATION)
+                    ),
+                );
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(SimError::Config(FaultError(errors)))
+        }
+    }
+}
+
+/// Reads a file the twin is configured from (a cluster document, `--config`), refusing
+/// one larger than [`limits::MAX_FILE`] without reading it all.
+pub fn read_file(path: &Path) -> Result<String, SimError> {
+    use std::io::Read;
+    let fail = |message: String| SimError::File {
+        path: path.to_path_buf(),
+        message,
+    };
+    let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    let mut bytes = Vec::new();
+    file.take(limits::MAX_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| fail(format!("cannot read: {e}")))?;
+    if bytes.len() as u64 > limits::MAX_FILE {
+        return Err(fail(format!(
+            "is larger than {} bytes; the twin reads configuration files up to that",
+            limits::MAX_FILE
+        )));
+    }
+    String::from_utf8(bytes).map_err(|e| fail(format!("is not UTF-8: {e}")))
 }
 
 /// A cluster folder: `cluster.yaml` (with `spec.inventory`) and `release-set.yaml`.
@@ -139,15 +214,17 @@ impl ClusterFolder {
     pub fn read(dir: &Path) -> Result<ClusterFolder, SimError> {
         let read = |name: &str| -> Result<(String, String), SimError> {
             let path = dir.join(name);
-            std::fs::read_to_string(&path)
-                .map(|t| (path.display().to_string(), t))
-                .map_err(|e| SimError::File {
-                    path,
-                    message: format!("cannot read: {e}"),
-                })
+            read_file(&path).map(|t| (path.display().to_string(), t))
         };
         let (cpath, ctext) = read("cluster.yaml")?;
         let (rpath, rtext) = read("release-set.yaml")?;
+        // The documents' own parsers build values as serde_yaml expands them.
+        for (path, text) in [(&cpath, &ctext), (&rpath, &rtext)] {
+            yaml::check(text).map_err(|e| SimError::File {
+                path: PathBuf::from(path),
+                message: e.to_string(),
+            })?;
+        }
         let cluster = Cluster::parse(&cpath, &ctext)?;
         let release_set = ReleaseSet::parse(&rpath, &rtext)?;
         if cluster
@@ -158,6 +235,13 @@ impl ClusterFolder {
         {
             return Err(SimError::Spec(format!(
                 "{cpath}: spec.inventory lists no nodes; the twin builds its machines from it"
+            )));
+        }
+        let count = cluster.spec.inventory.as_ref().map_or(0, |i| i.nodes.len());
+        if count > limits::MAX_NODES {
+            return Err(SimError::Spec(format!(
+                "{cpath}: spec.inventory lists {count} nodes; the twin simulates at most {}",
+                limits::MAX_NODES
             )));
         }
         Ok(ClusterFolder {
@@ -172,7 +256,8 @@ impl ClusterFolder {
 #[derive(Debug, Clone, Default)]
 pub struct TwinOptions {
     pub config: TwinConfig,
-    /// Serve the GitHub emulator over this repository as `owner/name`.
+    /// Serve the GitHub emulator as `owner/name` over a private clone of this repository
+    /// (made in the state directory; the repository itself is never written).
     pub github: Option<(String, PathBuf)>,
 }
 
@@ -182,9 +267,24 @@ pub struct Twin {
     pub talos: Arc<TalosTwin>,
     pub kube: Arc<KubeTwin>,
     pub github: Option<GithubTwin>,
+    /// The emulator's private bare clone (push branches there, as to GitHub).
+    pub github_repo: Option<PathBuf>,
     pub state_dir: PathBuf,
     seen: Arc<Mutex<BTreeMap<String, Seen>>>,
     projector: Option<JoinHandle<()>>,
+    projector_wakeups: Arc<AtomicU64>,
+}
+
+/// How often each background task of the twin woke up: an idle twin sleeps until its next
+/// simulated event or a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Wakeups {
+    /// The Talos → Kubernetes projection.
+    pub projector: u64,
+    /// The Talos side's event driver.
+    pub talos: u64,
+    /// The Kubernetes side's controller driver.
+    pub kube: u64,
 }
 
 /// What Kubernetes was last told about a node, so projection only sends changes.
@@ -224,6 +324,12 @@ pub fn build_specs(
     folder: &ClusterFolder,
     extra_pods: u32,
 ) -> Result<(Vec<NodeSpec>, KubeSeed), SimError> {
+    if extra_pods > limits::MAX_EXTRA_PODS {
+        return Err(SimError::Spec(format!(
+            "extraPods: {extra_pods} is too many: expected at most {}",
+            limits::MAX_EXTRA_PODS
+        )));
+    }
     let rs = &folder.release_set.spec;
     let spec = &folder.cluster.spec;
     let inventory = spec
@@ -323,23 +429,34 @@ fn volume_holders(folder: &ClusterFolder) -> BTreeMap<String, Vec<String>> {
 impl Twin {
     /// Start the Talos endpoints and the Kubernetes API server for `folder`, write
     /// `talosconfig` and `kubeconfig` into `state_dir`, and keep the two consistent.
+    /// Everything is checked before anything starts: the configuration against its bounds
+    /// and the cluster it names, the state directory against its rules
+    /// ([`crate::sim::state`]).
     pub async fn start(
         clock: Clock,
         folder: &ClusterFolder,
         state_dir: &Path,
         options: TwinOptions,
     ) -> Result<Twin, SimError> {
-        std::fs::create_dir_all(state_dir).map_err(|e| SimError::File {
-            path: state_dir.to_path_buf(),
-            message: format!("cannot create: {e}"),
-        })?;
-        let (nodes, mut seed) = build_specs(folder, options.config.extra_pods)?;
-        for d in &options.config.deprecated_api_requests {
+        let cfg = &options.config;
+        let (nodes, mut seed) = build_specs(folder, cfg.extra_pods)?;
+        let targets = FaultTargets {
+            nodes: Some(nodes.iter().map(|n| n.name.clone()).collect()),
+            pdbs: seed
+                .pdbs
+                .iter()
+                .map(|p| format!("{}/{}", p.namespace, p.name))
+                .collect(),
+            github: options.github.is_some(),
+        };
+        cfg.validate(&targets)?;
+        state::prepare_dir(state_dir)?;
+        for d in &cfg.deprecated_api_requests {
             seed = seed.deprecated_api(&d.group, &d.version, &d.resource, &d.removed_release);
         }
-        let cfg = &options.config;
         let mut topts = TalosTwinOptions {
             context: folder.cluster.name().to_string(),
+            net: cfg.net,
             ..Default::default()
         };
         let t = &cfg.timings;
@@ -353,21 +470,13 @@ impl Twin {
         set(&mut topts.timings.install, t.install);
         set(&mut topts.timings.static_pod_restart, t.static_pod_restart);
         set(&mut topts.timings.kubelet_restart, t.kubelet_restart);
+        // Validated above: every name exists and every number is in range.
         let f = &cfg.faults;
-        for n in &f.nodes_never_return {
-            if !nodes.iter().any(|x| &x.name == n) {
-                return Err(SimError::Spec(format!(
-                    "faults.nodesNeverReturn: no node `{n}` in the inventory"
-                )));
-            }
-            topts.faults.never_return.insert(n.clone());
-        }
+        topts
+            .faults
+            .never_return
+            .extend(f.nodes_never_return.iter().cloned());
         for (n, d) in &f.slow_apply {
-            if !nodes.iter().any(|x| &x.name == n) {
-                return Err(SimError::Spec(format!(
-                    "faults.slowApply: no node `{n}` in the inventory"
-                )));
-            }
             topts.faults.slow_apply.insert(n.clone(), d.0);
         }
         topts
@@ -375,50 +484,67 @@ impl Twin {
             .failing_images
             .extend(f.failing_images.iter().cloned());
         for p in &f.pdbs_never_allow {
-            let (ns, name) = p.split_once('/').ok_or_else(|| {
-                SimError::Spec(format!(
-                    "faults.pdbsNeverAllow: `{p}` must be namespace/name"
-                ))
-            })?;
-            seed.faults
-                .pdb_never_allows
-                .insert((ns.to_string(), name.to_string()));
+            if let Some((ns, name)) = p.split_once('/') {
+                seed.faults
+                    .pdb_never_allows
+                    .insert((ns.to_string(), name.to_string()));
+            }
         }
         if let Some(b) = &f.api_error_burst {
-            if b.status != 500 && b.status != 429 {
-                return Err(SimError::Spec(format!(
-                    "faults.apiErrorBurst.status: {} is not 500 or 429",
-                    b.status
-                )));
-            }
-            seed.faults.burst_remaining = b.count;
-            seed.faults.burst_code = b.status;
+            seed.faults.burst_remaining = u32::try_from(b.count).unwrap_or(u32::MAX);
+            seed.faults.burst_code = u16::try_from(b.status).unwrap_or(500);
             seed.faults.retry_after_secs = b.retry_after.map(|d| d.0.as_secs()).unwrap_or(1);
         }
 
-        let talos = TalosTwin::start(clock.clone(), nodes, state_dir, topts).await?;
-        let kube = KubeTwin::start(clock.clone(), seed, state_dir).await?;
-        place_replicas(&kube, folder);
+        let mut github_repo = None;
         let github = match &options.github {
             Some((name, path)) => {
-                let gh = GithubTwin::start(clock.clone(), vec![RepoSpec::new(name, path)], None)
-                    .await
+                let clone = crate::sim::github::private_clone(path, state_dir, name)
                     .map_err(|e| SimError::Github(e.to_string()))?;
+                github_repo = Some(clone.clone());
+                let gh = GithubTwin::start_with(
+                    clock.clone(),
+                    crate::sim::github::GithubTwinConfig {
+                        repos: vec![RepoSpec::new(name, clone)],
+                        net: cfg.net,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map_err(|e| SimError::Github(e.to_string()))?;
                 if f.dropped_webhooks > 0 {
-                    gh.drop_next_webhooks(f.dropped_webhooks);
+                    gh.drop_next_webhooks(u32::try_from(f.dropped_webhooks).unwrap_or(u32::MAX));
                 }
                 Some(gh)
             }
             None => None,
         };
+        let talos = Arc::new(TalosTwin::start(clock.clone(), nodes, state_dir, topts).await?);
+        let kube = Arc::new(
+            KubeTwin::start_with_limits(
+                clock.clone(),
+                seed,
+                kube::Behaviour::default(),
+                cfg.net,
+                state_dir,
+            )
+            .await?,
+        );
+        place_replicas(&kube, folder);
+        kube.set_fault_hook(Arc::new(TwinFaults {
+            talos: talos.clone(),
+            webhooks: github.as_ref().map(|g| g.webhook_faults()),
+        }));
         let mut twin = Twin {
             clock,
-            talos: Arc::new(talos),
-            kube: Arc::new(kube),
+            talos,
+            kube,
             github,
+            github_repo,
             state_dir: state_dir.to_path_buf(),
             seen: Arc::new(Mutex::new(BTreeMap::new())),
             projector: None,
+            projector_wakeups: Arc::new(AtomicU64::new(0)),
         };
         twin.project();
         twin.projector = Some(twin.spawn_projector());
@@ -426,17 +552,29 @@ impl Twin {
     }
 
     /// Keep projecting on every Talos model change (the background half of the twin; tests
-    /// may also call [`Twin::advance`], which projects synchronously).
+    /// may also call [`Twin::advance`], which projects synchronously). Reading the model
+    /// does not count as a change, so the projector sleeps while nothing happens.
     fn spawn_projector(&self) -> JoinHandle<()> {
         let mut changes = self.talos.changes();
         let seen = self.seen.clone();
         let talos = self.talos.clone();
         let kube = self.kube.clone();
+        let wakeups = self.projector_wakeups.clone();
         tokio::spawn(async move {
             while changes.changed().await.is_ok() {
+                wakeups.fetch_add(1, Ordering::Relaxed);
                 project_into(&seen, &talos.observe(), &kube);
             }
         })
+    }
+
+    /// How often the background tasks woke up so far.
+    pub fn wakeups(&self) -> Wakeups {
+        Wakeups {
+            projector: self.projector_wakeups.load(Ordering::Relaxed),
+            talos: self.talos.driver_wakeups(),
+            kube: self.kube.driver_wakeups(),
+        }
     }
 
     /// Carry the Talos side's current state into Kubernetes.
@@ -451,7 +589,7 @@ impl Twin {
     pub fn advance(&self, d: Duration) {
         let end = self.clock.now().plus(d);
         loop {
-            let talos_due = self.talos.with_model(|m| m.next_due());
+            let talos_due = self.talos.next_due();
             let kube_due = self.kube.with(|c, _| c.next_due());
             let next = [talos_due, kube_due, Some(end)]
                 .into_iter()
@@ -492,6 +630,56 @@ impl Drop for Twin {
     fn drop(&mut self) {
         if let Some(p) = self.projector.take() {
             p.abort();
+        }
+    }
+}
+
+/// `POST /_twin/faults` for the Talos side and the GitHub emulator.
+struct TwinFaults {
+    talos: Arc<TalosTwin>,
+    webhooks: Option<crate::sim::github::WebhookFaults>,
+}
+
+impl FaultHook for TwinFaults {
+    fn nodes(&self) -> std::collections::BTreeSet<String> {
+        // A read: it must not count as a change of the Talos side.
+        self.talos.observe().into_iter().map(|o| o.name).collect()
+    }
+
+    fn github(&self) -> bool {
+        self.webhooks.is_some()
+    }
+
+    fn apply(&self, f: &FaultsConfig, given: &std::collections::BTreeSet<String>) {
+        if FaultsConfig::touches_talos(given) {
+            self.talos.with_model(|m| {
+                if given.contains("nodesNeverReturn") {
+                    let list = &f.nodes_never_return;
+                    let held: Vec<String> = m.faults.never_return.iter().cloned().collect();
+                    for n in held.iter().filter(|n| !list.contains(n)) {
+                        m.set_never_return(n, false);
+                    }
+                    for n in list {
+                        m.set_never_return(n, true);
+                    }
+                }
+                if given.contains("slowApply") {
+                    let map = &f.slow_apply;
+                    let slow: Vec<String> = m.faults.slow_apply.keys().cloned().collect();
+                    for n in slow {
+                        m.set_slow_apply(&n, None);
+                    }
+                    for (n, d) in map {
+                        m.set_slow_apply(n, Some(d.0));
+                    }
+                }
+                if given.contains("failingImages") {
+                    m.faults.failing_images = f.failing_images.iter().cloned().collect();
+                }
+            });
+        }
+        if let (true, Some(w)) = (given.contains("droppedWebhooks"), &self.webhooks) {
+            w.drop_next(u32::try_from(f.dropped_webhooks).unwrap_or(u32::MAX));
         }
     }
 }

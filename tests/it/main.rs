@@ -7,9 +7,12 @@ mod policies;
 mod props;
 mod render;
 mod sim_github;
+mod sim_hardening;
 mod sim_kube;
+mod sim_props;
 mod sim_talos;
 mod sim_twin;
+mod sim_wire;
 mod talos_client;
 
 use std::path::{Path, PathBuf};

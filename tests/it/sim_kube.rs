@@ -1180,7 +1180,7 @@ async fn fault_bursts_of_5xx_and_429_with_retry_after() {
             "POST",
             "/_twin/faults",
             None,
-            Some(json!({"failNext": 1, "code": 429, "retryAfterSeconds": 7})),
+            Some(json!({"apiErrorBurst": {"count": 1, "status": 429, "retryAfter": "7s"}})),
         )
         .await;
     assert_eq!(set.code, 200);
@@ -1206,7 +1206,7 @@ async fn fault_pdb_that_never_allows() {
             "POST",
             "/_twin/faults",
             None,
-            Some(json!({"pdbNeverAllows": {"namespace": "default", "name": "web"}})),
+            Some(json!({"pdbsNeverAllow": ["default/web"]})),
         )
         .await;
     assert_eq!(set.code, 200);

@@ -36,7 +36,7 @@ async fn start(
         state.path(),
         TwinOptions {
             config,
-            github: None,
+            ..Default::default()
         },
     )
     .await?;
@@ -400,13 +400,17 @@ async fn configured_faults_reach_both_sides() -> TestResult {
         state.path(),
         TwinOptions {
             config: bad,
-            github: None,
+            ..Default::default()
         },
     )
     .await
     .err()
     .ok_or("should fail")?;
-    assert!(err.to_string().contains("no node `w-9`"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("faults.nodesNeverReturn[0]: no node \"w-9\" in the inventory"),
+        "{err}"
+    );
     // Unknown fields in the config are refused with their line.
     let err = TwinConfig::parse("twin.yaml", "faults:\n  nodesNeverReturns: [w-3]\n")
         .err()
@@ -469,6 +473,74 @@ fn ichor_sim_serves_until_interrupted() -> TestResult {
     Command::new("kill").args(["-INT", &pid]).status()?;
     let status = child.wait()?;
     assert!(status.success(), "exits cleanly on Ctrl-C: {status:?}");
+    Ok(())
+}
+
+/// Without `--state-dir`, `ichor sim` writes its keys under the per-user state directory
+/// (never into the working tree), mode 0700 with 0600 files even under umask 0; with no
+/// HOME or XDG_STATE_HOME it asks for `--state-dir`.
+#[test]
+fn ichor_sim_defaults_to_a_private_per_user_state_dir_even_under_umask_0() -> TestResult {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::{Command, Stdio};
+    let home = tempfile::tempdir()?;
+    let xdg = home.path().join("xdg-state");
+    let mut child = Command::new("sh")
+        .args(["-c", "umask 000; exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_ichor"))
+        .args(["sim", "--cluster"])
+        .arg(homelab_folder())
+        .env("XDG_STATE_HOME", &xdg)
+        .env("HOME", home.path())
+        .current_dir(home.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("stdout")?;
+    let mut printed = String::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        printed.push_str(&line);
+        printed.push('\n');
+        if line.starts_with("Serving until interrupted") {
+            break;
+        }
+    }
+    let mode = |p: &Path| -> Result<u32, std::io::Error> {
+        Ok(std::fs::symlink_metadata(p)?.permissions().mode() & 0o7777)
+    };
+    let state = xdg.join("ichor/sim/homelab");
+    let checks = (|| -> TestResult {
+        assert!(printed.contains("Serving until interrupted"), "{printed}");
+        assert!(
+            printed.contains(&state.join("kubeconfig").display().to_string()),
+            "{printed}"
+        );
+        for dir in [&xdg, &xdg.join("ichor"), &state] {
+            assert_eq!(mode(dir)?, 0o700, "{}", dir.display());
+        }
+        for file in ["kubeconfig", "talosconfig"] {
+            assert_eq!(mode(&state.join(file))?, 0o600, "{file}");
+        }
+        assert!(!home.path().join(".ichor-sim").exists());
+        Ok(())
+    })();
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()?;
+    assert!(child.wait()?.success());
+    checks?;
+
+    let out = Command::new(env!("CARGO_BIN_EXE_ichor"))
+        .args(["sim", "--cluster"])
+        .arg(homelab_folder())
+        .env_remove("HOME")
+        .env_remove("XDG_STATE_HOME")
+        .output()?;
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("pass --state-dir DIR"), "{err}");
     Ok(())
 }
 

@@ -20,6 +20,10 @@ use super::GithubError;
 
 const DOCS: &str = "https://docs.github.com/rest";
 
+/// The largest request body the emulator reads (an issue comment is at most 65 536
+/// characters); larger ones get 413.
+pub const MAX_BODY: usize = 1 << 20;
+
 /// An error answer in GitHub's shape: `{"message", "documentation_url", ["errors"]}`.
 pub struct ApiError {
     status: StatusCode,
@@ -216,7 +220,25 @@ async fn gate(State(shared): S, req: Request, next: Next) -> Response {
             ),
         )
         .into_response(),
-        Auth::Valid => next.run(req).await,
+        Auth::Valid => {
+            // Read within the limit here, so no handler can be handed an unbounded body.
+            let (parts, body) = req.into_parts();
+            match crate::sim::net::read_body(body, MAX_BODY).await {
+                Ok(bytes) => {
+                    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+                        .await
+                }
+                Err(crate::sim::net::BodyError::TooLarge { .. }) => ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!("Request body is too large: the limit is {MAX_BODY} bytes"),
+                )
+                .into_response(),
+                Err(e @ crate::sim::net::BodyError::Timeout(_)) => {
+                    ApiError::new(StatusCode::REQUEST_TIMEOUT, &e.to_string()).into_response()
+                }
+                Err(_) => ApiError::bad_json().into_response(),
+            }
+        }
     };
     let resp = if is_get && resp.status() == StatusCode::OK {
         let (resp, not_modified) = with_etag(resp, conditional.as_ref()).await;

@@ -404,16 +404,34 @@ impl Shared {
         draft: bool,
     ) -> Result<(PullRequest, Ticket), GithubError> {
         let now = self.clock.now();
-        // `owner:branch` names a branch in a fork; the twin has no forks, so only the
-        // branch matters.
-        let head = head.rsplit(':').next().unwrap_or(head).to_string();
+        let invalid = |field: &'static str, message: String| GithubError::Validation {
+            resource: "PullRequest",
+            field,
+            code: "invalid",
+            message,
+        };
+        // `owner:branch` names a branch of the repository or of a fork; the twin has no
+        // forks, so the owner must be the repository's.
+        let (owner, head) = match head.split_once(':') {
+            Some((o, b)) => (Some(o), b.to_string()),
+            None => (None, head.to_string()),
+        };
+        // Checked before git sees them: a name like `../../etc` is a 422, as on GitHub.
+        for (field, name) in [("head", head.as_str()), ("base", base)] {
+            if !git::is_valid_branch(name) {
+                return Err(invalid(
+                    field,
+                    format!("{field} {name:?} is not a valid branch name"),
+                ));
+            }
+        }
         self.with_repo_events(full_name, |state, repo, ids| {
-            let invalid = |field: &'static str, message: String| GithubError::Validation {
-                resource: "PullRequest",
-                field,
-                code: "invalid",
-                message,
-            };
+            if let Some(o) = owner.filter(|o| !o.eq_ignore_ascii_case(state.spec.owner())) {
+                return Err(invalid(
+                    "head",
+                    format!("head names a fork ({o}); the twin serves no forks"),
+                ));
+            }
             if title.trim().is_empty() {
                 return Err(GithubError::Validation {
                     resource: "PullRequest",
@@ -567,6 +585,7 @@ impl Shared {
         pusher: &str,
     ) -> Result<(String, Ticket), GithubError> {
         let now = self.clock.now();
+        check_branch(branch)?;
         self.with_repo_events(full_name, |state, repo, _| {
             let start = git::branch_tip(repo, &state.spec.default_branch)
                 .map_err(git_err("read default branch"))?;
@@ -587,6 +606,7 @@ impl Shared {
         sha: &str,
         pusher: &str,
     ) -> Result<Ticket, GithubError> {
+        check_branch(branch)?;
         let ((), ticket) = self.with_repo_events(full_name, |state, repo, _| {
             let after = git::resolve_commit(repo, sha).ok_or_else(|| GithubError::UnknownRef {
                 repo: full_name.to_string(),
@@ -847,6 +867,19 @@ impl Shared {
             repo_id: state.id,
             payload: json::with_envelope(payload, &self.base, state, sender),
         }
+    }
+}
+
+fn check_branch(branch: &str) -> Result<(), GithubError> {
+    if git::is_valid_branch(branch) {
+        Ok(())
+    } else {
+        Err(GithubError::Validation {
+            resource: "Reference",
+            field: "ref",
+            code: "invalid",
+            message: format!("{branch:?} is not a valid branch name"),
+        })
     }
 }
 

@@ -11,6 +11,17 @@ pub fn open(path: &Path) -> Result<Repository, git2::Error> {
     Repository::open(path)
 }
 
+/// Whether `name` may name a branch, by git's refname rules (no `..`, `~`, `^`, `:`, `?`,
+/// `*`, `[`, `\\`, spaces or control characters, no component starting with `.` or ending
+/// in `.lock`, no `@{`) plus what `git branch` refuses besides: a leading `-` and `HEAD`.
+pub fn is_valid_branch(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && !name.starts_with('-')
+        && name != "HEAD"
+        && git2::Reference::is_valid_name(&format!("refs/heads/{name}"))
+}
+
 /// The commit a branch points at, or `None` when the branch does not exist.
 pub fn branch_tip(repo: &Repository, branch: &str) -> Result<Option<Oid>, git2::Error> {
     match repo.find_reference(&format!("refs/heads/{branch}")) {

@@ -40,6 +40,7 @@ mod model;
 mod webhook;
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
@@ -51,6 +52,7 @@ pub use model::{CommitStatus, IssueComment, PullRequest, PullState, RepoSpec, St
 pub use webhook::{signature_256, Delivery, DeliveryOutcome, WebhookTarget};
 
 use crate::clock::Clock;
+use crate::sim::net::NetLimits;
 use forge::{lock, Shared};
 
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +92,8 @@ pub enum GithubError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the emulator's clone of {repo}: {message}")]
+    Clone { repo: PathBuf, message: String },
 }
 
 /// Faults to inject; set them in [`GithubTwinConfig`] or at run time with
@@ -133,6 +137,8 @@ pub struct GithubTwinConfig {
     pub faults: GithubFaults,
     /// Where to listen; `127.0.0.1:0` (an ephemeral port) by default.
     pub listen: SocketAddr,
+    /// Connection limits of the listener.
+    pub net: NetLimits,
 }
 
 impl Default for GithubTwinConfig {
@@ -145,6 +151,7 @@ impl Default for GithubTwinConfig {
             rate_limit: 5000,
             faults: GithubFaults::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            net: NetLimits::default(),
         }
     }
 }
@@ -207,15 +214,9 @@ impl GithubTwin {
         let app = api::router(shared.clone());
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(shared.clone().run_deliveries(stop.subscribe()));
-        let server = tokio::spawn(async move {
-            let mut stopped = stopped;
-            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-                let _ = stopped.changed().await;
-            });
-            if let Err(e) = serve.await {
-                tracing::warn!(error = %e, "github twin stopped");
-            }
-        });
+        let server = tokio::spawn(crate::sim::net::serve_http(
+            listener, None, app, config.net, stopped,
+        ));
         tracing::info!(%addr, "github twin listening");
         Ok(GithubTwin {
             shared,
@@ -275,6 +276,11 @@ impl GithubTwin {
     /// The next `n` webhooks are dropped (logged, never sent).
     pub fn drop_next_webhooks(&self, n: u32) {
         lock(&self.shared.faults).dropped_webhooks = n;
+    }
+
+    /// A handle that sets the dropped-webhooks fault, for `POST /_twin/faults`.
+    pub fn webhook_faults(&self) -> WebhookFaults {
+        WebhookFaults(self.shared.clone())
     }
 
     // ----- acting as a user or Renovate -----
@@ -436,6 +442,84 @@ impl GithubTwin {
             let _ = server.await;
         }
     }
+}
+
+/// Sets the emulator's dropped-webhooks fault from elsewhere (see
+/// [`GithubTwin::webhook_faults`]).
+#[derive(Clone)]
+pub struct WebhookFaults(Arc<Shared>);
+
+impl WebhookFaults {
+    /// The next `n` webhooks are dropped.
+    pub fn drop_next(&self, n: u32) {
+        lock(&self.0.faults).dropped_webhooks = n;
+    }
+}
+
+/// A private bare clone of the repository at `source` for the emulator to own, at
+/// `<state_dir>/github/<owner>-<name>.git`: every branch, tag and note, and `HEAD` on the
+/// same branch. Merges, pushes and `refs/pull/*` then land in the clone only; the user's
+/// repository (its refs, `HEAD`, index and work tree) is only read. Made afresh each time.
+pub fn private_clone(
+    source: &Path,
+    state_dir: &Path,
+    full_name: &str,
+) -> Result<PathBuf, GithubError> {
+    let err = |message: String| GithubError::Clone {
+        repo: source.to_path_buf(),
+        message,
+    };
+    let src = git2::Repository::open(source).map_err(|e| err(e.message().to_string()))?;
+    let dir = state_dir.join("github");
+    crate::sim::state::prepare_dir(&dir).map_err(|e| err(e.to_string()))?;
+    let file: String = full_name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let dest = dir.join(format!("{file}.git"));
+    match std::fs::symlink_metadata(&dest) {
+        Ok(m) if m.file_type().is_symlink() => {
+            return Err(err(format!(
+                "{} is a symbolic link; refusing to write through it",
+                dest.display()
+            )))
+        }
+        // A clone from an earlier run: start over from the repository as it is now.
+        Ok(_) => std::fs::remove_dir_all(&dest)
+            .map_err(|e| err(format!("removing the old clone {}: {e}", dest.display())))?,
+        Err(_) => {}
+    }
+    let clone = git2::Repository::init_bare(&dest).map_err(|e| err(e.message().to_string()))?;
+    let url = src.path().to_string_lossy().into_owned();
+    clone
+        .remote_anonymous(&url)
+        .and_then(|mut remote| {
+            remote.fetch(
+                &[
+                    "+refs/heads/*:refs/heads/*",
+                    "+refs/tags/*:refs/tags/*",
+                    "+refs/notes/*:refs/notes/*",
+                ],
+                None,
+                None,
+            )
+        })
+        .map_err(|e| err(format!("fetching into {}: {}", dest.display(), e.message())))?;
+    if let Some(head) = src
+        .find_reference("HEAD")
+        .ok()
+        .and_then(|h| h.symbolic_target().ok().flatten().map(str::to_string))
+    {
+        // An unborn or missing branch leaves the clone's default HEAD.
+        let _ = clone.set_head(&head);
+    }
+    Ok(dest)
 }
 
 impl Drop for GithubTwin {

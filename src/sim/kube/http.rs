@@ -3,6 +3,7 @@
 //! with a bearer token.
 
 use std::convert::Infallible;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -12,8 +13,11 @@ use axum::http::{header, HeaderMap, Method, Response, StatusCode, Uri};
 use axum::Router;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch, Notify};
 use tokio_rustls::{rustls, TlsAcceptor};
+
+use crate::sim::faults::{FaultHook, FaultTargets, FaultsConfig, Origin};
+use crate::sim::net::{self, NetLimits};
 
 use super::model::Cluster;
 use super::patch::{json_patch, merge_patch, strategic_merge_patch};
@@ -31,7 +35,17 @@ pub struct Shared {
     /// `127.0.0.1:PORT`, for `/api`'s serverAddressByClientCIDRs.
     pub server_address: String,
     pub kubernetes_version: String,
+    /// The Talos and GitHub sides of `POST /_twin/faults`, when a whole twin runs.
+    pub fault_hook: Mutex<Option<Arc<dyn FaultHook>>>,
+    /// Wakes the driver after a change made outside a request (library calls, faults).
+    pub poke: Notify,
+    /// How often the driver woke up (an idle twin must not).
+    pub driver_wakeups: AtomicU64,
 }
+
+/// The apiserver's request body limit (kube-apiserver `--max-request-body-bytes`'s 3 MiB
+/// default); larger bodies get 413 RequestEntityTooLarge.
+pub const MAX_BODY: usize = 3 << 20;
 
 impl Shared {
     /// The cluster, synced to the clock.
@@ -77,28 +91,15 @@ pub fn router(shared: Arc<Shared>) -> Router {
     Router::new().fallback(handle).with_state(shared)
 }
 
-/// Accept TLS connections and serve HTTP/1.1 and HTTP/2 on each.
-pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: Router) {
-    let acceptor = TlsAcceptor::from(tls);
-    loop {
-        let Ok((tcp, _)) = listener.accept().await else {
-            tokio::task::yield_now().await;
-            continue;
-        };
-        let acceptor = acceptor.clone();
-        let app = app.clone();
-        tokio::spawn(async move {
-            let Ok(stream) = acceptor.accept(tcp).await else {
-                return;
-            };
-            let svc = hyper_util::service::TowerToHyperService::new(app);
-            let builder =
-                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-            let _ = builder
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                .await;
-        });
-    }
+/// Accept TLS connections and serve HTTP/1.1 and HTTP/2 on each, within `limits`.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: Router,
+    limits: NetLimits,
+    stop: watch::Receiver<bool>,
+) {
+    net::serve_http(listener, Some(TlsAcceptor::from(tls)), app, limits, stop).await
 }
 
 fn respond(code: u16, content_type: &str, body: impl Into<Body>) -> Response<Body> {
@@ -179,7 +180,7 @@ async fn handle(
     method: Method,
     uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response<Body> {
     let path = uri.path().trim_matches('/').to_string();
     let segs: Vec<&str> = if path.is_empty() {
@@ -207,6 +208,21 @@ async fn handle(
             }
         }
     }
+    // Read only once the caller is known, and never more than the apiserver would.
+    let body = match net::read_body(body, MAX_BODY).await {
+        Ok(b) => b,
+        Err(net::BodyError::TooLarge { limit }) => {
+            return err(&ApiError::new(
+                413,
+                "RequestEntityTooLarge",
+                format!("Request entity too large: limit is {limit}"),
+            ))
+        }
+        Err(e @ net::BodyError::Timeout(_)) => {
+            return err(&ApiError::new(408, "Timeout", e.to_string()))
+        }
+        Err(e) => return err(&ApiError::bad_request(e.to_string())),
+    };
     let q = Query::parse(&uri);
     match segs.as_slice() {
         ["version"] => ok_json(200, &version(&sh.kubernetes_version)),
@@ -232,7 +248,7 @@ async fn handle(
             resource(&sh, "", "v1", rest, &method, &q, &headers, &body).await
         }
         ["apis", g, v, rest @ ..] => resource(&sh, g, v, rest, &method, &q, &headers, &body).await,
-        ["_twin", "faults"] if method == Method::POST => faults(&sh, &body),
+        ["_twin", "faults"] if method == Method::POST => faults(&sh, &headers, &body),
         ["openapi", "v3"] => ok_json(200, &openapi_index()),
         ["openapi", "v3", "api", "v1"] => ok_json(200, &openapi_group_version("", "v1")),
         ["openapi", "v3", "apis", g, v] if groups().contains(&(*g, *v)) => {
@@ -423,7 +439,8 @@ fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json");
     if ct.contains("yaml") {
-        serde_yaml::from_slice(body)
+        // Aliases are bounded before anything is built (a few KB must not become GBs).
+        crate::sim::yaml::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
     } else {
         serde_json::from_slice(body)
@@ -1071,12 +1088,12 @@ fn watch(
         let c = sh.lock();
         let rx = c.store.subscribe();
         let rv = c.store.resource_version();
-        let initial: Result<Vec<(EventType, Value)>, ApiError> = match &from {
+        let initial: Result<Vec<(EventType, Arc<Value>)>, ApiError> = match &from {
             None => Ok(c
                 .store
                 .list(rt.storage, ns.as_deref(), &l, &f)
                 .into_iter()
-                .map(|o| (EventType::Added, o))
+                .map(|o| (EventType::Added, Arc::new(o)))
                 .collect()),
             Some(s) => match s.parse::<u64>() {
                 Err(_) => Err(ApiError::bad_request(format!(
@@ -1095,17 +1112,21 @@ fn watch(
     let bookmark = move |rv: u64| json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": {"resourceVersion": rv.to_string()}});
     // `kubectl get -w` asks for Tables: each event then carries a one-row Table.
     let clock = sh.clock.clone();
-    let render = move |obj: Value| match render_as {
-        Render::Table => table(
-            rt,
-            std::slice::from_ref(&obj),
-            rv_of(&obj).unwrap_or(0),
-            clock.now(),
-            false,
+    let line = move |kind: &str, obj: &Value| match render_as {
+        Render::Table => event_line(
+            kind,
+            &table(
+                rt,
+                std::slice::from_ref(obj),
+                rv_of(obj).unwrap_or(0),
+                clock.now(),
+                false,
+            ),
         ),
-        Render::Metadata => partial_metadata(&obj),
-        Render::Object => obj,
+        Render::Metadata => event_line(kind, &partial_metadata(obj)),
+        Render::Object => event_line(kind, obj),
     };
+    let sh = sh.clone();
     tokio::spawn(async move {
         match initial {
             Err(e) => {
@@ -1117,7 +1138,7 @@ fn watch(
                     let Some(kind) = filter.translate(kind, &obj) else {
                         continue;
                     };
-                    if tx.send(Ok(event_line(kind, &render(obj)))).await.is_err() {
+                    if tx.send(Ok(line(kind, &obj))).await.is_err() {
                         return;
                     }
                 }
@@ -1149,19 +1170,39 @@ fn watch(
                         return;
                     }
                 }
-                ev = rx.recv() => {
-                    let ev: WatchEvent = match ev {
-                        Ok(ev) => ev,
-                        // Too slow a reader: end the stream; the client re-watches.
-                        Err(broadcast::error::RecvError::Lagged(_)) | Err(broadcast::error::RecvError::Closed) => return,
-                    };
-                    last = last.max(ev.rv);
-                    if ev.plural != rt.storage || ns.as_deref().is_some_and(|n| n != ev.namespace) {
-                        continue;
-                    }
-                    let Some(kind) = filter.translate(ev.kind, &ev.object) else { continue };
-                    if tx.send(Ok(event_line(kind, &render(ev.object)))).await.is_err() {
+                r = rx.recv() => {
+                    if let Err(broadcast::error::RecvError::Closed) = r {
                         return;
+                    }
+                    // The notice only says something happened; the events come from the
+                    // history, so a slow watcher holds no objects of its own.
+                    while rx.try_recv().is_ok() {}
+                    let events = sh
+                        .cluster
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .store
+                        .events_after(last);
+                    let events: Vec<WatchEvent> = match events {
+                        Ok(evs) => evs,
+                        // Too slow a reader: what it missed is gone; it must re-list.
+                        Err(compacted) => {
+                            let e = ApiError::expired(format!(
+                                "too old resource version: {last} ({compacted})"
+                            ));
+                            let _ = tx.send(Ok(event_line("ERROR", &e.status()))).await;
+                            return;
+                        }
+                    };
+                    for ev in events {
+                        last = last.max(ev.rv);
+                        if ev.plural != rt.storage || ns.as_deref().is_some_and(|n| n != ev.namespace) {
+                            continue;
+                        }
+                        let Some(kind) = filter.translate(ev.kind, &ev.object) else { continue };
+                        if tx.send(Ok(line(kind, &ev.object))).await.is_err() {
+                            return;
+                        }
                     }
                 }
             }
@@ -1176,37 +1217,143 @@ fn watch(
         .unwrap_or_default()
 }
 
-/// `POST /_twin/faults`: the run-time fault API of `ichor sim`.
-/// `{"failNext": N, "code": 500|429, "retryAfterSeconds": S}`,
-/// `{"pdbNeverAllows": {"namespace": ..., "name": ..., "on": true}}`,
-/// `{"stealLease": {"namespace": ..., "name": ..., "holder": ...}}`.
-fn faults(sh: &Shared, body: &Bytes) -> Response<Body> {
-    let Ok(v) = serde_json::from_slice::<Value>(body) else {
-        return err(&ApiError::bad_request("the fault request is not JSON"));
+/// `POST /_twin/faults`: the run-time fault API of `ichor sim`. The body (JSON, or YAML
+/// with a YAML content type) is a faults document as in `--config`'s `faults:` section
+/// (see [`crate::sim::faults`]); every field given replaces that fault's setting. An
+/// invalid document changes nothing and gets 422 with every bad field as a cause.
+fn faults(sh: &Shared, headers: &HeaderMap, body: &Bytes) -> Response<Body> {
+    let (f, given) = match parse_faults(headers, body) {
+        Ok(f) => f,
+        Err(e) => return err(&e),
     };
+    let hook = sh
+        .fault_hook
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    // Asked before the cluster is locked: the hook reads the Talos side.
+    let nodes = hook.as_ref().map(|h| h.nodes());
     let mut c = sh.lock();
     let now = sh.clock.now();
-    if let Some(n) = v.get("failNext").and_then(Value::as_u64) {
-        let code = v.get("code").and_then(Value::as_u64).unwrap_or(500) as u16;
-        let retry = v
-            .get("retryAfterSeconds")
-            .and_then(Value::as_u64)
-            .unwrap_or(1);
-        c.fail_next_requests(n as u32, code, retry);
+    let targets = FaultTargets {
+        nodes,
+        pdbs: c
+            .list("poddisruptionbudgets", None)
+            .iter()
+            .map(|p| format!("{}/{}", namespace_of(p), name_of(p)))
+            .collect(),
+        github: hook.as_ref().is_some_and(|h| h.github()),
+    };
+    let mut invalid = match f.validate(&targets, Origin::Runtime, "") {
+        Ok(()) => Vec::new(),
+        Err(e) => e.0,
+    };
+    if let Some(s) = &f.steal_lease {
+        if c.store.get("leases", &s.namespace, &s.name).is_none() {
+            invalid.push(crate::sim::faults::FieldError {
+                field: "stealLease".into(),
+                message: format!("no Lease {:?} in namespace {:?}", s.name, s.namespace),
+            });
+        }
     }
-    if let Some(p) = v.get("pdbNeverAllows") {
-        let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-        let on = p.get("on").and_then(Value::as_bool).unwrap_or(true);
-        c.set_pdb_never_allows(&s("namespace"), &s("name"), on, now);
+    if !invalid.is_empty() {
+        let message = crate::sim::faults::FaultError(invalid.clone()).to_string();
+        return err(&ApiError {
+            // kubectl prints `The fault request "/_twin/faults" is invalid:` and the causes.
+            details: Some(
+                json!({"kind": "fault request", "name": "/_twin/faults", "causes": invalid.iter().map(|e| json!({
+                "reason": "FieldValueInvalid", "field": e.field, "message": e.message})).collect::<Vec<_>>()}),
+            ),
+            ..ApiError::new(
+                422,
+                "Invalid",
+                format!("the fault request is invalid: {message}"),
+            )
+        });
     }
-    if let Some(p) = v.get("stealLease") {
-        let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-        if let Err(e) = c.steal_lease(&s("namespace"), &s("name"), &s("holder"), now) {
+    if given.contains("pdbsNeverAllow") {
+        let list = &f.pdbs_never_allow;
+        let current: Vec<(String, String)> = c.faults.pdb_never_allows.iter().cloned().collect();
+        for (ns, name) in current {
+            c.set_pdb_never_allows(&ns, &name, false, now);
+        }
+        for p in list {
+            if let Some((ns, name)) = p.split_once('/') {
+                c.set_pdb_never_allows(ns, name, true, now);
+            }
+        }
+    }
+    if let Some(b) = &f.api_error_burst {
+        // Validated: both fit.
+        let count = u32::try_from(b.count).unwrap_or(u32::MAX);
+        let code = u16::try_from(b.status).unwrap_or(500);
+        let retry = b.retry_after.map_or(1, |d| d.0.as_secs());
+        c.fail_next_requests(count, code, retry);
+    }
+    // The endpoint's older forms.
+    if let Some(t) = &f.pdb_never_allows {
+        c.set_pdb_never_allows(&t.namespace, &t.name, t.on, now);
+    }
+    if let Some(n) = f.fail_next {
+        let count = u32::try_from(n).unwrap_or(u32::MAX);
+        let code = f.code.and_then(|c| u16::try_from(c).ok()).unwrap_or(500);
+        c.fail_next_requests(count, code, f.retry_after_seconds.unwrap_or(1));
+    }
+    if let Some(s) = &f.steal_lease {
+        if let Err(e) = c.steal_lease(&s.namespace, &s.name, &s.holder, now) {
             return err(&e);
         }
     }
+    drop(c);
+    sh.poke.notify_one();
+    if let Some(h) = hook {
+        h.apply(&f, &given);
+    }
     ok_json(
         200,
-        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}),
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200}),
     )
+}
+
+/// The body of `POST /_twin/faults` and the fields it gives: 400 when it is not JSON (or
+/// YAML) at all, 422 when it is but does not fit the schema (with the field path).
+fn parse_faults(
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(FaultsConfig, std::collections::BTreeSet<String>), ApiError> {
+    let yaml = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.contains("yaml"));
+    let invalid =
+        |m: String| ApiError::new(422, "Invalid", format!("the fault request is invalid: {m}"));
+    // Syntax first (400), then the schema with the path of the bad field (422).
+    let v: Value = if yaml {
+        let text = std::str::from_utf8(body)
+            .map_err(|_| ApiError::bad_request("the fault request is not UTF-8"))?;
+        if text.trim().is_empty() {
+            json!({})
+        } else {
+            crate::sim::yaml::from_str(text)
+                .map_err(|e| ApiError::bad_request(format!("the fault request is not YAML: {e}")))?
+        }
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the fault request is not JSON: {e}")))?
+    };
+    let given = crate::sim::faults::given_fields(
+        v.as_object()
+            .into_iter()
+            .flat_map(|m| m.keys().map(String::as_str)),
+    );
+    let f: FaultsConfig = serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            invalid(inner.to_string())
+        } else {
+            invalid(format!("{path}: {inner}"))
+        }
+    })?;
+    Ok((f, given))
 }

@@ -40,10 +40,16 @@ pub mod tls;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use base64::Engine;
+use tokio::sync::{broadcast, watch, Notify};
 use tokio::task::JoinHandle;
+
+use crate::sim::faults::FaultHook;
+use crate::sim::net::NetLimits;
+use crate::sim::state::{self, StateError};
 
 pub use model::{Behaviour, Cluster, DeprecatedApi, Faults};
 pub use seed::{KubeSeed, NodeSeed, PdbSeed, Role, VolumeSeed, WorkloadKind, WorkloadSeed};
@@ -57,11 +63,8 @@ pub enum TwinError {
     Tls(#[from] tls::TlsError),
     #[error("binding the apiserver socket on 127.0.0.1: {0}")]
     Bind(std::io::Error),
-    #[error("writing the kubeconfig to {path}: {source}")]
-    Kubeconfig {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("writing the kubeconfig: {0}")]
+    Kubeconfig(#[from] StateError),
     #[error("seeding the cluster: {0}")]
     Seed(#[from] ApiError),
 }
@@ -77,6 +80,7 @@ pub struct KubeTwin {
     pub ca_pem: String,
     token: String,
     shared: Arc<http::Shared>,
+    stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -90,6 +94,17 @@ impl KubeTwin {
         clock: Clock,
         seed: KubeSeed,
         behaviour: Behaviour,
+        state_dir: &Path,
+    ) -> Result<Self, TwinError> {
+        Self::start_with_limits(clock, seed, behaviour, NetLimits::default(), state_dir).await
+    }
+
+    /// Like [`KubeTwin::start_with`], with the connection limits of the HTTPS listener.
+    pub async fn start_with_limits(
+        clock: Clock,
+        seed: KubeSeed,
+        behaviour: Behaviour,
+        limits: NetLimits,
         state_dir: &Path,
     ) -> Result<Self, TwinError> {
         let cluster = seed.build(behaviour, clock.now())?;
@@ -106,12 +121,16 @@ impl KubeTwin {
             token: token.clone(),
             server_address: addr.to_string(),
             kubernetes_version: seed.kubernetes_version.clone(),
+            fault_hook: Mutex::new(None),
+            poke: Notify::new(),
+            driver_wakeups: AtomicU64::new(0),
         });
         let url = format!("https://{addr}");
         let kubeconfig = state_dir.join("kubeconfig");
         write_kubeconfig(&kubeconfig, &url, &cert.ca_pem, &token)?;
         let app = http::router(shared.clone());
-        let server = tokio::spawn(http::serve(listener, tls_config, app));
+        let (stop, stopped) = watch::channel(false);
+        let server = tokio::spawn(http::serve(listener, tls_config, app, limits, stopped));
         let driver = tokio::spawn(drive(shared.clone()));
         Ok(KubeTwin {
             url,
@@ -120,8 +139,24 @@ impl KubeTwin {
             ca_pem: cert.ca_pem,
             token,
             shared,
+            stop,
             tasks: vec![server, driver],
         })
+    }
+
+    /// Lets `POST /_twin/faults` reach the Talos and GitHub sides (the whole twin sets it).
+    pub fn set_fault_hook(&self, hook: Arc<dyn FaultHook>) {
+        *self
+            .shared
+            .fault_hook
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(hook);
+    }
+
+    /// How many times the background driver has woken up. An idle twin wakes only when
+    /// something is due on the clock.
+    pub fn driver_wakeups(&self) -> u64 {
+        self.shared.driver_wakeups.load(Ordering::Relaxed)
     }
 
     /// The bearer token (also in the kubeconfig). Never log it.
@@ -136,9 +171,14 @@ impl KubeTwin {
     /// Run `f` on the cluster, synced to the clock's now (passed to `f`). The cluster is
     /// locked meanwhile: do not call back into the twin (or its HTTP API) from `f`.
     pub fn with<R>(&self, f: impl FnOnce(&mut Cluster, Timestamp) -> R) -> R {
-        let mut c = self.shared.lock();
-        let now = self.shared.clock.now();
-        f(&mut c, now)
+        let r = {
+            let mut c = self.shared.lock();
+            let now = self.shared.clock.now();
+            f(&mut c, now)
+        };
+        // `f` may have scheduled something: let the driver look at the next due time.
+        self.shared.poke.notify_one();
+        r
     }
 
     /// Apply everything due at the clock's now.
@@ -149,26 +189,43 @@ impl KubeTwin {
 
 impl Drop for KubeTwin {
     fn drop(&mut self) {
+        let _ = self.stop.send(true);
         for t in &self.tasks {
             t.abort();
         }
     }
 }
 
-/// Keep the model moving with the clock: on every manual `advance`, and a few times a
-/// wall-second for scaled clocks, so watchers see changes without a request.
+/// Keep the model moving with the clock, so watchers see changes without a request: sleep
+/// until the next thing the controllers have due, or until the cluster changes (which may
+/// schedule something sooner). An idle cluster with nothing due sleeps for good.
 async fn drive(shared: Arc<http::Shared>) {
-    let mut ticks = shared.clock.ticks();
+    let mut changes = shared.lock().store.subscribe();
     loop {
+        // A due time already past after a sync is work waiting on a change (a replica with
+        // no node to rebuild on, a pod with no node to run on), not on the clock.
+        let due = {
+            let c = shared.lock();
+            c.next_due().filter(|t| *t > c.now())
+        };
+        let clock = shared.clock.clone();
         tokio::select! {
-            changed = ticks.changed() => {
-                if changed.is_err() {
-                    return;
+            _ = async move {
+                match due {
+                    Some(t) => clock.sleep_until(t).await,
+                    None => std::future::pending::<()>().await,
                 }
-            }
-            _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+            } => {}
+            r = changes.recv() => match r {
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                    // One look covers every change so far.
+                    while changes.try_recv().is_ok() {}
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+            _ = shared.poke.notified() => {}
         }
-        drop(shared.lock());
+        shared.driver_wakeups.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -177,18 +234,9 @@ fn write_kubeconfig(path: &Path, url: &str, ca_pem: &str, token: &str) -> Result
     let text = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: ichor-twin\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: ichor-twin-admin\n  user:\n    token: {token}\ncontexts:\n- name: ichor-twin\n  context:\n    cluster: ichor-twin\n    user: ichor-twin-admin\n    namespace: default\ncurrent-context: ichor-twin\n"
     );
-    let io = |source| TwinError::Kubeconfig {
-        path: path.to_path_buf(),
-        source,
-    };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        state::prepare_dir(dir)?;
     }
-    std::fs::write(path, text).map_err(io)?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
-    }
+    state::write_private(path, text.as_bytes())?;
     Ok(())
 }

@@ -25,6 +25,10 @@ pub struct Behaviour {
     /// How long a deleted or evicted pod stays Terminating before it is gone, unless the
     /// request gives `gracePeriodSeconds`. Zero (the default) removes pods at once.
     pub pod_termination: Duration,
+    /// The most pods the controllers run for one ReplicaSet or StatefulSet. A client may
+    /// ask for any `spec.replicas` (the apiserver allows 2^31-1); creating them all at once
+    /// would take the twin's memory with it.
+    pub max_replicas: u64,
 }
 
 impl Default for Behaviour {
@@ -34,6 +38,7 @@ impl Default for Behaviour {
             replica_rebuild_delay: Duration::from_secs(120),
             watch_history: 10_000,
             pod_termination: Duration::ZERO,
+            max_replicas: MAX_REPLICAS,
         }
     }
 }
@@ -205,10 +210,15 @@ fn node_of(pod: &Value) -> &str {
         .unwrap_or("")
 }
 
-fn replicas_of(obj: &Value) -> u64 {
+/// The default of [`Behaviour::max_replicas`].
+pub const MAX_REPLICAS: u64 = 10_000;
+
+/// `spec.replicas`, at most `max`.
+fn replicas_of(obj: &Value, max: u64) -> u64 {
     obj.at("/spec/replicas")
         .and_then(Value::as_u64)
         .unwrap_or(1)
+        .min(max)
 }
 
 fn owner_ref(obj: &Value) -> Value {
@@ -1041,7 +1051,7 @@ impl Cluster {
     fn deployments(&mut self) {
         for d in self.store.all("deployments") {
             let ns = namespace_of(&d).to_string();
-            let want = replicas_of(&d);
+            let want = replicas_of(&d, self.behaviour.max_replicas);
             let template = d.at("/spec/template").cloned().unwrap_or(json!({}));
             for rs in self.store.list(
                 "replicasets",
@@ -1061,7 +1071,9 @@ impl Cluster {
                         h.clone(),
                     );
                 }
-                if replicas_of(&rs) != want || rs.at("/spec/template") != Some(&rs_template) {
+                if replicas_of(&rs, self.behaviour.max_replicas) != want
+                    || rs.at("/spec/template") != Some(&rs_template)
+                {
                     let mut rs2 = rs.clone();
                     set_path(&mut rs2, &["spec", "replicas"], json!(want));
                     set_path(&mut rs2, &["spec", "template"], rs_template);
@@ -1103,7 +1115,7 @@ impl Cluster {
             // Terminating pods no longer count: the ReplicaSet replaces them at once.
             let winding_down = have.iter().any(|p| p.terminating);
             have.retain(|p| !p.terminating);
-            let want = replicas_of(&rs) as usize;
+            let want = replicas_of(&rs, self.behaviour.max_replicas) as usize;
             for _ in have.len()..want {
                 let name = format!("{}-{}", name_of(&rs), self.store.suffix());
                 self.new_pod(&rs, name, None, Vec::new(), now);
@@ -1125,7 +1137,7 @@ impl Cluster {
             }
             let ns = namespace_of(&sts).to_string();
             let mut have = Vec::new();
-            for i in 0..replicas_of(&sts) {
+            for i in 0..replicas_of(&sts, self.behaviour.max_replicas) {
                 let name = format!("{}-{}", name_of(&sts), i);
                 match self.store.get("pods", &ns, &name) {
                     Some(p) => have.push(PodBrief {
@@ -1151,7 +1163,7 @@ impl Cluster {
                     }
                 }
             }
-            if have.len() as u64 == replicas_of(&sts) {
+            if have.len() as u64 == replicas_of(&sts, self.behaviour.max_replicas) {
                 // StatefulSets roll from the highest ordinal down.
                 have.reverse();
                 self.roll(&sts, &have);
@@ -1533,7 +1545,7 @@ impl Cluster {
                 rs_pods.extend(ps);
             }
             let ready = rs_pods.iter().filter(|p| is_ready(p)).count();
-            let want = replicas_of(&d) as usize;
+            let want = replicas_of(&d, self.behaviour.max_replicas) as usize;
             let mut d2 = d.clone();
             set_path(&mut d2, &["status", "replicas"], json!(rs_pods.len()));
             set_path(&mut d2, &["status", "readyReplicas"], json!(ready));
@@ -1606,10 +1618,11 @@ impl Cluster {
                         } else {
                             "statefulsets"
                         };
+                        let max = self.behaviour.max_replicas;
                         let scale = self
                             .store
                             .get(rt(plural).storage, &ns, n)
-                            .map(replicas_of)
+                            .map(|o| replicas_of(o, max))
                             .unwrap_or(1);
                         controllers.insert((k, n), scale);
                     }

@@ -3,6 +3,7 @@
 //! from a resourceVersion (older than the history → 410 Expired).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 use tokio::sync::broadcast;
@@ -134,20 +135,52 @@ pub struct WatchEvent {
     pub plural: &'static str,
     pub namespace: String,
     pub kind: EventType,
-    pub object: Value,
+    /// Shared between the history and every watcher replaying it.
+    pub object: Arc<Value>,
+}
+
+/// The largest object the twin stores (about its JSON size): the request body limit, so a
+/// 1 MiB `kubectl apply` (with its last-applied annotation) fits, and repeated patches
+/// cannot grow one object without end.
+pub const MAX_OBJECT: usize = 3 << 20;
+/// All stored objects together (etcd's default quota is 2 GiB).
+pub const MAX_STORE: usize = 1 << 30;
+/// The watch history, by size as well as by count.
+pub const MAX_HISTORY_BYTES: usize = 64 << 20;
+
+/// Roughly how many bytes `v` takes as JSON, without serializing it.
+pub fn approx_size(v: &Value) -> usize {
+    match v {
+        Value::Null | Value::Bool(_) | Value::Number(_) => 8,
+        Value::String(s) => s.len() + 2,
+        Value::Array(a) => a.iter().map(approx_size).sum::<usize>() + 2,
+        Value::Object(m) => {
+            m.iter()
+                .map(|(k, v)| k.len() + 4 + approx_size(v))
+                .sum::<usize>()
+                + 2
+        }
+    }
 }
 
 type Key = (&'static str, String, String);
 
 pub struct Store {
     objects: BTreeMap<Key, Value>,
+    /// [`approx_size`] of each stored object, and their sum.
+    sizes: HashMap<Key, usize>,
+    live_bytes: usize,
     rv: u64,
     serial: u64,
-    history: VecDeque<WatchEvent>,
+    /// Events with their sizes, oldest first.
+    history: VecDeque<(WatchEvent, usize)>,
+    history_bytes: usize,
     history_limit: usize,
     /// Events before this resourceVersion are no longer in the history.
     compacted: u64,
-    events: broadcast::Sender<WatchEvent>,
+    /// The resourceVersion of every new event. Watchers read the events themselves from
+    /// the history, so a slow watcher holds no copies of objects.
+    events: broadcast::Sender<u64>,
     /// `dryRun=All`: writes are checked and answered but not stored.
     pub dry_run: bool,
     /// Pods by their controller, (namespace, kind, name) → pod names, so the controllers
@@ -289,9 +322,12 @@ impl Store {
         let (events, _) = broadcast::channel(4096);
         Store {
             objects: BTreeMap::new(),
+            sizes: HashMap::new(),
+            live_bytes: 0,
             rv: 1000,
             serial: 0,
             history: VecDeque::new(),
+            history_bytes: 0,
             history_limit: history_limit.max(1),
             compacted: 1000,
             events,
@@ -304,8 +340,53 @@ impl Store {
         self.rv
     }
 
-    pub fn subscribe(&self) -> broadcast::Receiver<WatchEvent> {
+    /// Receives the resourceVersion of every new event; read them with
+    /// [`Store::events_after`].
+    pub fn subscribe(&self) -> broadcast::Receiver<u64> {
         self.events.subscribe()
+    }
+
+    /// Every event after `rv`, oldest first; `Err(compacted)` when the history no longer
+    /// reaches back that far.
+    pub fn events_after(&self, rv: u64) -> Result<Vec<WatchEvent>, u64> {
+        if rv < self.compacted {
+            return Err(self.compacted);
+        }
+        let start = self.history.partition_point(|(e, _)| e.rv <= rv);
+        Ok(self
+            .history
+            .range(start..)
+            .map(|(e, _)| e.clone())
+            .collect())
+    }
+
+    /// Refuses an object too large to store, or one that would overfill the store.
+    fn check_size(&self, rt: &ResourceType, key: &Key, size: usize) -> Result<(), ApiError> {
+        if size > MAX_OBJECT {
+            return Err(ApiError::new(
+                413,
+                "RequestEntityTooLarge",
+                format!(
+                    "{} {:?} would be about {size} bytes; the twin stores objects of at most {MAX_OBJECT}",
+                    rt.kind, key.2
+                ),
+            ));
+        }
+        let old = self.sizes.get(key).copied().unwrap_or(0);
+        if self.live_bytes.saturating_sub(old).saturating_add(size) > MAX_STORE {
+            return Err(ApiError::new(
+                500,
+                "InternalError",
+                "etcdserver: mvcc: database space exceeded",
+            ));
+        }
+        Ok(())
+    }
+
+    fn store(&mut self, key: Key, obj: Value, size: usize) {
+        let old = self.sizes.insert(key.clone(), size).unwrap_or(0);
+        self.live_bytes = self.live_bytes.saturating_sub(old).saturating_add(size);
+        self.objects.insert(key, obj);
     }
 
     /// A deterministic five-character suffix, like the ones generateName produces.
@@ -330,22 +411,33 @@ impl Store {
         )
     }
 
-    fn record(&mut self, rt: &'static ResourceType, ns: &str, kind: EventType, object: Value) {
+    fn record(
+        &mut self,
+        rt: &'static ResourceType,
+        ns: &str,
+        kind: EventType,
+        object: Value,
+        size: usize,
+    ) {
         let ev = WatchEvent {
             rv: self.rv,
             plural: rt.storage,
             namespace: ns.to_string(),
             kind,
-            object,
+            object: Arc::new(object),
         };
-        self.history.push_back(ev.clone());
-        while self.history.len() > self.history_limit {
-            if let Some(old) = self.history.pop_front() {
+        self.history.push_back((ev, size));
+        self.history_bytes = self.history_bytes.saturating_add(size);
+        while self.history.len() > self.history_limit
+            || (self.history_bytes > MAX_HISTORY_BYTES && self.history.len() > 1)
+        {
+            if let Some((old, size)) = self.history.pop_front() {
                 self.compacted = old.rv;
+                self.history_bytes = self.history_bytes.saturating_sub(size);
             }
         }
         // No receiver is fine: nobody watches.
-        let _ = self.events.send(ev);
+        let _ = self.events.send(self.rv);
     }
 
     /// Events after `rv` for `plural` (and namespace when given), or 410 when `rv` is older
@@ -362,10 +454,12 @@ impl Store {
                 rv, self.compacted
             )));
         }
+        let start = self.history.partition_point(|(e, _)| e.rv <= rv);
         Ok(self
             .history
-            .iter()
-            .filter(|e| e.rv > rv && e.plural == plural && ns.is_none_or(|n| n == e.namespace))
+            .range(start..)
+            .map(|(e, _)| e)
+            .filter(|e| e.plural == plural && ns.is_none_or(|n| n == e.namespace))
             .cloned()
             .collect())
     }
@@ -376,8 +470,8 @@ impl Store {
         if rv < self.compacted {
             return None;
         }
-        let start = self.history.partition_point(|e| e.rv <= rv);
-        Some(self.history.range(start..))
+        let start = self.history.partition_point(|(e, _)| e.rv <= rv);
+        Some(self.history.range(start..).map(|(e, _)| e))
     }
 
     fn index(&mut self, storage: &str, obj: &Value, add: bool) {
@@ -518,14 +612,16 @@ impl Store {
         if has_spec {
             m.insert("generation".into(), json!(1));
         }
+        let key = (rt.storage, ns.to_string(), name);
+        let size = approx_size(&obj);
+        self.check_size(rt, &key, size)?;
         if self.dry_run {
             return Ok(obj);
         }
         self.rv = rv;
-        self.objects
-            .insert((rt.storage, ns.to_string(), name), obj.clone());
+        self.store(key, obj.clone(), size);
         self.index(rt.storage, &obj, true);
-        self.record(rt, ns, EventType::Added, obj.clone());
+        self.record(rt, ns, EventType::Added, obj.clone(), size);
         Ok(obj)
     }
 
@@ -583,15 +679,17 @@ impl Store {
         }
         let rv = self.rv + 1;
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
+        let key = (rt.storage, ns.to_string(), name.to_string());
+        let size = approx_size(&obj);
+        self.check_size(rt, &key, size)?;
         if self.dry_run {
             return Ok(obj);
         }
         self.rv = rv;
         self.index(rt.storage, &old, false);
-        self.objects
-            .insert((rt.storage, ns.to_string(), name.to_string()), obj.clone());
+        self.store(key, obj.clone(), size);
         self.index(rt.storage, &obj, true);
-        self.record(rt, ns, EventType::Modified, obj.clone());
+        self.record(rt, ns, EventType::Modified, obj.clone(), size);
         Ok(obj)
     }
 
@@ -629,12 +727,12 @@ impl Store {
                 .cloned()
                 .ok_or_else(|| ApiError::not_found(rt, name));
         }
-        let Some(mut obj) = self
-            .objects
-            .remove(&(rt.storage, ns.to_string(), name.to_string()))
-        else {
+        let key = (rt.storage, ns.to_string(), name.to_string());
+        let Some(mut obj) = self.objects.remove(&key) else {
             return Err(ApiError::not_found(rt, name));
         };
+        let size = self.sizes.remove(&key).unwrap_or(0);
+        self.live_bytes = self.live_bytes.saturating_sub(size);
         self.index(rt.storage, &obj, false);
         // The caller gets the object as last stored; the DELETED event carries the new
         // version, so a watch from the returned version sees the deletion.
@@ -642,7 +740,7 @@ impl Store {
         self.rv += 1;
         let rv = self.rv;
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
-        self.record(rt, ns, EventType::Deleted, obj);
+        self.record(rt, ns, EventType::Deleted, obj, size);
         Ok(last)
     }
 
@@ -712,5 +810,29 @@ mod tests {
             s.history_since("leases", None, 1001).map_err(|e| e.code),
             Err(410)
         );
+    }
+
+    #[test]
+    fn objects_and_the_watch_history_are_bounded_in_bytes() {
+        let mut s = Store::new(10_000);
+        let now = Timestamp(0);
+        let blob = |n: usize| json!({"metadata": {"name": "l"}, "spec": {"holderIdentity": "x".repeat(n)}});
+        assert!(s.create(leases(), "default", blob(1 << 20), now).is_ok());
+        let first = s.resource_version();
+        // Growing past the object limit (as repeated patches would) is refused.
+        let too_big = s.update(leases(), "default", "l", blob(MAX_OBJECT + 1));
+        assert_eq!(too_big.map_err(|e| e.code).err(), Some(413));
+        // A stream of 1 MiB updates keeps the history within its byte budget; a watcher
+        // from before is told to re-list.
+        for i in 0..(MAX_HISTORY_BYTES >> 20) + 8 {
+            let mut next = blob(1 << 20);
+            next["spec"]["renewTime"] = json!(i);
+            assert!(s.update(leases(), "default", "l", next).is_ok());
+        }
+        assert!(s.history_bytes <= MAX_HISTORY_BYTES + (2 << 20));
+        assert!(s.events_after(first).is_err());
+        assert!(s.live_bytes < 2 << 20, "one object is stored");
+        assert!(s.delete(leases(), "default", "l").is_ok());
+        assert_eq!(s.live_bytes, 0);
     }
 }

@@ -90,10 +90,16 @@ impl Component {
     }
 }
 
+/// The largest machine configuration a node accepts. Talos' own bound is the 32 MiB gRPC
+/// message; real configurations, inline manifests included, stay within a few MiB.
+pub const MAX_CONFIG: usize = 8 << 20;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     #[error("failed to parse config: {0}")]
     Parse(String),
+    #[error("the configuration is {len} bytes; the twin accepts at most {MAX_CONFIG}")]
+    TooLarge { len: usize },
     #[error("config is missing the v1alpha1 document (version: v1alpha1)")]
     MissingV1Alpha1,
     #[error("{kind} document conflicts with v1alpha1 field {path}: set one or the other")]
@@ -161,7 +167,12 @@ impl MachineConfig {
     /// Parses a (possibly multi-document) config and checks it the way Talos does on apply.
     /// `talos_version` is the node's version tag; it decides the Kubernetes range check.
     pub fn parse(bytes: &[u8], talos_version: &str) -> Result<Self, ConfigError> {
+        if bytes.len() > MAX_CONFIG {
+            return Err(ConfigError::TooLarge { len: bytes.len() });
+        }
         let text = std::str::from_utf8(bytes).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        // Aliases are bounded before any value is built.
+        crate::sim::yaml::check(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
         let mut docs = Vec::new();
         for doc in serde_yaml::Deserializer::from_str(text) {
             let v = <Value as serde::Deserialize>::deserialize(doc)

@@ -21,13 +21,16 @@ mod server;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tokio_rustls::rustls;
+use tonic::transport::Server;
 
-use crate::clock::Clock;
+use crate::clock::{Clock, Timestamp};
+use crate::sim::net::{self, NetLimits};
 use crate::sim::pki::{self, CertificateAuthority, IssuedCert, KeyAlgorithm, PkiError};
 use crate::talos::proto::cosi::resource::state_server::StateServer;
 use crate::talos::proto::machine::image_service_server::ImageServiceServer;
@@ -49,6 +52,8 @@ pub struct TalosTwinOptions {
     pub faults: Faults,
     /// Name of the talosconfig context.
     pub context: String,
+    /// Connection limits of every node's endpoint.
+    pub net: NetLimits,
 }
 
 impl Default for TalosTwinOptions {
@@ -57,6 +62,7 @@ impl Default for TalosTwinOptions {
             timings: Timings::default(),
             faults: Faults::default(),
             context: "ichor-sim".to_string(),
+            net: NetLimits::default(),
         }
     }
 }
@@ -72,11 +78,8 @@ pub enum TwinError {
         node: String,
         source: std::io::Error,
     },
-    #[error("configuring TLS for node {node}: {source}")]
-    Tls {
-        node: String,
-        source: tonic::transport::Error,
-    },
+    #[error("configuring TLS for node {node}: {message}")]
+    Tls { node: String, message: String },
 }
 
 /// A running Talos twin: the model and one mTLS gRPC endpoint per node.
@@ -88,6 +91,7 @@ pub struct TalosTwin {
     admin: IssuedCert,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    driver_wakeups: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for TalosTwin {
@@ -137,19 +141,17 @@ impl TalosTwin {
                 &[IpAddr::V4(Ipv4Addr::LOCALHOST), spec.ip],
                 KeyAlgorithm::Ed25519,
             )?;
-            let tls = ServerTlsConfig::new()
-                .identity(Identity::from_pem(&cert.cert_pem, &cert.key_pem))
-                .client_ca_root(Certificate::from_pem(ca.cert_pem()));
+            let tls = server_tls(&cert, ca.cert_der()).map_err(|e| TwinError::Tls {
+                node: spec.name.clone(),
+                message: e.to_string(),
+            })?;
             let api = server::NodeApi {
                 shared: shared.clone(),
                 endpoint: index,
             };
             let router = Server::builder()
-                .tls_config(tls)
-                .map_err(|source| TwinError::Tls {
-                    node: spec.name.clone(),
-                    source,
-                })?
+                .http2_keepalive_interval(Some(options.net.keepalive))
+                .http2_keepalive_timeout(Some(options.net.keepalive))
                 .add_service(
                     MachineServiceServer::new(api.clone()).max_decoding_message_size(MAX_MESSAGE),
                 )
@@ -158,8 +160,15 @@ impl TalosTwin {
                 .add_service(StateServer::new(api));
             let mut stop = shutdown.subscribe();
             let name = spec.name.clone();
+            // The handshake happens off the accept loop, under a timeout, in a bounded
+            // number of slots: idle sockets cannot hold the endpoint.
+            let incoming = net::tls_incoming(
+                listener,
+                tokio_rustls::TlsAcceptor::from(tls),
+                options.net,
+                shutdown.subscribe(),
+            );
             tasks.push(tokio::spawn(async move {
-                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
                 let signal = async move {
                     let _ = stop.wait_for(|s| *s).await;
                 };
@@ -169,7 +178,12 @@ impl TalosTwin {
             }));
             endpoints.push((spec.name.clone(), addr));
         }
-        tasks.push(tokio::spawn(drive(shared.clone(), shutdown.subscribe())));
+        let driver_wakeups = Arc::new(AtomicU64::new(0));
+        tasks.push(tokio::spawn(drive(
+            shared.clone(),
+            shutdown.subscribe(),
+            driver_wakeups.clone(),
+        )));
         let admin = ca.issue_client("admin", &["os:admin"], KeyAlgorithm::Ed25519)?;
         let context = pki::TalosContext {
             name: options.context.clone(),
@@ -190,6 +204,7 @@ impl TalosTwin {
             admin,
             shutdown,
             tasks,
+            driver_wakeups,
         })
     }
 
@@ -236,9 +251,20 @@ impl TalosTwin {
         self.shared.with(f)
     }
 
-    /// The observable state of every node, brought up to the clock's time.
+    /// The observable state of every node, brought up to the clock's time. A read: it
+    /// signals [`TalosTwin::changes`] only if due events were applied on the way.
     pub fn observe(&self) -> Vec<NodeObservation> {
-        self.shared.with(|m| m.observe())
+        self.shared.read(|m| m.observe())
+    }
+
+    /// When the next scheduled event is due.
+    pub fn next_due(&self) -> Option<Timestamp> {
+        self.shared.read(|m| m.next_due())
+    }
+
+    /// How many times the event driver has woken up.
+    pub fn driver_wakeups(&self) -> u64 {
+        self.driver_wakeups.load(Ordering::Relaxed)
     }
 
     /// A receiver that changes after every change of the model (an RPC acting, or a
@@ -249,7 +275,7 @@ impl TalosTwin {
 
     /// Applies every event due by the clock's current time.
     pub fn sync(&self) {
-        self.shared.with(|_| ())
+        self.shared.sync_now()
     }
 
     /// Stops every endpoint and waits for them to finish.
@@ -263,8 +289,13 @@ impl TalosTwin {
 
 /// Applies scheduled events as they come due on the clock, so subscribers and open
 /// streams see reboots and restarts without anyone calling in.
-async fn drive(shared: Arc<server::Shared>, mut stop: watch::Receiver<bool>) {
+async fn drive(
+    shared: Arc<server::Shared>,
+    mut stop: watch::Receiver<bool>,
+    wakeups: Arc<AtomicU64>,
+) {
     loop {
+        wakeups.fetch_add(1, Ordering::Relaxed);
         // Subscribe before reading the next due time, so a mutation in between is not missed.
         let mut changed = shared.changed.subscribe();
         let due = shared.next_due();
@@ -280,6 +311,29 @@ async fn drive(shared: Arc<server::Shared>, mut stop: watch::Receiver<bool>) {
             } => shared.sync_now(),
         }
     }
+}
+
+/// The endpoint's TLS: Talos' mutual TLS, a client certificate from the OS CA required.
+fn server_tls(
+    cert: &IssuedCert,
+    ca_der: &[u8],
+) -> Result<Arc<rustls::ServerConfig>, Box<dyn std::error::Error + Send + Sync>> {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from(ca_der.to_vec()))?;
+    let clients = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()?;
+    let key = PrivateKeyDer::Pkcs8(cert.key_der.clone().into());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(clients)
+        .with_single_cert(vec![CertificateDer::from(cert.cert_der.clone())], key)?;
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(cfg))
 }
 
 impl Drop for TalosTwin {

@@ -33,15 +33,28 @@ impl Shared {
         self.model.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `f` on the model brought up to the clock's time, then wakes the streams.
+    /// The model brought up to the clock's time. Applying due events is a change: the
+    /// streams and the projector are woken for it (and only then).
+    pub(crate) fn lock_synced(&self) -> MutexGuard<'_, TalosCluster> {
+        let mut m = self.lock();
+        if m.sync(self.clock.now()) > 0 {
+            self.changed.send_modify(|v| *v += 1);
+        }
+        m
+    }
+
+    /// Runs `f` on the model brought up to the clock's time, then wakes the streams: `f`
+    /// may change it.
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut TalosCluster) -> R) -> R {
-        let r = {
-            let mut m = self.lock();
-            m.sync(self.clock.now());
-            f(&mut m)
-        };
+        let r = f(&mut self.lock_synced());
         self.changed.send_modify(|v| *v += 1);
         r
+    }
+
+    /// Runs `f` on the model brought up to the clock's time without counting as a change,
+    /// so a reader (the projector) does not wake itself.
+    pub(crate) fn read<R>(&self, f: impl FnOnce(&TalosCluster) -> R) -> R {
+        f(&self.lock_synced())
     }
 
     pub(crate) fn next_due(&self) -> Option<Timestamp> {
@@ -50,10 +63,7 @@ impl Shared {
 
     /// Applies due events; wakes the streams only if something happened.
     pub(crate) fn sync_now(&self) {
-        let applied = self.lock().sync(self.clock.now());
-        if applied > 0 {
-            self.changed.send_modify(|v| *v += 1);
-        }
+        drop(self.lock_synced());
     }
 
     /// Waits until the model may have changed: a mutation, or the next scheduled event
@@ -209,8 +219,7 @@ impl NodeApi {
     fn targets<T>(&self, req: &Request<T>, access: Access) -> Result<Targets, Status> {
         self.authorize(req, access)?;
         let md = req.metadata();
-        let mut m = self.shared.lock();
-        m.sync(self.shared.clock.now());
+        let m = self.shared.lock_synced();
         m.check_up(self.endpoint).map_err(status)?;
         let text = |v: &tonic::metadata::MetadataValue<tonic::metadata::Ascii>| {
             v.to_str()
@@ -739,8 +748,7 @@ impl machine::machine_service_server::MachineService for NodeApi {
             let mut changed = shared.changed.subscribe();
             loop {
                 let (batch, gone) = {
-                    let mut m = shared.lock();
-                    m.sync(shared.clock.now());
+                    let m = shared.lock_synced();
                     let n = m.node(node);
                     let batch: Vec<_> = if n.events_epoch == epoch {
                         let b = n.events.get(next..).unwrap_or_default().to_vec();
@@ -1128,8 +1136,7 @@ impl cosi::state_server::State for NodeApi {
                 return;
             }
             let mut last = {
-                let mut m = shared.lock();
-                m.sync(shared.clock.now());
+                let m = shared.lock_synced();
                 snapshot(&m)
             };
             let mut initial = Vec::new();
@@ -1165,8 +1172,7 @@ impl cosi::state_server::State for NodeApi {
                     _ = tx.closed() => return,
                 }
                 let (now, gone) = {
-                    let mut m = shared.lock();
-                    m.sync(shared.clock.now());
+                    let m = shared.lock_synced();
                     let gone = !m.node(node).up || !m.node(endpoint).up;
                     (snapshot(&m), gone)
                 };
