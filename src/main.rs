@@ -591,9 +591,16 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
         }
     }
     if let Some(change) = passing {
-        let plan = gate::plan(&change, &PlanOptions::default())?;
         out.push_str(&format!(
-            "\n━━ The staged plan ichor would run once “{}” merges\n",
+            "\n━━ The same PR “{}”, gated live against the twin: the homelab cluster as main describes it,\n   simulated and served over the real Talos API (mTLS) and Kubernetes API on loopback\n",
+            change.head.name
+        ));
+        let (live, status, plan) = demo_live(&path, &change)?;
+        out.push_str(&live.render_text());
+        out.push_str("\n━━ `ichor status`: what the twin runs right now\n");
+        out.push_str(&status);
+        out.push_str(&format!(
+            "\n━━ The staged plan ichor would run once “{}” merges (from the live nodes)\n",
             change.head.name
         ));
         out.push_str(&plan.render_text());
@@ -601,6 +608,45 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     out.push_str("\nThe rollout itself against the simulated cluster comes with the rollout engine; see docs/.\n");
     print(&out)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Start the twin from the demo repository's checkout of main, judge `change` with the
+/// live items through ichor's own clients, read the status and plan from the live nodes.
+fn demo_live(
+    repo_dir: &std::path::Path,
+    change: &gate::Change,
+) -> anyhow::Result<(ichor::policy::Verdict, String, ichor::plan::Plan)> {
+    use ichor::sim::twin::{ClusterFolder, Twin, TwinOptions};
+    let folder = ClusterFolder::read(&repo_dir.join("clusters").join(&change.cluster))?;
+    let state = tempfile::Builder::new()
+        .prefix("ichor-demo-twin-")
+        .tempdir()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        // A manual clock: the twin moves only when the demo says, so its output is the same
+        // on every run.
+        let clock = ichor::clock::Clock::manual();
+        let twin =
+            Twin::start(clock.clone(), &folder, state.path(), TwinOptions::default()).await?;
+        twin.advance(std::time::Duration::from_secs(30));
+        let kube = ichor::kube::KubeClient::connect(Some(twin.kubeconfig())).await?;
+        let talos = ichor::talos::TalosClient::new(
+            ichor::talos::config::load(twin.talosconfig(), None)?,
+            clock,
+        );
+        let subject = gate::live::Subject::of(change);
+        let facts = gate::live::observe(&kube, Some(&talos), &subject).await;
+        let mut verdict = gate::verdict(change);
+        verdict.extend(gate::live::items(change, &facts));
+        let status = gate::live::StatusReport::new(&subject, &facts).render_text();
+        let nodes = gate::live::live_nodes(&facts);
+        let plan = gate::plan_with(change, &PlanOptions::default(), nodes.as_deref())?;
+        twin.shutdown().await;
+        Ok::<_, anyhow::Error>((verdict, status, plan))
+    })
 }
 
 /// Make `dir` hold the demo repository: build it when `dir` is missing or empty, reuse it

@@ -415,6 +415,20 @@ fn demo_runs_end_to_end() {
     let out = stdout(&o);
     assert!(out.contains("Kubernetes 1.34 is blocked on cilium >= 1.19"));
     assert!(out.contains("The staged plan ichor would run"));
+    // The passing PR is judged live against the twin, through ichor's own clients.
+    assert!(out.contains("gated live against the twin"), "{out}");
+    assert!(
+        out.contains("live/etcd           3 healthy members"),
+        "{out}"
+    );
+    assert!(
+        out.contains("live/cni-handover   Argo CD owns the CNI"),
+        "{out}"
+    );
+    assert!(
+        out.contains("etcd        3 members (cp-1, cp-2, cp-3)"),
+        "{out}"
+    );
 }
 
 #[test]
