@@ -854,6 +854,84 @@ impl TalosClient {
         .await
     }
 
+    /// Watch one COSI resource until its version differs from `than` (or it appears, when
+    /// `than` is `None`), and return it; `None` when it is destroyed. Bounded by the
+    /// deadline. The server first sends an empty message (the watch is ready), then the
+    /// current state, then changes.
+    pub async fn watch_resource_change(
+        &self,
+        node: &str,
+        namespace: &str,
+        kind: &str,
+        id: &str,
+        than: Option<&str>,
+        opts: CallOptions<'_>,
+    ) -> Result<Option<Resource>, TalosError> {
+        use super::proto::cosi::resource::{EventType, WatchOptions, WatchRequest};
+        self.call(node, "cosi Watch", opts, |c| async move {
+            let mut stream = StateClient::new(c)
+                .max_decoding_message_size(MAX_REPLY)
+                .watch(self.request(
+                    WatchRequest {
+                        namespace: namespace.into(),
+                        r#type: kind.into(),
+                        id: Some(id.into()),
+                        options: Some(WatchOptions::default()),
+                        api_version: 1,
+                    },
+                    node,
+                    opts.deadline,
+                )?)
+                .await?
+                .into_inner();
+            while let Some(msg) = stream.message().await? {
+                for ev in msg.event {
+                    if let Some(e) = ev.error.filter(|e| !e.is_empty()) {
+                        return Err(Status::internal(e));
+                    }
+                    match EventType::try_from(ev.event_type) {
+                        Ok(EventType::Destroyed) if than.is_some() => return Ok(None),
+                        Ok(EventType::Created) | Ok(EventType::Updated) => {
+                            let version = ev
+                                .resource
+                                .as_ref()
+                                .and_then(|r| r.metadata.as_ref())
+                                .map(|m| m.version.as_str());
+                            if version.is_some() && version != than {
+                                return Ok(ev.resource);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Err(Status::unavailable(
+                "the watch ended before the resource changed",
+            ))
+        })
+        .await
+    }
+
+    /// The bootstrap manifests Talos holds for the cluster (`Manifests.kubernetes.talos.dev`
+    /// in `controlplane`), as (id, YAML) pairs: what `talosctl upgrade-k8s` syncs.
+    pub async fn bootstrap_manifests(
+        &self,
+        node: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<Vec<(String, String)>, TalosError> {
+        let resources = self
+            .list_resources(node, "controlplane", "Manifests.kubernetes.talos.dev", opts)
+            .await?;
+        Ok(resources
+            .into_iter()
+            .map(|r| {
+                let id = r.metadata.map(|m| m.id).unwrap_or_default();
+                let yaml = r.spec.map(|s| s.yaml_spec).unwrap_or_default();
+                (id, yaml)
+            })
+            .collect())
+    }
+
     /// The node's active machine configuration (COSI `MachineConfigs.config.talos.dev`
     /// `v1alpha1`, from `proto_spec`, which holds the exact submitted bytes in every version).
     pub async fn machine_config(

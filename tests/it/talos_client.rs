@@ -333,6 +333,45 @@ async fn the_image_only_edit_applies_without_a_reboot_in_both_forms() -> TestRes
         assert_eq!(after.boot_id, before.boot_id, "{name}: no reboot");
         let mc2 = sim.client.machine_config(ip, opts()).await?;
         assert_ne!(mc2.version, mc.version);
+        // A watch from the old version returns the new one at once; from the new one it
+        // waits for the next change (and ends at its deadline here: there is none).
+        let changed = sim
+            .client
+            .watch_resource_change(
+                ip,
+                "config",
+                "MachineConfigs.config.talos.dev",
+                "v1alpha1",
+                Some(&mc.version),
+                opts(),
+            )
+            .await?
+            .ok_or("destroyed")?;
+        assert_eq!(
+            changed.metadata.map(|m| m.version),
+            Some(mc2.version.clone())
+        );
+        let short = CallOptions {
+            deadline: Duration::from_secs(10),
+            avoid: None,
+        };
+        let watch = sim.client.watch_resource_change(
+            ip,
+            "config",
+            "MachineConfigs.config.talos.dev",
+            "v1alpha1",
+            Some(&mc2.version),
+            short,
+        );
+        let clock = sim.clock.clone();
+        let tick = async move {
+            for _ in 0..20 {
+                tokio::task::yield_now().await;
+                clock.advance(Duration::from_secs(1));
+            }
+        };
+        let (r, ()) = tokio::join!(watch, tick);
+        assert!(matches!(r, Err(TalosError::Deadline { .. })), "{r:?}");
     }
     // Anything beyond the image fields is refused before it reaches a node.
     let mc = sim.client.machine_config(W1, opts()).await?;
