@@ -757,3 +757,97 @@ impl StatusReport {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, role: Role, talos: &str, kubelet: &str, volumes: &[&str]) -> Node {
+        Node {
+            name: name.into(),
+            role,
+            talos: Version::parse(talos).unwrap(),
+            kubelet: Version::parse(kubelet).unwrap(),
+            volumes: volumes.iter().map(|v| v.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn drift_names_every_disagreement() {
+        let listed = vec![
+            node("cp-1", Role::Controlplane, "v1.12.6", "v1.33.5", &[]),
+            node("w-1", Role::Worker, "v1.12.6", "v1.33.5", &["pvc-a"]),
+            node("w-gone", Role::Worker, "v1.12.6", "v1.33.5", &[]),
+        ];
+        let live = vec![
+            node("cp-1", Role::Controlplane, "v1.12.6", "v1.33.5", &[]),
+            node(
+                "w-1",
+                Role::Worker,
+                "v1.12.4",
+                "v1.32.9",
+                &["pvc-a", "pvc-b"],
+            ),
+            node("w-new", Role::Worker, "v1.12.6", "v1.33.5", &[]),
+        ];
+        let d = inventory_drift(&listed, &live);
+        assert_eq!(d.len(), 5, "{d:?}");
+        assert!(
+            d.iter()
+                .any(|l| l == "w-1: runs Talos v1.12.4, spec.inventory says v1.12.6"),
+            "{d:?}"
+        );
+        assert!(
+            d.iter().any(|l| l.contains("w-1: runs kubelet v1.32.9")),
+            "{d:?}"
+        );
+        assert!(
+            d.iter().any(|l| l.contains("holds volumes [pvc-a, pvc-b]")),
+            "{d:?}"
+        );
+        assert!(
+            d.iter()
+                .any(|l| l == "w-gone is in spec.inventory but not in the cluster"),
+            "{d:?}"
+        );
+        assert!(
+            d.iter()
+                .any(|l| l == "w-new runs in the cluster but is not in spec.inventory"),
+            "{d:?}"
+        );
+        assert!(inventory_drift(&listed[..1], &live[..1]).is_empty());
+    }
+
+    #[test]
+    fn etcd_with_too_few_members_warns_and_a_learner_waits() {
+        let member = |id, name: &str, learner| EtcdMember {
+            id,
+            hostname: name.into(),
+            peer_urls: vec![],
+            is_learner: learner,
+        };
+        let status = |id| EtcdStatus {
+            member_id: id,
+            leader: 1,
+            is_learner: false,
+            errors: vec![],
+        };
+        let one = EtcdView {
+            members: vec![member(1, "cp-1", false)],
+            statuses: vec![("cp-1".into(), Ok(status(1)))],
+        };
+        assert_eq!(etcd_item(&Ok(one)).status, Status::Warn);
+        let learner = EtcdView {
+            members: vec![
+                member(1, "cp-1", false),
+                member(2, "cp-2", false),
+                member(3, "cp-3", true),
+            ],
+            statuses: vec![],
+        };
+        let item = etcd_item(&Ok(learner));
+        assert_eq!(item.status, Status::Wait);
+        assert!(item.message.contains("cp-3"), "{}", item.message);
+        assert_eq!(etcd_item(&Err("down".into())).status, Status::Wait);
+    }
+}

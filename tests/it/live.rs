@@ -598,3 +598,32 @@ async fn post_json(l: &Live, url: &str, body: &Value) -> Result<(), Box<dyn std:
     client.request_text(req).await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn an_unreachable_cluster_exits_3_from_the_command_line() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let l = start(TwinConfig::default()).await?;
+    let dead = dir.path().join("kubeconfig");
+    let text = std::fs::read_to_string(l.twin.kubeconfig())?
+        .replace(&l.twin.kube.url, "https://127.0.0.1:1");
+    std::fs::write(&dead, text)?;
+    let repo = homelab().to_string_lossy().into_owned();
+    let dead = dead.to_string_lossy().into_owned();
+    let o = tokio::task::spawn_blocking(move || {
+        crate::ichor(&[
+            "check",
+            "--repo",
+            &repo,
+            "--base",
+            "main",
+            "--head",
+            "renovate/cilium-1.18.x",
+            "--kubeconfig",
+            &dead,
+        ])
+    })
+    .await?;
+    assert_eq!(o.status.code(), Some(3), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("WAITING"), "{}", stdout(&o));
+    Ok(())
+}
