@@ -12,5 +12,6 @@ pub mod kube;
 pub mod plan;
 pub mod policy;
 pub mod releaseset;
+pub mod rollout;
 pub mod sim;
 pub mod talos;

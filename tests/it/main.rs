@@ -6,6 +6,7 @@ mod live;
 mod policies;
 mod props;
 mod render;
+mod rollout;
 mod sim_github;
 mod sim_hardening;
 mod sim_kube;
