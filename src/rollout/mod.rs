@@ -4,7 +4,14 @@
 //! moment the lock is lost; any failure pauses with its root cause, and a node ichor
 //! cordoned that is healthy and not mid-upgrade is uncordoned on pause.
 //!
-//! Not yet here (issue 7): the Kubernetes stages, the rollout record in the cluster
+//! Then the Kubernetes stages (ADR 0057): kube-apiserver on each control plane, then
+//! controller-manager and scheduler, then the kubelets — control planes, then workers, each
+//! cordoned and drained. A component switch is the image-field-only edit of the node's own
+//! machine configuration, images pre-pulled, a dry run, then NO_REBOOT with its own
+//! deadline, verified from the Kubernetes API (the mirror pod on the target tag and Ready;
+//! the kubelet's version and Ready). No kubelet moves before every apiserver runs the target.
+//!
+//! Not yet here (issue 7): kube-proxy and the bootstrap-manifest sync, the rollout record in the cluster
 //! (markers live in memory, so a restart re-derives each node from what it observes and
 //! only loses a node's deadline), maintenance windows, holds and parallel batches (a batch's
 //! nodes go one after another, which is safe but slower).
@@ -19,6 +26,8 @@ use crate::kube::{DrainOutcome, KubeClient, LiveNode, LockState};
 use crate::plan::{Plan, StageId};
 use crate::releaseset::{Role, RolloutPolicy, Version};
 use crate::talos::client::{CallOptions, ImageNamespace, UpgradeApi};
+use crate::talos::machine_config::{set_images, Component};
+use crate::talos::proto::machine::apply_configuration_request::Mode as ApplyMode;
 use crate::talos::TalosClient;
 
 use step::{Action, NodeObservation, StepMarker, StepState};
@@ -117,11 +126,221 @@ impl Rollout<'_> {
                 }
             }
         }
+        self.release_lock().await;
+        Ok(StageOutcome::Completed { nodes: done })
+    }
+
+    /// Run the plan's Kubernetes stages to `target` (kube-apiserver, controller-manager and
+    /// scheduler, kubelets). Stages this slice does not run yet (kube-proxy and the
+    /// bootstrap manifests) pause before the kubelets with that reason.
+    pub async fn kubernetes_stages(
+        &self,
+        plan: &Plan,
+        target: &Version,
+        nodes: &[LiveNode],
+    ) -> Result<StageOutcome, RolloutError> {
+        if let Some(other) = self.hold_lock().await? {
+            return Ok(StageOutcome::Paused {
+                node: String::new(),
+                reason: format!("another rollout holds the lock ({other})"),
+            });
+        }
+        let mut done = Vec::new();
+        for stage in &plan.stages {
+            let components: &[Component] = match stage.id {
+                StageId::KubeApiserver => &[Component::ApiServer],
+                StageId::KubeControllerManagerScheduler => {
+                    &[Component::ControllerManager, Component::Scheduler]
+                }
+                StageId::Kubelet => &[Component::Kubelet],
+                StageId::KubeProxyManifests => {
+                    // kube-proxy and the bootstrap-manifest sync come with the next slice of
+                    // the engine. Where the CNI replaces kube-proxy the kubelets may follow
+                    // (the manifests are re-synced by Talos itself on the next apply); where
+                    // it does not, stop before the kubelets rather than run them out of order.
+                    if stage
+                        .steps
+                        .iter()
+                        .any(|s| s.kind == crate::plan::StepKind::KubeProxyAndManifests)
+                    {
+                        self.release_lock().await;
+                        return Ok(StageOutcome::Paused {
+                            node: String::new(),
+                            reason: "kube-proxy must move before the kubelets, and this version of ichor does not roll kube-proxy yet: run `talosctl upgrade-k8s` for the rest, or wait for the release that does".into(),
+                        });
+                    }
+                    continue;
+                }
+                StageId::Talos | StageId::Verify => continue,
+            };
+            for step in &stage.steps {
+                for name in &step.nodes {
+                    let node = nodes
+                        .iter()
+                        .find(|n| &n.name == name)
+                        .ok_or_else(|| RolloutError::UnknownNode(name.clone()))?;
+                    if let Some(reason) = self.switch(node, components, target).await? {
+                        self.release_on_pause(node).await;
+                        return Ok(StageOutcome::Paused {
+                            node: name.clone(),
+                            reason,
+                        });
+                    }
+                    done.push(format!("{}/{}", components[0], name));
+                }
+            }
+        }
+        self.release_lock().await;
+        Ok(StageOutcome::Completed { nodes: done })
+    }
+
+    async fn release_lock(&self) {
+        // Best effort: an unreleased lock expires after LOCK_DURATION anyway.
         let _ = self
             .kube
             .release_lease(ICHOR_NAMESPACE, &lock_name(&self.cluster), &self.holder)
             .await;
-        Ok(StageOutcome::Completed { nodes: done })
+    }
+
+    /// Whether `components` on `node` already run `tag`, as the Kubernetes API shows.
+    async fn runs(
+        &self,
+        node: &LiveNode,
+        components: &[Component],
+        tag: &str,
+    ) -> Result<bool, RolloutError> {
+        if components == [Component::Kubelet] {
+            let n = self
+                .kube
+                .nodes()
+                .await?
+                .into_iter()
+                .find(|n| n.name == node.name);
+            return Ok(n.is_some_and(|n| n.kubelet == tag && n.ready));
+        }
+        let pods = self.kube.mirror_pods().await?;
+        Ok(components.iter().all(|c| {
+            pods.iter().any(|p| {
+                p.node == node.name
+                    && p.component == c.name()
+                    && crate::kube::inventory::image_tag(&p.image) == Some(tag)
+                    && p.ready
+            })
+        }))
+    }
+
+    /// Switch `components` on `node` to `target`: `None` when it runs them, else the reason
+    /// it paused.
+    async fn switch(
+        &self,
+        node: &LiveNode,
+        components: &[Component],
+        target: &Version,
+    ) -> Result<Option<String>, RolloutError> {
+        let tag = target.tag();
+        if self.runs(node, components, &tag).await? {
+            return Ok(None);
+        }
+        let addr = Self::address(node);
+        let opts = CallOptions {
+            avoid: Some(&node.name),
+            ..CallOptions::default()
+        };
+        if let Some(other) = self.hold_lock().await? {
+            return Ok(Some(format!(
+                "the rollout lock was taken by {other}; every action stopped"
+            )));
+        }
+        let kubelet = components == [Component::Kubelet];
+        if kubelet {
+            // A kubelet restart is a disruption like a reboot: the node's workloads move first.
+            self.kube.cordon(&node.name).await?;
+            match self
+                .kube
+                .drain(&node.name, self.policy.drain_timeout.as_duration(), &self.clock)
+                .await?
+            {
+                DrainOutcome::Drained { .. } => {}
+                DrainOutcome::Blocked { pod, budget, message, waited_secs } => {
+                    return Ok(Some(format!(
+                        "the drain waited {waited_secs}s on {pod}{}: {message}; ichor never deletes or forces a pod",
+                        budget.map(|b| format!(" (PodDisruptionBudget {b})")).unwrap_or_default()
+                    )))
+                }
+            }
+        }
+        let mc = match self.talos.machine_config(&addr, opts).await {
+            Ok(mc) => mc,
+            Err(e) => return Ok(Some(format!("cannot read the machine configuration: {e}"))),
+        };
+        let edit = match set_images(&mc.yaml, &tag, components) {
+            Ok(e) => e,
+            Err(e) => return Ok(Some(format!("the image-only edit is refused: {e}"))),
+        };
+        let api = match self.talos.version(&addr, opts).await {
+            Ok(v) => v.upgrade_api,
+            Err(e) => return Ok(Some(format!("cannot read the node's Talos version: {e}"))),
+        };
+        for (c, _, image) in &edit.images {
+            // The kubelet runs as a system container; static pods run in the CRI.
+            let ns = if *c == Component::Kubelet {
+                ImageNamespace::System
+            } else {
+                ImageNamespace::Cri
+            };
+            if let Err(e) = self.talos.pull_image(&addr, image, ns, api, opts).await {
+                return Ok(Some(format!(
+                    "pre-pulling {image} failed, nothing was switched: {e}"
+                )));
+            }
+        }
+        if let Err(e) = self
+            .talos
+            .apply_configuration(&addr, &edit.yaml, ApplyMode::NoReboot, true, opts)
+            .await
+        {
+            return Ok(Some(format!(
+                "the dry run of the image-only edit was refused: {e}"
+            )));
+        }
+        if let Err(e) = self
+            .talos
+            .apply_configuration(&addr, &edit.yaml, ApplyMode::NoReboot, false, opts)
+            .await
+        {
+            return Ok(Some(format!(
+                "applying the image-only edit (NO_REBOOT) failed: {e}"
+            )));
+        }
+        // Verified from the Kubernetes API, within the node timeout.
+        let deadline = self
+            .clock
+            .now()
+            .plus(self.policy.node_timeout.as_duration());
+        loop {
+            if self.runs(node, components, &tag).await? {
+                break;
+            }
+            if self.clock.now() >= deadline {
+                let what: Vec<&str> = components.iter().map(|c| c.name()).collect();
+                return Ok(Some(format!(
+                    "{} on {} still not on {tag} and Ready after {}s (node timeout)",
+                    what.join(" and "),
+                    node.name,
+                    self.policy.node_timeout.as_duration().as_secs()
+                )));
+            }
+            if let Some(other) = self.hold_lock().await? {
+                return Ok(Some(format!(
+                    "the rollout lock was taken by {other}; every action stopped"
+                )));
+            }
+            self.clock.sleep(OBSERVE_EVERY).await;
+        }
+        if kubelet {
+            self.kube.uncordon(&node.name).await?;
+        }
+        Ok(None)
     }
 
     /// A paused cluster runs at full capacity: a node ichor cordoned that is Ready and not

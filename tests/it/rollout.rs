@@ -51,6 +51,25 @@ fn violations(twin: &Twin, max_unavailable: usize) -> Vec<String> {
     if !twin.talos.with_model(|m| m.etcd_has_quorum()) {
         out.push("etcd lost quorum".into());
     }
+    // Never a kubelet newer than any apiserver.
+    let version =
+        |s: &str| ichor::releaseset::Version::parse(s.rsplit(':').next().unwrap_or(s)).ok();
+    let apiservers: Vec<ichor::releaseset::Version> = obs
+        .iter()
+        .flat_map(|o| o.static_pods.iter())
+        .filter(|p| p.component == ichor::sim::talos::Component::ApiServer)
+        .filter_map(|p| version(&p.image))
+        .collect();
+    if let Some(oldest) = apiservers.iter().min() {
+        for o in &obs {
+            if version(&o.kubelet_version).is_some_and(|k| k > *oldest) {
+                out.push(format!(
+                    "kubelet {} on {} is newer than apiserver {oldest}",
+                    o.kubelet_version, o.name
+                ));
+            }
+        }
+    }
     out
 }
 
@@ -122,8 +141,21 @@ async fn setup(config: TwinConfig) -> Result<Setup, Box<dyn std::error::Error>> 
     })
 }
 
+#[derive(Clone, Copy)]
+enum Which {
+    Talos,
+    Kubernetes,
+}
+
 /// Run the Talos stage while the clock moves, checking the invariants after every tick.
 async fn run_stage(s: &Setup) -> Result<(StageOutcome, Vec<String>), Box<dyn std::error::Error>> {
+    run(s, Which::Talos).await
+}
+
+async fn run(
+    s: &Setup,
+    which: Which,
+) -> Result<(StageOutcome, Vec<String>), Box<dyn std::error::Error>> {
     let doc = s.change.cluster_doc.clone().ok_or("no cluster.yaml")?;
     let engine = Rollout {
         kube: &s.kube,
@@ -141,8 +173,14 @@ async fn run_stage(s: &Setup) -> Result<(StageOutcome, Vec<String>), Box<dyn std
     };
     let max_unavailable = doc.spec.rollout.max_unavailable.get() as usize;
     let seen = RefCell::new(Vec::<String>::new());
-    let target = s.change.head_release_set.spec.talos.clone();
-    let run = engine.talos_stage(&s.plan, &target, &s.nodes);
+    let talos = s.change.head_release_set.spec.talos.clone();
+    let k8s = s.change.head_release_set.spec.kubernetes.clone();
+    let run = async {
+        match which {
+            Which::Talos => engine.talos_stage(&s.plan, &talos, &s.nodes).await,
+            Which::Kubernetes => engine.kubernetes_stages(&s.plan, &k8s, &s.nodes).await,
+        }
+    };
     let ticker = async {
         loop {
             tokio::task::yield_now().await;
@@ -257,6 +295,75 @@ async fn a_node_that_never_returns_pauses_with_its_root_cause() -> TestResult {
         if n.name != "w-2" {
             assert!(!n.cordoned, "{} left cordoned", n.name);
         }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_grouped_bump_rolls_talos_then_kubernetes_and_no_kubelet_outruns_an_apiserver(
+) -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let (talos, seen) = run(&s, Which::Talos).await?;
+    assert!(matches!(talos, StageOutcome::Completed { .. }), "{talos:?}");
+    assert_eq!(seen, Vec::<String>::new());
+    let (kube, seen) = run(&s, Which::Kubernetes).await?;
+    assert_eq!(
+        seen,
+        Vec::<String>::new(),
+        "invariants broken during the Kubernetes stages"
+    );
+    match kube {
+        StageOutcome::Completed { nodes } => {
+            // apiservers on every control plane first, then controller-manager/scheduler,
+            // then kubelets: control planes before workers.
+            let first_kubelet = nodes
+                .iter()
+                .position(|n| n.starts_with("kubelet/"))
+                .ok_or("no kubelet step")?;
+            assert!(
+                nodes[..first_kubelet]
+                    .iter()
+                    .filter(|n| n.starts_with("kube-apiserver/"))
+                    .count()
+                    == 3,
+                "{nodes:?}"
+            );
+            assert_eq!(
+                &nodes[first_kubelet..],
+                [
+                    "kubelet/cp-1",
+                    "kubelet/cp-2",
+                    "kubelet/cp-3",
+                    "kubelet/w-1",
+                    "kubelet/w-2",
+                    "kubelet/w-3"
+                ]
+            );
+        }
+        other => return Err(format!("expected completion, got {other:?}").into()),
+    }
+    for o in s.twin.talos.observe() {
+        assert!(
+            o.kubelet_version.ends_with("v1.33.7"),
+            "{}: kubelet {}",
+            o.name,
+            o.kubelet_version
+        );
+        for p in &o.static_pods {
+            assert!(
+                p.image.ends_with(":v1.33.7") && p.ready,
+                "{}: {:?}",
+                o.name,
+                p
+            );
+        }
+    }
+    for n in s.kube.nodes().await? {
+        assert!(
+            !n.cordoned && n.ready,
+            "{} left cordoned or not Ready",
+            n.name
+        );
     }
     Ok(())
 }
