@@ -595,7 +595,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
             "\n━━ The same PR “{}”, gated live against the twin: the homelab cluster as main describes it,\n   simulated and served over the real Talos API (mTLS) and Kubernetes API on loopback\n",
             change.head.name
         ));
-        let (live, status, plan) = demo_live(&path, &change)?;
+        let (live, status, plan, rollout) = demo_live(&path, &change)?;
         out.push_str(&live.render_text());
         out.push_str("\n━━ `ichor status`: what the twin runs right now\n");
         out.push_str(&status);
@@ -604,8 +604,13 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
             change.head.name
         ));
         out.push_str(&plan.render_text());
+        out.push_str(&format!(
+            "\n━━ “{}” merged: ichor rolls it out on the twin (Talos first, then Kubernetes)\n",
+            change.head.name
+        ));
+        out.push_str(&rollout);
     }
-    out.push_str("\nThe rollout itself against the simulated cluster comes with the rollout engine; see docs/.\n");
+    out.push_str("\nkube-proxy, the bootstrap-manifest sync and the `ichor rollout` command come next; see docs/rollout.md.\n");
     print(&out)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -615,7 +620,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
 fn demo_live(
     repo_dir: &std::path::Path,
     change: &gate::Change,
-) -> anyhow::Result<(ichor::policy::Verdict, String, ichor::plan::Plan)> {
+) -> anyhow::Result<(ichor::policy::Verdict, String, ichor::plan::Plan, String)> {
     use ichor::sim::twin::{ClusterFolder, Twin, TwinOptions};
     let folder = ClusterFolder::read(&repo_dir.join("clusters").join(&change.cluster))?;
     let state = tempfile::Builder::new()
@@ -644,9 +649,104 @@ fn demo_live(
         let status = gate::live::StatusReport::new(&subject, &facts).render_text();
         let nodes = gate::live::live_nodes(&facts);
         let plan = gate::plan_with(change, &PlanOptions::default(), nodes.as_deref())?;
+        let log = demo_rollout(&twin, &kube, &talos, change, &plan).await?;
         twin.shutdown().await;
-        Ok::<_, anyhow::Error>((verdict, status, plan))
+        Ok::<_, anyhow::Error>((verdict, status, plan, log))
     })
+}
+
+/// Roll `change` out on the twin: Talos, then Kubernetes, with the twin's clock moving as
+/// fast as the engine lets it. Returns the progress lines with simulated time offsets.
+async fn demo_rollout(
+    twin: &ichor::sim::twin::Twin,
+    kube: &ichor::kube::KubeClient,
+    talos: &ichor::talos::TalosClient,
+    change: &gate::Change,
+    plan: &ichor::plan::Plan,
+) -> anyhow::Result<String> {
+    use ichor::rollout::{Rollout, StageOutcome};
+    let clock = twin.talos.clock().clone();
+    let start = clock.now();
+    let lines = std::sync::Mutex::new(String::new());
+    let report = |line: String| {
+        let t = clock.now().since(start).as_secs();
+        if let Ok(mut l) = lines.lock() {
+            l.push_str(&format!(
+                "  +{:02}:{:02}:{:02}  {}\n",
+                t / 3600,
+                (t % 3600) / 60,
+                t % 60,
+                ichor::escape::terminal(&line)
+            ));
+        }
+    };
+    let doc = change
+        .cluster_doc
+        .clone()
+        .unwrap_or_else(|| unreachable_cluster_doc(change));
+    let engine = Rollout {
+        kube,
+        talos,
+        clock: clock.clone(),
+        cluster: change.cluster.clone(),
+        holder: "ichor-demo".into(),
+        policy: doc.spec.rollout.clone(),
+        installer_image: doc
+            .spec
+            .talos
+            .installer_image
+            .clone()
+            .unwrap_or_else(|| "ghcr.io/siderolabs/installer".into()),
+        report: Some(&report),
+    };
+    let nodes = kube.nodes().await?;
+    let rs = &change.head_release_set.spec;
+    let run = async {
+        let talos = engine.talos_stage(plan, &rs.talos, &nodes).await?;
+        if !matches!(talos, StageOutcome::Completed { .. }) {
+            return Ok(talos);
+        }
+        engine.kubernetes_stages(plan, &rs.kubernetes, &nodes).await
+    };
+    // The twin's clock moves in steps while the engine waits on it: minutes of a real
+    // rollout pass in well under a second.
+    let ticker = async {
+        loop {
+            tokio::task::yield_now().await;
+            twin.advance(std::time::Duration::from_secs(2));
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    };
+    let outcome: Result<StageOutcome, ichor::rollout::RolloutError> = tokio::select! {
+        r = run => r,
+        _ = ticker => unreachable!("the ticker never ends"),
+    };
+    let mut out = lines.into_inner().unwrap_or_default();
+    match outcome? {
+        StageOutcome::Completed { .. } => out.push_str(&format!(
+            "\nDone: every node runs Talos {} and Kubernetes {} ({} of simulated time).\n",
+            rs.talos,
+            rs.kubernetes,
+            ichor::releaseset::HumanDuration(clock.now().since(start))
+        )),
+        StageOutcome::Paused { node, reason } => out.push_str(&format!(
+            "\nPaused at {node}: {}\n",
+            ichor::escape::terminal(&reason)
+        )),
+    }
+    Ok(out)
+}
+
+/// The demo's cluster always has a cluster.yaml; this keeps the types honest without one.
+fn unreachable_cluster_doc(change: &gate::Change) -> ichor::releaseset::Cluster {
+    ichor::releaseset::Cluster {
+        api_version: ichor::releaseset::ApiVersion::V1alpha1,
+        kind: ichor::releaseset::ClusterKind::Cluster,
+        metadata: ichor::releaseset::Metadata {
+            name: change.cluster.clone(),
+        },
+        spec: Default::default(),
+    }
 }
 
 /// Make `dir` hold the demo repository: build it when `dir` is missing or empty, reuse it

@@ -121,6 +121,32 @@ impl KubeClient {
         Ok(KubeClient { client })
     }
 
+    /// Create the namespace if it does not exist (ichor's own `ichor-system`, for the lock
+    /// and the record; `deploy/` creates it too).
+    pub async fn ensure_namespace(&self, name: &str) -> Result<(), KubeError> {
+        use k8s_openapi::api::core::v1::Namespace;
+        let api = Api::<Namespace>::all(self.client.clone());
+        let what = format!("namespace {name}");
+        if api
+            .get_opt(name)
+            .await
+            .map_err(|e| KubeError::from_kube(what.clone(), e))?
+            .is_some()
+        {
+            return Ok(());
+        }
+        let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))
+            .map_err(|e| KubeError::Reply {
+                what: what.clone(),
+                message: e.to_string(),
+            })?;
+        match api.create(&PostParams::default(), &ns).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(KubeError::from_kube(what, e)),
+        }
+    }
+
     /// A ConfigMap with its resourceVersion, or `None`.
     pub async fn config_map(
         &self,

@@ -69,10 +69,19 @@ pub struct Rollout<'a> {
     pub policy: RolloutPolicy,
     /// The installer image without a tag (`cluster.yaml` `spec.talos.installerImage`).
     pub installer_image: String,
+    /// Where progress goes, one line per thing done (a terminal, a PR comment, a log).
+    pub report: Option<&'a (dyn Fn(String) + Sync)>,
 }
 
 impl Rollout<'_> {
+    fn say(&self, line: String) {
+        if let Some(r) = self.report {
+            r(line);
+        }
+    }
+
     async fn hold_lock(&self) -> Result<Option<String>, RolloutError> {
+        self.kube.ensure_namespace(ICHOR_NAMESPACE).await?;
         match self
             .kube
             .acquire_lease(
@@ -340,6 +349,12 @@ impl Rollout<'_> {
         if kubelet {
             self.kube.uncordon(&node.name).await?;
         }
+        let what: Vec<&str> = components.iter().map(|c| c.name()).collect();
+        self.say(format!(
+            "{} {}: on {tag}, Ready",
+            what.join(" and "),
+            node.name
+        ));
         Ok(None)
     }
 
@@ -440,8 +455,17 @@ impl Rollout<'_> {
                 self.policy.node_timeout.as_duration(),
             );
             match state {
-                StepState::Done => return Ok(None),
-                StepState::Failed(why) => return Ok(Some(why)),
+                StepState::Done => {
+                    self.say(format!(
+                        "talos {}: on {target}, Ready, back in service",
+                        node.name
+                    ));
+                    return Ok(None);
+                }
+                StepState::Failed(why) => {
+                    self.say(format!("talos {}: paused: {why}", node.name));
+                    return Ok(Some(why));
+                }
                 StepState::Settling(_) => self.clock.sleep(OBSERVE_EVERY).await,
                 StepState::Act(Action::PrePull) => {
                     // A failed pull pauses before anything is disrupted.
@@ -455,15 +479,21 @@ impl Rollout<'_> {
                         )));
                     }
                     marker.pre_pulled = true;
+                    self.say(format!("talos {}: pre-pulled {installer}", node.name));
                 }
-                StepState::Act(Action::Cordon) => self.kube.cordon(&node.name).await?,
+                StepState::Act(Action::Cordon) => {
+                    self.kube.cordon(&node.name).await?;
+                    self.say(format!("talos {}: cordoned", node.name));
+                }
                 StepState::Act(Action::Drain) => {
                     match self
                         .kube
                         .drain(&node.name, self.policy.drain_timeout.as_duration(), &self.clock)
                         .await?
                     {
-                        DrainOutcome::Drained { .. } => {}
+                        DrainOutcome::Drained { evicted } => {
+                            self.say(format!("talos {}: drained ({} pods evicted)", node.name, evicted.len()))
+                        }
                         DrainOutcome::Blocked { pod, budget, message, waited_secs } => {
                             return Ok(Some(format!(
                                 "the drain waited {waited_secs}s on {pod}{}: {message}; ichor never deletes or forces a pod — let the budget allow it, then resume",
@@ -501,6 +531,14 @@ impl Rollout<'_> {
                         return Ok(Some(format!("the upgrade to {installer} was refused: {e}")));
                     }
                     marker.upgrade_requested = true;
+                    self.say(format!(
+                        "talos {}: upgrade to {target} requested ({})",
+                        node.name,
+                        match api {
+                            UpgradeApi::Lifecycle => "LifecycleService, then reboot",
+                            UpgradeApi::Machine => "MachineService/Upgrade, which reboots",
+                        }
+                    ));
                 }
                 StepState::Act(Action::Uncordon) => {
                     self.kube.uncordon(&node.name).await?;

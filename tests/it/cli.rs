@@ -429,6 +429,18 @@ fn demo_runs_end_to_end() {
         out.contains("etcd        3 members (cp-1, cp-2, cp-3)"),
         "{out}"
     );
+    // Then the merged PR is rolled out on the twin, Talos first, then Kubernetes.
+    let talos_done = out
+        .find("talos w-3: on v1.12.9, Ready")
+        .expect("Talos progress");
+    let kubelet_done = out
+        .find("kubelet w-3: on v1.33.7, Ready")
+        .expect("kubelet progress");
+    assert!(talos_done < kubelet_done, "{out}");
+    assert!(
+        out.contains("Done: every node runs Talos v1.12.9 and Kubernetes v1.33.7"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -170,6 +170,7 @@ async fn run(
             .installer_image
             .clone()
             .ok_or("no installer image")?,
+        report: None,
     };
     let max_unavailable = doc.spec.rollout.max_unavailable.get() as usize;
     let seen = RefCell::new(Vec::<String>::new());
