@@ -295,11 +295,13 @@ fn entry<'a>(v: &'a mut Value, key: &str) -> &'a mut Value {
     let Value::Mapping(m) = v else {
         unreachable!("made a mapping just above")
     };
-    let k = Value::String(key.to_string());
-    if !m.get(&k).is_some_and(Value::is_mapping) {
-        m.insert(k.clone(), Value::Mapping(Mapping::new()));
+    let slot = m
+        .entry(Value::String(key.to_string()))
+        .or_insert_with(|| Value::Mapping(Mapping::new()));
+    if !slot.is_mapping() {
+        *slot = Value::Mapping(Mapping::new());
     }
-    m.get_mut(&k).expect("inserted just above")
+    slot
 }
 
 fn set(v: &mut Value, key: &str, value: Value) {
