@@ -1696,6 +1696,14 @@ mod tests {
         ("metrics-server", "0.7.2", "1.27", None, &[]),
         ("metrics-server", "0.8.0", "1.31", None, &[]),
         ("metrics-server", "0.9.0", "1.34", None, &[]),
+        ("velero", "1.14.2", "1.18", None, &[]),
+        ("velero", "1.15.0", "1.18", None, &[]),
+        ("velero", "1.16.1", "1.18", None, &[]),
+        ("velero", "1.17.0", "1.18", None, &[]),
+        ("velero", "1.18.0", "1.18", None, &[]),
+        ("kube-prometheus", "0.15.0", "1.31", Some("1.33"), &[]),
+        ("kube-prometheus", "0.17.0", "1.33", Some("1.35"), &[]),
+        ("kube-prometheus", "0.18.1", "1.33", Some("1.36"), &[]),
     ];
 
     /// Kubernetes `minor` ± `delta` as a patch release that no patch floor concerns.
