@@ -1704,6 +1704,9 @@ mod tests {
         ("kube-prometheus", "0.15.0", "1.31", Some("1.33"), &[]),
         ("kube-prometheus", "0.17.0", "1.33", Some("1.35"), &[]),
         ("kube-prometheus", "0.18.1", "1.33", Some("1.36"), &[]),
+        ("gateway-api", "1.4.1", "1.30", None, &[]),
+        ("gateway-api", "1.5.0", "1.31", None, &[]),
+        ("gateway-api", "1.6.1", "1.32", None, &[]),
     ];
 
     /// Kubernetes `minor` ± `delta` as a patch release that no patch floor concerns.
