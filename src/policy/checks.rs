@@ -1690,6 +1690,8 @@ mod tests {
         ("ingress-nginx", "1.13.9", "1.29", Some("1.33"), &[]),
         ("ingress-nginx", "1.14.5", "1.30", Some("1.34"), &[]),
         ("ingress-nginx", "1.15.1", "1.31", Some("1.35"), &[]),
+        ("longhorn", "1.8.3", "1.25", None, &[]),
+        ("longhorn", "1.9.0", "1.25", None, &[]),
         ("longhorn", "1.11.2", "1.25", None, &[]),
         ("longhorn", "1.11.3", "1.34", None, &[]),
         ("longhorn", "1.12.2", "1.25", None, &[]),
@@ -2251,11 +2253,11 @@ mod tests {
             item.message
         );
         // An older line the rows do not cover says what they do cover.
-        let b = k8s_bump("v1.32.9", "v1.33.5", "cilium@1.18.3", &["longhorn@v1.9.2"]);
+        let b = k8s_bump("v1.32.9", "v1.33.5", "cilium@1.18.3", &["longhorn@v1.7.2"]);
         let item = addon_item(&b, &p(), &b.head.spec.addons[0]);
         assert_eq!(item.status, Status::Warn);
         assert!(
-            item.message.contains("rows cover longhorn 1.10.0 to 1.13"),
+            item.message.contains("rows cover longhorn 1.8.0 to 1.13"),
             "{}",
             item.message
         );
