@@ -1641,6 +1641,7 @@ mod tests {
         ("calico", "3.32.1", "1.34", Some("1.36"), &[]),
         ("calico", "3.33.0", "1.35", Some("1.37"), &[]),
         ("flannel", "0.27.4", "1.19", None, &[]),
+        ("cert-manager", "1.14.7", "1.24", Some("1.31"), &[]),
         ("cert-manager", "1.15.5", "1.25", Some("1.32"), &[]),
         ("cert-manager", "1.16.0", "1.25", Some("1.32"), &[]),
         ("cert-manager", "1.17.2", "1.29", Some("1.33"), &[]),
@@ -1648,6 +1649,7 @@ mod tests {
         ("cert-manager", "1.19.3", "1.31", Some("1.35"), &[]),
         ("cert-manager", "1.20.2", "1.32", Some("1.35"), &[]),
         ("cert-manager", "1.21.0", "1.33", Some("1.36"), &[]),
+        ("cloudnative-pg", "1.24.4", "1.28", Some("1.31"), &[]),
         ("cloudnative-pg", "1.25.1", "1.29", Some("1.32"), &[]),
         ("cloudnative-pg", "1.26.0", "1.30", Some("1.33"), &[]),
         ("cloudnative-pg", "1.27.0", "1.31", Some("1.33"), &[]),
@@ -1683,10 +1685,13 @@ mod tests {
         ("flux", "2.7.5", "1.32", None, &["1.34.1"]),
         ("flux", "2.8.0", "1.33", None, &["1.34.1"]),
         ("flux", "2.9.1", "1.33", None, &["1.34.1"]),
+        ("ingress-nginx", "1.11.8", "1.26", Some("1.30"), &[]),
         ("ingress-nginx", "1.12.1", "1.28", Some("1.32"), &[]),
         ("ingress-nginx", "1.13.9", "1.29", Some("1.33"), &[]),
         ("ingress-nginx", "1.14.5", "1.30", Some("1.34"), &[]),
         ("ingress-nginx", "1.15.1", "1.31", Some("1.35"), &[]),
+        ("longhorn", "1.8.3", "1.25", None, &[]),
+        ("longhorn", "1.9.0", "1.25", None, &[]),
         ("longhorn", "1.11.2", "1.25", None, &[]),
         ("longhorn", "1.11.3", "1.34", None, &[]),
         ("longhorn", "1.12.2", "1.25", None, &[]),
@@ -1696,6 +1701,17 @@ mod tests {
         ("metrics-server", "0.7.2", "1.27", None, &[]),
         ("metrics-server", "0.8.0", "1.31", None, &[]),
         ("metrics-server", "0.9.0", "1.34", None, &[]),
+        ("velero", "1.14.2", "1.18", None, &[]),
+        ("velero", "1.15.0", "1.18", None, &[]),
+        ("velero", "1.16.1", "1.18", None, &[]),
+        ("velero", "1.17.0", "1.18", None, &[]),
+        ("velero", "1.18.0", "1.18", None, &[]),
+        ("kube-prometheus", "0.15.0", "1.31", Some("1.33"), &[]),
+        ("kube-prometheus", "0.17.0", "1.33", Some("1.35"), &[]),
+        ("kube-prometheus", "0.18.1", "1.33", Some("1.36"), &[]),
+        ("gateway-api", "1.4.1", "1.30", None, &[]),
+        ("gateway-api", "1.5.0", "1.31", None, &[]),
+        ("gateway-api", "1.6.1", "1.32", None, &[]),
     ];
 
     /// Kubernetes `minor` ± `delta` as a patch release that no patch floor concerns.
@@ -2237,11 +2253,11 @@ mod tests {
             item.message
         );
         // An older line the rows do not cover says what they do cover.
-        let b = k8s_bump("v1.32.9", "v1.33.5", "cilium@1.18.3", &["longhorn@v1.9.2"]);
+        let b = k8s_bump("v1.32.9", "v1.33.5", "cilium@1.18.3", &["longhorn@v1.7.2"]);
         let item = addon_item(&b, &p(), &b.head.spec.addons[0]);
         assert_eq!(item.status, Status::Warn);
         assert!(
-            item.message.contains("rows cover longhorn 1.10.0 to 1.13"),
+            item.message.contains("rows cover longhorn 1.8.0 to 1.13"),
             "{}",
             item.message
         );
