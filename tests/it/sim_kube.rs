@@ -59,6 +59,30 @@ async fn kubectl(kubeconfig: &Path, cache: &Path, args: &[&str]) -> Out {
     o
 }
 
+/// Pods go at once when deleted (no grace period), for tests about what follows a deletion.
+fn instant_deletion() -> Behaviour {
+    Behaviour {
+        pod_termination: Duration::ZERO,
+        ..Behaviour::default()
+    }
+}
+
+/// Run `fut` (a kubectl that waits for pods to go) while the twin's clock moves on, 1 s
+/// of simulated time per wall millisecond or so, so grace periods pass.
+async fn ticking<T>(t: &KubeTwin, fut: impl std::future::Future<Output = T>) -> T {
+    let ticker = async {
+        loop {
+            t.clock().advance(Duration::from_secs(1));
+            t.sync();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::select! {
+        r = fut => r,
+        _ = ticker => unreachable!("the ticker never ends"),
+    }
+}
+
 fn drain_seed() -> KubeSeed {
     KubeSeed::typical(1, 3)
 }
@@ -211,18 +235,28 @@ async fn kubectl_drain_evicts_and_pods_come_back_elsewhere() {
         .with(|c, _| c.get("nodes", "", "worker-1"))
         .unwrap_or_default();
     assert_eq!(node.pointer("/spec/unschedulable"), None);
-    let out = kubectl(
-        &t.kubeconfig,
-        &cache,
-        &[
-            "drain",
-            "worker-1",
-            "--ignore-daemonsets",
-            "--delete-emptydir-data",
-            "--timeout=60s",
-        ],
+    // kubectl waits for the evicted pods to go, which takes their grace period (30 s) on
+    // the twin's clock: keep the clock moving meanwhile.
+    let evicted_at = t.clock().now();
+    let out = ticking(
+        &t,
+        kubectl(
+            &t.kubeconfig,
+            &cache,
+            &[
+                "drain",
+                "worker-1",
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=60s",
+            ],
+        ),
     )
     .await;
+    assert!(
+        t.clock().now().since(evicted_at) >= Duration::from_secs(30),
+        "the drain waited out the grace period"
+    );
     assert!(out.ok, "drain failed: {}", out.stderr);
     assert!(
         out.stdout.contains("node/worker-1 drained"),
@@ -234,16 +268,13 @@ async fn kubectl_drain_evicts_and_pods_come_back_elsewhere() {
         left.iter().all(|p| owner_kind(p) == "DaemonSet"),
         "only DaemonSet pods stay"
     );
-    // Replacements exist but wait for the start delay on the simulated clock.
+    // The replacements started elsewhere while the evicted pods terminated.
     let web_ready = |t: &KubeTwin| {
         t.with(|c, _| c.list("pods", Some("default")))
             .iter()
             .filter(|p| p.pointer("/status/phase") == Some(&json!("Running")))
             .count()
     };
-    assert_eq!(web_ready(&t), 2);
-    t.clock().advance(Duration::from_secs(10));
-    t.sync();
     assert_eq!(web_ready(&t), 3);
     let web: Vec<Value> = t.with(|c, _| c.list("pods", Some("default")));
     assert!(web
@@ -480,10 +511,13 @@ async fn kubectl_prints_the_other_kinds_and_follows_a_daemonset_rollout() {
         .as_str()
         .unwrap_or("")
         .to_string();
-    let del = kubectl(
-        &t.kubeconfig,
-        &cache,
-        &["delete", "pod", &web, "--timeout=10s"],
+    let del = ticking(
+        &t,
+        kubectl(
+            &t.kubeconfig,
+            &cache,
+            &["delete", "pod", &web, "--timeout=10s"],
+        ),
     )
     .await;
     assert!(del.ok && del.stdout.contains("deleted"), "{}", del.stderr);
@@ -661,7 +695,7 @@ async fn eviction_blocked_by_a_pdb_is_429_with_the_disruption_budget_cause() {
     let first = api
         .call("POST", &path(&web[0]), None, Some(evict(&web[0])))
         .await;
-    assert_eq!(first.code, 200, "{}", first.text);
+    assert_eq!(first.code, 201, "{}", first.text);
     assert_eq!(first.body["status"], "Success");
     let pdb = api
         .get("/apis/policy/v1/namespaces/default/poddisruptionbudgets/web")
@@ -693,7 +727,7 @@ async fn eviction_blocked_by_a_pdb_is_429_with_the_disruption_budget_cause() {
     let third = api
         .call("POST", &path(&web[1]), None, Some(evict(&web[1])))
         .await;
-    assert_eq!(third.code, 200, "{}", third.text);
+    assert_eq!(third.code, 201, "{}", third.text);
     // Unknown pod: 404 NotFound Status.
     let gone = api
         .call("POST", &path("nope"), None, Some(evict("nope")))
@@ -743,7 +777,7 @@ async fn eviction_of_unready_pods_follows_unhealthy_pod_eviction_policy() {
         max_unavailable: None,
         unhealthy_pod_eviction_policy: policy.map(String::from),
     };
-    for (policy, want) in [(None, 429), (Some("AlwaysAllow"), 200)] {
+    for (policy, want) in [(None, 429), (Some("AlwaysAllow"), 201)] {
         let seed = KubeSeed::nodes(1, 3)
             .deployment("default", "web", 3)
             .pdb(pdb(policy));
@@ -1237,7 +1271,7 @@ async fn fault_pdb_that_never_allows() {
             Some(json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod}})),
         )
         .await;
-    assert_eq!(r.code, 200);
+    assert_eq!(r.code, 201);
 }
 
 // ---- behaviour -----------------------------------------------------------------------------
@@ -1248,7 +1282,7 @@ async fn deleted_pods_are_recreated_on_a_schedulable_node_after_the_delay() {
         KubeSeed::nodes(1, 3)
             .deployment("default", "web", 3)
             .statefulset("db", "pg", 2),
-        Behaviour::default(),
+        instant_deletion(),
     )
     .await;
     t.with(|c, now| c.set_unschedulable("worker-3", true, now))
@@ -1499,8 +1533,8 @@ async fn terminal_pods_are_evicted_without_a_budget_check_and_dry_run_keeps_the_
     let r = api
         .call("POST", &path, None, Some(evict(&name, false)))
         .await;
-    assert_eq!(r.code, 200, "{}", r.text);
-    // No PDB covers the bare pod: dry run answers 200 and keeps it.
+    assert_eq!(r.code, 201, "{}", r.text);
+    // No PDB covers the bare pod: dry run answers 201 and keeps it.
     let dry = api
         .call(
             "POST",
@@ -1509,7 +1543,7 @@ async fn terminal_pods_are_evicted_without_a_budget_check_and_dry_run_keeps_the_
             Some(evict("debug", true)),
         )
         .await;
-    assert_eq!(dry.code, 200);
+    assert_eq!(dry.code, 201);
     assert!(t.with(|c, _| c.get("pods", "default", "debug")).is_some());
 }
 
@@ -1604,7 +1638,7 @@ async fn evicted_pods_terminate_for_their_grace_period_while_a_replacement_start
             ),
         )
         .await;
-    assert_eq!(r.code, 200);
+    assert_eq!(r.code, 201);
     let pod = api
         .get(&format!("/api/v1/namespaces/default/pods/{name}"))
         .await;
@@ -1663,7 +1697,7 @@ async fn evicted_pods_terminate_for_their_grace_period_while_a_replacement_start
 #[tokio::test]
 async fn local_path_pods_come_back_only_on_their_own_node() {
     let seed = KubeSeed::nodes(1, 3).statefulset_with_local_storage("db", "pg", 2);
-    let (t, _d) = twin(seed, Behaviour::default()).await;
+    let (t, _d) = twin(seed, instant_deletion()).await;
     let pod = |name: &str| t.with(|c, _| c.get("pods", "db", name)).unwrap_or_default();
     assert_eq!(pod("pg-0")["spec"]["nodeName"], "worker-1");
     assert_eq!(pod("pg-1")["spec"]["nodeName"], "worker-2");
@@ -1841,4 +1875,126 @@ async fn events_k8s_io_events_as_kube_rs_records_them() {
     assert_eq!(list.body["items"].as_array().map(Vec::len), Some(1));
     assert_eq!(list.body["kind"], "EventList");
     assert_eq!(list.body["apiVersion"], "events.k8s.io/v1");
+}
+
+// ---- evictions and graceful deletion as the apiserver does them ---------------------------
+
+fn eviction_of(name: &str) -> Value {
+    json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": "default"}})
+}
+
+#[tokio::test]
+async fn eviction_dry_run_query_keeps_the_pod_and_a_mismatched_name_is_400() {
+    let seed = KubeSeed::nodes(1, 2).bare_pod("default", "debug", "worker-1");
+    let (t, _d) = twin(seed, Behaviour::default()).await;
+    let api = Api::new(&t);
+    let path = "/api/v1/namespaces/default/pods/debug/eviction";
+    // `?dryRun=All` on the URL (kubectl drain --dry-run=server sends it there too).
+    let dry = api
+        .call(
+            "POST",
+            &format!("{path}?dryRun=All"),
+            None,
+            Some(eviction_of("debug")),
+        )
+        .await;
+    assert_eq!(dry.code, 201, "{}", dry.text);
+    let pod = api.get("/api/v1/namespaces/default/pods/debug").await;
+    assert_eq!(pod.code, 200);
+    assert!(
+        pod.body["metadata"]["deletionTimestamp"].is_null(),
+        "{}",
+        pod.text
+    );
+    // The body names another pod: refused before anything is looked at.
+    let wrong = api
+        .call("POST", path, None, Some(eviction_of("other")))
+        .await;
+    assert_eq!(wrong.code, 400, "{}", wrong.text);
+    assert_eq!(wrong.body["kind"], "Status");
+    assert_eq!(wrong.body["reason"], "BadRequest");
+    assert_eq!(
+        wrong.body["message"],
+        "name in URL does not match name in Eviction object"
+    );
+    let nameless = api
+        .call(
+            "POST",
+            path,
+            None,
+            Some(json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {}})),
+        )
+        .await;
+    assert_eq!(nameless.code, 400, "{}", nameless.text);
+    assert!(t.with(|c, _| c.get("pods", "default", "debug")).is_some());
+    // A real eviction: 201 Created with a Success Status carrying that code.
+    let done = api
+        .call("POST", path, None, Some(eviction_of("debug")))
+        .await;
+    assert_eq!(done.code, 201, "{}", done.text);
+    assert_eq!(
+        (&done.body["kind"], &done.body["status"], &done.body["code"]),
+        (&json!("Status"), &json!("Success"), &json!(201))
+    );
+}
+
+#[tokio::test]
+async fn an_evicted_pod_terminates_for_its_own_grace_period_on_the_clock() {
+    let seed = KubeSeed::nodes(1, 2).bare_pod("default", "debug", "worker-1");
+    let (t, _d) = twin(seed, Behaviour::default()).await;
+    let api = Api::new(&t);
+    let mut pod = t
+        .with(|c, _| c.get("pods", "default", "debug"))
+        .unwrap_or_default();
+    pod["spec"]["terminationGracePeriodSeconds"] = json!(45);
+    t.with(|c, now| c.upsert(pod, now)).expect("upsert");
+    let evicted_at = t.clock().now();
+    let r = api
+        .call(
+            "POST",
+            "/api/v1/namespaces/default/pods/debug/eviction",
+            None,
+            Some(eviction_of("debug")),
+        )
+        .await;
+    assert_eq!(r.code, 201, "{}", r.text);
+    let get = || api.get("/api/v1/namespaces/default/pods/debug");
+    let terminating = get().await;
+    assert_eq!(terminating.code, 200, "still listed while it terminates");
+    assert_eq!(
+        terminating.body["metadata"]["deletionGracePeriodSeconds"],
+        45
+    );
+    assert_eq!(
+        terminating.body["metadata"]["deletionTimestamp"],
+        json!(evicted_at.plus(Duration::from_secs(45)).rfc3339())
+    );
+    t.clock().advance(Duration::from_secs(44));
+    t.sync();
+    assert_eq!(
+        get().await.code,
+        200,
+        "a second before its grace period ends"
+    );
+    t.clock().advance(Duration::from_secs(1));
+    t.sync();
+    assert_eq!(get().await.code, 404, "gone once the grace period passed");
+    // A pod that does not say waits the apiserver's default, 30 s; a DELETE likewise.
+    let web = KubeSeed::nodes(1, 2).deployment("default", "web", 1);
+    let (t, _d) = twin(web, Behaviour::default()).await;
+    let api = Api::new(&t);
+    let name = t.with(|c, _| c.list("pods", Some("default")))[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let path = format!("/api/v1/namespaces/default/pods/{name}");
+    let del = api.call("DELETE", &path, None, None).await;
+    assert_eq!(del.code, 200, "{}", del.text);
+    assert_eq!(del.body["metadata"]["deletionGracePeriodSeconds"], 30);
+    t.clock().advance(Duration::from_secs(29));
+    t.sync();
+    assert_eq!(api.get(&path).await.code, 200);
+    t.clock().advance(Duration::from_secs(1));
+    t.sync();
+    assert_eq!(api.get(&path).await.code, 404);
 }

@@ -567,9 +567,11 @@ async fn resource(
         }
         (Method::POST, Some(n), Some("eviction")) => match parse_body(headers, body) {
             Ok(ev) => {
-                let mut c = sh.lock();
+                // `?dryRun=All` holds for the eviction as for any write.
+                let mut c = sh.lock_write(q);
                 let now = sh.clock.now();
-                c.evict(ns_str, n, &ev, now).map(|s| (200, s))
+                // The apiserver's create handler answers 201, the Status carrying that code.
+                c.evict(ns_str, n, &ev, now).map(|s| (201, s))
             }
             Err(e) => Err(e),
         },

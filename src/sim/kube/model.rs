@@ -22,8 +22,9 @@ pub struct Behaviour {
     pub replica_rebuild_delay: Duration,
     /// Watch events kept for `watch` with a resourceVersion; older ones get 410 Expired.
     pub watch_history: usize,
-    /// How long a deleted or evicted pod stays Terminating before it is gone, unless the
-    /// request gives `gracePeriodSeconds`. Zero (the default) removes pods at once.
+    /// How long a deleted or evicted pod stays Terminating before it is gone when neither
+    /// the request (`gracePeriodSeconds`) nor the pod (`spec.terminationGracePeriodSeconds`)
+    /// says: 30 s, the apiserver's default for the pod field.
     pub pod_termination: Duration,
     /// The most pods the controllers run for one ReplicaSet or StatefulSet. A client may
     /// ask for any `spec.replicas` (the apiserver allows 2^31-1); creating them all at once
@@ -37,7 +38,7 @@ impl Default for Behaviour {
             pod_start_delay: Duration::from_secs(10),
             replica_rebuild_delay: Duration::from_secs(120),
             watch_history: 10_000,
-            pod_termination: Duration::ZERO,
+            pod_termination: Duration::from_secs(30),
             max_replicas: MAX_REPLICAS,
         }
     }
@@ -342,7 +343,7 @@ impl Cluster {
     }
 
     /// Delete a pod gracefully: it turns Terminating (deletionTimestamp set, not Ready) and is
-    /// gone after `grace` (default `Behaviour::pod_termination`); zero, or a pod that never
+    /// gone after `grace` (else the pod's own, else `Behaviour::pod_termination`); zero, or a pod that never
     /// started, goes at once. Its controller makes a replacement right away.
     pub fn delete_pod(
         &mut self,
@@ -355,7 +356,15 @@ impl Cluster {
         let Some(pod) = self.store.get("pods", namespace, name).cloned() else {
             return Err(ApiError::not_found(rt_pods(), name));
         };
-        let grace = grace.unwrap_or(self.behaviour.pod_termination);
+        // As the apiserver: the request's grace period, else the pod's own
+        // `terminationGracePeriodSeconds` (which the apiserver defaults to 30 s).
+        let grace = grace
+            .or_else(|| {
+                pod.at("/spec/terminationGracePeriodSeconds")
+                    .and_then(Value::as_u64)
+                    .map(Duration::from_secs)
+            })
+            .unwrap_or(self.behaviour.pod_termination);
         let started = !node_of(&pod).is_empty() && !self.pending.contains_key(&key);
         if grace.is_zero() || !started {
             let out = self.store.delete(rt_pods(), namespace, name)?;
@@ -678,6 +687,12 @@ impl Cluster {
     ) -> Result<Value, ApiError> {
         self.sync(now);
         let pods = rt_pods();
+        // As the apiserver's EvictionREST.Create, before it looks the pod up.
+        if eviction.at("/metadata/name").and_then(Value::as_str) != Some(name) {
+            return Err(ApiError::bad_request(
+                "name in URL does not match name in Eviction object",
+            ));
+        }
         let Some(pod) = self.store.get("pods", namespace, name).cloned() else {
             return Err(ApiError::not_found(pods, name));
         };
@@ -689,12 +704,13 @@ impl Cluster {
                 return Err(ApiError::conflict(pods, name));
             }
         }
-        let dry_run = eviction
-            .at("/deleteOptions/dryRun")
-            .and_then(Value::as_array)
-            .is_some_and(|a| a.iter().any(|v| v == "All"));
+        let dry_run = self.store.dry_run
+            || eviction
+                .at("/deleteOptions/dryRun")
+                .and_then(Value::as_array)
+                .is_some_and(|a| a.iter().any(|v| v == "All"));
         let success = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
-                             "status": "Success", "code": 200});
+                             "status": "Success", "code": 201});
         let phase = pod
             .at("/status/phase")
             .and_then(Value::as_str)
