@@ -301,8 +301,9 @@ async fn apply_configuration_modes_and_dry_run_on_1_13() -> TestResult {
     sim.clock.advance(S(15));
     assert_eq!(kv(&sim), Some(("v1.34.0".to_string(), true)));
 
-    // Anything else under NO_REBOOT is refused on 1.13 and nothing changes.
-    let other = kubelet.replace("disk: /dev/sda", "disk: /dev/sdb");
+    // A change CanApplyImmediate does not allow (machine.env) is refused under NO_REBOOT
+    // on 1.13 and nothing changes.
+    let other = kubelet.replace("machine:\n", "machine:\n  env:\n    FOO: bar\n");
     let err = cp
         .apply_configuration(apply(&other, Mode::NoReboot, false))
         .await
@@ -310,7 +311,8 @@ async fn apply_configuration_modes_and_dry_run_on_1_13() -> TestResult {
         .ok_or("expected a refusal")?;
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(
-        err.message().contains("machine.install.disk"),
+        err.message().contains("can't be applied in immediate mode")
+            && err.message().contains("machine.env"),
         "{}",
         err.message()
     );
@@ -1131,5 +1133,111 @@ async fn legacy_upgrade_refusals_on_control_planes_and_failing_installer() -> Te
         .err()
         .ok_or("too far")?;
     assert_eq!(err.code(), Code::FailedPrecondition);
+    Ok(())
+}
+
+/// Each rule of upstream's `CanApplyImmediate` on a 1.13 node, by a NO_REBOOT dry run (the
+/// check comes before the dry run answers), plus the loader's refusal of unknown keys and
+/// the 1.14 rules.
+#[tokio::test]
+async fn no_reboot_follows_can_apply_immediate_and_unknown_keys_are_refused() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let mut cp = sim.machine("cp-1").await?;
+    let (config, _) = machine_config(sim.channel("cp-1").await?).await?;
+    let under_machine =
+        |section: &str| config.replace("machine:\n", &format!("machine:\n{section}"));
+    let immediate = [
+        ("debug", config.replace("debug: false", "debug: true")),
+        ("cluster", config.replace("clusterName: sim", "clusterName: sim2")),
+        ("machine.network", config.replace("hostname: cp-1", "hostname: cp-one")),
+        ("machine.install", config.replace("disk: /dev/sda", "disk: /dev/sdb")),
+        ("machine.kubelet", config.replace("  kubelet:\n", "  kubelet:\n    extraArgs:\n      v: \"2\"\n")),
+        ("machine.sysctls", under_machine("  sysctls:\n    net.core.somaxconn: \"65535\"\n")),
+        ("machine.sysfs", under_machine("  sysfs:\n    devices.system.cpu.cpu0.cpufreq.scaling_governor: performance\n")),
+        ("machine.certSANs", under_machine("  certSANs:\n    - cp.example.org\n")),
+        ("machine.kernel", under_machine("  kernel:\n    modules:\n      - name: br_netfilter\n")),
+        ("machine.nodeLabels", under_machine("  nodeLabels:\n    zone: a\n")),
+        ("machine.nodeAnnotations", under_machine("  nodeAnnotations:\n    team: infra\n")),
+        ("machine.nodeTaints", under_machine("  nodeTaints:\n    dedicated: infra:NoSchedule\n")),
+        ("machine.time", under_machine("  time:\n    servers:\n      - time.cloudflare.com\n")),
+        ("machine.registries", under_machine("  registries:\n    mirrors:\n      docker.io:\n        endpoints:\n          - https://mirror.example.org\n")),
+        ("machine.pods", under_machine("  pods:\n    - apiVersion: v1\n      kind: Pod\n      metadata:\n        name: x\n")),
+        ("machine.logging", under_machine("  logging:\n    destinations:\n      - endpoint: udp://10.0.0.1:514\n        format: json_lines\n")),
+        ("machine.controlPlane", under_machine("  controlPlane:\n    scheduler:\n      disabled: true\n")),
+    ];
+    for (what, cfg) in &immediate {
+        assert_ne!(cfg, &config, "{what}: the edit changed nothing");
+        let r = cp
+            .apply_configuration(apply(cfg, Mode::NoReboot, true))
+            .await
+            .map_err(|e| format!("{what} must apply immediately: {}", e.message()))?;
+        assert_eq!(
+            r.into_inner().messages[0].mode,
+            Mode::NoReboot as i32,
+            "{what}"
+        );
+        let r = cp.apply_configuration(apply(cfg, Mode::Auto, true)).await?;
+        assert_eq!(
+            r.into_inner().messages[0].mode,
+            Mode::NoReboot as i32,
+            "AUTO, {what}"
+        );
+    }
+    let reboot = [
+        ("machine.env", under_machine("  env:\n    http_proxy: http://proxy:3128\n")),
+        ("machine.type", config.replace("type: controlplane", "type: worker")),
+        ("machine.files", under_machine("  files:\n    - path: /var/f\n      op: create\n      content: x\n      permissions: 0o644\n")),
+        ("machine.features", under_machine("  features:\n    kubePrism:\n      enabled: true\n")),
+    ];
+    for (what, cfg) in &reboot {
+        let err = cp
+            .apply_configuration(apply(cfg, Mode::NoReboot, true))
+            .await
+            .err()
+            .ok_or(format!("{what} needs a reboot"))?;
+        assert_eq!(err.code(), Code::InvalidArgument, "{what}");
+        assert!(err.message().contains(what), "{what}: {}", err.message());
+        let r = cp.apply_configuration(apply(cfg, Mode::Auto, true)).await?;
+        assert_eq!(
+            r.into_inner().messages[0].mode,
+            Mode::Reboot as i32,
+            "AUTO, {what}"
+        );
+    }
+    // Unknown keys: the loader refuses them, whatever the mode.
+    for (key, cfg) in [
+        ("machine.bogus", under_machine("  bogus: 1\n")),
+        (
+            "cluster.nope",
+            config.replace("cluster:\n", "cluster:\n  nope: 1\n"),
+        ),
+        ("extra", format!("{config}extra: 1\n")),
+    ] {
+        let err = cp
+            .apply_configuration(apply(&cfg, Mode::Staged, true))
+            .await
+            .err()
+            .ok_or(format!("{key} must be refused"))?;
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(
+            err.message().contains("unknown keys") && err.message().contains(key),
+            "{key}: {}",
+            err.message()
+        );
+    }
+    // 1.14: REBOOT is Unimplemented and AUTO is NO_REBOOT even for machine.env.
+    let mut w2 = sim.machine("w-2").await?;
+    let (multi, _) = machine_config(sim.channel("w-2").await?).await?;
+    let env = multi.replace("machine:\n", "machine:\n  env:\n    FOO: bar\n");
+    let err = w2
+        .apply_configuration(apply(&env, Mode::Reboot, true))
+        .await
+        .err()
+        .ok_or("REBOOT on 1.14")?;
+    assert_eq!(err.code(), Code::Unimplemented);
+    let r = w2
+        .apply_configuration(apply(&env, Mode::Auto, true))
+        .await?;
+    assert_eq!(r.into_inner().messages[0].mode, Mode::NoReboot as i32);
     Ok(())
 }
