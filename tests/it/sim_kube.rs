@@ -2066,3 +2066,85 @@ async fn node_down_keeps_pods_until_the_unreachable_toleration() {
         .iter()
         .all(|p| p["metadata"]["deletionTimestamp"].is_null()));
 }
+
+// ---- what a controller's pre-flight asks ------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_auth_can_i_and_the_preflight_resources_are_served() {
+    let (t, dir) = twin(KubeSeed::nodes(1, 1), Behaviour::default()).await;
+    let api = Api::new(&t);
+    // Over the wire: a review comes back allowed, with 201 and nothing stored.
+    let r = api
+        .call(
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            None,
+            Some(
+                json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                        "spec": {"resourceAttributes": {"verb": "list", "resource": "nodes"}}}),
+            ),
+        )
+        .await;
+    assert_eq!(r.code, 201, "{}", r.text);
+    assert_eq!(r.body["status"]["allowed"], true);
+    assert_eq!(r.body["spec"]["resourceAttributes"]["resource"], "nodes");
+    let empty = api
+        .call(
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            None,
+            Some(json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview", "spec": {}})),
+        )
+        .await;
+    assert_eq!(empty.code, 422, "{}", empty.text);
+    let listed = api
+        .get("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
+        .await;
+    assert_eq!(listed.code, 405);
+    for path in [
+        "/apis/storage.k8s.io/v1/volumeattachments",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles",
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings",
+        "/api/v1/namespaces/default/services",
+        "/api/v1/namespaces/default/secrets",
+        "/api/v1/namespaces/default/serviceaccounts",
+    ] {
+        let l = api.get(path).await;
+        assert_eq!(l.code, 200, "{path}: {}", l.text);
+        assert!(l.body["items"].is_array(), "{path}: {}", l.text);
+    }
+    let groups = api.get("/apis").await;
+    for g in [
+        "authorization.k8s.io",
+        "storage.k8s.io",
+        "rbac.authorization.k8s.io",
+    ] {
+        assert!(
+            groups.body["groups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|x| x["name"] == g),
+            "{g} in discovery"
+        );
+    }
+    if !have_kubectl() {
+        return;
+    }
+    let cache = dir.path().join("cache");
+    let yes = kubectl(&t.kubeconfig, &cache, &["auth", "can-i", "list", "nodes"]).await;
+    assert!(
+        yes.ok && yes.stdout.trim() == "yes",
+        "{}{}",
+        yes.stdout,
+        yes.stderr
+    );
+    let va = kubectl(&t.kubeconfig, &cache, &["get", "volumeattachments"]).await;
+    assert!(va.ok, "{}", va.stderr);
+    let sa = kubectl(&t.kubeconfig, &cache, &["get", "sa,svc,secrets", "-A"]).await;
+    assert!(sa.ok, "{}", sa.stderr);
+    let rbac = kubectl(&t.kubeconfig, &cache, &["get", "clusterroles"]).await;
+    assert!(rbac.ok, "{}", rbac.stderr);
+}
