@@ -2148,3 +2148,28 @@ async fn kubectl_auth_can_i_and_the_preflight_resources_are_served() {
     let rbac = kubectl(&t.kubeconfig, &cache, &["get", "clusterroles"]).await;
     assert!(rbac.ok, "{}", rbac.stderr);
 }
+
+#[tokio::test]
+async fn the_date_header_comes_from_the_twins_clock_as_object_times_do() {
+    let (t, _d) = twin(KubeSeed::nodes(1, 1), Behaviour::default()).await;
+    let api = Api::new(&t);
+    // The manual clock starts at Thursday 2026-01-01T00:00:00Z.
+    t.clock().advance(Duration::from_secs(86_400 + 3_723));
+    let r = api
+        .call(
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            None,
+            Some(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}})),
+        )
+        .await;
+    assert_eq!(r.code, 201, "{}", r.text);
+    assert_eq!(
+        r.body["metadata"]["creationTimestamp"],
+        "2026-01-02T01:02:03Z"
+    );
+    assert_eq!(
+        r.headers.get("date").and_then(|v| v.to_str().ok()),
+        Some("Fri, 02 Jan 2026 01:02:03 GMT")
+    );
+}

@@ -175,8 +175,52 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Every answer carries the twin's time in `Date`, the clock its objects' times come from
+/// (hyper would put the wall clock there).
 async fn handle(
     State(sh): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response<Body> {
+    let mut resp = answer(sh.clone(), method, uri, headers, body).await;
+    if let Ok(v) = header::HeaderValue::from_str(&http_date(sh.clock.now())) {
+        resp.headers_mut().insert(header::DATE, v);
+    }
+    resp
+}
+
+/// RFC 9110's IMF-fixdate, e.g. `Thu, 01 Jan 2026 00:00:00 GMT`.
+fn http_date(t: crate::clock::Timestamp) -> String {
+    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    // `2026-01-01T00:00:00Z`: reuse the clock's calendar arithmetic.
+    let iso = t.rfc3339();
+    let (date, time) = iso.split_once('T').unwrap_or((&iso, "00:00:00Z"));
+    let mut ymd = date.splitn(3, '-');
+    let (y, m, d) = (
+        ymd.next().unwrap_or(""),
+        ymd.next().unwrap_or(""),
+        ymd.next().unwrap_or(""),
+    );
+    let month = m
+        .parse::<usize>()
+        .ok()
+        .and_then(|m| MONTHS.get(m.wrapping_sub(1)))
+        .unwrap_or(&"Jan");
+    let days = t.as_millis() / 1000 / 86_400;
+    let weekday = DAYS[(days % 7) as usize];
+    format!(
+        "{weekday}, {d} {month} {y} {} GMT",
+        time.trim_end_matches('Z')
+    )
+}
+
+async fn answer(
+    sh: Arc<Shared>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
