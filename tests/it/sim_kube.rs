@@ -2173,3 +2173,44 @@ async fn the_date_header_comes_from_the_twins_clock_as_object_times_do() {
         Some("Fri, 02 Jan 2026 01:02:03 GMT")
     );
 }
+
+#[tokio::test]
+async fn node_heartbeats_move_with_the_clock_until_the_node_goes_silent() {
+    let (t, _d) = twin(KubeSeed::nodes(1, 2), Behaviour::default()).await;
+    let api = Api::new(&t);
+    let lease = |name: &str| {
+        t.with(|c, _| c.get("leases", "kube-node-lease", name))
+            .and_then(|l| l["spec"]["renewTime"].as_str().map(String::from))
+            .unwrap_or_default()
+    };
+    let start = lease("worker-1");
+    assert_eq!(start, "2026-01-01T00:00:00.000000Z");
+    t.clock().advance(Duration::from_secs(25));
+    assert_eq!(lease("worker-1"), "2026-01-01T00:00:25.000000Z");
+    // Condition heartbeats follow the 5-minute status report.
+    let beat = |n: &Value| {
+        n["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "Ready")
+            .and_then(|c| c["lastHeartbeatTime"].as_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    assert_eq!(
+        beat(&api.get("/api/v1/nodes/worker-1").await.body),
+        "2026-01-01T00:00:00Z"
+    );
+    t.clock().advance(Duration::from_secs(300));
+    assert_eq!(
+        beat(&api.get("/api/v1/nodes/worker-1").await.body),
+        "2026-01-01T00:05:25Z"
+    );
+    // A silent node's kubelet renews nothing.
+    t.with(|c, now| c.node_down("worker-2", now)).expect("node");
+    let silent_from = lease("worker-2");
+    t.clock().advance(Duration::from_secs(60));
+    assert_eq!(lease("worker-2"), silent_from);
+    assert_eq!(lease("worker-1"), "2026-01-01T00:06:25.000000Z");
+}

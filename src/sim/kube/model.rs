@@ -112,6 +112,8 @@ pub struct Cluster {
     terminating: BTreeMap<(String, String), Timestamp>,
     /// Nodes whose kubelet stopped posting status → since when (the node is down).
     silent_since: BTreeMap<String, Timestamp>,
+    /// When the kubelets' heartbeats are next brought up to date (lazily, on a sync).
+    heartbeat_due: Timestamp,
     now: Timestamp,
     /// The resourceVersion the controllers last settled at, and when something is due next.
     settled_at: Option<u64>,
@@ -314,6 +316,7 @@ impl Cluster {
             degraded_since: BTreeMap::new(),
             terminating: BTreeMap::new(),
             silent_since: BTreeMap::new(),
+            heartbeat_due: Timestamp(0),
             now,
             settled_at: None,
             statuses_at: None,
@@ -608,6 +611,69 @@ impl Cluster {
                 }
             }
             self.deferred = deferred;
+        }
+    }
+
+    /// What the kubelets of nodes still heard from post: the node Lease in `kube-node-lease`
+    /// renewed every 10 s (a quarter of its 40 s duration) and the Node's condition
+    /// heartbeats every 5 min (`nodeStatusReportFrequency`). Brought up to date when the
+    /// model is read rather than on a timer, so an idle twin stays asleep.
+    fn heartbeats(&mut self, now: Timestamp) {
+        const RENEW: Duration = Duration::from_secs(10);
+        const REPORT: Duration = Duration::from_secs(300);
+        if now < self.heartbeat_due || self.store.dry_run {
+            return;
+        }
+        self.heartbeat_due = now.plus(RENEW);
+        let nodes: Vec<String> = self
+            .store
+            .iter("nodes")
+            .map(|n| name_of(n).to_string())
+            .filter(|n| !self.silent_since.contains_key(n))
+            .collect();
+        for node in nodes {
+            if let Some(mut lease) = self.store.get("leases", "kube-node-lease", &node).cloned() {
+                let renewed = lease
+                    .at("/spec/renewTime")
+                    .and_then(Value::as_str)
+                    .and_then(parse_time);
+                if renewed.is_none_or(|t| now.since(t) >= RENEW) {
+                    set_path(&mut lease, &["spec", "renewTime"], json!(micro_time(now)));
+                    if let Some(m) = lease.get_mut("metadata").and_then(Value::as_object_mut) {
+                        m.remove("resourceVersion");
+                    }
+                    let _ = self
+                        .store
+                        .update(rt("leases"), "kube-node-lease", &node, lease);
+                }
+            }
+            let Some(mut n) = self.store.get("nodes", "", &node).cloned() else {
+                continue;
+            };
+            let Some(conds) = n
+                .get_mut("status")
+                .and_then(|s| s.get_mut("conditions"))
+                .and_then(Value::as_array_mut)
+            else {
+                continue;
+            };
+            let stale = conds.iter().any(|c| {
+                c.get("lastHeartbeatTime")
+                    .and_then(Value::as_str)
+                    .and_then(parse_time)
+                    .is_some_and(|t| now.since(t) >= REPORT)
+            });
+            if stale {
+                for c in conds.iter_mut() {
+                    if c.get("lastHeartbeatTime").is_some() {
+                        c["lastHeartbeatTime"] = json!(now.rfc3339());
+                    }
+                }
+                if let Some(m) = n.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.remove("resourceVersion");
+                }
+                let _ = self.store.update(rt("nodes"), "", &node, n);
+            }
         }
     }
 
@@ -996,6 +1062,7 @@ impl Cluster {
             self.now = now;
         }
         let now = self.now;
+        self.heartbeats(now);
         // Nothing changed and nothing is due: the model is already settled.
         if self.settled_at == Some(self.store.resource_version())
             && self.next_due.is_none_or(|d| now < d)
