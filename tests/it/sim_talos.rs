@@ -1290,3 +1290,45 @@ async fn the_talosconfig_key_is_pkcs8_v1_as_go_writes_it_and_openssl_loads_it() 
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn cosi_serves_the_machine_status() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let mut state = StateClient::new(sim.channel("w-1").await?);
+    let get = |id: &str| GetRequest {
+        namespace: "runtime".into(),
+        r#type: "MachineStatuses.runtime.talos.dev".into(),
+        id: id.into(),
+        options: None,
+    };
+    let r = state.get(get("machine")).await?.into_inner();
+    let res = r.resource.ok_or("no resource")?;
+    let md = res.metadata.ok_or("no metadata")?;
+    assert_eq!(
+        (md.namespace.as_str(), md.id.as_str()),
+        ("runtime", "machine")
+    );
+    let spec: serde_yaml::Value = serde_yaml::from_str(&res.spec.ok_or("no spec")?.yaml_spec)?;
+    assert_eq!(spec["stage"], "running");
+    assert_eq!(spec["status"]["ready"], true);
+    let err = state
+        .get(get("other"))
+        .await
+        .err()
+        .ok_or("only `machine` exists")?;
+    assert_eq!(err.code(), Code::NotFound);
+    let mut list = state
+        .list(ichor::talos::proto::cosi::resource::ListRequest {
+            namespace: "runtime".into(),
+            r#type: "MachineStatuses.runtime.talos.dev".into(),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let mut n = 0;
+    while let Some(m) = list.message().await? {
+        n += usize::from(m.resource.is_some());
+    }
+    assert_eq!(n, 1);
+    Ok(())
+}
