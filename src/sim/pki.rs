@@ -67,14 +67,47 @@ impl std::fmt::Debug for IssuedCert {
 }
 
 impl IssuedCert {
-    /// The key as Talos writes it: Ed25519 keys under the non-standard PEM label
-    /// `ED25519 PRIVATE KEY` (same PKCS#8 body). Clients of real Talos must cope with it.
+    /// The key as Talos writes it: Ed25519 keys as Go's `x509.MarshalPKCS8PrivateKey` makes
+    /// them (PKCS#8 v1: the seed only, 48 bytes) under the non-standard PEM label
+    /// `ED25519 PRIVATE KEY`. ring's own encoding is PKCS#8 v2 (with the public key), which
+    /// OpenSSL 3.0 refuses. Clients of real Talos must cope with the label.
     pub fn talos_key_pem(&self) -> String {
         match self.algorithm {
-            KeyAlgorithm::Ed25519 => self.key_pem.replace("PRIVATE KEY", "ED25519 PRIVATE KEY"),
+            KeyAlgorithm::Ed25519 => match ed25519_pkcs8_v1(&self.key_der) {
+                Some(der) => pem("ED25519 PRIVATE KEY", &der),
+                None => self.key_pem.replace("PRIVATE KEY", "ED25519 PRIVATE KEY"),
+            },
             KeyAlgorithm::EcdsaP256 => self.key_pem.clone(),
         }
     }
+}
+
+/// The DER prefix of an Ed25519 PKCS#8 v1 document, up to the 32-byte seed: SEQUENCE,
+/// version 0, AlgorithmIdentifier 1.3.101.112, OCTET STRING { OCTET STRING (32) }.
+const ED25519_PKCS8_V1: [u8; 16] = [
+    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
+];
+
+/// An Ed25519 PKCS#8 document (v1 or v2) rewritten as v1; None if it is not one.
+fn ed25519_pkcs8_v1(der: &[u8]) -> Option<Vec<u8>> {
+    // Both versions share everything after the outer length and version byte up to the seed.
+    if der.len() < 48 || der.get(5..16)? != &ED25519_PKCS8_V1[5..16] {
+        return None;
+    }
+    let mut out = ED25519_PKCS8_V1.to_vec();
+    out.extend_from_slice(der.get(16..48)?);
+    Some(out)
+}
+
+fn pem(label: &str, der: &[u8]) -> String {
+    let body = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in body.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(line));
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
 }
 
 /// A certificate authority that can issue server and client certificates.

@@ -297,6 +297,8 @@ struct Seen {
     kubelet_version: String,
     static_pods: Vec<(String, String, bool)>,
     config_version: u64,
+    /// In a legacy MachineService/Upgrade, before going down (Talos drains meanwhile).
+    upgrading: bool,
 }
 
 fn ip_for(i: usize, address: Option<&str>) -> Result<IpAddr, SimError> {
@@ -727,9 +729,11 @@ fn project_into(
     kube.with(|c, now| {
         c.batch(now, |c| {
             for o in observations {
+                let upgrading = o.up && o.stage == talos::Stage::Upgrading;
                 let next = Seen {
                     up: o.up,
-                    ready: o.ready,
+                    // Until the upgrade sequence stops it, the kubelet keeps posting Ready.
+                    ready: o.ready || upgrading,
                     boot_id: o.boot_id.clone(),
                     talos_version: o.talos_version.clone(),
                     kubelet_version: o.kubelet_version.clone(),
@@ -739,6 +743,7 @@ fn project_into(
                         .map(|p| (p.component.name().to_string(), p.image.clone(), p.ready))
                         .collect(),
                     config_version: o.config_version,
+                    upgrading,
                 };
                 // The first time, compare with what the Kubernetes side was seeded with.
                 let prev = match seen.get(&o.name) {
@@ -748,10 +753,18 @@ fn project_into(
                 if prev == next {
                     continue;
                 }
+                // Talos's legacy upgrade sequence cordons and drains the node first; its
+                // evictions blocked by a budget are retried until the node goes down.
+                if next.upgrading || (prev.upgrading && !o.up) {
+                    talos_drain(c, &o.name, now);
+                }
                 if prev.up && !o.up {
                     let _ = c.node_down(&o.name, now);
-                } else if prev.ready != o.ready {
-                    let _ = c.set_node_ready(&o.name, o.ready, now);
+                } else if prev.ready != next.ready {
+                    let _ = c.set_node_ready(&o.name, next.ready, now);
+                    if next.ready {
+                        talos_uncordon(c, &o.name, now);
+                    }
                 }
                 if prev.kubelet_version != o.kubelet_version {
                     let _ = c.set_kubelet_version(&o.name, &o.kubelet_version, now);
@@ -810,7 +823,72 @@ fn seeded(c: &kube::Cluster, node: &str) -> Seen {
         // Mirror pods are always written once, with Talos's image and config version.
         static_pods: Vec::new(),
         config_version: 0,
+        upgrading: false,
     }
+}
+
+/// What Talos's upgrade sequence does to its own node (`CordonAndDrainNode`): cordon it,
+/// then evict every pod on it but mirror and DaemonSet pods through the Eviction API, so
+/// PodDisruptionBudgets hold; a blocked eviction stays for the next attempt.
+fn talos_drain(c: &mut kube::Cluster, node: &str, now: Timestamp) {
+    let Some(mut n) = c.get("nodes", "", node) else {
+        return;
+    };
+    // Talos marks a cordon it made, so that at boot it lifts only its own; a node someone
+    // else cordoned stays theirs.
+    if n.pointer("/spec/unschedulable") != Some(&json!(true)) {
+        n["spec"]["unschedulable"] = json!(true);
+        n["metadata"]["annotations"][TALOS_CORDONED] = json!("true");
+        if let Some(m) = n.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+            m.remove("resourceVersion");
+        }
+        let _ = c.upsert(n, now);
+    }
+    for pod in c.pods_on_node(node) {
+        let daemon = kube::model::controller_of(&pod).is_some_and(|(kind, _)| kind == "DaemonSet");
+        let terminating = pod.pointer("/metadata/deletionTimestamp").is_some();
+        if kube::model::is_mirror(&pod) || daemon || terminating {
+            continue;
+        }
+        let ns = pod
+            .pointer("/metadata/namespace")
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
+        let name = pod
+            .pointer("/metadata/name")
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
+        let eviction = json!({"apiVersion": "policy/v1", "kind": "Eviction",
+                              "metadata": {"name": name, "namespace": ns}});
+        let (ns, name) = (ns.to_string(), name.to_string());
+        let _ = c.evict(&ns, &name, &eviction, now);
+    }
+}
+
+/// The annotation Talos puts on a Node it cordoned for an upgrade.
+pub const TALOS_CORDONED: &str = "talos.dev/cordoned";
+
+/// Talos's boot sequence (`UncordonNode`): once Ready, lift the cordon Talos made itself.
+fn talos_uncordon(c: &mut kube::Cluster, node: &str, now: Timestamp) {
+    let Some(mut n) = c.get("nodes", "", node) else {
+        return;
+    };
+    let Some(annotations) = n
+        .pointer_mut("/metadata/annotations")
+        .and_then(|a| a.as_object_mut())
+    else {
+        return;
+    };
+    if annotations.remove(TALOS_CORDONED).is_none() {
+        return;
+    }
+    if let Some(spec) = n.get_mut("spec").and_then(|s| s.as_object_mut()) {
+        spec.remove("unschedulable");
+    }
+    if let Some(m) = n.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+        m.remove("resourceVersion");
+    }
+    let _ = c.upsert(n, now);
 }
 
 fn set_boot_id(c: &mut kube::Cluster, node: &str, boot_id: &str, now: Timestamp) {

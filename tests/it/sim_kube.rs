@@ -59,6 +59,30 @@ async fn kubectl(kubeconfig: &Path, cache: &Path, args: &[&str]) -> Out {
     o
 }
 
+/// Pods go at once when deleted (no grace period), for tests about what follows a deletion.
+fn instant_deletion() -> Behaviour {
+    Behaviour {
+        pod_termination: Duration::ZERO,
+        ..Behaviour::default()
+    }
+}
+
+/// Run `fut` (a kubectl that waits for pods to go) while the twin's clock moves on, 1 s
+/// of simulated time per wall millisecond or so, so grace periods pass.
+async fn ticking<T>(t: &KubeTwin, fut: impl std::future::Future<Output = T>) -> T {
+    let ticker = async {
+        loop {
+            t.clock().advance(Duration::from_secs(1));
+            t.sync();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::select! {
+        r = fut => r,
+        _ = ticker => unreachable!("the ticker never ends"),
+    }
+}
+
 fn drain_seed() -> KubeSeed {
     KubeSeed::typical(1, 3)
 }
@@ -211,18 +235,28 @@ async fn kubectl_drain_evicts_and_pods_come_back_elsewhere() {
         .with(|c, _| c.get("nodes", "", "worker-1"))
         .unwrap_or_default();
     assert_eq!(node.pointer("/spec/unschedulable"), None);
-    let out = kubectl(
-        &t.kubeconfig,
-        &cache,
-        &[
-            "drain",
-            "worker-1",
-            "--ignore-daemonsets",
-            "--delete-emptydir-data",
-            "--timeout=60s",
-        ],
+    // kubectl waits for the evicted pods to go, which takes their grace period (30 s) on
+    // the twin's clock: keep the clock moving meanwhile.
+    let evicted_at = t.clock().now();
+    let out = ticking(
+        &t,
+        kubectl(
+            &t.kubeconfig,
+            &cache,
+            &[
+                "drain",
+                "worker-1",
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=60s",
+            ],
+        ),
     )
     .await;
+    assert!(
+        t.clock().now().since(evicted_at) >= Duration::from_secs(30),
+        "the drain waited out the grace period"
+    );
     assert!(out.ok, "drain failed: {}", out.stderr);
     assert!(
         out.stdout.contains("node/worker-1 drained"),
@@ -234,16 +268,13 @@ async fn kubectl_drain_evicts_and_pods_come_back_elsewhere() {
         left.iter().all(|p| owner_kind(p) == "DaemonSet"),
         "only DaemonSet pods stay"
     );
-    // Replacements exist but wait for the start delay on the simulated clock.
+    // The replacements started elsewhere while the evicted pods terminated.
     let web_ready = |t: &KubeTwin| {
         t.with(|c, _| c.list("pods", Some("default")))
             .iter()
             .filter(|p| p.pointer("/status/phase") == Some(&json!("Running")))
             .count()
     };
-    assert_eq!(web_ready(&t), 2);
-    t.clock().advance(Duration::from_secs(10));
-    t.sync();
     assert_eq!(web_ready(&t), 3);
     let web: Vec<Value> = t.with(|c, _| c.list("pods", Some("default")));
     assert!(web
@@ -480,10 +511,13 @@ async fn kubectl_prints_the_other_kinds_and_follows_a_daemonset_rollout() {
         .as_str()
         .unwrap_or("")
         .to_string();
-    let del = kubectl(
-        &t.kubeconfig,
-        &cache,
-        &["delete", "pod", &web, "--timeout=10s"],
+    let del = ticking(
+        &t,
+        kubectl(
+            &t.kubeconfig,
+            &cache,
+            &["delete", "pod", &web, "--timeout=10s"],
+        ),
     )
     .await;
     assert!(del.ok && del.stdout.contains("deleted"), "{}", del.stderr);
@@ -661,7 +695,7 @@ async fn eviction_blocked_by_a_pdb_is_429_with_the_disruption_budget_cause() {
     let first = api
         .call("POST", &path(&web[0]), None, Some(evict(&web[0])))
         .await;
-    assert_eq!(first.code, 200, "{}", first.text);
+    assert_eq!(first.code, 201, "{}", first.text);
     assert_eq!(first.body["status"], "Success");
     let pdb = api
         .get("/apis/policy/v1/namespaces/default/poddisruptionbudgets/web")
@@ -693,7 +727,7 @@ async fn eviction_blocked_by_a_pdb_is_429_with_the_disruption_budget_cause() {
     let third = api
         .call("POST", &path(&web[1]), None, Some(evict(&web[1])))
         .await;
-    assert_eq!(third.code, 200, "{}", third.text);
+    assert_eq!(third.code, 201, "{}", third.text);
     // Unknown pod: 404 NotFound Status.
     let gone = api
         .call("POST", &path("nope"), None, Some(evict("nope")))
@@ -743,7 +777,7 @@ async fn eviction_of_unready_pods_follows_unhealthy_pod_eviction_policy() {
         max_unavailable: None,
         unhealthy_pod_eviction_policy: policy.map(String::from),
     };
-    for (policy, want) in [(None, 429), (Some("AlwaysAllow"), 200)] {
+    for (policy, want) in [(None, 429), (Some("AlwaysAllow"), 201)] {
         let seed = KubeSeed::nodes(1, 3)
             .deployment("default", "web", 3)
             .pdb(pdb(policy));
@@ -1237,7 +1271,7 @@ async fn fault_pdb_that_never_allows() {
             Some(json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod}})),
         )
         .await;
-    assert_eq!(r.code, 200);
+    assert_eq!(r.code, 201);
 }
 
 // ---- behaviour -----------------------------------------------------------------------------
@@ -1248,7 +1282,7 @@ async fn deleted_pods_are_recreated_on_a_schedulable_node_after_the_delay() {
         KubeSeed::nodes(1, 3)
             .deployment("default", "web", 3)
             .statefulset("db", "pg", 2),
-        Behaviour::default(),
+        instant_deletion(),
     )
     .await;
     t.with(|c, now| c.set_unschedulable("worker-3", true, now))
@@ -1334,20 +1368,12 @@ async fn node_down_loses_pods_and_degrades_longhorn_volumes_until_rebuilt() {
     let holder = replica_nodes(&t)[0].clone();
     t.with(|c, now| c.node_down(&holder, now)).expect("node");
     assert_eq!(vol(&t)["status"]["robustness"], "degraded");
-    // Every pod on the node is lost; the DaemonSets' new pods wait there, Pending.
+    // The pods stay in the API (see node_down_keeps_pods_until_the_unreachable_toleration).
     let left: Vec<Value> = pods_on(&t, &holder);
-    assert_eq!(left.len(), 2);
-    assert!(left
-        .iter()
-        .all(|p| owner_kind(p) == "DaemonSet" && p["status"]["phase"] == "Pending"));
-    let ds = t
-        .with(|c, _| c.get("daemonsets", "kube-system", "cilium"))
-        .unwrap_or_default();
-    assert_eq!(
-        ds["status"]["desiredNumberScheduled"], 5,
-        "every node, the down one too"
+    assert!(
+        left.iter().any(|p| owner_kind(p) == "DaemonSet"),
+        "{left:?}"
     );
-    assert_eq!(ds["status"]["numberAvailable"], 4);
     t.clock().advance(Duration::from_secs(59));
     t.sync();
     assert_eq!(vol(&t)["status"]["robustness"], "degraded");
@@ -1360,21 +1386,8 @@ async fn node_down_loses_pods_and_degrades_longhorn_volumes_until_rebuilt() {
         !nodes.contains(&holder),
         "rebuilt on another node: {nodes:?}"
     );
-    // The node returns: Ready again; its DaemonSet pods start after the start delay.
+    // The node returns: Ready again, its pods with it.
     t.with(|c, now| c.node_up(&holder, now)).expect("node");
-    t.clock().advance(Duration::from_secs(9));
-    t.sync();
-    assert!(pods_on(&t, &holder)
-        .iter()
-        .all(|p| p["status"]["phase"] == "Pending"));
-    t.clock().advance(Duration::from_secs(1));
-    t.sync();
-    let back = pods_on(&t, &holder);
-    assert_eq!(
-        back.len(),
-        2,
-        "kube-proxy and cilium return with their node"
-    );
     assert!(pods_on(&t, &holder)
         .iter()
         .all(|p| p["status"]["conditions"]
@@ -1499,8 +1512,8 @@ async fn terminal_pods_are_evicted_without_a_budget_check_and_dry_run_keeps_the_
     let r = api
         .call("POST", &path, None, Some(evict(&name, false)))
         .await;
-    assert_eq!(r.code, 200, "{}", r.text);
-    // No PDB covers the bare pod: dry run answers 200 and keeps it.
+    assert_eq!(r.code, 201, "{}", r.text);
+    // No PDB covers the bare pod: dry run answers 201 and keeps it.
     let dry = api
         .call(
             "POST",
@@ -1509,7 +1522,7 @@ async fn terminal_pods_are_evicted_without_a_budget_check_and_dry_run_keeps_the_
             Some(evict("debug", true)),
         )
         .await;
-    assert_eq!(dry.code, 200);
+    assert_eq!(dry.code, 201);
     assert!(t.with(|c, _| c.get("pods", "default", "debug")).is_some());
 }
 
@@ -1604,7 +1617,7 @@ async fn evicted_pods_terminate_for_their_grace_period_while_a_replacement_start
             ),
         )
         .await;
-    assert_eq!(r.code, 200);
+    assert_eq!(r.code, 201);
     let pod = api
         .get(&format!("/api/v1/namespaces/default/pods/{name}"))
         .await;
@@ -1663,7 +1676,7 @@ async fn evicted_pods_terminate_for_their_grace_period_while_a_replacement_start
 #[tokio::test]
 async fn local_path_pods_come_back_only_on_their_own_node() {
     let seed = KubeSeed::nodes(1, 3).statefulset_with_local_storage("db", "pg", 2);
-    let (t, _d) = twin(seed, Behaviour::default()).await;
+    let (t, _d) = twin(seed, instant_deletion()).await;
     let pod = |name: &str| t.with(|c, _| c.get("pods", "db", name)).unwrap_or_default();
     assert_eq!(pod("pg-0")["spec"]["nodeName"], "worker-1");
     assert_eq!(pod("pg-1")["spec"]["nodeName"], "worker-2");
@@ -1841,4 +1854,363 @@ async fn events_k8s_io_events_as_kube_rs_records_them() {
     assert_eq!(list.body["items"].as_array().map(Vec::len), Some(1));
     assert_eq!(list.body["kind"], "EventList");
     assert_eq!(list.body["apiVersion"], "events.k8s.io/v1");
+}
+
+// ---- evictions and graceful deletion as the apiserver does them ---------------------------
+
+fn eviction_of(name: &str) -> Value {
+    json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": "default"}})
+}
+
+#[tokio::test]
+async fn eviction_dry_run_query_keeps_the_pod_and_a_mismatched_name_is_400() {
+    let seed = KubeSeed::nodes(1, 2).bare_pod("default", "debug", "worker-1");
+    let (t, _d) = twin(seed, Behaviour::default()).await;
+    let api = Api::new(&t);
+    let path = "/api/v1/namespaces/default/pods/debug/eviction";
+    // `?dryRun=All` on the URL (kubectl drain --dry-run=server sends it there too).
+    let dry = api
+        .call(
+            "POST",
+            &format!("{path}?dryRun=All"),
+            None,
+            Some(eviction_of("debug")),
+        )
+        .await;
+    assert_eq!(dry.code, 201, "{}", dry.text);
+    let pod = api.get("/api/v1/namespaces/default/pods/debug").await;
+    assert_eq!(pod.code, 200);
+    assert!(
+        pod.body["metadata"]["deletionTimestamp"].is_null(),
+        "{}",
+        pod.text
+    );
+    // The body names another pod: refused before anything is looked at.
+    let wrong = api
+        .call("POST", path, None, Some(eviction_of("other")))
+        .await;
+    assert_eq!(wrong.code, 400, "{}", wrong.text);
+    assert_eq!(wrong.body["kind"], "Status");
+    assert_eq!(wrong.body["reason"], "BadRequest");
+    assert_eq!(
+        wrong.body["message"],
+        "name in URL does not match name in Eviction object"
+    );
+    let nameless = api
+        .call(
+            "POST",
+            path,
+            None,
+            Some(json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {}})),
+        )
+        .await;
+    assert_eq!(nameless.code, 400, "{}", nameless.text);
+    assert!(t.with(|c, _| c.get("pods", "default", "debug")).is_some());
+    // A real eviction: 201 Created with a Success Status carrying that code.
+    let done = api
+        .call("POST", path, None, Some(eviction_of("debug")))
+        .await;
+    assert_eq!(done.code, 201, "{}", done.text);
+    assert_eq!(
+        (&done.body["kind"], &done.body["status"], &done.body["code"]),
+        (&json!("Status"), &json!("Success"), &json!(201))
+    );
+}
+
+#[tokio::test]
+async fn an_evicted_pod_terminates_for_its_own_grace_period_on_the_clock() {
+    let seed = KubeSeed::nodes(1, 2).bare_pod("default", "debug", "worker-1");
+    let (t, _d) = twin(seed, Behaviour::default()).await;
+    let api = Api::new(&t);
+    let mut pod = t
+        .with(|c, _| c.get("pods", "default", "debug"))
+        .unwrap_or_default();
+    pod["spec"]["terminationGracePeriodSeconds"] = json!(45);
+    t.with(|c, now| c.upsert(pod, now)).expect("upsert");
+    let evicted_at = t.clock().now();
+    let r = api
+        .call(
+            "POST",
+            "/api/v1/namespaces/default/pods/debug/eviction",
+            None,
+            Some(eviction_of("debug")),
+        )
+        .await;
+    assert_eq!(r.code, 201, "{}", r.text);
+    let get = || api.get("/api/v1/namespaces/default/pods/debug");
+    let terminating = get().await;
+    assert_eq!(terminating.code, 200, "still listed while it terminates");
+    assert_eq!(
+        terminating.body["metadata"]["deletionGracePeriodSeconds"],
+        45
+    );
+    assert_eq!(
+        terminating.body["metadata"]["deletionTimestamp"],
+        json!(evicted_at.plus(Duration::from_secs(45)).rfc3339())
+    );
+    t.clock().advance(Duration::from_secs(44));
+    t.sync();
+    assert_eq!(
+        get().await.code,
+        200,
+        "a second before its grace period ends"
+    );
+    t.clock().advance(Duration::from_secs(1));
+    t.sync();
+    assert_eq!(get().await.code, 404, "gone once the grace period passed");
+    // A pod that does not say waits the apiserver's default, 30 s; a DELETE likewise.
+    let web = KubeSeed::nodes(1, 2).deployment("default", "web", 1);
+    let (t, _d) = twin(web, Behaviour::default()).await;
+    let api = Api::new(&t);
+    let name = t.with(|c, _| c.list("pods", Some("default")))[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let path = format!("/api/v1/namespaces/default/pods/{name}");
+    let del = api.call("DELETE", &path, None, None).await;
+    assert_eq!(del.code, 200, "{}", del.text);
+    assert_eq!(del.body["metadata"]["deletionGracePeriodSeconds"], 30);
+    t.clock().advance(Duration::from_secs(29));
+    t.sync();
+    assert_eq!(api.get(&path).await.code, 200);
+    t.clock().advance(Duration::from_secs(1));
+    t.sync();
+    assert_eq!(api.get(&path).await.code, 404);
+}
+
+fn ready_status(obj: &Value) -> String {
+    obj["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready")
+        .and_then(|c| c["status"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+#[tokio::test]
+async fn node_down_keeps_pods_until_the_unreachable_toleration() {
+    let seed = KubeSeed::typical(1, 3).bare_pod("default", "debug", "worker-1");
+    let (t, _d) = twin(seed, Behaviour::default()).await;
+    let api = Api::new(&t);
+    let before = pods_on(&t, "worker-1");
+    let down_at = t.clock().now();
+    t.with(|c, now| c.node_down("worker-1", now)).expect("node");
+    let at = |secs: u64| {
+        let to = down_at.plus(Duration::from_secs(secs));
+        let d = to.since(t.clock().now());
+        t.clock().advance(d);
+        t.sync();
+    };
+    let node = || api.get("/api/v1/nodes/worker-1");
+    let listed = || async {
+        let r = api
+            .get("/api/v1/pods?fieldSelector=spec.nodeName%3Dworker-1")
+            .await;
+        r.body["items"].as_array().cloned().unwrap_or_default()
+    };
+    // The kubelet is silent, but the node-monitor grace period (40 s) has not passed.
+    at(39);
+    assert_eq!(ready_status(&node().await.body), "True");
+    assert_eq!(
+        listed().await.len(),
+        before.len(),
+        "the pods stay in the API"
+    );
+    at(40);
+    let n = node().await.body;
+    assert_ne!(ready_status(&n), "True", "NotReady after the grace period");
+    assert_eq!(
+        n["spec"]["taints"][0]["key"],
+        "node.kubernetes.io/unreachable"
+    );
+    assert_eq!(n["spec"]["taints"][0]["effect"], "NoExecute");
+    let pods = listed().await;
+    assert_eq!(pods.len(), before.len(), "still listed, not Ready");
+    assert!(pods
+        .iter()
+        .filter(|p| owner_kind(p) != "DaemonSet")
+        .all(|p| ready_status(p) == "False" && p["metadata"]["deletionTimestamp"].is_null()));
+    // 300 s of toleration after the taint: a second before, nothing is deleted.
+    at(339);
+    assert!(listed()
+        .await
+        .iter()
+        .all(|p| p["metadata"]["deletionTimestamp"].is_null()));
+    at(340);
+    let pods = listed().await;
+    let debug = pods.iter().find(|p| p["metadata"]["name"] == "debug");
+    assert!(
+        debug.is_some_and(|p| p["metadata"]["deletionTimestamp"].is_string()),
+        "the taint-based eviction deletes it gracefully: {debug:?}"
+    );
+    assert!(pods
+        .iter()
+        .filter(|p| owner_kind(p) == "DaemonSet")
+        .all(|p| p["metadata"]["deletionTimestamp"].is_null()));
+    assert!(pods.iter().any(|p| owner_kind(p) == "DaemonSet"));
+    // A reboot shorter than the grace period is never seen as NotReady.
+    let (t, _d) = twin(KubeSeed::typical(1, 3), Behaviour::default()).await;
+    t.with(|c, now| c.node_down("worker-2", now)).expect("node");
+    t.clock().advance(Duration::from_secs(30));
+    t.with(|c, now| c.node_up("worker-2", now)).expect("node");
+    t.clock().advance(Duration::from_secs(400));
+    t.sync();
+    let n = t
+        .with(|c, _| c.get("nodes", "", "worker-2"))
+        .unwrap_or_default();
+    assert_eq!(ready_status(&n), "True");
+    assert!(n["spec"]["taints"].is_null(), "{n}");
+    assert!(pods_on(&t, "worker-2")
+        .iter()
+        .all(|p| p["metadata"]["deletionTimestamp"].is_null()));
+}
+
+// ---- what a controller's pre-flight asks ------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_auth_can_i_and_the_preflight_resources_are_served() {
+    let (t, dir) = twin(KubeSeed::nodes(1, 1), Behaviour::default()).await;
+    let api = Api::new(&t);
+    // Over the wire: a review comes back allowed, with 201 and nothing stored.
+    let r = api
+        .call(
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            None,
+            Some(
+                json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                        "spec": {"resourceAttributes": {"verb": "list", "resource": "nodes"}}}),
+            ),
+        )
+        .await;
+    assert_eq!(r.code, 201, "{}", r.text);
+    assert_eq!(r.body["status"]["allowed"], true);
+    assert_eq!(r.body["spec"]["resourceAttributes"]["resource"], "nodes");
+    let empty = api
+        .call(
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            None,
+            Some(json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview", "spec": {}})),
+        )
+        .await;
+    assert_eq!(empty.code, 422, "{}", empty.text);
+    let listed = api
+        .get("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
+        .await;
+    assert_eq!(listed.code, 405);
+    for path in [
+        "/apis/storage.k8s.io/v1/volumeattachments",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles",
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings",
+        "/api/v1/namespaces/default/services",
+        "/api/v1/namespaces/default/secrets",
+        "/api/v1/namespaces/default/serviceaccounts",
+    ] {
+        let l = api.get(path).await;
+        assert_eq!(l.code, 200, "{path}: {}", l.text);
+        assert!(l.body["items"].is_array(), "{path}: {}", l.text);
+    }
+    let groups = api.get("/apis").await;
+    for g in [
+        "authorization.k8s.io",
+        "storage.k8s.io",
+        "rbac.authorization.k8s.io",
+    ] {
+        assert!(
+            groups.body["groups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|x| x["name"] == g),
+            "{g} in discovery"
+        );
+    }
+    if !have_kubectl() {
+        return;
+    }
+    let cache = dir.path().join("cache");
+    let yes = kubectl(&t.kubeconfig, &cache, &["auth", "can-i", "list", "nodes"]).await;
+    assert!(
+        yes.ok && yes.stdout.trim() == "yes",
+        "{}{}",
+        yes.stdout,
+        yes.stderr
+    );
+    let va = kubectl(&t.kubeconfig, &cache, &["get", "volumeattachments"]).await;
+    assert!(va.ok, "{}", va.stderr);
+    let sa = kubectl(&t.kubeconfig, &cache, &["get", "sa,svc,secrets", "-A"]).await;
+    assert!(sa.ok, "{}", sa.stderr);
+    let rbac = kubectl(&t.kubeconfig, &cache, &["get", "clusterroles"]).await;
+    assert!(rbac.ok, "{}", rbac.stderr);
+}
+
+#[tokio::test]
+async fn the_date_header_comes_from_the_twins_clock_as_object_times_do() {
+    let (t, _d) = twin(KubeSeed::nodes(1, 1), Behaviour::default()).await;
+    let api = Api::new(&t);
+    // The manual clock starts at Thursday 2026-01-01T00:00:00Z.
+    t.clock().advance(Duration::from_secs(86_400 + 3_723));
+    let r = api
+        .call(
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            None,
+            Some(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}})),
+        )
+        .await;
+    assert_eq!(r.code, 201, "{}", r.text);
+    assert_eq!(
+        r.body["metadata"]["creationTimestamp"],
+        "2026-01-02T01:02:03Z"
+    );
+    assert_eq!(
+        r.headers.get("date").and_then(|v| v.to_str().ok()),
+        Some("Fri, 02 Jan 2026 01:02:03 GMT")
+    );
+}
+
+#[tokio::test]
+async fn node_heartbeats_move_with_the_clock_until_the_node_goes_silent() {
+    let (t, _d) = twin(KubeSeed::nodes(1, 2), Behaviour::default()).await;
+    let api = Api::new(&t);
+    let lease = |name: &str| {
+        t.with(|c, _| c.get("leases", "kube-node-lease", name))
+            .and_then(|l| l["spec"]["renewTime"].as_str().map(String::from))
+            .unwrap_or_default()
+    };
+    let start = lease("worker-1");
+    assert_eq!(start, "2026-01-01T00:00:00.000000Z");
+    t.clock().advance(Duration::from_secs(25));
+    assert_eq!(lease("worker-1"), "2026-01-01T00:00:25.000000Z");
+    // Condition heartbeats follow the 5-minute status report.
+    let beat = |n: &Value| {
+        n["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "Ready")
+            .and_then(|c| c["lastHeartbeatTime"].as_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    assert_eq!(
+        beat(&api.get("/api/v1/nodes/worker-1").await.body),
+        "2026-01-01T00:00:00Z"
+    );
+    t.clock().advance(Duration::from_secs(300));
+    assert_eq!(
+        beat(&api.get("/api/v1/nodes/worker-1").await.body),
+        "2026-01-01T00:05:25Z"
+    );
+    // A silent node's kubelet renews nothing.
+    t.with(|c, now| c.node_down("worker-2", now)).expect("node");
+    let silent_from = lease("worker-2");
+    t.clock().advance(Duration::from_secs(60));
+    assert_eq!(lease("worker-2"), silent_from);
+    assert_eq!(lease("worker-1"), "2026-01-01T00:06:25.000000Z");
 }

@@ -12,7 +12,7 @@ use ichor::talos::proto::cosi::resource::state_client::StateClient;
 use ichor::talos::proto::cosi::resource::GetRequest;
 use ichor::talos::proto::machine::apply_configuration_request::Mode;
 use ichor::talos::proto::machine::machine_service_client::MachineServiceClient;
-use ichor::talos::proto::machine::{ApplyConfigurationRequest, RebootRequest};
+use ichor::talos::proto::machine::{ApplyConfigurationRequest, RebootRequest, UpgradeRequest};
 use ichor::talos::proto::resource::config::MachineConfigSpec;
 use prost::Message;
 use serde_json::Value;
@@ -201,11 +201,20 @@ async fn a_talos_reboot_takes_the_node_and_its_pods_down_and_back() -> TestResul
         .reboot(to_node(RebootRequest { mode: 0 }, "10.0.10.21"))
         .await?;
     twin.advance(Duration::from_secs(2));
-    let down = node(&twin, "w-1");
-    assert!(!ready(&down), "NotReady while rebooting: {down}");
+    // The kubelet went silent, but the node-monitor grace period (40 s) has not passed.
+    let silent = node(&twin, "w-1");
     assert!(
-        movable_pods(&twin, "w-1").is_empty(),
-        "pods on a down node are lost"
+        ready(&silent),
+        "still Ready within the grace period: {silent}"
+    );
+    assert_eq!(movable_pods(&twin, "w-1"), had_pods);
+    twin.advance(Duration::from_secs(38));
+    let down = node(&twin, "w-1");
+    assert!(!ready(&down), "NotReady after the grace period: {down}");
+    assert_eq!(
+        movable_pods(&twin, "w-1"),
+        had_pods,
+        "pods stay in the API until the unreachable toleration (300 s) runs out"
     );
     // Longhorn volumes with a replica there are degraded.
     let vols = twin
@@ -217,7 +226,7 @@ async fn a_talos_reboot_takes_the_node_and_its_pods_down_and_back() -> TestResul
         "{vols:?}"
     );
 
-    twin.advance(Duration::from_secs(120));
+    twin.advance(Duration::from_secs(80));
     let up = node(&twin, "w-1");
     assert!(ready(&up), "Ready after the reboot: {up}");
     assert_ne!(
@@ -621,5 +630,118 @@ fn ichor_sim_with_github_serves_the_repository() -> TestResult {
         .args(["-INT", &child.id().to_string()])
         .status()?;
     assert!(child.wait()?.success());
+    Ok(())
+}
+
+/// Pods on `node` that a drain moves and that are not yet terminating.
+fn running_movable(twin: &Twin, node: &str) -> Vec<String> {
+    twin.kube
+        .with(|c, _| c.pods_on_node(node))
+        .into_iter()
+        .filter(|p| {
+            p.pointer("/metadata/ownerReferences/0/kind") != Some(&Value::from("DaemonSet"))
+        })
+        .filter(|p| {
+            p.pointer("/metadata/annotations/kubernetes.io~1config.mirror")
+                .is_none()
+        })
+        .filter(|p| p.pointer("/metadata/deletionTimestamp").is_none())
+        .filter_map(|p| {
+            p.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .map(String::from)
+        })
+        .collect()
+}
+
+fn unschedulable(n: &Value) -> bool {
+    n.pointer("/spec/unschedulable") == Some(&Value::Bool(true))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_upgrade_cordons_and_drains_the_node_before_it_goes_down() -> TestResult {
+    let (twin, _state) = start(TwinConfig::default()).await?;
+    let mut talos = MachineServiceClient::new(talos_channel(twin.talosconfig()).await?);
+    let before = running_movable(&twin, "w-1");
+    assert!(!before.is_empty(), "the seed puts workloads on w-1");
+    let upgrade = UpgradeRequest {
+        image: "ghcr.io/siderolabs/installer:v1.13.0".into(),
+        ..Default::default()
+    };
+    talos
+        .upgrade(to_node(upgrade.clone(), "10.0.10.21"))
+        .await?;
+    twin.advance(Duration::from_secs(1));
+    // Still up and Ready, but Talos has cordoned it (marking its own cordon) and evicted
+    // what the budgets allowed.
+    let n = node(&twin, "w-1");
+    assert!(ready(&n), "{n}");
+    assert!(unschedulable(&n), "cordoned by Talos: {n}");
+    assert_eq!(
+        n.pointer("/metadata/annotations/talos.dev~1cordoned"),
+        Some(&Value::from("true"))
+    );
+    let left = running_movable(&twin, "w-1");
+    assert!(
+        left.len() < before.len(),
+        "evicted before the reboot: {left:?} of {before:?}"
+    );
+    // Evictions a budget blocked are retried; by the time the node goes down (30 s) the
+    // replacements elsewhere are Ready and everything has been evicted.
+    twin.advance(Duration::from_secs(29));
+    assert!(
+        running_movable(&twin, "w-1").is_empty(),
+        "drained before going down"
+    );
+    // Back after the reboot: Ready, and Talos lifted the cordon it made.
+    twin.advance(Duration::from_secs(120));
+    let back = node(&twin, "w-1");
+    assert!(ready(&back), "{back}");
+    assert!(!unschedulable(&back), "uncordoned by Talos: {back}");
+    assert!(back
+        .pointer("/metadata/annotations/talos.dev~1cordoned")
+        .is_none());
+
+    // A node someone else cordoned first is theirs: Talos does not uncordon it.
+    twin.kube
+        .with(|c, now| c.set_unschedulable("w-2", true, now))?;
+    talos.upgrade(to_node(upgrade, "10.0.10.22")).await?;
+    twin.advance(Duration::from_secs(30));
+    twin.advance(Duration::from_secs(120));
+    let w2 = node(&twin, "w-2");
+    assert!(ready(&w2), "{w2}");
+    assert!(
+        unschedulable(&w2),
+        "still cordoned by its first owner: {w2}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_upgrade_drain_respects_disruption_budgets() -> TestResult {
+    let mut config = TwinConfig::default();
+    config.faults.pdbs_never_allow = vec!["default/web".into()];
+    let (twin, _state) = start(config).await?;
+    let mut talos = MachineServiceClient::new(talos_channel(twin.talosconfig()).await?);
+    let webs_on = |twin: &Twin| {
+        running_movable(twin, "w-1")
+            .into_iter()
+            .filter(|p| p.starts_with("web-"))
+            .count()
+    };
+    let web_before = webs_on(&twin);
+    assert!(web_before > 0, "a web pod runs on w-1");
+    talos
+        .upgrade(to_node(
+            UpgradeRequest {
+                image: "ghcr.io/siderolabs/installer:v1.13.0".into(),
+                ..Default::default()
+            },
+            "10.0.10.21",
+        ))
+        .await?;
+    twin.advance(Duration::from_secs(29));
+    assert!(unschedulable(&node(&twin, "w-1")));
+    assert_eq!(webs_on(&twin), web_before, "the budget holds the web pod");
     Ok(())
 }

@@ -175,8 +175,52 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Every answer carries the twin's time in `Date`, the clock its objects' times come from
+/// (hyper would put the wall clock there).
 async fn handle(
     State(sh): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response<Body> {
+    let mut resp = answer(sh.clone(), method, uri, headers, body).await;
+    if let Ok(v) = header::HeaderValue::from_str(&http_date(sh.clock.now())) {
+        resp.headers_mut().insert(header::DATE, v);
+    }
+    resp
+}
+
+/// RFC 9110's IMF-fixdate, e.g. `Thu, 01 Jan 2026 00:00:00 GMT`.
+fn http_date(t: crate::clock::Timestamp) -> String {
+    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    // `2026-01-01T00:00:00Z`: reuse the clock's calendar arithmetic.
+    let iso = t.rfc3339();
+    let (date, time) = iso.split_once('T').unwrap_or((&iso, "00:00:00Z"));
+    let mut ymd = date.splitn(3, '-');
+    let (y, m, d) = (
+        ymd.next().unwrap_or(""),
+        ymd.next().unwrap_or(""),
+        ymd.next().unwrap_or(""),
+    );
+    let month = m
+        .parse::<usize>()
+        .ok()
+        .and_then(|m| MONTHS.get(m.wrapping_sub(1)))
+        .unwrap_or(&"Jan");
+    let days = t.as_millis() / 1000 / 86_400;
+    let weekday = DAYS[(days % 7) as usize];
+    format!(
+        "{weekday}, {d} {month} {y} {} GMT",
+        time.trim_end_matches('Z')
+    )
+}
+
+async fn answer(
+    sh: Arc<Shared>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -325,6 +369,9 @@ fn resource_list(g: &str, v: &str) -> Value {
         ];
         if r.plural == "events" {
             verbs.retain(|v| *v != "update");
+        }
+        if r.plural == "selfsubjectaccessreviews" {
+            verbs = vec!["create"];
         }
         let mut entry = json!({"name": r.plural, "singularName": r.singular, "namespaced": r.namespaced,
                                "kind": r.kind, "verbs": verbs});
@@ -512,6 +559,14 @@ async fn resource(
     }
     let ns_str = ns.unwrap_or("");
     let result = match (method.clone(), name, sub) {
+        (Method::POST, None, None) if rt.plural == "selfsubjectaccessreviews" => {
+            access_review(body)
+        }
+        (_, _, _) if rt.plural == "selfsubjectaccessreviews" => Err(ApiError::new(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource (selfsubjectaccessreviews)",
+        )),
         (Method::GET, None, None) => {
             if q.flag("watch") {
                 return watch(sh, rt, ns, q, Render::from(headers));
@@ -567,9 +622,11 @@ async fn resource(
         }
         (Method::POST, Some(n), Some("eviction")) => match parse_body(headers, body) {
             Ok(ev) => {
-                let mut c = sh.lock();
+                // `?dryRun=All` holds for the eviction as for any write.
+                let mut c = sh.lock_write(q);
                 let now = sh.clock.now();
-                c.evict(ns_str, n, &ev, now).map(|s| (200, s))
+                // The apiserver's create handler answers 201, the Status carrying that code.
+                c.evict(ns_str, n, &ev, now).map(|s| (201, s))
             }
             Err(e) => Err(e),
         },
@@ -586,6 +643,120 @@ async fn resource(
         Ok((code, v)) => ok_json(code, &v),
         Err(e) => err(&e),
     }
+}
+
+/// POST selfsubjectaccessreviews (`kubectl auth can-i`): the twin's one token is
+/// cluster-admin, so every well-formed review is allowed, as RBAC's cluster-admin binding
+/// answers. The review comes back with its status; nothing is stored (201, as the apiserver).
+fn access_review(body: &Bytes) -> Result<(u16, Value), ApiError> {
+    // kubectl sends built-in types as protobuf (the `k8s\0` envelope); read what it asks.
+    let mut review: Value = match body.strip_prefix(b"k8s\0") {
+        Some(envelope) => review_from_protobuf(envelope).ok_or_else(|| {
+            ApiError::bad_request("the protobuf SelfSubjectAccessReview could not be decoded")
+        })?,
+        None => serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the request body is not JSON: {e}")))?,
+    };
+    let spec = review.get("spec");
+    let resource = spec.and_then(|s| s.get("resourceAttributes"));
+    let non_resource = spec.and_then(|s| s.get("nonResourceAttributes"));
+    if resource.is_some() == non_resource.is_some() {
+        return Err(ApiError::new(
+            422,
+            "Invalid",
+            "SelfSubjectAccessReview.authorization.k8s.io \"\" is invalid: spec.resourceAttributes: Invalid value: exactly one of nonResourceAttributes or resourceAttributes must be specified",
+        ));
+    }
+    review["apiVersion"] = json!("authorization.k8s.io/v1");
+    review["kind"] = json!("SelfSubjectAccessReview");
+    if !review["metadata"].is_object() {
+        review["metadata"] = json!({});
+    }
+    review["status"] = json!({"allowed": true,
+        "reason": "RBAC: allowed by ClusterRoleBinding \"cluster-admin\" of ClusterRole \"cluster-admin\" to User \"admin\""});
+    Ok((201, review))
+}
+
+/// The length-delimited and varint fields of one protobuf message: (field, bytes) for the
+/// former; varints are skipped. None when the bytes are not a well-formed message.
+fn proto_fields(mut b: &[u8]) -> Option<Vec<(u64, &[u8])>> {
+    fn varint(b: &mut &[u8]) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&byte, rest) = b.split_first()?;
+            *b = rest;
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let key = varint(&mut b)?;
+        match key & 7 {
+            0 => {
+                varint(&mut b)?;
+            }
+            2 => {
+                let len = usize::try_from(varint(&mut b)?).ok()?;
+                if len > b.len() {
+                    return None;
+                }
+                let (field, rest) = b.split_at(len);
+                out.push((key >> 3, field));
+                b = rest;
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// A SelfSubjectAccessReview from the apiserver's protobuf envelope (`runtime.Unknown`:
+/// raw = 2), as JSON: spec = 2 with resourceAttributes = 1 (namespace 1, verb 2, group 3,
+/// version 4, resource 5, subresource 6, name 7) or nonResourceAttributes = 2 (path 1,
+/// verb 2).
+fn review_from_protobuf(envelope: &[u8]) -> Option<Value> {
+    let field = |msg: &[u8], n: u64| -> Option<Vec<u8>> {
+        proto_fields(msg)?
+            .into_iter()
+            .find(|(f, _)| *f == n)
+            .map(|(_, v)| v.to_vec())
+    };
+    let strings = |msg: &[u8], names: &[&str]| -> Option<Value> {
+        let mut out = serde_json::Map::new();
+        for (f, v) in proto_fields(msg)? {
+            let Some(name) = usize::try_from(f)
+                .ok()
+                .and_then(|i| names.get(i.wrapping_sub(1)))
+            else {
+                continue;
+            };
+            out.insert(name.to_string(), json!(String::from_utf8_lossy(v)));
+        }
+        Some(Value::Object(out))
+    };
+    let raw = field(envelope, 2)?;
+    let spec = field(&raw, 2).unwrap_or_default();
+    let mut out = json!({"metadata": {}, "spec": {}});
+    if let Some(ra) = field(&spec, 1) {
+        let names = [
+            "namespace",
+            "verb",
+            "group",
+            "version",
+            "resource",
+            "subresource",
+            "name",
+        ];
+        out["spec"]["resourceAttributes"] = strings(&ra, &names)?;
+    }
+    if let Some(nra) = field(&spec, 2) {
+        out["spec"]["nonResourceAttributes"] = strings(&nra, &["path", "verb"])?;
+    }
+    Some(out)
 }
 
 fn wants_table(headers: &HeaderMap) -> bool {

@@ -23,9 +23,9 @@
 //! deletecollection, finalizers and owner-reference garbage collection, resource
 //! requests and priorities, tolerations of ordinary pods, new ReplicaSets per Deployment
 //! revision (the twin updates the one ReplicaSet in place), SSA ownership of list items
-//! (lists are owned whole), node lease renewal; core/v1 and events.k8s.io/v1 Events are
-//! stored apart (the apiserver serves one set of events in both shapes). A successful eviction answers 200 (the
-//! documented code; the apiserver's create handler answers 201).
+//! (lists are owned whole); core/v1 and events.k8s.io/v1 Events are
+//! stored apart (the apiserver serves one set of events in both shapes). A successful eviction answers 201 with a
+//! `Status`, as the apiserver's create handler does.
 
 pub mod apply;
 pub mod http;

@@ -22,13 +22,20 @@ pub struct Behaviour {
     pub replica_rebuild_delay: Duration,
     /// Watch events kept for `watch` with a resourceVersion; older ones get 410 Expired.
     pub watch_history: usize,
-    /// How long a deleted or evicted pod stays Terminating before it is gone, unless the
-    /// request gives `gracePeriodSeconds`. Zero (the default) removes pods at once.
+    /// How long a deleted or evicted pod stays Terminating before it is gone when neither
+    /// the request (`gracePeriodSeconds`) nor the pod (`spec.terminationGracePeriodSeconds`)
+    /// says: 30 s, the apiserver's default for the pod field.
     pub pod_termination: Duration,
     /// The most pods the controllers run for one ReplicaSet or StatefulSet. A client may
     /// ask for any `spec.replicas` (the apiserver allows 2^31-1); creating them all at once
     /// would take the twin's memory with it.
     pub max_replicas: u64,
+    /// kube-controller-manager's `--node-monitor-grace-period` (40 s): how long a node that
+    /// stopped posting status still shows Ready.
+    pub node_monitor_grace: Duration,
+    /// The DefaultTolerationSeconds admission plugin's 300 s: how long a pod stays on an
+    /// unreachable node before the taint-based eviction deletes it.
+    pub unreachable_toleration: Duration,
 }
 
 impl Default for Behaviour {
@@ -37,8 +44,10 @@ impl Default for Behaviour {
             pod_start_delay: Duration::from_secs(10),
             replica_rebuild_delay: Duration::from_secs(120),
             watch_history: 10_000,
-            pod_termination: Duration::ZERO,
+            pod_termination: Duration::from_secs(30),
             max_replicas: MAX_REPLICAS,
+            node_monitor_grace: Duration::from_secs(40),
+            unreachable_toleration: Duration::from_secs(300),
         }
     }
 }
@@ -101,6 +110,10 @@ pub struct Cluster {
     degraded_since: BTreeMap<(String, String), Timestamp>,
     /// Terminating pods (namespace, name) → when they are gone.
     terminating: BTreeMap<(String, String), Timestamp>,
+    /// Nodes whose kubelet stopped posting status → since when (the node is down).
+    silent_since: BTreeMap<String, Timestamp>,
+    /// When the kubelets' heartbeats are next brought up to date (lazily, on a sync).
+    heartbeat_due: Timestamp,
     now: Timestamp,
     /// The resourceVersion the controllers last settled at, and when something is due next.
     settled_at: Option<u64>,
@@ -204,6 +217,54 @@ pub fn is_mirror(pod: &Value) -> bool {
         .is_some()
 }
 
+/// The taint the node lifecycle controller puts on a node that stopped posting status.
+pub const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";
+
+/// Whether the taint-based eviction deletes this pod: not a mirror pod, not a DaemonSet's
+/// (the DaemonSet controller tolerates the taint forever), not already terminating.
+fn taint_evicts(pod: &Value) -> bool {
+    let daemon = controller_of(pod).is_some_and(|(kind, _)| kind == "DaemonSet");
+    !is_mirror(pod) && !daemon && pod.at("/metadata/deletionTimestamp").is_none()
+}
+
+fn has_taint(node: &Value, key: &str) -> bool {
+    node.at("/spec/taints")
+        .and_then(Value::as_array)
+        .is_some_and(|ts| {
+            ts.iter()
+                .any(|t| t.get("key").and_then(Value::as_str) == Some(key))
+        })
+}
+
+fn add_taint(node: &mut Value, key: &str, effect: &str, added: Timestamp) {
+    if !node["spec"]["taints"].is_array() {
+        set_path(node, &["spec", "taints"], json!([]));
+    }
+    if let Some(ts) = node["spec"]["taints"].as_array_mut() {
+        ts.push(json!({"key": key, "effect": effect, "timeAdded": added.rfc3339()}));
+    }
+}
+
+/// Remove a taint by key; whether there was one.
+fn remove_taint(node: &mut Value, key: &str) -> bool {
+    let Some(ts) = node
+        .get_mut("spec")
+        .and_then(|s| s.get_mut("taints"))
+        .and_then(Value::as_array_mut)
+    else {
+        return false;
+    };
+    let before = ts.len();
+    ts.retain(|t| t.get("key").and_then(Value::as_str) != Some(key));
+    let removed = ts.len() != before;
+    if ts.is_empty() {
+        if let Some(spec) = node.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.remove("taints");
+        }
+    }
+    removed
+}
+
 fn node_of(pod: &Value) -> &str {
     pod.at("/spec/nodeName")
         .and_then(Value::as_str)
@@ -254,6 +315,8 @@ impl Cluster {
             pending: BTreeMap::new(),
             degraded_since: BTreeMap::new(),
             terminating: BTreeMap::new(),
+            silent_since: BTreeMap::new(),
+            heartbeat_due: Timestamp(0),
             now,
             settled_at: None,
             statuses_at: None,
@@ -342,7 +405,7 @@ impl Cluster {
     }
 
     /// Delete a pod gracefully: it turns Terminating (deletionTimestamp set, not Ready) and is
-    /// gone after `grace` (default `Behaviour::pod_termination`); zero, or a pod that never
+    /// gone after `grace` (else the pod's own, else `Behaviour::pod_termination`); zero, or a pod that never
     /// started, goes at once. Its controller makes a replacement right away.
     pub fn delete_pod(
         &mut self,
@@ -355,7 +418,15 @@ impl Cluster {
         let Some(pod) = self.store.get("pods", namespace, name).cloned() else {
             return Err(ApiError::not_found(rt_pods(), name));
         };
-        let grace = grace.unwrap_or(self.behaviour.pod_termination);
+        // As the apiserver: the request's grace period, else the pod's own
+        // `terminationGracePeriodSeconds` (which the apiserver defaults to 30 s).
+        let grace = grace
+            .or_else(|| {
+                pod.at("/spec/terminationGracePeriodSeconds")
+                    .and_then(Value::as_u64)
+                    .map(Duration::from_secs)
+            })
+            .unwrap_or(self.behaviour.pod_termination);
         let started = !node_of(&pod).is_empty() && !self.pending.contains_key(&key);
         if grace.is_zero() || !started {
             let out = self.store.delete(rt_pods(), namespace, name)?;
@@ -396,13 +467,23 @@ impl Cluster {
         Ok(out)
     }
 
-    /// Set a node's Ready condition. Pods on a NotReady node stay but report not Ready.
+    /// Set a node's Ready condition, as its kubelet posts it (so the node is heard from
+    /// again; Ready lifts the unreachable taint). Pods on a NotReady node stay but report
+    /// not Ready.
     pub fn set_node_ready(
         &mut self,
         node: &str,
         ready: bool,
         now: Timestamp,
     ) -> Result<(), ApiError> {
+        self.silent_since.remove(node);
+        if ready {
+            if let Some(mut n) = self.store.get("nodes", "", node).cloned() {
+                if remove_taint(&mut n, UNREACHABLE_TAINT) {
+                    self.store.update(rt("nodes"), "", node, n)?;
+                }
+            }
+        }
         self.node_ready_unsynced(node, ready, now)?;
         self.sync(now);
         Ok(())
@@ -460,27 +541,159 @@ impl Cluster {
         Ok(())
     }
 
-    /// The node went down (reboot, crash): NotReady, every pod on it lost except mirror pods
-    /// (which stay, not Ready, as the apiserver keeps them), Longhorn replicas on it stopped.
+    /// The node went down (reboot, crash): its kubelet stops posting status, so the API
+    /// learns nothing at once. As kube-controller-manager: after the node-monitor grace period
+    /// the Node turns NotReady, gets the `node.kubernetes.io/unreachable:NoExecute` taint and
+    /// its pods turn not Ready; after the pods' toleration of that taint (300 s) the
+    /// taint-based eviction deletes them, all but DaemonSet pods (which tolerate it forever)
+    /// and mirror pods. Longhorn replicas on it stop at once (the engine sees the peer go).
     pub fn node_down(&mut self, node: &str, now: Timestamp) -> Result<(), ApiError> {
-        self.node_ready_unsynced(node, false, now)?;
-        for pod in self.pods_on(node) {
-            if !is_mirror(&pod) {
-                let ns = namespace_of(&pod).to_string();
-                let name = name_of(&pod).to_string();
-                let _ = self.store.delete(rt_pods(), &ns, &name);
-                self.pending.remove(&(ns.clone(), name.clone()));
-                self.terminating.remove(&(ns, name));
-            }
+        if self.store.get("nodes", "", node).is_none() {
+            return Err(ApiError::not_found(rt("nodes"), node));
         }
+        self.silent_since.entry(node.to_string()).or_insert(now);
         self.replicas_on_node(node, "stopped", now);
+        self.invalidate();
         self.sync(now);
         Ok(())
     }
 
-    /// The node is back: Ready, its stopped replicas (if not yet replaced) running again.
+    /// The node is back: the kubelet posts Ready again, the unreachable taint goes, and its
+    /// pods still bound to it (restarted by the kubelet) and stopped replicas run again.
     pub fn node_up(&mut self, node: &str, now: Timestamp) -> Result<(), ApiError> {
         self.set_node_ready(node, true, now)
+    }
+
+    /// What kube-controller-manager does about silent nodes at `now`: NotReady and tainted
+    /// after the grace period, their pods evicted after the toleration.
+    fn node_lifecycle(&mut self, now: Timestamp) {
+        let grace = self.behaviour.node_monitor_grace;
+        let toleration = self.behaviour.unreachable_toleration;
+        let silent: Vec<(String, Timestamp)> = self
+            .silent_since
+            .iter()
+            .map(|(n, t)| (n.clone(), *t))
+            .collect();
+        for (node, since) in silent {
+            let unreachable_at = since.plus(grace);
+            if now < unreachable_at {
+                continue;
+            }
+            let Some(mut n) = self.store.get("nodes", "", &node).cloned() else {
+                self.silent_since.remove(&node);
+                continue;
+            };
+            if is_ready(&n) {
+                let _ = self.node_ready_unsynced(&node, false, now);
+                if let Some(fresh) = self.store.get("nodes", "", &node).cloned() {
+                    n = fresh;
+                }
+            }
+            if !has_taint(&n, UNREACHABLE_TAINT) {
+                add_taint(&mut n, UNREACHABLE_TAINT, "NoExecute", unreachable_at);
+                let _ = self.store.update(rt("nodes"), "", &node, n);
+            }
+            if now < unreachable_at.plus(toleration) {
+                continue;
+            }
+            // Deleting runs the controllers; they run once, after this pass.
+            let deferred = std::mem::replace(&mut self.deferred, true);
+            for pod in self.pods_on(&node) {
+                if taint_evicts(&pod) {
+                    let (ns, name) = (namespace_of(&pod).to_string(), name_of(&pod).to_string());
+                    self.record_event(
+                        &pod,
+                        "TaintManagerEviction",
+                        "Marking for deletion Pod",
+                        now,
+                    );
+                    let _ = self.delete_pod(&ns, &name, None, now);
+                }
+            }
+            self.deferred = deferred;
+        }
+    }
+
+    /// What the kubelets of nodes still heard from post: the node Lease in `kube-node-lease`
+    /// renewed every 10 s (a quarter of its 40 s duration) and the Node's condition
+    /// heartbeats every 5 min (`nodeStatusReportFrequency`). Brought up to date when the
+    /// model is read rather than on a timer, so an idle twin stays asleep.
+    fn heartbeats(&mut self, now: Timestamp) {
+        const RENEW: Duration = Duration::from_secs(10);
+        const REPORT: Duration = Duration::from_secs(300);
+        if now < self.heartbeat_due || self.store.dry_run {
+            return;
+        }
+        self.heartbeat_due = now.plus(RENEW);
+        let nodes: Vec<String> = self
+            .store
+            .iter("nodes")
+            .map(|n| name_of(n).to_string())
+            .filter(|n| !self.silent_since.contains_key(n))
+            .collect();
+        for node in nodes {
+            if let Some(mut lease) = self.store.get("leases", "kube-node-lease", &node).cloned() {
+                let renewed = lease
+                    .at("/spec/renewTime")
+                    .and_then(Value::as_str)
+                    .and_then(parse_time);
+                if renewed.is_none_or(|t| now.since(t) >= RENEW) {
+                    set_path(&mut lease, &["spec", "renewTime"], json!(micro_time(now)));
+                    if let Some(m) = lease.get_mut("metadata").and_then(Value::as_object_mut) {
+                        m.remove("resourceVersion");
+                    }
+                    let _ = self
+                        .store
+                        .update(rt("leases"), "kube-node-lease", &node, lease);
+                }
+            }
+            let Some(mut n) = self.store.get("nodes", "", &node).cloned() else {
+                continue;
+            };
+            let Some(conds) = n
+                .get_mut("status")
+                .and_then(|s| s.get_mut("conditions"))
+                .and_then(Value::as_array_mut)
+            else {
+                continue;
+            };
+            let stale = conds.iter().any(|c| {
+                c.get("lastHeartbeatTime")
+                    .and_then(Value::as_str)
+                    .and_then(parse_time)
+                    .is_some_and(|t| now.since(t) >= REPORT)
+            });
+            if stale {
+                for c in conds.iter_mut() {
+                    if c.get("lastHeartbeatTime").is_some() {
+                        c["lastHeartbeatTime"] = json!(now.rfc3339());
+                    }
+                }
+                if let Some(m) = n.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.remove("resourceVersion");
+                }
+                let _ = self.store.update(rt("nodes"), "", &node, n);
+            }
+        }
+    }
+
+    /// When kube-controller-manager next acts on a silent node.
+    fn next_node_lifecycle(&self) -> Option<Timestamp> {
+        let grace = self.behaviour.node_monitor_grace;
+        let toleration = self.behaviour.unreachable_toleration;
+        self.silent_since
+            .iter()
+            .filter_map(|(node, since)| {
+                let unreachable_at = since.plus(grace);
+                let evict_at = unreachable_at.plus(toleration);
+                let n = self.store.get("nodes", "", node)?;
+                if is_ready(n) || !has_taint(n, UNREACHABLE_TAINT) {
+                    return Some(unreachable_at);
+                }
+                let evictable = self.pods_on(node).iter().any(taint_evicts);
+                evictable.then_some(evict_at)
+            })
+            .min()
     }
 
     /// Cordon (`true`) or uncordon a node.
@@ -678,6 +891,12 @@ impl Cluster {
     ) -> Result<Value, ApiError> {
         self.sync(now);
         let pods = rt_pods();
+        // As the apiserver's EvictionREST.Create, before it looks the pod up.
+        if eviction.at("/metadata/name").and_then(Value::as_str) != Some(name) {
+            return Err(ApiError::bad_request(
+                "name in URL does not match name in Eviction object",
+            ));
+        }
         let Some(pod) = self.store.get("pods", namespace, name).cloned() else {
             return Err(ApiError::not_found(pods, name));
         };
@@ -689,12 +908,13 @@ impl Cluster {
                 return Err(ApiError::conflict(pods, name));
             }
         }
-        let dry_run = eviction
-            .at("/deleteOptions/dryRun")
-            .and_then(Value::as_array)
-            .is_some_and(|a| a.iter().any(|v| v == "All"));
+        let dry_run = self.store.dry_run
+            || eviction
+                .at("/deleteOptions/dryRun")
+                .and_then(Value::as_array)
+                .is_some_and(|a| a.iter().any(|v| v == "All"));
         let success = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
-                             "status": "Success", "code": 200});
+                             "status": "Success", "code": 201});
         let phase = pod
             .at("/status/phase")
             .and_then(Value::as_str)
@@ -842,6 +1062,7 @@ impl Cluster {
             self.now = now;
         }
         let now = self.now;
+        self.heartbeats(now);
         // Nothing changed and nothing is due: the model is already settled.
         if self.settled_at == Some(self.store.resource_version())
             && self.next_due.is_none_or(|d| now < d)
@@ -858,6 +1079,7 @@ impl Cluster {
             let _ = self.store.delete(rt_pods(), &ns, &name);
             self.terminating.remove(&(ns, name));
         }
+        self.node_lifecycle(now);
         // The controllers run until they change nothing more (a few passes: deployments →
         // replicasets → pods); status, which no controller reads, is computed once after.
         // Each pass looks only at the owners whose pods or specs changed since the last one.
@@ -894,7 +1116,12 @@ impl Cluster {
             .values()
             .map(|t| t.plus(self.behaviour.replica_rebuild_delay));
         let gone_due = self.terminating.values().copied();
-        self.next_due = pod_due.into_iter().chain(rebuild_due).chain(gone_due).min();
+        self.next_due = pod_due
+            .into_iter()
+            .chain(rebuild_due)
+            .chain(gone_due)
+            .chain(self.next_node_lifecycle())
+            .min();
     }
 
     /// Advance the model to `now` (same as `sync`).

@@ -100,6 +100,8 @@ pub enum ConfigError {
     Parse(String),
     #[error("the configuration is {len} bytes; the twin accepts at most {MAX_CONFIG}")]
     TooLarge { len: usize },
+    #[error("unknown keys found during decoding: {0}")]
+    UnknownKeys(String),
     #[error("config is missing the v1alpha1 document (version: v1alpha1)")]
     MissingV1Alpha1,
     #[error("{kind} document conflicts with v1alpha1 field {path}: set one or the other")]
@@ -137,7 +139,122 @@ pub struct ConfigDiff {
     pub other: Vec<String>,
 }
 
+/// What upstream's `CanApplyImmediate` (machined's v1alpha1 runtime) lets a running node take
+/// without a reboot: these v1alpha1 sections are copied over from the current config before
+/// the two are compared, so changes under them do not count. Documents other than v1alpha1
+/// are not compared at all.
+const IMMEDIATE: &[&str] = &[
+    "debug",
+    "cluster",
+    "machine.ca",
+    "machine.acceptedCAs",
+    "machine.time",
+    "machine.certSANs",
+    "machine.install",
+    "machine.network",
+    "machine.sysfs",
+    "machine.sysctls",
+    "machine.logging",
+    "machine.controlPlane",
+    "machine.kubelet",
+    "machine.kernel",
+    "machine.registries",
+    "machine.pods",
+    "machine.seccompProfiles",
+    "machine.nodeAnnotations",
+    "machine.nodeLabels",
+    "machine.nodeTaints",
+    // Only when `machine.features` exists on both sides (adding the section is a reboot).
+    "machine.features.kubernetesTalosAPIAccess",
+    "machine.features.kubePrism",
+    "machine.features.hostDNS",
+    "machine.features.imageCache",
+    "machine.features.nodeAddressSortAlgorithm",
+];
+
+/// The keys Talos's config loader knows in the v1alpha1 document (v1.12/v1.13), per section;
+/// it refuses a document with any other ("unknown keys found during decoding").
+const KNOWN_TOP: &[&str] = &["version", "debug", "persist", "machine", "cluster"];
+const KNOWN_MACHINE: &[&str] = &[
+    "type",
+    "token",
+    "ca",
+    "acceptedCAs",
+    "certSANs",
+    "controlPlane",
+    "kubelet",
+    "pods",
+    "network",
+    "disks",
+    "install",
+    "files",
+    "env",
+    "time",
+    "sysctls",
+    "sysfs",
+    "registries",
+    "systemDiskEncryption",
+    "features",
+    "udev",
+    "logging",
+    "kernel",
+    "seccompProfiles",
+    "baseRuntimeSpecOverrides",
+    "nodeLabels",
+    "nodeAnnotations",
+    "nodeTaints",
+];
+const KNOWN_CLUSTER: &[&str] = &[
+    "id",
+    "secret",
+    "controlPlane",
+    "clusterName",
+    "network",
+    "token",
+    "aescbcEncryptionSecret",
+    "secretboxEncryptionSecret",
+    "ca",
+    "acceptedCAs",
+    "aggregatorCA",
+    "serviceAccount",
+    "apiServer",
+    "controllerManager",
+    "proxy",
+    "scheduler",
+    "discovery",
+    "etcd",
+    "coreDNS",
+    "externalCloudProvider",
+    "extraManifests",
+    "extraManifestHeaders",
+    "inlineManifests",
+    "adminKubeconfig",
+    "allowSchedulingOnControlPlanes",
+    "allowSchedulingOnMasters",
+];
+
 impl ConfigDiff {
+    /// The changes that keep a running node from applying this diff without a reboot, as
+    /// upstream's `CanApplyImmediate` decides: v1alpha1 paths outside [`IMMEDIATE`].
+    /// Component images live under `machine.kubelet` / `cluster`, or in their own documents,
+    /// so they never need one.
+    pub fn needs_reboot(&self) -> Vec<String> {
+        self.other
+            .iter()
+            .filter(|p| {
+                let Some(rest) = p.strip_prefix("v1alpha1.") else {
+                    // A whole v1alpha1 document added or removed needs a reboot; other
+                    // documents are not compared.
+                    return p.as_str() == "v1alpha1";
+                };
+                !IMMEDIATE.iter().any(|imm| {
+                    rest == *imm || rest.strip_prefix(imm).is_some_and(|r| r.starts_with('.'))
+                })
+            })
+            .cloned()
+            .collect()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.images.is_empty() && self.other.is_empty()
     }
@@ -190,8 +307,29 @@ impl MachineConfig {
     }
 
     fn validate(&self, talos_version: &str) -> Result<(), ConfigError> {
-        if self.v1alpha1().is_none() {
+        let Some(v1) = self.v1alpha1() else {
             return Err(ConfigError::MissingV1Alpha1);
+        };
+        let mut unknown = Vec::new();
+        let keys = |v: Option<&Value>, known: &[&str], at: &str, out: &mut Vec<String>| {
+            if let Some(m) = v.and_then(Value::as_mapping) {
+                for k in m.keys() {
+                    let name = key_name(k);
+                    if !known.contains(&name.as_str()) {
+                        out.push(if at.is_empty() {
+                            name
+                        } else {
+                            format!("{at}.{name}")
+                        });
+                    }
+                }
+            }
+        };
+        keys(Some(v1), KNOWN_TOP, "", &mut unknown);
+        keys(v1.get("machine"), KNOWN_MACHINE, "machine", &mut unknown);
+        keys(v1.get("cluster"), KNOWN_CLUSTER, "cluster", &mut unknown);
+        if !unknown.is_empty() {
+            return Err(ConfigError::UnknownKeys(unknown.join(", ")));
         }
         for c in Component::ALL {
             if self.kind_doc(c).is_some() && self.legacy_image(c).is_some() {
@@ -563,6 +701,25 @@ mod tests {
             MachineConfig::parse(b"machine: {}", "v1.11.0"),
             Err(ConfigError::MissingV1Alpha1)
         ));
+    }
+
+    #[test]
+    fn features_apply_immediately_only_field_by_field_on_an_existing_section() {
+        let base = legacy();
+        let with = |features: &str| {
+            let text = String::from_utf8_lossy(base.raw())
+                .replace("machine:\n", &format!("machine:\n  features:\n{features}"));
+            MachineConfig::parse(text.as_bytes(), "v1.13.2").expect("valid")
+        };
+        let a = with("    rbac: true\n");
+        let prism = with("    rbac: true\n    kubePrism:\n      enabled: true\n");
+        let rbac = with("    rbac: false\n");
+        assert!(a.diff(&prism).needs_reboot().is_empty());
+        assert_eq!(
+            rbac.diff(&a).needs_reboot(),
+            ["v1alpha1.machine.features.rbac"]
+        );
+        assert_eq!(base.diff(&a).needs_reboot(), ["v1alpha1.machine.features"]);
     }
 
     #[test]

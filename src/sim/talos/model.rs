@@ -956,7 +956,8 @@ impl TalosCluster {
         })?;
         let diff = n.config.diff(&new);
         let modern = n.minor() >= 14 || parse_version(&n.talos_version).is_some_and(|v| v.0 > 1);
-        let live = diff.other.is_empty();
+        let blocking = diff.needs_reboot();
+        let live = blocking.is_empty();
         let chosen = match mode {
             ApplyMode::Reboot if modern => {
                 return Err(TalosError::Unimplemented(
@@ -967,10 +968,11 @@ impl TalosCluster {
             ApplyMode::Auto if modern || live => ApplyMode::NoReboot,
             ApplyMode::Auto => ApplyMode::Reboot,
             ApplyMode::NoReboot | ApplyMode::Try if !modern && !live => {
+                // Upstream's words, then the changes that need the reboot.
                 return Err(TalosError::InvalidArgument(format!(
-                    "apply configuration: the change cannot be applied without a reboot: {}",
-                    diff.other.join(", ")
-                )))
+                    "this config change can't be applied in immediate mode\ndiff:\n{}",
+                    blocking.join("\n")
+                )));
             }
             other => other,
         };
@@ -1250,7 +1252,7 @@ mod tests {
         for (talos, refused) in [("v1.13.2", true), ("v1.14.0", false)] {
             let mut c = cluster(talos);
             let cfg = String::from_utf8_lossy(c.node(0).config.raw())
-                .replace("disk: /dev/sda", "disk: /dev/sdb");
+                .replace("machine:\n", "machine:\n  env:\n    FOO: bar\n");
             let r = c.apply_configuration(0, cfg.as_bytes(), ApplyMode::NoReboot, false, None);
             assert_eq!(
                 matches!(r, Err(TalosError::InvalidArgument(_))),

@@ -642,6 +642,48 @@ fn machine_config_resource(
     })
 }
 
+const MACHINE_STATUS_TYPE: &str = "MachineStatuses.runtime.talos.dev";
+
+/// `runtime/MachineStatuses.runtime.talos.dev/machine`, what `talosctl get machinestatus`
+/// shows: the stage and readiness (spec in YAML only; the twin sends no proto_spec for it).
+fn machine_status_resource(m: &TalosCluster, node: usize) -> cosi::Resource {
+    let n = m.node(node);
+    let stage = match n.stage {
+        Stage::Booting => "booting",
+        Stage::Running => "running",
+        Stage::Rebooting => "rebooting",
+        Stage::Upgrading => "upgrading",
+    };
+    let ready = n.ready();
+    let unmet = if ready {
+        "[]".to_string()
+    } else {
+        "\n        - name: nodeReady\n          reason: node is not ready".to_string()
+    };
+    let at = timestamp(m.now());
+    cosi::Resource {
+        metadata: Some(cosi::Metadata {
+            namespace: "runtime".into(),
+            r#type: MACHINE_STATUS_TYPE.into(),
+            id: "machine".into(),
+            version: n.config_version.to_string(),
+            owner: "runtime.MachineStatusController".into(),
+            phase: "running".into(),
+            created: Some(at),
+            updated: Some(at),
+            finalizers: Vec::new(),
+            labels: Default::default(),
+            annotations: Default::default(),
+        }),
+        spec: Some(cosi::Spec {
+            proto_spec: Vec::new(),
+            yaml_spec: format!(
+                "stage: {stage}\nstatus:\n    ready: {ready}\n    unmetConditions: {unmet}\n"
+            ),
+        }),
+    }
+}
+
 fn machine_status_any(stage: Stage, ready: bool) -> prost_types::Any {
     let stage = match stage {
         Stage::Booting => machine_status_event::MachineStage::Booting,
@@ -1015,6 +1057,18 @@ impl cosi::state_server::State for NodeApi {
             },
         )?;
         let req = request.into_inner();
+        if req.r#type == MACHINE_STATUS_TYPE {
+            if req.namespace != "runtime" || req.id != "machine" {
+                return Err(Status::not_found(format!(
+                    "resource {MACHINE_STATUS_TYPE}({}/{}@undefined) doesn't exist",
+                    req.namespace, req.id
+                )));
+            }
+            let resource = self.sync_with(|m| machine_status_resource(m, node));
+            return Ok(Response::new(cosi::GetResponse {
+                resource: Some(resource),
+            }));
+        }
         if req.r#type != MACHINE_CONFIG_TYPE {
             return Err(Status::permission_denied(format!(
                 "resource type {:?} is not supported",
@@ -1049,6 +1103,22 @@ impl cosi::state_server::State for NodeApi {
             },
         )?;
         let req = request.into_inner();
+        if req.r#type == MACHINE_STATUS_TYPE {
+            let items = self.sync_with(|m| {
+                if req.namespace == "runtime" {
+                    vec![machine_status_resource(m, node)]
+                } else {
+                    Vec::new()
+                }
+            });
+            let (tx, rx) = mpsc::channel(items.len().max(1));
+            for resource in items {
+                let _ = tx.try_send(Ok(cosi::ListResponse {
+                    resource: Some(resource),
+                }));
+            }
+            return Ok(Response::new(stream_of(rx)));
+        }
         if req.r#type != MACHINE_CONFIG_TYPE {
             return Err(Status::permission_denied(format!(
                 "resource type {:?} is not supported",
