@@ -108,7 +108,8 @@ enum Command {
         #[arg(long, value_enum, default_value_t = StatusOutput::Text)]
         output: StatusOutput,
     },
-    /// Build the bundled homelab repository and gate every pull-request branch in it.
+    /// Build the bundled homelab repository, gate every pull-request branch in it, then gate
+    /// the passing Talos + Kubernetes PR live against the twin and roll it out there.
     Demo {
         /// Build the demo repository here and keep it (reused when it already is the demo
         /// repository); without it, a temporary directory is used and removed on exit.
