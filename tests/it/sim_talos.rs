@@ -1332,3 +1332,92 @@ async fn cosi_serves_the_machine_status() -> TestResult {
     assert_eq!(n, 1);
     Ok(())
 }
+
+#[tokio::test]
+async fn cosi_serves_bootstrap_manifests_following_the_config() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let list = |ch: Channel| async move {
+        let mut state = StateClient::new(ch);
+        let mut s = state
+            .list(ichor::talos::proto::cosi::resource::ListRequest {
+                namespace: "controlplane".into(),
+                r#type: "Manifests.kubernetes.talos.dev".into(),
+                options: None,
+            })
+            .await?
+            .into_inner();
+        let mut out = Vec::new();
+        while let Some(m) = s.message().await? {
+            let res = m.resource.ok_or("no resource")?;
+            let md = res.metadata.ok_or("no metadata")?;
+            let spec = res.spec.ok_or("no spec")?;
+            assert!(spec.proto_spec.is_empty());
+            out.push((md.id, md.version, spec.yaml_spec));
+        }
+        Ok::<_, Box<dyn std::error::Error>>(out)
+    };
+    let image_in = |items: &[(String, String, String)], id: &str| -> Option<String> {
+        let (_, _, yaml) = items.iter().find(|(i, _, _)| i == id)?;
+        let v: serde_yaml::Value = serde_yaml::from_str(yaml).ok()?;
+        v["items"][0]["spec"]["template"]["spec"]["containers"][0]["image"]
+            .as_str()
+            .map(str::to_string)
+    };
+    let before = list(sim.channel("cp-1").await?).await?;
+    let ids: Vec<&str> = before.iter().map(|(i, _, _)| i.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "00-kubelet-bootstrapping-token",
+            "10-kube-proxy",
+            "11-core-dns",
+            "11-kube-config-in-cluster"
+        ]
+    );
+    assert_eq!(
+        image_in(&before, "11-core-dns").as_deref(),
+        Some("registry.k8s.io/coredns/coredns:v1.12.1")
+    );
+    let proxy = image_in(&before, "10-kube-proxy").ok_or("no kube-proxy image")?;
+    assert!(proxy.starts_with("registry.k8s.io/kube-proxy:"), "{proxy}");
+    // Workers render no bootstrap manifests.
+    assert!(list(sim.channel("w-1").await?).await?.is_empty());
+
+    // Get one by id; a missing id is NotFound.
+    let mut state = StateClient::new(sim.channel("cp-1").await?);
+    let get = |id: &str| GetRequest {
+        namespace: "controlplane".into(),
+        r#type: "Manifests.kubernetes.talos.dev".into(),
+        id: id.into(),
+        options: None,
+    };
+    let r = state.get(get("11-core-dns")).await?.into_inner();
+    let md = r.resource.and_then(|r| r.metadata).ok_or("no metadata")?;
+    assert_eq!(md.id, "11-core-dns");
+    let err = state.get(get("99-none")).await.err().ok_or("missing id")?;
+    assert_eq!(err.code(), Code::NotFound);
+
+    // A new kube-proxy image and a CoreDNS image in the config show up, version bumped.
+    let (config, _) = machine_config(sim.channel("cp-1").await?).await?;
+    let new_proxy = "registry.k8s.io/kube-proxy:v1.34.0";
+    let changed = config.replace(&proxy, new_proxy).replacen(
+        "cluster:\n",
+        "cluster:\n  coreDNS:\n    image: registry.k8s.io/coredns/coredns:v1.13.0\n",
+        1,
+    );
+    assert_ne!(changed, config);
+    let mut cp = sim.machine("cp-1").await?;
+    cp.apply_configuration(apply(&changed, Mode::NoReboot, false))
+        .await?;
+    let after = list(sim.channel("cp-1").await?).await?;
+    assert_eq!(
+        image_in(&after, "10-kube-proxy").as_deref(),
+        Some(new_proxy)
+    );
+    assert_eq!(
+        image_in(&after, "11-core-dns").as_deref(),
+        Some("registry.k8s.io/coredns/coredns:v1.13.0")
+    );
+    assert_ne!(after[1].1, before[1].1, "resource version bumps");
+    Ok(())
+}

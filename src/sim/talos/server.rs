@@ -17,6 +17,7 @@ use crate::talos::proto::cosi::resource as cosi;
 use crate::talos::proto::machine::{self, apply_configuration_request, machine_status_event};
 use crate::talos::proto::resource::config::MachineConfigSpec;
 
+use super::config::Component;
 use super::model::{ApplyMode, ImageNamespace, Stage, TalosCluster, TalosError};
 
 /// The model, the clock, and a revision counter that changes after every mutation so open
@@ -642,6 +643,106 @@ fn machine_config_resource(
     })
 }
 
+const MANIFEST_TYPE: &str = "Manifests.kubernetes.talos.dev";
+
+/// CoreDNS image when `cluster.coreDNS.image` is unset.
+pub const DEFAULT_COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.12.1";
+
+/// The bootstrap manifests a control-plane node renders (`controlplane/Manifests`), ids in
+/// Talos's style, each a list of objects. Workers render none. kube-proxy and CoreDNS
+/// follow the active config and drop out when `cluster.proxy.disabled` /
+/// `cluster.coreDNS.disabled` are set.
+fn manifests(m: &TalosCluster, node: usize) -> Vec<(&'static str, String)> {
+    let n = m.node(node);
+    if !n.is_control_plane() {
+        return Vec::new();
+    }
+    let disabled = |section: &str| {
+        n.config
+            .v1alpha1_value(&["cluster", section, "disabled"])
+            .and_then(serde_yaml::Value::as_bool)
+            .unwrap_or(false)
+    };
+    let mut out = vec![(
+        "00-kubelet-bootstrapping-token",
+        "items:\n    - apiVersion: v1\n      kind: Secret\n      metadata:\n        name: bootstrap-token-ichor0\n        namespace: kube-system\n      type: bootstrap.kubernetes.io/token\n      stringData:\n        token-id: ichor0\n        usage-bootstrap-authentication: \"true\"\n".to_string(),
+    )];
+    if !disabled("proxy") {
+        let image = n.config.image(Component::Proxy).unwrap_or_else(|| {
+            format!(
+                "{}:{}",
+                Component::Proxy.default_repository(),
+                n.kubelet_version()
+            )
+        });
+        out.push((
+            "10-kube-proxy",
+            format!(
+                "items:\n    - apiVersion: apps/v1\n      kind: DaemonSet\n      metadata:\n        name: kube-proxy\n        namespace: kube-system\n        labels:\n          k8s-app: kube-proxy\n      spec:\n        selector:\n          matchLabels:\n            k8s-app: kube-proxy\n        template:\n          metadata:\n            labels:\n              k8s-app: kube-proxy\n          spec:\n            containers:\n              - name: kube-proxy\n                image: {}\n",
+                yaml_scalar(&image)
+            ),
+        ));
+    }
+    if !disabled("coreDNS") {
+        let image = n
+            .config
+            .v1alpha1_value(&["cluster", "coreDNS", "image"])
+            .and_then(serde_yaml::Value::as_str)
+            .filter(|s| !s.is_empty())
+            .unwrap_or(DEFAULT_COREDNS_IMAGE)
+            .to_string();
+        out.push((
+            "11-core-dns",
+            format!(
+                "items:\n    - apiVersion: apps/v1\n      kind: Deployment\n      metadata:\n        name: coredns\n        namespace: kube-system\n        labels:\n          k8s-app: kube-dns\n      spec:\n        selector:\n          matchLabels:\n            k8s-app: kube-dns\n        template:\n          metadata:\n            labels:\n              k8s-app: kube-dns\n          spec:\n            containers:\n              - name: coredns\n                image: {}\n",
+                yaml_scalar(&image)
+            ),
+        ));
+    }
+    out.push((
+        "11-kube-config-in-cluster",
+        "items:\n    - apiVersion: v1\n      kind: ConfigMap\n      metadata:\n        name: kubeconfig-in-cluster\n        namespace: kube-system\n".to_string(),
+    ));
+    out
+}
+
+/// A string as a YAML flow scalar (quoted when it needs to be).
+fn yaml_scalar(s: &str) -> String {
+    serde_yaml::to_string(&serde_yaml::Value::String(s.to_string()))
+        .map(|y| y.trim_end().to_string())
+        .unwrap_or_default()
+}
+
+fn manifest_resource(m: &TalosCluster, node: usize, id: &str, yaml: String) -> cosi::Resource {
+    let at = timestamp(m.now());
+    cosi::Resource {
+        metadata: Some(cosi::Metadata {
+            namespace: "controlplane".into(),
+            r#type: MANIFEST_TYPE.into(),
+            id: id.into(),
+            version: m.node(node).config_version.to_string(),
+            owner: "k8s.ManifestController".into(),
+            phase: "running".into(),
+            created: Some(at),
+            updated: Some(at),
+            finalizers: Vec::new(),
+            labels: Default::default(),
+            annotations: Default::default(),
+        }),
+        spec: Some(cosi::Spec {
+            proto_spec: Vec::new(),
+            yaml_spec: yaml,
+        }),
+    }
+}
+
+fn manifest_resources(m: &TalosCluster, node: usize) -> Vec<cosi::Resource> {
+    manifests(m, node)
+        .into_iter()
+        .map(|(id, yaml)| manifest_resource(m, node, id, yaml))
+        .collect()
+}
+
 const MACHINE_STATUS_TYPE: &str = "MachineStatuses.runtime.talos.dev";
 
 /// `runtime/MachineStatuses.runtime.talos.dev/machine`, what `talosctl get machinestatus`
@@ -1047,7 +1148,10 @@ impl cosi::state_server::State for NodeApi {
         &self,
         request: Request<cosi::GetRequest>,
     ) -> Result<Response<cosi::GetResponse>, Status> {
-        let sensitive = request.get_ref().r#type == MACHINE_CONFIG_TYPE;
+        let sensitive = matches!(
+            request.get_ref().r#type.as_str(),
+            MACHINE_CONFIG_TYPE | MANIFEST_TYPE
+        );
         let node = self.route(
             &request,
             if sensitive {
@@ -1057,6 +1161,23 @@ impl cosi::state_server::State for NodeApi {
             },
         )?;
         let req = request.into_inner();
+        if req.r#type == MANIFEST_TYPE {
+            let found = self.sync_with(|m| {
+                manifest_resources(m, node).into_iter().find(|r| {
+                    req.namespace == "controlplane"
+                        && r.metadata.as_ref().is_some_and(|md| md.id == req.id)
+                })
+            });
+            return match found {
+                Some(resource) => Ok(Response::new(cosi::GetResponse {
+                    resource: Some(resource),
+                })),
+                None => Err(Status::not_found(format!(
+                    "resource {MANIFEST_TYPE}({}/{}@undefined) doesn't exist",
+                    req.namespace, req.id
+                ))),
+            };
+        }
         if req.r#type == MACHINE_STATUS_TYPE {
             if req.namespace != "runtime" || req.id != "machine" {
                 return Err(Status::not_found(format!(
@@ -1093,7 +1214,10 @@ impl cosi::state_server::State for NodeApi {
         &self,
         request: Request<cosi::ListRequest>,
     ) -> Result<Response<Self::ListStream>, Status> {
-        let sensitive = request.get_ref().r#type == MACHINE_CONFIG_TYPE;
+        let sensitive = matches!(
+            request.get_ref().r#type.as_str(),
+            MACHINE_CONFIG_TYPE | MANIFEST_TYPE
+        );
         let node = self.route(
             &request,
             if sensitive {
@@ -1103,9 +1227,15 @@ impl cosi::state_server::State for NodeApi {
             },
         )?;
         let req = request.into_inner();
-        if req.r#type == MACHINE_STATUS_TYPE {
+        if req.r#type == MACHINE_STATUS_TYPE || req.r#type == MANIFEST_TYPE {
             let items = self.sync_with(|m| {
-                if req.namespace == "runtime" {
+                if req.r#type == MANIFEST_TYPE {
+                    if req.namespace == "controlplane" {
+                        manifest_resources(m, node)
+                    } else {
+                        Vec::new()
+                    }
+                } else if req.namespace == "runtime" {
                     vec![machine_status_resource(m, node)]
                 } else {
                     Vec::new()
@@ -1150,7 +1280,10 @@ impl cosi::state_server::State for NodeApi {
         &self,
         request: Request<cosi::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let sensitive = request.get_ref().r#type == MACHINE_CONFIG_TYPE;
+        let sensitive = matches!(
+            request.get_ref().r#type.as_str(),
+            MACHINE_CONFIG_TYPE | MANIFEST_TYPE
+        );
         let node = self.route(
             &request,
             if sensitive {
