@@ -208,6 +208,27 @@ async fn machine_config(channel: Channel) -> Result<(String, String), Box<dyn st
     Ok((String::from_utf8(spec.yaml_marshalled)?, md.version))
 }
 
+/// The Talos tag from COSI `runtime/Versions.runtime.talos.dev/version`, checking that the
+/// proto and YAML renderings agree.
+async fn cosi_version(ch: Channel) -> Result<String, Box<dyn std::error::Error>> {
+    let r = StateClient::new(ch)
+        .get(GetRequest {
+            namespace: "runtime".into(),
+            r#type: "Versions.runtime.talos.dev".into(),
+            id: "version".into(),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let spec = r.resource.and_then(|r| r.spec).ok_or("no spec")?;
+    // VersionSpec { string version = 1; }: tag 0x0a, a one-byte length, the tag.
+    let proto = spec.proto_spec.get(2..).ok_or("short proto_spec")?;
+    assert_eq!(spec.proto_spec.first(), Some(&0x0a));
+    let yaml: serde_yaml::Value = serde_yaml::from_str(&spec.yaml_spec)?;
+    assert_eq!(yaml["version"].as_str(), Some(std::str::from_utf8(proto)?));
+    Ok(std::str::from_utf8(proto)?.to_string())
+}
+
 fn apply(data: &str, mode: Mode, dry_run: bool) -> ApplyConfigurationRequest {
     ApplyConfigurationRequest {
         data: data.as_bytes().to_vec(),
@@ -511,11 +532,13 @@ async fn lifecycle_upgrade_streams_progress_and_does_not_reboot() -> TestResult 
     // No reboot: same boot id, same running version.
     assert_eq!(boot_id(&mut w1).await?, before);
     assert_eq!(version_tag(&mut w1).await?, "v1.13.2");
+    assert_eq!(cosi_version(sim.channel("w-1").await?).await?, "v1.13.2");
 
     // The caller reboots; the node comes back on the new version.
     w1.reboot(RebootRequest::default()).await?;
     sim.clock.advance(S(90));
     assert_eq!(version_tag(&mut w1).await?, "v1.14.0");
+    assert_eq!(cosi_version(sim.channel("w-1").await?).await?, "v1.14.0");
     assert_ne!(boot_id(&mut w1).await?, before);
 
     // An image that was never pulled: a non-zero exit code, not a gRPC error.

@@ -9,8 +9,8 @@
 //!   MachineService streams too).
 //! - A "live" change under NO_REBOOT is a component image change; any other difference needs
 //!   a reboot (Talos' own CanApplyImmediate is broader).
-//! - COSI State serves the MachineConfig resource (Get, List, Watch), MachineStatus and the
-//!   bootstrap Manifests (Get, List; manifests abridged to one object each); other resource
+//! - COSI State serves the MachineConfig resource (Get, List, Watch), MachineStatus, Version and
+//!   the bootstrap Manifests (Get, List; manifests abridged to one object each); other resource
 //!   types answer PermissionDenied "not supported", as Talos does for unknown types.
 //! - Events honours `tail_events` and `with_actor_id`; `tail_id` and `tail_seconds` are
 //!   ignored. Only MachineStatusEvents are emitted.

@@ -743,6 +743,42 @@ fn manifest_resources(m: &TalosCluster, node: usize) -> Vec<cosi::Resource> {
         .collect()
 }
 
+const VERSION_TYPE: &str = "Versions.runtime.talos.dev";
+
+/// `talos.resource.definitions.runtime.VersionSpec`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct VersionSpec {
+    #[prost(string, tag = "1")]
+    version: String,
+}
+
+/// `runtime/Versions.runtime.talos.dev/version`: the running Talos tag (non-sensitive).
+/// machined creates it afresh at every boot, so its version is always 1; after an upgrade
+/// and the reboot it carries the new tag.
+fn version_resource(m: &TalosCluster, node: usize) -> cosi::Resource {
+    let tag = m.node(node).talos_version.clone();
+    let at = timestamp(m.now());
+    cosi::Resource {
+        metadata: Some(cosi::Metadata {
+            namespace: "runtime".into(),
+            r#type: VERSION_TYPE.into(),
+            id: "version".into(),
+            version: "1".into(),
+            owner: "runtime.VersionController".into(),
+            phase: "running".into(),
+            created: Some(at),
+            updated: Some(at),
+            finalizers: Vec::new(),
+            labels: Default::default(),
+            annotations: Default::default(),
+        }),
+        spec: Some(cosi::Spec {
+            yaml_spec: format!("version: {}\n", yaml_scalar(&tag)),
+            proto_spec: VersionSpec { version: tag }.encode_to_vec(),
+        }),
+    }
+}
+
 const MACHINE_STATUS_TYPE: &str = "MachineStatuses.runtime.talos.dev";
 
 /// `runtime/MachineStatuses.runtime.talos.dev/machine`, what `talosctl get machinestatus`
@@ -1178,14 +1214,25 @@ impl cosi::state_server::State for NodeApi {
                 ))),
             };
         }
-        if req.r#type == MACHINE_STATUS_TYPE {
-            if req.namespace != "runtime" || req.id != "machine" {
+        if req.r#type == MACHINE_STATUS_TYPE || req.r#type == VERSION_TYPE {
+            let id = if req.r#type == VERSION_TYPE {
+                "version"
+            } else {
+                "machine"
+            };
+            if req.namespace != "runtime" || req.id != id {
                 return Err(Status::not_found(format!(
-                    "resource {MACHINE_STATUS_TYPE}({}/{}@undefined) doesn't exist",
-                    req.namespace, req.id
+                    "resource {}({}/{}@undefined) doesn't exist",
+                    req.r#type, req.namespace, req.id
                 )));
             }
-            let resource = self.sync_with(|m| machine_status_resource(m, node));
+            let resource = self.sync_with(|m| {
+                if req.r#type == VERSION_TYPE {
+                    version_resource(m, node)
+                } else {
+                    machine_status_resource(m, node)
+                }
+            });
             return Ok(Response::new(cosi::GetResponse {
                 resource: Some(resource),
             }));
@@ -1227,7 +1274,10 @@ impl cosi::state_server::State for NodeApi {
             },
         )?;
         let req = request.into_inner();
-        if req.r#type == MACHINE_STATUS_TYPE || req.r#type == MANIFEST_TYPE {
+        if matches!(
+            req.r#type.as_str(),
+            MACHINE_STATUS_TYPE | MANIFEST_TYPE | VERSION_TYPE
+        ) {
             let items = self.sync_with(|m| {
                 if req.r#type == MANIFEST_TYPE {
                     if req.namespace == "controlplane" {
@@ -1235,10 +1285,12 @@ impl cosi::state_server::State for NodeApi {
                     } else {
                         Vec::new()
                     }
-                } else if req.namespace == "runtime" {
-                    vec![machine_status_resource(m, node)]
-                } else {
+                } else if req.namespace != "runtime" {
                     Vec::new()
+                } else if req.r#type == VERSION_TYPE {
+                    vec![version_resource(m, node)]
+                } else {
+                    vec![machine_status_resource(m, node)]
                 }
             });
             let (tx, rx) = mpsc::channel(items.len().max(1));
