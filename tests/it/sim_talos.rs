@@ -1444,3 +1444,37 @@ async fn cosi_serves_bootstrap_manifests_following_the_config() -> TestResult {
     assert_ne!(after[1].1, before[1].1, "resource version bumps");
     Ok(())
 }
+
+#[tokio::test]
+async fn nodes_metadata_fans_out_read_with_one_node_down() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    sim.machine("cp-3")
+        .await?
+        .reboot(RebootRequest::default())
+        .await?;
+    let mut cp = sim.machine("cp-1").await?;
+    let mut req = Request::new(m::ReadRequest {
+        path: "/proc/sys/kernel/random/boot_id".into(),
+    });
+    for n in ["cp-1", "cp-3"] {
+        req.metadata_mut().append("nodes", n.parse()?);
+    }
+    let mut stream = cp.read(req).await?.into_inner();
+    let mut got = Vec::new();
+    while let Some(d) = stream.message().await? {
+        got.push(d);
+    }
+    assert_eq!(got.len(), 2);
+    let md0 = got[0].metadata.clone().ok_or("no metadata")?;
+    assert_eq!(md0.hostname, "cp-1");
+    assert!(md0.error.is_empty() && md0.status.is_none());
+    let boot = String::from_utf8(got[0].bytes.clone())?;
+    assert_eq!(boot.trim().len(), 36, "{boot:?}");
+    // The node that is down contributes one message with only the error; the call succeeds.
+    let md1 = got[1].metadata.clone().ok_or("no metadata")?;
+    assert_eq!(md1.hostname, "cp-3");
+    assert!(got[1].bytes.is_empty());
+    assert!(!md1.error.is_empty());
+    assert_eq!(md1.status.map(|s| s.code), Some(Code::Unavailable as i32));
+    Ok(())
+}

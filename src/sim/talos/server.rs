@@ -158,6 +158,19 @@ with_metadata!(
     machine::Version,
 );
 
+/// What apid reports for a node that failed in a one-to-many call.
+fn error_metadata(hostname: String, e: &Status) -> common::Metadata {
+    common::Metadata {
+        hostname,
+        error: e.message().to_string(),
+        status: Some(crate::talos::proto::google::rpc::Status {
+            code: e.code() as i32,
+            message: e.message().to_string(),
+            details: Vec::new(),
+        }),
+    }
+}
+
 type Stream<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 fn stream_of<T: Send + 'static>(rx: mpsc::Receiver<Result<T, Status>>) -> Stream<T> {
@@ -205,7 +218,7 @@ impl NodeApi {
 
     /// Authorizes the caller and resolves the target node: the endpoint itself, or the one
     /// named by `node` metadata (forwarded as apid would). `nodes` is refused: apid allows
-    /// one-to-many only for MachineService, and the twin fans out its unary calls only.
+    /// one-to-many only for MachineService, and the twin fans out its unary calls and Read only.
     fn route<T>(&self, req: &Request<T>, access: Access) -> Result<usize, Status> {
         match self.targets(req, access)? {
             Targets::One(node) => Ok(node),
@@ -292,17 +305,12 @@ impl NodeApi {
                         Ok(msg) => (msg, None),
                         Err(e) => (Msg::default(), Some(e)),
                     };
-                    msg.set_metadata(common::Metadata {
-                        hostname,
-                        error: error
-                            .as_ref()
-                            .map(|e| e.message().to_string())
-                            .unwrap_or_default(),
-                        status: error.map(|e| crate::talos::proto::google::rpc::Status {
-                            code: e.code() as i32,
-                            message: e.message().to_string(),
-                            details: Vec::new(),
-                        }),
+                    msg.set_metadata(match error {
+                        Some(e) => error_metadata(hostname, &e),
+                        None => common::Metadata {
+                            hostname,
+                            ..Default::default()
+                        },
                     });
                     out.push(msg);
                 }
@@ -989,27 +997,54 @@ impl machine::machine_service_server::MachineService for NodeApi {
         &self,
         request: Request<machine::ReadRequest>,
     ) -> Result<Response<Self::ReadStream>, Status> {
-        let node = self.route(&request, Access::Admin)?;
+        let targets = self.targets(&request, Access::Admin)?;
         let path = request.into_inner().path;
-        let bytes = self.sync_with(|m| {
-            let n = m.node(node);
-            match path.as_str() {
-                "/proc/sys/kernel/random/boot_id" => Ok(format!("{}\n", n.boot_id).into_bytes()),
-                "/system/state/config.yaml" => Ok(n.persistent_config.raw().to_vec()),
-                "/" | "/proc" | "/system" | "/system/state" => {
-                    Err(Status::invalid_argument("path must be a regular file"))
+        let read = |node: usize| {
+            self.sync_with(|m| {
+                let n = m.node(node);
+                match path.as_str() {
+                    "/proc/sys/kernel/random/boot_id" => {
+                        Ok(format!("{}\n", n.boot_id).into_bytes())
+                    }
+                    "/system/state/config.yaml" => Ok(n.persistent_config.raw().to_vec()),
+                    "/" | "/proc" | "/system" | "/system/state" => {
+                        Err(Status::invalid_argument("path must be a regular file"))
+                    }
+                    other => Err(Status::not_found(format!(
+                        "open {other}: no such file or directory"
+                    ))),
                 }
-                other => Err(Status::not_found(format!(
-                    "open {other}: no such file or directory"
-                ))),
-            }
-        })?;
-        let (tx, rx) = mpsc::channel(1);
-        // Capacity 1 and a fresh channel: this send cannot fail.
-        let _ = tx.try_send(Ok(common::Data {
-            metadata: None,
-            bytes,
-        }));
+            })
+        };
+        let messages = match targets {
+            Targets::One(node) => vec![common::Data {
+                metadata: None,
+                bytes: read(node)?,
+            }],
+            // apid fans a stream out: every message of a node carries its hostname, and a
+            // node that fails sends one message holding only the error; the call succeeds.
+            Targets::Many(targets) => targets
+                .into_iter()
+                .map(|(hostname, node)| match node.and_then(read) {
+                    Ok(bytes) => common::Data {
+                        metadata: Some(common::Metadata {
+                            hostname,
+                            ..Default::default()
+                        }),
+                        bytes,
+                    },
+                    Err(e) => common::Data {
+                        metadata: Some(error_metadata(hostname, &e)),
+                        bytes: Vec::new(),
+                    },
+                })
+                .collect(),
+        };
+        let (tx, rx) = mpsc::channel(messages.len().max(1));
+        // A fresh channel with room for every message: these sends cannot fail.
+        for data in messages {
+            let _ = tx.try_send(Ok(data));
+        }
         Ok(Response::new(stream_of(rx)))
     }
 
