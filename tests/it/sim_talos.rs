@@ -1382,11 +1382,18 @@ async fn cosi_serves_bootstrap_manifests_following_the_config() -> TestResult {
     let image_in = |items: &[(String, String, String)], id: &str| -> Option<String> {
         let (_, _, yaml) = items.iter().find(|(i, _, _)| i == id)?;
         let v: serde_yaml::Value = serde_yaml::from_str(yaml).ok()?;
-        v["items"][0]["spec"]["template"]["spec"]["containers"][0]["image"]
+        v[0]["spec"]["template"]["spec"]["containers"][0]["image"]
             .as_str()
             .map(str::to_string)
     };
     let before = list(sim.channel("cp-1").await?).await?;
+    for (id, _, yaml) in &before {
+        let v: serde_yaml::Value = serde_yaml::from_str(yaml)?;
+        assert!(
+            v.as_sequence().is_some_and(|s| !s.is_empty()),
+            "{id}: {yaml}"
+        );
+    }
     let ids: Vec<&str> = before.iter().map(|(i, _, _)| i.as_str()).collect();
     assert_eq!(
         ids,

@@ -657,7 +657,8 @@ const MANIFEST_TYPE: &str = "Manifests.kubernetes.talos.dev";
 pub const DEFAULT_COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.12.1";
 
 /// The bootstrap manifests a control-plane node renders (`controlplane/Manifests`), ids in
-/// Talos's style, each a list of objects. Workers render none. kube-proxy and CoreDNS
+/// Talos's style, each a YAML sequence of objects (upstream's `ManifestSpec.MarshalYAML`
+/// renders the bare item list; the resource is non-sensitive). Workers render none. kube-proxy and CoreDNS
 /// follow the active config and drop out when `cluster.proxy.disabled` /
 /// `cluster.coreDNS.disabled` are set.
 fn manifests(m: &TalosCluster, node: usize) -> Vec<(&'static str, String)> {
@@ -673,7 +674,7 @@ fn manifests(m: &TalosCluster, node: usize) -> Vec<(&'static str, String)> {
     };
     let mut out = vec![(
         "00-kubelet-bootstrapping-token",
-        "items:\n    - apiVersion: v1\n      kind: Secret\n      metadata:\n        name: bootstrap-token-ichor0\n        namespace: kube-system\n      type: bootstrap.kubernetes.io/token\n      stringData:\n        token-id: ichor0\n        usage-bootstrap-authentication: \"true\"\n".to_string(),
+        "- apiVersion: v1\n  kind: Secret\n  metadata:\n    name: bootstrap-token-ichor0\n    namespace: kube-system\n  type: bootstrap.kubernetes.io/token\n  stringData:\n    token-id: ichor0\n    usage-bootstrap-authentication: \"true\"\n".to_string(),
     )];
     if !disabled("proxy") {
         let image = n.config.image(Component::Proxy).unwrap_or_else(|| {
@@ -686,7 +687,7 @@ fn manifests(m: &TalosCluster, node: usize) -> Vec<(&'static str, String)> {
         out.push((
             "10-kube-proxy",
             format!(
-                "items:\n    - apiVersion: apps/v1\n      kind: DaemonSet\n      metadata:\n        name: kube-proxy\n        namespace: kube-system\n        labels:\n          k8s-app: kube-proxy\n      spec:\n        selector:\n          matchLabels:\n            k8s-app: kube-proxy\n        template:\n          metadata:\n            labels:\n              k8s-app: kube-proxy\n          spec:\n            containers:\n              - name: kube-proxy\n                image: {}\n",
+                "- apiVersion: apps/v1\n  kind: DaemonSet\n  metadata:\n    name: kube-proxy\n    namespace: kube-system\n    labels:\n      k8s-app: kube-proxy\n  spec:\n    selector:\n      matchLabels:\n        k8s-app: kube-proxy\n    template:\n      metadata:\n        labels:\n          k8s-app: kube-proxy\n      spec:\n        containers:\n          - name: kube-proxy\n            image: {}\n",
                 yaml_scalar(&image)
             ),
         ));
@@ -702,14 +703,14 @@ fn manifests(m: &TalosCluster, node: usize) -> Vec<(&'static str, String)> {
         out.push((
             "11-core-dns",
             format!(
-                "items:\n    - apiVersion: apps/v1\n      kind: Deployment\n      metadata:\n        name: coredns\n        namespace: kube-system\n        labels:\n          k8s-app: kube-dns\n      spec:\n        selector:\n          matchLabels:\n            k8s-app: kube-dns\n        template:\n          metadata:\n            labels:\n              k8s-app: kube-dns\n          spec:\n            containers:\n              - name: coredns\n                image: {}\n",
+                "- apiVersion: apps/v1\n  kind: Deployment\n  metadata:\n    name: coredns\n    namespace: kube-system\n    labels:\n      k8s-app: kube-dns\n  spec:\n    selector:\n      matchLabels:\n        k8s-app: kube-dns\n    template:\n      metadata:\n        labels:\n          k8s-app: kube-dns\n      spec:\n        containers:\n          - name: coredns\n            image: {}\n",
                 yaml_scalar(&image)
             ),
         ));
     }
     out.push((
         "11-kube-config-in-cluster",
-        "items:\n    - apiVersion: v1\n      kind: ConfigMap\n      metadata:\n        name: kubeconfig-in-cluster\n        namespace: kube-system\n".to_string(),
+        "- apiVersion: v1\n  kind: ConfigMap\n  metadata:\n    name: kubeconfig-in-cluster\n    namespace: kube-system\n".to_string(),
     ));
     out
 }
@@ -1219,10 +1220,7 @@ impl cosi::state_server::State for NodeApi {
         &self,
         request: Request<cosi::GetRequest>,
     ) -> Result<Response<cosi::GetResponse>, Status> {
-        let sensitive = matches!(
-            request.get_ref().r#type.as_str(),
-            MACHINE_CONFIG_TYPE | MANIFEST_TYPE
-        );
+        let sensitive = request.get_ref().r#type == MACHINE_CONFIG_TYPE;
         let node = self.route(
             &request,
             if sensitive {
@@ -1296,10 +1294,7 @@ impl cosi::state_server::State for NodeApi {
         &self,
         request: Request<cosi::ListRequest>,
     ) -> Result<Response<Self::ListStream>, Status> {
-        let sensitive = matches!(
-            request.get_ref().r#type.as_str(),
-            MACHINE_CONFIG_TYPE | MANIFEST_TYPE
-        );
+        let sensitive = request.get_ref().r#type == MACHINE_CONFIG_TYPE;
         let node = self.route(
             &request,
             if sensitive {
@@ -1367,10 +1362,7 @@ impl cosi::state_server::State for NodeApi {
         &self,
         request: Request<cosi::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let sensitive = matches!(
-            request.get_ref().r#type.as_str(),
-            MACHINE_CONFIG_TYPE | MANIFEST_TYPE
-        );
+        let sensitive = request.get_ref().r#type == MACHINE_CONFIG_TYPE;
         let node = self.route(
             &request,
             if sensitive {
