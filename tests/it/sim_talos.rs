@@ -208,6 +208,27 @@ async fn machine_config(channel: Channel) -> Result<(String, String), Box<dyn st
     Ok((String::from_utf8(spec.yaml_marshalled)?, md.version))
 }
 
+/// The Talos tag from COSI `runtime/Versions.runtime.talos.dev/version`, checking that the
+/// proto and YAML renderings agree.
+async fn cosi_version(ch: Channel) -> Result<String, Box<dyn std::error::Error>> {
+    let r = StateClient::new(ch)
+        .get(GetRequest {
+            namespace: "runtime".into(),
+            r#type: "Versions.runtime.talos.dev".into(),
+            id: "version".into(),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let spec = r.resource.and_then(|r| r.spec).ok_or("no spec")?;
+    // VersionSpec { string version = 1; }: tag 0x0a, a one-byte length, the tag.
+    let proto = spec.proto_spec.get(2..).ok_or("short proto_spec")?;
+    assert_eq!(spec.proto_spec.first(), Some(&0x0a));
+    let yaml: serde_yaml::Value = serde_yaml::from_str(&spec.yaml_spec)?;
+    assert_eq!(yaml["version"].as_str(), Some(std::str::from_utf8(proto)?));
+    Ok(std::str::from_utf8(proto)?.to_string())
+}
+
 fn apply(data: &str, mode: Mode, dry_run: bool) -> ApplyConfigurationRequest {
     ApplyConfigurationRequest {
         data: data.as_bytes().to_vec(),
@@ -511,11 +532,13 @@ async fn lifecycle_upgrade_streams_progress_and_does_not_reboot() -> TestResult 
     // No reboot: same boot id, same running version.
     assert_eq!(boot_id(&mut w1).await?, before);
     assert_eq!(version_tag(&mut w1).await?, "v1.13.2");
+    assert_eq!(cosi_version(sim.channel("w-1").await?).await?, "v1.13.2");
 
     // The caller reboots; the node comes back on the new version.
     w1.reboot(RebootRequest::default()).await?;
     sim.clock.advance(S(90));
     assert_eq!(version_tag(&mut w1).await?, "v1.14.0");
+    assert_eq!(cosi_version(sim.channel("w-1").await?).await?, "v1.14.0");
     assert_ne!(boot_id(&mut w1).await?, before);
 
     // An image that was never pulled: a non-zero exit code, not a gRPC error.
@@ -1330,5 +1353,135 @@ async fn cosi_serves_the_machine_status() -> TestResult {
         n += usize::from(m.resource.is_some());
     }
     assert_eq!(n, 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn cosi_serves_bootstrap_manifests_following_the_config() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let list = |ch: Channel| async move {
+        let mut state = StateClient::new(ch);
+        let mut s = state
+            .list(ichor::talos::proto::cosi::resource::ListRequest {
+                namespace: "controlplane".into(),
+                r#type: "Manifests.kubernetes.talos.dev".into(),
+                options: None,
+            })
+            .await?
+            .into_inner();
+        let mut out = Vec::new();
+        while let Some(m) = s.message().await? {
+            let res = m.resource.ok_or("no resource")?;
+            let md = res.metadata.ok_or("no metadata")?;
+            let spec = res.spec.ok_or("no spec")?;
+            assert!(spec.proto_spec.is_empty());
+            out.push((md.id, md.version, spec.yaml_spec));
+        }
+        Ok::<_, Box<dyn std::error::Error>>(out)
+    };
+    let image_in = |items: &[(String, String, String)], id: &str| -> Option<String> {
+        let (_, _, yaml) = items.iter().find(|(i, _, _)| i == id)?;
+        let v: serde_yaml::Value = serde_yaml::from_str(yaml).ok()?;
+        v[0]["spec"]["template"]["spec"]["containers"][0]["image"]
+            .as_str()
+            .map(str::to_string)
+    };
+    let before = list(sim.channel("cp-1").await?).await?;
+    for (id, _, yaml) in &before {
+        let v: serde_yaml::Value = serde_yaml::from_str(yaml)?;
+        assert!(
+            v.as_sequence().is_some_and(|s| !s.is_empty()),
+            "{id}: {yaml}"
+        );
+    }
+    let ids: Vec<&str> = before.iter().map(|(i, _, _)| i.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "00-kubelet-bootstrapping-token",
+            "10-kube-proxy",
+            "11-core-dns",
+            "11-kube-config-in-cluster"
+        ]
+    );
+    assert_eq!(
+        image_in(&before, "11-core-dns").as_deref(),
+        Some("registry.k8s.io/coredns/coredns:v1.12.1")
+    );
+    let proxy = image_in(&before, "10-kube-proxy").ok_or("no kube-proxy image")?;
+    assert!(proxy.starts_with("registry.k8s.io/kube-proxy:"), "{proxy}");
+    // Workers render no bootstrap manifests.
+    assert!(list(sim.channel("w-1").await?).await?.is_empty());
+
+    // Get one by id; a missing id is NotFound.
+    let mut state = StateClient::new(sim.channel("cp-1").await?);
+    let get = |id: &str| GetRequest {
+        namespace: "controlplane".into(),
+        r#type: "Manifests.kubernetes.talos.dev".into(),
+        id: id.into(),
+        options: None,
+    };
+    let r = state.get(get("11-core-dns")).await?.into_inner();
+    let md = r.resource.and_then(|r| r.metadata).ok_or("no metadata")?;
+    assert_eq!(md.id, "11-core-dns");
+    let err = state.get(get("99-none")).await.err().ok_or("missing id")?;
+    assert_eq!(err.code(), Code::NotFound);
+
+    // A new kube-proxy image and a CoreDNS image in the config show up, version bumped.
+    let (config, _) = machine_config(sim.channel("cp-1").await?).await?;
+    let new_proxy = "registry.k8s.io/kube-proxy:v1.34.0";
+    let changed = config.replace(&proxy, new_proxy).replacen(
+        "cluster:\n",
+        "cluster:\n  coreDNS:\n    image: registry.k8s.io/coredns/coredns:v1.13.0\n",
+        1,
+    );
+    assert_ne!(changed, config);
+    let mut cp = sim.machine("cp-1").await?;
+    cp.apply_configuration(apply(&changed, Mode::NoReboot, false))
+        .await?;
+    let after = list(sim.channel("cp-1").await?).await?;
+    assert_eq!(
+        image_in(&after, "10-kube-proxy").as_deref(),
+        Some(new_proxy)
+    );
+    assert_eq!(
+        image_in(&after, "11-core-dns").as_deref(),
+        Some("registry.k8s.io/coredns/coredns:v1.13.0")
+    );
+    assert_ne!(after[1].1, before[1].1, "resource version bumps");
+    Ok(())
+}
+
+#[tokio::test]
+async fn nodes_metadata_fans_out_read_with_one_node_down() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    sim.machine("cp-3")
+        .await?
+        .reboot(RebootRequest::default())
+        .await?;
+    let mut cp = sim.machine("cp-1").await?;
+    let mut req = Request::new(m::ReadRequest {
+        path: "/proc/sys/kernel/random/boot_id".into(),
+    });
+    for n in ["cp-1", "cp-3"] {
+        req.metadata_mut().append("nodes", n.parse()?);
+    }
+    let mut stream = cp.read(req).await?.into_inner();
+    let mut got = Vec::new();
+    while let Some(d) = stream.message().await? {
+        got.push(d);
+    }
+    assert_eq!(got.len(), 2);
+    let md0 = got[0].metadata.clone().ok_or("no metadata")?;
+    assert_eq!(md0.hostname, "cp-1");
+    assert!(md0.error.is_empty() && md0.status.is_none());
+    let boot = String::from_utf8(got[0].bytes.clone())?;
+    assert_eq!(boot.trim().len(), 36, "{boot:?}");
+    // The node that is down contributes one message with only the error; the call succeeds.
+    let md1 = got[1].metadata.clone().ok_or("no metadata")?;
+    assert_eq!(md1.hostname, "cp-3");
+    assert!(got[1].bytes.is_empty());
+    assert!(!md1.error.is_empty());
+    assert_eq!(md1.status.map(|s| s.code), Some(Code::Unavailable as i32));
     Ok(())
 }

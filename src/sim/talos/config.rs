@@ -468,6 +468,15 @@ impl MachineConfig {
         v.as_str().filter(|s| !s.is_empty()).map(str::to_string)
     }
 
+    /// A value under the v1alpha1 document, e.g. `["cluster", "coreDNS", "image"]`.
+    pub fn v1alpha1_value(&self, path: &[&str]) -> Option<&Value> {
+        let mut v = self.v1alpha1()?;
+        for key in path {
+            v = v.get(*key)?;
+        }
+        Some(v)
+    }
+
     /// The image a component runs with under this config, from whichever form holds it.
     pub fn image(&self, c: Component) -> Option<String> {
         if let Some(doc) = self.kind_doc(c) {

@@ -4,12 +4,13 @@
 //! Fidelity notes (what is simulated and what is not):
 //! - `node` metadata routing as apid does it (worker endpoints refuse forwarding). `nodes`
 //!   one-to-many for the unary MachineService calls: replies tagged with `metadata.hostname`,
-//!   per-node failures in `metadata.error`/`status` while the call succeeds. Streaming
-//!   methods and the other services refuse `nodes` with InvalidArgument (apid would fan out
-//!   MachineService streams too).
+//!   per-node failures in `metadata.error`/`status` while the call succeeds; likewise the
+//!   streaming Read. Other streaming methods and the other services refuse `nodes` with
+//!   InvalidArgument (apid would fan out MachineService streams and LifecycleService too).
 //! - A "live" change under NO_REBOOT is a component image change; any other difference needs
 //!   a reboot (Talos' own CanApplyImmediate is broader).
-//! - COSI State serves only the MachineConfig resource (Get, List, Watch); other resource
+//! - COSI State serves the MachineConfig resource (Get, List, Watch), MachineStatus, Version and
+//!   the bootstrap Manifests (Get, List; manifests abridged to one object each); other resource
 //!   types answer PermissionDenied "not supported", as Talos does for unknown types.
 //! - Events honours `tail_events` and `with_actor_id`; `tail_id` and `tail_seconds` are
 //!   ignored. Only MachineStatusEvents are emitted.

@@ -17,6 +17,7 @@ use crate::talos::proto::cosi::resource as cosi;
 use crate::talos::proto::machine::{self, apply_configuration_request, machine_status_event};
 use crate::talos::proto::resource::config::MachineConfigSpec;
 
+use super::config::Component;
 use super::model::{ApplyMode, ImageNamespace, Stage, TalosCluster, TalosError};
 
 /// The model, the clock, and a revision counter that changes after every mutation so open
@@ -157,6 +158,19 @@ with_metadata!(
     machine::Version,
 );
 
+/// What apid reports for a node that failed in a one-to-many call.
+fn error_metadata(hostname: String, e: &Status) -> common::Metadata {
+    common::Metadata {
+        hostname,
+        error: e.message().to_string(),
+        status: Some(crate::talos::proto::google::rpc::Status {
+            code: e.code() as i32,
+            message: e.message().to_string(),
+            details: Vec::new(),
+        }),
+    }
+}
+
 type Stream<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 fn stream_of<T: Send + 'static>(rx: mpsc::Receiver<Result<T, Status>>) -> Stream<T> {
@@ -204,7 +218,7 @@ impl NodeApi {
 
     /// Authorizes the caller and resolves the target node: the endpoint itself, or the one
     /// named by `node` metadata (forwarded as apid would). `nodes` is refused: apid allows
-    /// one-to-many only for MachineService, and the twin fans out its unary calls only.
+    /// one-to-many only for MachineService, and the twin fans out its unary calls and Read only.
     fn route<T>(&self, req: &Request<T>, access: Access) -> Result<usize, Status> {
         match self.targets(req, access)? {
             Targets::One(node) => Ok(node),
@@ -291,17 +305,12 @@ impl NodeApi {
                         Ok(msg) => (msg, None),
                         Err(e) => (Msg::default(), Some(e)),
                     };
-                    msg.set_metadata(common::Metadata {
-                        hostname,
-                        error: error
-                            .as_ref()
-                            .map(|e| e.message().to_string())
-                            .unwrap_or_default(),
-                        status: error.map(|e| crate::talos::proto::google::rpc::Status {
-                            code: e.code() as i32,
-                            message: e.message().to_string(),
-                            details: Vec::new(),
-                        }),
+                    msg.set_metadata(match error {
+                        Some(e) => error_metadata(hostname, &e),
+                        None => common::Metadata {
+                            hostname,
+                            ..Default::default()
+                        },
                     });
                     out.push(msg);
                 }
@@ -642,6 +651,143 @@ fn machine_config_resource(
     })
 }
 
+const MANIFEST_TYPE: &str = "Manifests.kubernetes.talos.dev";
+
+/// CoreDNS image when `cluster.coreDNS.image` is unset.
+pub const DEFAULT_COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.12.1";
+
+/// The bootstrap manifests a control-plane node renders (`controlplane/Manifests`), ids in
+/// Talos's style, each a YAML sequence of objects (upstream's `ManifestSpec.MarshalYAML`
+/// renders the bare item list; the resource is non-sensitive). Workers render none. kube-proxy and CoreDNS
+/// follow the active config and drop out when `cluster.proxy.disabled` /
+/// `cluster.coreDNS.disabled` are set.
+fn manifests(m: &TalosCluster, node: usize) -> Vec<(&'static str, String)> {
+    let n = m.node(node);
+    if !n.is_control_plane() {
+        return Vec::new();
+    }
+    let disabled = |section: &str| {
+        n.config
+            .v1alpha1_value(&["cluster", section, "disabled"])
+            .and_then(serde_yaml::Value::as_bool)
+            .unwrap_or(false)
+    };
+    let mut out = vec![(
+        "00-kubelet-bootstrapping-token",
+        "- apiVersion: v1\n  kind: Secret\n  metadata:\n    name: bootstrap-token-ichor0\n    namespace: kube-system\n  type: bootstrap.kubernetes.io/token\n  stringData:\n    token-id: ichor0\n    usage-bootstrap-authentication: \"true\"\n".to_string(),
+    )];
+    if !disabled("proxy") {
+        let image = n.config.image(Component::Proxy).unwrap_or_else(|| {
+            format!(
+                "{}:{}",
+                Component::Proxy.default_repository(),
+                n.kubelet_version()
+            )
+        });
+        out.push((
+            "10-kube-proxy",
+            format!(
+                "- apiVersion: apps/v1\n  kind: DaemonSet\n  metadata:\n    name: kube-proxy\n    namespace: kube-system\n    labels:\n      k8s-app: kube-proxy\n  spec:\n    selector:\n      matchLabels:\n        k8s-app: kube-proxy\n    template:\n      metadata:\n        labels:\n          k8s-app: kube-proxy\n      spec:\n        containers:\n          - name: kube-proxy\n            image: {}\n",
+                yaml_scalar(&image)
+            ),
+        ));
+    }
+    if !disabled("coreDNS") {
+        let image = n
+            .config
+            .v1alpha1_value(&["cluster", "coreDNS", "image"])
+            .and_then(serde_yaml::Value::as_str)
+            .filter(|s| !s.is_empty())
+            .unwrap_or(DEFAULT_COREDNS_IMAGE)
+            .to_string();
+        out.push((
+            "11-core-dns",
+            format!(
+                "- apiVersion: apps/v1\n  kind: Deployment\n  metadata:\n    name: coredns\n    namespace: kube-system\n    labels:\n      k8s-app: kube-dns\n  spec:\n    selector:\n      matchLabels:\n        k8s-app: kube-dns\n    template:\n      metadata:\n        labels:\n          k8s-app: kube-dns\n      spec:\n        containers:\n          - name: coredns\n            image: {}\n",
+                yaml_scalar(&image)
+            ),
+        ));
+    }
+    out.push((
+        "11-kube-config-in-cluster",
+        "- apiVersion: v1\n  kind: ConfigMap\n  metadata:\n    name: kubeconfig-in-cluster\n    namespace: kube-system\n".to_string(),
+    ));
+    out
+}
+
+/// A string as a YAML flow scalar (quoted when it needs to be).
+fn yaml_scalar(s: &str) -> String {
+    serde_yaml::to_string(&serde_yaml::Value::String(s.to_string()))
+        .map(|y| y.trim_end().to_string())
+        .unwrap_or_default()
+}
+
+fn manifest_resource(m: &TalosCluster, node: usize, id: &str, yaml: String) -> cosi::Resource {
+    let at = timestamp(m.now());
+    cosi::Resource {
+        metadata: Some(cosi::Metadata {
+            namespace: "controlplane".into(),
+            r#type: MANIFEST_TYPE.into(),
+            id: id.into(),
+            version: m.node(node).config_version.to_string(),
+            owner: "k8s.ManifestController".into(),
+            phase: "running".into(),
+            created: Some(at),
+            updated: Some(at),
+            finalizers: Vec::new(),
+            labels: Default::default(),
+            annotations: Default::default(),
+        }),
+        spec: Some(cosi::Spec {
+            proto_spec: Vec::new(),
+            yaml_spec: yaml,
+        }),
+    }
+}
+
+fn manifest_resources(m: &TalosCluster, node: usize) -> Vec<cosi::Resource> {
+    manifests(m, node)
+        .into_iter()
+        .map(|(id, yaml)| manifest_resource(m, node, id, yaml))
+        .collect()
+}
+
+const VERSION_TYPE: &str = "Versions.runtime.talos.dev";
+
+/// `talos.resource.definitions.runtime.VersionSpec`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct VersionSpec {
+    #[prost(string, tag = "1")]
+    version: String,
+}
+
+/// `runtime/Versions.runtime.talos.dev/version`: the running Talos tag (non-sensitive).
+/// machined creates it afresh at every boot, so its version is always 1; after an upgrade
+/// and the reboot it carries the new tag.
+fn version_resource(m: &TalosCluster, node: usize) -> cosi::Resource {
+    let tag = m.node(node).talos_version.clone();
+    let at = timestamp(m.now());
+    cosi::Resource {
+        metadata: Some(cosi::Metadata {
+            namespace: "runtime".into(),
+            r#type: VERSION_TYPE.into(),
+            id: "version".into(),
+            version: "1".into(),
+            owner: "runtime.VersionController".into(),
+            phase: "running".into(),
+            created: Some(at),
+            updated: Some(at),
+            finalizers: Vec::new(),
+            labels: Default::default(),
+            annotations: Default::default(),
+        }),
+        spec: Some(cosi::Spec {
+            yaml_spec: format!("version: {}\n", yaml_scalar(&tag)),
+            proto_spec: VersionSpec { version: tag }.encode_to_vec(),
+        }),
+    }
+}
+
 const MACHINE_STATUS_TYPE: &str = "MachineStatuses.runtime.talos.dev";
 
 /// `runtime/MachineStatuses.runtime.talos.dev/machine`, what `talosctl get machinestatus`
@@ -852,27 +998,54 @@ impl machine::machine_service_server::MachineService for NodeApi {
         &self,
         request: Request<machine::ReadRequest>,
     ) -> Result<Response<Self::ReadStream>, Status> {
-        let node = self.route(&request, Access::Admin)?;
+        let targets = self.targets(&request, Access::Admin)?;
         let path = request.into_inner().path;
-        let bytes = self.sync_with(|m| {
-            let n = m.node(node);
-            match path.as_str() {
-                "/proc/sys/kernel/random/boot_id" => Ok(format!("{}\n", n.boot_id).into_bytes()),
-                "/system/state/config.yaml" => Ok(n.persistent_config.raw().to_vec()),
-                "/" | "/proc" | "/system" | "/system/state" => {
-                    Err(Status::invalid_argument("path must be a regular file"))
+        let read = |node: usize| {
+            self.sync_with(|m| {
+                let n = m.node(node);
+                match path.as_str() {
+                    "/proc/sys/kernel/random/boot_id" => {
+                        Ok(format!("{}\n", n.boot_id).into_bytes())
+                    }
+                    "/system/state/config.yaml" => Ok(n.persistent_config.raw().to_vec()),
+                    "/" | "/proc" | "/system" | "/system/state" => {
+                        Err(Status::invalid_argument("path must be a regular file"))
+                    }
+                    other => Err(Status::not_found(format!(
+                        "open {other}: no such file or directory"
+                    ))),
                 }
-                other => Err(Status::not_found(format!(
-                    "open {other}: no such file or directory"
-                ))),
-            }
-        })?;
-        let (tx, rx) = mpsc::channel(1);
-        // Capacity 1 and a fresh channel: this send cannot fail.
-        let _ = tx.try_send(Ok(common::Data {
-            metadata: None,
-            bytes,
-        }));
+            })
+        };
+        let messages = match targets {
+            Targets::One(node) => vec![common::Data {
+                metadata: None,
+                bytes: read(node)?,
+            }],
+            // apid fans a stream out: every message of a node carries its hostname, and a
+            // node that fails sends one message holding only the error; the call succeeds.
+            Targets::Many(targets) => targets
+                .into_iter()
+                .map(|(hostname, node)| match node.and_then(read) {
+                    Ok(bytes) => common::Data {
+                        metadata: Some(common::Metadata {
+                            hostname,
+                            ..Default::default()
+                        }),
+                        bytes,
+                    },
+                    Err(e) => common::Data {
+                        metadata: Some(error_metadata(hostname, &e)),
+                        bytes: Vec::new(),
+                    },
+                })
+                .collect(),
+        };
+        let (tx, rx) = mpsc::channel(messages.len().max(1));
+        // A fresh channel with room for every message: these sends cannot fail.
+        for data in messages {
+            let _ = tx.try_send(Ok(data));
+        }
         Ok(Response::new(stream_of(rx)))
     }
 
@@ -1057,14 +1230,42 @@ impl cosi::state_server::State for NodeApi {
             },
         )?;
         let req = request.into_inner();
-        if req.r#type == MACHINE_STATUS_TYPE {
-            if req.namespace != "runtime" || req.id != "machine" {
-                return Err(Status::not_found(format!(
-                    "resource {MACHINE_STATUS_TYPE}({}/{}@undefined) doesn't exist",
+        if req.r#type == MANIFEST_TYPE {
+            let found = self.sync_with(|m| {
+                manifest_resources(m, node).into_iter().find(|r| {
+                    req.namespace == "controlplane"
+                        && r.metadata.as_ref().is_some_and(|md| md.id == req.id)
+                })
+            });
+            return match found {
+                Some(resource) => Ok(Response::new(cosi::GetResponse {
+                    resource: Some(resource),
+                })),
+                None => Err(Status::not_found(format!(
+                    "resource {MANIFEST_TYPE}({}/{}@undefined) doesn't exist",
                     req.namespace, req.id
+                ))),
+            };
+        }
+        if req.r#type == MACHINE_STATUS_TYPE || req.r#type == VERSION_TYPE {
+            let id = if req.r#type == VERSION_TYPE {
+                "version"
+            } else {
+                "machine"
+            };
+            if req.namespace != "runtime" || req.id != id {
+                return Err(Status::not_found(format!(
+                    "resource {}({}/{}@undefined) doesn't exist",
+                    req.r#type, req.namespace, req.id
                 )));
             }
-            let resource = self.sync_with(|m| machine_status_resource(m, node));
+            let resource = self.sync_with(|m| {
+                if req.r#type == VERSION_TYPE {
+                    version_resource(m, node)
+                } else {
+                    machine_status_resource(m, node)
+                }
+            });
             return Ok(Response::new(cosi::GetResponse {
                 resource: Some(resource),
             }));
@@ -1103,12 +1304,23 @@ impl cosi::state_server::State for NodeApi {
             },
         )?;
         let req = request.into_inner();
-        if req.r#type == MACHINE_STATUS_TYPE {
+        if matches!(
+            req.r#type.as_str(),
+            MACHINE_STATUS_TYPE | MANIFEST_TYPE | VERSION_TYPE
+        ) {
             let items = self.sync_with(|m| {
-                if req.namespace == "runtime" {
-                    vec![machine_status_resource(m, node)]
-                } else {
+                if req.r#type == MANIFEST_TYPE {
+                    if req.namespace == "controlplane" {
+                        manifest_resources(m, node)
+                    } else {
+                        Vec::new()
+                    }
+                } else if req.namespace != "runtime" {
                     Vec::new()
+                } else if req.r#type == VERSION_TYPE {
+                    vec![version_resource(m, node)]
+                } else {
+                    vec![machine_status_resource(m, node)]
                 }
             });
             let (tx, rx) = mpsc::channel(items.len().max(1));
