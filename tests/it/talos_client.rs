@@ -482,3 +482,23 @@ async fn upgrades_through_both_apis() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn reads_the_bootstrap_manifests_of_a_control_plane() -> TestResult {
+    let sim = start(cluster("v1.12.6")).await?;
+    let manifests = sim.client.bootstrap_manifests(CP1, opts()).await?;
+    let ids: Vec<&str> = manifests.iter().map(|(id, _)| id.as_str()).collect();
+    assert!(
+        ids.contains(&"10-kube-proxy") && ids.contains(&"11-core-dns"),
+        "{ids:?}"
+    );
+    let proxy = manifests
+        .iter()
+        .find(|(id, _)| id == "10-kube-proxy")
+        .map(|(_, y)| y.as_str())
+        .unwrap_or("");
+    assert!(proxy.contains("kube-proxy"), "{proxy}");
+    // Workers hold none.
+    assert!(sim.client.bootstrap_manifests(W1, opts()).await?.is_empty());
+    Ok(())
+}
