@@ -684,7 +684,7 @@ async fn demo_rollout(
     let doc = change
         .cluster_doc
         .clone()
-        .unwrap_or_else(|| unreachable_cluster_doc(change));
+        .ok_or_else(|| anyhow::anyhow!("the demo's cluster has no cluster.yaml"))?;
     let engine = Rollout {
         kube,
         talos,
@@ -736,18 +736,6 @@ async fn demo_rollout(
         )),
     }
     Ok(out)
-}
-
-/// The demo's cluster always has a cluster.yaml; this keeps the types honest without one.
-fn unreachable_cluster_doc(change: &gate::Change) -> ichor::releaseset::Cluster {
-    ichor::releaseset::Cluster {
-        api_version: ichor::releaseset::ApiVersion::V1alpha1,
-        kind: ichor::releaseset::ClusterKind::Cluster,
-        metadata: ichor::releaseset::Metadata {
-            name: change.cluster.clone(),
-        },
-        spec: Default::default(),
-    }
 }
 
 /// Make `dir` hold the demo repository: build it when `dir` is missing or empty, reuse it

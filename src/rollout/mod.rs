@@ -45,6 +45,14 @@ pub enum RolloutError {
     UnknownNode(String),
 }
 
+/// Calls about `node` never travel through `node` itself: it is the one that reboots.
+fn around(node: &LiveNode) -> CallOptions<'_> {
+    CallOptions {
+        avoid: Some(&node.name),
+        ..CallOptions::default()
+    }
+}
+
 /// How a stage ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StageOutcome {
@@ -251,10 +259,7 @@ impl Rollout<'_> {
             return Ok(None);
         }
         let addr = Self::address(node);
-        let opts = CallOptions {
-            avoid: Some(&node.name),
-            ..CallOptions::default()
-        };
+        let opts = around(node);
         if let Some(other) = self.hold_lock().await? {
             return Ok(Some(format!(
                 "the rollout lock was taken by {other}; every action stopped"
@@ -382,10 +387,7 @@ impl Rollout<'_> {
     async fn observe(&self, node: &LiveNode) -> Result<NodeObservation, RolloutError> {
         let addr = Self::address(node);
         // Never through the node itself: it is the one that reboots.
-        let opts = CallOptions {
-            avoid: Some(&node.name),
-            ..CallOptions::default()
-        };
+        let opts = around(node);
         let talos = self.talos.version(&addr, opts).await.ok().map(|v| v.tag);
         let boot_id = match talos {
             Some(_) => self.talos.boot_id(&addr, opts).await.ok(),
@@ -421,10 +423,7 @@ impl Rollout<'_> {
         target: &Version,
     ) -> Result<Option<String>, RolloutError> {
         let addr = Self::address(node);
-        let opts = CallOptions {
-            avoid: Some(&node.name),
-            ..CallOptions::default()
-        };
+        let opts = around(node);
         let first = self.observe(node).await?;
         let api = match self.talos.version(&addr, opts).await {
             Ok(v) => v.upgrade_api,
@@ -552,10 +551,7 @@ impl Rollout<'_> {
     /// this one down), and leadership moved off it. `Some(reason)` to pause.
     async fn etcd_ready_for(&self, node: &LiveNode) -> Option<String> {
         let addr = Self::address(node);
-        let opts = CallOptions {
-            avoid: Some(&node.name),
-            ..CallOptions::default()
-        };
+        let opts = around(node);
         let members = match self.talos.etcd_members(&addr, opts).await {
             Ok(m) => m,
             Err(e) => {
