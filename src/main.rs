@@ -11,6 +11,9 @@ use ichor::git::Repo;
 use ichor::plan::PlanOptions;
 use ichor::policy::Outcome;
 
+#[path = "cli/rollout.rs"]
+mod rollout_cmd;
+
 /// Gate and roll out Talos Linux and Kubernetes upgrades from Git.
 #[derive(Parser)]
 #[command(name = "ichor", version, about, long_about = None)]
@@ -60,6 +63,47 @@ enum Command {
         /// Show the plan even when the gate blocks the change (it is still not run).
         #[arg(long)]
         allow_blocked: bool,
+    },
+    /// Roll a merged change out on the live cluster: the live gate first, then the staged
+    /// plan (Talos, then Kubernetes), resumable from the record it keeps in the cluster.
+    ///
+    /// The change is REV against its first parent (or --base). A blocked change is refused.
+    /// On a terminal the plan is shown and confirmed first (--yes skips that; without a
+    /// terminal --yes is required). A rollout that paused continues with --resume.
+    ///
+    /// Exit status: 0 completed (or --dry-run shown), 1 the gate blocks the change, 2 invalid
+    /// input or usage, 3 paused for a human (the reason is printed and kept in the record),
+    /// 4 the cluster could not be reached, 5 another rollout holds the lock, 130 interrupted.
+    Rollout {
+        /// The GitOps repository (bare or with a work tree, or any folder inside it).
+        #[arg(long, value_name = "PATH", default_value = ".")]
+        repo: PathBuf,
+        /// The merged revision to roll out, e.g. main or a merge commit.
+        #[arg(long, value_name = "REV")]
+        rev: String,
+        /// What the change is judged against (default: REV's first parent).
+        #[arg(long, value_name = "REV")]
+        base: Option<String>,
+        /// The cluster (folder under clusters/) when the repository holds several.
+        #[arg(long, value_name = "NAME")]
+        cluster: Option<String>,
+        #[command(flatten)]
+        access: Access,
+        /// Show the gate and the plan, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Continue a rollout the record shows paused for this revision.
+        #[arg(long)]
+        resume: bool,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+        /// The node running ichor; it goes last.
+        #[arg(long, value_name = "NODE", env = "ICHOR_NODE_NAME")]
+        ichor_node: Option<String>,
+        /// Simulated seconds per wall-clock second, to rehearse against `ichor sim --speed N`.
+        #[arg(long, value_name = "N", hide = true)]
+        time_scale: Option<f64>,
     },
     /// Run the twin: a simulated Talos cluster served over the real Talos API (mutual TLS)
     /// and Kubernetes API, built from a cluster folder, until interrupted.
@@ -235,6 +279,30 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config,
         } => sim(cluster, speed, state_dir, github, config),
         Command::Demo { dir } => demo(dir),
+        Command::Rollout {
+            repo,
+            rev,
+            base,
+            cluster,
+            access,
+            dry_run,
+            resume,
+            yes,
+            ichor_node,
+            time_scale,
+        } => rollout_cmd::rollout(rollout_cmd::Args {
+            repo,
+            rev,
+            base,
+            cluster,
+            kubeconfig: access.kubeconfig,
+            talosconfig: access.talosconfig,
+            dry_run,
+            resume,
+            yes,
+            ichor_node,
+            time_scale,
+        }),
         Command::Policies { command } => policies(command),
     }
 }
@@ -611,7 +679,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
         ));
         out.push_str(&rollout);
     }
-    out.push_str("\nkube-proxy, the bootstrap-manifest sync and the `ichor rollout` command come next; see docs/rollout.md.\n");
+    out.push_str("\nOn a real cluster the same runs as `ichor rollout --repo . --rev main`; see docs/rollout.md.\n");
     print(&out)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -665,49 +733,31 @@ async fn demo_rollout(
     change: &gate::Change,
     plan: &ichor::plan::Plan,
 ) -> anyhow::Result<String> {
-    use ichor::rollout::{Rollout, StageOutcome};
+    use ichor::rollout::{Rollout, RunOutcome, Target};
     let clock = twin.talos.clock().clone();
     let start = clock.now();
-    let lines = std::sync::Mutex::new(String::new());
-    let report = |line: String| {
-        let t = clock.now().since(start).as_secs();
-        if let Ok(mut l) = lines.lock() {
-            l.push_str(&format!(
-                "  +{:02}:{:02}:{:02}  {}\n",
-                t / 3600,
-                (t % 3600) / 60,
-                t % 60,
-                ichor::escape::terminal(&line)
-            ));
-        }
-    };
+    let view = ichor::rollout::terminal::Terminal::new(clock.clone(), false);
+    let report = |p| view.report(p);
     let doc = change
         .cluster_doc
         .clone()
         .ok_or_else(|| anyhow::anyhow!("the demo's cluster has no cluster.yaml"))?;
-    let engine = Rollout {
-        kube,
-        talos,
-        clock: clock.clone(),
-        cluster: change.cluster.clone(),
-        holder: "ichor-demo".into(),
-        policy: doc.spec.rollout.clone(),
-        installer_image: doc
-            .spec
-            .talos
-            .installer_image
-            .clone()
-            .unwrap_or_else(|| "ghcr.io/siderolabs/installer".into()),
-        report: Some(&report),
-    };
-    let nodes = kube.nodes().await?;
+    let mut engine = Rollout::new(kube, talos, clock.clone(), &change.cluster, "ichor-demo");
+    engine.policy = doc.spec.rollout.clone();
+    engine.volumes = doc.spec.volumes.provider;
+    if let Some(i) = &doc.spec.talos.installer_image {
+        engine.installer_image = i.clone();
+    }
+    engine.report = Some(&report);
     let rs = &change.head_release_set.spec;
-    let run = async {
-        let talos = engine.talos_stage(plan, &rs.talos, &nodes).await?;
-        if !matches!(talos, StageOutcome::Completed { .. }) {
-            return Ok(talos);
-        }
-        engine.kubernetes_stages(plan, &rs.kubernetes, &nodes).await
+    let target = Target {
+        commit: change
+            .head
+            .commit
+            .map(|c| c.to_string())
+            .unwrap_or_default(),
+        talos: rs.talos.clone(),
+        kubernetes: rs.kubernetes.clone(),
     };
     // The twin's clock moves in steps while the engine waits on it: minutes of a real
     // rollout pass in well under a second.
@@ -718,22 +768,36 @@ async fn demo_rollout(
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
     };
-    let outcome: Result<StageOutcome, ichor::rollout::RolloutError> = tokio::select! {
-        r = run => r,
+    let outcome = tokio::select! {
+        r = engine.run(plan, &target, Some(change), false) => r,
         _ = ticker => unreachable!("the ticker never ends"),
     };
-    let mut out = lines.into_inner().unwrap_or_default();
+    let mut out = String::new();
+    for l in view.lines() {
+        out.push_str(&format!("  {l}\n"));
+    }
     match outcome? {
-        StageOutcome::Completed { .. } => out.push_str(&format!(
-            "\nDone: every node runs Talos {} and Kubernetes {} ({} of simulated time).\n",
-            rs.talos,
-            rs.kubernetes,
-            ichor::releaseset::HumanDuration(clock.now().since(start))
+        RunOutcome::Completed { stages } => {
+            out.push_str(&format!(
+                "\nDone: every node runs Talos {} and Kubernetes {} ({} of simulated time).\n",
+                rs.talos,
+                rs.kubernetes,
+                ichor::releaseset::HumanDuration(clock.now().since(start))
+            ));
+            for (stage, secs) in stages {
+                out.push_str(&format!(
+                    "  {stage:<34} {}\n",
+                    ichor::releaseset::HumanDuration::from_secs(secs)
+                ));
+            }
+        }
+        RunOutcome::Paused(p) => out.push_str(&format!(
+            "\nPaused in {}{}: {}\n",
+            p.stage,
+            p.node.map(|n| format!(" at {n}")).unwrap_or_default(),
+            ichor::escape::terminal(&p.reason)
         )),
-        StageOutcome::Paused { node, reason } => out.push_str(&format!(
-            "\nPaused at {node}: {}\n",
-            ichor::escape::terminal(&reason)
-        )),
+        RunOutcome::Refused(why) => out.push_str(&format!("\nRefused: {why}\n")),
     }
     Ok(out)
 }
@@ -978,9 +1042,35 @@ fn status(
         &subject,
     ));
     let report = gate::live::StatusReport::new(&subject, &facts);
+    // The rollout record, when the cluster is known and has one.
+    let record = if subject.cluster.is_empty() {
+        Ok(None)
+    } else {
+        live.runtime.block_on(ichor::rollout::record::load(&live.kube, &subject.cluster))
+    };
     let text = match output {
-        StatusOutput::Json => json(&report)?,
-        StatusOutput::Text => report.render_text(),
+        StatusOutput::Json => {
+            let mut v = serde_json::to_value(&report)?;
+            if let Some(obj) = v.as_object_mut() {
+                obj.insert(
+                    "rollout".into(),
+                    match &record {
+                        Ok(r) => serde_json::to_value(r.as_ref().map(|s| &s.record))?,
+                        Err(e) => serde_json::json!({ "error": e.to_string() }),
+                    },
+                );
+            }
+            json(&v)?
+        }
+        StatusOutput::Text => {
+            let mut t = report.render_text();
+            match &record {
+                Ok(Some(s)) => t.push_str(&format!("\n{}", s.record.render_text())),
+                Ok(None) => {}
+                Err(e) => t.push_str(&format!("\nRollout record: {e}\n")),
+            }
+            t
+        }
     };
     print(&text)?;
     // Nothing could be read at all: the cluster is not reachable with these credentials.

@@ -7,6 +7,7 @@
 pub mod drain;
 pub mod inventory;
 pub mod lease;
+pub mod manifests;
 
 use std::path::Path;
 

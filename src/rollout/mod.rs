@@ -1,69 +1,137 @@
-//! The rollout engine, first stage: Talos, node by node, in the plan's order (control planes
-//! one at a time, then the worker batches), each node driven by [`step::talos_node`] from
-//! what is observed. It holds the cluster's lock (a Lease) for the whole stage and stops the
-//! moment the lock is lost; any failure pauses with its root cause, and a node ichor
-//! cordoned that is healthy and not mid-upgrade is uncordoned on pause.
+//! The rollout engine: carries a cluster from the release set it runs to a target, in the
+//! plan's order, one observation at a time.
 //!
-//! Then the Kubernetes stages (ADR 0057): kube-apiserver on each control plane, then
-//! controller-manager and scheduler, then the kubelets — control planes, then workers, each
-//! cordoned and drained. A component switch is the image-field-only edit of the node's own
-//! machine configuration, images pre-pulled, a dry run, then NO_REBOOT with its own
-//! deadline, verified from the Kubernetes API (the mirror pod on the target tag and Ready;
-//! the kubelet's version and Ready). No kubelet moves before every apiserver runs the target.
+//! - Talos: control planes one at a time (etcd healthy with quorum to spare, leadership
+//!   moved off first), then the worker batches, the nodes of a batch together. Each node is
+//!   driven by [`step::talos_node`] from what is observed.
+//! - Kubernetes (ADR 0057): kube-apiserver on each control plane, controller-manager and
+//!   scheduler, kube-proxy and the bootstrap-manifest sync once every apiserver runs the
+//!   target, then the kubelets (control planes, then worker batches), each cordoned, drained
+//!   and volume-checked. A component switch is the image-field-only edit of the node's own
+//!   machine configuration: images pre-pulled, a dry run, then NO_REBOOT, each call with its
+//!   own deadline; verified from the Kubernetes API.
 //!
-//! Not yet here (issue 7): kube-proxy and the bootstrap-manifest sync, the rollout record in the cluster
-//! (markers live in memory, so a restart re-derives each node from what it observes and
-//! only loses a node's deadline), maintenance windows, holds and parallel batches (a batch's
-//! nodes go one after another, which is safe but slower).
+//! What cannot be observed lives in the [`record`] (target, stage, step start markers, pause,
+//! history), written as it changes, so a restarted engine continues where it stood. One Lease
+//! per cluster keeps rollouts apart; losing it stops every action at once. A failure pauses
+//! with its root cause, and nodes ichor cordoned that are healthy go back into service.
 
+pub mod record;
 pub mod step;
+pub mod terminal;
+pub mod window;
 
+use std::future::Future;
 use std::time::Duration;
 
-use crate::clock::Clock;
+use futures_util::future::join_all;
+use tokio::sync::Mutex;
+
+use crate::clock::{Clock, Timestamp};
 use crate::gate::live::{lock_name, ICHOR_NAMESPACE};
-use crate::kube::{DrainOutcome, KubeClient, LiveNode, LockState};
-use crate::plan::{Plan, StageId};
-use crate::releaseset::{Role, RolloutPolicy, Version};
+use crate::gate::Change;
+use crate::kube::{DrainOutcome, KubeClient, KubeError, LiveNode, LiveVolume, LockState};
+use crate::plan::{Plan, StageId, Step, StepKind};
+use crate::policy::Status;
+use crate::releaseset::{HumanDuration, Role, RolloutPolicy, Version, VolumeProvider};
 use crate::talos::client::{CallOptions, ImageNamespace, UpgradeApi};
 use crate::talos::machine_config::{set_images, Component};
 use crate::talos::proto::machine::apply_configuration_request::Mode as ApplyMode;
 use crate::talos::TalosClient;
 
+use record::{Pause, RecordState, RolloutRecord, Stored, TargetRef};
 use step::{Action, NodeObservation, StepMarker, StepState};
 
-/// How long the lock is held without renewal; renewed on every observation.
-const LOCK_DURATION: Duration = Duration::from_secs(60);
-/// How often a settling node is observed again.
-const OBSERVE_EVERY: Duration = Duration::from_secs(5);
+/// How long the lock is held without renewal.
+pub const LOCK_DURATION: Duration = Duration::from_secs(60);
+/// How long transient API failures (5xx, 429, a dropped connection) are retried before the
+/// rollout pauses on them.
+pub const API_PATIENCE: Duration = Duration::from_secs(300);
+/// How often a held node or a closed window is looked at again.
+const WAIT_EVERY: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RolloutError {
     #[error(transparent)]
-    Kube(#[from] crate::kube::KubeError),
-    #[error("node {0} is in the plan but not in the cluster")]
-    UnknownNode(String),
+    Kube(#[from] KubeError),
+    #[error(transparent)]
+    Record(#[from] record::RecordError),
 }
 
-/// Calls about `node` never travel through `node` itself: it is the one that reboots.
-fn around(node: &LiveNode) -> CallOptions<'_> {
-    CallOptions {
-        avoid: Some(&node.name),
-        ..CallOptions::default()
+/// The release set a rollout carries the cluster to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The GitOps commit the release set comes from.
+    pub commit: String,
+    pub talos: Version,
+    pub kubernetes: Version,
+}
+
+impl Target {
+    fn to_ref(&self) -> TargetRef {
+        TargetRef {
+            commit: self.commit.clone(),
+            talos: self.talos.to_string(),
+            kubernetes: self.kubernetes.to_string(),
+        }
     }
 }
 
-/// How a stage ended.
+/// What a run ended in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StageOutcome {
-    Completed {
-        nodes: Vec<String>,
+pub enum RunOutcome {
+    /// Every stage done; seconds per stage, in order.
+    Completed { stages: Vec<(String, u64)> },
+    /// Stopped for a human, with the root cause (also in the record).
+    Paused(Pause),
+    /// Nothing was done: another rollout holds the lock.
+    Refused(String),
+}
+
+/// Progress as it happens, for a terminal, a PR comment or a log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    StageStarted {
+        stage: StageId,
+        title: String,
+        /// Nodes (or syncs) the stage will finish, for a progress bar.
+        units: u64,
     },
-    /// Stopped for a human: which node, and why (what was observed, what would unblock it).
-    Paused {
-        node: String,
-        reason: String,
-    },
+    /// One node (or the manifest sync) of the stage is done.
+    UnitDone { stage: StageId, what: String },
+    StageFinished { stage: StageId, secs: u64 },
+    /// Something done or seen, as one line.
+    Note(String),
+    /// The rollout waits on something outside it (a window, a hold, the CNI).
+    Waiting(String),
+}
+
+impl std::fmt::Display for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Progress::StageStarted { title, .. } => write!(f, "stage: {title}"),
+            Progress::UnitDone { what, .. } => write!(f, "{what}"),
+            Progress::StageFinished { stage, secs } => write!(
+                f,
+                "stage {} done in {}",
+                stage_key(*stage),
+                HumanDuration::from_secs(*secs)
+            ),
+            Progress::Note(s) => f.write_str(s),
+            Progress::Waiting(s) => write!(f, "waiting: {s}"),
+        }
+    }
+}
+
+pub fn stage_key(id: StageId) -> &'static str {
+    match id {
+        StageId::Talos => "talos",
+        StageId::KubeApiserver => "kube-apiserver",
+        StageId::KubeControllerManagerScheduler => "kube-controller-manager-scheduler",
+        StageId::KubeProxyManifests => "kube-proxy-manifests",
+        StageId::Kubelet => "kubelet",
+        StageId::Verify => "verify",
+    }
 }
 
 /// What the engine needs: the clients, ichor's clock, who it is, and the cluster's policy.
@@ -77,21 +145,81 @@ pub struct Rollout<'a> {
     pub policy: RolloutPolicy,
     /// The installer image without a tag (`cluster.yaml` `spec.talos.installerImage`).
     pub installer_image: String,
-    /// Where progress goes, one line per thing done (a terminal, a PR comment, a log).
-    pub report: Option<&'a (dyn Fn(String) + Sync)>,
+    pub volumes: VolumeProvider,
+    /// Looked at before each node starts: `Some(reason)` pauses the rollout there
+    /// (`paused: true` in cluster.yaml, a `/ichor pause`).
+    pub pause_requested: Option<&'a (dyn Fn() -> Option<String> + Sync)>,
+    pub report: Option<&'a (dyn Fn(Progress) + Sync)>,
+    /// How often a settling node is observed again.
+    pub observe_every: Duration,
+}
+
+impl<'a> Rollout<'a> {
+    pub fn new(
+        kube: &'a KubeClient,
+        talos: &'a TalosClient,
+        clock: Clock,
+        cluster: &str,
+        holder: &str,
+    ) -> Self {
+        Rollout {
+            kube,
+            talos,
+            clock,
+            cluster: cluster.into(),
+            holder: holder.into(),
+            policy: RolloutPolicy::default(),
+            installer_image: "ghcr.io/siderolabs/installer".into(),
+            volumes: VolumeProvider::None,
+            pause_requested: None,
+            report: None,
+            observe_every: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why the stages stopped before the end.
+enum Stop {
+    Pause(Pause),
+    /// The lock went to someone else: stop, and write nothing more.
+    LockLost(String),
+}
+
+type Flow<T> = Result<T, Stop>;
+
+/// Calls about `node` never travel through `node` itself: it is the one that reboots.
+fn around(node: &LiveNode) -> CallOptions<'_> {
+    CallOptions {
+        avoid: Some(&node.name),
+        ..CallOptions::default()
+    }
+}
+
+fn address(node: &LiveNode) -> String {
+    node.internal_ip
+        .clone()
+        .unwrap_or_else(|| node.name.clone())
+}
+
+/// 5xx, 429 and a lost connection pass; anything else is an answer.
+fn transient(e: &KubeError) -> bool {
+    match e {
+        KubeError::Api { code, .. } => *code == 429 || *code >= 500,
+        KubeError::Unreachable { .. } => true,
+        _ => false,
+    }
 }
 
 impl Rollout<'_> {
-    fn say(&self, line: String) {
+    fn say(&self, p: Progress) {
+        tracing::info!(cluster = %self.cluster, "{p}");
         if let Some(r) = self.report {
-            r(line);
+            r(p);
         }
     }
 
-    async fn hold_lock(&self) -> Result<Option<String>, RolloutError> {
-        self.kube.ensure_namespace(ICHOR_NAMESPACE).await?;
-        match self
-            .kube
+    async fn acquire(&self) -> Result<LockState, KubeError> {
+        self.kube
             .acquire_lease(
                 ICHOR_NAMESPACE,
                 &lock_name(&self.cluster),
@@ -99,116 +227,162 @@ impl Rollout<'_> {
                 LOCK_DURATION,
                 self.clock.now(),
             )
+            .await
+    }
+
+    /// Renew the lock until it is lost; then say who has it.
+    async fn keep_lock(&self) -> String {
+        let every = LOCK_DURATION / 4;
+        let mut failing_since: Option<Timestamp> = None;
+        loop {
+            self.clock.sleep(every).await;
+            match self.acquire().await {
+                Ok(LockState::Held) => failing_since = None,
+                Ok(LockState::HeldBy { holder }) => return holder,
+                Err(e) => {
+                    let since = *failing_since.get_or_insert(self.clock.now());
+                    // Before the lease could expire under us, stop acting.
+                    if self.clock.now().since(since) + every >= LOCK_DURATION / 2 {
+                        return format!("nobody (it could not be renewed: {e})");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Run `plan` to `target`. `change` (when given) lets the engine re-check the live
+    /// gate before the Kubernetes stages and wait for the CNI; `resume` continues a rollout
+    /// the record shows paused for the same target.
+    pub async fn run(
+        &self,
+        plan: &Plan,
+        target: &Target,
+        change: Option<&Change>,
+        resume: bool,
+    ) -> Result<RunOutcome, RolloutError> {
+        let patience = Patience::new(self);
+        patience
+            .kube("create the ichor-system namespace", || {
+                self.kube.ensure_namespace(ICHOR_NAMESPACE)
+            })
+            .await?;
+        if let LockState::HeldBy { holder } = patience
+            .kube("take the rollout lock", || self.acquire())
             .await?
         {
-            LockState::Held => Ok(None),
-            LockState::HeldBy { holder } => Ok(Some(holder)),
+            return Ok(RunOutcome::Refused(format!(
+                "another rollout holds the lock {ICHOR_NAMESPACE}/{} ({holder})",
+                lock_name(&self.cluster)
+            )));
         }
-    }
-
-    /// Run the plan's Talos stage to `target`, on the cluster's `nodes` as they run.
-    pub async fn talos_stage(
-        &self,
-        plan: &Plan,
-        target: &Version,
-        nodes: &[LiveNode],
-    ) -> Result<StageOutcome, RolloutError> {
-        if let Some(other) = self.hold_lock().await? {
-            return Ok(StageOutcome::Paused {
-                node: String::new(),
-                reason: format!("another rollout holds the lock ({other})"),
-            });
-        }
-        let mut done = Vec::new();
-        let steps = plan
-            .stages
-            .iter()
-            .filter(|s| s.id == StageId::Talos)
-            .flat_map(|s| s.steps.iter());
-        for step in steps {
-            for name in &step.nodes {
-                let node = nodes
-                    .iter()
-                    .find(|n| &n.name == name)
-                    .ok_or_else(|| RolloutError::UnknownNode(name.clone()))?;
-                match self.talos_node(node, target).await? {
-                    None => done.push(name.clone()),
-                    Some(reason) => {
-                        self.release_on_pause(node).await;
-                        return Ok(StageOutcome::Paused {
-                            node: name.clone(),
-                            reason,
-                        });
+        let now = self.clock.now();
+        let mut stored = match record::load(self.kube, &self.cluster).await {
+            Ok(s) => s,
+            Err(e) => {
+                self.release_lock().await;
+                return Err(e.into());
+            }
+        };
+        let stored = match stored.take() {
+            Some(mut s) if s.record.target.commit == target.commit => {
+                if s.record.state == RecordState::Paused && !resume {
+                    self.release_lock().await;
+                    if let Some(p) = s.record.pause.clone() {
+                        return Ok(RunOutcome::Paused(p));
                     }
                 }
+                let was = s.record.state;
+                s.record.holder = self.holder.clone();
+                match was {
+                    RecordState::Paused => s.record.log(now, "resumed"),
+                    RecordState::Running => {
+                        s.record.log(now, "continued after the engine stopped")
+                    }
+                    RecordState::Completed => s.record.log(now, "re-run: verifying"),
+                }
+                s
+            }
+            Some(s) => Stored {
+                record: s.record.succeed(target.to_ref(), &self.holder, now),
+                resource_version: s.resource_version,
+            },
+            None => Stored {
+                record: RolloutRecord::new(&self.cluster, target.to_ref(), &self.holder, now),
+                resource_version: None,
+            },
+        };
+        let run = Run {
+            engine: self,
+            target,
+            change,
+            plan,
+            stored: Mutex::new(stored),
+        };
+        run.update(|r| {
+            r.state = RecordState::Running;
+            r.pause = None;
+            r.waiting = None;
+            if r.history.is_empty() {
+                r.log(now, format!("started: {}", plan.summary));
+            }
+        })
+        .await
+        .map_err(RolloutError::from)?;
+
+        let outcome = tokio::select! {
+            r = run.stages() => r,
+            holder = self.keep_lock() => Err(Stop::LockLost(holder)),
+        };
+        match outcome {
+            Ok(()) => {
+                let now = self.clock.now();
+                run.update(|r| {
+                    r.state = RecordState::Completed;
+                    r.stage = None;
+                    r.waiting = None;
+                    r.log(now, "completed");
+                })
+                .await?;
+                self.release_lock().await;
+                let stages = run.stored.lock().await.record.stage_secs();
+                Ok(RunOutcome::Completed { stages })
+            }
+            Err(Stop::Pause(p)) => {
+                run.release_nodes().await;
+                let now = self.clock.now();
+                let pause = p.clone();
+                // Best effort: the pause is also returned to the caller.
+                let _ = run
+                    .update(|r| {
+                        r.state = RecordState::Paused;
+                        r.waiting = None;
+                        r.log(now, format!("paused: {}", pause.reason));
+                        r.pause = Some(pause);
+                    })
+                    .await;
+                self.release_lock().await;
+                Ok(RunOutcome::Paused(p))
+            }
+            Err(Stop::LockLost(holder)) => {
+                // Someone else is in charge now: touch nothing, write nothing.
+                let stage = run
+                    .stored
+                    .lock()
+                    .await
+                    .record
+                    .stage
+                    .clone()
+                    .unwrap_or_default();
+                Ok(RunOutcome::Paused(Pause {
+                    stage,
+                    node: None,
+                    reason: format!(
+                        "the rollout lock was taken by {holder}; every action stopped at once"
+                    ),
+                    since: self.clock.now().rfc3339(),
+                }))
             }
         }
-        self.release_lock().await;
-        Ok(StageOutcome::Completed { nodes: done })
-    }
-
-    /// Run the plan's Kubernetes stages to `target` (kube-apiserver, controller-manager and
-    /// scheduler, kubelets). Stages this slice does not run yet (kube-proxy and the
-    /// bootstrap manifests) pause before the kubelets with that reason.
-    pub async fn kubernetes_stages(
-        &self,
-        plan: &Plan,
-        target: &Version,
-        nodes: &[LiveNode],
-    ) -> Result<StageOutcome, RolloutError> {
-        if let Some(other) = self.hold_lock().await? {
-            return Ok(StageOutcome::Paused {
-                node: String::new(),
-                reason: format!("another rollout holds the lock ({other})"),
-            });
-        }
-        let mut done = Vec::new();
-        for stage in &plan.stages {
-            let components: &[Component] = match stage.id {
-                StageId::KubeApiserver => &[Component::ApiServer],
-                StageId::KubeControllerManagerScheduler => {
-                    &[Component::ControllerManager, Component::Scheduler]
-                }
-                StageId::Kubelet => &[Component::Kubelet],
-                StageId::KubeProxyManifests => {
-                    // kube-proxy and the bootstrap-manifest sync come with the next slice of
-                    // the engine. Where the CNI replaces kube-proxy the kubelets may follow
-                    // (the manifests are re-synced by Talos itself on the next apply); where
-                    // it does not, stop before the kubelets rather than run them out of order.
-                    if stage
-                        .steps
-                        .iter()
-                        .any(|s| s.kind == crate::plan::StepKind::KubeProxyAndManifests)
-                    {
-                        self.release_lock().await;
-                        return Ok(StageOutcome::Paused {
-                            node: String::new(),
-                            reason: "kube-proxy must move before the kubelets, and this version of ichor does not roll kube-proxy yet: run `talosctl upgrade-k8s` for the rest, or wait for the release that does".into(),
-                        });
-                    }
-                    continue;
-                }
-                StageId::Talos | StageId::Verify => continue,
-            };
-            for step in &stage.steps {
-                for name in &step.nodes {
-                    let node = nodes
-                        .iter()
-                        .find(|n| &n.name == name)
-                        .ok_or_else(|| RolloutError::UnknownNode(name.clone()))?;
-                    if let Some(reason) = self.switch(node, components, target).await? {
-                        self.release_on_pause(node).await;
-                        return Ok(StageOutcome::Paused {
-                            node: name.clone(),
-                            reason,
-                        });
-                    }
-                    done.push(format!("{}/{}", components[0], name));
-                }
-            }
-        }
-        self.release_lock().await;
-        Ok(StageOutcome::Completed { nodes: done })
     }
 
     async fn release_lock(&self) {
@@ -218,194 +392,405 @@ impl Rollout<'_> {
             .release_lease(ICHOR_NAMESPACE, &lock_name(&self.cluster), &self.holder)
             .await;
     }
+}
 
-    /// Whether `components` on `node` already run `tag`, as the Kubernetes API shows.
-    async fn runs(
-        &self,
-        node: &LiveNode,
-        components: &[Component],
-        tag: &str,
-    ) -> Result<bool, RolloutError> {
-        if components == [Component::Kubelet] {
-            let n = self
-                .kube
-                .nodes()
-                .await?
-                .into_iter()
-                .find(|n| n.name == node.name);
-            return Ok(n.is_some_and(|n| n.kubelet == tag && n.ready));
-        }
-        let pods = self.kube.mirror_pods().await?;
-        Ok(components.iter().all(|c| {
-            pods.iter().any(|p| {
-                p.node == node.name
-                    && p.component == c.name()
-                    && crate::kube::inventory::image_tag(&p.image) == Some(tag)
-                    && p.ready
-            })
-        }))
+/// Retries of transient API failures on ichor's clock, with backoff, up to [`API_PATIENCE`].
+struct Patience<'e, 'a> {
+    engine: &'e Rollout<'a>,
+}
+
+impl<'e, 'a> Patience<'e, 'a> {
+    fn new(engine: &'e Rollout<'a>) -> Self {
+        Patience { engine }
     }
 
-    /// Switch `components` on `node` to `target`: `None` when it runs them, else the reason
-    /// it paused.
-    async fn switch(
-        &self,
-        node: &LiveNode,
-        components: &[Component],
-        target: &Version,
-    ) -> Result<Option<String>, RolloutError> {
-        let tag = target.tag();
-        if self.runs(node, components, &tag).await? {
-            return Ok(None);
+    async fn kube<T, F, Fut>(&self, what: &str, mut call: F) -> Result<T, KubeError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, KubeError>>,
+    {
+        let clock = &self.engine.clock;
+        let start = clock.now();
+        let mut wait = Duration::from_secs(1);
+        loop {
+            match call().await {
+                Ok(v) => return Ok(v),
+                Err(e) if transient(&e) && clock.now().since(start) < API_PATIENCE => {
+                    tracing::warn!(error = %e, "{what}: retrying in {}s", wait.as_secs());
+                    clock.sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(30));
+                }
+                Err(e) => return Err(e),
+            }
         }
-        let addr = Self::address(node);
-        let opts = around(node);
-        if let Some(other) = self.hold_lock().await? {
-            return Ok(Some(format!(
-                "the rollout lock was taken by {other}; every action stopped"
-            )));
+    }
+}
+
+/// One run: the engine, what it runs, and the record it keeps.
+struct Run<'r, 'a> {
+    engine: &'r Rollout<'a>,
+    target: &'r Target,
+    change: Option<&'r Change>,
+    plan: &'r Plan,
+    stored: Mutex<Stored>,
+}
+
+impl Run<'_, '_> {
+    fn now(&self) -> Timestamp {
+        self.engine.clock.now()
+    }
+
+    fn say(&self, p: Progress) {
+        self.engine.say(p)
+    }
+
+    fn pause(&self, stage: StageId, node: Option<&str>, reason: impl Into<String>) -> Stop {
+        Stop::Pause(Pause {
+            stage: stage_key(stage).into(),
+            node: node.map(str::to_string),
+            reason: reason.into(),
+            since: self.now().rfc3339(),
+        })
+    }
+
+    /// A Kubernetes call with patience; when patience runs out, a pause naming the call.
+    async fn kube<T, F, Fut>(&self, stage: StageId, node: Option<&str>, what: &str, call: F) -> Flow<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, KubeError>>,
+    {
+        Patience::new(self.engine)
+            .kube(what, call)
+            .await
+            .map_err(|e| {
+                self.pause(
+                    stage,
+                    node,
+                    format!("the Kubernetes API kept failing ({what}): {e}; resume once it answers"),
+                )
+            })
+    }
+
+    async fn update(&self, f: impl FnOnce(&mut RolloutRecord)) -> Result<(), record::RecordError> {
+        let mut s = self.stored.lock().await;
+        f(&mut s.record);
+        s.record.updated_at = self.now().rfc3339();
+        s.record.holder = self.engine.holder.clone();
+        let kube = self.engine.kube;
+        let clock = &self.engine.clock;
+        let start = clock.now();
+        let mut wait = Duration::from_secs(1);
+        loop {
+            match record::save(kube, &mut s).await {
+                Ok(()) => return Ok(()),
+                Err(record::RecordError::Kube(e))
+                    if transient(&e) && clock.now().since(start) < API_PATIENCE =>
+                {
+                    clock.sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(30));
+                }
+                Err(e) => return Err(e),
+            }
         }
-        let kubelet = components == [Component::Kubelet];
-        if kubelet {
-            // A kubelet restart is a disruption like a reboot: the node's workloads move first.
-            self.kube.cordon(&node.name).await?;
-            match self
-                .kube
-                .drain(&node.name, self.policy.drain_timeout.as_duration(), &self.clock)
-                .await?
-            {
-                DrainOutcome::Drained { .. } => {}
-                DrainOutcome::Blocked { pod, budget, message, waited_secs } => {
-                    return Ok(Some(format!(
-                        "the drain waited {waited_secs}s on {pod}{}: {message}; ichor never deletes or forces a pod",
-                        budget.map(|b| format!(" (PodDisruptionBudget {b})")).unwrap_or_default()
-                    )))
+    }
+
+    /// Write to the record, pausing when it cannot be written (the record is what makes a
+    /// restart safe).
+    async fn write(&self, stage: StageId, f: impl FnOnce(&mut RolloutRecord)) -> Flow<()> {
+        self.update(f).await.map_err(|e| {
+            self.pause(stage, None, format!("cannot write the rollout record: {e}"))
+        })
+    }
+
+    async fn marker(&self, key: &str) -> StepMarker {
+        self.stored
+            .lock()
+            .await
+            .record
+            .steps
+            .get(key)
+            .map(StepMarker::from_record)
+            .unwrap_or_default()
+    }
+
+    async fn store_marker(&self, stage: StageId, key: &str, m: &StepMarker) -> Flow<()> {
+        let rec = m.to_record();
+        self.write(stage, |r| {
+            r.steps.insert(key.to_string(), rec);
+        })
+        .await
+    }
+
+    async fn finish_marker(&self, stage: StageId, key: &str) -> Flow<()> {
+        let now = self.now().rfc3339();
+        self.write(stage, |r| {
+            if let Some(s) = r.steps.get_mut(key) {
+                s.finished_at.get_or_insert(now);
+            }
+        })
+        .await
+    }
+
+    async fn waiting(&self, stage: StageId, what: Option<String>) -> Flow<()> {
+        let same = self.stored.lock().await.record.waiting == what;
+        if same {
+            return Ok(());
+        }
+        if let Some(w) = &what {
+            self.say(Progress::Waiting(w.clone()));
+        }
+        let now = self.now();
+        self.write(stage, |r| {
+            if let Some(w) = &what {
+                r.log(now, format!("waiting: {w}"));
+            }
+            r.waiting = what;
+        })
+        .await
+    }
+
+    /// Check the lock right before a disruptive action, so a stolen lock stops it.
+    async fn check_lock(&self, stage: StageId, node: &str) -> Flow<()> {
+        match self
+            .kube(stage, Some(node), "renew the rollout lock", || {
+                self.engine.acquire()
+            })
+            .await?
+        {
+            LockState::Held => Ok(()),
+            LockState::HeldBy { holder } => Err(Stop::LockLost(holder)),
+        }
+    }
+
+    async fn live_nodes(&self, stage: StageId) -> Flow<Vec<LiveNode>> {
+        self.kube(stage, None, "list nodes", || self.engine.kube.nodes())
+            .await
+    }
+
+    async fn live_node(&self, stage: StageId, name: &str) -> Flow<LiveNode> {
+        self.live_nodes(stage)
+            .await?
+            .into_iter()
+            .find(|n| n.name == name)
+            .ok_or_else(|| {
+                self.pause(
+                    stage,
+                    Some(name),
+                    format!("node {name} is in the plan but not in the cluster; re-plan from the live inventory"),
+                )
+            })
+    }
+
+    async fn stages(&self) -> Flow<()> {
+        for stage in &self.plan.stages {
+            let id = stage.id;
+            let units: u64 = stage
+                .steps
+                .iter()
+                .map(|s| s.nodes.len().max(1) as u64)
+                .sum();
+            let now = self.now();
+            self.write(id, |r| r.enter_stage(stage_key(id), now)).await?;
+            self.say(Progress::StageStarted {
+                stage: id,
+                title: stage.title.clone(),
+                units,
+            });
+            match id {
+                StageId::Talos => {
+                    for step in &stage.steps {
+                        self.batch(id, step, |n| self.talos_node(n)).await?;
+                    }
+                }
+                StageId::KubeApiserver => {
+                    self.before_kubernetes().await?;
+                    for step in &stage.steps {
+                        self.batch(id, step, |n| self.component(id, n, &[Component::ApiServer]))
+                            .await?;
+                    }
+                }
+                StageId::KubeControllerManagerScheduler => {
+                    for step in &stage.steps {
+                        self.batch(id, step, |n| {
+                            self.component(
+                                id,
+                                n,
+                                &[Component::ControllerManager, Component::Scheduler],
+                            )
+                        })
+                        .await?;
+                    }
+                }
+                StageId::KubeProxyManifests => {
+                    for step in &stage.steps {
+                        self.proxy_and_manifests(step).await?;
+                    }
+                }
+                StageId::Kubelet => {
+                    for step in &stage.steps {
+                        self.batch(id, step, |n| self.component(id, n, &[Component::Kubelet]))
+                            .await?;
+                    }
+                }
+                StageId::Verify => self.verify().await?,
+            }
+            let now = self.now();
+            self.write(id, |r| r.finish_stage(stage_key(id), now)).await?;
+            let secs = self
+                .stored
+                .lock()
+                .await
+                .record
+                .stage_secs()
+                .into_iter()
+                .find(|(s, _)| s == stage_key(id))
+                .map(|(_, s)| s)
+                .unwrap_or(0);
+            self.say(Progress::StageFinished { stage: id, secs });
+        }
+        Ok(())
+    }
+
+    /// The nodes of one step together: each finishes what it started even when another
+    /// pauses (stopping halfway would leave it down), then the first pause wins.
+    async fn batch<'s, F, Fut>(&'s self, stage: StageId, step: &'s Step, f: F) -> Flow<()>
+    where
+        F: Fn(&'s str) -> Fut,
+        Fut: Future<Output = Flow<()>> + 's,
+    {
+        let results = join_all(step.nodes.iter().map(|n| f(n.as_str()))).await;
+        let mut first = None;
+        for r in results {
+            match r {
+                Ok(()) => {}
+                Err(Stop::LockLost(h)) => return Err(Stop::LockLost(h)),
+                Err(p) => {
+                    first.get_or_insert(p);
                 }
             }
         }
-        let mc = match self.talos.machine_config(&addr, opts).await {
-            Ok(mc) => mc,
-            Err(e) => return Ok(Some(format!("cannot read the machine configuration: {e}"))),
-        };
-        let edit = match set_images(&mc.yaml, &tag, components) {
-            Ok(e) => e,
-            Err(e) => return Ok(Some(format!("the image-only edit is refused: {e}"))),
-        };
-        let api = match self.talos.version(&addr, opts).await {
-            Ok(v) => v.upgrade_api,
-            Err(e) => return Ok(Some(format!("cannot read the node's Talos version: {e}"))),
-        };
-        for (c, _, image) in &edit.images {
-            // The kubelet runs as a system container; static pods run in the CRI.
-            let ns = if *c == Component::Kubelet {
-                ImageNamespace::System
-            } else {
-                ImageNamespace::Cri
-            };
-            if let Err(e) = self.talos.pull_image(&addr, image, ns, api, opts).await {
-                return Ok(Some(format!(
-                    "pre-pulling {image} failed, nothing was switched: {e}"
-                )));
+        match first {
+            Some(p) => Err(p),
+            None => {
+                if step.nodes.is_empty() {
+                    self.say(Progress::UnitDone {
+                        stage,
+                        what: step.description.clone(),
+                    });
+                }
+                Ok(())
             }
         }
-        if let Err(e) = self
-            .talos
-            .apply_configuration(&addr, &edit.yaml, ApplyMode::NoReboot, true, opts)
-            .await
-        {
-            return Ok(Some(format!(
-                "the dry run of the image-only edit was refused: {e}"
-            )));
-        }
-        if let Err(e) = self
-            .talos
-            .apply_configuration(&addr, &edit.yaml, ApplyMode::NoReboot, false, opts)
-            .await
-        {
-            return Ok(Some(format!(
-                "applying the image-only edit (NO_REBOOT) failed: {e}"
-            )));
-        }
-        // Verified from the Kubernetes API, within the node timeout.
-        let deadline = self
-            .clock
-            .now()
-            .plus(self.policy.node_timeout.as_duration());
+    }
+
+    /// Before a node starts: not paused, inside a window, not held. Waits are reported and
+    /// recorded; a pause request stops here.
+    async fn may_start(&self, stage: StageId, node: &str) -> Flow<()> {
         loop {
-            if self.runs(node, components, &tag).await? {
-                break;
+            if let Some(why) = self.engine.pause_requested.and_then(|f| f()) {
+                return Err(self.pause(stage, Some(node), why));
             }
-            if self.clock.now() >= deadline {
-                let what: Vec<&str> = components.iter().map(|c| c.name()).collect();
-                return Ok(Some(format!(
-                    "{} on {} still not on {tag} and Ready after {}s (node timeout)",
-                    what.join(" and "),
-                    node.name,
-                    self.policy.node_timeout.as_duration().as_secs()
-                )));
+            let now = self.now();
+            if let window::WindowState::Closed { opens_at } =
+                window::state(&self.engine.policy.maintenance_windows, now)
+            {
+                self.waiting(
+                    stage,
+                    Some(format!(
+                        "{node} starts in the next maintenance window, {}",
+                        window::describe(opens_at)
+                    )),
+                )
+                .await?;
+                let wait = opens_at.since(now).min(WAIT_EVERY * 10);
+                self.engine.clock.sleep(wait.max(Duration::from_secs(1))).await;
+                continue;
             }
-            if let Some(other) = self.hold_lock().await? {
-                return Ok(Some(format!(
-                    "the rollout lock was taken by {other}; every action stopped"
-                )));
+            let live = self.live_node(stage, node).await?;
+            if let Some(reason) = &live.hold {
+                self.waiting(
+                    stage,
+                    Some(format!(
+                        "{node} is held ({}={}); remove the annotation to let it go",
+                        crate::kube::HOLD,
+                        crate::releaseset::excerpt(reason, 120)
+                    )),
+                )
+                .await?;
+                self.engine.clock.sleep(WAIT_EVERY).await;
+                continue;
             }
-            self.clock.sleep(OBSERVE_EVERY).await;
-        }
-        if kubelet {
-            self.kube.uncordon(&node.name).await?;
-        }
-        let what: Vec<&str> = components.iter().map(|c| c.name()).collect();
-        self.say(format!(
-            "{} {}: on {tag}, Ready",
-            what.join(" and "),
-            node.name
-        ));
-        Ok(None)
-    }
-
-    /// A paused cluster runs at full capacity: a node ichor cordoned that is Ready and not
-    /// mid-upgrade gets its schedulability back.
-    async fn release_on_pause(&self, node: &LiveNode) {
-        let ready = self
-            .kube
-            .nodes()
-            .await
-            .ok()
-            .and_then(|ns| ns.into_iter().find(|n| n.name == node.name))
-            .is_some_and(|n| n.ready);
-        if ready {
-            let _ = self.kube.uncordon(&node.name).await;
+            return self.waiting(stage, None).await;
         }
     }
 
-    fn address(node: &LiveNode) -> String {
-        node.internal_ip
-            .clone()
-            .unwrap_or_else(|| node.name.clone())
+    async fn volumes(&self, stage: StageId) -> Flow<Vec<LiveVolume>> {
+        match self.engine.volumes {
+            VolumeProvider::Longhorn => {
+                self.kube(stage, None, "list longhorn volumes", || {
+                    self.engine.kube.longhorn_volumes()
+                })
+                .await
+            }
+            VolumeProvider::LocalPath => {
+                self.kube(stage, None, "list local volumes", || {
+                    self.engine.kube.local_volumes()
+                })
+                .await
+            }
+            VolumeProvider::None => Ok(vec![]),
+        }
     }
 
-    async fn observe(&self, node: &LiveNode) -> Result<NodeObservation, RolloutError> {
-        let addr = Self::address(node);
-        // Never through the node itself: it is the one that reboots.
+    async fn observe(&self, stage: StageId, node: &LiveNode, marker: &StepMarker) -> Flow<NodeObservation> {
+        let e = self.engine;
+        let addr = address(node);
         let opts = around(node);
-        let talos = self.talos.version(&addr, opts).await.ok().map(|v| v.tag);
+        let talos = e.talos.version(&addr, opts).await.ok().map(|v| v.tag);
         let boot_id = match talos {
-            Some(_) => self.talos.boot_id(&addr, opts).await.ok(),
+            Some(_) => e.talos.boot_id(&addr, opts).await.ok(),
             None => None,
         };
         let live = self
-            .kube
-            .nodes()
+            .live_nodes(stage)
             .await?
             .into_iter()
             .find(|n| n.name == node.name);
+        let name = node.name.as_str();
         let pods = self
-            .kube
-            .pods_on(&node.name)
+            .kube(stage, Some(name), "list the node's pods", || e.kube.pods_on(name))
             .await?
             .into_iter()
             .filter(|p| !p.stays)
             .count();
+        let volumes = self.volumes(stage).await?;
+        let unprotected = volumes
+            .iter()
+            .filter(|v| v.nodes.iter().any(|n| n == name) && !v.single_replica)
+            .filter(|v| {
+                let elsewhere = v.nodes.iter().any(|n| n != name);
+                let healthy = v.robustness.as_deref().is_none_or(|r| r == "healthy");
+                !(elsewhere && healthy)
+            })
+            .map(|v| v.name.clone())
+            .collect();
+        let degraded = marker
+            .volumes
+            .iter()
+            .filter(|want| {
+                volumes.iter().any(|v| {
+                    &v.name == *want
+                        && (v.nodes.is_empty()
+                            || v.robustness.as_deref().is_some_and(|r| r != "healthy"))
+                })
+            })
+            .cloned()
+            .collect();
+        let attachments = self
+            .kube(stage, Some(name), "list volume attachments", || {
+                e.kube.volume_attachments(name)
+            })
+            .await?;
         Ok(NodeObservation {
             talos,
             boot_id,
@@ -413,180 +798,719 @@ impl Rollout<'_> {
             cordoned: live.as_ref().is_some_and(|n| n.cordoned),
             cordoned_by_ichor: live.as_ref().is_some_and(|n| n.cordoned_by_ichor),
             pods_to_move: pods,
+            unprotected_volumes: unprotected,
+            attachments,
+            degraded_volumes: degraded,
         })
     }
 
-    /// Drive one node to `target`: `None` when done, else the reason it paused.
-    async fn talos_node(
-        &self,
-        node: &LiveNode,
-        target: &Version,
-    ) -> Result<Option<String>, RolloutError> {
-        let addr = Self::address(node);
-        let opts = around(node);
-        let first = self.observe(node).await?;
-        let api = match self.talos.version(&addr, opts).await {
-            Ok(v) => v.upgrade_api,
-            Err(e) => {
-                return Ok(Some(format!(
-                    "cannot read the node's Talos version before starting: {e}"
-                )))
-            }
-        };
-        let mut marker = StepMarker {
-            started_at: Some(self.clock.now()),
-            boot_id_before: first.boot_id.clone(),
-            ..StepMarker::default()
-        };
-        let installer = format!("{}:{}", self.installer_image, target.tag());
-        let mut obs = first;
+    /// Begin a node's step: wait for the right to start, then record the marker. Says
+    /// which single-replica volumes go down with it.
+    async fn begin(&self, stage: StageId, key: &str, node: &LiveNode, marker: &mut StepMarker) -> Flow<()> {
+        if marker.started_at.is_some() {
+            return Ok(());
+        }
+        self.may_start(stage, &node.name).await?;
+        let volumes = self.volumes(stage).await?;
+        let held: Vec<&LiveVolume> = volumes
+            .iter()
+            .filter(|v| v.nodes.iter().any(|n| n == &node.name))
+            .collect();
+        for v in held.iter().filter(|v| v.single_replica) {
+            self.say(Progress::Note(format!(
+                "{}: volume {} has its only replica here; its workload is down until the node is back",
+                node.name, v.name
+            )));
+        }
+        marker.started_at = Some(self.now());
+        marker.volumes = held.iter().filter(|v| !v.single_replica).map(|v| v.name.clone()).collect();
+        if marker.boot_id_before.is_none() {
+            marker.boot_id_before = self
+                .engine
+                .talos
+                .boot_id(&address(node), around(node))
+                .await
+                .ok();
+        }
+        self.store_marker(stage, key, marker).await
+    }
+
+    /// Drive one node to the target Talos.
+    async fn talos_node(&self, name: &str) -> Flow<()> {
+        let stage = StageId::Talos;
+        let e = self.engine;
+        let target = &self.target.talos;
+        let timeout = e.policy.node_timeout.as_duration();
+        let key = format!("talos/{name}");
+        let node = self.live_node(stage, name).await?;
+        let addr = address(&node);
+        let opts = around(&node);
+        let mut marker = self.marker(&key).await;
+        let mut obs = self.observe(stage, &node, &marker).await?;
+        if step::talos_node(target, &obs, &marker, self.now(), timeout) == StepState::Done {
+            self.say(Progress::UnitDone {
+                stage,
+                what: format!("talos {name}: on {target}"),
+            });
+            return Ok(());
+        }
+        if marker.started_at.is_none() {
+            self.begin(stage, &key, &node, &mut marker).await?;
+            obs = self.observe(stage, &node, &marker).await?;
+        }
+        let installer = format!("{}:{}", e.installer_image, target.tag());
+        let mut last_settling = String::new();
         loop {
-            if let Some(other) = self.hold_lock().await? {
-                return Ok(Some(format!(
-                    "the rollout lock was taken by {other}; every action stopped"
-                )));
-            }
-            let state = step::talos_node(
-                target,
-                &obs,
-                &marker,
-                self.clock.now(),
-                self.policy.node_timeout.as_duration(),
-            );
+            let state = step::talos_node(target, &obs, &marker, self.now(), timeout);
             match state {
                 StepState::Done => {
-                    self.say(format!(
-                        "talos {}: on {target}, Ready, back in service",
-                        node.name
-                    ));
-                    return Ok(None);
+                    self.finish_marker(stage, &key).await?;
+                    self.say(Progress::UnitDone {
+                        stage,
+                        what: format!("talos {name}: on {target}, Ready, back in service"),
+                    });
+                    return Ok(());
                 }
-                StepState::Failed(why) => {
-                    self.say(format!("talos {}: paused: {why}", node.name));
-                    return Ok(Some(why));
+                StepState::Failed(why) => return Err(self.pause(stage, Some(name), why)),
+                StepState::Settling(w) => {
+                    if w != last_settling {
+                        tracing::debug!(node = name, "{w}");
+                        last_settling = w;
+                    }
+                    e.clock.sleep(e.observe_every).await;
                 }
-                StepState::Settling(_) => self.clock.sleep(OBSERVE_EVERY).await,
                 StepState::Act(Action::PrePull) => {
+                    let api = self.upgrade_api(stage, &node).await?;
                     // A failed pull pauses before anything is disrupted.
-                    if let Err(e) = self
+                    if let Err(err) = e
                         .talos
                         .pull_image(&addr, &installer, ImageNamespace::System, api, opts)
                         .await
                     {
-                        return Ok(Some(format!(
-                            "pre-pulling {installer} failed, nothing was disrupted: {e}"
-                        )));
+                        return Err(self.pause(
+                            stage,
+                            Some(name),
+                            format!("pre-pulling {installer} failed, nothing was disrupted: {err}"),
+                        ));
                     }
                     marker.pre_pulled = true;
-                    self.say(format!("talos {}: pre-pulled {installer}", node.name));
+                    self.store_marker(stage, &key, &marker).await?;
+                    self.say(Progress::Note(format!("talos {name}: pre-pulled {installer}")));
                 }
                 StepState::Act(Action::Cordon) => {
-                    self.kube.cordon(&node.name).await?;
-                    self.say(format!("talos {}: cordoned", node.name));
+                    self.check_lock(stage, name).await?;
+                    self.kube(stage, Some(name), "cordon", || e.kube.cordon(name))
+                        .await?;
+                    self.say(Progress::Note(format!("talos {name}: cordoned")));
                 }
                 StepState::Act(Action::Drain) => {
-                    match self
-                        .kube
-                        .drain(&node.name, self.policy.drain_timeout.as_duration(), &self.clock)
-                        .await?
-                    {
-                        DrainOutcome::Drained { evicted } => {
-                            self.say(format!("talos {}: drained ({} pods evicted)", node.name, evicted.len()))
-                        }
-                        DrainOutcome::Blocked { pod, budget, message, waited_secs } => {
-                            return Ok(Some(format!(
-                                "the drain waited {waited_secs}s on {pod}{}: {message}; ichor never deletes or forces a pod — let the budget allow it, then resume",
-                                budget.map(|b| format!(" (PodDisruptionBudget {b})")).unwrap_or_default()
-                            )))
-                        }
-                    }
+                    self.check_lock(stage, name).await?;
+                    self.drain(stage, name).await?;
                 }
                 StepState::Act(Action::Upgrade) => {
                     if node.role == Role::Controlplane {
-                        if let Some(why) = self.etcd_ready_for(node).await {
-                            return Ok(Some(why));
-                        }
+                        self.etcd_ready_for(&node).await?;
                     }
-                    let r = match api {
-                        UpgradeApi::Lifecycle => {
-                            let long = CallOptions {
-                                deadline: self.policy.node_timeout.as_duration(),
-                                ..opts
-                            };
-                            match self.talos.upgrade_lifecycle(&addr, &installer, long).await {
-                                Ok(_) => self.talos.reboot(&addr, opts).await,
-                                Err(e) => Err(e),
+                    self.check_lock(stage, name).await?;
+                    let api = self.upgrade_api(stage, &node).await?;
+                    let again = marker.upgrade_requested;
+                    // Recorded before the call: a restart then knows the node may be going.
+                    marker.upgrade_requested = true;
+                    self.store_marker(stage, &key, &marker).await?;
+                    match self.upgrade(&node, &installer, api).await {
+                        Ok(()) => {
+                            marker.upgrade_confirmed = true;
+                            self.say(Progress::Note(format!(
+                                "talos {name}: upgrade to {target} requested ({})",
+                                match api {
+                                    UpgradeApi::Lifecycle => "LifecycleService, then reboot",
+                                    UpgradeApi::Machine => "MachineService/Upgrade, which reboots",
+                                }
+                            )));
+                        }
+                        Err(err) => {
+                            // A repeated request may meet a node already on its way down.
+                            let now = self.observe(stage, &node, &marker).await?;
+                            let going = now.talos.is_none() || now.boot_id != marker.boot_id_before;
+                            if again && going {
+                                marker.upgrade_confirmed = true;
+                            } else {
+                                return Err(self.pause(
+                                    stage,
+                                    Some(name),
+                                    format!("the upgrade to {installer} was refused: {err}"),
+                                ));
                             }
                         }
-                        // Talos ≤ 1.12 cordons, drains and reboots by itself; ichor has
-                        // drained already, so its drain finds nothing left to move.
-                        UpgradeApi::Machine => self
-                            .talos
-                            .upgrade_legacy(&addr, &installer, opts)
-                            .await
-                            .map(|_| ()),
-                    };
-                    if let Err(e) = r {
-                        return Ok(Some(format!("the upgrade to {installer} was refused: {e}")));
                     }
-                    marker.upgrade_requested = true;
-                    self.say(format!(
-                        "talos {}: upgrade to {target} requested ({})",
-                        node.name,
-                        match api {
-                            UpgradeApi::Lifecycle => "LifecycleService, then reboot",
-                            UpgradeApi::Machine => "MachineService/Upgrade, which reboots",
-                        }
-                    ));
                 }
                 StepState::Act(Action::Uncordon) => {
-                    self.kube.uncordon(&node.name).await?;
+                    self.kube(stage, Some(name), "uncordon", || e.kube.uncordon(name))
+                        .await?;
                 }
             }
-            obs = self.observe(node).await?;
+            obs = self.observe(stage, &node, &marker).await?;
+        }
+    }
+
+    async fn upgrade_api(&self, stage: StageId, node: &LiveNode) -> Flow<UpgradeApi> {
+        match self
+            .engine
+            .talos
+            .version(&address(node), around(node))
+            .await
+        {
+            Ok(v) => Ok(v.upgrade_api),
+            Err(e) => Err(self.pause(
+                stage,
+                Some(&node.name),
+                format!("cannot read the node's Talos version: {e}"),
+            )),
+        }
+    }
+
+    async fn upgrade(
+        &self,
+        node: &LiveNode,
+        installer: &str,
+        api: UpgradeApi,
+    ) -> Result<(), crate::talos::TalosError> {
+        let e = self.engine;
+        let addr = address(node);
+        let opts = around(node);
+        match api {
+            UpgradeApi::Lifecycle => {
+                // The install streams progress and may take minutes: its own deadline.
+                let long = CallOptions {
+                    deadline: e.policy.node_timeout.as_duration(),
+                    ..opts
+                };
+                e.talos.upgrade_lifecycle(&addr, installer, long).await?;
+                e.talos.reboot(&addr, opts).await
+            }
+            // Talos ≤ 1.12 cordons, drains and reboots by itself; ichor has drained
+            // already, so there is one drain owner and its drain finds nothing to move.
+            UpgradeApi::Machine => e.talos.upgrade_legacy(&addr, installer, opts).await.map(|_| ()),
+        }
+    }
+
+    /// Evict what must move, or pause naming the pod and its budget. Never deletes, never
+    /// forces.
+    async fn drain(&self, stage: StageId, name: &str) -> Flow<()> {
+        let e = self.engine;
+        let outcome = self
+            .kube(stage, Some(name), "drain", || {
+                e.kube
+                    .drain(name, e.policy.drain_timeout.as_duration(), &e.clock)
+            })
+            .await?;
+        match outcome {
+            DrainOutcome::Drained { evicted } => {
+                self.say(Progress::Note(format!(
+                    "{} {name}: drained ({} pods evicted)",
+                    stage_key(stage),
+                    evicted.len()
+                )));
+                Ok(())
+            }
+            DrainOutcome::Blocked {
+                pod,
+                budget,
+                message,
+                waited_secs,
+            } => Err(self.pause(
+                stage,
+                Some(name),
+                format!(
+                    "the drain waited {waited_secs}s on {pod}{}: {message}; ichor never deletes or forces a pod — let the budget allow it (scale up, or fix the unhealthy replica), then resume",
+                    budget
+                        .map(|b| format!(" (PodDisruptionBudget {b})"))
+                        .unwrap_or_default()
+                ),
+            )),
         }
     }
 
     /// Before a control plane goes down: every etcd member healthy (so quorum holds with
-    /// this one down), and leadership moved off it. `Some(reason)` to pause.
-    async fn etcd_ready_for(&self, node: &LiveNode) -> Option<String> {
-        let addr = Self::address(node);
+    /// this one down), and leadership moved off it.
+    async fn etcd_ready_for(&self, node: &LiveNode) -> Flow<()> {
+        let stage = StageId::Talos;
+        let e = self.engine;
+        let addr = address(node);
         let opts = around(node);
-        let members = match self.talos.etcd_members(&addr, opts).await {
-            Ok(m) => m,
-            Err(e) => {
-                return Some(format!(
-                    "cannot read etcd before taking {} down: {e}",
-                    node.name
-                ))
-            }
-        };
+        let fail = |why: String| self.pause(stage, Some(&node.name), why);
+        let members = e
+            .talos
+            .etcd_members(&addr, opts)
+            .await
+            .map_err(|err| fail(format!("cannot read etcd before taking {} down: {err}", node.name)))?;
         if members.len() < 3 {
-            // One or two members: the cluster has no quorum to spare; proceed, the plan said so.
-            return None;
+            // One or two members have no quorum to spare; the plan warned of it.
+            return Ok(());
         }
         let cps: Vec<LiveNode> = self
-            .kube
-            .nodes()
-            .await
-            .unwrap_or_default()
+            .live_nodes(stage)
+            .await?
             .into_iter()
             .filter(|n| n.role == Role::Controlplane)
             .collect();
         for cp in &cps {
-            let st = self.talos.etcd_status(&Self::address(cp), opts).await;
-            match st {
+            match e.talos.etcd_status(&address(cp), opts).await {
                 Ok(s) if s.errors.is_empty() && !s.is_learner => {}
-                Ok(s) => return Some(format!("etcd member on {} is not healthy ({}); a control-plane upgrade now would lose quorum", cp.name, s.errors.join("; "))),
-                Err(e) => return Some(format!("etcd member on {} does not answer ({e}); a control-plane upgrade now would lose quorum", cp.name)),
+                Ok(s) => {
+                    return Err(fail(format!(
+                        "etcd member on {} is not healthy ({}); taking {} down now would lose quorum — heal the member, then resume",
+                        cp.name,
+                        if s.is_learner { "a learner".to_string() } else { s.errors.join("; ") },
+                        node.name
+                    )))
+                }
+                Err(err) => {
+                    return Err(fail(format!(
+                        "etcd member on {} does not answer ({err}); taking {} down now would lose quorum — heal the member, then resume",
+                        cp.name, node.name
+                    )))
+                }
             }
         }
-        if let Err(e) = self.talos.etcd_forfeit_leadership(&addr, opts).await {
-            return Some(format!(
-                "could not move etcd leadership off {}: {e}",
-                node.name
+        e.talos
+            .etcd_forfeit_leadership(&addr, opts)
+            .await
+            .map_err(|err| fail(format!("could not move etcd leadership off {}: {err}", node.name)))?;
+        Ok(())
+    }
+
+    /// Whether `components` on `node` already run `tag`, as the Kubernetes API shows.
+    async fn runs(&self, stage: StageId, node: &str, components: &[Component], tag: &str) -> Flow<bool> {
+        let e = self.engine;
+        if components == [Component::Kubelet] {
+            let n = self
+                .live_nodes(stage)
+                .await?
+                .into_iter()
+                .find(|n| n.name == node);
+            return Ok(n.is_some_and(|n| n.kubelet == tag && n.ready));
+        }
+        let pods = self
+            .kube(stage, Some(node), "list mirror pods", || e.kube.mirror_pods())
+            .await?;
+        Ok(components.iter().all(|c| {
+            pods.iter().any(|p| {
+                p.node == node
+                    && p.component == c.name()
+                    && crate::kube::inventory::image_tag(&p.image) == Some(tag)
+                    && p.ready
+            })
+        }))
+    }
+
+    /// Switch `components` on one node to the target Kubernetes, verified from the API.
+    async fn component(&self, stage: StageId, name: &str, components: &[Component]) -> Flow<()> {
+        let e = self.engine;
+        let target = &self.target.kubernetes;
+        let tag = target.tag();
+        let what: Vec<&str> = components.iter().map(|c| c.name()).collect();
+        let what = what.join(" and ");
+        let key = format!("{}/{name}", components[0].name());
+        let kubelet = components == [Component::Kubelet];
+        let node = self.live_node(stage, name).await?;
+        let mut marker = self.marker(&key).await;
+        if self.runs(stage, name, components, &tag).await? {
+            if kubelet && node.cordoned_by_ichor {
+                self.kube(stage, Some(name), "uncordon", || e.kube.uncordon(name))
+                    .await?;
+            }
+            if marker.started_at.is_some() {
+                self.finish_marker(stage, &key).await?;
+            }
+            self.say(Progress::UnitDone {
+                stage,
+                what: format!("{what} {name}: on {tag}"),
+            });
+            return Ok(());
+        }
+        self.begin(stage, &key, &node, &mut marker).await?;
+        let started = marker.started_at.unwrap_or_else(|| self.now());
+        let timeout = e.policy.node_timeout.as_duration();
+        let deadline = started.plus(timeout);
+        let addr = address(&node);
+        let opts = around(&node);
+        if kubelet {
+            // A kubelet restart is a disruption like a reboot: the workloads move first,
+            // and only once every volume they use has a healthy copy elsewhere.
+            self.check_lock(stage, name).await?;
+            self.kube(stage, Some(name), "cordon", || e.kube.cordon(name))
+                .await?;
+            loop {
+                let obs = self.observe(stage, &node, &marker).await?;
+                if obs.unprotected_volumes.is_empty() || obs.pods_to_move == 0 {
+                    break;
+                }
+                if self.now() >= deadline {
+                    return Err(self.pause(
+                        stage,
+                        Some(name),
+                        format!(
+                            "{} on {name} has no healthy replica elsewhere after {}s (node timeout); evicting its pods could lose the only good copy",
+                            step::plural_list("volume", &obs.unprotected_volumes),
+                            self.now().since(started).as_secs()
+                        ),
+                    ));
+                }
+                e.clock.sleep(e.observe_every).await;
+            }
+            self.drain(stage, name).await?;
+        }
+        let mc = e.talos.machine_config(&addr, opts).await.map_err(|err| {
+            self.pause(stage, Some(name), format!("cannot read the machine configuration: {err}"))
+        })?;
+        let edit = set_images(&mc.yaml, &tag, components).map_err(|err| {
+            self.pause(stage, Some(name), format!("the image-only edit is refused: {err}"))
+        })?;
+        if !edit.is_noop() {
+            let api = self.upgrade_api(stage, &node).await?;
+            for (c, _, image) in &edit.images {
+                // The kubelet runs as a system container; static pods run in the CRI.
+                let ns = if *c == Component::Kubelet {
+                    ImageNamespace::System
+                } else {
+                    ImageNamespace::Cri
+                };
+                e.talos
+                    .pull_image(&addr, image, ns, api, opts)
+                    .await
+                    .map_err(|err| {
+                        self.pause(
+                            stage,
+                            Some(name),
+                            format!("pre-pulling {image} failed, nothing was switched: {err}"),
+                        )
+                    })?;
+            }
+            e.talos
+                .apply_configuration(&addr, &edit.yaml, ApplyMode::NoReboot, true, opts)
+                .await
+                .map_err(|err| {
+                    self.pause(
+                        stage,
+                        Some(name),
+                        format!("the dry run of the image-only edit was refused: {err}"),
+                    )
+                })?;
+            self.check_lock(stage, name).await?;
+            // Its own deadline (the call's), not the step's: a slow node fails this call
+            // with a clear error instead of eating the time of everything after it.
+            e.talos
+                .apply_configuration(&addr, &edit.yaml, ApplyMode::NoReboot, false, opts)
+                .await
+                .map_err(|err| {
+                    self.pause(
+                        stage,
+                        Some(name),
+                        format!("applying the image-only edit (NO_REBOOT) failed: {err}; resume to check and retry"),
+                    )
+                })?;
+            self.say(Progress::Note(format!("{what} {name}: switched to {tag}")));
+        }
+        // Verified from the Kubernetes API, within the node timeout.
+        loop {
+            if self.runs(stage, name, components, &tag).await? {
+                break;
+            }
+            if self.now() >= deadline {
+                return Err(self.pause(
+                    stage,
+                    Some(name),
+                    format!(
+                        "{what} on {name} still not on {tag} and Ready after {}s (node timeout {}s)",
+                        self.now().since(started).as_secs(),
+                        timeout.as_secs()
+                    ),
+                ));
+            }
+            e.clock.sleep(e.observe_every).await;
+        }
+        if kubelet {
+            self.kube(stage, Some(name), "uncordon", || e.kube.uncordon(name))
+                .await?;
+        }
+        self.finish_marker(stage, &key).await?;
+        self.say(Progress::UnitDone {
+            stage,
+            what: format!("{what} {name}: on {tag}, Ready"),
+        });
+        Ok(())
+    }
+
+    /// Before stage (a): the Talos stage changed what nodes run, so the live pre-checks run
+    /// again (skew, pairing, Ready, the CNI hand-over); a CNI that must move first is waited
+    /// for, reported, up to the node timeout.
+    async fn before_kubernetes(&self) -> Flow<()> {
+        let stage = StageId::KubeApiserver;
+        let Some(change) = self.change else {
+            return Ok(());
+        };
+        let e = self.engine;
+        let subject = crate::gate::live::Subject::of(change);
+        let start = self.now();
+        let timeout = e.policy.node_timeout.as_duration();
+        loop {
+            let facts = crate::gate::live::observe(e.kube, Some(e.talos), &subject).await;
+            let items = crate::gate::live::items(change, &facts);
+            let blocking: Vec<&crate::policy::CheckItem> = items
+                .iter()
+                // The lock is ours; etcd was checked before each control plane.
+                .filter(|i| !i.id.ends_with("rollout-lock"))
+                .filter(|i| matches!(i.status, Status::Fail | Status::Wait))
+                .collect();
+            let cni_only = blocking.iter().all(|i| i.id == "live/cni-running");
+            if blocking.is_empty() {
+                return self.waiting(stage, None).await;
+            }
+            let why: Vec<String> = blocking
+                .iter()
+                .map(|i| format!("{}: {}", i.id, i.message))
+                .collect();
+            // Only the CNI is worth waiting for: it moves by itself (Argo CD, Flux).
+            let fail_now = !cni_only;
+            if fail_now || self.now().since(start) >= timeout {
+                return Err(self.pause(
+                    stage,
+                    None,
+                    format!(
+                        "the live pre-checks before the Kubernetes stages do not pass{}: {}",
+                        if fail_now {
+                            String::new()
+                        } else {
+                            format!(" after {}s", self.now().since(start).as_secs())
+                        },
+                        why.join("; ")
+                    ),
+                ));
+            }
+            self.waiting(stage, Some(format!("the CNI must move first ({})", why.join("; "))))
+                .await?;
+            e.clock.sleep(WAIT_EVERY).await;
+        }
+    }
+
+    /// (c): kube-proxy on every control plane (unless the CNI replaces it), then the
+    /// bootstrap manifests applied as Talos's field manager, then kube-proxy's DaemonSet
+    /// rolled out on the target.
+    async fn proxy_and_manifests(&self, step: &Step) -> Flow<()> {
+        let stage = StageId::KubeProxyManifests;
+        let e = self.engine;
+        let tag = self.target.kubernetes.tag();
+        let cps: Vec<LiveNode> = self
+            .live_nodes(stage)
+            .await?
+            .into_iter()
+            .filter(|n| n.role == Role::Controlplane)
+            .collect();
+        let key = "manifests".to_string();
+        let mut marker = self.marker(&key).await;
+        if marker.started_at.is_none() {
+            marker.started_at = Some(self.now());
+            self.store_marker(stage, &key, &marker).await?;
+        }
+        let started = marker.started_at.unwrap_or_else(|| self.now());
+        let proxy = step.kind == StepKind::KubeProxyAndManifests;
+        if proxy {
+            for cp in &cps {
+                let addr = address(cp);
+                let opts = CallOptions::default();
+                let mc = e.talos.machine_config(&addr, opts).await.map_err(|err| {
+                    self.pause(stage, Some(&cp.name), format!("cannot read the machine configuration: {err}"))
+                })?;
+                let edit = set_images(&mc.yaml, &tag, &[Component::Proxy]).map_err(|err| {
+                    self.pause(stage, Some(&cp.name), format!("the image-only edit is refused: {err}"))
+                })?;
+                if edit.is_noop() {
+                    continue;
+                }
+                let api = self.upgrade_api(stage, cp).await?;
+                for (_, _, image) in &edit.images {
+                    e.talos
+                        .pull_image(&addr, image, ImageNamespace::Cri, api, opts)
+                        .await
+                        .map_err(|err| {
+                            self.pause(stage, Some(&cp.name), format!("pre-pulling {image} failed, nothing was switched: {err}"))
+                        })?;
+                }
+                for dry in [true, false] {
+                    if !dry {
+                        self.check_lock(stage, &cp.name).await?;
+                    }
+                    e.talos
+                        .apply_configuration(&addr, &edit.yaml, ApplyMode::NoReboot, dry, opts)
+                        .await
+                        .map_err(|err| {
+                            self.pause(
+                                stage,
+                                Some(&cp.name),
+                                format!(
+                                    "{} the kube-proxy image edit failed: {err}",
+                                    if dry { "the dry run of" } else { "applying" }
+                                ),
+                            )
+                        })?;
+                }
+                self.say(Progress::Note(format!("kube-proxy image on {}: {tag}", cp.name)));
+            }
+        }
+        // The manifests as a control plane renders them now (any one: they are the same).
+        let mut manifests = Err("no control plane".to_string());
+        for cp in &cps {
+            match e.talos.bootstrap_manifests(&address(cp), CallOptions::default()).await {
+                Ok(m) => {
+                    manifests = Ok(m);
+                    break;
+                }
+                Err(err) => manifests = Err(err.to_string()),
+            }
+        }
+        let manifests = manifests.map_err(|err| {
+            self.pause(stage, None, format!("cannot read the bootstrap manifests from a control plane: {err}"))
+        })?;
+        let objects = crate::kube::manifests::objects(&manifests)
+            .map_err(|err| self.pause(stage, None, err.to_string()))?;
+        self.check_lock(stage, "").await?;
+        let applied = self
+            .kube(stage, None, "apply the bootstrap manifests", || {
+                e.kube.sync_manifests(&objects)
+            })
+            .await
+            .or_else(|stop| match stop {
+                Stop::Pause(mut p) if p.reason.contains(" 403 ") => {
+                    p.reason = format!("{}; grant ichor that write (docs/cluster-access.md) or apply that object by hand, then resume", p.reason);
+                    Err(Stop::Pause(p))
+                }
+                other => Err(other),
+            })?;
+        let changed: Vec<String> = applied
+            .iter()
+            .filter(|a| a.changed)
+            .map(|a| a.to_string())
+            .collect();
+        self.say(Progress::Note(format!(
+            "bootstrap manifests: {} objects, {} changed{}",
+            applied.len(),
+            changed.len(),
+            if changed.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", changed.join(", "))
+            }
+        )));
+        if proxy {
+            let timeout = e.policy.node_timeout.as_duration();
+            loop {
+                let ds = self
+                    .kube(stage, None, "get the kube-proxy DaemonSet", || {
+                        e.kube.daemonset("kube-system", "kube-proxy")
+                    })
+                    .await?;
+                match ds {
+                    None => {
+                        self.say(Progress::Note("kube-proxy: no DaemonSet kube-system/kube-proxy in the cluster; nothing to roll".into()));
+                        break;
+                    }
+                    Some(w) if w.version.as_deref() == Some(tag.as_str()) && w.rolled_out() => break,
+                    Some(w) => {
+                        if self.now().since(started) >= timeout {
+                            return Err(self.pause(
+                                stage,
+                                None,
+                                format!(
+                                    "kube-proxy has not rolled out on {tag} after {}s: {}/{} updated, {} ready, image {}",
+                                    self.now().since(started).as_secs(),
+                                    w.updated,
+                                    w.desired,
+                                    w.ready,
+                                    w.images.join(", ")
+                                ),
+                            ));
+                        }
+                    }
+                }
+                e.clock.sleep(e.observe_every).await;
+            }
+        }
+        self.finish_marker(stage, &key).await?;
+        self.say(Progress::UnitDone {
+            stage,
+            what: if proxy {
+                format!("kube-proxy on {tag} and the bootstrap manifests in sync")
+            } else {
+                "bootstrap manifests in sync".into()
+            },
+        });
+        Ok(())
+    }
+
+    /// The end: every node on the target, Ready, and nothing ichor cordoned left so.
+    async fn verify(&self) -> Flow<()> {
+        let stage = StageId::Verify;
+        let nodes = self.live_nodes(stage).await?;
+        let talos = self.target.talos.to_string();
+        let k8s = self.target.kubernetes.tag();
+        let mut wrong = Vec::new();
+        for n in &nodes {
+            if n.cordoned_by_ichor {
+                let name = n.name.as_str();
+                self.kube(stage, Some(name), "uncordon", || self.engine.kube.uncordon(name))
+                    .await?;
+            }
+            let talos_ok = n
+                .talos
+                .as_deref()
+                .and_then(|t| Version::parse(t).ok())
+                .is_none_or(|t| t.to_string() == talos);
+            if !n.ready || n.kubelet != k8s || !talos_ok {
+                wrong.push(format!(
+                    "{} (Talos {}, kubelet {}, {})",
+                    n.name,
+                    n.talos.as_deref().unwrap_or("?"),
+                    n.kubelet,
+                    if n.ready { "Ready" } else { "NotReady" }
+                ));
+            }
+        }
+        if !wrong.is_empty() {
+            return Err(self.pause(
+                stage,
+                None,
+                format!("after every stage, not every node runs the target: {}", wrong.join("; ")),
             ));
         }
-        None
+        self.say(Progress::UnitDone {
+            stage,
+            what: format!("every node on Talos {talos} and Kubernetes {k8s}, Ready"),
+        });
+        Ok(())
+    }
+
+    /// On a pause: nodes ichor cordoned that are Ready and not mid-upgrade go back into
+    /// service, so a paused cluster runs at full capacity.
+    async fn release_nodes(&self) {
+        let e = self.engine;
+        let Ok(nodes) = e.kube.nodes().await else {
+            return;
+        };
+        let steps = self.stored.lock().await.record.steps.clone();
+        for n in nodes.iter().filter(|n| n.cordoned_by_ichor && n.ready) {
+            // Mid-upgrade: the Talos upgrade was requested and the node is not back on
+            // the target yet; it stays out of service until it is.
+            let mid = steps.get(&format!("talos/{}", n.name)).is_some_and(|s| {
+                s.upgrade_requested
+                    && s.finished_at.is_none()
+                    && n.talos.as_deref().and_then(|t| Version::parse(t).ok()).as_ref()
+                        != Some(&self.target.talos)
+            });
+            if !mid {
+                let _ = e.kube.uncordon(&n.name).await;
+                self.say(Progress::Note(format!("{}: uncordoned while paused", n.name)));
+            }
+        }
     }
 }

@@ -21,6 +21,14 @@ pub struct NodeObservation {
     pub cordoned_by_ichor: bool,
     /// Pods a drain would move are still on the node.
     pub pods_to_move: usize,
+    /// Volumes with a replica here and no healthy replica elsewhere: evicting their pods now
+    /// could leave them without a copy (single-replica volumes are not listed; the plan says
+    /// their workload is down for the duration).
+    pub unprotected_volumes: Vec<String>,
+    /// VolumeAttachments still attached to the node.
+    pub attachments: Vec<String>,
+    /// Of the volumes the node held when the step began, those not healthy again yet.
+    pub degraded_volumes: Vec<String>,
 }
 
 /// Remembered from when the step began (the rollout record holds it across restarts).
@@ -32,6 +40,37 @@ pub struct StepMarker {
     /// The upgrade was requested (so a node still on the old version is settling, not idle).
     pub upgrade_requested: bool,
     pub pre_pulled: bool,
+    /// Volumes with a replica on the node when the step began: they must be healthy again
+    /// before the node is given back.
+    pub volumes: Vec<String>,
+    /// This engine saw the upgrade call succeed. Not stored: an engine that restarts after
+    /// recording `upgrade_requested` cannot know whether the call reached the node, so a
+    /// node still up on its old boot re-gets the (idempotent) upgrade.
+    pub upgrade_confirmed: bool,
+}
+
+impl StepMarker {
+    pub fn to_record(&self) -> super::record::StepRecord {
+        super::record::StepRecord {
+            started_at: self.started_at.map(Timestamp::rfc3339),
+            boot_id_before: self.boot_id_before.clone(),
+            upgrade_requested: self.upgrade_requested,
+            pre_pulled: self.pre_pulled,
+            volumes: self.volumes.clone(),
+            finished_at: None,
+        }
+    }
+
+    pub fn from_record(r: &super::record::StepRecord) -> StepMarker {
+        StepMarker {
+            started_at: r.started_at.as_deref().and_then(Timestamp::parse_rfc3339),
+            boot_id_before: r.boot_id_before.clone(),
+            upgrade_requested: r.upgrade_requested,
+            pre_pulled: r.pre_pulled,
+            volumes: r.volumes.clone(),
+            upgrade_confirmed: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +133,21 @@ pub fn talos_node(
                     StepState::Settling("waiting for the node to be Ready".into())
                 };
             }
+            if !obs.degraded_volumes.is_empty() {
+                return if timed_out {
+                    StepState::Failed(format!(
+                        "{} still not healthy {}s after the node's step began (node timeout {}s): its replica on the node has not rebuilt; check the volume in Longhorn, then resume",
+                        plural_list("volume", &obs.degraded_volumes),
+                        elapsed.as_secs(),
+                        node_timeout.as_secs()
+                    ))
+                } else {
+                    StepState::Settling(format!(
+                        "waiting for the replicas of {} to rebuild",
+                        obs.degraded_volumes.join(", ")
+                    ))
+                };
+            }
             if obs.cordoned && obs.cordoned_by_ichor {
                 return StepState::Act(Action::Uncordon);
             }
@@ -124,6 +178,11 @@ pub fn talos_node(
                     obs.talos.as_deref().unwrap_or("?")
                 ));
             }
+            // Recorded as requested by an engine that then stopped: the call may never have
+            // reached the node. Still up on the same boot, it gets the upgrade again.
+            if marker.upgrade_requested && !marker.upgrade_confirmed && !rebooted {
+                return StepState::Act(Action::Upgrade);
+            }
             if marker.upgrade_requested {
                 return if timed_out {
                     StepState::Failed(format!(
@@ -142,11 +201,47 @@ pub fn talos_node(
                 return StepState::Act(Action::Cordon);
             }
             if obs.pods_to_move > 0 {
+                if !obs.unprotected_volumes.is_empty() {
+                    return if timed_out {
+                        StepState::Failed(format!(
+                            "{} on the node has no healthy replica elsewhere after {}s (node timeout {}s): evicting its pods could lose the only good copy; let the volume rebuild, then resume",
+                            plural_list("volume", &obs.unprotected_volumes),
+                            elapsed.as_secs(),
+                            node_timeout.as_secs()
+                        ))
+                    } else {
+                        StepState::Settling(format!(
+                            "waiting for a healthy replica of {} on another node before draining",
+                            obs.unprotected_volumes.join(", ")
+                        ))
+                    };
+                }
                 return StepState::Act(Action::Drain);
+            }
+            if !obs.attachments.is_empty() {
+                return if timed_out {
+                    StepState::Failed(format!(
+                        "{} still attached to the node {}s after its drain (node timeout {}s); a volume detached by force could corrupt, so ichor waits: check the CSI driver, then resume",
+                        plural_list("volume attachment", &obs.attachments),
+                        elapsed.as_secs(),
+                        node_timeout.as_secs()
+                    ))
+                } else {
+                    StepState::Settling(format!(
+                        "waiting for {} to detach",
+                        plural_list("volume attachment", &obs.attachments)
+                    ))
+                };
             }
             StepState::Act(Action::Upgrade)
         }
     }
+}
+
+/// `volume a, b` / `volumes a, b, c`.
+pub fn plural_list(noun: &str, items: &[String]) -> String {
+    let s = if items.len() == 1 { "" } else { "s" };
+    format!("{noun}{s} {}", items.join(", "))
 }
 
 #[cfg(test)]
@@ -167,6 +262,9 @@ mod tests {
             cordoned,
             cordoned_by_ichor: cordoned,
             pods_to_move: pods,
+            unprotected_volumes: vec![],
+            attachments: vec![],
+            degraded_volumes: vec![],
         }
     }
 
@@ -200,6 +298,7 @@ mod tests {
             StepState::Act(Action::Upgrade)
         );
         m.upgrade_requested = true;
+        m.upgrade_confirmed = true;
         assert!(matches!(
             s(&obs(Some("v1.12.6"), Some("a"), true, true, 0), &m),
             StepState::Settling(_)
@@ -232,6 +331,8 @@ mod tests {
             boot_id_before: Some("a".into()),
             upgrade_requested: true,
             pre_pulled: true,
+            upgrade_confirmed: true,
+            ..StepMarker::default()
         };
         let s = |o: &NodeObservation, now| talos_node(&target, o, &m, now, T);
         // Never came back.
@@ -267,5 +368,69 @@ mod tests {
             talos_node(&target, &o, &StepMarker::default(), Timestamp(0), T),
             StepState::Act(Action::PrePull)
         );
+    }
+
+    #[test]
+    fn volumes_hold_the_drain_the_reboot_and_the_uncordon() {
+        let target = Version::parse("v1.12.9").unwrap();
+        let now = Timestamp(1_000_000);
+        let mut m = StepMarker {
+            started_at: Some(now),
+            boot_id_before: Some("a".into()),
+            pre_pulled: true,
+            volumes: vec!["pvc-data".into()],
+            ..Default::default()
+        };
+        let s = |o: &NodeObservation, m: &StepMarker, now| talos_node(&target, o, m, now, T);
+        let mut o = obs(Some("v1.12.6"), Some("a"), true, true, 2);
+        o.unprotected_volumes = vec!["pvc-data".into()];
+        assert!(
+            matches!(s(&o, &m, now), StepState::Settling(w) if w.contains("healthy replica of pvc-data"))
+        );
+        assert!(
+            matches!(s(&o, &m, now.plus(T * 2)), StepState::Failed(w) if w.contains("no healthy replica elsewhere"))
+        );
+        let mut o = obs(Some("v1.12.6"), Some("a"), true, true, 0);
+        o.attachments = vec!["csi-1".into()];
+        assert!(
+            matches!(s(&o, &m, now), StepState::Settling(w) if w.contains("volume attachment csi-1"))
+        );
+        m.upgrade_requested = true;
+        m.upgrade_confirmed = true;
+        let mut o = obs(Some("v1.12.9"), Some("b"), true, true, 0);
+        o.degraded_volumes = vec!["pvc-data".into()];
+        assert!(matches!(s(&o, &m, now), StepState::Settling(w) if w.contains("rebuild")));
+        assert!(
+            matches!(s(&o, &m, now.plus(T * 2)), StepState::Failed(w) if w.contains("has not rebuilt"))
+        );
+        o.degraded_volumes.clear();
+        assert_eq!(s(&o, &m, now), StepState::Act(Action::Uncordon));
+    }
+
+    #[test]
+    fn a_restarted_engine_re_requests_an_upgrade_the_node_never_saw() {
+        let target = Version::parse("v1.12.9").unwrap();
+        let now = Timestamp(1_000_000);
+        let stored = StepMarker {
+            started_at: Some(now),
+            boot_id_before: Some("a".into()),
+            pre_pulled: true,
+            upgrade_requested: true,
+            ..Default::default()
+        };
+        let m = StepMarker::from_record(&stored.to_record());
+        assert!(!m.upgrade_confirmed);
+        // Same boot, old version: the call may not have reached it.
+        let o = obs(Some("v1.12.6"), Some("a"), true, true, 0);
+        assert_eq!(
+            talos_node(&target, &o, &m, now, T),
+            StepState::Act(Action::Upgrade)
+        );
+        // Down: it did; wait for it.
+        let o = obs(None, None, false, true, 0);
+        assert!(matches!(
+            talos_node(&target, &o, &m, now, T),
+            StepState::Settling(_)
+        ));
     }
 }

@@ -1,0 +1,311 @@
+//! `ichor rollout`: the live gate, the plan, a confirmation, then the engine, with progress
+//! on the terminal and a summary at the end.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+
+use ichor::clock::Clock;
+use ichor::gate;
+use ichor::git::Repo;
+use ichor::plan::PlanOptions;
+use ichor::policy::Outcome;
+use ichor::rollout::{terminal::Terminal, Rollout, RunOutcome, Target};
+
+pub struct Args {
+    pub repo: PathBuf,
+    pub rev: String,
+    pub base: Option<String>,
+    pub cluster: Option<String>,
+    pub kubeconfig: Option<PathBuf>,
+    pub talosconfig: Option<PathBuf>,
+    pub dry_run: bool,
+    pub resume: bool,
+    pub yes: bool,
+    pub ichor_node: Option<String>,
+    pub time_scale: Option<f64>,
+}
+
+pub const EXIT_BLOCKED: u8 = 1;
+pub const EXIT_INVALID: u8 = 2;
+pub const EXIT_PAUSED: u8 = 3;
+pub const EXIT_UNREACHABLE: u8 = 4;
+pub const EXIT_LOCKED: u8 = 5;
+pub const EXIT_INTERRUPTED: u8 = 130;
+
+/// REV's first parent, as a revision string the gate resolves.
+fn first_parent(repo: &Repo, rev: &str) -> anyhow::Result<String> {
+    let r = repo.resolve(rev)?;
+    let id = r
+        .commit
+        .ok_or_else(|| anyhow::anyhow!("--rev {rev}: a rollout runs a commit, not the working tree"))?;
+    let commit = repo.git2().find_commit(id)?;
+    Ok(match commit.parent_id(0) {
+        Ok(p) => p.to_string(),
+        // The first commit: judged against itself; the plan still comes from what runs.
+        Err(_) => id.to_string(),
+    })
+}
+
+/// Who this engine is in the lock: the same on every run from this machine, so a run that
+/// was killed is continued by the next one at once; a local lock file keeps two runs on one
+/// machine apart.
+fn holder() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or
+    // truncates, and we stop at the first NUL either way.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let host = if rc == 0 {
+        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "localhost".into()
+    };
+    let user = std::env::var("USER").unwrap_or_else(|_| "ichor".into());
+    let clean = |s: &str| -> String {
+        s.chars()
+            .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+            .take(60)
+            .collect()
+    };
+    format!("ichor-cli/{}@{}", clean(&user), clean(&host))
+}
+
+/// `$XDG_STATE_HOME/ichor/rollout` (else `~/.local/state/ichor/rollout`), mode 0700.
+fn state_dir() -> anyhow::Result<PathBuf> {
+    let absolute = |k: &str| {
+        std::env::var_os(k)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    let base = match (absolute("XDG_STATE_HOME"), absolute("HOME")) {
+        (Some(s), _) => s,
+        (None, Some(h)) => h.join(".local").join("state"),
+        (None, None) => anyhow::bail!("neither XDG_STATE_HOME nor HOME is set: no place for the local rollout lock"),
+    };
+    let dir = base.join("ichor").join("rollout");
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// An exclusive lock on a file in the state dir, released when the process ends (however
+/// it ends).
+struct LocalLock {
+    _file: std::fs::File,
+}
+
+fn local_lock(cluster: &str) -> anyhow::Result<Option<LocalLock>> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let safe: String = cluster
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        .collect();
+    let path = state_dir()?.join(format!("{safe}.lock"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        // A link planted at the lock's path is not followed.
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .with_context(|| format!("opening the local lock {}", path.display()))?;
+    // SAFETY: the descriptor is open and owned by `file` for the duration of the call.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Ok(None);
+    }
+    Ok(Some(LocalLock { _file: file }))
+}
+
+fn confirm(prompt: &str) -> anyhow::Result<bool> {
+    eprint!("{prompt} [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES"))
+}
+
+pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
+    let clock = match a.time_scale {
+        Some(s) => Clock::try_scaled(s).map_err(|e| anyhow::anyhow!("--time-scale: {e}"))?,
+        None => Clock::system(),
+    };
+    let Some(kubeconfig) = a.kubeconfig.as_deref() else {
+        anyhow::bail!("rollout needs cluster access: pass --kubeconfig (or set KUBECONFIG) and --talosconfig (or set TALOSCONFIG)");
+    };
+    let Some(talosconfig) = a.talosconfig.as_deref() else {
+        anyhow::bail!("rollout needs the Talos API too: pass --talosconfig (or set TALOSCONFIG)");
+    };
+    let repo = Repo::open(&a.repo)?;
+    let base = match &a.base {
+        Some(b) => b.clone(),
+        None => first_parent(&repo, &a.rev)?,
+    };
+    let change = gate::load(&repo, &base, &a.rev, a.cluster.as_deref())?;
+    let commit = change
+        .head
+        .commit
+        .map(|c| c.to_string())
+        .ok_or_else(|| anyhow::anyhow!("--rev {}: a rollout runs a commit", a.rev))?;
+    let doc = change.cluster_doc.clone().ok_or_else(|| {
+        anyhow::anyhow!(
+            "cluster {}: no cluster.yaml at {}; the rollout needs its rollout policy",
+            change.cluster,
+            change.base
+        )
+    })?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let kube = match ichor::kube::KubeClient::connect(Some(kubeconfig)).await {
+            Ok(k) => k,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Ok(ExitCode::from(EXIT_INVALID));
+            }
+        };
+        let ctx = ichor::talos::config::load(talosconfig, None)?;
+        let talos = ichor::talos::TalosClient::new(ctx, clock.clone());
+
+        // The live gate first.
+        let subject = gate::live::Subject::of(&change);
+        let facts = gate::live::observe(&kube, Some(&talos), &subject).await;
+        if let Err(e) = &facts.nodes {
+            eprintln!("error: the cluster could not be reached: {}", ichor::escape::terminal(e));
+            return Ok(ExitCode::from(EXIT_UNREACHABLE));
+        }
+        let mut verdict = gate::verdict(&change);
+        let lock_held_by_us = |holder: &str| holder == self::holder();
+        let items: Vec<_> = gate::live::items(&change, &facts)
+            .into_iter()
+            // Our own lock (a run that was killed) is not a reason to wait.
+            .filter(|i| {
+                !(i.id == "live/rollout-lock"
+                    && facts
+                        .lock
+                        .as_ref()
+                        .ok()
+                        .and_then(|l| l.as_ref())
+                        .is_some_and(|l| lock_held_by_us(&l.holder)))
+            })
+            .collect();
+        verdict.extend(items);
+        print!("{}", verdict.render_text());
+        if verdict.outcome == Outcome::Blocked {
+            eprintln!("\nthe gate blocks this change: nothing was rolled out");
+            return Ok(ExitCode::from(EXIT_BLOCKED));
+        }
+        let nodes = gate::live::live_nodes(&facts);
+        let opts = PlanOptions {
+            ichor_node: a.ichor_node.clone(),
+        };
+        let plan = gate::plan_with(&change, &opts, nodes.as_deref())?;
+        print!("\n{}", plan.render_text());
+        if a.dry_run {
+            println!("\ndry run: nothing was changed");
+            return Ok(ExitCode::SUCCESS);
+        }
+        if plan.stages.is_empty() && !a.resume {
+            println!("\nnothing to roll out: every node already runs the target");
+            return Ok(ExitCode::SUCCESS);
+        }
+        let tty = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
+        if !a.yes {
+            if !tty {
+                eprintln!("error: not a terminal, so no confirmation can be asked: pass --yes to roll out");
+                return Ok(ExitCode::from(EXIT_INVALID));
+            }
+            if !confirm(&format!("\nRoll this out on cluster {}?", change.cluster))? {
+                eprintln!("not confirmed: nothing was changed");
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+        let Some(_local) = local_lock(&change.cluster)? else {
+            eprintln!("error: another `ichor rollout` for cluster {} runs on this machine", change.cluster);
+            return Ok(ExitCode::from(EXIT_LOCKED));
+        };
+
+        let rs = &change.head_release_set.spec;
+        let target = Target {
+            commit,
+            talos: rs.talos.clone(),
+            kubernetes: rs.kubernetes.clone(),
+        };
+        let view = Terminal::new(clock.clone(), tty);
+        let report = |p| view.report(p);
+        let paused_in_git = doc.spec.rollout.paused;
+        let pause_requested = move || {
+            paused_in_git.then(|| {
+                "paused in cluster.yaml (spec.rollout.paused: true); set it to false and resume".to_string()
+            })
+        };
+        let mut engine = Rollout::new(&kube, &talos, clock.clone(), &change.cluster, &holder());
+        engine.policy = doc.spec.rollout.clone();
+        engine.volumes = doc.spec.volumes.provider;
+        engine.installer_image = doc
+            .spec
+            .talos
+            .installer_image
+            .clone()
+            .unwrap_or_else(|| "ghcr.io/siderolabs/installer".into());
+        engine.report = Some(&report);
+        engine.pause_requested = Some(&pause_requested);
+        let started = clock.now();
+        let outcome = tokio::select! {
+            r = engine.run(&plan, &target, Some(&change), a.resume) => Some(r),
+            _ = tokio::signal::ctrl_c() => None,
+        };
+        view.finish();
+        let took = ichor::releaseset::HumanDuration(clock.now().since(started));
+        let Some(outcome) = outcome else {
+            // Every marker was written before its action, so a resume continues here.
+            let _ = kube
+                .release_lease(gate::live::ICHOR_NAMESPACE, &gate::live::lock_name(&change.cluster), &holder())
+                .await;
+            eprintln!("\ninterrupted after {took}: the rollout record keeps where it stood; `ichor rollout --resume` continues");
+            return Ok(ExitCode::from(EXIT_INTERRUPTED));
+        };
+        match outcome {
+            Ok(RunOutcome::Completed { stages }) => {
+                println!("\nDone in {took}: every node runs Talos {} and Kubernetes {}.", target.talos, target.kubernetes);
+                for (stage, secs) in stages {
+                    println!("  {stage:<34} {}", ichor::releaseset::HumanDuration::from_secs(secs));
+                }
+                let notes: Vec<String> = plan.notes.iter().chain(plan.warnings.iter()).cloned().collect();
+                for n in notes {
+                    println!("  note: {}", ichor::escape::terminal(&n));
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            Ok(RunOutcome::Paused(p)) => {
+                println!(
+                    "\nPaused after {took} in stage {}{}:\n  {}\n\nThe cluster runs at full capacity meanwhile. Once that is fixed: ichor rollout --resume --rev {}",
+                    p.stage,
+                    p.node.as_deref().map(|n| format!(" at {n}")).unwrap_or_default(),
+                    ichor::escape::terminal(&p.reason),
+                    a.rev
+                );
+                Ok(ExitCode::from(EXIT_PAUSED))
+            }
+            Ok(RunOutcome::Refused(why)) => {
+                eprintln!("error: {}", ichor::escape::terminal(&why));
+                Ok(ExitCode::from(EXIT_LOCKED))
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                Ok(ExitCode::from(EXIT_UNREACHABLE))
+            }
+        }
+    })
+}

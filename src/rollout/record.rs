@@ -1,0 +1,434 @@
+//! The rollout record: the one piece of rollout state besides the lock, kept in the cluster
+//! (ConfigMap `ichor-system/ichor-rollout-<cluster>`, key `record.json`) so that any ichor —
+//! this process restarted, another replica, `ichor status` — sees the same thing. It holds
+//! what cannot be observed: the target, the stage, each step's start marker (so deadlines
+//! survive restarts), why it paused, and a bounded history. Everything else is re-observed.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Timestamp;
+use crate::gate::live::{lock_name, ICHOR_NAMESPACE};
+use crate::kube::{KubeClient, KubeError};
+
+pub const RECORD_KEY: &str = "record.json";
+pub const RECORD_KIND: &str = "RolloutRecord";
+/// History lines kept; older ones are dropped first.
+pub const MAX_HISTORY: usize = 300;
+/// Earlier rollouts remembered in `previous`.
+pub const MAX_PREVIOUS: usize = 10;
+/// The record is refused above this size when read (a ConfigMap holds at most 1 MiB).
+pub const MAX_RECORD_BYTES: usize = 1024 * 1024;
+
+/// Where the record lives: the lock's name, as a ConfigMap.
+pub fn record_name(cluster: &str) -> String {
+    lock_name(cluster)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordState {
+    Running,
+    Paused,
+    Completed,
+}
+
+impl std::fmt::Display for RecordState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RecordState::Running => "running",
+            RecordState::Paused => "paused",
+            RecordState::Completed => "completed",
+        })
+    }
+}
+
+/// What the rollout carries the cluster to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetRef {
+    /// The commit of the GitOps repository whose release set this is.
+    pub commit: String,
+    pub talos: String,
+    pub kubernetes: String,
+}
+
+/// A step's start marker (see [`super::step::StepMarker`]), as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepRecord {
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id_before: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub upgrade_requested: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pre_pulled: bool,
+    /// Volumes with a replica on the node when the step began.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+}
+
+/// Why the rollout stopped for a human.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pause {
+    pub stage: String,
+    /// The step and node, when one node is the cause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// What was observed, for how long, and what would unblock it.
+    pub reason: String,
+    pub since: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StageTime {
+    pub stage: String,
+    pub started_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryEntry {
+    pub at: String,
+    pub message: String,
+}
+
+/// An earlier rollout, in one line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Previous {
+    pub target: TargetRef,
+    pub state: RecordState,
+    pub started_at: String,
+    pub updated_at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutRecord {
+    pub api_version: String,
+    pub kind: String,
+    pub cluster: String,
+    pub target: TargetRef,
+    pub state: RecordState,
+    /// The stage running (or paused in); `None` before the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
+    pub started_at: String,
+    pub updated_at: String,
+    /// Who last wrote it (the lock holder).
+    pub holder: String,
+    /// What the rollout waits on right now (a window, a hold, the CNI), when it waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause: Option<Pause>,
+    /// Start markers by step key (`talos/cp-1`, `kubelet/w-3`, `apiserver/cp-2`).
+    #[serde(default)]
+    pub steps: BTreeMap<String, StepRecord>,
+    #[serde(default)]
+    pub stages: Vec<StageTime>,
+    #[serde(default)]
+    pub history: Vec<HistoryEntry>,
+    #[serde(default)]
+    pub previous: Vec<Previous>,
+}
+
+impl RolloutRecord {
+    pub fn new(cluster: &str, target: TargetRef, holder: &str, now: Timestamp) -> Self {
+        RolloutRecord {
+            api_version: crate::gate::REPORT_API_VERSION.into(),
+            kind: RECORD_KIND.into(),
+            cluster: cluster.into(),
+            target,
+            state: RecordState::Running,
+            stage: None,
+            started_at: now.rfc3339(),
+            updated_at: now.rfc3339(),
+            holder: holder.into(),
+            waiting: None,
+            pause: None,
+            steps: BTreeMap::new(),
+            stages: Vec::new(),
+            history: Vec::new(),
+            previous: Vec::new(),
+        }
+    }
+
+    /// A new rollout replacing this record: the old one becomes a line of `previous`.
+    pub fn succeed(self, target: TargetRef, holder: &str, now: Timestamp) -> Self {
+        let mut next = RolloutRecord::new(&self.cluster, target, holder, now);
+        next.previous = self.previous;
+        next.previous.insert(
+            0,
+            Previous {
+                target: self.target,
+                state: self.state,
+                started_at: self.started_at,
+                updated_at: self.updated_at,
+            },
+        );
+        next.previous.truncate(MAX_PREVIOUS);
+        next
+    }
+
+    pub fn log(&mut self, now: Timestamp, message: impl Into<String>) {
+        self.history.push(HistoryEntry {
+            at: now.rfc3339(),
+            message: message.into(),
+        });
+        if self.history.len() > MAX_HISTORY {
+            let drop = self.history.len() - MAX_HISTORY;
+            self.history.drain(..drop);
+        }
+    }
+
+    pub fn enter_stage(&mut self, stage: &str, now: Timestamp) {
+        self.stage = Some(stage.to_string());
+        if !self.stages.iter().any(|s| s.stage == stage) {
+            self.stages.push(StageTime {
+                stage: stage.to_string(),
+                started_at: now.rfc3339(),
+                finished_at: None,
+            });
+        }
+    }
+
+    pub fn finish_stage(&mut self, stage: &str, now: Timestamp) {
+        if let Some(s) = self.stages.iter_mut().find(|s| s.stage == stage) {
+            if s.finished_at.is_none() {
+                s.finished_at = Some(now.rfc3339());
+            }
+        }
+    }
+
+    /// Seconds each finished stage took, in order.
+    pub fn stage_secs(&self) -> Vec<(String, u64)> {
+        self.stages
+            .iter()
+            .filter_map(|s| {
+                let a = Timestamp::parse_rfc3339(&s.started_at)?;
+                let b = Timestamp::parse_rfc3339(s.finished_at.as_deref()?)?;
+                Some((s.stage.clone(), b.since(a).as_secs()))
+            })
+            .collect()
+    }
+
+    /// A few lines for `ichor status`.
+    pub fn render_text(&self) -> String {
+        let mut out = format!(
+            "Rollout to {} (Talos {}, Kubernetes {}): {}",
+            short(&self.target.commit),
+            self.target.talos,
+            self.target.kubernetes,
+            self.state
+        );
+        if let Some(stage) = &self.stage {
+            out.push_str(&format!(", stage {stage}"));
+        }
+        out.push_str(&format!(
+            "\n  started {}, last update {} by {}\n",
+            self.started_at, self.updated_at, self.holder
+        ));
+        if let Some(w) = &self.waiting {
+            out.push_str(&format!("  waiting: {}\n", crate::escape::terminal(w)));
+        }
+        if let Some(p) = &self.pause {
+            out.push_str(&format!(
+                "  paused since {} in {}{}: {}\n  resume with `ichor rollout --resume` once that is fixed\n",
+                p.since,
+                p.stage,
+                p.node.as_deref().map(|n| format!(" at {n}")).unwrap_or_default(),
+                crate::escape::terminal(&p.reason)
+            ));
+        }
+        for (stage, secs) in self.stage_secs() {
+            out.push_str(&format!(
+                "  {stage}: {}\n",
+                crate::releaseset::HumanDuration::from_secs(secs)
+            ));
+        }
+        for h in self.history.iter().rev().take(5).rev() {
+            out.push_str(&format!(
+                "  {}  {}\n",
+                h.at,
+                crate::escape::terminal(&h.message)
+            ));
+        }
+        out
+    }
+}
+
+fn short(commit: &str) -> &str {
+    commit.get(..12).unwrap_or(commit)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error(transparent)]
+    Kube(#[from] KubeError),
+    #[error("the rollout record {ICHOR_NAMESPACE}/{name} is not readable ({why}); ichor will not guess where a rollout stands: inspect it with `kubectl -n {ICHOR_NAMESPACE} get configmap {name} -o yaml`, and delete it to start afresh")]
+    Unreadable { name: String, why: String },
+}
+
+/// The record as stored, with the ConfigMap's resourceVersion for the next write.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub record: RolloutRecord,
+    pub resource_version: Option<String>,
+}
+
+/// Read the cluster's record; `None` when there is none.
+pub async fn load(kube: &KubeClient, cluster: &str) -> Result<Option<Stored>, RecordError> {
+    let name = record_name(cluster);
+    let Some(cm) = kube.config_map(ICHOR_NAMESPACE, &name).await? else {
+        return Ok(None);
+    };
+    let unreadable = |why: String| RecordError::Unreadable {
+        name: name.clone(),
+        why,
+    };
+    let text = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(RECORD_KEY))
+        .ok_or_else(|| unreadable(format!("no {RECORD_KEY} key")))?;
+    if text.len() > MAX_RECORD_BYTES {
+        return Err(unreadable(format!("{} bytes", text.len())));
+    }
+    let record: RolloutRecord = serde_json::from_str(text)
+        .map_err(|e| unreadable(crate::releaseset::excerpt(&e.to_string(), 200)))?;
+    if record.kind != RECORD_KIND || record.cluster != cluster {
+        return Err(unreadable(format!(
+            "kind {} for cluster {}, expected {RECORD_KIND} for {cluster}",
+            crate::releaseset::excerpt(&record.kind, 40),
+            crate::releaseset::excerpt(&record.cluster, 80)
+        )));
+    }
+    Ok(Some(Stored {
+        record,
+        resource_version: cm.metadata.resource_version,
+    }))
+}
+
+/// Write the record. The caller holds the lock, so a conflict means the ConfigMap was
+/// touched by hand: re-read its version and write again, once.
+pub async fn save(kube: &KubeClient, stored: &mut Stored) -> Result<(), RecordError> {
+    let name = record_name(&stored.record.cluster);
+    let mut text = serde_json::to_string(&stored.record)
+        .map_err(|e| RecordError::Unreadable {
+            name: name.clone(),
+            why: e.to_string(),
+        })?;
+    // Stay well inside a ConfigMap: shed history first.
+    while text.len() > MAX_RECORD_BYTES / 2 && !stored.record.history.is_empty() {
+        let half = stored.record.history.len().div_ceil(2);
+        stored.record.history.drain(..half);
+        text = serde_json::to_string(&stored.record).unwrap_or_default();
+    }
+    let cm = |rv: Option<String>| ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ICHOR_NAMESPACE.into()),
+            labels: Some(
+                [("app.kubernetes.io/managed-by".to_string(), "ichor".to_string())].into(),
+            ),
+            resource_version: rv,
+            ..Default::default()
+        },
+        data: Some([(RECORD_KEY.to_string(), text.clone())].into()),
+        ..Default::default()
+    };
+    let written = match kube.put_config_map(&cm(stored.resource_version.clone())).await {
+        Ok(w) => w,
+        Err(e) if e.is_conflict() => {
+            let current = kube
+                .config_map(ICHOR_NAMESPACE, &name)
+                .await?
+                .and_then(|c| c.metadata.resource_version);
+            kube.put_config_map(&cm(current)).await?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    stored.resource_version = written.metadata.resource_version;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(c: &str) -> TargetRef {
+        TargetRef {
+            commit: c.into(),
+            talos: "v1.12.6".into(),
+            kubernetes: "v1.34.1".into(),
+        }
+    }
+
+    #[test]
+    fn history_is_bounded_and_keeps_the_newest() {
+        let mut r = RolloutRecord::new("home", target("a"), "me", Timestamp(0));
+        for i in 0..(MAX_HISTORY + 20) {
+            r.log(Timestamp(i as u64 * 1000), format!("line {i}"));
+        }
+        assert_eq!(r.history.len(), MAX_HISTORY);
+        assert_eq!(
+            r.history.last().map(|h| h.message.as_str()),
+            Some(format!("line {}", MAX_HISTORY + 19).as_str())
+        );
+    }
+
+    #[test]
+    fn a_new_target_keeps_the_old_rollout_as_a_line() {
+        let mut r = RolloutRecord::new("home", target("a"), "me", Timestamp(0));
+        r.state = RecordState::Completed;
+        let mut next = r.succeed(target("b"), "me", Timestamp(5000));
+        assert_eq!(next.previous.len(), 1);
+        assert_eq!(next.previous[0].target.commit, "a");
+        assert_eq!(next.state, RecordState::Running);
+        for i in 0..20 {
+            next = next.succeed(target(&format!("c{i}")), "me", Timestamp(9000));
+        }
+        assert_eq!(next.previous.len(), MAX_PREVIOUS);
+    }
+
+    #[test]
+    fn stage_durations_come_from_the_stored_times() {
+        let mut r = RolloutRecord::new("home", target("a"), "me", Timestamp(0));
+        r.enter_stage("talos", Timestamp(0));
+        r.finish_stage("talos", Timestamp(90_000));
+        r.enter_stage("kube-apiserver", Timestamp(90_000));
+        assert_eq!(r.stage_secs(), vec![("talos".to_string(), 90)]);
+        // Re-entering a stage after a restart keeps its first start.
+        r.enter_stage("talos", Timestamp(200_000));
+        assert_eq!(r.stages.len(), 2);
+    }
+
+    #[test]
+    fn the_record_round_trips_through_json() {
+        let mut r = RolloutRecord::new("home", target("a"), "me", Timestamp(0));
+        r.steps.insert(
+            "talos/cp-1".into(),
+            StepRecord {
+                started_at: Some(Timestamp(1000).rfc3339()),
+                boot_id_before: Some("b-1".into()),
+                upgrade_requested: true,
+                ..StepRecord::default()
+            },
+        );
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(text.contains("\"upgradeRequested\":true"));
+        let back: RolloutRecord = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, r);
+    }
+}
