@@ -2419,4 +2419,66 @@ mod tests {
         assert_eq!(template_hash(&a), template_hash(&b));
         assert_ne!(template_hash(&a), template_hash(&c));
     }
+
+    fn robustness(c: &Cluster, volume: &str) -> String {
+        c.get("volumes", "longhorn-system", volume)
+            .and_then(|v| {
+                v.at("/status/robustness")
+                    .and_then(Value::as_str)
+                    .map(String::from)
+            })
+            .unwrap_or_default()
+    }
+
+    fn replica_on(c: &Cluster, volume: &str, node: &str) -> Option<Value> {
+        c.list("replicas", Some("longhorn-system"))
+            .into_iter()
+            .find(|r| {
+                r.at("/spec/volumeName").and_then(Value::as_str) == Some(volume)
+                    && r.at("/spec/nodeID").and_then(Value::as_str) == Some(node)
+            })
+    }
+
+    #[test]
+    fn a_returning_replica_runs_at_once_and_is_healthy_once_resynced() -> Result<(), ApiError> {
+        let t0 = Timestamp(1_767_225_600_000);
+        let s = Duration::from_secs;
+        let mut c = super::super::seed::KubeSeed::nodes(1, 3)
+            .longhorn_volume("pvc-a", 3)
+            .longhorn_volume("pvc-b", 3)
+            .build(Behaviour::default(), t0)?;
+        c.set_replicas_never_rebuild(["pvc-b".to_string()].into(), t0);
+        assert_eq!(robustness(&c, "pvc-a"), "healthy");
+        c.node_down("worker-1", t0)?;
+        let failed = replica_on(&c, "pvc-a", "worker-1").unwrap_or_default();
+        assert_eq!(failed.at("/status/currentState"), Some(&json!("stopped")));
+        assert_ne!(replica_failed_at(&failed), "");
+        assert_eq!(robustness(&c, "pvc-a"), "degraded");
+        // Back within the rebuild delay: reused, running, not yet healthy.
+        let back = t0.plus(s(90));
+        c.set_node_ready("worker-1", true, back)?;
+        let reused = replica_on(&c, "pvc-a", "worker-1").unwrap_or_default();
+        assert_eq!(reused.at("/status/currentState"), Some(&json!("running")));
+        assert_eq!(reused.at("/spec/healthyAt"), Some(&json!("")));
+        assert_eq!(robustness(&c, "pvc-a"), "degraded");
+        // The degraded volume's own delay (t0 + 120 s) builds no extra replica: one re-syncs.
+        c.sync(t0.plus(s(200)));
+        assert_eq!(
+            c.list("replicas", Some("longhorn-system"))
+                .iter()
+                .filter(|r| r.at("/spec/volumeName") == Some(&json!("pvc-a")))
+                .count(),
+            3
+        );
+        assert_eq!(c.next_due(), Some(back.plus(s(120))));
+        c.sync(back.plus(s(120)));
+        assert_eq!(robustness(&c, "pvc-a"), "healthy");
+        // The fault: pvc-b's replica stays stopped, nothing rebuilds it, nothing is due.
+        let kept = replica_on(&c, "pvc-b", "worker-1").unwrap_or_default();
+        assert_eq!(kept.at("/status/currentState"), Some(&json!("stopped")));
+        assert_eq!(robustness(&c, "pvc-b"), "degraded");
+        c.sync(back.plus(s(3600)));
+        assert_eq!(robustness(&c, "pvc-b"), "degraded");
+        Ok(())
+    }
 }

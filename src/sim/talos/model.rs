@@ -1311,6 +1311,69 @@ mod tests {
     }
 
     #[test]
+    fn an_unhealthy_member_stays_listed_but_counts_as_down_and_heals() {
+        let mut c = cluster("v1.12.4");
+        let leader = c.etcd_leader().map(str::to_string).unwrap_or_default();
+        let l = c.find(&leader).unwrap_or(0);
+        c.set_etcd_unhealthy(&leader, true);
+        // Leadership moves to a healthy member; the sick one knows no leader.
+        assert_ne!(c.etcd_leader(), Some(leader.as_str()));
+        assert!(c.etcd_leader().is_some());
+        assert_eq!(c.etcd_members().len(), 3);
+        assert_eq!(
+            c.etcd_status(l),
+            (0, vec!["etcdserver: no leader".to_string()])
+        );
+        let other = (0..3).find(|i| *i != l).unwrap_or(1);
+        let (seen_leader, errors) = c.etcd_status(other);
+        assert!(errors.is_empty());
+        assert_ne!(seen_leader, 0);
+        assert!(c.etcd_has_quorum());
+        // A control-plane upgrade is refused while a member is unhealthy.
+        let third = (0..3).find(|i| *i != l && *i != other).unwrap_or(2);
+        assert!(matches!(
+            c.upgrade_legacy(third, "ghcr.io/siderolabs/installer:v1.12.6", false),
+            Err(TalosError::FailedPrecondition(m)) if m.contains("is not healthy")
+        ));
+        // One more down: quorum is gone (one healthy of three).
+        c.reboot(other).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!c.etcd_has_quorum());
+        assert!(c.etcd_leader().is_none());
+        assert!(
+            matches!(c.check_etcd(third), Err(TalosError::Unavailable(m)) if m.contains("1 of 3 members healthy"))
+        );
+        // Healing it alone restores quorum while the other is still down.
+        c.set_etcd_unhealthy(&leader, false);
+        assert!(c.etcd_has_quorum());
+        assert_eq!(c.etcd_status(l).1, Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_wrong_version_takes_the_place_of_what_was_installed() {
+        let mut c = cluster("v1.12.4");
+        let w = c.find("w-1").unwrap_or(3);
+        c.set_wrong_version("w-1", Some("v1.12.4"));
+        let boot = c.node(w).boot_id.clone();
+        c.upgrade_legacy(w, "ghcr.io/siderolabs/installer:v1.12.6", false)
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.sync(Timestamp(0).plus(S(120)));
+        assert!(c.node(w).up);
+        assert_ne!(c.node(w).boot_id, boot);
+        assert_eq!(c.node(w).talos_version, "v1.12.4");
+        // A plain reboot installs nothing, so the fault changes nothing.
+        c.set_wrong_version("w-1", Some("v1.11.0"));
+        c.reboot(w).unwrap_or_else(|e| panic!("{e}"));
+        c.sync(Timestamp(0).plus(S(300)));
+        assert_eq!(c.node(w).talos_version, "v1.12.4");
+        // Healed: the next install takes.
+        c.set_wrong_version("w-1", None);
+        c.upgrade_legacy(w, "ghcr.io/siderolabs/installer:v1.12.6", false)
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.sync(Timestamp(0).plus(S(600)));
+        assert_eq!(c.node(w).talos_version, "v1.12.6");
+    }
+
+    #[test]
     fn no_reboot_refuses_other_changes_before_1_14_and_accepts_them_after() {
         for (talos, refused) in [("v1.13.2", true), ("v1.14.0", false)] {
             let mut c = cluster(talos);
