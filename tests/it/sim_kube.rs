@@ -2358,6 +2358,34 @@ async fn volume_attachments_come_and_go_with_the_pod_using_the_claim() {
         hex::encode(sha2::Sha256::digest(b"pvc-dbdriver.longhorn.ioworker-1"))
     );
     assert_eq!(va["metadata"]["name"], want.as_str());
+    // A second pod on another node wants the ReadWriteOnce volume: it waits, unattached.
+    let second = api
+        .call(
+            "POST",
+            "/api/v1/namespaces/default/pods",
+            None,
+            Some(json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "second", "namespace": "default"},
+                        "spec": {"nodeName": "worker-2",
+                                 "containers": [{"name": "c", "image": "registry.example/c:1"}],
+                                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "pvc-db"}}]}})),
+        )
+        .await;
+    assert_eq!(second.code, 201, "{}", second.text);
+    t.clock().advance(Duration::from_secs(20));
+    t.sync();
+    let phase = |t: &KubeTwin, name: &str| {
+        t.with(|c, _| c.get("pods", "default", name))
+            .map(|p| p["status"]["phase"].clone())
+    };
+    assert_eq!(
+        phase(&t, "second"),
+        Some(json!("Pending")),
+        "Multi-Attach wait"
+    );
+    assert_eq!(vas(&api).await.len(), 1, "never attached to two nodes");
+    t.with(|c, now| c.delete("pods", "default", "second", now))
+        .expect("delete");
     // The pod goes (gracefully, 30 s); 10 s after it is gone, so is the attachment.
     t.with(|c, now| c.delete("pods", "default", "pvc-db-user", now))
         .expect("delete");

@@ -1946,25 +1946,36 @@ impl Cluster {
     /// VolumeAttachment whose PersistentVolume is not a CSI one the twin knows is left alone.
     fn attach_detach(&mut self, now: Timestamp) {
         use sha2::Digest;
-        let mut wanted: BTreeMap<String, (String, String, String, String)> = BTreeMap::new();
+        type Want = (String, String, String, String, bool);
+        let mut wanted: BTreeMap<String, Want> = BTreeMap::new();
         for pod in self.store.iter("pods") {
             let node = node_of(pod);
             let phase = pod.at("/status/phase").and_then(Value::as_str);
             if node.is_empty() || matches!(phase, Some("Succeeded" | "Failed")) {
                 continue;
             }
-            for (pv, driver, handle, _) in self.csi_volumes_of(pod) {
+            for (pv, driver, handle, rwo) in self.csi_volumes_of(pod) {
                 let digest = sha2::Sha256::digest(format!("{handle}{driver}{node}").as_bytes());
                 wanted.insert(
                     format!("csi-{}", hex::encode(digest)),
-                    (pv, driver, handle, node.to_string()),
+                    (pv, driver, handle, node.to_string(), rwo),
                 );
             }
         }
         let mut longhorn_node: Vec<(String, String)> = Vec::new();
-        for (name, (pv, driver, handle, node)) in &wanted {
+        for (name, (pv, driver, handle, node, rwo)) in &wanted {
             self.detach_due.remove(name);
             if self.store.get("volumeattachments", "", name).is_some() {
+                continue;
+            }
+            // A ReadWriteOnce volume attaches to one node at a time (Multi-Attach error).
+            let elsewhere = self.store.iter("volumeattachments").any(|va| {
+                va.at("/spec/source/persistentVolumeName")
+                    .and_then(Value::as_str)
+                    == Some(pv.as_str())
+                    && va.at("/spec/nodeName").and_then(Value::as_str) != Some(node.as_str())
+            });
+            if *rwo && elsewhere {
                 continue;
             }
             let va = json!({
