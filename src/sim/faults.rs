@@ -1,8 +1,8 @@
 //! The fault document, one schema for both ways in: the `faults:` section of
 //! `ichor sim --config FILE` and the body of `POST /_twin/faults` on the Kubernetes API.
-//! [`FaultsConfig::validate`] is the one validator: every number is bounded, every node and
-//! PodDisruptionBudget named must exist, and each error names its field and what was
-//! expected.
+//! [`FaultsConfig::validate`] is the one validator: every number is bounded, every node,
+//! PodDisruptionBudget and Longhorn volume named must exist, and each error names its field
+//! and what was expected.
 //!
 //! At run time each field given replaces that fault's current setting (an empty list or
 //! map clears it, `apiErrorBurst: {count: 0}` ends a burst); fields not given are left as
@@ -53,6 +53,18 @@ pub struct FaultsConfig {
     /// The next N webhooks of the GitHub emulator are dropped.
     #[serde(default)]
     pub dropped_webhooks: u64,
+    /// Control planes whose etcd member is cut off from its peers: it stays in the member
+    /// list, reports no leader in EtcdStatus, and counts as down for quorum.
+    #[serde(default)]
+    pub etcd_unhealthy: Vec<String>,
+    /// Nodes whose installs boot this Talos version instead of the one installed (an
+    /// installer whose tag does not match its content, or a fallback to the old partition).
+    #[serde(default)]
+    pub wrong_version: BTreeMap<String, String>,
+    /// Longhorn volumes whose failed replicas are never rebuilt: not where they were once the
+    /// node returns, nor elsewhere.
+    #[serde(default)]
+    pub replicas_never_rebuild: Vec<String>,
     /// Run time only: another holder takes over a Lease.
     #[serde(default)]
     pub steal_lease: Option<StealLease>,
@@ -115,6 +127,10 @@ pub struct StealLease {
 pub struct FaultTargets {
     /// Talos nodes by name; `None` when the twin has no Talos side.
     pub nodes: Option<BTreeSet<String>>,
+    /// The control planes among `nodes` (the nodes that run an etcd member).
+    pub control_planes: BTreeSet<String>,
+    /// Longhorn volumes by name.
+    pub volumes: BTreeSet<String>,
     /// PodDisruptionBudgets as `namespace/name`.
     pub pdbs: BTreeSet<String>,
     /// Whether a GitHub emulator runs.
@@ -126,6 +142,8 @@ pub struct FaultTargets {
 pub trait FaultHook: Send + Sync {
     /// The Talos node names.
     fn nodes(&self) -> BTreeSet<String>;
+    /// The Talos control planes (each runs an etcd member).
+    fn control_planes(&self) -> BTreeSet<String>;
     /// Whether a GitHub emulator runs.
     fn github(&self) -> bool;
     /// Applies the Talos and GitHub fields of a validated document that are `given`.
@@ -296,6 +314,64 @@ impl FaultsConfig {
             }
         }
         {
+            let list = &self.etcd_unhealthy;
+            let field = path("etcdUnhealthy");
+            if list.len() > limits::MAX_ENTRIES {
+                bad(field.clone(), too_many(list.len()));
+            }
+            for (i, n) in list.iter().enumerate().take(limits::MAX_ENTRIES) {
+                let field = format!("{field}[{i}]");
+                match &targets.nodes {
+                    Some(nodes) if nodes.contains(n) && !targets.control_planes.contains(n) => {
+                        bad(
+                            field,
+                            format!(
+                                "{n:?} is a worker: only control planes run an etcd member (expected one of: {})",
+                                joined(&targets.control_planes)
+                            ),
+                        )
+                    }
+                    _ => check_node(field, n, &mut bad),
+                }
+            }
+        }
+        {
+            let map = &self.wrong_version;
+            let field = path("wrongVersion");
+            if map.len() > limits::MAX_ENTRIES {
+                bad(field.clone(), too_many(map.len()));
+            }
+            for (n, v) in map.iter().take(limits::MAX_ENTRIES) {
+                let field = format!("{field}.{n}");
+                check_node(field.clone(), n, &mut bad);
+                if let Err(why) = talos_tag(v) {
+                    bad(field, why);
+                }
+            }
+        }
+        {
+            let list = &self.replicas_never_rebuild;
+            let field = path("replicasNeverRebuild");
+            if list.len() > limits::MAX_ENTRIES {
+                bad(field.clone(), too_many(list.len()));
+            }
+            for (i, v) in list.iter().enumerate().take(limits::MAX_ENTRIES) {
+                if !targets.volumes.contains(v) {
+                    bad(
+                        format!("{field}[{i}]"),
+                        format!(
+                            "no Longhorn volume {v:?} (the cluster has: {})",
+                            if targets.volumes.is_empty() {
+                                "none".to_string()
+                            } else {
+                                joined(&targets.volumes)
+                            }
+                        ),
+                    );
+                }
+            }
+        }
+        {
             let n = self.dropped_webhooks;
             let field = path("droppedWebhooks");
             if n > limits::MAX_COUNT {
@@ -397,9 +473,42 @@ impl FaultsConfig {
 
     /// Whether a run-time request with these `given` fields changes the Talos side.
     pub fn touches_talos(given: &BTreeSet<String>) -> bool {
-        ["nodesNeverReturn", "slowApply", "failingImages"]
-            .iter()
-            .any(|f| given.contains(*f))
+        [
+            "nodesNeverReturn",
+            "slowApply",
+            "failingImages",
+            "etcdUnhealthy",
+            "wrongVersion",
+        ]
+        .iter()
+        .any(|f| given.contains(*f))
+    }
+}
+
+fn joined(names: &BTreeSet<String>) -> String {
+    names.iter().cloned().collect::<Vec<_>>().join(", ")
+}
+
+/// A Talos version tag as the twin boots it: `v` and a semantic version (`v1.12.6`,
+/// `v1.13.0-beta.1`); its normalised form, or why not.
+pub fn talos_tag(v: &str) -> Result<String, String> {
+    let expected = "expected a Talos version tag like v1.12.6";
+    // Echo at most a short excerpt of what was given.
+    let shown: String = v.chars().take(40).collect();
+    let shown = if shown.len() < v.len() {
+        format!("{shown:?}…")
+    } else {
+        format!("{shown:?}")
+    };
+    if !v.starts_with('v') {
+        return Err(format!("{shown} is not a version tag: {expected}"));
+    }
+    match crate::releaseset::Version::parse(v) {
+        Ok(parsed) => Ok(parsed.tag()),
+        Err(e) => Err(format!(
+            "{shown} is not a version tag ({}): {expected}",
+            e.reason
+        )),
     }
 }
 
@@ -425,6 +534,8 @@ mod tests {
     fn targets() -> FaultTargets {
         FaultTargets {
             nodes: Some(["cp-1".to_string(), "w-1".to_string()].into()),
+            control_planes: ["cp-1".to_string()].into(),
+            volumes: ["pvc-data".to_string()].into(),
             pdbs: ["default/web".to_string()].into(),
             github: false,
         }
@@ -485,6 +596,117 @@ mod tests {
             r#"{"pdbsNeverAllow": ["default/web"], "apiErrorBurst": {"count": 5, "status": 429, "retryAfter": "2s"}}"#,
         )?;
         assert_eq!(ok.validate(&targets(), Origin::Config, "faults"), Ok(()));
+        Ok(())
+    }
+
+    #[test]
+    fn the_etcd_version_and_volume_faults_name_what_exists() -> Result<(), serde_json::Error> {
+        let f = parse(
+            r#"{"etcdUnhealthy": ["w-1", "cp-9", "cp-1"],
+                "wrongVersion": {"w-1": "1.12.6", "nope": "v1.12.6", "cp-1": "v1.12", "w-1x": "vx"},
+                "replicasNeverRebuild": ["pvc-data", "pvc-nope"]}"#,
+        )?;
+        let e = f
+            .validate(&targets(), Origin::Runtime, "")
+            .err()
+            .map(|e| e.0)
+            .unwrap_or_default();
+        let got: Vec<(&str, &str)> = e
+            .iter()
+            .map(|e| (e.field.as_str(), e.message.as_str()))
+            .collect();
+        let fields: Vec<&str> = got.iter().map(|(f, _)| *f).collect();
+        assert_eq!(
+            fields,
+            vec![
+                "etcdUnhealthy[0]",
+                "etcdUnhealthy[1]",
+                "wrongVersion.cp-1",
+                "wrongVersion.nope",
+                "wrongVersion.w-1",
+                "wrongVersion.w-1x",
+                "wrongVersion.w-1x",
+                "replicasNeverRebuild[1]",
+            ],
+            "{got:?}"
+        );
+        assert!(got[0].1.contains("is a worker") && got[0].1.contains("expected one of: cp-1"));
+        assert!(got[1].1.contains("no node \"cp-9\""), "{}", got[1].1);
+        assert!(
+            got[2].1.contains("\"v1.12\" is not a version tag"),
+            "{}",
+            got[2].1
+        );
+        assert!(got[4]
+            .1
+            .contains("expected a Talos version tag like v1.12.6"));
+        assert!(got[7]
+            .1
+            .contains("no Longhorn volume \"pvc-nope\" (the cluster has: pvc-data)"));
+        // The config file refuses the same; fine ones pass.
+        let text = f
+            .validate(&targets(), Origin::Config, "faults")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(text.contains("faults.etcdUnhealthy[0]: "), "{text}");
+        let ok = parse(
+            r#"{"etcdUnhealthy": ["cp-1"], "wrongVersion": {"w-1": "v1.12.6"},
+                "replicasNeverRebuild": ["pvc-data"]}"#,
+        )?;
+        assert_eq!(ok.validate(&targets(), Origin::Config, "faults"), Ok(()));
+        // Without a Talos side, the Talos faults are refused; the volume one is not.
+        let kube_only = FaultTargets {
+            nodes: None,
+            ..targets()
+        };
+        let e = ok
+            .validate(&kube_only, Origin::Runtime, "")
+            .err()
+            .map(|e| e.0)
+            .unwrap_or_default();
+        let fields: Vec<&str> = e.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, vec!["etcdUnhealthy[0]", "wrongVersion.w-1"]);
+        assert!(FaultsConfig::touches_talos(&given_fields(["wrongVersion"])));
+        assert!(!FaultsConfig::touches_talos(&given_fields([
+            "replicasNeverRebuild"
+        ])));
+        Ok(())
+    }
+
+    #[test]
+    fn a_version_tag_is_normalised_and_a_long_one_is_not_echoed_whole() {
+        assert_eq!(
+            talos_tag("v1.13.0-beta.1"),
+            Ok("v1.13.0-beta.1".to_string())
+        );
+        let long = format!("v{}", "9".repeat(5000));
+        let e = talos_tag(&long).err().unwrap_or_default();
+        assert!(e.len() < 300, "{e}");
+        assert!(talos_tag("V1.2.3").is_err() && talos_tag("").is_err());
+    }
+
+    #[test]
+    fn every_list_is_bounded() -> Result<(), serde_json::Error> {
+        let many: Vec<String> = (0..=limits::MAX_ENTRIES)
+            .map(|_| "cp-1".to_string())
+            .collect();
+        let f = FaultsConfig {
+            etcd_unhealthy: many.clone(),
+            replicas_never_rebuild: many,
+            ..FaultsConfig::default()
+        };
+        let e = f
+            .validate(&targets(), Origin::Runtime, "")
+            .err()
+            .map(|e| e.0)
+            .unwrap_or_default();
+        assert!(e
+            .iter()
+            .any(|e| e.field == "etcdUnhealthy" && e.message.contains("too many")));
+        assert!(e
+            .iter()
+            .any(|e| e.field == "replicasNeverRebuild" && e.message.contains("too many")));
         Ok(())
     }
 }

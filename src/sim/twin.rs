@@ -401,8 +401,11 @@ pub fn build_specs(
         }
     }
     if spec.volumes.provider == VolumeProvider::Longhorn {
+        // Each volume is in use: a one-replica Deployment in `apps` mounts it, so draining
+        // its node detaches it (VolumeAttachments) before the pod runs elsewhere.
         for (volume, holders) in volume_holders(folder) {
-            seed = seed.longhorn_volume(&volume, holders.len() as u32);
+            let app = volume.strip_prefix("pvc-").unwrap_or(&volume).to_string();
+            seed = seed.longhorn_volume_used_by(&volume, holders.len() as u32, "apps", &app);
         }
     }
     Ok((nodes, seed))
@@ -444,6 +447,12 @@ impl Twin {
         let (nodes, mut seed) = build_specs(folder, cfg.extra_pods)?;
         let targets = FaultTargets {
             nodes: Some(nodes.iter().map(|n| n.name.clone()).collect()),
+            control_planes: nodes
+                .iter()
+                .filter(|n| n.role == talos::Role::ControlPlane)
+                .map(|n| n.name.clone())
+                .collect(),
+            volumes: seed.volumes.iter().map(|v| v.name.clone()).collect(),
             pdbs: seed
                 .pdbs
                 .iter()
@@ -485,6 +494,19 @@ impl Twin {
             .faults
             .failing_images
             .extend(f.failing_images.iter().cloned());
+        topts
+            .faults
+            .etcd_unhealthy
+            .extend(f.etcd_unhealthy.iter().cloned());
+        for (n, v) in &f.wrong_version {
+            // Validated: a version tag.
+            if let Ok(tag) = crate::sim::faults::talos_tag(v) {
+                topts.faults.wrong_version.insert(n.clone(), tag);
+            }
+        }
+        seed.faults
+            .replicas_never_rebuild
+            .extend(f.replicas_never_rebuild.iter().cloned());
         for p in &f.pdbs_never_allow {
             if let Some((ns, name)) = p.split_once('/') {
                 seed.faults
@@ -648,6 +670,15 @@ impl FaultHook for TwinFaults {
         self.talos.observe().into_iter().map(|o| o.name).collect()
     }
 
+    fn control_planes(&self) -> std::collections::BTreeSet<String> {
+        self.talos
+            .observe()
+            .into_iter()
+            .filter(|o| o.role == talos::Role::ControlPlane)
+            .map(|o| o.name)
+            .collect()
+    }
+
     fn github(&self) -> bool {
         self.webhooks.is_some()
     }
@@ -677,6 +708,25 @@ impl FaultHook for TwinFaults {
                 }
                 if given.contains("failingImages") {
                     m.faults.failing_images = f.failing_images.iter().cloned().collect();
+                }
+                if given.contains("etcdUnhealthy") {
+                    let list = &f.etcd_unhealthy;
+                    let held: Vec<String> = m.faults.etcd_unhealthy.iter().cloned().collect();
+                    for n in held.iter().filter(|n| !list.contains(n)) {
+                        m.set_etcd_unhealthy(n, false);
+                    }
+                    for n in list {
+                        m.set_etcd_unhealthy(n, true);
+                    }
+                }
+                if given.contains("wrongVersion") {
+                    m.faults.wrong_version.clear();
+                    for (n, v) in &f.wrong_version {
+                        // Validated: a version tag.
+                        if let Ok(tag) = crate::sim::faults::talos_tag(v) {
+                            m.set_wrong_version(n, Some(&tag));
+                        }
+                    }
                 }
             });
         }
@@ -713,6 +763,7 @@ fn place(c: &mut kube::Cluster, now: Timestamp, holders: &BTreeMap<String, Vec<S
                     volume,
                     &format!("{volume}-r-{i}"),
                     node,
+                    now,
                 ),
                 now,
             );

@@ -2214,3 +2214,214 @@ async fn node_heartbeats_move_with_the_clock_until_the_node_goes_silent() {
     assert_eq!(lease("worker-2"), silent_from);
     assert_eq!(lease("worker-1"), "2026-01-01T00:06:25.000000Z");
 }
+
+/// The kube-proxy DaemonSet as Talos's bootstrap manifest `10-kube-proxy` holds it.
+fn kube_proxy_manifest(image: &str) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: kube-proxy\n  namespace: kube-system\n  labels:\n    k8s-app: kube-proxy\nspec:\n  selector:\n    matchLabels:\n      k8s-app: kube-proxy\n  template:\n    metadata:\n      labels:\n        k8s-app: kube-proxy\n    spec:\n      containers:\n        - name: kube-proxy\n          image: {image}\n"
+    )
+}
+
+#[tokio::test]
+async fn the_bootstrap_manifest_sync_rolls_kube_proxy_node_by_node_over_http() {
+    let (t, _d) = twin(KubeSeed::typical(1, 3), Behaviour::default()).await;
+    let api = Api::new(&t);
+    let path = "/apis/apps/v1/namespaces/kube-system/daemonsets/kube-proxy";
+    let sync = |image: &str| {
+        let body = kube_proxy_manifest(image);
+        let api = &api;
+        async move {
+            api.send(
+                "PATCH",
+                &format!("{path}?fieldManager=talos&force=true"),
+                Some("application/apply-patch+yaml"),
+                body,
+            )
+            .await
+            .status()
+            .as_u16()
+        }
+    };
+    let status = |r: &Reply| {
+        let n = |k: &str| r.body["status"][k].as_u64().unwrap_or(99);
+        (
+            n("updatedNumberScheduled"),
+            n("numberReady"),
+            n("numberUnavailable"),
+        )
+    };
+    let images = |t: &KubeTwin| -> Vec<String> {
+        let mut v: Vec<String> = t
+            .with(|c, _| c.list("pods", Some("kube-system")))
+            .iter()
+            .filter(|p| p["metadata"]["labels"]["k8s-app"] == "kube-proxy")
+            .map(|p| {
+                p["spec"]["containers"][0]["image"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let new = "registry.k8s.io/kube-proxy:v1.35.0";
+    assert_eq!(sync(new).await, 200);
+    let ds = api.get(path).await;
+    assert_eq!(
+        ds.body["spec"]["template"]["spec"]["containers"][0]["image"],
+        new
+    );
+    let managers: Vec<&str> = ds.body["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["manager"].as_str())
+        .collect();
+    assert!(managers.contains(&"talos"), "{managers:?}");
+    // One node at a time: one pod replaced, three old ones still Ready.
+    let generation = ds.body["metadata"]["generation"].clone();
+    assert_eq!(generation, 2, "a new template is a new generation");
+    assert_eq!(ds.body["status"]["observedGeneration"], generation);
+    assert_eq!(status(&ds), (1, 3, 1));
+    for step in 2..=4 {
+        t.clock().advance(Duration::from_secs(10));
+        t.sync();
+        let ds = api.get(path).await;
+        assert_eq!(status(&ds), (step, 3, 1), "step {step}");
+    }
+    t.clock().advance(Duration::from_secs(10));
+    t.sync();
+    assert_eq!(status(&api.get(path).await), (4, 4, 0));
+    assert_eq!(images(&t), vec![new.to_string(); 4]);
+    // maxUnavailable 50% of 4 nodes: two at a time.
+    let widened = api
+        .call(
+            "PATCH",
+            path,
+            Some("application/merge-patch+json"),
+            Some(json!({"spec": {"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "50%"}}}})),
+        )
+        .await;
+    assert_eq!(widened.code, 200, "{}", widened.text);
+    let newer = "registry.k8s.io/kube-proxy:v1.35.1";
+    assert_eq!(sync(newer).await, 200);
+    assert_eq!(status(&api.get(path).await), (2, 2, 2));
+    t.clock().advance(Duration::from_secs(10));
+    t.sync();
+    assert_eq!(status(&api.get(path).await), (4, 2, 2));
+    t.clock().advance(Duration::from_secs(10));
+    t.sync();
+    assert_eq!(status(&api.get(path).await), (4, 4, 0));
+    // OnDelete: a new image replaces nothing until a pod is deleted.
+    let on_delete = api
+        .call(
+            "PATCH",
+            path,
+            Some("application/merge-patch+json"),
+            Some(json!({"spec": {"updateStrategy": {"type": "OnDelete", "rollingUpdate": null}}})),
+        )
+        .await;
+    assert_eq!(on_delete.code, 200, "{}", on_delete.text);
+    let newest = "registry.k8s.io/kube-proxy:v1.35.2";
+    assert_eq!(sync(newest).await, 200);
+    t.clock().advance(Duration::from_secs(60));
+    t.sync();
+    assert_eq!(status(&api.get(path).await), (0, 4, 0));
+    assert_eq!(images(&t), vec![newer.to_string(); 4]);
+}
+
+async fn vas(api: &Api) -> Vec<Value> {
+    let l = api.get("/apis/storage.k8s.io/v1/volumeattachments").await;
+    l.body["items"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn volume_attachments_come_and_go_with_the_pod_using_the_claim() {
+    let (t, _d) = twin(
+        KubeSeed::nodes(1, 2).longhorn_volume_attached("pvc-db", 1, "worker-1"),
+        Behaviour::default(),
+    )
+    .await;
+    let api = Api::new(&t);
+    let list = vas(&api).await;
+    assert_eq!(list.len(), 1, "{list:?}");
+    let va = &list[0];
+    assert_eq!(va["spec"]["attacher"], "driver.longhorn.io");
+    assert_eq!(va["spec"]["nodeName"], "worker-1");
+    assert_eq!(va["spec"]["source"]["persistentVolumeName"], "pvc-db");
+    assert_eq!(va["status"]["attached"], true);
+    // The name Kubernetes gives it: csi-<sha256(volume handle + driver + node)>.
+    use sha2::Digest;
+    let want = format!(
+        "csi-{}",
+        hex::encode(sha2::Sha256::digest(b"pvc-dbdriver.longhorn.ioworker-1"))
+    );
+    assert_eq!(va["metadata"]["name"], want.as_str());
+    // A second pod on another node wants the ReadWriteOnce volume: it waits, unattached.
+    let second = api
+        .call(
+            "POST",
+            "/api/v1/namespaces/default/pods",
+            None,
+            Some(json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "second", "namespace": "default"},
+                        "spec": {"nodeName": "worker-2",
+                                 "containers": [{"name": "c", "image": "registry.example/c:1"}],
+                                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "pvc-db"}}]}})),
+        )
+        .await;
+    assert_eq!(second.code, 201, "{}", second.text);
+    t.clock().advance(Duration::from_secs(20));
+    t.sync();
+    let phase = |t: &KubeTwin, name: &str| {
+        t.with(|c, _| c.get("pods", "default", name))
+            .map(|p| p["status"]["phase"].clone())
+    };
+    assert_eq!(
+        phase(&t, "second"),
+        Some(json!("Pending")),
+        "Multi-Attach wait"
+    );
+    assert_eq!(vas(&api).await.len(), 1, "never attached to two nodes");
+    t.with(|c, now| c.delete("pods", "default", "second", now))
+        .expect("delete");
+    // The pod goes (gracefully, 30 s); 10 s after it is gone, so is the attachment.
+    t.with(|c, now| c.delete("pods", "default", "pvc-db-user", now))
+        .expect("delete");
+    t.clock().advance(Duration::from_secs(30));
+    t.sync();
+    assert!(t
+        .with(|c, _| c.get("pods", "default", "pvc-db-user"))
+        .is_none());
+    assert_eq!(vas(&api).await.len(), 1, "still detaching");
+    t.clock().advance(Duration::from_secs(9));
+    t.sync();
+    assert_eq!(vas(&api).await.len(), 1);
+    t.clock().advance(Duration::from_secs(1));
+    t.sync();
+    assert!(vas(&api).await.is_empty());
+    let vol = api
+        .get("/apis/longhorn.io/v1beta2/namespaces/longhorn-system/volumes/pvc-db")
+        .await;
+    assert_eq!(vol.body["status"]["state"], "detached", "{}", vol.text);
+    // A VolumeAttachment for a volume the twin knows nothing of is left alone.
+    let created = api
+        .call(
+            "POST",
+            "/apis/storage.k8s.io/v1/volumeattachments",
+            None,
+            Some(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+                        "metadata": {"name": "csi-manual"},
+                        "spec": {"attacher": "other.csi.example", "nodeName": "worker-2",
+                                 "source": {"persistentVolumeName": "pv-elsewhere"}},
+                        "status": {"attached": true}}),
+            ),
+        )
+        .await;
+    assert_eq!(created.code, 201, "{}", created.text);
+    t.clock().advance(Duration::from_secs(600));
+    t.sync();
+    assert_eq!(vas(&api).await.len(), 1);
+}

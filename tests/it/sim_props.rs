@@ -316,6 +316,8 @@ proptest! {
         if let Ok(config) = TwinConfig::parse("twin.yaml", &text) {
             let targets = FaultTargets {
                 nodes: Some(["cp-1".to_string()].into()),
+                control_planes: ["cp-1".to_string()].into(),
+                volumes: ["pvc-data".to_string()].into(),
                 pdbs: ["default/web".to_string()].into(),
                 github: false,
             };

@@ -1485,3 +1485,49 @@ async fn nodes_metadata_fans_out_read_with_one_node_down() -> TestResult {
     assert_eq!(md1.status.map(|s| s.code), Some(Code::Unavailable as i32));
     Ok(())
 }
+
+#[tokio::test]
+async fn bootstrap_manifests_follow_the_kube_proxy_config_document_on_1_14() -> TestResult {
+    let multi = ConfigForm::MultiDoc;
+    let sim = Sim::start(vec![
+        node("cp-1", Role::ControlPlane, [10, 5, 0, 2], "v1.14.0", multi),
+        node("w-1", Role::Worker, [10, 5, 0, 10], "v1.14.0", multi),
+    ])
+    .await?;
+    let proxy_image = |ch: Channel| async move {
+        let r = StateClient::new(ch)
+            .get(GetRequest {
+                namespace: "controlplane".into(),
+                r#type: "Manifests.kubernetes.talos.dev".into(),
+                id: "10-kube-proxy".into(),
+                options: None,
+            })
+            .await?
+            .into_inner();
+        let res = r.resource.ok_or("no resource")?;
+        let version = res.metadata.ok_or("no metadata")?.version;
+        let yaml: serde_yaml::Value = serde_yaml::from_str(&res.spec.ok_or("no spec")?.yaml_spec)?;
+        let image = yaml[0]["spec"]["template"]["spec"]["containers"][0]["image"]
+            .as_str()
+            .ok_or("no image")?
+            .to_string();
+        Ok::<_, Box<dyn std::error::Error>>((image, version))
+    };
+    let (before, v1) = proxy_image(sim.channel("cp-1").await?).await?;
+    assert_eq!(before, "registry.k8s.io/kube-proxy:v1.33.1");
+    let (config, _) = machine_config(sim.channel("cp-1").await?).await?;
+    assert!(config.contains("kind: KubeProxyConfig"), "{config}");
+    let new = "registry.k8s.io/kube-proxy:v1.34.1";
+    let changed = config.replace(&before, new);
+    let r = sim
+        .machine("cp-1")
+        .await?
+        .apply_configuration(apply(&changed, Mode::NoReboot, false))
+        .await?;
+    assert_eq!(r.into_inner().messages[0].mode, Mode::NoReboot as i32);
+    // No reboot, no clock: the resource follows the active config at once.
+    let (after, v2) = proxy_image(sim.channel("cp-1").await?).await?;
+    assert_eq!(after, new);
+    assert_ne!(v1, v2, "the resource version bumps with the config");
+    Ok(())
+}

@@ -745,3 +745,436 @@ async fn a_legacy_upgrade_drain_respects_disruption_budgets() -> TestResult {
     assert_eq!(webs_on(&twin), web_before, "the budget holds the web pod");
     Ok(())
 }
+
+// ---- faults for the rollout's fault matrix --------------------------------------------------
+
+/// A kube-rs client on the kubeconfig the twin wrote.
+async fn kube_client(twin: &Twin) -> Result<kube::Client, Box<dyn std::error::Error>> {
+    let kc = kube::config::Kubeconfig::read_from(twin.kubeconfig())?;
+    Ok(kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?,
+    )?)
+}
+
+/// `POST /_twin/faults` with `body`: the status code and the answer.
+async fn post_faults(
+    twin: &Twin,
+    body: &Value,
+) -> Result<(u16, String), Box<dyn std::error::Error>> {
+    let client = kube_client(twin).await?;
+    let req = http::Request::post("/_twin/faults")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(body)?)?;
+    match client.request_text(req).await {
+        Ok(text) => Ok((200, text)),
+        Err(kube::Error::Api(s)) => Ok((s.code, s.message)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// ichor's own Talos client on the talosconfig the twin wrote, on the twin's clock.
+fn ichor_talos(twin: &Twin) -> Result<ichor::talos::TalosClient, Box<dyn std::error::Error>> {
+    Ok(ichor::talos::TalosClient::new(
+        ichor::talos::config::load(twin.talosconfig(), None)?,
+        twin.talos.clock().clone(),
+    ))
+}
+
+fn call() -> ichor::talos::client::CallOptions<'static> {
+    ichor::talos::client::CallOptions::default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_new_faults_are_validated_at_run_time_naming_the_field() -> TestResult {
+    let (twin, _state) = start(TwinConfig::default()).await?;
+    for (body, field, expect) in [
+        (
+            serde_json::json!({"etcdUnhealthy": ["w-1"]}),
+            "etcdUnhealthy[0]",
+            "is a worker",
+        ),
+        (
+            serde_json::json!({"etcdUnhealthy": ["cp-9"]}),
+            "etcdUnhealthy[0]",
+            "no node \"cp-9\"",
+        ),
+        (
+            serde_json::json!({"wrongVersion": {"w-9": "v1.12.4"}}),
+            "wrongVersion.w-9",
+            "no node",
+        ),
+        (
+            serde_json::json!({"wrongVersion": {"w-1": "1.12.4"}}),
+            "wrongVersion.w-1",
+            "expected a Talos version tag like v1.12.6",
+        ),
+        (
+            serde_json::json!({"wrongVersion": {"w-1": "v1.x"}}),
+            "wrongVersion.w-1",
+            "is not a version tag",
+        ),
+        (
+            serde_json::json!({"replicasNeverRebuild": ["pvc-nope"]}),
+            "replicasNeverRebuild[0]",
+            "no Longhorn volume \"pvc-nope\" (the cluster has: pvc-home-assistant, pvc-media, pvc-postgres)",
+        ),
+    ] {
+        let (code, text) = post_faults(&twin, &body).await?;
+        assert_eq!(code, 422, "{body}: {text}");
+        assert!(text.contains(&format!("{field}: ")), "{body}: {text}");
+        assert!(text.contains(expect), "{body}: {text}");
+    }
+    // Nothing was applied.
+    assert!(twin
+        .talos
+        .with_model(|m| m.faults.etcd_unhealthy.is_empty() && m.faults.wrong_version.is_empty()));
+    assert!(twin
+        .kube
+        .with(|c, _| c.faults.replicas_never_rebuild.is_empty()));
+    // The config file refuses the same document, naming the field under `faults`.
+    let bad = TwinConfig::parse(
+        "twin.yaml",
+        "faults:\n  etcdUnhealthy: [w-2]\n  wrongVersion: {w-1: latest}\n  replicasNeverRebuild: [pvc-nope]\n",
+    )?;
+    let folder = ClusterFolder::read(&homelab_folder())?;
+    let state = tempfile::tempdir()?;
+    let err = Twin::start(
+        Clock::manual(),
+        &folder,
+        state.path(),
+        TwinOptions {
+            config: bad,
+            ..Default::default()
+        },
+    )
+    .await
+    .err()
+    .ok_or("an invalid fault was accepted")?
+    .to_string();
+    for field in [
+        "faults.etcdUnhealthy[0]: ",
+        "faults.wrongVersion.w-1: ",
+        "faults.replicasNeverRebuild[0]: ",
+    ] {
+        assert!(err.contains(field), "{field}: {err}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unhealthy_etcd_member_reports_no_leader_and_counts_as_down_for_quorum() -> TestResult {
+    let (twin, _state) = start(TwinConfig::default()).await?;
+    let talos = ichor_talos(&twin)?;
+    let (cp1, cp2, cp3) = ("10.0.10.11", "10.0.10.12", "10.0.10.13");
+    let (code, text) = post_faults(&twin, &serde_json::json!({"etcdUnhealthy": ["cp-2"]})).await?;
+    assert_eq!(code, 200, "{text}");
+    // The member on cp-2 knows no leader, as etcd's Status says it; the others are fine.
+    let sick = talos.etcd_status(cp2, call()).await?;
+    assert_eq!(sick.errors, vec!["etcdserver: no leader".to_string()]);
+    assert_eq!(sick.leader, 0);
+    assert!(!sick.is_learner);
+    let fine = talos.etcd_status(cp1, call()).await?;
+    assert!(fine.errors.is_empty(), "{fine:?}");
+    assert_ne!(fine.leader, 0);
+    assert_ne!(
+        fine.leader, sick.member_id,
+        "the leader is a healthy member"
+    );
+    // Still a member; its etcd service fails its health check.
+    assert_eq!(talos.etcd_members(cp1, call()).await?.len(), 3);
+    let services = talos.services(cp2, call()).await?;
+    assert!(
+        services.iter().any(|s| s.id == "etcd" && !s.healthy),
+        "{services:?}"
+    );
+    // A control-plane upgrade is refused as Talos refuses it: a member is not healthy.
+    let refused = talos
+        .upgrade_legacy(cp3, "ghcr.io/siderolabs/installer:v1.12.6", call())
+        .await
+        .err()
+        .ok_or("an upgrade with an unhealthy member was accepted")?;
+    assert!(
+        refused
+            .to_string()
+            .contains("is not healthy; all members must be healthy to perform an upgrade"),
+        "{refused}"
+    );
+    // Taking one more control plane down loses quorum: two of three are not healthy.
+    talos.reboot(cp1, call()).await?;
+    twin.advance(Duration::from_secs(1));
+    assert!(!twin.talos.with_model(|m| m.etcd_has_quorum()));
+    let lost = talos
+        .etcd_status(cp3, call())
+        .await
+        .err()
+        .ok_or("etcd answered without quorum")?;
+    assert!(lost.to_string().contains("quorum lost"), "{lost}");
+    // Back up and healed: quorum, a leader, no errors on cp-2.
+    twin.advance(Duration::from_secs(120));
+    let (code, text) = post_faults(&twin, &serde_json::json!({"etcdUnhealthy": []})).await?;
+    assert_eq!(code, 200, "{text}");
+    assert!(twin.talos.with_model(|m| m.etcd_has_quorum()));
+    let healed = talos.etcd_status(cp2, call()).await?;
+    assert!(healed.errors.is_empty(), "{healed:?}");
+    assert_ne!(healed.leader, 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_version_fault_boots_another_version_after_the_install() -> TestResult {
+    // The installer falls back to the old partition: w-1 boots v1.12.4 again.
+    let config = TwinConfig::parse("twin.yaml", "faults:\n  wrongVersion: {w-1: v1.12.4}\n")?;
+    let (twin, _state) = start(config).await?;
+    let talos = ichor_talos(&twin)?;
+    let w1 = "10.0.10.21";
+    let boot = talos.boot_id(w1, call()).await?;
+    talos
+        .upgrade_legacy(w1, "ghcr.io/siderolabs/installer:v1.12.6", call())
+        .await?;
+    twin.advance(Duration::from_secs(30 + 90 + 1));
+    assert_ne!(talos.boot_id(w1, call()).await?, boot, "it rebooted");
+    assert_eq!(talos.version(w1, call()).await?.tag, "v1.12.4");
+    let n = node(&twin, "w-1");
+    assert!(ready(&n), "{n}");
+    assert_eq!(
+        n.pointer("/status/nodeInfo/osImage")
+            .and_then(Value::as_str),
+        Some("Talos (v1.12.4)")
+    );
+    // Another node installs what it was given; set at run time, w-2 takes a third version.
+    let (code, text) = post_faults(
+        &twin,
+        &serde_json::json!({"wrongVersion": {"w-2": "v1.12.5"}}),
+    )
+    .await?;
+    assert_eq!(code, 200, "{text}");
+    let w2 = "10.0.10.22";
+    talos
+        .upgrade_legacy(w2, "ghcr.io/siderolabs/installer:v1.12.6", call())
+        .await?;
+    twin.advance(Duration::from_secs(121));
+    assert_eq!(talos.version(w2, call()).await?.tag, "v1.12.5");
+    // The fault for w-1 was replaced: its next install takes.
+    talos
+        .upgrade_legacy(w1, "ghcr.io/siderolabs/installer:v1.12.6", call())
+        .await?;
+    twin.advance(Duration::from_secs(121));
+    assert_eq!(talos.version(w1, call()).await?.tag, "v1.12.6");
+    Ok(())
+}
+
+/// The Longhorn view ichor reads: (robustness, nodes with a running replica).
+async fn volume(
+    kube: &ichor::kube::KubeClient,
+    name: &str,
+) -> Result<(Option<String>, Vec<String>), Box<dyn std::error::Error>> {
+    let v = kube
+        .longhorn_volumes()
+        .await?
+        .into_iter()
+        .find(|v| v.name == name)
+        .ok_or(format!("no volume {name}"))?;
+    Ok((v.robustness, v.nodes))
+}
+
+fn replica_state(twin: &Twin, volume: &str, node: &str) -> Option<String> {
+    twin.kube
+        .with(|c, _| c.list("replicas", Some("longhorn-system")))
+        .into_iter()
+        .find(|r| {
+            r.pointer("/spec/volumeName").and_then(Value::as_str) == Some(volume)
+                && r.pointer("/spec/nodeID").and_then(Value::as_str) == Some(node)
+        })
+        .and_then(|r| {
+            r.pointer("/status/currentState")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returning_replica_resyncs_before_the_volume_is_healthy_and_the_fault_keeps_it_failed(
+) -> TestResult {
+    let (twin, _state) = start(TwinConfig::default()).await?;
+    let kube = ichor::kube::KubeClient::connect(Some(twin.kubeconfig())).await?;
+    let talos = ichor_talos(&twin)?;
+    let (code, text) = post_faults(
+        &twin,
+        &serde_json::json!({"replicasNeverRebuild": ["pvc-media"]}),
+    )
+    .await?;
+    assert_eq!(code, 200, "{text}");
+    let all = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        volume(&kube, "pvc-postgres").await?,
+        (Some("healthy".into()), all(&["w-1", "w-2", "w-3"]))
+    );
+    talos.reboot("10.0.10.21", call()).await?;
+    twin.advance(Duration::from_secs(1));
+    assert_eq!(
+        volume(&kube, "pvc-postgres").await?,
+        (Some("degraded".into()), all(&["w-2", "w-3"]))
+    );
+    // Back after the 90 s reboot: the replica runs again at once, but re-syncs first.
+    twin.advance(Duration::from_secs(90));
+    assert!(ready(&node(&twin, "w-1")));
+    assert_eq!(
+        volume(&kube, "pvc-postgres").await?,
+        (Some("degraded".into()), all(&["w-1", "w-2", "w-3"]))
+    );
+    twin.advance(Duration::from_secs(118));
+    assert_eq!(
+        volume(&kube, "pvc-postgres").await?.0.as_deref(),
+        Some("degraded")
+    );
+    twin.advance(Duration::from_secs(1));
+    assert_eq!(
+        volume(&kube, "pvc-postgres").await?,
+        (Some("healthy".into()), all(&["w-1", "w-2", "w-3"]))
+    );
+    // Under the fault, pvc-media's replica on w-1 stays stopped and nothing replaces it.
+    assert_eq!(
+        replica_state(&twin, "pvc-media", "w-1").as_deref(),
+        Some("stopped")
+    );
+    twin.advance(Duration::from_secs(3600));
+    assert_eq!(
+        volume(&kube, "pvc-media").await?,
+        (Some("degraded".into()), all(&["w-2", "w-3"]))
+    );
+    let replicas = twin
+        .kube
+        .with(|c, _| c.list("replicas", Some("longhorn-system")))
+        .into_iter()
+        .filter(|r| r.pointer("/spec/volumeName").and_then(Value::as_str) == Some("pvc-media"))
+        .count();
+    assert_eq!(replicas, 3, "never rebuilt elsewhere");
+    // Healed: the failed replica is reused, running at once, healthy once re-synced.
+    let (code, text) = post_faults(&twin, &serde_json::json!({"replicasNeverRebuild": []})).await?;
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(
+        replica_state(&twin, "pvc-media", "w-1").as_deref(),
+        Some("running")
+    );
+    assert_eq!(
+        volume(&kube, "pvc-media").await?.0.as_deref(),
+        Some("degraded")
+    );
+    twin.advance(Duration::from_secs(120));
+    assert_eq!(
+        volume(&kube, "pvc-media").await?,
+        (Some("healthy".into()), all(&["w-1", "w-2", "w-3"]))
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volume_attachments_follow_the_pods_that_mount_longhorn_volumes() -> TestResult {
+    let (twin, _state) = start(TwinConfig::default()).await?;
+    let kube = ichor::kube::KubeClient::connect(Some(twin.kubeconfig())).await?;
+    let pod_of = |app: &str| {
+        twin.kube
+            .with(|c, _| c.list("pods", Some("apps")))
+            .into_iter()
+            .find(|p| p.pointer("/metadata/labels/app").and_then(Value::as_str) == Some(app))
+    };
+    let pg = pod_of("postgres").ok_or("no postgres pod")?;
+    let host = pg
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .ok_or("not scheduled")?
+        .to_string();
+    let attached = kube.volume_attachments(&host).await?;
+    assert!(
+        !attached.is_empty(),
+        "the volume is attached where its pod runs"
+    );
+    assert!(
+        attached
+            .iter()
+            .all(|n| n.starts_with("csi-") && n.len() == 68),
+        "{attached:?}"
+    );
+    let lh_node = |twin: &Twin| {
+        twin.kube
+            .with(|c, _| c.get("volumes", "longhorn-system", "pvc-postgres"))
+            .and_then(|v| {
+                v.pointer("/spec/nodeID")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+    };
+    assert_eq!(lh_node(&twin).as_deref(), Some(host.as_str()));
+    // Cordon and evict it: it terminates (30 s), then the volume detaches (10 s later).
+    kube.cordon(&host).await?;
+    let pods = kube.pods_on(&host).await?;
+    let victim = pods
+        .iter()
+        .find(|p| p.namespace == "apps" && p.name.starts_with("postgres"))
+        .ok_or("no postgres pod on its node")?;
+    kube.evict(victim).await?;
+    let before = kube.volume_attachments(&host).await?;
+    twin.advance(Duration::from_secs(29));
+    assert_eq!(
+        kube.volume_attachments(&host).await?,
+        before,
+        "still terminating"
+    );
+    twin.advance(Duration::from_secs(1));
+    assert_eq!(
+        kube.volume_attachments(&host).await?,
+        before,
+        "detaching takes a moment after the pod is gone"
+    );
+    // The replacement waits for the detach (a ReadWriteOnce volume attaches to one node).
+    let waiting = pod_of("postgres").ok_or("no replacement")?;
+    assert_eq!(
+        waiting.pointer("/status/phase").and_then(Value::as_str),
+        Some("Pending"),
+        "{waiting}"
+    );
+    twin.advance(Duration::from_secs(10));
+    let left = kube.volume_attachments(&host).await?;
+    assert!(left.len() < before.len(), "{left:?} vs {before:?}");
+    assert_ne!(lh_node(&twin).as_deref(), Some(host.as_str()));
+    twin.advance(Duration::from_secs(10));
+    let moved = pod_of("postgres").ok_or("no replacement")?;
+    assert_eq!(
+        moved.pointer("/status/phase").and_then(Value::as_str),
+        Some("Running"),
+        "{moved}"
+    );
+    let new_host = moved
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .ok_or("not scheduled")?
+        .to_string();
+    assert_ne!(new_host, host);
+    let postgres: Vec<String> = twin
+        .kube
+        .with(|c, _| c.list("volumeattachments", None))
+        .into_iter()
+        .filter(|va| {
+            va.pointer("/spec/source/persistentVolumeName")
+                .and_then(Value::as_str)
+                == Some("pvc-postgres")
+        })
+        .filter_map(|va| {
+            va.pointer("/spec/nodeName")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(
+        postgres,
+        vec![new_host.clone()],
+        "attached to one node, the new one"
+    );
+    assert!(kube
+        .volume_attachments(&new_host)
+        .await?
+        .iter()
+        .any(|n| !before.contains(n)));
+    assert_eq!(lh_node(&twin).as_deref(), Some(new_host.as_str()));
+    Ok(())
+}

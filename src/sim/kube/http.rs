@@ -1404,10 +1404,20 @@ fn faults(sh: &Shared, headers: &HeaderMap, body: &Bytes) -> Response<Body> {
         .clone();
     // Asked before the cluster is locked: the hook reads the Talos side.
     let nodes = hook.as_ref().map(|h| h.nodes());
+    let control_planes = hook
+        .as_ref()
+        .map(|h| h.control_planes())
+        .unwrap_or_default();
     let mut c = sh.lock();
     let now = sh.clock.now();
     let targets = FaultTargets {
         nodes,
+        control_planes,
+        volumes: c
+            .list("volumes", None)
+            .iter()
+            .map(|v| name_of(v).to_string())
+            .collect(),
         pdbs: c
             .list("poddisruptionbudgets", None)
             .iter()
@@ -1453,6 +1463,10 @@ fn faults(sh: &Shared, headers: &HeaderMap, body: &Bytes) -> Response<Body> {
                 c.set_pdb_never_allows(ns, name, true, now);
             }
         }
+    }
+    if given.contains("replicasNeverRebuild") {
+        let list = f.replicas_never_rebuild.iter().cloned().collect();
+        c.set_replicas_never_rebuild(list, now);
     }
     if let Some(b) = &f.api_error_burst {
         // Validated: both fit.

@@ -14,9 +14,12 @@
 //!   kubectl, metadata-only lists, metav1 Status errors, `/metrics` with
 //!   `apiserver_requested_deprecated_apis`, `/openapi/v3` stubs.
 //! - Controllers: ReplicaSet/StatefulSet/Deployment/DaemonSet (replacement pods, one-at-a-time
-//!   rolling updates), a scheduler (Ready, not cordoned, no NoSchedule taint, local-path PV
-//!   node affinity, spread), pod start delay and graceful termination on the clock, pod GC,
-//!   PDB status, Longhorn robustness and replica rebuild, the Eviction API per the apiserver.
+//!   rolling updates; DaemonSets by `maxUnavailable`, or `OnDelete`), a scheduler (Ready, not
+//!   cordoned, no NoSchedule taint, local-path PV node affinity, spread, the Multi-Attach wait
+//!   of a ReadWriteOnce CSI volume), pod start delay and graceful termination on the clock,
+//!   pod GC, PDB status, Longhorn robustness, replica re-sync and rebuild, VolumeAttachments
+//!   (attach-detach controller and CSI external-attacher), the Eviction API per the
+//!   apiserver.
 //!
 //! Not simulated: authorization (the one token is cluster-admin), admission and schema
 //! validation (`fieldValidation` is accepted and ignored), protobuf, aggregated discovery,

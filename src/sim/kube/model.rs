@@ -18,8 +18,14 @@ use crate::clock::Timestamp;
 pub struct Behaviour {
     /// From a pod's creation (after an eviction or loss) until it runs Ready on a node.
     pub pod_start_delay: Duration,
-    /// From a Longhorn volume becoming degraded until its lost replica is rebuilt elsewhere.
+    /// From a Longhorn volume becoming degraded until its lost replica is rebuilt elsewhere,
+    /// and from a node's return until the replica it kept has re-synced (Longhorn reuses a
+    /// failed replica whose node comes back: it runs again at once, but the volume counts it
+    /// healthy only once rebuilt).
     pub replica_rebuild_delay: Duration,
+    /// From the last pod using a CSI volume on a node being gone until its VolumeAttachment
+    /// is detached and deleted (kubelet unmount, attach-detach controller, external-attacher).
+    pub volume_detach_delay: Duration,
     /// Watch events kept for `watch` with a resourceVersion; older ones get 410 Expired.
     pub watch_history: usize,
     /// How long a deleted or evicted pod stays Terminating before it is gone when neither
@@ -43,6 +49,7 @@ impl Default for Behaviour {
         Behaviour {
             pod_start_delay: Duration::from_secs(10),
             replica_rebuild_delay: Duration::from_secs(120),
+            volume_detach_delay: Duration::from_secs(10),
             watch_history: 10_000,
             pod_termination: Duration::from_secs(30),
             max_replicas: MAX_REPLICAS,
@@ -62,6 +69,9 @@ pub struct Faults {
     /// 500 (InternalError) or 429 (TooManyRequests, with Retry-After).
     pub burst_code: u16,
     pub retry_after_secs: u64,
+    /// Longhorn volumes whose failed replicas are never rebuilt (where they were or
+    /// elsewhere): the volume stays degraded.
+    pub replicas_never_rebuild: BTreeSet<String>,
 }
 
 /// A sample of `apiserver_requested_deprecated_apis`.
@@ -97,6 +107,9 @@ fn pod_template_hash(pod: &Value) -> Option<&str> {
         .as_str()
 }
 pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+/// The Longhorn CSI driver (a PersistentVolume's `spec.csi.driver`, a VolumeAttachment's
+/// `spec.attacher`).
+pub const LONGHORN_DRIVER: &str = "driver.longhorn.io";
 
 /// The simulated cluster: objects and the controllers acting on them.
 pub struct Cluster {
@@ -108,6 +121,11 @@ pub struct Cluster {
     pending: BTreeMap<(String, String), Timestamp>,
     /// Longhorn volumes (namespace, name) → since when they are degraded.
     degraded_since: BTreeMap<(String, String), Timestamp>,
+    /// Longhorn replicas (namespace, name) reused after their node returned → when they have
+    /// re-synced.
+    resync_due: BTreeMap<(String, String), Timestamp>,
+    /// VolumeAttachments no pod needs any more → when they are detached and gone.
+    detach_due: BTreeMap<String, Timestamp>,
     /// Terminating pods (namespace, name) → when they are gone.
     terminating: BTreeMap<(String, String), Timestamp>,
     /// Nodes whose kubelet stopped posting status → since when (the node is down).
@@ -314,6 +332,8 @@ impl Cluster {
             deprecated_apis: Vec::new(),
             pending: BTreeMap::new(),
             degraded_since: BTreeMap::new(),
+            resync_due: BTreeMap::new(),
+            detach_due: BTreeMap::new(),
             terminating: BTreeMap::new(),
             silent_since: BTreeMap::new(),
             heartbeat_due: Timestamp(0),
@@ -535,9 +555,8 @@ impl Cluster {
                     .update(rt_pods(), namespace_of(&pod), name_of(&pod), p);
             }
         }
-        if ready {
-            self.replicas_on_node(node, "running", now);
-        }
+        // Replicas on a node back in service are reused by the Longhorn pass (re-synced,
+        // not instantly healthy).
         Ok(())
     }
 
@@ -552,14 +571,15 @@ impl Cluster {
             return Err(ApiError::not_found(rt("nodes"), node));
         }
         self.silent_since.entry(node.to_string()).or_insert(now);
-        self.replicas_on_node(node, "stopped", now);
+        self.replicas_fail_on(node, now);
         self.invalidate();
         self.sync(now);
         Ok(())
     }
 
     /// The node is back: the kubelet posts Ready again, the unreachable taint goes, and its
-    /// pods still bound to it (restarted by the kubelet) and stopped replicas run again.
+    /// pods still bound to it (restarted by the kubelet) run again; Longhorn reuses its
+    /// stopped replicas, healthy once re-synced.
     pub fn node_up(&mut self, node: &str, now: Timestamp) -> Result<(), ApiError> {
         self.set_node_ready(node, true, now)
     }
@@ -849,6 +869,14 @@ impl Cluster {
     }
 
     /// Fault: this PDB never allows a disruption (or allows again with `false`).
+    /// The `replicasNeverRebuild` fault: these Longhorn volumes' failed replicas are never
+    /// rebuilt. Replaces the current set; a volume taken out rebuilds from now on.
+    pub fn set_replicas_never_rebuild(&mut self, volumes: BTreeSet<String>, now: Timestamp) {
+        self.faults.replicas_never_rebuild = volumes;
+        self.invalidate();
+        self.sync(now);
+    }
+
     pub fn set_pdb_never_allows(&mut self, namespace: &str, name: &str, on: bool, now: Timestamp) {
         let key = (namespace.to_string(), name.to_string());
         if on {
@@ -1095,6 +1123,7 @@ impl Cluster {
             self.start_pending(now);
             self.pod_gc();
             self.longhorn(now);
+            self.attach_detach(now);
             if self.store.resource_version() == before {
                 settled = true;
                 break;
@@ -1116,10 +1145,14 @@ impl Cluster {
             .values()
             .map(|t| t.plus(self.behaviour.replica_rebuild_delay));
         let gone_due = self.terminating.values().copied();
+        let resync_due = self.resync_due.values().copied();
+        let detach_due = self.detach_due.values().copied();
         self.next_due = pod_due
             .into_iter()
             .chain(rebuild_due)
             .chain(gone_due)
+            .chain(resync_due)
+            .chain(detach_due)
             .chain(self.next_node_lifecycle())
             .min();
     }
@@ -1423,8 +1456,63 @@ impl Cluster {
                 let _ = self.store.delete(rt_pods(), &ns, &p.name);
             }
             if complete {
-                self.roll(&ds, &have);
+                self.roll_daemon_set(&ds, &have, nodes.len() as u64);
             }
+        }
+    }
+
+    /// A DaemonSet's RollingUpdate (no surge), as the DaemonSet controller does it: an old
+    /// pod that is not available is replaced at once; available old pods are replaced only
+    /// while fewer than `maxUnavailable` (default 1, a percentage of the nodes rounded up)
+    /// of its pods are unavailable, counting new pods still starting. `OnDelete` never
+    /// replaces a pod. The twin's DaemonSet pods exit at once when deleted.
+    fn roll_daemon_set(&mut self, ds: &Value, have: &[PodBrief], desired: u64) {
+        if ds.at("/spec/updateStrategy/type").and_then(Value::as_str) == Some("OnDelete") {
+            return;
+        }
+        let current = template_hash(ds);
+        let max_unavailable = ds
+            .at("/spec/updateStrategy/rollingUpdate/maxUnavailable")
+            .and_then(|v| scaled(v, desired))
+            .unwrap_or(1)
+            .max(1);
+        let available = |p: &PodBrief| {
+            !p.terminating
+                && !self
+                    .pending
+                    .contains_key(&(p.namespace.clone(), p.name.clone()))
+                && self
+                    .store
+                    .get("pods", &p.namespace, &p.name)
+                    .is_some_and(is_ready)
+        };
+        let mut per_node: BTreeMap<&str, Vec<&PodBrief>> = BTreeMap::new();
+        for p in have {
+            per_node.entry(p.node.as_str()).or_default().push(p);
+        }
+        let mut unavailable = 0u64;
+        let mut replace_now: Vec<String> = Vec::new();
+        let mut candidates: Vec<String> = Vec::new();
+        for pods in per_node.values() {
+            let [p] = pods.as_slice() else {
+                // More than one pod on a node: the manage loop sorts it out.
+                unavailable += 1;
+                continue;
+            };
+            let new = p.template.as_deref() == Some(current.as_str());
+            match (new, available(p)) {
+                (true, true) => {}
+                (true, false) => unavailable += 1,
+                (false, false) => replace_now.push(p.name.clone()),
+                (false, true) if unavailable >= max_unavailable => {}
+                (false, true) => candidates.push(p.name.clone()),
+            }
+        }
+        let room = max_unavailable.saturating_sub(unavailable) as usize;
+        replace_now.extend(candidates.into_iter().take(room));
+        let ns = namespace_of(ds).to_string();
+        for name in replace_now {
+            let _ = self.store.delete(rt_pods(), &ns, &name);
         }
     }
 
@@ -1556,6 +1644,10 @@ impl Cluster {
                     n.to_string()
                 }
             };
+            // The kubelet waits for the attach-detach controller (Multi-Attach).
+            if self.attached_elsewhere(&pod, &node_name) {
+                continue;
+            }
             if node_of(&pod).is_empty() {
                 if let Some(o) = owner {
                     *per_owner
@@ -1600,72 +1692,147 @@ impl Cluster {
         }
     }
 
-    fn replicas_on_node(&mut self, node: &str, state: &str, now: Timestamp) {
+    /// Longhorn sees the replicas on a node that went down fail at once: the instance
+    /// stops and `spec.failedAt` is set (`healthyAt` keeps when it was last healthy).
+    fn replicas_fail_on(&mut self, node: &str, now: Timestamp) {
         for r in self.store.all("replicas") {
             if r.at("/spec/nodeID").and_then(Value::as_str) != Some(node) {
                 continue;
             }
+            self.resync_due
+                .remove(&(namespace_of(&r).to_string(), name_of(&r).to_string()));
             let mut r2 = r.clone();
-            set_path(&mut r2, &["status", "currentState"], json!(state));
-            r2["spec"]["failedAt"] = json!(if state == "running" {
-                String::new()
-            } else {
-                now.rfc3339()
-            });
-            let _ = self
-                .store
-                .update(rt("replicas"), namespace_of(&r), name_of(&r), r2);
+            set_path(&mut r2, &["status", "currentState"], json!("stopped"));
+            if replica_failed_at(&r).is_empty() {
+                set_path(&mut r2, &["spec", "failedAt"], json!(now.rfc3339()));
+            }
+            if r2 != r {
+                if let Some(m) = r2.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.remove("resourceVersion");
+                }
+                let _ = self
+                    .store
+                    .update(rt("replicas"), namespace_of(&r), name_of(&r), r2);
+            }
         }
     }
 
-    /// Longhorn: robustness from the running replicas; a degraded volume's stopped replica
-    /// is replaced on another Ready node once the rebuild delay passed.
+    /// Longhorn, per volume (as longhorn-manager's volume controller):
+    /// - a failed replica whose node is Ready again is reused: its instance runs again
+    ///   (`currentState: running`, `failedAt` and `healthyAt` cleared) and re-syncs from a
+    ///   healthy one for `replica_rebuild_delay`, after which `healthyAt` is set (a volume
+    ///   with no healthy replica left takes it back at once, as Longhorn salvages one);
+    /// - a volume short of replicas for `replica_rebuild_delay` gets a new one on another
+    ///   Ready node, in place of a failed one;
+    /// - robustness counts the healthy replicas (running, not failed, `healthyAt` set):
+    ///   `healthy`, `degraded`, or `faulted` with none.
+    ///
+    /// The `replicasNeverRebuild` fault stops the first two for its volumes.
     fn longhorn(&mut self, now: Timestamp) {
         let nodes = self.node_briefs();
+        // Longhorn sees a node go the moment it does (its manager pod there stops), not after
+        // the Node's grace period: a node counts once it is Ready and heard from.
+        let ready: BTreeSet<&str> = nodes
+            .iter()
+            .filter(|n| n.ready && !self.silent_since.contains_key(&n.name))
+            .map(|n| n.name.as_str())
+            .collect();
+        let delay = self.behaviour.replica_rebuild_delay;
+        // A replica deleted while it re-synced has nothing left to finish.
+        let store = &self.store;
+        self.resync_due
+            .retain(|(ns, name), _| store.get("replicas", ns, name).is_some());
         for vol in self.store.all("volumes") {
             let ns = namespace_of(&vol).to_string();
             let vname = name_of(&vol).to_string();
-            let replicas: Vec<Value> = self
-                .store
-                .list(
-                    "replicas",
-                    Some(&ns),
-                    &LabelSelector::default(),
-                    &FieldSelector::default(),
-                )
-                .into_iter()
-                .filter(|r| {
-                    r.at("/spec/volumeName").and_then(Value::as_str) == Some(vname.as_str())
-                })
-                .collect();
-            let running = replicas
-                .iter()
-                .filter(|r| r.at("/status/currentState").and_then(Value::as_str) == Some("running"))
-                .count() as u64;
+            let never = self.faults.replicas_never_rebuild.contains(&vname);
+            let replicas_of = |store: &Store| -> Vec<Value> {
+                store
+                    .list(
+                        "replicas",
+                        Some(&ns),
+                        &LabelSelector::default(),
+                        &FieldSelector::default(),
+                    )
+                    .into_iter()
+                    .filter(|r| {
+                        r.at("/spec/volumeName").and_then(Value::as_str) == Some(vname.as_str())
+                    })
+                    .collect()
+            };
             let want = vol
                 .at("/spec/numberOfReplicas")
                 .and_then(Value::as_u64)
                 .unwrap_or(3);
+            let replicas = replicas_of(&self.store);
+            let mut updates = Vec::new();
+            // Re-synced replicas turn healthy.
+            for r in &replicas {
+                let key = (ns.clone(), name_of(r).to_string());
+                if self.resync_due.get(&key).is_some_and(|due| *due <= now) {
+                    self.resync_due.remove(&key);
+                    let mut r2 = r.clone();
+                    set_path(&mut r2, &["spec", "healthyAt"], json!(now.rfc3339()));
+                    updates.push(r2);
+                }
+            }
+            // Failed replicas on nodes back in service are reused.
+            if !never {
+                let mut active = replicas
+                    .iter()
+                    .filter(|r| replica_failed_at(r).is_empty())
+                    .count() as u64;
+                let mut healthy = replicas.iter().filter(|r| replica_healthy(r)).count();
+                for r in &replicas {
+                    let node = r.at("/spec/nodeID").and_then(Value::as_str).unwrap_or("");
+                    if replica_failed_at(r).is_empty() || !ready.contains(node) || active >= want {
+                        continue;
+                    }
+                    active += 1;
+                    let mut r2 = r.clone();
+                    set_path(&mut r2, &["status", "currentState"], json!("running"));
+                    set_path(&mut r2, &["spec", "failedAt"], json!(""));
+                    if healthy == 0 {
+                        // Nothing to sync from: Longhorn salvages it as it is.
+                        set_path(&mut r2, &["spec", "healthyAt"], json!(now.rfc3339()));
+                        healthy += 1;
+                    } else {
+                        set_path(&mut r2, &["spec", "healthyAt"], json!(""));
+                        self.resync_due
+                            .insert((ns.clone(), name_of(r).to_string()), now.plus(delay));
+                    }
+                    updates.push(r2);
+                }
+            }
+            for mut r2 in updates {
+                if let Some(m) = r2.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.remove("resourceVersion");
+                }
+                let name = name_of(&r2).to_string();
+                let _ = self.store.update(rt("replicas"), &ns, &name, r2);
+            }
+            let replicas = replicas_of(&self.store);
+            let active = replicas
+                .iter()
+                .filter(|r| replica_failed_at(r).is_empty())
+                .count() as u64;
+            let healthy = replicas.iter().filter(|r| replica_healthy(r)).count() as u64;
             let key = (ns.clone(), vname.clone());
-            if running < want && running > 0 {
+            if active < want && healthy > 0 && !never {
                 let since = *self.degraded_since.entry(key.clone()).or_insert(now);
-                if since.plus(self.behaviour.replica_rebuild_delay) <= now {
+                if since.plus(delay) <= now {
                     let used: BTreeSet<&str> = replicas
                         .iter()
-                        .filter(|r| {
-                            r.at("/status/currentState").and_then(Value::as_str) == Some("running")
-                        })
+                        .filter(|r| replica_failed_at(r).is_empty())
                         .filter_map(|r| r.at("/spec/nodeID").and_then(Value::as_str))
                         .collect();
                     let has_workers = nodes.iter().any(|n| !n.control_plane);
                     let target = nodes.iter().find(|n| {
-                        n.ready
+                        ready.contains(n.name.as_str())
                             && !used.contains(n.name.as_str())
                             && (!has_workers || !n.control_plane)
                     });
-                    let failed = replicas.iter().find(|r| {
-                        r.at("/status/currentState").and_then(Value::as_str) != Some("running")
-                    });
+                    let failed = replicas.iter().find(|r| !replica_failed_at(r).is_empty());
                     if let Some(target) = target {
                         if let Some(f) = failed {
                             let _ = self.store.delete(rt("replicas"), &ns, name_of(f));
@@ -1675,6 +1842,7 @@ impl Cluster {
                             &vname,
                             &format!("{}-r-{}", vname, self.store.suffix()),
                             &target.name,
+                            now,
                         );
                         let _ = self.store.create(rt("replicas"), &ns, r, now);
                         self.degraded_since.remove(&key);
@@ -1683,9 +1851,13 @@ impl Cluster {
             } else {
                 self.degraded_since.remove(&key);
             }
-            let robustness = if running == 0 {
+            let healthy = replicas_of(&self.store)
+                .iter()
+                .filter(|r| replica_healthy(r))
+                .count() as u64;
+            let robustness = if healthy == 0 {
                 "faulted"
-            } else if running < want {
+            } else if healthy < want {
                 "degraded"
             } else {
                 "healthy"
@@ -1702,6 +1874,177 @@ impl Cluster {
                 set_path(&mut v2, &["status", "robustness"], json!(robustness));
                 set_path(&mut v2, &["status", "state"], json!(state));
                 let _ = self.store.update(rt("volumes"), &ns, &vname, v2);
+            }
+        }
+    }
+
+    /// The CSI volumes (PersistentVolume name, driver, volume handle) a pod's
+    /// PersistentVolumeClaims are bound to.
+    fn csi_volumes_of(&self, pod: &Value) -> Vec<(String, String, String, bool)> {
+        let ns = namespace_of(pod);
+        let mut out = Vec::new();
+        for v in pod
+            .at("/spec/volumes")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let Some(claim) = v
+                .at("/persistentVolumeClaim/claimName")
+                .and_then(Value::as_str)
+            else {
+                continue;
+            };
+            let Some(pv_name) = self
+                .store
+                .get("persistentvolumeclaims", ns, claim)
+                .and_then(|c| c.at("/spec/volumeName"))
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+            else {
+                continue;
+            };
+            let Some(pv) = self.store.get("persistentvolumes", "", pv_name) else {
+                continue;
+            };
+            let text = |p: &str| pv.at(p).and_then(Value::as_str).unwrap_or("").to_string();
+            let (driver, handle) = (text("/spec/csi/driver"), text("/spec/csi/volumeHandle"));
+            if driver.is_empty() || handle.is_empty() {
+                continue;
+            }
+            let rwo = pv
+                .at("/spec/accessModes")
+                .and_then(Value::as_array)
+                .is_some_and(|m| {
+                    m.iter()
+                        .any(|m| m == "ReadWriteOnce" || m == "ReadWriteOncePod")
+                });
+            out.push((pv_name.to_string(), driver, handle, rwo));
+        }
+        out
+    }
+
+    /// Whether `pod` must wait to start on `node`: a ReadWriteOnce CSI volume of it is
+    /// still attached to another node (the attach-detach controller's Multi-Attach error).
+    fn attached_elsewhere(&self, pod: &Value, node: &str) -> bool {
+        let vols = self.csi_volumes_of(pod);
+        vols.iter().filter(|v| v.3).any(|(pv, ..)| {
+            self.store.iter("volumeattachments").any(|va| {
+                va.at("/spec/source/persistentVolumeName")
+                    .and_then(Value::as_str)
+                    == Some(pv)
+                    && va.at("/spec/nodeName").and_then(Value::as_str) != Some(node)
+            })
+        })
+    }
+
+    /// The attach-detach controller with the CSI external-attacher: a VolumeAttachment
+    /// (`csi-<sha256(handle + driver + node)>`, `status.attached: true`) for every CSI
+    /// volume a pod bound to a node uses, until the pod is gone; `volume_detach_delay` after
+    /// the last such pod on that node is gone, the volume is detached and the
+    /// VolumeAttachment deleted. A Longhorn volume's `spec.nodeID` follows. A
+    /// VolumeAttachment whose PersistentVolume is not a CSI one the twin knows is left alone.
+    fn attach_detach(&mut self, now: Timestamp) {
+        use sha2::Digest;
+        type Want = (String, String, String, String, bool);
+        let mut wanted: BTreeMap<String, Want> = BTreeMap::new();
+        for pod in self.store.iter("pods") {
+            let node = node_of(pod);
+            let phase = pod.at("/status/phase").and_then(Value::as_str);
+            if node.is_empty() || matches!(phase, Some("Succeeded" | "Failed")) {
+                continue;
+            }
+            for (pv, driver, handle, rwo) in self.csi_volumes_of(pod) {
+                let digest = sha2::Sha256::digest(format!("{handle}{driver}{node}").as_bytes());
+                wanted.insert(
+                    format!("csi-{}", hex::encode(digest)),
+                    (pv, driver, handle, node.to_string(), rwo),
+                );
+            }
+        }
+        let mut longhorn_node: Vec<(String, String)> = Vec::new();
+        for (name, (pv, driver, handle, node, rwo)) in &wanted {
+            self.detach_due.remove(name);
+            if self.store.get("volumeattachments", "", name).is_some() {
+                continue;
+            }
+            // A ReadWriteOnce volume attaches to one node at a time (Multi-Attach error).
+            let elsewhere = self.store.iter("volumeattachments").any(|va| {
+                va.at("/spec/source/persistentVolumeName")
+                    .and_then(Value::as_str)
+                    == Some(pv.as_str())
+                    && va.at("/spec/nodeName").and_then(Value::as_str) != Some(node.as_str())
+            });
+            if *rwo && elsewhere {
+                continue;
+            }
+            let va = json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+                "metadata": {"name": name,
+                             "annotations": {"csi.alpha.kubernetes.io/node-id": node},
+                             "finalizers": [format!("external-attacher/{}", driver.replace('/', "-"))]},
+                "spec": {"attacher": driver, "nodeName": node, "source": {"persistentVolumeName": pv}},
+                "status": {"attached": true},
+            });
+            let _ = self.store.create(rt("volumeattachments"), "", va, now);
+            if driver == LONGHORN_DRIVER {
+                longhorn_node.push((handle.clone(), node.clone()));
+            }
+        }
+        for va in self.store.all("volumeattachments") {
+            let name = name_of(&va).to_string();
+            if wanted.contains_key(&name) {
+                continue;
+            }
+            let pv = va
+                .at("/spec/source/persistentVolumeName")
+                .and_then(Value::as_str)
+                .and_then(|pv| self.store.get("persistentvolumes", "", pv));
+            let Some(handle) = pv
+                .filter(|pv| pv.at("/spec/csi/driver").is_some())
+                .and_then(|pv| pv.at("/spec/csi/volumeHandle"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+            else {
+                continue;
+            };
+            let due = *self
+                .detach_due
+                .entry(name.clone())
+                .or_insert(now.plus(self.behaviour.volume_detach_delay));
+            if due > now {
+                continue;
+            }
+            self.detach_due.remove(&name);
+            let _ = self.store.delete(rt("volumeattachments"), "", &name);
+            let source = va.at("/spec/source/persistentVolumeName");
+            let still = self
+                .store
+                .iter("volumeattachments")
+                .any(|o| o.at("/spec/source/persistentVolumeName") == source);
+            if va.at("/spec/attacher").and_then(Value::as_str) == Some(LONGHORN_DRIVER) && !still {
+                longhorn_node.push((handle, String::new()));
+            }
+        }
+        let store = &self.store;
+        self.detach_due
+            .retain(|name, _| store.get("volumeattachments", "", name).is_some());
+        for (volume, node) in longhorn_node {
+            if let Some(v) = self
+                .store
+                .get("volumes", "longhorn-system", &volume)
+                .cloned()
+            {
+                if v.at("/spec/nodeID").and_then(Value::as_str) != Some(node.as_str()) {
+                    let mut v2 = v;
+                    set_path(&mut v2, &["spec", "nodeID"], json!(node));
+                    if let Some(m) = v2.get_mut("metadata").and_then(Value::as_object_mut) {
+                        m.remove("resourceVersion");
+                    }
+                    let _ = self
+                        .store
+                        .update(rt("volumes"), "longhorn-system", &volume, v2);
+                }
             }
         }
     }
@@ -2021,13 +2364,35 @@ fn container_statuses(pod: &Value, now: Timestamp) -> Value {
     )
 }
 
-pub fn replica_object(namespace: &str, volume: &str, name: &str, node: &str) -> Value {
+/// A healthy running Longhorn replica of `volume` on `node`, healthy since `now`.
+pub fn replica_object(
+    namespace: &str,
+    volume: &str,
+    name: &str,
+    node: &str,
+    now: Timestamp,
+) -> Value {
     json!({
         "apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
         "metadata": {"name": name, "namespace": namespace, "labels": {"longhornvolume": volume, "longhornnode": node}},
-        "spec": {"nodeID": node, "volumeName": volume, "failedAt": "", "desireState": "running"},
+        "spec": {"nodeID": node, "volumeName": volume, "failedAt": "", "healthyAt": now.rfc3339(),
+                 "desireState": "running"},
         "status": {"currentState": "running"},
     })
+}
+
+/// A replica's `spec.failedAt` ("" while it has not failed).
+fn replica_failed_at(r: &Value) -> &str {
+    r.at("/spec/failedAt").and_then(Value::as_str).unwrap_or("")
+}
+
+/// What Longhorn counts for robustness: running, not failed, rebuilt (`healthyAt` set).
+fn replica_healthy(r: &Value) -> bool {
+    r.at("/status/currentState").and_then(Value::as_str) == Some("running")
+        && replica_failed_at(r).is_empty()
+        && r.at("/spec/healthyAt")
+            .and_then(Value::as_str)
+            .is_some_and(|t| !t.is_empty())
 }
 
 #[cfg(test)]
@@ -2064,5 +2429,67 @@ mod tests {
         let c = json!({"spec": {"template": {"spec": {"containers": [{"image": "x:2"}]}}}});
         assert_eq!(template_hash(&a), template_hash(&b));
         assert_ne!(template_hash(&a), template_hash(&c));
+    }
+
+    fn robustness(c: &Cluster, volume: &str) -> String {
+        c.get("volumes", "longhorn-system", volume)
+            .and_then(|v| {
+                v.at("/status/robustness")
+                    .and_then(Value::as_str)
+                    .map(String::from)
+            })
+            .unwrap_or_default()
+    }
+
+    fn replica_on(c: &Cluster, volume: &str, node: &str) -> Option<Value> {
+        c.list("replicas", Some("longhorn-system"))
+            .into_iter()
+            .find(|r| {
+                r.at("/spec/volumeName").and_then(Value::as_str) == Some(volume)
+                    && r.at("/spec/nodeID").and_then(Value::as_str) == Some(node)
+            })
+    }
+
+    #[test]
+    fn a_returning_replica_runs_at_once_and_is_healthy_once_resynced() -> Result<(), ApiError> {
+        let t0 = Timestamp(1_767_225_600_000);
+        let s = Duration::from_secs;
+        let mut c = super::super::seed::KubeSeed::nodes(1, 3)
+            .longhorn_volume("pvc-a", 3)
+            .longhorn_volume("pvc-b", 3)
+            .build(Behaviour::default(), t0)?;
+        c.set_replicas_never_rebuild(["pvc-b".to_string()].into(), t0);
+        assert_eq!(robustness(&c, "pvc-a"), "healthy");
+        c.node_down("worker-1", t0)?;
+        let failed = replica_on(&c, "pvc-a", "worker-1").unwrap_or_default();
+        assert_eq!(failed.at("/status/currentState"), Some(&json!("stopped")));
+        assert_ne!(replica_failed_at(&failed), "");
+        assert_eq!(robustness(&c, "pvc-a"), "degraded");
+        // Back within the rebuild delay: reused, running, not yet healthy.
+        let back = t0.plus(s(90));
+        c.set_node_ready("worker-1", true, back)?;
+        let reused = replica_on(&c, "pvc-a", "worker-1").unwrap_or_default();
+        assert_eq!(reused.at("/status/currentState"), Some(&json!("running")));
+        assert_eq!(reused.at("/spec/healthyAt"), Some(&json!("")));
+        assert_eq!(robustness(&c, "pvc-a"), "degraded");
+        // The degraded volume's own delay (t0 + 120 s) builds no extra replica: one re-syncs.
+        c.sync(t0.plus(s(200)));
+        assert_eq!(
+            c.list("replicas", Some("longhorn-system"))
+                .iter()
+                .filter(|r| r.at("/spec/volumeName") == Some(&json!("pvc-a")))
+                .count(),
+            3
+        );
+        assert_eq!(c.next_due(), Some(back.plus(s(120))));
+        c.sync(back.plus(s(120)));
+        assert_eq!(robustness(&c, "pvc-a"), "healthy");
+        // The fault: pvc-b's replica stays stopped, nothing rebuilds it, nothing is due.
+        let kept = replica_on(&c, "pvc-b", "worker-1").unwrap_or_default();
+        assert_eq!(kept.at("/status/currentState"), Some(&json!("stopped")));
+        assert_eq!(robustness(&c, "pvc-b"), "degraded");
+        c.sync(back.plus(s(3600)));
+        assert_eq!(robustness(&c, "pvc-b"), "degraded");
+        Ok(())
     }
 }

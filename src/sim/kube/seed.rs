@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::model::{
     replica_object, Behaviour, Cluster, DeprecatedApi, Faults, CONTROL_PLANE_LABEL,
-    MIRROR_ANNOTATION,
+    LONGHORN_DRIVER, MIRROR_ANNOTATION,
 };
 use super::store::{ApiError, At};
 use crate::clock::Timestamp;
@@ -66,8 +66,20 @@ pub struct PdbSeed {
 pub struct VolumeSeed {
     pub name: String,
     pub replicas: u32,
-    /// The node the volume is attached to, if any.
+    /// The node the volume is attached to, if any: a bare pod there (`<name>-user` in
+    /// `default`) mounts it.
     pub attached_to: Option<String>,
+    /// A one-replica Deployment (namespace, name) that mounts the volume wherever it runs.
+    pub used_by: Option<(String, String)>,
+}
+
+impl VolumeSeed {
+    /// The namespace of the volume's PersistentVolumeClaim (named as the volume).
+    pub fn claim_namespace(&self) -> &str {
+        self.used_by
+            .as_ref()
+            .map_or("default", |(ns, _)| ns.as_str())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -284,16 +296,37 @@ impl KubeSeed {
             name: name.into(),
             replicas,
             attached_to: None,
+            used_by: None,
         });
         self
     }
 
-    /// A Longhorn volume attached to (in use on) `node`.
+    /// A Longhorn volume mounted by a one-replica Deployment `ns/deployment` (its claim is
+    /// `ns/<name>`): wherever the pod runs, the volume is attached there.
+    pub fn longhorn_volume_used_by(
+        mut self,
+        name: &str,
+        replicas: u32,
+        ns: &str,
+        deployment: &str,
+    ) -> Self {
+        self.volumes.push(VolumeSeed {
+            name: name.into(),
+            replicas,
+            attached_to: None,
+            used_by: Some((ns.into(), deployment.into())),
+        });
+        self
+    }
+
+    /// A Longhorn volume attached to (in use on) `node`: a bare pod `default/<name>-user`
+    /// bound to `node` mounts it.
     pub fn longhorn_volume_attached(mut self, name: &str, replicas: u32, node: &str) -> Self {
         self.volumes.push(VolumeSeed {
             name: name.into(),
             replicas,
             attached_to: Some(node.into()),
+            used_by: None,
         });
         self
     }
@@ -384,6 +417,7 @@ impl KubeSeed {
         namespaces.extend(self.config_maps.iter().map(|c| c.0.clone()));
         namespaces.extend(self.leases.iter().map(|l| l.0.clone()));
         namespaces.extend(self.local_pvs.iter().map(|p| p.2.clone()));
+        namespaces.extend(self.volumes.iter().map(|v| v.claim_namespace().to_string()));
         for ns in &namespaces {
             c.upsert_quiet(
                 json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
@@ -569,9 +603,60 @@ impl KubeSeed {
                     ((i * 31 + r) as u32).wrapping_mul(2_654_435_761u32)
                 );
                 c.upsert_quiet(
-                    replica_object("longhorn-system", &vol.name, &name, node),
+                    replica_object("longhorn-system", &vol.name, &name, node, now),
                     now,
                 )?;
+            }
+            // As the Longhorn CSI provisioner leaves it: a PersistentVolume named as the
+            // volume, bound to a claim of the same name.
+            let ns = vol.claim_namespace();
+            for obj in longhorn_claim(&vol.name, ns, vol.replicas) {
+                c.upsert_quiet(obj, now)?;
+            }
+            let mount = |pod: &str| {
+                json!({"containers": [{"name": pod, "image": format!("registry.example/{pod}:1.0"),
+                                       "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                       "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": vol.name}}]})
+            };
+            if let Some(node) = &vol.attached_to {
+                let pod = format!("{}-user", vol.name);
+                let mut spec = mount(&pod);
+                spec["nodeName"] = json!(node);
+                c.upsert_quiet(
+                    json!({"apiVersion": "v1", "kind": "Pod",
+                           "metadata": {"name": pod, "namespace": ns, "labels": {"app": pod}},
+                           "spec": spec, "status": {"phase": "Pending"}}),
+                    now,
+                )?;
+            }
+            if let Some((_, name)) = &vol.used_by {
+                let labels = json!({"app": name});
+                let template = json!({"metadata": {"labels": labels}, "spec": mount(name)});
+                let d = c.upsert_quiet(
+                    json!({
+                        "apiVersion": "apps/v1", "kind": "Deployment",
+                        "metadata": {"name": name, "namespace": ns, "labels": labels},
+                        "spec": {"replicas": 1, "strategy": {"type": "Recreate"},
+                                 "selector": {"matchLabels": labels}, "template": template},
+                    }),
+                    now,
+                )?;
+                let hash = format!(
+                    "{:x}",
+                    name.bytes()
+                        .fold(0x5eedu32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32))
+                        % 0xfffff
+                );
+                let mut rs_labels = labels.clone();
+                rs_labels["pod-template-hash"] = json!(hash);
+                let mut rs_template = template.clone();
+                rs_template["metadata"]["labels"]["pod-template-hash"] = json!(hash);
+                c.upsert_quiet(json!({
+                    "apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "metadata": {"name": format!("{name}-{hash}"), "namespace": ns,
+                                 "labels": rs_labels, "ownerReferences": [owner(&d)]},
+                    "spec": {"replicas": 1, "selector": {"matchLabels": rs_labels}, "template": rs_template},
+                }), now)?;
             }
         }
         for (name, node, ns, claim) in &self.local_pvs {
@@ -615,6 +700,34 @@ impl KubeSeed {
 fn owner(obj: &Value) -> Value {
     json!({"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
            "uid": obj["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true})
+}
+
+/// The PersistentVolume and PersistentVolumeClaim (both named `volume`, the claim in `ns`)
+/// of a Longhorn volume, as the Longhorn CSI provisioner binds them.
+pub fn longhorn_claim(volume: &str, ns: &str, replicas: u32) -> [Value; 2] {
+    let modes = json!(["ReadWriteOnce"]);
+    [
+        json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": volume, "annotations": {"pv.kubernetes.io/provisioned-by": LONGHORN_DRIVER}},
+            "spec": {"capacity": {"storage": "10Gi"}, "accessModes": modes, "volumeMode": "Filesystem",
+                     "storageClassName": "longhorn", "persistentVolumeReclaimPolicy": "Delete",
+                     "csi": {"driver": LONGHORN_DRIVER, "volumeHandle": volume, "fsType": "ext4",
+                             "volumeAttributes": {"numberOfReplicas": replicas.to_string(),
+                                                  "staleReplicaTimeout": "30"}},
+                     "claimRef": {"kind": "PersistentVolumeClaim", "namespace": ns, "name": volume}},
+            "status": {"phase": "Bound"},
+        }),
+        json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": volume, "namespace": ns,
+                         "annotations": {"pv.kubernetes.io/bind-completed": "yes",
+                                         "volume.kubernetes.io/storage-provisioner": LONGHORN_DRIVER}},
+            "spec": {"accessModes": modes, "storageClassName": "longhorn", "volumeMode": "Filesystem",
+                     "resources": {"requests": {"storage": "10Gi"}}, "volumeName": volume},
+            "status": {"phase": "Bound", "accessModes": modes, "capacity": {"storage": "10Gi"}},
+        }),
+    ]
 }
 
 /// A local-path PV pinned to `node`, bound to claim `ns/claim`.

@@ -75,6 +75,11 @@ pub struct Faults {
     pub slow_apply: BTreeMap<String, Duration>,
     /// Image references whose pull fails with NotFound.
     pub failing_images: BTreeSet<String>,
+    /// Control planes whose etcd member is cut off from its peers: still a member, but it
+    /// knows no leader (EtcdStatus says so in `errors`) and counts as down for quorum.
+    pub etcd_unhealthy: BTreeSet<String>,
+    /// Node → the Talos version its installs boot instead of the one installed.
+    pub wrong_version: BTreeMap<String, String>,
 }
 
 /// Errors a node returns; the server maps each to its gRPC code.
@@ -635,10 +640,24 @@ impl TalosCluster {
             .collect()
     }
 
-    /// More than half of the control planes are up.
+    /// Control planes that are up and whose etcd member is in touch with its peers: the
+    /// members that count for quorum.
+    fn etcd_healthy(&self) -> Vec<usize> {
+        self.etcd_up()
+            .into_iter()
+            .filter(|i| !self.etcd_unhealthy(*i))
+            .collect()
+    }
+
+    /// Whether the `etcdUnhealthy` fault cuts this node's member off.
+    pub fn etcd_unhealthy(&self, node: usize) -> bool {
+        self.faults.etcd_unhealthy.contains(&self.nodes[node].name)
+    }
+
+    /// More than half of the control planes are up and healthy.
     pub fn etcd_has_quorum(&self) -> bool {
         let total = self.etcd_total();
-        total > 0 && self.etcd_up().len() * 2 > total
+        total > 0 && self.etcd_healthy().len() * 2 > total
     }
 
     /// Members as the member list shows them: control planes that are up (a rebooting
@@ -665,13 +684,13 @@ impl TalosCluster {
 
     fn elect_leader(&mut self) {
         if let Some(l) = self.etcd_leader {
-            if self.nodes[l].up && self.etcd_has_quorum() {
+            if self.nodes[l].up && !self.etcd_unhealthy(l) && self.etcd_has_quorum() {
                 return;
             }
         }
         self.etcd_leader = None;
         if self.etcd_has_quorum() {
-            self.etcd_leader = self.etcd_up().first().copied();
+            self.etcd_leader = self.etcd_healthy().first().copied();
             self.raft_term += 1;
         }
     }
@@ -689,7 +708,7 @@ impl TalosCluster {
         if self.etcd_leader != Some(node) {
             return Ok(String::new());
         }
-        let next = up.into_iter().find(|i| *i != node);
+        let next = self.etcd_healthy().into_iter().find(|i| *i != node);
         self.etcd_leader = next;
         self.raft_term += 1;
         Ok(next.map(|i| self.nodes[i].name.clone()).unwrap_or_default())
@@ -704,12 +723,23 @@ impl TalosCluster {
         }
         if !self.etcd_has_quorum() {
             return Err(TalosError::Unavailable(format!(
-                "etcdserver: no leader (quorum lost: {} of {} members running)",
-                self.etcd_up().len(),
+                "etcdserver: no leader (quorum lost: {} of {} members healthy)",
+                self.etcd_healthy().len(),
                 self.etcd_total()
             )));
         }
         Ok(())
+    }
+
+    /// What EtcdStatus reports on `node` (a control plane, quorum held): the leader's member
+    /// id, 0 when this member knows none, and the member's `errors`. As etcd's maintenance
+    /// Status: a member without a leader reports `etcdserver: no leader`.
+    pub fn etcd_status(&self, node: usize) -> (u64, Vec<String>) {
+        if self.etcd_unhealthy(node) {
+            return (0, vec!["etcdserver: no leader".to_string()]);
+        }
+        let leader = self.etcd_leader.map_or(0, |l| self.nodes[l].etcd_member_id);
+        (leader, Vec::new())
     }
 
     // ---- power ----
@@ -744,9 +774,15 @@ impl TalosCluster {
         }
         let now = self.now;
         let restart = self.timings.static_pod_restart;
+        let wrong = self
+            .faults
+            .wrong_version
+            .get(&self.nodes[node].name)
+            .cloned();
         let n = &mut self.nodes[node];
         if let Some(v) = n.installed_version.take() {
-            n.talos_version = v;
+            // The fault: what boots is not what was installed.
+            n.talos_version = wrong.unwrap_or(v);
         }
         n.config = n.persistent_config.clone();
         n.config_version += 1;
@@ -835,10 +871,15 @@ impl TalosCluster {
                     "etcd: another control plane node is upgrading; try again later".into(),
                 ));
             }
-            if self.etcd_up().len() != total {
-                return Err(TalosError::FailedPrecondition(
-                    "etcd: not every member is healthy; refusing to upgrade".into(),
-                ));
+            // As Talos's ValidateForUpgrade: every member must answer a quorum read.
+            let healthy = self.etcd_healthy();
+            if let Some(sick) = (0..self.nodes.len())
+                .find(|i| self.nodes[*i].is_control_plane() && !healthy.contains(i))
+            {
+                return Err(TalosError::FailedPrecondition(format!(
+                    "etcd member {:016x} is not healthy; all members must be healthy to perform an upgrade",
+                    self.nodes[sick].etcd_member_id
+                )));
             }
         }
         let actor = new_uuid();
@@ -1108,6 +1149,28 @@ impl TalosCluster {
         };
     }
 
+    /// Cut a control plane's etcd member off from its peers (or heal it); leadership moves
+    /// off a member that is cut off, and quorum is recounted.
+    pub fn set_etcd_unhealthy(&mut self, node: &str, on: bool) {
+        if on {
+            self.faults.etcd_unhealthy.insert(node.to_string());
+        } else {
+            self.faults.etcd_unhealthy.remove(node);
+        }
+        self.elect_leader();
+    }
+
+    /// Installs on `node` boot `version` instead of what they installed (`None` heals).
+    pub fn set_wrong_version(&mut self, node: &str, version: Option<&str>) {
+        match version {
+            Some(v) => self
+                .faults
+                .wrong_version
+                .insert(node.to_string(), v.to_string()),
+            None => self.faults.wrong_version.remove(node),
+        };
+    }
+
     pub fn set_failing_image(&mut self, reference: &str, failing: bool) {
         if failing {
             self.faults.failing_images.insert(reference.to_string());
@@ -1245,6 +1308,69 @@ mod tests {
         ));
         c.sync(Timestamp(0).plus(S(90)));
         assert!(c.etcd_has_quorum() && c.etcd_members().len() == 3);
+    }
+
+    #[test]
+    fn an_unhealthy_member_stays_listed_but_counts_as_down_and_heals() {
+        let mut c = cluster("v1.12.4");
+        let leader = c.etcd_leader().map(str::to_string).unwrap_or_default();
+        let l = c.find(&leader).unwrap_or(0);
+        c.set_etcd_unhealthy(&leader, true);
+        // Leadership moves to a healthy member; the sick one knows no leader.
+        assert_ne!(c.etcd_leader(), Some(leader.as_str()));
+        assert!(c.etcd_leader().is_some());
+        assert_eq!(c.etcd_members().len(), 3);
+        assert_eq!(
+            c.etcd_status(l),
+            (0, vec!["etcdserver: no leader".to_string()])
+        );
+        let other = (0..3).find(|i| *i != l).unwrap_or(1);
+        let (seen_leader, errors) = c.etcd_status(other);
+        assert!(errors.is_empty());
+        assert_ne!(seen_leader, 0);
+        assert!(c.etcd_has_quorum());
+        // A control-plane upgrade is refused while a member is unhealthy.
+        let third = (0..3).find(|i| *i != l && *i != other).unwrap_or(2);
+        assert!(matches!(
+            c.upgrade_legacy(third, "ghcr.io/siderolabs/installer:v1.12.6", false),
+            Err(TalosError::FailedPrecondition(m)) if m.contains("is not healthy")
+        ));
+        // One more down: quorum is gone (one healthy of three).
+        c.reboot(other).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!c.etcd_has_quorum());
+        assert!(c.etcd_leader().is_none());
+        assert!(
+            matches!(c.check_etcd(third), Err(TalosError::Unavailable(m)) if m.contains("1 of 3 members healthy"))
+        );
+        // Healing it alone restores quorum while the other is still down.
+        c.set_etcd_unhealthy(&leader, false);
+        assert!(c.etcd_has_quorum());
+        assert_eq!(c.etcd_status(l).1, Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_wrong_version_takes_the_place_of_what_was_installed() {
+        let mut c = cluster("v1.12.4");
+        let w = c.find("w-1").unwrap_or(3);
+        c.set_wrong_version("w-1", Some("v1.12.4"));
+        let boot = c.node(w).boot_id.clone();
+        c.upgrade_legacy(w, "ghcr.io/siderolabs/installer:v1.12.6", false)
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.sync(Timestamp(0).plus(S(120)));
+        assert!(c.node(w).up);
+        assert_ne!(c.node(w).boot_id, boot);
+        assert_eq!(c.node(w).talos_version, "v1.12.4");
+        // A plain reboot installs nothing, so the fault changes nothing.
+        c.set_wrong_version("w-1", Some("v1.11.0"));
+        c.reboot(w).unwrap_or_else(|e| panic!("{e}"));
+        c.sync(Timestamp(0).plus(S(300)));
+        assert_eq!(c.node(w).talos_version, "v1.12.4");
+        // Healed: the next install takes.
+        c.set_wrong_version("w-1", None);
+        c.upgrade_legacy(w, "ghcr.io/siderolabs/installer:v1.12.6", false)
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.sync(Timestamp(0).plus(S(600)));
+        assert_eq!(c.node(w).talos_version, "v1.12.6");
     }
 
     #[test]

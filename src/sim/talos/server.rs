@@ -399,10 +399,7 @@ impl NodeApi {
             .sync_with(|m| {
                 m.check_etcd(node)?;
                 let n = m.node(node);
-                let leader = m
-                    .etcd_leader()
-                    .and_then(|l| m.node_by_name(l))
-                    .map_or(0, |l| l.etcd_member_id);
+                let (leader, errors) = m.etcd_status(node);
                 let version = etcd_version(n.minor());
                 Ok(machine::EtcdMemberStatus {
                     protocol_version: version.to_string(),
@@ -412,7 +409,7 @@ impl NodeApi {
                     raft_index: m.raft_term() * 1000,
                     raft_term: m.raft_term(),
                     raft_applied_index: m.raft_term() * 1000,
-                    errors: Vec::new(),
+                    errors,
                     is_learner: false,
                     member_id: n.etcd_member_id,
                     storage_version: version
@@ -484,7 +481,8 @@ impl NodeApi {
                 .map(|id| {
                     let healthy = match id {
                         "kubelet" => n.kubelet.healthy,
-                        "etcd" => m.etcd_has_quorum(),
+                        // A member cut off from its peers fails its health check.
+                        "etcd" => m.etcd_has_quorum() && !m.etcd_unhealthy(node),
                         _ => true,
                     };
                     let state = if id == "kubelet" && !healthy {
