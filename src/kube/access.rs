@@ -46,7 +46,7 @@ const ICHOR: &str = "ichor-system";
 const KUBE_SYSTEM: &str = "kube-system";
 
 /// Withheld: writing RBAC objects needs `escalate`/`bind`.
-const RBAC_WRITE: &str = "writing a ClusterRole needs `escalate` and a binding needs `bind` (or every permission they grant): that would let ichor grant itself anything. When one of these manifests differs, the manifest sync pauses with the `forbidden` error naming the object; grant it as docs/cluster-access.md says, or apply that object yourself";
+const RBAC_WRITE: &str = "changing a ClusterRole needs `escalate`, a binding `bind`: either lets ichor grant itself anything. When one of these differs, the sync pauses with a `forbidden` root cause naming it";
 
 /// Everything ichor's Kubernetes client asks for.
 pub const ACCESS: &[Access] = &[
@@ -413,17 +413,45 @@ mod tests {
     #[test]
     fn rows_match_as_rbac_does() {
         // A Role holds only in its namespace.
-        assert!(covering(&req("update", "coordination.k8s.io", "leases", Some(ICHOR), Some("x"))).is_some());
-        assert!(covering(&req("update", "coordination.k8s.io", "leases", Some("default"), Some("x"))).is_none());
+        assert!(covering(&req(
+            "update",
+            "coordination.k8s.io",
+            "leases",
+            Some(ICHOR),
+            Some("x")
+        ))
+        .is_some());
+        assert!(covering(&req(
+            "update",
+            "coordination.k8s.io",
+            "leases",
+            Some("default"),
+            Some("x")
+        ))
+        .is_none());
         // resourceNames hold only for named requests.
         assert!(covering(&req("get", "", "namespaces", None, Some(ICHOR))).is_some());
         assert!(covering(&req("get", "", "namespaces", None, Some("default"))).is_none());
-        assert!(covering(&req("get", "apps", "daemonsets", Some("kube-system"), Some("cilium"))).is_some());
+        assert!(covering(&req(
+            "get",
+            "apps",
+            "daemonsets",
+            Some("kube-system"),
+            Some("cilium")
+        ))
+        .is_some());
         assert!(covering(&req("list", "apps", "daemonsets", None, None)).is_none());
         // Withheld rows allow nothing.
         assert!(covering(&req("create", "", "namespaces", None, Some(ICHOR))).is_none());
         // Subresources are their own resource; a delete is never granted.
-        assert!(covering(&req("create", "", "pods/eviction", Some("default"), Some("p"))).is_some());
+        assert!(covering(&req(
+            "create",
+            "",
+            "pods/eviction",
+            Some("default"),
+            Some("p")
+        ))
+        .is_some());
         assert!(covering(&req("create", "", "pods", Some("default"), None)).is_none());
         assert!(covering(&req("delete", "", "pods", Some("default"), Some("p"))).is_none());
         let metrics = Request {
@@ -440,7 +468,9 @@ mod tests {
 
     #[test]
     fn no_row_is_a_wildcard_and_every_verb_is_a_kubernetes_verb() {
-        const VERBS: &[&str] = &["get", "list", "watch", "create", "update", "patch", "delete"];
+        const VERBS: &[&str] = &[
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ];
         for a in ACCESS {
             assert!(!a.resource.contains('*') && !a.group.contains('*'), "{a:?}");
             assert!(a.names.iter().all(|n| !n.contains('*')), "{a:?}");
