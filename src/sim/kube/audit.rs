@@ -146,7 +146,8 @@ mod tests {
 
     fn at(method: Method, path: &str, query: &str) -> (String, String, String, String, String) {
         let e = attributes(&method, path, query);
-        (e.verb, e.group, e.rbac_resource(), e.namespace, e.name)
+        let resource = e.rbac_resource();
+        (e.verb, e.group, resource, e.namespace, e.name)
     }
 
     fn t(v: &str, g: &str, r: &str, ns: &str, n: &str) -> (String, String, String, String, String) {
