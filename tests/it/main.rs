@@ -7,6 +7,7 @@ mod live;
 mod policies;
 mod props;
 mod render;
+mod renovate;
 mod rollout;
 mod sim_github;
 mod sim_hardening;
