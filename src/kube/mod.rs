@@ -4,6 +4,7 @@
 //! removed-API metric, and Leases/ConfigMaps with optimistic concurrency for the lock and the
 //! rollout record. Every error names what was asked.
 
+pub mod access;
 pub mod drain;
 pub mod inventory;
 pub mod lease;

@@ -1,11 +1,13 @@
 //! Integration tests: one binary, one module per area.
 
 mod cli;
+mod deploy;
 mod gate;
 mod live;
 mod policies;
 mod props;
 mod render;
+mod renovate;
 mod rollout;
 mod sim_github;
 mod sim_hardening;

@@ -41,6 +41,8 @@ pub struct Shared {
     pub poke: Notify,
     /// How often the driver woke up (an idle twin must not).
     pub driver_wakeups: AtomicU64,
+    /// Each request's authorization attributes (verb, group, resource, …).
+    pub audit: super::audit::Audit,
 }
 
 /// The apiserver's request body limit (kube-apiserver `--max-request-body-bytes`'s 3 MiB
@@ -252,6 +254,7 @@ async fn answer(
             }
         }
     }
+    sh.audit.record(&method, &uri);
     // Read only once the caller is known, and never more than the apiserver would.
     let body = match net::read_body(body, MAX_BODY).await {
         Ok(b) => b,

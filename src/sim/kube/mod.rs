@@ -31,6 +31,7 @@
 //! `Status`, as the apiserver's create handler does.
 
 pub mod apply;
+pub mod audit;
 pub mod http;
 pub mod model;
 pub mod patch;
@@ -127,6 +128,7 @@ impl KubeTwin {
             fault_hook: Mutex::new(None),
             poke: Notify::new(),
             driver_wakeups: AtomicU64::new(0),
+            audit: Default::default(),
         });
         let url = format!("https://{addr}");
         let kubeconfig = state_dir.join("kubeconfig");
@@ -160,6 +162,12 @@ impl KubeTwin {
     /// something is due on the clock.
     pub fn driver_wakeups(&self) -> u64 {
         self.shared.driver_wakeups.load(Ordering::Relaxed)
+    }
+
+    /// Every distinct request the API server answered after authentication (and the
+    /// public `/version`, `/healthz`), as an authorizer sees it.
+    pub fn audit(&self) -> &audit::Audit {
+        &self.shared.audit
     }
 
     /// The bearer token (also in the kubeconfig). Never log it.
