@@ -120,6 +120,22 @@ struct Inner {
     now: Mutex<Timestamp>,
     /// Manual mode: wakes sleepers whenever time moves.
     tick: watch::Sender<Timestamp>,
+    /// Manual mode: the deadlines of the sleeps in progress, so a simulation driver can move
+    /// time straight to the next one (`(deadline, id)`; a dropped sleep removes itself).
+    sleepers: Mutex<std::collections::BTreeSet<(Timestamp, u64)>>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+/// Removes a manual sleep's deadline when the sleep ends or is dropped.
+struct Sleeper<'c> {
+    clock: &'c Clock,
+    key: (Timestamp, u64),
+}
+
+impl Drop for Sleeper<'_> {
+    fn drop(&mut self) {
+        self.clock.lock_sleepers().remove(&self.key);
+    }
 }
 
 impl std::fmt::Debug for Clock {
@@ -174,6 +190,8 @@ impl Clock {
                 mode,
                 now: Mutex::new(start),
                 tick,
+                sleepers: Mutex::new(std::collections::BTreeSet::new()),
+                next_id: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -249,6 +267,20 @@ impl Clock {
         }
     }
 
+    fn lock_sleepers(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<(Timestamp, u64)>> {
+        self.inner
+            .sleepers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Manual mode: the earliest deadline of a sleep in progress, if any.
+    pub fn next_wakeup(&self) -> Option<Timestamp> {
+        self.lock_sleepers().iter().next().map(|(t, _)| *t)
+    }
+
     fn lock_now(&self) -> std::sync::MutexGuard<'_, Timestamp> {
         // A poisoned lock only means a panic elsewhere; the timestamp itself is always valid.
         self.inner.now.lock().unwrap_or_else(|e| e.into_inner())
@@ -295,6 +327,13 @@ impl Clock {
             },
             Mode::Manual => {
                 let mut rx = self.inner.tick.subscribe();
+                let id = self
+                    .inner
+                    .next_id
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let key = (t, id);
+                self.lock_sleepers().insert(key);
+                let _sleeper = Sleeper { clock: self, key };
                 loop {
                     if self.now() >= t {
                         return;
@@ -323,6 +362,27 @@ impl Clock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_manual_clock_knows_its_next_wakeup_and_forgets_dropped_sleeps() {
+        let c = Clock::manual();
+        let start = c.now();
+        assert_eq!(c.next_wakeup(), None);
+        let c2 = c.clone();
+        let long = tokio::spawn(async move { c2.sleep(Duration::from_secs(60)).await });
+        let c3 = c.clone();
+        let short = tokio::spawn(async move { c3.sleep(Duration::from_secs(5)).await });
+        while c.lock_sleepers().len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(c.next_wakeup(), Some(start.plus(Duration::from_secs(5))));
+        c.advance(Duration::from_secs(5));
+        let _ = short.await;
+        assert_eq!(c.next_wakeup(), Some(start.plus(Duration::from_secs(60))));
+        long.abort();
+        let _ = long.await;
+        assert_eq!(c.next_wakeup(), None);
+    }
 
     #[test]
     fn timestamp_formats_as_rfc3339() {

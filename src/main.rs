@@ -702,7 +702,16 @@ fn demo_live(
     runtime.block_on(async {
         // A manual clock: the twin moves only when the demo says, so its output is the same
         // on every run.
-        let clock = ichor::clock::Clock::manual();
+        // It is Saturday morning and the homelab's maintenance window has just opened.
+        let windows = change
+            .cluster_doc
+            .as_ref()
+            .map(|d| d.spec.rollout.maintenance_windows.clone())
+            .unwrap_or_default();
+        let clock = ichor::clock::Clock::manual_at(ichor::rollout::window::next_open(
+            &windows,
+            ichor::clock::Clock::manual().now(),
+        ));
         let twin =
             Twin::start(clock.clone(), &folder, state.path(), TwinOptions::default()).await?;
         twin.advance(std::time::Duration::from_secs(30));
@@ -761,16 +770,9 @@ async fn demo_rollout(
     };
     // The twin's clock moves in steps while the engine waits on it: minutes of a real
     // rollout pass in well under a second.
-    let ticker = async {
-        loop {
-            tokio::task::yield_now().await;
-            twin.advance(std::time::Duration::from_secs(2));
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
-    };
     let outcome = tokio::select! {
         r = engine.run(plan, &target, Some(change), false) => r,
-        _ = ticker => unreachable!("the ticker never ends"),
+        _ = twin.drive(std::time::Duration::from_secs(2), || {}) => unreachable!("the driver never ends"),
     };
     let mut out = String::new();
     for l in view.lines() {
@@ -1046,7 +1048,8 @@ fn status(
     let record = if subject.cluster.is_empty() {
         Ok(None)
     } else {
-        live.runtime.block_on(ichor::rollout::record::load(&live.kube, &subject.cluster))
+        live.runtime
+            .block_on(ichor::rollout::record::load(&live.kube, &subject.cluster))
     };
     let text = match output {
         StatusOutput::Json => {

@@ -38,9 +38,9 @@ pub const EXIT_INTERRUPTED: u8 = 130;
 /// REV's first parent, as a revision string the gate resolves.
 fn first_parent(repo: &Repo, rev: &str) -> anyhow::Result<String> {
     let r = repo.resolve(rev)?;
-    let id = r
-        .commit
-        .ok_or_else(|| anyhow::anyhow!("--rev {rev}: a rollout runs a commit, not the working tree"))?;
+    let id = r.commit.ok_or_else(|| {
+        anyhow::anyhow!("--rev {rev}: a rollout runs a commit, not the working tree")
+    })?;
     let commit = repo.git2().find_commit(id)?;
     Ok(match commit.parent_id(0) {
         Ok(p) => p.to_string(),
@@ -83,7 +83,9 @@ fn state_dir() -> anyhow::Result<PathBuf> {
     let base = match (absolute("XDG_STATE_HOME"), absolute("HOME")) {
         (Some(s), _) => s,
         (None, Some(h)) => h.join(".local").join("state"),
-        (None, None) => anyhow::bail!("neither XDG_STATE_HOME nor HOME is set: no place for the local rollout lock"),
+        (None, None) => anyhow::bail!(
+            "neither XDG_STATE_HOME nor HOME is set: no place for the local rollout lock"
+        ),
     };
     let dir = base.join("ichor").join("rollout");
     use std::os::unix::fs::DirBuilderExt;

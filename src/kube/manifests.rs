@@ -47,7 +47,8 @@ pub fn objects(manifests: &[(String, String)]) -> Result<Vec<Value>, KubeError> 
             what: format!("bootstrap manifest {}", crate::releaseset::excerpt(id, 80)),
             message,
         };
-        let doc: Value = crate::releaseset::yaml::parse(id, yaml).map_err(|e| bad(e.to_string()))?;
+        let doc: Value =
+            crate::releaseset::yaml::parse(id, yaml).map_err(|e| bad(e.to_string()))?;
         let items = match doc {
             Value::Array(items) => items,
             Value::Null => vec![],
@@ -57,10 +58,13 @@ pub fn objects(manifests: &[(String, String)]) -> Result<Vec<Value>, KubeError> 
         for item in items {
             if item.get("kind").and_then(Value::as_str).is_none()
                 || item.get("apiVersion").and_then(Value::as_str).is_none()
-                || item.pointer("/metadata/name").and_then(Value::as_str).is_none()
+                || item
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .is_none()
             {
                 return Err(bad(
-                    "an object without apiVersion, kind or metadata.name".into(),
+                    "an object without apiVersion, kind or metadata.name".into()
                 ));
             }
             out.push(item);
@@ -99,7 +103,11 @@ impl KubeClient {
         let mut out = Vec::new();
         for obj in objects {
             let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-            let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
+            let kind = obj
+                .get("kind")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
             let name = obj
                 .pointer("/metadata/name")
                 .and_then(Value::as_str)
@@ -182,7 +190,10 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("without apiVersion"));
-        let deep = vec![("y".to_string(), format!("{}1{}", "[".repeat(100), "]".repeat(100)))];
+        let deep = vec![(
+            "y".to_string(),
+            format!("{}1{}", "[".repeat(100), "]".repeat(100)),
+        )];
         assert!(objects(&deep).is_err());
     }
 

@@ -68,7 +68,8 @@ pub struct Target {
 }
 
 impl Target {
-    fn to_ref(&self) -> TargetRef {
+    /// As the rollout record stores it.
+    pub fn to_ref(&self) -> TargetRef {
         TargetRef {
             commit: self.commit.clone(),
             talos: self.talos.to_string(),
@@ -98,8 +99,14 @@ pub enum Progress {
         units: u64,
     },
     /// One node (or the manifest sync) of the stage is done.
-    UnitDone { stage: StageId, what: String },
-    StageFinished { stage: StageId, secs: u64 },
+    UnitDone {
+        stage: StageId,
+        what: String,
+    },
+    StageFinished {
+        stage: StageId,
+        secs: u64,
+    },
     /// Something done or seen, as one line.
     Note(String),
     /// The rollout waits on something outside it (a window, a hold, the CNI).
@@ -230,21 +237,29 @@ impl Rollout<'_> {
             .await
     }
 
-    /// Renew the lock until it is lost; then say who has it.
+    /// Renew the lock until it is lost; then say who has it. A failing renewal is retried
+    /// every second; the engine stops acting well before the lease could expire unrenewed.
     async fn keep_lock(&self) -> String {
         let every = LOCK_DURATION / 4;
-        let mut failing_since: Option<Timestamp> = None;
+        let margin = Duration::from_secs(15);
+        let mut renewed = self.clock.now();
+        let mut wait = every;
         loop {
-            self.clock.sleep(every).await;
+            self.clock.sleep(wait).await;
             match self.acquire().await {
-                Ok(LockState::Held) => failing_since = None,
+                Ok(LockState::Held) => {
+                    renewed = self.clock.now();
+                    wait = every;
+                }
                 Ok(LockState::HeldBy { holder }) => return holder,
                 Err(e) => {
-                    let since = *failing_since.get_or_insert(self.clock.now());
-                    // Before the lease could expire under us, stop acting.
-                    if self.clock.now().since(since) + every >= LOCK_DURATION / 2 {
-                        return format!("nobody (it could not be renewed: {e})");
+                    if self.clock.now().since(renewed) + margin >= LOCK_DURATION {
+                        return format!(
+                            "nobody (it could not be renewed for {}s: {e})",
+                            self.clock.now().since(renewed).as_secs()
+                        );
                     }
+                    wait = Duration::from_secs(1);
                 }
             }
         }
@@ -295,9 +310,7 @@ impl Rollout<'_> {
                 s.record.holder = self.holder.clone();
                 match was {
                     RecordState::Paused => s.record.log(now, "resumed"),
-                    RecordState::Running => {
-                        s.record.log(now, "continued after the engine stopped")
-                    }
+                    RecordState::Running => s.record.log(now, "continued after the engine stopped"),
                     RecordState::Completed => s.record.log(now, "re-run: verifying"),
                 }
                 s
@@ -454,7 +467,13 @@ impl Run<'_, '_> {
     }
 
     /// A Kubernetes call with patience; when patience runs out, a pause naming the call.
-    async fn kube<T, F, Fut>(&self, stage: StageId, node: Option<&str>, what: &str, call: F) -> Flow<T>
+    async fn kube<T, F, Fut>(
+        &self,
+        stage: StageId,
+        node: Option<&str>,
+        what: &str,
+        call: F,
+    ) -> Flow<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, KubeError>>,
@@ -466,7 +485,9 @@ impl Run<'_, '_> {
                 self.pause(
                     stage,
                     node,
-                    format!("the Kubernetes API kept failing ({what}): {e}; resume once it answers"),
+                    format!(
+                        "the Kubernetes API kept failing ({what}): {e}; resume once it answers"
+                    ),
                 )
             })
     }
@@ -497,9 +518,9 @@ impl Run<'_, '_> {
     /// Write to the record, pausing when it cannot be written (the record is what makes a
     /// restart safe).
     async fn write(&self, stage: StageId, f: impl FnOnce(&mut RolloutRecord)) -> Flow<()> {
-        self.update(f).await.map_err(|e| {
-            self.pause(stage, None, format!("cannot write the rollout record: {e}"))
-        })
+        self.update(f)
+            .await
+            .map_err(|e| self.pause(stage, None, format!("cannot write the rollout record: {e}")))
     }
 
     async fn marker(&self, key: &str) -> StepMarker {
@@ -590,7 +611,8 @@ impl Run<'_, '_> {
                 .map(|s| s.nodes.len().max(1) as u64)
                 .sum();
             let now = self.now();
-            self.write(id, |r| r.enter_stage(stage_key(id), now)).await?;
+            self.write(id, |r| r.enter_stage(stage_key(id), now))
+                .await?;
             self.say(Progress::StageStarted {
                 stage: id,
                 title: stage.title.clone(),
@@ -635,7 +657,8 @@ impl Run<'_, '_> {
                 StageId::Verify => self.verify().await?,
             }
             let now = self.now();
-            self.write(id, |r| r.finish_stage(stage_key(id), now)).await?;
+            self.write(id, |r| r.finish_stage(stage_key(id), now))
+                .await?;
             let secs = self
                 .stored
                 .lock()
@@ -703,7 +726,10 @@ impl Run<'_, '_> {
                 )
                 .await?;
                 let wait = opens_at.since(now).min(WAIT_EVERY * 10);
-                self.engine.clock.sleep(wait.max(Duration::from_secs(1))).await;
+                self.engine
+                    .clock
+                    .sleep(wait.max(Duration::from_secs(1)))
+                    .await;
                 continue;
             }
             let live = self.live_node(stage, node).await?;
@@ -742,7 +768,12 @@ impl Run<'_, '_> {
         }
     }
 
-    async fn observe(&self, stage: StageId, node: &LiveNode, marker: &StepMarker) -> Flow<NodeObservation> {
+    async fn observe(
+        &self,
+        stage: StageId,
+        node: &LiveNode,
+        marker: &StepMarker,
+    ) -> Flow<NodeObservation> {
         let e = self.engine;
         let addr = address(node);
         let opts = around(node);
@@ -758,7 +789,9 @@ impl Run<'_, '_> {
             .find(|n| n.name == node.name);
         let name = node.name.as_str();
         let pods = self
-            .kube(stage, Some(name), "list the node's pods", || e.kube.pods_on(name))
+            .kube(stage, Some(name), "list the node's pods", || {
+                e.kube.pods_on(name)
+            })
             .await?
             .into_iter()
             .filter(|p| !p.stays)
@@ -806,7 +839,13 @@ impl Run<'_, '_> {
 
     /// Begin a node's step: wait for the right to start, then record the marker. Says
     /// which single-replica volumes go down with it.
-    async fn begin(&self, stage: StageId, key: &str, node: &LiveNode, marker: &mut StepMarker) -> Flow<()> {
+    async fn begin(
+        &self,
+        stage: StageId,
+        key: &str,
+        node: &LiveNode,
+        marker: &mut StepMarker,
+    ) -> Flow<()> {
         if marker.started_at.is_some() {
             return Ok(());
         }
@@ -823,7 +862,11 @@ impl Run<'_, '_> {
             )));
         }
         marker.started_at = Some(self.now());
-        marker.volumes = held.iter().filter(|v| !v.single_replica).map(|v| v.name.clone()).collect();
+        marker.volumes = held
+            .iter()
+            .filter(|v| !v.single_replica)
+            .map(|v| v.name.clone())
+            .collect();
         if marker.boot_id_before.is_none() {
             marker.boot_id_before = self
                 .engine
@@ -874,7 +917,7 @@ impl Run<'_, '_> {
                 StepState::Failed(why) => return Err(self.pause(stage, Some(name), why)),
                 StepState::Settling(w) => {
                     if w != last_settling {
-                        tracing::debug!(node = name, "{w}");
+                        self.say(Progress::Note(format!("talos {name}: {w}")));
                         last_settling = w;
                     }
                     e.clock.sleep(e.observe_every).await;
@@ -895,7 +938,9 @@ impl Run<'_, '_> {
                     }
                     marker.pre_pulled = true;
                     self.store_marker(stage, &key, &marker).await?;
-                    self.say(Progress::Note(format!("talos {name}: pre-pulled {installer}")));
+                    self.say(Progress::Note(format!(
+                        "talos {name}: pre-pulled {installer}"
+                    )));
                 }
                 StepState::Act(Action::Cordon) => {
                     self.check_lock(stage, name).await?;
@@ -908,12 +953,23 @@ impl Run<'_, '_> {
                     self.drain(stage, name).await?;
                 }
                 StepState::Act(Action::Upgrade) => {
-                    if node.role == Role::Controlplane {
+                    // A repeat (the engine stopped around the first request) was judged
+                    // before the first; the node may already be leaving etcd.
+                    let again = marker.upgrade_requested;
+                    if node.role == Role::Controlplane && !again {
                         self.etcd_ready_for(&node).await?;
                     }
                     self.check_lock(stage, name).await?;
-                    let api = self.upgrade_api(stage, &node).await?;
-                    let again = marker.upgrade_requested;
+                    let api = match self.upgrade_api(stage, &node).await {
+                        Ok(api) => api,
+                        // Gone between the look and the act: the first request reached it.
+                        Err(_) if again => {
+                            marker.upgrade_confirmed = true;
+                            obs = self.observe(stage, &node, &marker).await?;
+                            continue;
+                        }
+                        Err(stop) => return Err(stop),
+                    };
                     // Recorded before the call: a restart then knows the node may be going.
                     marker.upgrade_requested = true;
                     self.store_marker(stage, &key, &marker).await?;
@@ -990,7 +1046,11 @@ impl Run<'_, '_> {
             }
             // Talos ≤ 1.12 cordons, drains and reboots by itself; ichor has drained
             // already, so there is one drain owner and its drain finds nothing to move.
-            UpgradeApi::Machine => e.talos.upgrade_legacy(&addr, installer, opts).await.map(|_| ()),
+            UpgradeApi::Machine => e
+                .talos
+                .upgrade_legacy(&addr, installer, opts)
+                .await
+                .map(|_| ()),
         }
     }
 
@@ -1039,11 +1099,12 @@ impl Run<'_, '_> {
         let addr = address(node);
         let opts = around(node);
         let fail = |why: String| self.pause(stage, Some(&node.name), why);
-        let members = e
-            .talos
-            .etcd_members(&addr, opts)
-            .await
-            .map_err(|err| fail(format!("cannot read etcd before taking {} down: {err}", node.name)))?;
+        let members = e.talos.etcd_members(&addr, opts).await.map_err(|err| {
+            fail(format!(
+                "cannot read etcd before taking {} down: {err}",
+                node.name
+            ))
+        })?;
         if members.len() < 3 {
             // One or two members have no quorum to spare; the plan warned of it.
             return Ok(());
@@ -1076,12 +1137,23 @@ impl Run<'_, '_> {
         e.talos
             .etcd_forfeit_leadership(&addr, opts)
             .await
-            .map_err(|err| fail(format!("could not move etcd leadership off {}: {err}", node.name)))?;
+            .map_err(|err| {
+                fail(format!(
+                    "could not move etcd leadership off {}: {err}",
+                    node.name
+                ))
+            })?;
         Ok(())
     }
 
     /// Whether `components` on `node` already run `tag`, as the Kubernetes API shows.
-    async fn runs(&self, stage: StageId, node: &str, components: &[Component], tag: &str) -> Flow<bool> {
+    async fn runs(
+        &self,
+        stage: StageId,
+        node: &str,
+        components: &[Component],
+        tag: &str,
+    ) -> Flow<bool> {
         let e = self.engine;
         if components == [Component::Kubelet] {
             let n = self
@@ -1092,7 +1164,9 @@ impl Run<'_, '_> {
             return Ok(n.is_some_and(|n| n.kubelet == tag && n.ready));
         }
         let pods = self
-            .kube(stage, Some(node), "list mirror pods", || e.kube.mirror_pods())
+            .kube(stage, Some(node), "list mirror pods", || {
+                e.kube.mirror_pods()
+            })
             .await?;
         Ok(components.iter().all(|c| {
             pods.iter().any(|p| {
@@ -1162,10 +1236,18 @@ impl Run<'_, '_> {
             self.drain(stage, name).await?;
         }
         let mc = e.talos.machine_config(&addr, opts).await.map_err(|err| {
-            self.pause(stage, Some(name), format!("cannot read the machine configuration: {err}"))
+            self.pause(
+                stage,
+                Some(name),
+                format!("cannot read the machine configuration: {err}"),
+            )
         })?;
         let edit = set_images(&mc.yaml, &tag, components).map_err(|err| {
-            self.pause(stage, Some(name), format!("the image-only edit is refused: {err}"))
+            self.pause(
+                stage,
+                Some(name),
+                format!("the image-only edit is refused: {err}"),
+            )
         })?;
         if !edit.is_noop() {
             let api = self.upgrade_api(stage, &node).await?;
@@ -1288,8 +1370,11 @@ impl Run<'_, '_> {
                     ),
                 ));
             }
-            self.waiting(stage, Some(format!("the CNI must move first ({})", why.join("; "))))
-                .await?;
+            self.waiting(
+                stage,
+                Some(format!("the CNI must move first ({})", why.join("; "))),
+            )
+            .await?;
             e.clock.sleep(WAIT_EVERY).await;
         }
     }
@@ -1320,10 +1405,18 @@ impl Run<'_, '_> {
                 let addr = address(cp);
                 let opts = CallOptions::default();
                 let mc = e.talos.machine_config(&addr, opts).await.map_err(|err| {
-                    self.pause(stage, Some(&cp.name), format!("cannot read the machine configuration: {err}"))
+                    self.pause(
+                        stage,
+                        Some(&cp.name),
+                        format!("cannot read the machine configuration: {err}"),
+                    )
                 })?;
                 let edit = set_images(&mc.yaml, &tag, &[Component::Proxy]).map_err(|err| {
-                    self.pause(stage, Some(&cp.name), format!("the image-only edit is refused: {err}"))
+                    self.pause(
+                        stage,
+                        Some(&cp.name),
+                        format!("the image-only edit is refused: {err}"),
+                    )
                 })?;
                 if edit.is_noop() {
                     continue;
@@ -1334,7 +1427,11 @@ impl Run<'_, '_> {
                         .pull_image(&addr, image, ImageNamespace::Cri, api, opts)
                         .await
                         .map_err(|err| {
-                            self.pause(stage, Some(&cp.name), format!("pre-pulling {image} failed, nothing was switched: {err}"))
+                            self.pause(
+                                stage,
+                                Some(&cp.name),
+                                format!("pre-pulling {image} failed, nothing was switched: {err}"),
+                            )
                         })?;
                 }
                 for dry in [true, false] {
@@ -1355,13 +1452,20 @@ impl Run<'_, '_> {
                             )
                         })?;
                 }
-                self.say(Progress::Note(format!("kube-proxy image on {}: {tag}", cp.name)));
+                self.say(Progress::Note(format!(
+                    "kube-proxy image on {}: {tag}",
+                    cp.name
+                )));
             }
         }
         // The manifests as a control plane renders them now (any one: they are the same).
         let mut manifests = Err("no control plane".to_string());
         for cp in &cps {
-            match e.talos.bootstrap_manifests(&address(cp), CallOptions::default()).await {
+            match e
+                .talos
+                .bootstrap_manifests(&address(cp), CallOptions::default())
+                .await
+            {
                 Ok(m) => {
                     manifests = Ok(m);
                     break;
@@ -1370,7 +1474,11 @@ impl Run<'_, '_> {
             }
         }
         let manifests = manifests.map_err(|err| {
-            self.pause(stage, None, format!("cannot read the bootstrap manifests from a control plane: {err}"))
+            self.pause(
+                stage,
+                None,
+                format!("cannot read the bootstrap manifests from a control plane: {err}"),
+            )
         })?;
         let objects = crate::kube::manifests::objects(&manifests)
             .map_err(|err| self.pause(stage, None, err.to_string()))?;
@@ -1380,12 +1488,15 @@ impl Run<'_, '_> {
                 e.kube.sync_manifests(&objects)
             })
             .await
-            .or_else(|stop| match stop {
+            .map_err(|stop| match stop {
                 Stop::Pause(mut p) if p.reason.contains(" 403 ") => {
-                    p.reason = format!("{}; grant ichor that write (docs/cluster-access.md) or apply that object by hand, then resume", p.reason);
-                    Err(Stop::Pause(p))
+                    p.reason = format!(
+                        "{}; grant ichor that write (docs/cluster-access.md) or apply that object by hand, then resume",
+                        p.reason
+                    );
+                    Stop::Pause(p)
                 }
-                other => Err(other),
+                other => other,
             })?;
         let changed: Vec<String> = applied
             .iter()
@@ -1415,7 +1526,9 @@ impl Run<'_, '_> {
                         self.say(Progress::Note("kube-proxy: no DaemonSet kube-system/kube-proxy in the cluster; nothing to roll".into()));
                         break;
                     }
-                    Some(w) if w.version.as_deref() == Some(tag.as_str()) && w.rolled_out() => break,
+                    Some(w) if w.version.as_deref() == Some(tag.as_str()) && w.rolled_out() => {
+                        break
+                    }
                     Some(w) => {
                         if self.now().since(started) >= timeout {
                             return Err(self.pause(
@@ -1458,8 +1571,10 @@ impl Run<'_, '_> {
         for n in &nodes {
             if n.cordoned_by_ichor {
                 let name = n.name.as_str();
-                self.kube(stage, Some(name), "uncordon", || self.engine.kube.uncordon(name))
-                    .await?;
+                self.kube(stage, Some(name), "uncordon", || {
+                    self.engine.kube.uncordon(name)
+                })
+                .await?;
             }
             let talos_ok = n
                 .talos
@@ -1480,7 +1595,10 @@ impl Run<'_, '_> {
             return Err(self.pause(
                 stage,
                 None,
-                format!("after every stage, not every node runs the target: {}", wrong.join("; ")),
+                format!(
+                    "after every stage, not every node runs the target: {}",
+                    wrong.join("; ")
+                ),
             ));
         }
         self.say(Progress::UnitDone {
@@ -1504,12 +1622,18 @@ impl Run<'_, '_> {
             let mid = steps.get(&format!("talos/{}", n.name)).is_some_and(|s| {
                 s.upgrade_requested
                     && s.finished_at.is_none()
-                    && n.talos.as_deref().and_then(|t| Version::parse(t).ok()).as_ref()
+                    && n.talos
+                        .as_deref()
+                        .and_then(|t| Version::parse(t).ok())
+                        .as_ref()
                         != Some(&self.target.talos)
             });
             if !mid {
                 let _ = e.kube.uncordon(&n.name).await;
-                self.say(Progress::Note(format!("{}: uncordoned while paused", n.name)));
+                self.say(Progress::Note(format!(
+                    "{}: uncordoned while paused",
+                    n.name
+                )));
             }
         }
     }

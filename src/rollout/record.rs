@@ -324,11 +324,10 @@ pub async fn load(kube: &KubeClient, cluster: &str) -> Result<Option<Stored>, Re
 /// touched by hand: re-read its version and write again, once.
 pub async fn save(kube: &KubeClient, stored: &mut Stored) -> Result<(), RecordError> {
     let name = record_name(&stored.record.cluster);
-    let mut text = serde_json::to_string(&stored.record)
-        .map_err(|e| RecordError::Unreadable {
-            name: name.clone(),
-            why: e.to_string(),
-        })?;
+    let mut text = serde_json::to_string(&stored.record).map_err(|e| RecordError::Unreadable {
+        name: name.clone(),
+        why: e.to_string(),
+    })?;
     // Stay well inside a ConfigMap: shed history first.
     while text.len() > MAX_RECORD_BYTES / 2 && !stored.record.history.is_empty() {
         let half = stored.record.history.len().div_ceil(2);
@@ -340,7 +339,11 @@ pub async fn save(kube: &KubeClient, stored: &mut Stored) -> Result<(), RecordEr
             name: Some(name.clone()),
             namespace: Some(ICHOR_NAMESPACE.into()),
             labels: Some(
-                [("app.kubernetes.io/managed-by".to_string(), "ichor".to_string())].into(),
+                [(
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "ichor".to_string(),
+                )]
+                .into(),
             ),
             resource_version: rv,
             ..Default::default()
@@ -348,7 +351,10 @@ pub async fn save(kube: &KubeClient, stored: &mut Stored) -> Result<(), RecordEr
         data: Some([(RECORD_KEY.to_string(), text.clone())].into()),
         ..Default::default()
     };
-    let written = match kube.put_config_map(&cm(stored.resource_version.clone())).await {
+    let written = match kube
+        .put_config_map(&cm(stored.resource_version.clone()))
+        .await
+    {
         Ok(w) => w,
         Err(e) if e.is_conflict() => {
             let current = kube

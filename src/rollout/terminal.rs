@@ -92,7 +92,9 @@ impl Terminal {
             Progress::Waiting(w) => {
                 if let Ok(c) = self.current.lock() {
                     if let Some((_, bar)) = c.as_ref() {
-                        bar.set_message(crate::escape::terminal(&crate::releaseset::excerpt(w, 60)));
+                        bar.set_message(crate::escape::terminal(&crate::releaseset::excerpt(
+                            w, 60,
+                        )));
                     }
                 }
                 self.line(&p.to_string());

@@ -53,8 +53,7 @@ pub fn state(windows: &[MaintenanceWindow], now: Timestamp) -> WindowState {
             let start = day_index(*d) * DAY_MS + start_in_day;
             let open_now = |s: u64| offset >= s && offset < s.saturating_add(len);
             // An occurrence that began last week may run into this one.
-            if open_now(start) || (offset + WEEK_MS >= start && offset + WEEK_MS < start + len)
-            {
+            if open_now(start) || (offset + WEEK_MS >= start && offset + WEEK_MS < start + len) {
                 return WindowState::Open;
             }
             let until = if start > offset {
@@ -73,6 +72,14 @@ pub fn state(windows: &[MaintenanceWindow], now: Timestamp) -> WindowState {
         None => WindowState::Closed {
             opens_at: now.plus(Duration::from_millis(WEEK_MS)),
         },
+    }
+}
+
+/// `now` when a node may start now, else when the next window opens.
+pub fn next_open(windows: &[MaintenanceWindow], now: Timestamp) -> Timestamp {
+    match state(windows, now) {
+        WindowState::Open => now,
+        WindowState::Closed { opens_at } => opens_at,
     }
 }
 

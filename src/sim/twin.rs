@@ -631,6 +631,30 @@ impl Twin {
         }
     }
 
+    /// Manual clock: keep time moving for a client that waits on the same clock (the
+    /// demo's engine, a test's), forever. Each tick goes to the next moment anyone sleeps
+    /// until (at least 1 ms, at most `max_step`), so a wait of hours for a maintenance
+    /// window costs a few ticks while a reboot is still watched every few seconds; between
+    /// ticks the driver yields so requests in flight are answered. `after_tick` runs after
+    /// each one (an invariant checker).
+    pub async fn drive(&self, max_step: Duration, mut after_tick: impl FnMut()) {
+        let min_step = Duration::from_millis(1);
+        loop {
+            tokio::task::yield_now().await;
+            // Let the other side's requests arrive and be answered before time moves.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let now = self.clock.now();
+            let step = self
+                .clock
+                .next_wakeup()
+                .map(|t| t.since(now))
+                .unwrap_or(max_step)
+                .clamp(min_step, max_step);
+            self.advance(step);
+            after_tick();
+        }
+    }
+
     pub fn kubeconfig(&self) -> &Path {
         &self.kube.kubeconfig
     }

@@ -1,42 +1,66 @@
-//! The rollout engine's Talos stage against the whole twin, with an invariant checker fed
-//! by the twin's own state (not the engine's opinion of it) after every tick of the clock.
+//! The rollout engine against the whole twin: the grouped bump end to end, the fault
+//! matrix, pause and resume, windows and holds, and crash/resume at many points — with an
+//! invariant checker fed by the twin's own state (not the engine's opinion of it) after
+//! every tick of the clock.
 
 use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use ichor::clock::Clock;
 use ichor::gate::{self, live};
 use ichor::kube::KubeClient;
 use ichor::plan::PlanOptions;
-use ichor::rollout::{Rollout, StageOutcome};
+use ichor::rollout::record::{self, RecordState};
+use ichor::rollout::{Progress, Rollout, RunOutcome, Target};
 use ichor::sim::talos::Role;
 use ichor::sim::twin::{ClusterFolder, Twin, TwinConfig, TwinOptions};
 use ichor::talos::TalosClient;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::homelab;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
+type Error = Box<dyn std::error::Error>;
 
-/// What the twin itself says about safety at one instant: control planes down, workers
-/// unavailable (down or cordoned), and whether etcd has quorum.
+/// What the twin itself says about safety at one instant.
 fn violations(twin: &Twin, max_unavailable: usize) -> Vec<String> {
     let obs = twin.talos.observe();
-    let cordoned = |name: &str| {
-        twin.kube.with(|c, _| {
-            c.get("nodes", "", name)
-                .and_then(|n| n.pointer("/spec/unschedulable").and_then(|v| v.as_bool()))
-                .unwrap_or(false)
-        })
-    };
+    let (cordoned, replicas) = twin.kube.with(|c, _| {
+        let cordoned: BTreeSet<String> = c
+            .list("nodes", None)
+            .iter()
+            .filter(|n| {
+                n.pointer("/spec/unschedulable")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false)
+            })
+            .filter_map(|n| n.pointer("/metadata/name").and_then(Value::as_str))
+            .map(str::to_string)
+            .collect();
+        // (volume, node) of every Longhorn replica.
+        let replicas: Vec<(String, String)> = c
+            .list("replicas", None)
+            .iter()
+            .filter_map(|r| {
+                Some((
+                    r.pointer("/spec/volumeName")?.as_str()?.to_string(),
+                    r.pointer("/spec/nodeID")?.as_str()?.to_string(),
+                ))
+            })
+            .collect();
+        (cordoned, replicas)
+    });
+    let down = |o: &ichor::sim::talos::NodeObservation| !(o.up && o.ready);
     let cps_down: Vec<&str> = obs
         .iter()
-        .filter(|o| o.role == Role::ControlPlane && !(o.up && o.ready))
+        .filter(|o| o.role == Role::ControlPlane && down(o))
         .map(|o| o.name.as_str())
         .collect();
     let workers_out: Vec<&str> = obs
         .iter()
-        .filter(|o| o.role == Role::Worker && (!(o.up && o.ready) || cordoned(&o.name)))
+        .filter(|o| o.role == Role::Worker && (down(o) || cordoned.contains(&o.name)))
         .map(|o| o.name.as_str())
         .collect();
     let mut out = Vec::new();
@@ -51,7 +75,24 @@ fn violations(twin: &Twin, max_unavailable: usize) -> Vec<String> {
     if !twin.talos.with_model(|m| m.etcd_has_quorum()) {
         out.push("etcd lost quorum".into());
     }
-    // Never a kubelet newer than any apiserver.
+    // Never two holders of one volume down together.
+    let down_nodes: BTreeSet<&str> = obs
+        .iter()
+        .filter(|o| down(o))
+        .map(|o| o.name.as_str())
+        .collect();
+    let mut holders_down: std::collections::BTreeMap<&str, BTreeSet<&str>> = Default::default();
+    for (v, n) in &replicas {
+        if down_nodes.contains(n.as_str()) {
+            holders_down.entry(v).or_default().insert(n);
+        }
+    }
+    for (v, nodes) in holders_down {
+        if nodes.len() > 1 {
+            out.push(format!("two holders of volume {v} down: {nodes:?}"));
+        }
+    }
+    // Never a kubelet newer than any apiserver; every (Talos, Kubernetes) pair supported.
     let version =
         |s: &str| ichor::releaseset::Version::parse(s.rsplit(':').next().unwrap_or(s)).ok();
     let apiservers: Vec<ichor::releaseset::Version> = obs
@@ -60,32 +101,120 @@ fn violations(twin: &Twin, max_unavailable: usize) -> Vec<String> {
         .filter(|p| p.component == ichor::sim::talos::Component::ApiServer)
         .filter_map(|p| version(&p.image))
         .collect();
-    if let Some(oldest) = apiservers.iter().min() {
-        for o in &obs {
-            if version(&o.kubelet_version).is_some_and(|k| k > *oldest) {
+    let policies = ichor::policy::Policies::shipped().ok();
+    for o in &obs {
+        let Some(kubelet) = version(&o.kubelet_version) else {
+            continue;
+        };
+        if let Some(oldest) = apiservers.iter().min() {
+            if kubelet > *oldest {
                 out.push(format!(
-                    "kubelet {} on {} is newer than apiserver {oldest}",
-                    o.kubelet_version, o.name
+                    "kubelet {kubelet} on {} is newer than apiserver {oldest}",
+                    o.name
                 ));
             }
         }
+        if let (Some(p), Some(t)) = (&policies, version(&o.talos_version)) {
+            for k in apiservers.iter().chain(std::iter::once(&kubelet)) {
+                if p.supports("talos", &t, k) == Some(false) {
+                    out.push(format!("{} runs Talos {t} with Kubernetes {k}", o.name));
+                }
+            }
+        }
     }
+    // No pod deleted except through an eviction; nothing forced.
+    for e in twin.kube.audit().entries() {
+        if e.resource == "pods" && e.subresource.is_empty() && e.verb == "delete" {
+            out.push(format!("pod {}/{} deleted directly", e.namespace, e.name));
+        }
+    }
+    out.sort();
+    out.dedup();
     out
 }
 
-struct Setup {
-    twin: Twin,
-    kube: KubeClient,
-    talos: TalosClient,
-    change: gate::Change,
-    plan: ichor::plan::Plan,
-    nodes: Vec<ichor::kube::LiveNode>,
+pub struct Setup {
+    pub twin: Twin,
+    pub kube: KubeClient,
+    pub talos: TalosClient,
+    pub change: gate::Change,
+    pub plan: ichor::plan::Plan,
+    pub raw: kube::Client,
     _state: tempfile::TempDir,
 }
 
-/// The twin running the homelab cluster as main describes it, ichor's namespace created,
-/// and the plan of the fixture's grouped Talos + Kubernetes PR from the live nodes.
-async fn setup(config: TwinConfig) -> Result<Setup, Box<dyn std::error::Error>> {
+impl Setup {
+    fn doc(&self) -> &ichor::releaseset::Cluster {
+        self.change
+            .cluster_doc
+            .as_ref()
+            .expect("the fixture has a cluster.yaml")
+    }
+
+    fn target(&self) -> Target {
+        let rs = &self.change.head_release_set.spec;
+        Target {
+            commit: self
+                .change
+                .head
+                .commit
+                .map(|c| c.to_string())
+                .unwrap_or_default(),
+            talos: rs.talos.clone(),
+            kubernetes: rs.kubernetes.clone(),
+        }
+    }
+
+    fn max_unavailable(&self) -> usize {
+        self.doc().spec.rollout.max_unavailable.get() as usize
+    }
+
+    /// The engine as `ichor rollout` sets it up from cluster.yaml.
+    fn engine<'a>(&'a self, report: &'a (dyn Fn(Progress) + Sync)) -> Rollout<'a> {
+        let doc = self.doc();
+        let mut e = Rollout::new(
+            &self.kube,
+            &self.talos,
+            self.twin.talos.clock().clone(),
+            "homelab",
+            "ichor-test",
+        );
+        e.policy = doc.spec.rollout.clone();
+        e.volumes = doc.spec.volumes.provider;
+        if let Some(i) = &doc.spec.talos.installer_image {
+            e.installer_image = i.clone();
+        }
+        e.report = Some(report);
+        e
+    }
+
+    async fn post_faults(&self, body: Value) -> TestResult {
+        let req = http::Request::post("/_twin/faults")
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&body)?)?;
+        self.raw.request_text(req).await?;
+        Ok(())
+    }
+
+    async fn record(&self) -> Result<record::RolloutRecord, Error> {
+        Ok(record::load(&self.kube, "homelab")
+            .await?
+            .ok_or("no rollout record")?
+            .record)
+    }
+}
+
+/// The twin running the homelab cluster as main describes it (its maintenance window just
+/// opened), ichor's namespace created, and the plan of the fixture's grouped Talos +
+/// Kubernetes PR from the live nodes.
+pub async fn setup(config: TwinConfig) -> Result<Setup, Error> {
+    setup_at(config, None).await
+}
+
+async fn setup_at(
+    config: TwinConfig,
+    start: Option<ichor::clock::Timestamp>,
+) -> Result<Setup, Error> {
     let state = tempfile::tempdir()?;
     let repo = ichor::git::Repo::open(homelab())?;
     let change = gate::load(&repo, "main", "renovate/talos", None)?;
@@ -98,8 +227,15 @@ async fn setup(config: TwinConfig) -> Result<Setup, Box<dyn std::error::Error>> 
             .ok_or("missing")?;
         std::fs::write(dir.join(f), text)?;
     }
+    let windows = change
+        .cluster_doc
+        .as_ref()
+        .map(|d| d.spec.rollout.maintenance_windows.clone())
+        .unwrap_or_default();
+    let start =
+        start.unwrap_or_else(|| ichor::rollout::window::next_open(&windows, Clock::manual().now()));
     let twin = Twin::start(
-        Clock::manual(),
+        Clock::manual_at(start),
         &ClusterFolder::read(&dir)?,
         &state.path().join("state"),
         TwinOptions {
@@ -112,20 +248,19 @@ async fn setup(config: TwinConfig) -> Result<Setup, Box<dyn std::error::Error>> 
     let kube = KubeClient::connect(Some(twin.kubeconfig())).await?;
     let clock = twin.talos.clock().clone();
     let talos = TalosClient::new(ichor::talos::config::load(twin.talosconfig(), None)?, clock);
-    // deploy/ creates ichor's namespace; the twin starts without it.
-    let client = {
+    let raw = {
         let kc = kube::config::Kubeconfig::read_from(twin.kubeconfig())?;
         kube::Client::try_from(
             kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?,
         )?
     };
-    let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client);
+    // deploy/ creates ichor's namespace; the twin starts without it.
+    let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(raw.clone());
     nss.create(
         &Default::default(),
         &serde_json::from_value(json!({"metadata": {"name": live::ICHOR_NAMESPACE}}))?,
     )
     .await?;
-    let nodes = kube.nodes().await?;
     let live_nodes =
         live::live_nodes(&live::observe(&kube, Some(&talos), &live::Subject::of(&change)).await)
             .ok_or("no live nodes")?;
@@ -136,94 +271,85 @@ async fn setup(config: TwinConfig) -> Result<Setup, Box<dyn std::error::Error>> 
         talos,
         change,
         plan,
-        nodes,
+        raw,
         _state: state,
     })
 }
 
-#[derive(Clone, Copy)]
-enum Which {
-    Talos,
-    Kubernetes,
+/// Progress as lines, for assertions.
+#[derive(Default)]
+struct Lines(Mutex<Vec<String>>);
+
+impl Lines {
+    fn push(&self, p: Progress) {
+        if let Ok(mut l) = self.0.lock() {
+            l.push(p.to_string());
+        }
+    }
+    fn all(&self) -> Vec<String> {
+        self.0.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+    fn any(&self, needle: &str) -> bool {
+        self.all().iter().any(|l| l.contains(needle))
+    }
 }
 
-/// Run the Talos stage while the clock moves, checking the invariants after every tick.
-async fn run_stage(s: &Setup) -> Result<(StageOutcome, Vec<String>), Box<dyn std::error::Error>> {
-    run(s, Which::Talos).await
-}
-
-async fn run(
+/// Run `engine` to its end while the twin's clock moves, checking the invariants after
+/// every tick.
+async fn run_checked(
     s: &Setup,
-    which: Which,
-) -> Result<(StageOutcome, Vec<String>), Box<dyn std::error::Error>> {
-    let doc = s.change.cluster_doc.clone().ok_or("no cluster.yaml")?;
-    let engine = Rollout {
-        kube: &s.kube,
-        talos: &s.talos,
-        clock: s.twin.talos.clock().clone(),
-        cluster: "homelab".into(),
-        holder: "ichor-test".into(),
-        policy: doc.spec.rollout.clone(),
-        installer_image: doc
-            .spec
-            .talos
-            .installer_image
-            .clone()
-            .ok_or("no installer image")?,
-        report: None,
-    };
-    let max_unavailable = doc.spec.rollout.max_unavailable.get() as usize;
+    engine: &Rollout<'_>,
+    resume: bool,
+) -> Result<(RunOutcome, Vec<String>), Error> {
     let seen = RefCell::new(Vec::<String>::new());
-    let talos = s.change.head_release_set.spec.talos.clone();
-    let k8s = s.change.head_release_set.spec.kubernetes.clone();
-    let run = async {
-        match which {
-            Which::Talos => engine.talos_stage(&s.plan, &talos, &s.nodes).await,
-            Which::Kubernetes => engine.kubernetes_stages(&s.plan, &k8s, &s.nodes).await,
-        }
-    };
-    let ticker = async {
-        loop {
-            tokio::task::yield_now().await;
-            s.twin.advance(Duration::from_secs(2));
-            seen.borrow_mut()
-                .extend(violations(&s.twin, max_unavailable));
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    };
+    let max = s.max_unavailable();
+    let target = s.target();
     let outcome = tokio::select! {
-        r = run => r?,
-        _ = ticker => unreachable!("the ticker never ends"),
+        r = engine.run(&s.plan, &target, Some(&s.change), resume) => r?,
+        _ = s.twin.drive(Duration::from_secs(2), || seen.borrow_mut().extend(violations(&s.twin, max))) => unreachable!("the driver never ends"),
     };
-    let seen = seen.into_inner();
+    let mut seen = seen.into_inner();
+    seen.sort();
+    seen.dedup();
     Ok((outcome, seen))
 }
 
-#[tokio::test]
-async fn the_talos_stage_upgrades_every_node_and_never_breaks_an_invariant() -> TestResult {
-    let s = setup(TwinConfig::default()).await?;
-    let (outcome, seen) = run_stage(&s).await?;
-    assert_eq!(
-        seen,
-        Vec::<String>::new(),
-        "invariants broken during the rollout"
-    );
-    match outcome {
-        StageOutcome::Completed { nodes } => {
-            assert_eq!(
-                nodes,
-                ["cp-1", "cp-2", "cp-3", "w-1", "w-2", "w-3"],
-                "the plan's order"
-            )
-        }
-        other => return Err(format!("expected completion, got {other:?}").into()),
+async fn run_once(s: &Setup, resume: bool) -> Result<(RunOutcome, Vec<String>, Lines), Error> {
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let engine = s.engine(&report);
+    let (o, seen) = run_checked(s, &engine, resume).await?;
+    drop(engine);
+    Ok((o, seen, lines))
+}
+
+fn paused(o: RunOutcome) -> Result<ichor::rollout::record::Pause, Error> {
+    match o {
+        RunOutcome::Paused(p) => Ok(p),
+        other => Err(format!("expected a pause, got {other:?}").into()),
     }
+}
+
+/// Every node on the target, Ready, uncordoned, the lock released.
+async fn assert_finished(s: &Setup) -> TestResult {
     for o in s.twin.talos.observe() {
-        assert_eq!(o.talos_version, "v1.12.9", "{} not upgraded", o.name);
-        assert!(o.ready, "{} not Ready", o.name);
+        assert_eq!(o.talos_version, "v1.12.9", "{} Talos", o.name);
+        assert!(
+            o.kubelet_version.ends_with("v1.33.7"),
+            "{} kubelet {}",
+            o.name,
+            o.kubelet_version
+        );
+        for p in &o.static_pods {
+            assert!(
+                p.image.ends_with(":v1.33.7") && p.ready,
+                "{}: {p:?}",
+                o.name
+            );
+        }
     }
     for n in s.kube.nodes().await? {
-        assert!(!n.cordoned, "{} left cordoned", n.name);
+        assert!(!n.cordoned && n.ready, "{} cordoned or not Ready", n.name);
     }
     assert_eq!(
         s.kube
@@ -232,59 +358,123 @@ async fn the_talos_stage_upgrades_every_node_and_never_breaks_an_invariant() -> 
         None,
         "the lock is released"
     );
-    // A second run finds everything done from what it observes.
-    let (again, _) = run_stage(&s).await?;
-    assert!(matches!(again, StageOutcome::Completed { .. }), "{again:?}");
     Ok(())
 }
 
 #[tokio::test]
-async fn a_failing_installer_pull_pauses_before_anything_is_disrupted() -> TestResult {
+async fn the_grouped_bump_rolls_talos_then_kubernetes_without_breaking_an_invariant() -> TestResult
+{
     let s = setup(TwinConfig::default()).await?;
-    let doc = s.change.cluster_doc.clone().ok_or("no cluster.yaml")?;
+    let (outcome, seen, lines) = run_once(&s, false).await?;
+    assert_eq!(seen, Vec::<String>::new(), "invariants broken");
+    let RunOutcome::Completed { stages } = outcome else {
+        return Err(format!(
+            "expected completion, got {outcome:?}\n{}",
+            lines.all().join("\n")
+        )
+        .into());
+    };
+    let order: Vec<&str> = stages.iter().map(|(s, _)| s.as_str()).collect();
+    assert_eq!(
+        order,
+        [
+            "talos",
+            "kube-apiserver",
+            "kube-controller-manager-scheduler",
+            "kube-proxy-manifests",
+            "kubelet",
+            "verify"
+        ]
+    );
+    assert_finished(&s).await?;
+    // The plan's order: control planes one at a time, apiservers before any kubelet, control
+    // planes' kubelets before workers'.
+    let all = lines.all();
+    let pos = |needle: &str| {
+        all.iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle:?} in {all:#?}"))
+    };
+    assert!(pos("talos cp-1: on") < pos("talos cp-2: cordoned"));
+    assert!(pos("talos cp-3: on") < pos("talos w-1: cordoned"));
+    assert!(pos("kube-apiserver cp-3: on") < pos("kubelet cp-1: on"));
+    assert!(pos("kubelet cp-3: on") < pos("kubelet w-1: on"));
+    assert!(pos("bootstrap manifests") < pos("kubelet cp-1: on"));
+    // Longhorn replicas were waited for before a node went back.
+    assert!(lines.any("waiting for the replicas of"), "{all:#?}");
+    // The record says so.
+    let rec = s.record().await?;
+    assert_eq!(rec.state, RecordState::Completed);
+    assert_eq!(rec.target, s.target().to_ref());
+    assert!(rec.steps.contains_key("talos/w-2") && rec.steps.contains_key("kubelet/w-3"));
+    // A second run finds everything done from what it observes, and changes nothing.
+    let (again, seen, lines) = run_once(&s, false).await?;
+    assert!(matches!(again, RunOutcome::Completed { .. }), "{again:?}");
+    assert!(seen.is_empty());
+    assert!(!lines.any("cordoned"), "{:#?}", lines.all());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failing_installer_pull_pauses_before_anything_is_disrupted_and_resume_finishes(
+) -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
     let installer = format!(
         "{}:v1.12.9",
-        doc.spec.talos.installer_image.clone().ok_or("image")?
+        s.doc().spec.talos.installer_image.clone().ok_or("image")?
     );
-    s.twin
-        .talos
-        .with_model(|m| m.set_failing_image(&installer, true));
-    let (outcome, seen) = run_stage(&s).await?;
-    assert_eq!(seen, Vec::<String>::new());
-    match outcome {
-        StageOutcome::Paused { node, reason } => {
-            assert_eq!(node, "cp-1");
-            assert!(
-                reason.contains("pre-pulling") && reason.contains("nothing was disrupted"),
-                "{reason}"
-            );
-        }
-        other => return Err(format!("expected a pause, got {other:?}").into()),
-    }
+    s.post_faults(json!({"failingImages": [installer]})).await?;
+    let (outcome, seen, _) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    let p = paused(outcome)?;
+    assert_eq!(p.node.as_deref(), Some("cp-1"));
+    assert!(
+        p.reason.contains("pre-pulling") && p.reason.contains("nothing was disrupted"),
+        "{}",
+        p.reason
+    );
     for n in s.kube.nodes().await? {
         assert!(!n.cordoned && n.ready, "{} was disrupted", n.name);
     }
-    for o in s.twin.talos.observe() {
-        assert_eq!(o.talos_version, "v1.12.6", "{} moved", o.name);
-    }
+    // The record keeps the pause; a run without --resume does not continue it.
+    let rec = s.record().await?;
+    assert_eq!(rec.state, RecordState::Paused);
+    assert_eq!(
+        rec.pause.as_ref().map(|p| p.reason.clone()),
+        Some(p.reason.clone())
+    );
+    let (again, _, lines) = run_once(&s, false).await?;
+    assert_eq!(paused(again)?.reason, p.reason);
+    assert!(!lines.any("pre-pulled"));
+    // Fixed, then resumed: it finishes.
+    s.post_faults(json!({"failingImages": []})).await?;
+    let (outcome, seen, _) = run_once(&s, true).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}"
+    );
+    assert_finished(&s).await?;
+    let rec = s.record().await?;
+    assert!(
+        rec.history.iter().any(|h| h.message == "resumed"),
+        "{:?}",
+        rec.history
+    );
     Ok(())
 }
 
 #[tokio::test]
-async fn a_node_that_never_returns_pauses_with_its_root_cause() -> TestResult {
+async fn a_node_that_never_returns_pauses_and_the_others_run_at_full_capacity() -> TestResult {
     let mut config = TwinConfig::default();
     config.faults.nodes_never_return = vec!["w-2".into()];
     let s = setup(config).await?;
-    let (outcome, seen) = run_stage(&s).await?;
-    assert_eq!(seen, Vec::<String>::new());
-    match outcome {
-        StageOutcome::Paused { node, reason } => {
-            assert_eq!(node, "w-2");
-            assert!(reason.contains("not have come back"), "{reason}");
-        }
-        other => return Err(format!("expected a pause, got {other:?}").into()),
-    }
-    // Everything before w-2 is done and back in service; nothing after it was touched.
+    let (outcome, seen, _) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    let p = paused(outcome)?;
+    assert_eq!(p.node.as_deref(), Some("w-2"));
+    assert_eq!(p.stage, "talos");
+    assert!(p.reason.contains("not have come back"), "{}", p.reason);
     for o in s.twin.talos.observe() {
         let want = match o.name.as_str() {
             "w-2" | "w-3" => "v1.12.6",
@@ -301,70 +491,404 @@ async fn a_node_that_never_returns_pauses_with_its_root_cause() -> TestResult {
 }
 
 #[tokio::test]
-async fn a_grouped_bump_rolls_talos_then_kubernetes_and_no_kubelet_outruns_an_apiserver(
-) -> TestResult {
+async fn a_pdb_that_never_allows_pauses_naming_the_pod_and_the_budget() -> TestResult {
     let s = setup(TwinConfig::default()).await?;
-    let (talos, seen) = run(&s, Which::Talos).await?;
-    assert!(matches!(talos, StageOutcome::Completed { .. }), "{talos:?}");
-    assert_eq!(seen, Vec::<String>::new());
-    let (kube, seen) = run(&s, Which::Kubernetes).await?;
-    assert_eq!(
-        seen,
-        Vec::<String>::new(),
-        "invariants broken during the Kubernetes stages"
+    let pdbs = s
+        .twin
+        .kube
+        .with(|c, _| c.list("poddisruptionbudgets", None));
+    let pdb = pdbs
+        .first()
+        .ok_or("the homelab has a PodDisruptionBudget")?;
+    let name = format!(
+        "{}/{}",
+        pdb.pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or(""),
+        pdb.pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
     );
-    match kube {
-        StageOutcome::Completed { nodes } => {
-            // apiservers on every control plane first, then controller-manager/scheduler,
-            // then kubelets: control planes before workers.
-            let first_kubelet = nodes
-                .iter()
-                .position(|n| n.starts_with("kubelet/"))
-                .ok_or("no kubelet step")?;
-            assert!(
-                nodes[..first_kubelet]
-                    .iter()
-                    .filter(|n| n.starts_with("kube-apiserver/"))
-                    .count()
-                    == 3,
-                "{nodes:?}"
-            );
-            assert_eq!(
-                &nodes[first_kubelet..],
-                [
-                    "kubelet/cp-1",
-                    "kubelet/cp-2",
-                    "kubelet/cp-3",
-                    "kubelet/w-1",
-                    "kubelet/w-2",
-                    "kubelet/w-3"
-                ]
-            );
-        }
-        other => return Err(format!("expected completion, got {other:?}").into()),
-    }
-    for o in s.twin.talos.observe() {
-        assert!(
-            o.kubelet_version.ends_with("v1.33.7"),
-            "{}: kubelet {}",
-            o.name,
-            o.kubelet_version
-        );
-        for p in &o.static_pods {
-            assert!(
-                p.image.ends_with(":v1.33.7") && p.ready,
-                "{}: {:?}",
-                o.name,
-                p
-            );
-        }
-    }
+    s.post_faults(json!({"pdbsNeverAllow": [name]})).await?;
+    let (outcome, seen, _) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    let p = paused(outcome)?;
+    assert!(
+        p.reason.contains("PodDisruptionBudget") && p.reason.contains(&name),
+        "{}",
+        p.reason
+    );
+    assert!(p.reason.contains("never deletes or forces"), "{}", p.reason);
+    // The node was drained as far as it could be, then given back.
     for n in s.kube.nodes().await? {
+        assert!(!n.cordoned, "{} left cordoned", n.name);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unhealthy_etcd_member_pauses_before_a_control_plane_goes_down() -> TestResult {
+    let mut config = TwinConfig::default();
+    config.faults.etcd_unhealthy = vec!["cp-3".into()];
+    let s = setup(config).await?;
+    let (outcome, seen, _) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    let p = paused(outcome)?;
+    assert_eq!(p.node.as_deref(), Some("cp-1"));
+    assert!(
+        p.reason.contains("etcd member on cp-3") && p.reason.contains("quorum"),
+        "{}",
+        p.reason
+    );
+    for o in s.twin.talos.observe() {
+        assert_eq!(o.talos_version, "v1.12.6", "{} moved", o.name);
+        assert!(o.up, "{} went down", o.name);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_node_back_on_the_wrong_version_pauses() -> TestResult {
+    let mut config = TwinConfig::default();
+    config.faults.wrong_version = [("w-1".to_string(), "v1.12.6".to_string())].into();
+    let s = setup(config).await?;
+    let (outcome, seen, _) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    let p = paused(outcome)?;
+    assert_eq!(p.node.as_deref(), Some("w-1"));
+    assert!(p.reason.contains("did not take"), "{}", p.reason);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_replica_that_never_rebuilds_pauses_before_the_node_is_given_back() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let volumes = s.kube.longhorn_volumes().await?;
+    let v = volumes.first().ok_or("the homelab has Longhorn volumes")?;
+    s.post_faults(json!({"replicasNeverRebuild": [v.name]}))
+        .await?;
+    let (outcome, seen, _) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    let p = paused(outcome)?;
+    assert!(
+        p.reason.contains(&v.name) && p.reason.contains("has not rebuilt"),
+        "{}",
+        p.reason
+    );
+    // Nothing after that worker started: no second holder went down.
+    Ok(())
+}
+
+#[tokio::test]
+async fn api_error_bursts_are_waited_out() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let engine = s.engine(&report);
+    let seen = RefCell::new(Vec::<String>::new());
+    let target = s.target();
+    let max = s.max_unavailable();
+    let mut ticks = 0u32;
+    let burst = async {
+        // A burst of 500s, later one of 429s, while the rollout runs.
+        for (count, status) in [(25, 500), (25, 429)] {
+            for _ in 0..40 {
+                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let _ = s
+                .post_faults(json!({"apiErrorBurst": {"count": count, "status": status, "retryAfter": "1s"}}))
+                .await;
+        }
+        std::future::pending::<()>().await
+    };
+    let outcome = tokio::select! {
+        r = engine.run(&s.plan, &target, Some(&s.change), false) => r?,
+        _ = s.twin.drive(Duration::from_secs(2), || { ticks += 1; seen.borrow_mut().extend(violations(&s.twin, max)) }) => unreachable!(),
+        _ = burst => unreachable!(),
+    };
+    assert!(seen.into_inner().is_empty());
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}\n{:#?}",
+        lines.all()
+    );
+    assert_finished(&s).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_stolen_lock_stops_every_action_at_once() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let lines = Lines::default();
+    let notify = tokio::sync::Notify::new();
+    let report = |p: Progress| {
+        if p.to_string().contains("talos cp-2: cordoned") {
+            notify.notify_one();
+        }
+        lines.push(p);
+    };
+    let engine = s.engine(&report);
+    let target = s.target();
+    let thief = async {
+        notify.notified().await;
+        let _ = s
+            .post_faults(json!({"stealLease": {"namespace": live::ICHOR_NAMESPACE, "name": "ichor-rollout-homelab", "holder": "someone-else"}}))
+            .await;
+        std::future::pending::<()>().await
+    };
+    let outcome = tokio::select! {
+        r = engine.run(&s.plan, &target, Some(&s.change), false) => r?,
+        _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!(),
+        _ = thief => unreachable!(),
+    };
+    let p = paused(outcome)?;
+    assert!(
+        p.reason.contains("someone-else") && p.reason.contains("stopped"),
+        "{}",
+        p.reason
+    );
+    // cp-2 was the last node touched: no later node was acted on.
+    let all = lines.all();
+    assert!(!all.iter().any(|l| l.contains("cp-3")), "{all:#?}");
+    assert_eq!(
+        s.kube
+            .lease_holder(live::ICHOR_NAMESPACE, "ichor-rollout-homelab")
+            .await?
+            .map(|l| l.holder),
+        Some("someone-else".into()),
+        "the lock stays with its new holder"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_slow_apply_past_its_deadline_pauses_and_resume_finishes() -> TestResult {
+    // Only Kubernetes moves here: the Talos stage is done first, then cp-2's apply hangs.
+    let s = setup(TwinConfig::default()).await?;
+    s.post_faults(json!({"slowApply": {"cp-2": "10m"}})).await?;
+    let (outcome, seen, _) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    let p = paused(outcome)?;
+    assert_eq!(p.node.as_deref(), Some("cp-2"));
+    assert_eq!(p.stage, "kube-apiserver");
+    assert!(
+        p.reason.contains("deadline") || p.reason.contains("no answer"),
+        "{}",
+        p.reason
+    );
+    s.post_faults(json!({"slowApply": {}})).await?;
+    let (outcome, seen, _) = run_once(&s, true).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}"
+    );
+    assert_finished(&s).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn no_node_starts_outside_a_maintenance_window() -> TestResult {
+    // Thursday noon: the window (sat, sun 06:00 for 6h) opens in two days.
+    let thursday = ichor::clock::Timestamp::parse_rfc3339("2026-01-01T12:00:00Z").ok_or("date")?;
+    let s = setup_at(TwinConfig::default(), Some(thursday)).await?;
+    let (outcome, seen, lines) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}"
+    );
+    assert!(
+        lines.any("starts in the next maintenance window, Sat 06:00 UTC"),
+        "{:#?}",
+        lines.all()
+    );
+    let opens = ichor::clock::Timestamp::parse_rfc3339("2026-01-03T06:00:00Z").ok_or("date")?;
+    for (key, step) in s.record().await?.steps {
+        let at = step
+            .started_at
+            .as_deref()
+            .and_then(ichor::clock::Timestamp::parse_rfc3339);
         assert!(
-            !n.cordoned && n.ready,
-            "{} left cordoned or not Ready",
-            n.name
+            at.is_some_and(|t| t >= opens),
+            "{key} started at {:?}",
+            step.started_at
         );
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_held_node_is_waited_on_and_the_wait_is_reported() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(s.raw.clone());
+    let hold = |on: bool| json!({"metadata": {"annotations": {ichor::kube::HOLD: if on { Value::from("backup running") } else { Value::Null }}}});
+    nodes
+        .patch(
+            "w-2",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(hold(true)),
+        )
+        .await?;
+    let lines = Lines::default();
+    let notify = tokio::sync::Notify::new();
+    let report = |p: Progress| {
+        if matches!(&p, Progress::Waiting(w) if w.contains("w-2 is held")) {
+            notify.notify_one();
+        }
+        lines.push(p);
+    };
+    let engine = s.engine(&report);
+    let target = s.target();
+    let release = async {
+        notify.notified().await;
+        // While held, the record says what the rollout waits on.
+        let rec = s.record().await.ok();
+        let waiting = rec.and_then(|r| r.waiting);
+        let _ = nodes
+            .patch(
+                "w-2",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(hold(false)),
+            )
+            .await;
+        waiting
+    };
+    let mut waiting = None;
+    let run = engine.run(&s.plan, &target, Some(&s.change), false);
+    tokio::pin!(run);
+    tokio::pin!(release);
+    let mut released = false;
+    let outcome = loop {
+        tokio::select! {
+            r = &mut run => break r?,
+            w = &mut release, if !released => { waiting = w; released = true; }
+            _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!(),
+        }
+    };
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}"
+    );
+    let waiting = waiting.ok_or("no waiting in the record")?;
+    assert!(waiting.contains("backup running"), "{waiting}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn paused_in_cluster_yaml_stops_before_the_next_node() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let pause = || Some("paused in cluster.yaml (spec.rollout.paused: true)".to_string());
+    let mut engine = s.engine(&report);
+    engine.pause_requested = Some(&pause);
+    let (outcome, _) = run_checked(&s, &engine, false).await?;
+    let p = paused(outcome)?;
+    assert!(p.reason.contains("spec.rollout.paused"), "{}", p.reason);
+    for o in s.twin.talos.observe() {
+        assert_eq!(o.talos_version, "v1.12.6");
+    }
+    Ok(())
+}
+
+/// Kill the engine (drop its task) at every progress line and every few ticks mid-step,
+/// restarting it each time, until it finishes: at least 50 distinct points.
+#[tokio::test]
+async fn killed_at_every_step_boundary_and_mid_step_it_still_finishes_safely() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let max = s.max_unavailable();
+    let target = s.target();
+    let mut seen: Vec<String> = Vec::new();
+    let mut points: BTreeSet<String> = BTreeSet::new();
+    let mut kills = 0usize;
+    let known: RefCell<BTreeSet<String>> = RefCell::new(BTreeSet::new());
+    let outcome = loop {
+        let said = Mutex::new(Vec::<String>::new());
+        let notify = tokio::sync::Notify::new();
+        let report = |p: Progress| {
+            if let Ok(mut l) = said.lock() {
+                l.push(p.to_string());
+            }
+            notify.notify_one();
+        };
+        let engine = s.engine(&report);
+        // Odd incarnations die at their first new line (a step boundary), even ones after
+        // a few ticks (mid-step: a drain, a reboot, a verification).
+        let mid_step = kills % 2 == 1;
+        let ticks = RefCell::new(0u32);
+        let violations_now = RefCell::new(Vec::new());
+        let killer = async {
+            if kills >= 120 {
+                return std::future::pending::<()>().await;
+            }
+            if mid_step {
+                loop {
+                    tokio::task::yield_now().await;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    if *ticks.borrow() >= 3 + (kills as u32 % 5) {
+                        return;
+                    }
+                }
+            } else {
+                // The first line this incarnation says that no earlier one said: a step
+                // boundary reached for the first time (lines about what is already done
+                // do not count, or it would never get further).
+                loop {
+                    notify.notified().await;
+                    let fresh = said
+                        .lock()
+                        .map(|l| l.iter().any(|x| !known.borrow().contains(x)))
+                        .unwrap_or(false);
+                    if fresh {
+                        return;
+                    }
+                }
+            }
+        };
+        let r = tokio::select! {
+            r = engine.run(&s.plan, &target, Some(&s.change), false) => Some(r),
+            _ = s.twin.drive(Duration::from_secs(2), || { *ticks.borrow_mut() += 1; violations_now.borrow_mut().extend(violations(&s.twin, max)); }) => unreachable!(),
+            _ = killer => None,
+        };
+        drop(engine);
+        seen.extend(violations_now.into_inner());
+        let said = said.into_inner().unwrap_or_default();
+        let last_fresh = said
+            .iter()
+            .rev()
+            .find(|x| !known.borrow().contains(*x))
+            .cloned();
+        known.borrow_mut().extend(said.iter().cloned());
+        match r {
+            Some(r) => break r?,
+            None => {
+                kills += 1;
+                let last = last_fresh
+                    .or_else(|| said.last().cloned())
+                    .unwrap_or_else(|| "(nothing said)".into());
+                points.insert(format!(
+                    "{} {}",
+                    if mid_step { "mid-step after" } else { "after" },
+                    last
+                ));
+            }
+        }
+    };
+    seen.sort();
+    seen.dedup();
+    assert!(seen.is_empty(), "invariants broken: {seen:?}");
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}"
+    );
+    eprintln!("{kills} kills at {} distinct points", points.len());
+    assert!(
+        points.len() >= 50,
+        "only {} distinct kill points: {points:#?}",
+        points.len()
+    );
+    assert_finished(&s).await?;
     Ok(())
 }
