@@ -104,6 +104,9 @@ enum Command {
         /// Simulated seconds per wall-clock second, to rehearse against `ichor sim --speed N`.
         #[arg(long, value_name = "N", hide = true)]
         time_scale: Option<f64>,
+        /// With --time-scale: where the simulated clock starts (e.g. the twin's start).
+        #[arg(long, value_name = "RFC3339", hide = true)]
+        clock_start: Option<String>,
     },
     /// Run the twin: a simulated Talos cluster served over the real Talos API (mutual TLS)
     /// and Kubernetes API, built from a cluster folder, until interrupted.
@@ -290,6 +293,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             yes,
             ichor_node,
             time_scale,
+            clock_start,
         } => rollout_cmd::rollout(rollout_cmd::Args {
             repo,
             rev,
@@ -302,6 +306,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             yes,
             ichor_node,
             time_scale,
+            clock_start,
         }),
         Command::Policies { command } => policies(command),
     }

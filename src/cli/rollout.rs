@@ -26,6 +26,7 @@ pub struct Args {
     pub yes: bool,
     pub ichor_node: Option<String>,
     pub time_scale: Option<f64>,
+    pub clock_start: Option<String>,
 }
 
 pub const EXIT_BLOCKED: u8 = 1;
@@ -137,9 +138,18 @@ fn confirm(prompt: &str) -> anyhow::Result<bool> {
 }
 
 pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
-    let clock = match a.time_scale {
-        Some(s) => Clock::try_scaled(s).map_err(|e| anyhow::anyhow!("--time-scale: {e}"))?,
-        None => Clock::system(),
+    let clock = match (a.time_scale, &a.clock_start) {
+        (Some(s), None) => {
+            Clock::try_scaled(s).map_err(|e| anyhow::anyhow!("--time-scale: {e}"))?
+        }
+        (Some(s), Some(start)) => {
+            let at = ichor::clock::Timestamp::parse_rfc3339(start).ok_or_else(|| {
+                anyhow::anyhow!("--clock-start {start}: expected YYYY-MM-DDTHH:MM:SSZ")
+            })?;
+            Clock::scaled_at(s, at).map_err(|e| anyhow::anyhow!("--time-scale: {e}"))?
+        }
+        (None, Some(_)) => anyhow::bail!("--clock-start goes with --time-scale"),
+        (None, None) => Clock::system(),
     };
     let Some(kubeconfig) = a.kubeconfig.as_deref() else {
         anyhow::bail!("rollout needs cluster access: pass --kubeconfig (or set KUBECONFIG) and --talosconfig (or set TALOSCONFIG)");

@@ -49,6 +49,16 @@ pub const LOCK_DURATION: Duration = Duration::from_secs(60);
 pub const API_PATIENCE: Duration = Duration::from_secs(300);
 /// How often a held node or a closed window is looked at again.
 const WAIT_EVERY: Duration = Duration::from_secs(30);
+/// An image pull's own deadline: an installer is hundreds of megabytes.
+const PULL_DEADLINE: Duration = Duration::from_secs(600);
+
+/// The options of an image pull on `node`.
+fn pulling(node: &LiveNode) -> CallOptions<'_> {
+    CallOptions {
+        deadline: PULL_DEADLINE,
+        avoid: Some(&node.name),
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum RolloutError {
@@ -927,7 +937,13 @@ impl Run<'_, '_> {
                     // A failed pull pauses before anything is disrupted.
                     if let Err(err) = e
                         .talos
-                        .pull_image(&addr, &installer, ImageNamespace::System, api, opts)
+                        .pull_image(
+                            &addr,
+                            &installer,
+                            ImageNamespace::System,
+                            api,
+                            pulling(&node),
+                        )
                         .await
                     {
                         return Err(self.pause(
@@ -1259,7 +1275,7 @@ impl Run<'_, '_> {
                     ImageNamespace::Cri
                 };
                 e.talos
-                    .pull_image(&addr, image, ns, api, opts)
+                    .pull_image(&addr, image, ns, api, pulling(&node))
                     .await
                     .map_err(|err| {
                         self.pause(
@@ -1424,7 +1440,16 @@ impl Run<'_, '_> {
                 let api = self.upgrade_api(stage, cp).await?;
                 for (_, _, image) in &edit.images {
                     e.talos
-                        .pull_image(&addr, image, ImageNamespace::Cri, api, opts)
+                        .pull_image(
+                            &addr,
+                            image,
+                            ImageNamespace::Cri,
+                            api,
+                            CallOptions {
+                                deadline: PULL_DEADLINE,
+                                ..opts
+                            },
+                        )
                         .await
                         .map_err(|err| {
                             self.pause(

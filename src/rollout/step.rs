@@ -163,10 +163,13 @@ pub fn talos_node(
                 ))
             } else if marker.upgrade_requested {
                 StepState::Settling("waiting for the node to come back from its reboot".into())
-            } else {
+            } else if marker.started_at.is_none() {
                 StepState::Failed(
                     "the node does not answer the Talos API before its upgrade began".into(),
                 )
+            } else {
+                // A hiccup of the API (or of the path to it) is waited out, within the step.
+                StepState::Settling("waiting for the node's Talos API to answer".into())
             }
         }
         Some(false) => {

@@ -690,9 +690,9 @@ async fn a_slow_apply_past_its_deadline_pauses_and_resume_finishes() -> TestResu
 
 #[tokio::test]
 async fn no_node_starts_outside_a_maintenance_window() -> TestResult {
-    // Thursday noon: the window (sat, sun 06:00 for 6h) opens in two days.
-    let thursday = ichor::clock::Timestamp::parse_rfc3339("2026-01-01T12:00:00Z").ok_or("date")?;
-    let s = setup_at(TwinConfig::default(), Some(thursday)).await?;
+    // Saturday 05:50: the window (sat, sun 06:00 for 6h) opens in ten minutes.
+    let before = ichor::clock::Timestamp::parse_rfc3339("2026-01-03T05:50:00Z").ok_or("date")?;
+    let s = setup_at(TwinConfig::default(), Some(before)).await?;
     let (outcome, seen, lines) = run_once(&s, false).await?;
     assert!(seen.is_empty(), "{seen:?}");
     assert!(
@@ -890,5 +890,433 @@ async fn killed_at_every_step_boundary_and_mid_step_it_still_finishes_safely() -
         points.len()
     );
     assert_finished(&s).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_cni_still_rolling_out_is_waited_for_before_the_apiservers() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let dss: kube::Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        kube::Api::namespaced(s.raw.clone(), "kube-system");
+    let patch = |strategy: &str| json!({"spec": {"updateStrategy": {"type": strategy}, "template": {"spec": {"containers": [{"name": "cilium", "image": "quay.io/cilium/cilium:v1.18.4"}]}}}});
+    // A new Cilium image that the DaemonSet does not roll by itself (OnDelete): the CNI is
+    // "still rolling out" until someone lets it.
+    dss.patch(
+        "cilium",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Strategic(patch("OnDelete")),
+    )
+    .await?;
+    let lines = Lines::default();
+    let notify = tokio::sync::Notify::new();
+    let report = |p: Progress| {
+        if matches!(&p, Progress::Waiting(w) if w.contains("the CNI must move first")) {
+            notify.notify_one();
+        }
+        lines.push(p);
+    };
+    let engine = s.engine(&report);
+    let target = s.target();
+    let let_it_roll = async {
+        notify.notified().await;
+        // Nothing of Kubernetes moved while it waited.
+        let apiservers_moved = s.twin.talos.observe().iter().any(|o| {
+            o.static_pods.iter().any(|p| {
+                p.component == ichor::sim::talos::Component::ApiServer
+                    && p.image.ends_with(":v1.33.7")
+            })
+        });
+        let _ = dss
+            .patch(
+                "cilium",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Strategic(patch("RollingUpdate")),
+            )
+            .await;
+        apiservers_moved
+    };
+    tokio::pin!(let_it_roll);
+    let run = engine.run(&s.plan, &target, Some(&s.change), false);
+    tokio::pin!(run);
+    let mut moved_while_waiting = None;
+    let outcome = loop {
+        tokio::select! {
+            r = &mut run => break r?,
+            m = &mut let_it_roll, if moved_while_waiting.is_none() => moved_while_waiting = Some(m),
+            _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!(),
+        }
+    };
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}\n{:#?}",
+        lines.all()
+    );
+    assert_eq!(moved_while_waiting, Some(false), "{:#?}", lines.all());
+    assert!(lines.any("live/cni-running"), "{:#?}", lines.all());
+    Ok(())
+}
+
+#[tokio::test]
+async fn kube_proxy_moves_on_every_control_plane_and_the_manifests_are_synced() -> TestResult {
+    let mut s = setup(TwinConfig::default()).await?;
+    // This cluster keeps kube-proxy (the CNI does not replace it).
+    if let Some(doc) = s.change.cluster_doc.as_mut() {
+        doc.spec.cni.replaces_kube_proxy = false;
+    }
+    let live_nodes = live::live_nodes(
+        &live::observe(&s.kube, Some(&s.talos), &live::Subject::of(&s.change)).await,
+    )
+    .ok_or("no live nodes")?;
+    s.plan = gate::plan_with(&s.change, &PlanOptions::default(), Some(&live_nodes))?;
+    assert!(s
+        .plan
+        .steps()
+        .any(|st| st.kind == ichor::plan::StepKind::KubeProxyAndManifests));
+    let (outcome, seen, lines) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}\n{:#?}",
+        lines.all()
+    );
+    for cp in ["cp-1", "cp-2", "cp-3"] {
+        assert!(
+            lines.any(&format!("kube-proxy image on {cp}: v1.33.7")),
+            "{:#?}",
+            lines.all()
+        );
+    }
+    assert!(lines.any("kube-proxy on v1.33.7 and the bootstrap manifests in sync"));
+    let ds = s
+        .kube
+        .daemonset("kube-system", "kube-proxy")
+        .await?
+        .ok_or("no kube-proxy")?;
+    assert_eq!(ds.version.as_deref(), Some("v1.33.7"));
+    assert!(ds.rolled_out(), "{ds:?}");
+    // Applied as Talos's own field manager.
+    let raw: kube::Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        kube::Api::namespaced(s.raw.clone(), "kube-system");
+    let managers: Vec<String> = raw
+        .get("kube-proxy")
+        .await?
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect();
+    assert!(managers.iter().any(|m| m == "talos"), "{managers:?}");
+    Ok(())
+}
+
+/// The real binary, killed outright (SIGKILL) three times mid-rollout and started again each
+/// time, against an in-process twin on a scaled clock; it finishes, and the twin's own state
+/// never broke an invariant meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ichor_rollout_killed_three_times_is_continued_by_the_next_run() -> TestResult {
+    const SPEED: f64 = 60.0;
+    let state = tempfile::tempdir()?;
+    let repo = ichor::git::Repo::open(homelab())?;
+    let change = gate::load(&repo, "main", "renovate/talos", None)?;
+    let dir = state.path().join("homelab");
+    std::fs::create_dir_all(&dir)?;
+    let main = repo.resolve("main")?;
+    for f in ["cluster.yaml", "release-set.yaml"] {
+        let text = repo
+            .read_file(&main, &format!("clusters/homelab/{f}"))?
+            .ok_or("missing")?;
+        std::fs::write(dir.join(f), text)?;
+    }
+    let windows = change
+        .cluster_doc
+        .as_ref()
+        .map(|d| d.spec.rollout.maintenance_windows.clone())
+        .unwrap_or_default();
+    let start = ichor::rollout::window::next_open(&windows, Clock::manual().now());
+    let clock = Clock::scaled_at(SPEED, start)?;
+    let twin = Twin::start(
+        clock.clone(),
+        &ClusterFolder::read(&dir)?,
+        &state.path().join("state"),
+        TwinOptions::default(),
+    )
+    .await?;
+    let kube = KubeClient::connect(Some(twin.kubeconfig())).await?;
+    let raw = {
+        let kc = kube::config::Kubeconfig::read_from(twin.kubeconfig())?;
+        kube::Client::try_from(
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?,
+        )?
+    };
+    let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(raw);
+    nss.create(
+        &Default::default(),
+        &serde_json::from_value(json!({"metadata": {"name": live::ICHOR_NAMESPACE}}))?,
+    )
+    .await?;
+    let home = state.path().join("home");
+    std::fs::create_dir_all(&home)?;
+    let spawn = |clock: &Clock| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ichor"))
+            .args(["rollout", "--repo"])
+            .arg(homelab())
+            .args([
+                "--base",
+                "main",
+                "--rev",
+                "renovate/talos",
+                "--yes",
+                "--resume",
+            ])
+            .arg("--kubeconfig")
+            .arg(twin.kubeconfig())
+            .arg("--talosconfig")
+            .arg(twin.talosconfig())
+            .args([
+                "--time-scale",
+                &SPEED.to_string(),
+                "--clock-start",
+                &clock.now().rfc3339(),
+            ])
+            .env("HOME", &home)
+            .env("XDG_STATE_HOME", home.join("state"))
+            .env_remove("KUBECONFIG")
+            .env_remove("TALOSCONFIG")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+    };
+    // The twin's state, sampled all along.
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let checker = async {
+        let mut seen = Vec::new();
+        while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            seen.extend(violations(&twin, 1));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        seen
+    };
+    let work = async {
+        // Kill once each of these is in the record: mid control planes, mid workers, mid
+        // kubelets.
+        let kill_when: [&dyn Fn(&record::RolloutRecord) -> bool; 3] = [
+            &|r| r.steps.contains_key("talos/cp-2"),
+            &|r| r.steps.contains_key("talos/w-2"),
+            &|r| r.stage.as_deref() == Some("kubelet"),
+        ];
+        let mut kills = 0;
+        for when in kill_when {
+            let mut child = spawn(&clock)?;
+            loop {
+                if let Some(status) = child.try_wait()? {
+                    return Err::<_, Error>(
+                        format!("ichor rollout ended before it was killed: {status}").into(),
+                    );
+                }
+                let rec = record::load(&kube, "homelab").await.ok().flatten();
+                if rec.is_some_and(|s| when(&s.record)) {
+                    child.kill()?;
+                    child.wait()?;
+                    kills += 1;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        // The last run, to the end; a pause (a call past its deadline on a loaded machine)
+        // is resumed as an operator would.
+        let mut outputs = Vec::new();
+        for _ in 0..3 {
+            let child = spawn(&clock)?;
+            let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
+            let code = out.status.code();
+            outputs.push(format!(
+                "exit {code:?}\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+            if code == Some(0) {
+                return Ok((kills, outputs));
+            }
+            if code != Some(3) {
+                break;
+            }
+        }
+        Err(format!("ichor rollout did not finish:\n{}", outputs.join("\n---\n")).into())
+    };
+    let (result, seen) = tokio::join!(
+        async {
+            let r = work.await;
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            r
+        },
+        checker
+    );
+    let (kills, outputs) = result?;
+    assert_eq!(kills, 3);
+    let mut seen = seen;
+    seen.sort();
+    seen.dedup();
+    assert!(seen.is_empty(), "invariants broken: {seen:?}");
+    let last = outputs.last().cloned().unwrap_or_default();
+    assert!(last.contains("Done in"), "{last}");
+    for o in twin.talos.observe() {
+        assert_eq!(o.talos_version, "v1.12.9", "{}", o.name);
+        assert!(o.kubelet_version.ends_with("v1.33.7"), "{}", o.name);
+    }
+    for n in kube.nodes().await? {
+        assert!(!n.cordoned && n.ready, "{} cordoned or not Ready", n.name);
+    }
+    let rec = record::load(&kube, "homelab")
+        .await?
+        .ok_or("no record")?
+        .record;
+    assert_eq!(rec.state, RecordState::Completed);
+    assert!(
+        rec.history
+            .iter()
+            .filter(|h| h.message.contains("continued"))
+            .count()
+            >= 3,
+        "{:#?}",
+        rec.history
+    );
+    twin.shutdown().await;
+    Ok(())
+}
+
+fn run_ichor(args: Vec<String>) -> std::io::Result<std::process::Output> {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ichor"))
+        .args(&args)
+        .env_remove("KUBECONFIG")
+        .env_remove("TALOSCONFIG")
+        // The local rollout lock goes under the test's own temp dir.
+        .env(
+            "XDG_STATE_HOME",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("rollout-cli-state"),
+        )
+        .stdin(std::process::Stdio::null())
+        .output()
+}
+
+#[tokio::test]
+async fn the_command_line_asks_refuses_and_shows_the_record() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let repo = homelab().to_string_lossy().into_owned();
+    let kc = s.twin.kubeconfig().to_string_lossy().into_owned();
+    let tc = s.twin.talosconfig().to_string_lossy().into_owned();
+    let args = |extra: &[&str]| {
+        let mut v: Vec<String> = [
+            "rollout",
+            "--repo",
+            &repo,
+            "--base",
+            "main",
+            "--kubeconfig",
+            &kc,
+            "--talosconfig",
+            &tc,
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        v.extend(extra.iter().map(|x| x.to_string()));
+        v
+    };
+    let call = |a: Vec<String>| tokio::task::spawn_blocking(move || run_ichor(a));
+    // --dry-run: the gate and the plan, nothing changed.
+    let o = call(args(&["--rev", "renovate/talos", "--dry-run"])).await??;
+    let out = crate::stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", crate::stderr(&o));
+    assert!(
+        out.contains("PASS") && out.contains("dry run: nothing was changed"),
+        "{out}"
+    );
+    assert!(out.contains("cp-1"), "the plan is printed: {out}");
+    // No terminal and no --yes: refused before anything is touched.
+    let o = call(args(&["--rev", "renovate/talos"])).await??;
+    assert_eq!(o.status.code(), Some(2), "{}", crate::stderr(&o));
+    assert!(
+        crate::stderr(&o).contains("pass --yes"),
+        "{}",
+        crate::stderr(&o)
+    );
+    // A change the gate blocks is refused.
+    let o = call(args(&[
+        "--rev",
+        "renovate/ghcr.io-siderolabs-kubelet-1.x",
+        "--yes",
+    ]))
+    .await??;
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}{}",
+        crate::stdout(&o),
+        crate::stderr(&o)
+    );
+    assert!(crate::stderr(&o).contains("nothing was rolled out"));
+    for n in s.kube.nodes().await? {
+        assert!(!n.cordoned, "{} touched", n.name);
+    }
+    assert!(
+        record::load(&s.kube, "homelab").await?.is_none(),
+        "no record was written"
+    );
+
+    // A paused rollout, as `ichor status` shows it.
+    let installer = format!(
+        "{}:v1.12.9",
+        s.doc().spec.talos.installer_image.clone().ok_or("image")?
+    );
+    s.post_faults(json!({"failingImages": [installer]})).await?;
+    let (outcome, _, _) = run_once(&s, false).await?;
+    paused(outcome)?;
+    let status = |json: bool| {
+        let mut v: Vec<String> = [
+            "status",
+            "--kubeconfig",
+            &kc,
+            "--talosconfig",
+            &tc,
+            "--repo",
+            &repo,
+            "--rev",
+            "main",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        if json {
+            v.extend(["--output".to_string(), "json".to_string()]);
+        }
+        v
+    };
+    let o = call(status(false)).await??;
+    let out = crate::stdout(&o);
+    assert!(
+        out.contains("Rollout to") && out.contains("paused"),
+        "{out}"
+    );
+    assert!(
+        out.contains("pre-pulling") && out.contains("--resume"),
+        "{out}"
+    );
+    let o = call(status(true)).await??;
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["rollout"]["kind"], "RolloutRecord", "{v:#}");
+    assert_eq!(v["rollout"]["state"], "paused");
+    // The same revision without --resume: the pause is printed, exit 3, nothing moves.
+    let o = call(args(&["--rev", "renovate/talos", "--yes"])).await??;
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{}{}",
+        crate::stdout(&o),
+        crate::stderr(&o)
+    );
+    assert!(crate::stdout(&o).contains("Paused") && crate::stdout(&o).contains("pre-pulling"));
     Ok(())
 }
