@@ -897,7 +897,6 @@ impl Run<'_, '_> {
         let key = format!("talos/{name}");
         let node = self.live_node(stage, name).await?;
         let addr = address(&node);
-        let opts = around(&node);
         let mut marker = self.marker(&key).await;
         let mut obs = self.observe(stage, &node, &marker).await?;
         if step::talos_node(target, &obs, &marker, self.now(), timeout) == StepState::Done {
