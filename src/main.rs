@@ -756,12 +756,8 @@ async fn demo_rollout(
         .cluster_doc
         .clone()
         .ok_or_else(|| anyhow::anyhow!("the demo's cluster has no cluster.yaml"))?;
-    let mut engine = Rollout::new(kube, talos, clock.clone(), &change.cluster, "ichor-demo");
-    engine.policy = doc.spec.rollout.clone();
-    engine.volumes = doc.spec.volumes.provider;
-    if let Some(i) = &doc.spec.talos.installer_image {
-        engine.installer_image = i.clone();
-    }
+    let mut engine =
+        Rollout::new(kube, talos, clock.clone(), &change.cluster, "ichor-demo").for_cluster(&doc);
     engine.report = Some(&report);
     let rs = &change.head_release_set.spec;
     let target = Target {

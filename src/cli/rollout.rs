@@ -262,15 +262,8 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
                 "paused in cluster.yaml (spec.rollout.paused: true); set it to false and resume".to_string()
             })
         };
-        let mut engine = Rollout::new(&kube, &talos, clock.clone(), &change.cluster, &holder());
-        engine.policy = doc.spec.rollout.clone();
-        engine.volumes = doc.spec.volumes.provider;
-        engine.installer_image = doc
-            .spec
-            .talos
-            .installer_image
-            .clone()
-            .unwrap_or_else(|| "ghcr.io/siderolabs/installer".into());
+        let mut engine = Rollout::new(&kube, &talos, clock.clone(), &change.cluster, &holder())
+            .for_cluster(&doc);
         engine.report = Some(&report);
         engine.pause_requested = Some(&pause_requested);
         let started = clock.now();

@@ -193,6 +193,17 @@ impl<'a> Rollout<'a> {
             observe_every: Duration::from_secs(5),
         }
     }
+
+    /// The cluster's own settings from its `cluster.yaml`: rollout policy, volume
+    /// provider, installer image.
+    pub fn for_cluster(mut self, doc: &crate::releaseset::Cluster) -> Self {
+        self.policy = doc.spec.rollout.clone();
+        self.volumes = doc.spec.volumes.provider;
+        if let Some(i) = &doc.spec.talos.installer_image {
+            self.installer_image = i.clone();
+        }
+        self
+    }
 }
 
 /// Why the stages stopped before the end.

@@ -171,19 +171,14 @@ impl Setup {
 
     /// The engine as `ichor rollout` sets it up from cluster.yaml.
     fn engine<'a>(&'a self, report: &'a (dyn Fn(Progress) + Sync)) -> Rollout<'a> {
-        let doc = self.doc();
         let mut e = Rollout::new(
             &self.kube,
             &self.talos,
             self.twin.talos.clock().clone(),
             "homelab",
             "ichor-test",
-        );
-        e.policy = doc.spec.rollout.clone();
-        e.volumes = doc.spec.volumes.provider;
-        if let Some(i) = &doc.spec.talos.installer_image {
-            e.installer_image = i.clone();
-        }
+        )
+        .for_cluster(self.doc());
         e.report = Some(report);
         e
     }
@@ -216,24 +211,8 @@ async fn setup_at(
     start: Option<ichor::clock::Timestamp>,
 ) -> Result<Setup, Error> {
     let state = tempfile::tempdir()?;
-    let repo = ichor::git::Repo::open(homelab())?;
-    let change = gate::load(&repo, "main", "renovate/talos", None)?;
-    let dir = state.path().join("homelab");
-    std::fs::create_dir_all(&dir)?;
-    let main = repo.resolve("main")?;
-    for f in ["cluster.yaml", "release-set.yaml"] {
-        let text = repo
-            .read_file(&main, &format!("clusters/homelab/{f}"))?
-            .ok_or("missing")?;
-        std::fs::write(dir.join(f), text)?;
-    }
-    let windows = change
-        .cluster_doc
-        .as_ref()
-        .map(|d| d.spec.rollout.maintenance_windows.clone())
-        .unwrap_or_default();
-    let start =
-        start.unwrap_or_else(|| ichor::rollout::window::next_open(&windows, Clock::manual().now()));
+    let (change, dir, opens) = homelab_change(state.path())?;
+    let start = start.unwrap_or(opens);
     let twin = Twin::start(
         Clock::manual_at(start),
         &ClusterFolder::read(&dir)?,
@@ -274,6 +253,31 @@ async fn setup_at(
         raw,
         _state: state,
     })
+}
+
+/// The fixture's grouped PR, the homelab cluster folder as main describes it (written under
+/// `state`), and when its maintenance window next opens.
+fn homelab_change(
+    state: &std::path::Path,
+) -> Result<(gate::Change, std::path::PathBuf, ichor::clock::Timestamp), Error> {
+    let repo = ichor::git::Repo::open(homelab())?;
+    let change = gate::load(&repo, "main", "renovate/talos", None)?;
+    let dir = state.join("homelab");
+    std::fs::create_dir_all(&dir)?;
+    let main = repo.resolve("main")?;
+    for f in ["cluster.yaml", "release-set.yaml"] {
+        let text = repo
+            .read_file(&main, &format!("clusters/homelab/{f}"))?
+            .ok_or("missing")?;
+        std::fs::write(dir.join(f), text)?;
+    }
+    let windows = change
+        .cluster_doc
+        .as_ref()
+        .map(|d| d.spec.rollout.maintenance_windows.clone())
+        .unwrap_or_default();
+    let opens = ichor::rollout::window::next_open(&windows, Clock::manual().now());
+    Ok((change, dir, opens))
 }
 
 /// Progress as lines, for assertions.
@@ -1017,23 +1021,7 @@ async fn kube_proxy_moves_on_every_control_plane_and_the_manifests_are_synced() 
 async fn ichor_rollout_killed_three_times_is_continued_by_the_next_run() -> TestResult {
     const SPEED: f64 = 60.0;
     let state = tempfile::tempdir()?;
-    let repo = ichor::git::Repo::open(homelab())?;
-    let change = gate::load(&repo, "main", "renovate/talos", None)?;
-    let dir = state.path().join("homelab");
-    std::fs::create_dir_all(&dir)?;
-    let main = repo.resolve("main")?;
-    for f in ["cluster.yaml", "release-set.yaml"] {
-        let text = repo
-            .read_file(&main, &format!("clusters/homelab/{f}"))?
-            .ok_or("missing")?;
-        std::fs::write(dir.join(f), text)?;
-    }
-    let windows = change
-        .cluster_doc
-        .as_ref()
-        .map(|d| d.spec.rollout.maintenance_windows.clone())
-        .unwrap_or_default();
-    let start = ichor::rollout::window::next_open(&windows, Clock::manual().now());
+    let (_, dir, start) = homelab_change(state.path())?;
     let clock = Clock::scaled_at(SPEED, start)?;
     let twin = Twin::start(
         clock.clone(),
@@ -1318,5 +1306,42 @@ async fn the_command_line_asks_refuses_and_shows_the_record() -> TestResult {
         crate::stderr(&o)
     );
     assert!(crate::stdout(&o).contains("Paused") && crate::stdout(&o).contains("pre-pulling"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_single_replica_volume_is_named_as_down_for_the_duration_and_not_waited_on() -> TestResult
+{
+    let s = setup(TwinConfig::default()).await?;
+    // One more Longhorn volume, with its only replica on w-2.
+    s.twin.kube.with(|c, now| -> Result<(), ichor::sim::kube::ApiError> {
+        c.upsert(
+            json!({
+                "apiVersion": "longhorn.io/v1beta2", "kind": "Volume",
+                "metadata": {"name": "pvc-scratch", "namespace": "longhorn-system"},
+                "spec": {"numberOfReplicas": 1, "size": "1073741824", "frontend": "blockdev", "nodeID": ""},
+                "status": {"state": "detached", "robustness": "unknown"},
+            }),
+            now,
+        )?;
+        c.upsert(
+            ichor::sim::kube::model::replica_object("longhorn-system", "pvc-scratch", "pvc-scratch-r-1", "w-2", now),
+            now,
+        )?;
+        Ok(())
+    })?;
+    s.twin.advance(Duration::from_secs(5));
+    let (outcome, seen, lines) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}\n{:#?}",
+        lines.all()
+    );
+    assert!(
+        lines.any("w-2: volume pvc-scratch has its only replica here; its workload is down until the node is back"),
+        "{:#?}",
+        lines.all()
+    );
     Ok(())
 }
