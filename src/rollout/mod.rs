@@ -578,17 +578,20 @@ impl Run<'_, '_> {
         if same {
             return Ok(());
         }
-        if let Some(w) = &what {
-            self.say(Progress::Waiting(w.clone()));
-        }
         let now = self.now();
+        let said = what.clone();
+        // Recorded first, then said: whoever hears of the wait finds it in the record.
         self.write(stage, |r| {
             if let Some(w) = &what {
                 r.log(now, format!("waiting: {w}"));
             }
             r.waiting = what;
         })
-        .await
+        .await?;
+        if let Some(w) = said {
+            self.say(Progress::Waiting(w));
+        }
+        Ok(())
     }
 
     /// Check the lock right before a disruptive action, so a stolen lock stops it.

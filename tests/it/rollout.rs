@@ -101,7 +101,10 @@ fn violations(twin: &Twin, max_unavailable: usize) -> Vec<String> {
         .filter(|p| p.component == ichor::sim::talos::Component::ApiServer)
         .filter_map(|p| version(&p.image))
         .collect();
-    let policies = ichor::policy::Policies::shipped().ok();
+    // Parsed once: the checker runs after every tick.
+    static POLICIES: std::sync::OnceLock<Option<ichor::policy::Policies>> =
+        std::sync::OnceLock::new();
+    let policies = POLICIES.get_or_init(|| ichor::policy::Policies::shipped().ok());
     for o in &obs {
         let Some(kubelet) = version(&o.kubelet_version) else {
             continue;
@@ -114,7 +117,7 @@ fn violations(twin: &Twin, max_unavailable: usize) -> Vec<String> {
                 ));
             }
         }
-        if let (Some(p), Some(t)) = (&policies, version(&o.talos_version)) {
+        if let (Some(p), Some(t)) = (policies, version(&o.talos_version)) {
             for k in apiservers.iter().chain(std::iter::once(&kubelet)) {
                 if p.supports("talos", &t, k) == Some(false) {
                     out.push(format!("{} runs Talos {t} with Kubernetes {k}", o.name));
