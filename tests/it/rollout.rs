@@ -1348,3 +1348,82 @@ async fn a_single_replica_volume_is_named_as_down_for_the_duration_and_not_waite
     );
     Ok(())
 }
+
+/// Talos ≥ 1.13: LifecycleService/Upgrade, then ichor's own Reboot (one drain owner: ichor).
+#[tokio::test]
+async fn talos_1_13_upgrades_through_the_lifecycle_service_then_ichors_reboot() -> TestResult {
+    let state = tempfile::tempdir()?;
+    let (change, dir, start) = homelab_change(state.path())?;
+    let base_text = std::fs::read_to_string(dir.join("release-set.yaml"))?;
+    let running = change.base_release_set.spec.talos.to_string();
+    let base_text = base_text.replacen(&format!("talos: {running}"), "talos: v1.13.0", 1);
+    std::fs::write(dir.join("release-set.yaml"), &base_text)?;
+    let base = ichor::releaseset::ReleaseSet::parse("release-set.yaml", &base_text)?;
+    let head = ichor::releaseset::ReleaseSet::parse(
+        "release-set.yaml",
+        &base_text.replacen("talos: v1.13.0", "talos: v1.13.2", 1),
+    )?;
+    let twin = Twin::start(
+        Clock::manual_at(start),
+        &ClusterFolder::read(&dir)?,
+        &state.path().join("state"),
+        TwinOptions::default(),
+    )
+    .await?;
+    twin.advance(Duration::from_secs(30));
+    let kube = KubeClient::connect(Some(twin.kubeconfig())).await?;
+    let talos = TalosClient::new(
+        ichor::talos::config::load(twin.talosconfig(), None)?,
+        twin.talos.clock().clone(),
+    );
+    let doc = change.cluster_doc.clone().ok_or("cluster.yaml")?;
+    let facts = live::observe(&kube, Some(&talos), &live::Subject::of(&change)).await;
+    let nodes = live::live_nodes(&facts).ok_or("no live nodes")?;
+    let plan = ichor::plan::plan(
+        "homelab",
+        &ichor::releaseset::Bump::between(&base, &head),
+        &doc.spec,
+        &nodes,
+        &PlanOptions::default(),
+    )?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let mut engine = Rollout::new(
+        &kube,
+        &talos,
+        twin.talos.clock().clone(),
+        "homelab",
+        "ichor-test",
+    )
+    .for_cluster(&doc);
+    engine.report = Some(&report);
+    let target = Target {
+        commit: "lifecycle".into(),
+        talos: head.spec.talos.clone(),
+        kubernetes: head.spec.kubernetes.clone(),
+    };
+    let seen = RefCell::new(Vec::new());
+    let max = doc.spec.rollout.max_unavailable.get() as usize;
+    let outcome = tokio::select! {
+        r = engine.run(&plan, &target, None, false) => r?,
+        _ = twin.drive(Duration::from_secs(2), || seen.borrow_mut().extend(violations(&twin, max))) => unreachable!(),
+    };
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}\n{:#?}",
+        lines.all()
+    );
+    assert!(seen.into_inner().is_empty());
+    assert!(
+        lines.any("talos w-1: upgrade to v1.13.2 requested (LifecycleService, then reboot)"),
+        "{:#?}",
+        lines.all()
+    );
+    for o in twin.talos.observe() {
+        assert_eq!(o.talos_version, "v1.13.2", "{}", o.name);
+    }
+    for n in kube.nodes().await? {
+        assert!(!n.cordoned && n.ready, "{}", n.name);
+    }
+    Ok(())
+}
