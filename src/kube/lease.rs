@@ -132,12 +132,16 @@ impl KubeClient {
                 Err(e) => return Err(KubeError::from_kube(what(), e)),
             }
         }
-        // Still racing after several rounds: whoever wrote last holds it.
-        let holder = self
+        // Still racing after several rounds: whoever wrote last holds it — which may be
+        // this holder itself, renewing from two places at once (a batch's nodes).
+        let last = self
             .lease_holder(namespace, name)
             .await?
             .map_or_else(|| "unknown".to_string(), |h| h.holder);
-        Ok(LockState::HeldBy { holder })
+        if last == holder {
+            return Ok(LockState::Held);
+        }
+        Ok(LockState::HeldBy { holder: last })
     }
 
     /// Give the lock up if `holder` has it (a lost lock is left alone).

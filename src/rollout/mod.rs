@@ -169,6 +169,8 @@ pub struct Rollout<'a> {
     pub report: Option<&'a (dyn Fn(Progress) + Sync)>,
     /// How often a settling node is observed again.
     pub observe_every: Duration,
+    /// One renewal at a time: the nodes of a batch check the lock together.
+    renewing: Mutex<()>,
 }
 
 impl<'a> Rollout<'a> {
@@ -191,6 +193,7 @@ impl<'a> Rollout<'a> {
             pause_requested: None,
             report: None,
             observe_every: Duration::from_secs(5),
+            renewing: Mutex::new(()),
         }
     }
 
@@ -247,6 +250,7 @@ impl Rollout<'_> {
     }
 
     async fn acquire(&self) -> Result<LockState, KubeError> {
+        let _one = self.renewing.lock().await;
         self.kube
             .acquire_lease(
                 ICHOR_NAMESPACE,
