@@ -575,8 +575,14 @@ async fn report_memory() -> Result<(), Error> {
         last_rss as f64 / 1024.0,
         sim_peak as f64 / 1024.0
     );
+    // A peak taken before the engine started is the gate's, not the rollout's: say so.
+    let phase = if reached.starts_with("no rollout record") {
+        " (the engine never started: still in the live gate)"
+    } else {
+        ""
+    };
     println!(
-        "summary: ichor rollout on {NODES} nodes: peak RSS {:.1} MiB, {:.0} KiB per node",
+        "summary: ichor rollout on {NODES} nodes: peak RSS {:.1} MiB, {:.0} KiB per node{phase}",
         peak as f64 / 1024.0,
         peak as f64 / NODES as f64
     );
