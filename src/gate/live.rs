@@ -69,6 +69,19 @@ pub fn cni_workload(cni: &str) -> &'static [(&'static str, &'static str)] {
     }
 }
 
+/// Where an add-on's main workload runs, per its own install manifests (kind, namespace,
+/// name), for the add-ons ichor knows; the rollout waits for one that must move first.
+pub fn addon_workload(addon: &str) -> Option<(&'static str, &'static str, &'static str)> {
+    match addon {
+        "cert-manager" => Some(("Deployment", "cert-manager", "cert-manager")),
+        "longhorn" => Some(("DaemonSet", "longhorn-system", "longhorn-manager")),
+        "ingress-nginx" => Some(("Deployment", "ingress-nginx", "ingress-nginx-controller")),
+        "metallb" => Some(("Deployment", "metallb-system", "controller")),
+        "external-dns" => Some(("Deployment", "external-dns", "external-dns")),
+        _ => None,
+    }
+}
+
 /// What to observe: the cluster's name (for its lock), its CNI when known, its volume
 /// provider and the hand-over's Application.
 #[derive(Debug, Clone, Default)]

@@ -1379,15 +1379,19 @@ impl Run<'_, '_> {
                 .filter(|i| matches!(i.status, Status::Fail | Status::Wait))
                 .collect();
             let cni_only = blocking.iter().all(|i| i.id == "live/cni-running");
-            if blocking.is_empty() {
-                return self.waiting(stage, None).await;
-            }
-            let why: Vec<String> = blocking
+            let mut why: Vec<String> = blocking
                 .iter()
                 .map(|i| format!("{}: {}", i.id, i.message))
                 .collect();
-            // Only the CNI is worth waiting for: it moves by itself (Argo CD, Flux).
+            // Only the CNI and add-ons are worth waiting for: they move by themselves
+            // (Argo CD, Flux); ichor never applies them.
             let fail_now = !cni_only;
+            if !fail_now {
+                why.extend(self.addons_behind(change).await?);
+            }
+            if why.is_empty() {
+                return self.waiting(stage, None).await;
+            }
             if fail_now || self.now().since(start) >= timeout {
                 return Err(self.pause(
                     stage,
@@ -1405,11 +1409,56 @@ impl Run<'_, '_> {
             }
             self.waiting(
                 stage,
-                Some(format!("the CNI must move first ({})", why.join("; "))),
+                Some(format!(
+                    "the CNI or an add-on must move first ({})",
+                    why.join("; ")
+                )),
             )
             .await?;
             e.clock.sleep(WAIT_EVERY).await;
         }
+    }
+
+    /// Add-ons of the release set, found where they install themselves, whose running
+    /// version does not support the target Kubernetes or that are still rolling out to the
+    /// release set's version: each as a reason to wait.
+    async fn addons_behind(&self, change: &Change) -> Flow<Vec<String>> {
+        let stage = StageId::KubeApiserver;
+        let e = self.engine;
+        let k8s = &self.target.kubernetes;
+        let mut out = Vec::new();
+        for a in &change.head_release_set.spec.addons {
+            let Some((kind, ns, name)) = crate::gate::live::addon_workload(&a.name) else {
+                continue;
+            };
+            let what = format!("get {kind} {ns}/{name}");
+            let w = if kind == "Deployment" {
+                self.kube(stage, None, &what, || e.kube.deployment(ns, name))
+                    .await?
+            } else {
+                self.kube(stage, None, &what, || e.kube.daemonset(ns, name))
+                    .await?
+            };
+            let Some(w) = w else { continue };
+            let Some(running) = w.version.as_deref().and_then(|v| Version::parse(v).ok()) else {
+                continue;
+            };
+            let unsupported = change.policies.supports(&a.name, &running, k8s) == Some(false);
+            let rolling = running != a.version && !w.rolled_out();
+            if unsupported || rolling {
+                out.push(format!(
+                    "{} {ns}/{name} runs {running}{}, the release set says {}",
+                    a.name,
+                    if unsupported {
+                        format!(", which does not support Kubernetes {k8s}")
+                    } else {
+                        format!(" ({}/{} updated)", w.updated, w.desired)
+                    },
+                    a.version
+                ));
+            }
+        }
+        Ok(out)
     }
 
     /// (c): kube-proxy on every control plane (unless the CNI replaces it), then the

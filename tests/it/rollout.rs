@@ -917,7 +917,7 @@ async fn a_cni_still_rolling_out_is_waited_for_before_the_apiservers() -> TestRe
     let lines = Lines::default();
     let notify = tokio::sync::Notify::new();
     let report = |p: Progress| {
-        if matches!(&p, Progress::Waiting(w) if w.contains("the CNI must move first")) {
+        if matches!(&p, Progress::Waiting(w) if w.contains("must move first")) {
             notify.notify_one();
         }
         lines.push(p);
@@ -1425,5 +1425,90 @@ async fn talos_1_13_upgrades_through_the_lifecycle_service_then_ichors_reboot() 
     for n in kube.nodes().await? {
         assert!(!n.cordoned && n.ready, "{}", n.name);
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_add_on_that_must_move_first_is_waited_for_before_the_apiservers() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let wanted = s
+        .change
+        .head_release_set
+        .spec
+        .addons
+        .iter()
+        .find(|a| a.name == "cert-manager")
+        .map(|a| a.version.to_string())
+        .ok_or("the homelab runs cert-manager")?;
+    // cert-manager 1.16 supports Kubernetes up to 1.32: it must move before 1.33.7.
+    let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(s.raw.clone());
+    nss.create(
+        &Default::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "cert-manager"}}))?,
+    )
+    .await?;
+    let deploys: kube::Api<k8s_openapi::api::apps::v1::Deployment> =
+        kube::Api::namespaced(s.raw.clone(), "cert-manager");
+    let deployment =
+        |tag: &str| -> Result<k8s_openapi::api::apps::v1::Deployment, serde_json::Error> {
+            serde_json::from_value(json!({
+                "metadata": {"name": "cert-manager", "namespace": "cert-manager"},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "cert-manager"}},
+                         "template": {"metadata": {"labels": {"app": "cert-manager"}},
+                                      "spec": {"containers": [{"name": "cert-manager-controller",
+                                                               "image": format!("quay.io/jetstack/cert-manager-controller:{tag}")}]}}}
+            }))
+        };
+    deploys
+        .create(&Default::default(), &deployment("v1.16.3")?)
+        .await?;
+    let lines = Lines::default();
+    let notify = tokio::sync::Notify::new();
+    let report = |p: Progress| {
+        if matches!(&p, Progress::Waiting(w) if w.contains("cert-manager cert-manager/cert-manager runs v1.16.3"))
+        {
+            notify.notify_one();
+        }
+        lines.push(p);
+    };
+    let engine = s.engine(&report);
+    let target = s.target();
+    let upgrade_it = async {
+        notify.notified().await;
+        let _ = deploys
+            .patch(
+                "cert-manager",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"spec": {"template": {"spec": {"containers": [{"name": "cert-manager-controller", "image": format!("quay.io/jetstack/cert-manager-controller:{wanted}")}]}}}})),
+            )
+            .await;
+    };
+    tokio::pin!(upgrade_it);
+    let run = engine.run(&s.plan, &target, Some(&s.change), false);
+    tokio::pin!(run);
+    let mut upgraded = false;
+    let outcome = loop {
+        tokio::select! {
+            r = &mut run => break r?,
+            _ = &mut upgrade_it, if !upgraded => upgraded = true,
+            _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!(),
+        }
+    };
+    assert!(upgraded, "the wait was never reported: {:#?}", lines.all());
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}\n{:#?}",
+        lines.all()
+    );
+    let all = lines.all();
+    let waited = all
+        .iter()
+        .position(|l| l.contains("does not support Kubernetes v1.33.7"))
+        .ok_or("no wait line")?;
+    let first_apiserver = all
+        .iter()
+        .position(|l| l.contains("kube-apiserver cp-1: on"))
+        .ok_or("no apiserver")?;
+    assert!(waited < first_apiserver, "{all:#?}");
     Ok(())
 }
