@@ -321,6 +321,28 @@ async fn run_checked(
     Ok((outcome, seen))
 }
 
+/// Run `engine` to its end with the clock moving while `side` (a fix or a check made at the
+/// right moment) runs alongside it; `side`'s result, when it finished.
+async fn run_alongside<T>(
+    s: &Setup,
+    engine: &Rollout<'_>,
+    side: impl std::future::Future<Output = T>,
+) -> Result<(RunOutcome, Option<T>), Error> {
+    let target = s.target();
+    let run = engine.run(&s.plan, &target, Some(&s.change), false);
+    tokio::pin!(run);
+    tokio::pin!(side);
+    let mut out = None;
+    let outcome = loop {
+        tokio::select! {
+            r = &mut run => break r?,
+            v = &mut side, if out.is_none() => out = Some(v),
+            _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!("the driver never ends"),
+        }
+    };
+    Ok((outcome, out))
+}
+
 async fn run_once(s: &Setup, resume: bool) -> Result<(RunOutcome, Vec<String>, Lines), Error> {
     let lines = Lines::default();
     let report = |p| lines.push(p);
@@ -747,7 +769,6 @@ async fn a_held_node_is_waited_on_and_the_wait_is_reported() -> TestResult {
         lines.push(p);
     };
     let engine = s.engine(&report);
-    let target = s.target();
     let release = async {
         notify.notified().await;
         // While held, the record says what the rollout waits on.
@@ -762,18 +783,8 @@ async fn a_held_node_is_waited_on_and_the_wait_is_reported() -> TestResult {
             .await;
         waiting
     };
-    let mut waiting = None;
-    let run = engine.run(&s.plan, &target, Some(&s.change), false);
-    tokio::pin!(run);
-    tokio::pin!(release);
-    let mut released = false;
-    let outcome = loop {
-        tokio::select! {
-            r = &mut run => break r?,
-            w = &mut release, if !released => { waiting = w; released = true; }
-            _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!(),
-        }
-    };
+    let (outcome, waiting) = run_alongside(&s, &engine, release).await?;
+    let waiting = waiting.flatten();
     assert!(
         matches!(outcome, RunOutcome::Completed { .. }),
         "{outcome:?}"
@@ -923,7 +934,6 @@ async fn a_cni_still_rolling_out_is_waited_for_before_the_apiservers() -> TestRe
         lines.push(p);
     };
     let engine = s.engine(&report);
-    let target = s.target();
     let let_it_roll = async {
         notify.notified().await;
         // Nothing of Kubernetes moved while it waited.
@@ -942,17 +952,7 @@ async fn a_cni_still_rolling_out_is_waited_for_before_the_apiservers() -> TestRe
             .await;
         apiservers_moved
     };
-    tokio::pin!(let_it_roll);
-    let run = engine.run(&s.plan, &target, Some(&s.change), false);
-    tokio::pin!(run);
-    let mut moved_while_waiting = None;
-    let outcome = loop {
-        tokio::select! {
-            r = &mut run => break r?,
-            m = &mut let_it_roll, if moved_while_waiting.is_none() => moved_while_waiting = Some(m),
-            _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!(),
-        }
-    };
+    let (outcome, moved_while_waiting) = run_alongside(&s, &engine, let_it_roll).await?;
     assert!(
         matches!(outcome, RunOutcome::Completed { .. }),
         "{outcome:?}\n{:#?}",
@@ -1472,7 +1472,6 @@ async fn an_add_on_that_must_move_first_is_waited_for_before_the_apiservers() ->
         lines.push(p);
     };
     let engine = s.engine(&report);
-    let target = s.target();
     let upgrade_it = async {
         notify.notified().await;
         let _ = deploys
@@ -1483,17 +1482,8 @@ async fn an_add_on_that_must_move_first_is_waited_for_before_the_apiservers() ->
             )
             .await;
     };
-    tokio::pin!(upgrade_it);
-    let run = engine.run(&s.plan, &target, Some(&s.change), false);
-    tokio::pin!(run);
-    let mut upgraded = false;
-    let outcome = loop {
-        tokio::select! {
-            r = &mut run => break r?,
-            _ = &mut upgrade_it, if !upgraded => upgraded = true,
-            _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!(),
-        }
-    };
+    let (outcome, upgraded) = run_alongside(&s, &engine, upgrade_it).await?;
+    let upgraded = upgraded.is_some();
     assert!(upgraded, "the wait was never reported: {:#?}", lines.all());
     assert!(
         matches!(outcome, RunOutcome::Completed { .. }),
