@@ -14,6 +14,8 @@ use ichor::plan::PlanOptions;
 use ichor::policy::Outcome;
 use ichor::rollout::{terminal::Terminal, Rollout, RunOutcome, Target};
 
+use super::EXIT_INVALID;
+
 pub struct Args {
     pub repo: PathBuf,
     pub rev: String,
@@ -30,7 +32,6 @@ pub struct Args {
 }
 
 pub const EXIT_BLOCKED: u8 = 1;
-pub const EXIT_INVALID: u8 = 2;
 pub const EXIT_PAUSED: u8 = 3;
 pub const EXIT_UNREACHABLE: u8 = 4;
 pub const EXIT_LOCKED: u8 = 5;
@@ -198,7 +199,7 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_UNREACHABLE));
         }
         let mut verdict = gate::verdict(&change);
-        let lock_held_by_us = |holder: &str| holder == self::holder();
+        let me = holder();
         let items: Vec<_> = gate::live::items(&change, &facts)
             .into_iter()
             // Our own lock (a run that was killed) is not a reason to wait.
@@ -209,7 +210,7 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
                         .as_ref()
                         .ok()
                         .and_then(|l| l.as_ref())
-                        .is_some_and(|l| lock_held_by_us(&l.holder)))
+                        .is_some_and(|l| l.holder == me))
             })
             .collect();
         verdict.extend(items);
@@ -262,7 +263,7 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
                 "paused in cluster.yaml (spec.rollout.paused: true); set it to false and resume".to_string()
             })
         };
-        let mut engine = Rollout::new(&kube, &talos, clock.clone(), &change.cluster, &holder())
+        let mut engine = Rollout::new(&kube, &talos, clock.clone(), &change.cluster, &me)
             .for_cluster(&doc);
         engine.report = Some(&report);
         engine.pause_requested = Some(&pause_requested);
@@ -276,7 +277,7 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
         let Some(outcome) = outcome else {
             // Every marker was written before its action, so a resume continues here.
             let _ = kube
-                .release_lease(gate::live::ICHOR_NAMESPACE, &gate::live::lock_name(&change.cluster), &holder())
+                .release_lease(gate::live::ICHOR_NAMESPACE, &gate::live::lock_name(&change.cluster), &me)
                 .await;
             eprintln!("\ninterrupted after {took}: the rollout record keeps where it stood; `ichor rollout --resume` continues");
             return Ok(ExitCode::from(EXIT_INTERRUPTED));

@@ -54,6 +54,15 @@ impl KubeError {
         }
     }
 
+    /// Worth retrying: 5xx, 429 and a lost connection; anything else is an answer.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            KubeError::Api { code, .. } => *code == 429 || *code >= 500,
+            KubeError::Unreachable { .. } => true,
+            _ => false,
+        }
+    }
+
     pub fn is_conflict(&self) -> bool {
         matches!(self, KubeError::Api { code: 409, .. })
     }

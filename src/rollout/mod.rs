@@ -232,15 +232,6 @@ fn address(node: &LiveNode) -> String {
         .unwrap_or_else(|| node.name.clone())
 }
 
-/// 5xx, 429 and a lost connection pass; anything else is an answer.
-fn transient(e: &KubeError) -> bool {
-    match e {
-        KubeError::Api { code, .. } => *code == 429 || *code >= 500,
-        KubeError::Unreachable { .. } => true,
-        _ => false,
-    }
-}
-
 impl Rollout<'_> {
     fn say(&self, p: Progress) {
         tracing::info!(cluster = %self.cluster, "{p}");
@@ -300,15 +291,12 @@ impl Rollout<'_> {
         change: Option<&Change>,
         resume: bool,
     ) -> Result<RunOutcome, RolloutError> {
-        let patience = Patience::new(self);
-        patience
-            .kube("create the ichor-system namespace", || {
-                self.kube.ensure_namespace(ICHOR_NAMESPACE)
-            })
-            .await?;
-        if let LockState::HeldBy { holder } = patience
-            .kube("take the rollout lock", || self.acquire())
-            .await?
+        patiently(&self.clock, "create the ichor-system namespace", || {
+            self.kube.ensure_namespace(ICHOR_NAMESPACE)
+        })
+        .await?;
+        if let LockState::HeldBy { holder } =
+            patiently(&self.clock, "take the rollout lock", || self.acquire()).await?
         {
             return Ok(RunOutcome::Refused(format!(
                 "another rollout holds the lock {ICHOR_NAMESPACE}/{} ({holder})",
@@ -316,14 +304,14 @@ impl Rollout<'_> {
             )));
         }
         let now = self.clock.now();
-        let mut stored = match record::load(self.kube, &self.cluster).await {
+        let stored = match record::load(self.kube, &self.cluster).await {
             Ok(s) => s,
             Err(e) => {
                 self.release_lock().await;
                 return Err(e.into());
             }
         };
-        let stored = match stored.take() {
+        let stored = match stored {
             Some(mut s) if s.record.target.commit == target.commit => {
                 if s.record.state == RecordState::Paused && !resume {
                     self.release_lock().await;
@@ -432,34 +420,51 @@ impl Rollout<'_> {
     }
 }
 
-/// Retries of transient API failures on ichor's clock, with backoff, up to [`API_PATIENCE`].
-struct Patience<'e, 'a> {
-    engine: &'e Rollout<'a>,
+/// Waits between retries of a transient failure on ichor's clock: 1 s doubling to 30 s,
+/// for at most [`API_PATIENCE`].
+struct Backoff<'c> {
+    clock: &'c Clock,
+    start: Timestamp,
+    wait: Duration,
 }
 
-impl<'e, 'a> Patience<'e, 'a> {
-    fn new(engine: &'e Rollout<'a>) -> Self {
-        Patience { engine }
+impl<'c> Backoff<'c> {
+    fn new(clock: &'c Clock) -> Self {
+        Backoff {
+            clock,
+            start: clock.now(),
+            wait: Duration::from_secs(1),
+        }
     }
 
-    async fn kube<T, F, Fut>(&self, what: &str, mut call: F) -> Result<T, KubeError>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, KubeError>>,
-    {
-        let clock = &self.engine.clock;
-        let start = clock.now();
-        let mut wait = Duration::from_secs(1);
-        loop {
-            match call().await {
-                Ok(v) => return Ok(v),
-                Err(e) if transient(&e) && clock.now().since(start) < API_PATIENCE => {
-                    tracing::warn!(error = %e, "{what}: retrying in {}s", wait.as_secs());
-                    clock.sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(30));
+    /// Wait before the next try; `false` when patience ran out (then no wait).
+    async fn again(&mut self) -> bool {
+        if self.clock.now().since(self.start) >= API_PATIENCE {
+            return false;
+        }
+        self.clock.sleep(self.wait).await;
+        self.wait = (self.wait * 2).min(Duration::from_secs(30));
+        true
+    }
+}
+
+/// `call`, retried while it fails transiently (5xx, 429, unreachable), with [`Backoff`].
+async fn patiently<T, F, Fut>(clock: &Clock, what: &str, mut call: F) -> Result<T, KubeError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, KubeError>>,
+{
+    let mut backoff = Backoff::new(clock);
+    loop {
+        match call().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_transient() => {
+                tracing::warn!(error = %e, "{what}: retrying");
+                if !backoff.again().await {
+                    return Err(e);
                 }
-                Err(e) => return Err(e),
             }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -503,8 +508,7 @@ impl Run<'_, '_> {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, KubeError>>,
     {
-        Patience::new(self.engine)
-            .kube(what, call)
+        patiently(&self.engine.clock, what, call)
             .await
             .map_err(|e| {
                 self.pause(
@@ -522,18 +526,14 @@ impl Run<'_, '_> {
         f(&mut s.record);
         s.record.updated_at = self.now().rfc3339();
         s.record.holder = self.engine.holder.clone();
-        let kube = self.engine.kube;
-        let clock = &self.engine.clock;
-        let start = clock.now();
-        let mut wait = Duration::from_secs(1);
+        let mut backoff = Backoff::new(&self.engine.clock);
         loop {
-            match record::save(kube, &mut s).await {
+            match record::save(self.engine.kube, &mut s).await {
                 Ok(()) => return Ok(()),
-                Err(record::RecordError::Kube(e))
-                    if transient(&e) && clock.now().since(start) < API_PATIENCE =>
-                {
-                    clock.sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(30));
+                Err(record::RecordError::Kube(e)) if e.is_transient() => {
+                    if !backoff.again().await {
+                        return Err(e.into());
+                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -1671,7 +1671,7 @@ impl Run<'_, '_> {
                 .talos
                 .as_deref()
                 .and_then(|t| Version::parse(t).ok())
-                .is_none_or(|t| t.to_string() == talos);
+                .is_none_or(|t| t == self.target.talos);
             if !n.ready || n.kubelet != k8s || !talos_ok {
                 wrong.push(format!(
                     "{} (Talos {}, kubelet {}, {})",
