@@ -5,7 +5,9 @@
 //! twin: a simulated cluster and forge served over the real protocols.
 
 pub mod clock;
+pub mod controller;
 pub mod escape;
+pub mod forge;
 pub mod gate;
 pub mod git;
 pub mod kube;
@@ -13,5 +15,6 @@ pub mod plan;
 pub mod policy;
 pub mod releaseset;
 pub mod rollout;
+pub mod secret;
 pub mod sim;
 pub mod talos;

@@ -4,6 +4,10 @@
 //! can stand in for a revision (`.`), so uncommitted edits can be gated; it is read from
 //! disk without following symbolic links.
 
+pub mod notes;
+pub mod remote;
+pub mod watch;
+
 use std::path::{Path, PathBuf};
 
 use git2::{ObjectType, Oid, Repository, TreeWalkMode, TreeWalkResult};
