@@ -1,0 +1,423 @@
+//! GitHub webhooks: the signature is checked (HMAC-SHA256 over the raw body, compared in
+//! constant time) before a byte is parsed, deliveries are deduplicated by
+//! `X-GitHub-Delivery`, the body is bounded, and only the fields ichor acts on are read.
+//! A delivery carries no authority of its own: it only says *look again*; what ichor does
+//! follows from the repository and the API.
+
+use std::collections::{HashSet, VecDeque};
+
+use hmac::{Hmac, Mac};
+use serde::Deserialize;
+use sha2::Sha256;
+
+/// The largest body accepted. GitHub caps payloads at 25 MB, but the events ichor reads
+/// are a few KiB; a `push` listing huge commits is refused (413) and the periodic
+/// reconcile catches the branch up.
+pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+/// Delivery ids remembered for deduplication (GitHub redelivers with the same id).
+pub const DEDUPE_CAPACITY: usize = 10_000;
+/// The longest delivery id or event name accepted (a GUID is 36 characters).
+const MAX_HEADER_CHARS: usize = 100;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("no X-Hub-Signature-256 header")]
+    MissingSignature,
+    #[error("X-Hub-Signature-256 is not `sha256=<64 hex digits>`")]
+    MalformedSignature,
+    #[error("X-Hub-Signature-256 does not match the body and the webhook secret")]
+    BadSignature,
+    #[error("the body is larger than {MAX_BODY_BYTES} bytes")]
+    TooLarge,
+    #[error("no X-GitHub-Event header")]
+    MissingEvent,
+    #[error("no X-GitHub-Delivery header, or one longer than {MAX_HEADER_CHARS} characters")]
+    BadDelivery,
+    #[error("the {event} payload is not what GitHub sends: {message}")]
+    BadPayload { event: String, message: String },
+}
+
+impl Refusal {
+    /// A short label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Refusal::MissingSignature => "missing_signature",
+            Refusal::MalformedSignature | Refusal::BadSignature => "bad_signature",
+            Refusal::TooLarge => "too_large",
+            Refusal::MissingEvent | Refusal::BadDelivery => "bad_headers",
+            Refusal::BadPayload { .. } => "bad_payload",
+        }
+    }
+}
+
+/// Check `X-Hub-Signature-256` against the raw body. Runs before any parsing.
+pub fn verify(secret: &[u8], body: &[u8], header: Option<&str>) -> Result<(), Refusal> {
+    let header = header.ok_or(Refusal::MissingSignature)?;
+    let hex_sig = header
+        .strip_prefix("sha256=")
+        .ok_or(Refusal::MalformedSignature)?;
+    if hex_sig.len() != 64 {
+        return Err(Refusal::MalformedSignature);
+    }
+    let sig = hex::decode(hex_sig).map_err(|_| Refusal::MalformedSignature)?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).map_err(|_| Refusal::BadSignature)?;
+    mac.update(body);
+    // `verify_slice` compares in constant time.
+    mac.verify_slice(&sig).map_err(|_| Refusal::BadSignature)
+}
+
+/// `sha256=<hex>` for a body, as GitHub signs it (for tests, benches and the demo).
+pub fn sign(secret: &[u8], body: &[u8]) -> String {
+    let mut mac = match Hmac::<Sha256>::new_from_slice(secret) {
+        Ok(m) => m,
+        // HMAC takes a key of any length.
+        Err(_) => return String::new(),
+    };
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// Remembers the last [`DEDUPE_CAPACITY`] delivery ids.
+#[derive(Debug, Default)]
+pub struct Dedupe {
+    seen: HashSet<String>,
+    order: VecDeque<String>,
+}
+
+impl Dedupe {
+    /// True the first time an id is seen.
+    pub fn first_time(&mut self, id: &str) -> bool {
+        if self.seen.contains(id) {
+            return false;
+        }
+        if self.order.len() >= DEDUPE_CAPACITY {
+            if let Some(old) = self.order.pop_front() {
+                self.seen.remove(&old);
+            }
+        }
+        self.seen.insert(id.to_string());
+        self.order.push_back(id.to_string());
+        true
+    }
+}
+
+/// What a delivery tells ichor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WebhookEvent {
+    PullRequest(PullRequestEvent),
+    Push {
+        repo: String,
+        /// `refs/heads/main`
+        git_ref: String,
+        before: String,
+        after: String,
+    },
+    IssueComment(CommentEvent),
+    Ping,
+    /// An event or action ichor does not act on (answered 202 and counted).
+    Ignored(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullRequestEvent {
+    pub repo: String,
+    pub action: PullAction,
+    pub number: u64,
+    pub head_sha: String,
+    pub head_ref: String,
+    pub base_ref: String,
+    pub from_fork: bool,
+    pub merged: bool,
+    pub merge_commit_sha: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullAction {
+    /// opened, reopened, synchronize, ready_for_review, edited (a base change)
+    Updated,
+    Closed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommentEvent {
+    pub repo: String,
+    pub number: u64,
+    pub is_pull_request: bool,
+    pub comment_id: u64,
+    pub author: String,
+    pub body: String,
+}
+
+#[derive(Deserialize)]
+struct Repository {
+    full_name: String,
+    #[serde(default)]
+    fork: bool,
+}
+
+#[derive(Deserialize)]
+struct Branch {
+    #[serde(rename = "ref")]
+    git_ref: String,
+    sha: String,
+    repo: Option<Repository>,
+}
+
+#[derive(Deserialize)]
+struct Pull {
+    head: Branch,
+    base: Branch,
+    #[serde(default)]
+    merged: bool,
+    merge_commit_sha: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct PullPayload {
+    action: String,
+    number: u64,
+    pull_request: Pull,
+    repository: Repository,
+}
+
+#[derive(Deserialize)]
+struct PushPayload {
+    #[serde(rename = "ref")]
+    git_ref: String,
+    before: String,
+    after: String,
+    repository: Repository,
+}
+
+#[derive(Deserialize)]
+struct User {
+    login: String,
+}
+
+#[derive(Deserialize)]
+struct Comment {
+    id: u64,
+    user: User,
+    body: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Issue {
+    number: u64,
+    pull_request: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct CommentPayload {
+    action: String,
+    issue: Issue,
+    comment: Comment,
+    repository: Repository,
+}
+
+fn is_sha(s: &str) -> bool {
+    s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A delivery's headers, checked for shape.
+pub fn headers<'a>(
+    event: Option<&'a str>,
+    delivery: Option<&'a str>,
+) -> Result<(&'a str, &'a str), Refusal> {
+    let event = event
+        .filter(|e| !e.is_empty() && e.len() <= MAX_HEADER_CHARS)
+        .ok_or(Refusal::MissingEvent)?;
+    let delivery = delivery
+        .filter(|d| !d.is_empty() && d.len() <= MAX_HEADER_CHARS && d.is_ascii())
+        .ok_or(Refusal::BadDelivery)?;
+    Ok((event, delivery))
+}
+
+/// Read an (already verified) delivery.
+pub fn parse(event: &str, body: &[u8]) -> Result<WebhookEvent, Refusal> {
+    let bad = |message: String| Refusal::BadPayload {
+        event: event.chars().take(MAX_HEADER_CHARS).collect(),
+        message,
+    };
+    let json = |b: &[u8]| -> Result<serde_json::Value, Refusal> {
+        serde_json::from_slice(b).map_err(|e| bad(e.to_string()))
+    };
+    match event {
+        "ping" => Ok(WebhookEvent::Ping),
+        "pull_request" => {
+            let p: PullPayload =
+                serde_json::from_value(json(body)?).map_err(|e| bad(e.to_string()))?;
+            let action = match p.action.as_str() {
+                "opened" | "reopened" | "synchronize" | "ready_for_review" | "edited" => {
+                    PullAction::Updated
+                }
+                "closed" => PullAction::Closed,
+                other => {
+                    return Ok(WebhookEvent::Ignored(format!(
+                        "pull_request.{}",
+                        crate::escape::clip(other, 40)
+                    )))
+                }
+            };
+            let pr = p.pull_request;
+            if !is_sha(&pr.head.sha) {
+                return Err(bad("pull_request.head.sha is not a 40-digit sha".into()));
+            }
+            let merge_commit_sha = pr.merge_commit_sha.filter(|s| is_sha(s));
+            let from_fork = match &pr.head.repo {
+                Some(r) => r.fork || r.full_name != p.repository.full_name,
+                // The fork was deleted: not ours either.
+                None => true,
+            };
+            Ok(WebhookEvent::PullRequest(PullRequestEvent {
+                repo: p.repository.full_name,
+                action,
+                number: p.number,
+                head_sha: pr.head.sha,
+                head_ref: pr.head.git_ref,
+                base_ref: pr.base.git_ref,
+                from_fork,
+                merged: pr.merged,
+                merge_commit_sha,
+            }))
+        }
+        "push" => {
+            let p: PushPayload =
+                serde_json::from_value(json(body)?).map_err(|e| bad(e.to_string()))?;
+            if !is_sha(&p.before) || !is_sha(&p.after) {
+                return Err(bad("push.before/after are not 40-digit shas".into()));
+            }
+            Ok(WebhookEvent::Push {
+                repo: p.repository.full_name,
+                git_ref: p.git_ref,
+                before: p.before,
+                after: p.after,
+            })
+        }
+        "issue_comment" => {
+            let p: CommentPayload =
+                serde_json::from_value(json(body)?).map_err(|e| bad(e.to_string()))?;
+            if p.action != "created" {
+                return Ok(WebhookEvent::Ignored(format!(
+                    "issue_comment.{}",
+                    crate::escape::clip(&p.action, 40)
+                )));
+            }
+            Ok(WebhookEvent::IssueComment(CommentEvent {
+                repo: p.repository.full_name,
+                number: p.issue.number,
+                is_pull_request: p.issue.pull_request.is_some(),
+                comment_id: p.comment.id,
+                author: p.comment.user.login,
+                body: p.comment.body.unwrap_or_default(),
+            }))
+        }
+        other => Ok(WebhookEvent::Ignored(crate::escape::clip(other, 40).to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHA: &str = "0123456789abcdef0123456789abcdef01234567";
+
+    #[test]
+    fn signatures_are_checked_before_anything() {
+        let body = br#"{"zen":"x"}"#;
+        let good = sign(b"s3cret", body);
+        assert_eq!(verify(b"s3cret", body, Some(&good)), Ok(()));
+        assert_eq!(
+            verify(b"other", body, Some(&good)),
+            Err(Refusal::BadSignature)
+        );
+        assert_eq!(
+            verify(b"s3cret", b"{}", Some(&good)),
+            Err(Refusal::BadSignature)
+        );
+        assert_eq!(
+            verify(b"s3cret", body, None),
+            Err(Refusal::MissingSignature)
+        );
+        assert_eq!(
+            verify(b"s3cret", body, Some("sha1=abc")),
+            Err(Refusal::MalformedSignature)
+        );
+        let upper = good.to_uppercase().replace("SHA256=", "sha256=");
+        assert_eq!(verify(b"s3cret", body, Some(&upper)), Ok(()));
+        assert_eq!(
+            verify(b"s3cret", body, Some(&format!("{good}00"))),
+            Err(Refusal::MalformedSignature)
+        );
+    }
+
+    #[test]
+    fn dedupe_forgets_the_oldest() {
+        let mut d = Dedupe::default();
+        assert!(d.first_time("a"));
+        assert!(!d.first_time("a"));
+        for i in 0..DEDUPE_CAPACITY {
+            d.first_time(&i.to_string());
+        }
+        assert!(d.first_time("a"), "evicted after capacity");
+    }
+
+    fn pull(action: &str, head_repo: &str, fork: bool) -> String {
+        format!(
+            r#"{{"action":"{action}","number":7,"pull_request":{{"head":{{"ref":"renovate/talos","sha":"{SHA}","repo":{{"full_name":"{head_repo}","fork":{fork}}}}},"base":{{"ref":"main","sha":"{SHA}","repo":{{"full_name":"acme/lab"}}}},"merged":false,"merge_commit_sha":null}},"repository":{{"full_name":"acme/lab"}}}}"#
+        )
+    }
+
+    #[test]
+    fn pull_requests_and_forks() {
+        let WebhookEvent::PullRequest(p) =
+            parse("pull_request", pull("synchronize", "acme/lab", false).as_bytes()).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(p.action, PullAction::Updated);
+        assert_eq!(p.number, 7);
+        assert!(!p.from_fork);
+        let WebhookEvent::PullRequest(f) =
+            parse("pull_request", pull("opened", "mallory/lab", true).as_bytes()).unwrap()
+        else {
+            panic!()
+        };
+        assert!(f.from_fork);
+        assert!(matches!(
+            parse("pull_request", pull("labeled", "acme/lab", false).as_bytes()),
+            Ok(WebhookEvent::Ignored(_))
+        ));
+        let bad = pull("opened", "acme/lab", false).replace(SHA, "nope");
+        assert!(matches!(
+            parse("pull_request", bad.as_bytes()),
+            Err(Refusal::BadPayload { .. })
+        ));
+        assert!(matches!(
+            parse("pull_request", b"[[[[[["),
+            Err(Refusal::BadPayload { .. })
+        ));
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_not_a_stack_overflow() {
+        let deep = "[".repeat(100_000);
+        assert!(parse("push", deep.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn comments_and_headers() {
+        let body = r#"{"action":"created","issue":{"number":3,"pull_request":{"url":"x"}},"comment":{"id":9,"user":{"login":"alice"},"body":"/ichor retry"},"repository":{"full_name":"acme/lab"}}"#;
+        let WebhookEvent::IssueComment(c) = parse("issue_comment", body.as_bytes()).unwrap()
+        else {
+            panic!()
+        };
+        assert!(c.is_pull_request);
+        assert_eq!((c.number, c.comment_id, c.author.as_str()), (3, 9, "alice"));
+        assert_eq!(headers(None, Some("x")), Err(Refusal::MissingEvent));
+        assert_eq!(
+            headers(Some("push"), Some(&"x".repeat(200))),
+            Err(Refusal::BadDelivery)
+        );
+    }
+}
