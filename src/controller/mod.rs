@@ -1,0 +1,3 @@
+//! `ichor run`: the long-running controller.
+
+pub mod config;

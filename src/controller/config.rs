@@ -1,0 +1,442 @@
+//! The configuration of `ichor run` (`--config`, e.g. deploy/config.yaml): where the
+//! repository is, which clusters this instance acts on, the credentials, the webhook
+//! secret, the poll interval and the listen addresses. Unknown keys are errors (a typo
+//! must not silently disable something); every error names the file and line.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::releaseset::{locate, DocumentError};
+use crate::releaseset::HumanDuration;
+
+/// The shortest poll interval accepted: GitHub's rate limit and a remote's patience.
+pub const MIN_POLL_SECS: u64 = 10;
+/// At most this many clusters per instance.
+pub const MAX_CLUSTERS: usize = 64;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Config {
+    pub repository: RepositoryConfig,
+    pub clusters: Vec<ClusterConfig>,
+    #[serde(default)]
+    pub credentials: Credentials,
+    #[serde(default)]
+    pub github: Option<GithubConfig>,
+    #[serde(default)]
+    pub webhook: Option<WebhookConfig>,
+    #[serde(default = "default_poll")]
+    pub poll_interval: HumanDuration,
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    #[serde(default = "default_metrics_listen")]
+    pub metrics_listen: SocketAddr,
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
+    /// Also write the records as git notes when GitHub is the reporter (Git-only mode
+    /// always does).
+    #[serde(default)]
+    pub notes: bool,
+    #[serde(default)]
+    pub leader_election: LeaderElection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RepositoryConfig {
+    /// A remote to poll: `https://…`, `ssh://…` or `git@host:path`.
+    pub url: Option<String>,
+    /// A repository on disk, watched for refs moving (Git-only mode).
+    pub path: Option<PathBuf>,
+    /// The protected branch: only what reaches it rolls out.
+    #[serde(default = "default_branch")]
+    pub branch: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClusterConfig {
+    pub name: String,
+    /// No kubeconfig: the in-cluster ServiceAccount (when running in a pod).
+    pub kubeconfig: Option<PathBuf>,
+    pub talosconfig: Option<PathBuf>,
+    /// `false`: gate only, never roll out.
+    #[serde(default = "yes")]
+    pub act: bool,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Credentials {
+    pub github: Option<GithubCredentials>,
+    pub git: Option<GitCredentials>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GithubCredentials {
+    pub token_file: Option<PathBuf>,
+    /// An environment variable holding the token (e.g. `GITHUB_TOKEN`).
+    pub token_env: Option<String>,
+    pub app_id: Option<u64>,
+    pub installation_id: Option<u64>,
+    pub private_key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GitCredentials {
+    /// https: a token as the password (user `x-access-token` unless `user` says).
+    pub token_file: Option<PathBuf>,
+    pub user: Option<String>,
+    /// ssh: a private key file and the known_hosts that pins the server's key.
+    pub ssh_key_file: Option<PathBuf>,
+    pub known_hosts_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GithubConfig {
+    /// `owner/name`; by default read from a `github.com` repository URL.
+    pub repository: Option<String>,
+    #[serde(default = "default_api")]
+    pub api_url: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct WebhookConfig {
+    pub secret_file: Option<PathBuf>,
+    pub secret_env: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LeaderElection {
+    /// Where the per-cluster controller leases live, in each cluster's own API.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    #[serde(default = "default_lease")]
+    pub lease_duration: HumanDuration,
+    /// This replica's name in the leases; `ICHOR_POD_NAME` or the host name by default.
+    pub identity: Option<String>,
+}
+
+impl Default for LeaderElection {
+    fn default() -> Self {
+        LeaderElection {
+            namespace: default_namespace(),
+            lease_duration: default_lease(),
+            identity: None,
+        }
+    }
+}
+
+fn default_poll() -> HumanDuration {
+    HumanDuration::from_mins(5)
+}
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 8080))
+}
+fn default_metrics_listen() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 9090))
+}
+fn default_state_dir() -> PathBuf {
+    PathBuf::from("/var/lib/ichor")
+}
+fn default_branch() -> String {
+    "main".into()
+}
+fn default_api() -> String {
+    "https://api.github.com".into()
+}
+fn default_namespace() -> String {
+    crate::gate::live::ICHOR_NAMESPACE.into()
+}
+fn default_lease() -> HumanDuration {
+    HumanDuration::from_secs(30)
+}
+fn yes() -> bool {
+    true
+}
+
+/// Where the repository is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Remote(String),
+    Path(PathBuf),
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, DocumentError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| DocumentError::new(&file, format!("cannot read: {e}")))?;
+        Config::parse(&file, &text)
+    }
+
+    pub fn parse(file: &str, text: &str) -> Result<Config, DocumentError> {
+        let c: Config = crate::releaseset::yaml::parse(file, text)?;
+        c.validate(file, text)?;
+        Ok(c)
+    }
+
+    fn validate(&self, file: &str, text: &str) -> Result<(), DocumentError> {
+        let at = |needle: &str, message: String| {
+            DocumentError::at(file, locate(text, needle, 0), message)
+        };
+        let r = &self.repository;
+        match (&r.url, &r.path) {
+            (Some(_), Some(_)) => {
+                return Err(at(
+                    "path:",
+                    "repository: give `url` (a remote to poll) or `path` (a repository on disk), not both".into(),
+                ))
+            }
+            (None, None) => {
+                return Err(at(
+                    "repository:",
+                    "repository: expected `url` (a remote to poll) or `path` (a repository on disk)".into(),
+                ))
+            }
+            (Some(url), None) => {
+                let ok = ["https://", "http://", "ssh://", "file://"]
+                    .iter()
+                    .any(|p| url.starts_with(p))
+                    || (url.contains('@') && url.contains(':') && !url.contains("://"));
+                if !ok {
+                    return Err(at(
+                        "url:",
+                        format!("repository.url `{}`: expected https://…, ssh://… or user@host:path", redact_url(url)),
+                    ));
+                }
+                if url_has_password(url) {
+                    return Err(at(
+                        "url:",
+                        "repository.url carries a password; put it in credentials.git.tokenFile instead (a URL is logged, a secret must not be)".into(),
+                    ));
+                }
+            }
+            (None, Some(p)) => {
+                if !p.is_absolute() {
+                    return Err(at(
+                        "path:",
+                        format!("repository.path {}: expected an absolute path", p.display()),
+                    ));
+                }
+            }
+        }
+        if r.branch.is_empty() || !git2::Reference::is_valid_name(&format!("refs/heads/{}", r.branch)) {
+            return Err(at(
+                "branch:",
+                format!("repository.branch `{}` is not a valid branch name", r.branch),
+            ));
+        }
+        if self.clusters.is_empty() {
+            return Err(at(
+                "clusters:",
+                "clusters: expected at least one cluster (clusters/<name>/ in the repository)".into(),
+            ));
+        }
+        if self.clusters.len() > MAX_CLUSTERS {
+            return Err(at(
+                "clusters:",
+                format!("clusters: at most {MAX_CLUSTERS} per instance"),
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, c) in self.clusters.iter().enumerate() {
+            let pos = cluster_line(text, i);
+            if !crate::forge::command::valid_cluster_name(&c.name) {
+                return Err(DocumentError::at(
+                    file,
+                    pos,
+                    format!("clusters[{i}].name `{}`: expected a DNS label (lowercase letters, digits and `-`), as clusters/<name>/ is", crate::escape::clip(&c.name, 70)),
+                ));
+            }
+            if !seen.insert(&c.name) {
+                return Err(DocumentError::at(
+                    file,
+                    pos,
+                    format!("clusters[{i}].name `{}` appears twice", c.name),
+                ));
+            }
+            if c.act && c.talosconfig.is_none() {
+                return Err(DocumentError::at(
+                    file,
+                    pos,
+                    format!("clusters[{i}] ({}): a cluster ichor acts on needs `talosconfig` (the rollout talks to the Talos API); set `act: false` to gate only", c.name),
+                ));
+            }
+        }
+        if self.poll_interval.as_duration().as_secs() < MIN_POLL_SECS {
+            return Err(at(
+                "pollInterval:",
+                format!("pollInterval: at least {MIN_POLL_SECS}s"),
+            ));
+        }
+        let gh = self.credentials.github.as_ref();
+        if let Some(g) = gh {
+            let token = g.token_file.is_some() || g.token_env.is_some();
+            let app = g.app_id.is_some() || g.installation_id.is_some() || g.private_key_file.is_some();
+            if token && app {
+                return Err(at("github:", "credentials.github: a token or a GitHub App (appId, installationId, privateKeyFile), not both".into()));
+            }
+            if !token && !app {
+                return Err(at("github:", "credentials.github: expected tokenFile (or tokenEnv), or appId, installationId and privateKeyFile".into()));
+            }
+            if app && (g.app_id.is_none() || g.installation_id.is_none() || g.private_key_file.is_none()) {
+                return Err(at("github:", "credentials.github: a GitHub App needs appId, installationId and privateKeyFile".into()));
+            }
+            if self.github_repository().is_none() {
+                return Err(at("repository:", "github.repository: expected owner/name (it cannot be read from repository.url, which is not on github.com)".into()));
+            }
+            if self.webhook.is_none() {
+                tracing::info!("no webhook secret configured: ichor polls every {}", self.poll_interval);
+            }
+        }
+        if let Some(w) = &self.webhook {
+            if w.secret_file.is_none() && w.secret_env.is_none() {
+                return Err(at("webhook:", "webhook: expected secretFile or secretEnv".into()));
+            }
+            if gh.is_none() {
+                return Err(at("webhook:", "webhook: webhooks come from GitHub; configure credentials.github too".into()));
+            }
+        }
+        if let Some(g) = &self.github {
+            if !(g.api_url.starts_with("https://") || g.api_url.starts_with("http://127.0.0.1") || g.api_url.starts_with("http://localhost")) {
+                return Err(at("apiUrl:", format!("github.apiUrl `{}`: expected https:// (plain http only on loopback)", redact_url(&g.api_url))));
+            }
+        }
+        if !self.state_dir.is_absolute() {
+            return Err(at("stateDir:", format!("stateDir {}: expected an absolute path", self.state_dir.display())));
+        }
+        Ok(())
+    }
+
+    pub fn source(&self) -> Source {
+        match (&self.repository.url, &self.repository.path) {
+            (Some(u), _) => Source::Remote(u.clone()),
+            (None, Some(p)) => Source::Path(p.clone()),
+            // validate() refuses a config with neither.
+            (None, None) => Source::Path(PathBuf::from(".")),
+        }
+    }
+
+    /// Whether GitHub is the reporter (else Git-only mode).
+    pub fn uses_github(&self) -> bool {
+        self.credentials.github.is_some()
+    }
+
+    /// `owner/name` for the GitHub API.
+    pub fn github_repository(&self) -> Option<String> {
+        if let Some(r) = self.github.as_ref().and_then(|g| g.repository.clone()) {
+            return Some(r);
+        }
+        let url = self.repository.url.as_deref()?;
+        let rest = url
+            .strip_prefix("https://github.com/")
+            .or_else(|| url.strip_prefix("ssh://git@github.com/"))
+            .or_else(|| url.strip_prefix("git@github.com:"))?;
+        let rest = rest.trim_end_matches('/').trim_end_matches(".git");
+        let mut parts = rest.split('/');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(o), Some(n), None) if !o.is_empty() && !n.is_empty() => Some(format!("{o}/{n}")),
+            _ => None,
+        }
+    }
+
+    pub fn api_url(&self) -> String {
+        self.github
+            .as_ref()
+            .map(|g| g.api_url.clone())
+            .unwrap_or_else(default_api)
+    }
+
+    pub fn cluster(&self, name: &str) -> Option<&ClusterConfig> {
+        self.clusters.iter().find(|c| c.name == name)
+    }
+}
+
+/// The `nth` cluster's `- name:` line (`locate` strips list dashes, so it cannot tell).
+fn cluster_line(text: &str, nth: usize) -> Option<(usize, usize)> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim_start().starts_with("- name:"))
+        .nth(nth)
+        .map(|(i, l)| (i + 1, l.len() - l.trim_start().len() + 1))
+}
+
+fn url_has_password(url: &str) -> bool {
+    let Some((_, rest)) = url.split_once("://") else {
+        return false;
+    };
+    let authority = rest.split('/').next().unwrap_or("");
+    authority
+        .rsplit_once('@')
+        .is_some_and(|(userinfo, _)| userinfo.contains(':'))
+}
+
+/// A URL without its userinfo, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = match rest.find('/') {
+                Some(i) => rest.split_at(i),
+                None => (rest, ""),
+            };
+            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            format!("{scheme}://{host}{path}")
+        }
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = include_str!("../../deploy/config.yaml");
+
+    #[test]
+    fn the_shipped_config_is_valid() {
+        let c = Config::parse("deploy/config.yaml", GOOD).unwrap();
+        assert_eq!(c.repository.branch, "main");
+        assert_eq!(c.clusters[0].name, "homelab");
+        assert!(c.uses_github());
+        assert_eq!(c.github_repository().as_deref(), Some("OWNER/homelab"));
+        assert_eq!(c.poll_interval, HumanDuration::from_mins(5));
+    }
+
+    fn err(text: &str) -> String {
+        Config::parse("c.yaml", text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn errors_name_the_file_and_line() {
+        let typo = GOOD.replace("pollInterval:", "pollIntervall:");
+        let e = err(&typo);
+        assert!(e.starts_with("c.yaml:") && e.contains("pollIntervall"), "{e}");
+        let e = err("repository:\n  branch: main\nclusters:\n  - name: lab\n    act: false\n");
+        assert!(e.starts_with("c.yaml:1:") && e.contains("`url`"), "{e}");
+        let e = err("repository:\n  path: /srv/lab.git\nclusters:\n  - name: lab\n");
+        assert!(e.starts_with("c.yaml:4:") && e.contains("talosconfig"), "{e}");
+        let e = err("repository:\n  path: /srv/lab.git\nclusters:\n  - name: Lab_1\n    act: false\n");
+        assert!(e.contains("DNS label"), "{e}");
+        let e = err("repository:\n  url: https://x:hunter2@github.com/a/b.git\nclusters:\n  - name: lab\n    act: false\n");
+        assert!(e.contains("password") && !e.contains("hunter2"), "{e}");
+        let e = err("repository:\n  path: /srv/lab.git\nclusters:\n  - name: lab\n    act: false\npollInterval: 1s\n");
+        assert!(e.starts_with("c.yaml:6:"), "{e}");
+    }
+
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(
+            redact_url("https://x-access-token:abc@github.com/a/b.git"),
+            "https://github.com/a/b.git"
+        );
+        assert_eq!(redact_url("ssh://git@host:22/x"), "ssh://host:22/x");
+    }
+}
