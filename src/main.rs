@@ -11,6 +11,8 @@ use ichor::git::Repo;
 use ichor::plan::PlanOptions;
 use ichor::policy::Outcome;
 
+#[path = "cli/run.rs"]
+mod run_cmd;
 #[path = "cli/rollout.rs"]
 mod rollout_cmd;
 
@@ -163,6 +165,20 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+    /// The controller: watch the repository, gate every PR with a commit status and one
+    /// sticky comment, roll out what reaches the protected branch, report it back.
+    ///
+    /// Configuration: docs/run.md (deploy/config.yaml is an example). Logs are JSON lines
+    /// when stderr is not a terminal. Exit status: 0 stopped by SIGTERM or Ctrl-C, 2 an
+    /// invalid configuration or a start that failed.
+    Run {
+        /// The configuration file.
+        #[arg(long, value_name = "FILE", env = "ICHOR_CONFIG")]
+        config: PathBuf,
+        /// Validate the configuration and exit.
+        #[arg(long)]
+        check: bool,
+    },
     /// Maintainers: the shipped compatibility data and its health.
     Policies {
         #[command(subcommand)]
@@ -224,14 +240,20 @@ enum PlanOutput {
 const EXIT_INVALID: u8 = 2;
 
 fn main() -> ExitCode {
-    // Diagnostics go to stderr; RUST_LOG (e.g. `RUST_LOG=ichor=debug`) turns them up.
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    // Diagnostics go to stderr; RUST_LOG (e.g. `RUST_LOG=ichor=debug`) turns them up. The
+    // controller logs at info, as JSON lines when nobody watches a terminal.
+    let controller = matches!(cli.command, Command::Run { .. });
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| if controller { "info" } else { "warn" }.into());
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if controller && !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        fmt.json().init();
+    } else {
+        fmt.init();
+    }
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -308,6 +330,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             time_scale,
             clock_start,
         }),
+        Command::Run { config, check } => run_cmd::run(&config, check),
         Command::Policies { command } => policies(command),
     }
 }

@@ -55,24 +55,12 @@ fn first_parent(repo: &Repo, rev: &str) -> anyhow::Result<String> {
 /// was killed is continued by the next one at once; a local lock file keeps two runs on one
 /// machine apart.
 fn holder() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or
-    // truncates, and we stop at the first NUL either way.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let host = if rc == 0 {
-        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        "localhost".into()
-    };
     let user = std::env::var("USER").unwrap_or_else(|_| "ichor".into());
-    let clean = |s: &str| -> String {
-        s.chars()
-            .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
-            .take(60)
-            .collect()
-    };
-    format!("ichor-cli/{}@{}", clean(&user), clean(&host))
+    format!(
+        "ichor-cli/{}@{}",
+        ichor::rollout::clean_identity(&user),
+        ichor::rollout::host_identity()
+    )
 }
 
 /// `$XDG_STATE_HOME/ichor/rollout` (else `~/.local/state/ichor/rollout`), mode 0700.

@@ -1,3 +1,725 @@
-//! `ichor run`: the long-running controller.
+//! `ichor run`: the long-running controller. Sources (webhooks, polling a remote, a
+//! repository on disk) put [`Event`]s on one queue; one loop takes them in order, coalesces
+//! a burst (the newest head of a PR wins, older heads are dropped), and [`handle`]s each:
+//! a PR head is gated and reported, the protected branch moving starts a rollout (in its
+//! own task, one per cluster), a comment command is checked and acknowledged. Errors go
+//! through one [`error_policy`] that decides the requeue; metrics are labelled by the
+//! error's name.
+//!
+//! Observed state over stored cursors: what was judged and rolled out is remembered only
+//! to save work; after a restart ichor re-reads the PRs, the branch and each cluster's
+//! rollout record and carries on.
 
 pub mod config;
+pub mod http;
+pub mod metrics;
+mod commands;
+mod gating;
+mod report;
+mod rolling;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::clock::Clock;
+use crate::forge::comment::Sticky;
+use crate::forge::github::{GithubAuth, GithubClient, GithubConfig};
+use crate::git::remote::{Credentials, Mirror, Remote};
+use crate::git::GitError;
+use crate::kube::KubeClient;
+use crate::secret::Secret;
+use crate::talos::TalosClient;
+
+pub use config::Config;
+pub use metrics::Metrics;
+pub use report::{GateReport, Reporters, RolloutReport};
+
+/// Events waiting beyond this are refused at the webhook (503); the reconcile catches up.
+pub const QUEUE_CAPACITY: usize = 1024;
+/// The most open PRs (or branches, in Git-only mode) gated per reconcile.
+pub const MAX_OPEN_PULLS: usize = 200;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Git(#[from] GitError),
+    #[error("git: {0}")]
+    Git2(#[from] git2::Error),
+    #[error(transparent)]
+    Gate(#[from] crate::gate::GateError),
+    #[error(transparent)]
+    Forge(#[from] crate::forge::github::ForgeError),
+    #[error(transparent)]
+    Kube(#[from] crate::kube::KubeError),
+    #[error(transparent)]
+    Secret(#[from] crate::secret::SecretError),
+    #[error(transparent)]
+    Config(#[from] crate::releaseset::DocumentError),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl Error {
+    /// The error's name, for metrics and the requeue decision.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Error::Git(_) | Error::Git2(_) => "git",
+            Error::Gate(_) => "gate",
+            Error::Forge(_) => "github",
+            Error::Kube(_) => "kubernetes",
+            Error::Secret(_) => "secret",
+            Error::Config(_) => "config",
+            Error::Other(_) => "other",
+        }
+    }
+
+    fn is_transient(&self) -> bool {
+        match self {
+            Error::Forge(e) => e.is_transient(),
+            Error::Kube(e) => e.is_transient(),
+            Error::Git(_) | Error::Git2(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// The one error policy: log, count by name, and say when to look again.
+pub fn error_policy(ctx: &Ctx, err: &Error) -> Option<Duration> {
+    ctx.metrics.inc(
+        "ichor_errors_total",
+        "Errors while handling events, by the error's name.",
+        &[("error", err.name())],
+    );
+    tracing::warn!(error = %err, kind = err.name(), "handling an event failed");
+    err.is_transient().then_some(Duration::from_secs(30))
+}
+
+/// Something that happened, as the sources report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Look at everything again: the periodic reconcile, a missed webhook, startup.
+    Reconcile,
+    /// A PR was opened or its head moved (webhook).
+    PullUpdated { number: u64, head_sha: String },
+    PullClosed { number: u64 },
+    /// A branch moved (webhook `push`, or refs moving on disk).
+    Pushed { branch: String },
+    /// A PR comment (webhook `issue_comment`).
+    Comment {
+        number: u64,
+        author: String,
+        body: String,
+    },
+    /// Judge a PR again even if its head was judged (`/ichor plan`).
+    Regate { number: u64 },
+}
+
+/// A burst of events, in the order to handle them: the newest head of each PR only (the
+/// older ones are stale: Renovate force-pushes), one reconcile, comments as they came.
+/// Returns the events and how many were dropped as stale.
+pub fn coalesce(batch: Vec<Event>) -> (Vec<Event>, usize) {
+    let mut last_head: HashMap<u64, usize> = HashMap::new();
+    let mut closed: HashMap<u64, usize> = HashMap::new();
+    for (i, e) in batch.iter().enumerate() {
+        match e {
+            Event::PullUpdated { number, .. } => {
+                last_head.insert(*number, i);
+            }
+            Event::PullClosed { number } => {
+                closed.insert(*number, i);
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    let mut dropped = 0;
+    let mut reconcile = false;
+    let mut pushed = std::collections::BTreeSet::new();
+    for (i, e) in batch.into_iter().enumerate() {
+        match &e {
+            Event::PullUpdated { number, .. } => {
+                let superseded = last_head.get(number) != Some(&i)
+                    || closed.get(number).is_some_and(|c| *c > i);
+                if superseded {
+                    dropped += 1;
+                    continue;
+                }
+            }
+            Event::Reconcile => {
+                if reconcile {
+                    continue;
+                }
+                reconcile = true;
+            }
+            Event::Pushed { branch } => {
+                if !pushed.insert(branch.clone()) {
+                    continue;
+                }
+            }
+            _ => {}
+        }
+        out.push(e);
+    }
+    (out, dropped)
+}
+
+/// One cluster this instance gates (and, with `act`, rolls out).
+pub struct ClusterRuntime {
+    pub name: String,
+    pub act: bool,
+    pub kube: Option<KubeClient>,
+    pub talos: Option<Arc<TalosClient>>,
+    /// Why the cluster's clients are missing, for the checklist.
+    pub access_error: Option<String>,
+    /// `/ichor pause`: the engine stops at its next safe point.
+    pub paused_by: Mutex<Option<String>>,
+    /// The controller is shutting down: pause at the next safe point and say so.
+    pub stopping: AtomicBool,
+    pub rollout: Mutex<Option<JoinHandle<()>>>,
+    /// The branch tip this cluster's rollouts were last decided for.
+    pub decided_tip: Mutex<Option<String>>,
+}
+
+impl ClusterRuntime {
+    pub fn rolling(&self) -> bool {
+        lock(&self.rollout).as_ref().is_some_and(|h| !h.is_finished())
+    }
+}
+
+/// The reason a rollout pauses with when ichor stops; a restart resumes such a pause by itself.
+pub const SHUTDOWN_REASON: &str =
+    "ichor stopped (shutdown or a new version); the next ichor resumes from here";
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What the loop remembers between events.
+#[derive(Default)]
+pub struct LoopState {
+    /// PR (or branch) → (head, base tip) last judged.
+    pub judged: HashMap<String, (String, String)>,
+    /// The sticky comment per (PR, cluster), to redraw with rollout progress.
+    pub stickies: HashMap<(u64, String), Sticky>,
+    /// The tip of the protected branch last seen.
+    pub tip: Option<String>,
+    /// Each PR's newest known head: work for an older head is dropped.
+    pub latest_head: HashMap<u64, String>,
+}
+
+/// Everything the handlers share (kube-rs' `Context`).
+pub struct Ctx {
+    pub cfg: Config,
+    pub clock: Clock,
+    pub identity: String,
+    pub mirror_dir: PathBuf,
+    pub mirror: Arc<Mutex<Mirror>>,
+    pub remote: Remote,
+    pub github: Option<GithubClient>,
+    pub webhook_secret: Option<Secret>,
+    pub clusters: Vec<Arc<ClusterRuntime>>,
+    pub reporters: Reporters,
+    pub metrics: Arc<Metrics>,
+    pub state: tokio::sync::Mutex<LoopState>,
+    pub events: mpsc::Sender<Event>,
+    pub ready: AtomicBool,
+    pub dedupe: Mutex<crate::forge::webhook::Dedupe>,
+}
+
+impl Ctx {
+    pub fn cluster(&self, name: &str) -> Option<&Arc<ClusterRuntime>> {
+        self.clusters.iter().find(|c| c.name == name)
+    }
+
+    /// The name of the controller lease of a cluster.
+    pub fn lease_name(cluster: &str) -> String {
+        format!("ichor-controller-{cluster}")
+    }
+
+    /// Whether this replica acts for `cluster` now: it holds (or just took) the cluster's
+    /// controller Lease in that cluster's own API. A cluster ichor cannot reach has no
+    /// lease: it is gated from Git alone by whichever replica sees the event.
+    pub async fn holds(&self, cluster: &ClusterRuntime) -> bool {
+        let Some(kube) = &cluster.kube else {
+            return true;
+        };
+        let le = &self.cfg.leader_election;
+        let held = match kube
+            .acquire_lease(
+                &le.namespace,
+                &Ctx::lease_name(&cluster.name),
+                &self.identity,
+                le.lease_duration.as_duration(),
+                self.clock.now(),
+            )
+            .await
+        {
+            Ok(crate::kube::lease::LockState::Held) => true,
+            Ok(crate::kube::lease::LockState::HeldBy { .. }) => false,
+            Err(e) => {
+                self.metrics.inc(
+                    "ichor_api_errors_total",
+                    "API errors by API and error.",
+                    &[("api", "kubernetes"), ("error", e.kind())],
+                );
+                tracing::warn!(cluster = %cluster.name, error = %e, "cannot take the controller lease");
+                false
+            }
+        };
+        self.metrics.set(
+            "ichor_leader",
+            "1 while this replica holds the cluster's controller lease.",
+            &[("cluster", &cluster.name)],
+            if held { 1.0 } else { 0.0 },
+        );
+        held
+    }
+
+    /// Fetch what moved from the repository into the mirror.
+    pub async fn sync(&self) -> Result<Vec<crate::git::remote::RefMove>, Error> {
+        let mirror = self.mirror.clone();
+        let remote = self.remote.clone();
+        let github = self.github.is_some();
+        let moves = tokio::task::spawn_blocking(move || {
+            let mut specs = vec!["+refs/heads/*:refs/heads/*"];
+            if github {
+                // GitHub keeps every PR's head under refs/pull/, forks' too.
+                specs.push("+refs/pull/*/head:refs/pull/*/head");
+            } else {
+                specs.push("+refs/ichor/commands:refs/ichor/commands");
+            }
+            lock(&mirror).fetch(&remote, &specs)
+        })
+            .await
+            .map_err(|e| Error::Other(format!("the fetch stopped: {e}")))??;
+        self.ready.store(true, Ordering::Relaxed);
+        Ok(moves)
+    }
+
+    pub fn repo(&self) -> Result<crate::git::Repo, Error> {
+        Ok(crate::git::Repo::open(&self.mirror_dir)?)
+    }
+}
+
+/// Connect what the config names: the mirror, GitHub, each cluster's clients.
+pub async fn connect(cfg: Config, clock: Clock) -> Result<Arc<Ctx>, Error> {
+    let identity = cfg
+        .leader_election
+        .identity
+        .clone()
+        .or_else(|| std::env::var("ICHOR_POD_NAME").ok())
+        .unwrap_or_else(crate::rollout::host_identity);
+    let identity = format!("ichor-run/{identity}");
+    crate::sim::state::prepare_dir(&cfg.state_dir)
+        .map_err(|e| Error::Other(format!("stateDir {}: {e}", cfg.state_dir.display())))?;
+    let mirror_dir = cfg.state_dir.join("mirror.git");
+    let mirror = Mirror::open(&mirror_dir)?;
+    let url = match cfg.source() {
+        config::Source::Remote(u) => u,
+        config::Source::Path(p) => p.display().to_string(),
+    };
+    let credentials = git_credentials(&cfg)?;
+    let known_hosts = cfg
+        .credentials
+        .git
+        .as_ref()
+        .and_then(|g| g.known_hosts_file.clone());
+    let remote = Remote {
+        url,
+        credentials,
+        known_hosts,
+    };
+    let github = match &cfg.credentials.github {
+        Some(g) => {
+            let auth = match (&g.token_file, &g.token_env, g.app_id) {
+                (Some(f), _, _) => GithubAuth::Token(Secret::from_file(f)?),
+                (None, Some(env), _) => GithubAuth::Token(Secret::from_env(env)?),
+                (None, None, Some(app_id)) => GithubAuth::App {
+                    app_id,
+                    installation_id: g.installation_id.unwrap_or_default(),
+                    private_key: Secret::from_file(g.private_key_file.as_deref().unwrap_or(
+                        std::path::Path::new("/etc/ichor/github/app-private-key.pem"),
+                    ))?,
+                },
+                (None, None, None) => {
+                    return Err(Error::Other("credentials.github: no token or App".into()))
+                }
+            };
+            let repo = cfg.github_repository().unwrap_or_default();
+            Some(
+                GithubClient::connect(
+                    GithubConfig {
+                        api_url: cfg.api_url(),
+                        repo,
+                        auth,
+                    },
+                    clock.clone(),
+                )
+                .await?,
+            )
+        }
+        None => None,
+    };
+    let webhook_secret = match &cfg.webhook {
+        Some(w) => Some(match (&w.secret_file, &w.secret_env) {
+            (Some(f), _) => Secret::from_file(f)?,
+            (None, Some(e)) => Secret::from_env(e)?,
+            (None, None) => return Err(Error::Other("webhook: no secret".into())),
+        }),
+        None => None,
+    };
+    let mut clusters = Vec::new();
+    for c in &cfg.clusters {
+        let (kube, kube_error) = match KubeClient::connect(c.kubeconfig.as_deref()).await {
+            Ok(k) => (Some(k), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        let talos = match &c.talosconfig {
+            Some(p) => {
+                let ctx = crate::talos::config::load(p, None)
+                    .map_err(|e| Error::Other(format!("cluster {}: {e}", c.name)))?;
+                Some(Arc::new(TalosClient::new(ctx, clock.clone())))
+            }
+            None => None,
+        };
+        if c.act && kube.is_none() {
+            return Err(Error::Other(format!(
+                "cluster {}: cannot reach its Kubernetes API to act on it: {}",
+                c.name,
+                kube_error.unwrap_or_default()
+            )));
+        }
+        clusters.push(Arc::new(ClusterRuntime {
+            name: c.name.clone(),
+            act: c.act,
+            kube,
+            talos,
+            access_error: kube_error,
+            paused_by: Mutex::new(None),
+            stopping: AtomicBool::new(false),
+            rollout: Mutex::new(None),
+            decided_tip: Mutex::new(None),
+        }));
+    }
+    let notes = (!cfg.uses_github() || cfg.notes).then(|| {
+        Arc::new(report::NotesSink {
+            mirror: mirror_dir.clone(),
+            remote: remote.clone(),
+            lock: tokio::sync::Mutex::new(()),
+        })
+    });
+    let reporters = Reporters {
+        github: github.clone(),
+        notes,
+        clock: clock.clone(),
+    };
+    let (events, _) = mpsc::channel(1);
+    Ok(Arc::new(Ctx {
+        cfg,
+        clock,
+        identity,
+        mirror_dir,
+        mirror: Arc::new(Mutex::new(mirror)),
+        remote,
+        github,
+        webhook_secret,
+        clusters,
+        reporters,
+        metrics: Arc::new(Metrics::default()),
+        state: tokio::sync::Mutex::new(LoopState::default()),
+        events,
+        ready: AtomicBool::new(false),
+        dedupe: Mutex::new(Default::default()),
+    }))
+}
+
+fn git_credentials(cfg: &Config) -> Result<Credentials, Error> {
+    let Some(g) = &cfg.credentials.git else {
+        // A GitHub token also reads the repository over https.
+        if let (config::Source::Remote(url), Some(gh)) = (cfg.source(), &cfg.credentials.github)
+        {
+            if url.starts_with("http") {
+                if let Some(f) = &gh.token_file {
+                    return Ok(Credentials::Token {
+                        user: "x-access-token".into(),
+                        token: Secret::from_file(f)?,
+                    });
+                }
+                if let Some(e) = &gh.token_env {
+                    return Ok(Credentials::Token {
+                        user: "x-access-token".into(),
+                        token: Secret::from_env(e)?,
+                    });
+                }
+            }
+        }
+        return Ok(Credentials::None);
+    };
+    if let Some(key) = &g.ssh_key_file {
+        return Ok(Credentials::SshKey {
+            user: g.user.clone().unwrap_or_else(|| "git".into()),
+            private_key: key.clone(),
+            passphrase: None,
+        });
+    }
+    if let Some(f) = &g.token_file {
+        return Ok(Credentials::Token {
+            user: g.user.clone().unwrap_or_else(|| "x-access-token".into()),
+            token: Secret::from_file(f)?,
+        });
+    }
+    Ok(Credentials::None)
+}
+
+/// A running controller: its HTTP addresses, its context, and how to stop it.
+pub struct Running {
+    pub ctx: Arc<Ctx>,
+    pub webhook_addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    _watcher: Option<crate::git::watch::RefWatcher>,
+}
+
+impl Running {
+    /// Stop taking events, pause running rollouts at their next safe point (each records
+    /// where it stopped), and wait for them.
+    pub async fn shutdown(mut self) {
+        for c in &self.ctx.clusters {
+            c.stopping.store(true, Ordering::Relaxed);
+        }
+        let handles: Vec<JoinHandle<()>> = self
+            .ctx
+            .clusters
+            .iter()
+            .filter_map(|c| lock(&c.rollout).take())
+            .collect();
+        for h in handles {
+            let _ = h.await;
+        }
+        self.stop.send_replace(true);
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Start the controller: connect, bind the listeners, start the loop and the sources.
+pub async fn start(cfg: Config, clock: Clock) -> Result<Running, Error> {
+    let poll = cfg.poll_interval.as_duration();
+    let local_path = match cfg.source() {
+        config::Source::Path(p) => Some(p),
+        config::Source::Remote(_) => None,
+    };
+    let ctx0 = connect(cfg, clock.clone()).await?;
+    let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
+    // The context is built before the queue exists; swap the sender in.
+    let ctx = Arc::new(match Arc::try_unwrap(ctx0) {
+        Ok(mut c) => {
+            c.events = tx.clone();
+            c
+        }
+        Err(_) => return Err(Error::Other("the context is shared too early".into())),
+    });
+    let (stop, stopped) = watch::channel(false);
+    let webhook_listener = tokio::net::TcpListener::bind(ctx.cfg.listen)
+        .await
+        .map_err(|e| Error::Other(format!("listen {}: {e}", ctx.cfg.listen)))?;
+    let metrics_listener = tokio::net::TcpListener::bind(ctx.cfg.metrics_listen)
+        .await
+        .map_err(|e| Error::Other(format!("metricsListen {}: {e}", ctx.cfg.metrics_listen)))?;
+    let webhook_addr = webhook_listener
+        .local_addr()
+        .map_err(|e| Error::Other(e.to_string()))?;
+    let metrics_addr = metrics_listener
+        .local_addr()
+        .map_err(|e| Error::Other(e.to_string()))?;
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(http::serve(
+        webhook_listener,
+        http::webhook_router(ctx.clone()),
+        stopped.clone(),
+    )));
+    tasks.push(tokio::spawn(http::serve(
+        metrics_listener,
+        http::ops_router(ctx.clone()),
+        stopped.clone(),
+    )));
+    // Git-only on disk: refs moving wake the loop at once.
+    let watcher = match &local_path {
+        Some(p) => {
+            let (w, mut moved) = crate::git::watch::RefWatcher::start(p)?;
+            let tx = tx.clone();
+            let mut stopped = stopped.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        m = moved.recv() => {
+                            if m.is_none() || tx.send(Event::Reconcile).await.is_err() {
+                                return;
+                            }
+                        }
+                        _ = stopped.changed() => return,
+                    }
+                }
+            }));
+            Some(w)
+        }
+        None => None,
+    };
+    tasks.push(tokio::spawn(run_loop(ctx.clone(), rx, poll, stopped)));
+    let _ = tx.send(Event::Reconcile).await;
+    tracing::info!(%webhook_addr, %metrics_addr, identity = %ctx.identity, "ichor run started");
+    Ok(Running {
+        ctx,
+        webhook_addr,
+        metrics_addr,
+        stop,
+        tasks,
+        _watcher: watcher,
+    })
+}
+
+/// Take events until stopped: a burst is coalesced, each event handled, errors through
+/// the error policy; a quiet period ends in a reconcile.
+async fn run_loop(
+    ctx: Arc<Ctx>,
+    mut rx: mpsc::Receiver<Event>,
+    poll: Duration,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut next_reconcile = ctx.clock.now().plus(poll);
+    loop {
+        let first = tokio::select! {
+            e = rx.recv() => match e {
+                Some(e) => e,
+                None => return,
+            },
+            _ = ctx.clock.sleep_until(next_reconcile) => Event::Reconcile,
+            _ = stopped.changed() => return,
+        };
+        let mut batch = vec![first];
+        while let Ok(e) = rx.try_recv() {
+            batch.push(e);
+            if batch.len() >= QUEUE_CAPACITY {
+                break;
+            }
+        }
+        let (events, dropped) = coalesce(batch);
+        for _ in 0..dropped {
+            ctx.metrics.inc(
+                "ichor_stale_events_total",
+                "PR heads superseded by a newer head before they were judged.",
+                &[],
+            );
+        }
+        for e in events {
+            if *stopped.borrow() {
+                return;
+            }
+            if matches!(e, Event::Reconcile) {
+                next_reconcile = ctx.clock.now().plus(poll);
+            }
+            if let Err(err) = handle(&ctx, e).await {
+                if let Some(after) = error_policy(&ctx, &err) {
+                    next_reconcile = next_reconcile.min(ctx.clock.now().plus(after));
+                }
+            }
+        }
+    }
+}
+
+/// Handle one event (controller-rs' `reconcile`).
+pub async fn handle(ctx: &Arc<Ctx>, event: Event) -> Result<(), Error> {
+    tracing::debug!(?event, "event");
+    match event {
+        Event::Reconcile | Event::Pushed { .. } => reconcile(ctx).await,
+        Event::PullUpdated { number, head_sha } => {
+            ctx.sync().await?;
+            ctx.state.lock().await.latest_head.insert(number, head_sha);
+            gating::gate_pull_number(ctx, number, false).await
+        }
+        Event::Regate { number } => {
+            ctx.sync().await?;
+            gating::gate_pull_number(ctx, number, true).await
+        }
+        Event::PullClosed { number } => {
+            let mut st = ctx.state.lock().await;
+            st.latest_head.remove(&number);
+            st.judged.remove(&number.to_string());
+            // A merge shows up as the branch moving: look at it now.
+            drop(st);
+            reconcile(ctx).await
+        }
+        Event::Comment {
+            number,
+            author,
+            body,
+        } => commands::on_comment(ctx, number, &author, &body).await,
+    }
+}
+
+/// Everything again: fetch, gate every open PR whose head is new, roll out what reached
+/// the protected branch, run Git-only commands.
+pub async fn reconcile(ctx: &Arc<Ctx>) -> Result<(), Error> {
+    ctx.metrics.inc("ichor_reconciles_total", "Reconciles run.", &[]);
+    ctx.sync().await?;
+    gating::gate_open(ctx).await?;
+    rolling::on_branch(ctx).await?;
+    if ctx.github.is_none() {
+        commands::git_commands(ctx).await?;
+    }
+    Ok(())
+}
+
+/// The clusters a repository revision holds, and whether there are several.
+pub(crate) fn several_clusters(repo: &crate::git::Repo, rev: &str) -> bool {
+    repo.resolve(rev)
+        .and_then(|r| repo.clusters(&r))
+        .map(|c| c.len() > 1)
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn up(n: u64, h: &str) -> Event {
+        Event::PullUpdated {
+            number: n,
+            head_sha: h.into(),
+        }
+    }
+
+    #[test]
+    fn a_burst_keeps_the_newest_head_of_each_pr() {
+        let (out, dropped) = coalesce(vec![
+            up(1, "a"),
+            Event::Reconcile,
+            up(2, "x"),
+            up(1, "b"),
+            Event::Reconcile,
+            Event::Comment {
+                number: 1,
+                author: "u".into(),
+                body: "/ichor plan".into(),
+            },
+            up(3, "y"),
+            Event::PullClosed { number: 3 },
+        ]);
+        assert_eq!(dropped, 2);
+        assert_eq!(out[0], Event::Reconcile);
+        assert_eq!(out[1], up(2, "x"));
+        assert_eq!(out[2], up(1, "b"));
+        assert!(matches!(out[3], Event::Comment { .. }));
+        assert_eq!(out[4], Event::PullClosed { number: 3 });
+        assert_eq!(out.len(), 5);
+    }
+}

@@ -140,6 +140,29 @@ impl std::fmt::Display for Progress {
     }
 }
 
+/// This machine's host name, cut to what a Lease holder may carry (the pod name in a pod).
+pub fn host_identity() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or
+    // truncates, and we stop at the first NUL either way.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let host = if rc == 0 {
+        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "localhost".into()
+    };
+    clean_identity(&host)
+}
+
+/// Letters, digits, `-`, `.` and `_`, at most 60: safe in a Lease holder and a log line.
+pub fn clean_identity(s: &str) -> String {
+    s.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+        .take(60)
+        .collect()
+}
+
 pub fn stage_key(id: StageId) -> &'static str {
     match id {
         StageId::Talos => "talos",

@@ -1,0 +1,51 @@
+//! `ichor run`: the controller, until SIGTERM or Ctrl-C; then it pauses running rollouts
+//! at their next safe point (each records where it stopped) and exits.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use ichor::clock::Clock;
+use ichor::controller::{self, Config};
+
+use super::EXIT_INVALID;
+
+pub fn run(config: &Path, check_only: bool) -> anyhow::Result<ExitCode> {
+    let cfg = match Config::load(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(EXIT_INVALID));
+        }
+    };
+    if check_only {
+        println!(
+            "{}: valid ({} cluster{}, {} mode)",
+            config.display(),
+            cfg.clusters.len(),
+            if cfg.clusters.len() == 1 { "" } else { "s" },
+            if cfg.uses_github() { "GitHub" } else { "Git-only" }
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let running = match controller::start(cfg, Clock::system()).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Ok(ExitCode::from(EXIT_INVALID));
+            }
+        };
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("stopping: running rollouts pause at their next safe point");
+        running.shutdown().await;
+        Ok(ExitCode::SUCCESS)
+    })
+}

@@ -1,0 +1,325 @@
+//! The gate half of the loop: judge a PR head (or, in Git-only mode, a branch) for every
+//! configured cluster it touches, with the live items when the cluster is reachable, and
+//! report the verdict, the checklist and the staged plan.
+
+use std::sync::Arc;
+
+use crate::forge::comment::{self, Sticky};
+use crate::forge::github::{Pull, StatusState};
+use crate::gate;
+use crate::plan::PlanOptions;
+use crate::policy::{CheckItem, Outcome, Status};
+
+use super::{Ctx, Error, GateReport, MAX_OPEN_PULLS};
+
+/// One head to judge.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// The PR number as a string, or the branch name in Git-only mode.
+    pub key: String,
+    pub pr: Option<u64>,
+    pub branch: String,
+    pub head: String,
+    /// The branch it would merge into (its tip is the base).
+    pub base_ref: String,
+    pub from_fork: bool,
+}
+
+impl Candidate {
+    pub fn of_pull(p: &Pull) -> Candidate {
+        Candidate {
+            key: p.number.to_string(),
+            pr: Some(p.number),
+            branch: p.head_ref.clone(),
+            head: p.head_sha.clone(),
+            base_ref: p.base_ref.clone(),
+            from_fork: p.from_fork,
+        }
+    }
+}
+
+/// Gate every open PR (Git-only: every branch but the protected one) whose head is new.
+pub async fn gate_open(ctx: &Arc<Ctx>) -> Result<(), Error> {
+    let candidates = match &ctx.github {
+        Some(gh) => gh
+            .open_pulls()
+            .await?
+            .iter()
+            .take(MAX_OPEN_PULLS)
+            .map(Candidate::of_pull)
+            .collect::<Vec<_>>(),
+        None => branches(ctx)?,
+    };
+    for c in candidates {
+        if let Err(e) = gate(ctx, &c, false).await {
+            // One broken PR does not stop the others.
+            super::error_policy(ctx, &e);
+        }
+    }
+    Ok(())
+}
+
+/// Git-only mode: each branch but the protected one is a change to judge.
+fn branches(ctx: &Ctx) -> Result<Vec<Candidate>, Error> {
+    let repo = ctx.repo()?;
+    let protected = &ctx.cfg.repository.branch;
+    let mut out = Vec::new();
+    for r in repo.git2().references_glob("refs/heads/*")? {
+        let r = r?;
+        let (Ok(name), Some(oid)) = (r.shorthand().map(str::to_string), r.target()) else {
+            continue;
+        };
+        if &name == protected {
+            continue;
+        }
+        out.push(Candidate {
+            key: name.clone(),
+            pr: None,
+            branch: name,
+            head: oid.to_string(),
+            base_ref: protected.clone(),
+            from_fork: false,
+        });
+        if out.len() >= MAX_OPEN_PULLS {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Gate PR `number` at its current head (read from the API: a webhook's head may be old).
+pub async fn gate_pull_number(ctx: &Arc<Ctx>, number: u64, force: bool) -> Result<(), Error> {
+    let Some(gh) = &ctx.github else {
+        return Ok(());
+    };
+    let pull = gh.pull(number).await?;
+    if !pull.open {
+        return Ok(());
+    }
+    gate(ctx, &Candidate::of_pull(&pull), force).await
+}
+
+/// Judge one head for every configured cluster it touches and report each.
+pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<(), Error> {
+    let repo = ctx.repo()?;
+    let head_oid = git2::Oid::from_str(&c.head)?;
+    if repo.git2().find_commit(head_oid).is_err() {
+        return Err(Error::Other(format!(
+            "head {} of {} is not in the mirror yet",
+            crate::escape::clip(&c.head, 12),
+            c.key
+        )));
+    }
+    let base_tip = repo
+        .resolve(&format!("refs/heads/{}", c.base_ref))
+        .ok()
+        .and_then(|r| r.commit)
+        .ok_or_else(|| Error::Other(format!("{}: unknown base branch", c.key)))?;
+    {
+        let st = ctx.state.lock().await;
+        if !force
+            && st.judged.get(&c.key) == Some(&(c.head.clone(), base_tip.to_string()))
+        {
+            return Ok(());
+        }
+    }
+    // Judge what the merge would change: the head against where it left the base.
+    let base = repo
+        .git2()
+        .merge_base(base_tip, head_oid)
+        .unwrap_or(base_tip)
+        .to_string();
+    let started = ctx.clock.now();
+    let review = gate::review(&repo, &base, &c.head, None);
+    let several = super::several_clusters(&repo, &base);
+    let mut reports = Vec::new();
+    match review {
+        Ok(review) => {
+            for section in review.sections {
+                let Some(name) = section.cluster.clone() else {
+                    continue;
+                };
+                let Some(cluster) = ctx.cluster(&name).cloned() else {
+                    // Another instance's cluster.
+                    continue;
+                };
+                if !ctx.holds(&cluster).await {
+                    continue;
+                }
+                reports.push(judge(ctx, c, &cluster, section, several).await);
+            }
+        }
+        Err(e) => {
+            // The change cannot be read at all (a broken document at the base, a git
+            // error): every configured cluster says so.
+            for cluster in &ctx.clusters {
+                if !ctx.holds(cluster).await {
+                    continue;
+                }
+                reports.push(invalid(c, &cluster.name, &e.to_string(), several));
+            }
+        }
+    }
+    // Stale work is dropped: a newer head arrived while this one was judged.
+    if let Some(pr) = c.pr {
+        let st = ctx.state.lock().await;
+        if st.latest_head.get(&pr).is_some_and(|h| h != &c.head) {
+            ctx.metrics.inc(
+                "ichor_stale_events_total",
+                "PR heads superseded by a newer head before they were judged.",
+                &[],
+            );
+            return Ok(());
+        }
+    }
+    for r in &reports {
+        ctx.reporters.gate(r).await?;
+        let outcome = match r.state {
+            StatusState::Success => "pass",
+            StatusState::Pending => "waiting",
+            StatusState::Failure => "blocked",
+            StatusState::Error => "invalid",
+        };
+        ctx.metrics.inc(
+            "ichor_gates_total",
+            "Gate verdicts posted, by outcome.",
+            &[("outcome", outcome)],
+        );
+        ctx.metrics.observe(
+            "ichor_gate_seconds",
+            "Time from taking a head to posting its verdict.",
+            &[],
+            ctx.clock.now().since(started).as_secs_f64(),
+        );
+        if let Some(pr) = r.pr {
+            ctx.state
+                .lock()
+                .await
+                .stickies
+                .insert((pr, r.cluster.clone()), r.sticky.clone());
+        }
+    }
+    let mut st = ctx.state.lock().await;
+    st.judged
+        .insert(c.key.clone(), (c.head.clone(), base_tip.to_string()));
+    Ok(())
+}
+
+fn invalid(c: &Candidate, cluster: &str, error: &str, several: bool) -> GateReport {
+    let md = crate::escape::md_text;
+    GateReport {
+        cluster: cluster.to_string(),
+        pr: c.pr,
+        branch: c.branch.clone(),
+        head: c.head.clone(),
+        state: StatusState::Failure,
+        description: comment::description(&format!("invalid: {error}")),
+        sticky: Sticky {
+            cluster: cluster.to_string(),
+            head: c.head.clone(),
+            checklist: format!(
+                "### ichor gate — {}: the change cannot be judged\n\n> [!CAUTION]\n> {}\n",
+                crate::escape::md_code(cluster),
+                md(error)
+            ),
+            plan: "No plan: the documents do not parse.".into(),
+            notes: vec![],
+            rollout: None,
+        },
+        several,
+    }
+}
+
+/// The verdict of one cluster section, with the live items when the cluster is reachable.
+async fn judge(
+    ctx: &Ctx,
+    c: &Candidate,
+    cluster: &super::ClusterRuntime,
+    section: gate::Section,
+    several: bool,
+) -> GateReport {
+    let judged = match section.result {
+        Ok(j) => j,
+        Err(e) => return invalid(c, &cluster.name, &e.to_string(), several),
+    };
+    let mut verdict = judged.verdict;
+    let mut notes = Vec::new();
+    if c.from_fork {
+        notes.push(
+            "This PR comes from a fork: it is judged, but nothing from a fork ever acts on a cluster."
+                .to_string(),
+        );
+    }
+    if c.base_ref != ctx.cfg.repository.branch {
+        notes.push(format!(
+            "This PR targets {}, not the protected branch {}: merging it rolls nothing out.",
+            c.base_ref, ctx.cfg.repository.branch
+        ));
+    }
+    let mut live_nodes = None;
+    if let Some(change) = &judged.change {
+        match &cluster.kube {
+            Some(kube) => {
+                let subject = gate::live::Subject::of(change);
+                let facts =
+                    gate::live::observe(kube, cluster.talos.as_deref(), &subject).await;
+                let items: Vec<CheckItem> = gate::live::items(change, &facts)
+                    .into_iter()
+                    // A rollout in progress is no reason to hold back a PR's verdict.
+                    .filter(|i| i.id != "live/rollout-lock")
+                    .collect();
+                verdict.extend(items);
+                live_nodes = gate::live::live_nodes(&facts);
+            }
+            None => {
+                verdict.push(
+                    CheckItem::new(
+                        "live/cluster",
+                        "the cluster is reachable",
+                        Status::Warn,
+                        format!(
+                            "not checked live: {}",
+                            cluster
+                                .access_error
+                                .as_deref()
+                                .unwrap_or("no cluster access configured")
+                        ),
+                    )
+                    .source("live"),
+                );
+            }
+        }
+    }
+    let opts = PlanOptions {
+        ichor_node: std::env::var("ICHOR_NODE_NAME").ok(),
+    };
+    let plan = match &judged.change {
+        Some(change) => match gate::plan_with(change, &opts, live_nodes.as_deref()) {
+            Ok(p) => p.render_markdown(),
+            Err(e) => format!("No plan: {}", crate::escape::md_text(&e.to_string())),
+        },
+        None => "No plan: nothing to roll out for this cluster.".into(),
+    };
+    let state = match verdict.outcome {
+        Outcome::Pass => StatusState::Success,
+        Outcome::Waiting => StatusState::Pending,
+        Outcome::Blocked => StatusState::Failure,
+    };
+    GateReport {
+        cluster: cluster.name.clone(),
+        pr: c.pr,
+        branch: c.branch.clone(),
+        head: c.head.clone(),
+        state,
+        description: comment::gate_description(&verdict),
+        sticky: Sticky {
+            cluster: cluster.name.clone(),
+            head: c.head.clone(),
+            checklist: verdict.render_markdown(),
+            plan,
+            notes,
+            rollout: None,
+        },
+        several,
+    }
+}

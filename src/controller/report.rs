@@ -1,0 +1,204 @@
+//! Where the controller's records go: GitHub (commit statuses and the sticky comment) and
+//! git notes (`refs/notes/ichor`, pushed to the repository). Git-only mode has only the
+//! notes; with GitHub they are optional (`notes: true`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::forge::comment::{self, RolloutSection, Sticky};
+use crate::forge::github::{GithubClient, StatusState};
+use crate::git::notes::{self, NoteRecord};
+use crate::git::remote::{self, Remote};
+
+use super::Error;
+
+/// What the gate said about one head, for one cluster.
+#[derive(Debug, Clone)]
+pub struct GateReport {
+    pub cluster: String,
+    /// `None` in Git-only mode (a branch, not a PR).
+    pub pr: Option<u64>,
+    pub branch: String,
+    pub head: String,
+    pub state: StatusState,
+    pub description: String,
+    pub sticky: Sticky,
+    /// The repository holds several clusters: contexts carry the cluster's name.
+    pub several: bool,
+}
+
+/// Where one cluster's rollout of one commit stands.
+#[derive(Debug, Clone)]
+pub struct RolloutReport {
+    pub cluster: String,
+    pub commit: String,
+    /// The PR that merged the commit, when known.
+    pub pr: Option<u64>,
+    pub section: RolloutSection,
+    /// The PR's comment as it stood (its gate section), to redraw with the rollout.
+    pub sticky: Option<Sticky>,
+    pub several: bool,
+}
+
+/// Git notes written into ichor's mirror and pushed to the repository.
+pub struct NotesSink {
+    pub mirror: PathBuf,
+    pub remote: Remote,
+    /// One writer at a time within this process; others are merged on push.
+    pub lock: tokio::sync::Mutex<()>,
+}
+
+#[derive(Clone)]
+pub struct Reporters {
+    pub github: Option<GithubClient>,
+    pub notes: Option<Arc<NotesSink>>,
+    pub clock: Clock,
+}
+
+fn state_word(s: StatusState) -> &'static str {
+    match s {
+        StatusState::Pending => "pending",
+        StatusState::Success => "success",
+        StatusState::Failure => "failure",
+        StatusState::Error => "error",
+    }
+}
+
+pub fn rollout_state(section: &RolloutSection) -> StatusState {
+    use comment::RolloutState::*;
+    match section.state {
+        Queued(_) | Running { .. } => StatusState::Pending,
+        Paused { .. } | Refused(_) => StatusState::Failure,
+        Completed { .. } => StatusState::Success,
+    }
+}
+
+impl Reporters {
+    pub async fn gate(&self, r: &GateReport) -> Result<(), Error> {
+        if let (Some(gh), Some(pr)) = (&self.github, r.pr) {
+            gh.set_status(
+                &r.head,
+                &comment::gate_context(&r.cluster, r.several),
+                r.state,
+                &r.description,
+                None,
+            )
+            .await?;
+            gh.upsert_comment(pr, &comment::marker(&r.cluster), &comment::render(&r.sticky))
+                .await?;
+        }
+        let record = NoteRecord {
+            kind: "gate".into(),
+            cluster: Some(r.cluster.clone()),
+            at: self.clock.now().rfc3339(),
+            state: state_word(r.state).into(),
+            summary: r.description.clone(),
+            pr: r.pr,
+            head: Some(r.head.clone()),
+            detail: Some(format!("branch {}", crate::escape::clip(&r.branch, 200))),
+            ..NoteRecord::default()
+        };
+        self.note(&r.head, record).await
+    }
+
+    pub async fn rollout(&self, r: &RolloutReport) -> Result<(), Error> {
+        let state = rollout_state(&r.section);
+        let description = r.section.state.status_description();
+        if let Some(gh) = &self.github {
+            gh.set_status(
+                &r.commit,
+                &comment::rollout_context(&r.cluster, r.several),
+                state,
+                &description,
+                None,
+            )
+            .await?;
+            if let (Some(pr), Some(sticky)) = (r.pr, &r.sticky) {
+                let mut s = sticky.clone();
+                s.rollout = Some(r.section.clone());
+                gh.upsert_comment(pr, &comment::marker(&r.cluster), &comment::render(&s))
+                    .await?;
+            }
+        }
+        let (stage, node) = match &r.section.state {
+            comment::RolloutState::Paused { stage, node, .. } => {
+                (Some(stage.clone()), node.clone())
+            }
+            comment::RolloutState::Running { stage } => (Some(stage.clone()), None),
+            _ => (None, None),
+        };
+        let record = NoteRecord {
+            kind: "rollout".into(),
+            cluster: Some(r.cluster.clone()),
+            at: self.clock.now().rfc3339(),
+            state: match &r.section.state {
+                comment::RolloutState::Queued(_) => "queued",
+                comment::RolloutState::Running { .. } => "running",
+                comment::RolloutState::Paused { .. } => "paused",
+                comment::RolloutState::Refused(_) => "refused",
+                comment::RolloutState::Completed { .. } => "completed",
+            }
+            .into(),
+            summary: description,
+            pr: r.pr,
+            stage,
+            node,
+            ..NoteRecord::default()
+        };
+        self.note(&r.commit, record).await
+    }
+
+    /// Acknowledge a command where it was given: a reply on the PR, or an `ack` note on
+    /// the command's commit (Git-only).
+    pub async fn ack(
+        &self,
+        pr: Option<u64>,
+        commit: Option<&str>,
+        cluster: Option<&str>,
+        command: &str,
+        by: &str,
+        text: &str,
+    ) -> Result<(), Error> {
+        if let (Some(gh), Some(pr)) = (&self.github, pr) {
+            gh.post_comment(pr, &comment::acknowledgement(by, command, text))
+                .await?;
+        }
+        if let Some(commit) = commit {
+            let record = NoteRecord {
+                kind: "ack".into(),
+                cluster: cluster.map(str::to_string),
+                at: self.clock.now().rfc3339(),
+                state: "done".into(),
+                summary: comment::description(text),
+                command: Some(command.to_string()),
+                by: Some(by.to_string()),
+                ..NoteRecord::default()
+            };
+            self.note(commit, record).await?;
+        }
+        Ok(())
+    }
+
+    async fn note(&self, commit: &str, record: NoteRecord) -> Result<(), Error> {
+        let Some(sink) = self.notes.clone() else {
+            return Ok(());
+        };
+        let commit = commit.to_string();
+        let _one = sink.lock.lock().await;
+        let sink2 = sink.clone();
+        let secs = (self.clock.now().as_millis() / 1000) as i64;
+        tokio::task::spawn_blocking(move || -> Result<(), Error> {
+            let repo = git2::Repository::open_bare(&sink2.mirror)?;
+            let oid = git2::Oid::from_str(&commit)?;
+            let sig = git2::Signature::new("ichor", "ichor@localhost", &git2::Time::new(secs, 0))?;
+            if notes::append(&repo, oid, &[record], &sig)? {
+                let remote = sink2.remote.clone();
+                notes::push(&repo, &remote.url, &|| remote::callbacks(&remote), 5)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::Other(format!("the notes writer stopped: {e}")))?
+    }
+}

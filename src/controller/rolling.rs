@@ -1,0 +1,412 @@
+//! The rollout half of the loop: when the protected branch moves, each cluster ichor acts
+//! on decides from its rollout record and the change whether to roll, resume or rest; a
+//! rollout runs in its own task (one per cluster) and reports every stage to the merge
+//! commit, the PR that merged it and the notes.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use crate::forge::comment::{RolloutSection, RolloutState, Sticky};
+use crate::gate::{self, Change};
+use crate::plan::PlanOptions;
+use crate::policy::{Outcome, Status};
+use crate::rollout::record::{self, RecordState};
+use crate::rollout::{Progress, Rollout, RunOutcome, Target};
+
+use super::{lock, ClusterRuntime, Ctx, Error, RolloutReport, SHUTDOWN_REASON};
+
+/// The protected branch's tip, looked at for every cluster ichor acts on.
+pub async fn on_branch(ctx: &Arc<Ctx>) -> Result<(), Error> {
+    let repo = ctx.repo()?;
+    let branch = format!("refs/heads/{}", ctx.cfg.repository.branch);
+    let Some(tip) = repo.resolve(&branch).ok().and_then(|r| r.commit) else {
+        return Ok(());
+    };
+    let tip = tip.to_string();
+    ctx.state.lock().await.tip = Some(tip.clone());
+    for cluster in &ctx.clusters {
+        if !cluster.act || cluster.rolling() {
+            continue;
+        }
+        if lock(&cluster.decided_tip).as_deref() == Some(tip.as_str()) {
+            continue;
+        }
+        if !ctx.holds(cluster).await {
+            continue;
+        }
+        decide(ctx, cluster, &tip, false).await?;
+        *lock(&cluster.decided_tip) = Some(tip.clone());
+    }
+    Ok(())
+}
+
+fn first_parent(repo: &crate::git::Repo, commit: &str) -> Result<String, Error> {
+    let c = repo.git2().find_commit(git2::Oid::from_str(commit)?)?;
+    Ok(c.parent_id(0).unwrap_or(c.id()).to_string())
+}
+
+/// Roll `cluster` to `tip` if it is not there: from the record, a completed rollout of
+/// `tip` is done; a running one (a crash) or one paused by a shutdown resumes; a pause for
+/// a human waits for `/ichor retry` (`retry` is that). Otherwise the change since the last
+/// completed target (or the tip's first parent) rolls out when it moves a version.
+pub async fn decide(
+    ctx: &Arc<Ctx>,
+    cluster: &Arc<ClusterRuntime>,
+    tip: &str,
+    retry: bool,
+) -> Result<Option<String>, Error> {
+    let Some(kube) = &cluster.kube else {
+        return Ok(Some("ichor cannot reach this cluster".into()));
+    };
+    let repo = ctx.repo()?;
+    let stored = record::load(kube, &cluster.name)
+        .await
+        .map_err(|e| Error::Other(e.to_string()))?;
+    let mut resume = false;
+    let mut base = first_parent(&repo, tip)?;
+    let mut head = tip.to_string();
+    if let Some(s) = &stored {
+        let r = &s.record;
+        let same = r.target.commit == tip;
+        match r.state {
+            RecordState::Completed if same && !retry => return Ok(Some("already rolled out".into())),
+            RecordState::Running => {
+                // A crash or a kill mid-rollout: carry on with that target first.
+                head = r.target.commit.clone();
+                base = first_parent(&repo, &head)?;
+                resume = true;
+            }
+            RecordState::Paused => {
+                let by_shutdown = r.pause.as_ref().is_some_and(|p| p.reason == SHUTDOWN_REASON);
+                if by_shutdown || retry || !same {
+                    head = if same || by_shutdown || retry {
+                        r.target.commit.clone()
+                    } else {
+                        tip.to_string()
+                    };
+                    base = first_parent(&repo, &head)?;
+                    resume = head == r.target.commit;
+                } else {
+                    return Ok(Some("paused; waiting for /ichor retry".into()));
+                }
+            }
+            RecordState::Completed => {
+                let done = git2::Oid::from_str(&r.target.commit).ok();
+                let tip_oid = git2::Oid::from_str(tip)?;
+                if let Some(done) = done {
+                    if repo.git2().graph_descendant_of(tip_oid, done).unwrap_or(false) {
+                        base = done.to_string();
+                    }
+                }
+            }
+        }
+    } else if retry {
+        return Ok(Some("there is no rollout to retry".into()));
+    }
+    let change = match gate::load(&repo, &base, &head, Some(&cluster.name)) {
+        Ok(c) => c,
+        // The cluster is not (or no longer) in the repository.
+        Err(gate::GateError::UnknownCluster { .. }) => return Ok(Some("not in the repository".into())),
+        Err(e) => return Err(e.into()),
+    };
+    if change.bump.is_empty() && !resume && !retry {
+        return Ok(Some("the change moves no version of this cluster".into()));
+    }
+    start(ctx, cluster, change, resume);
+    Ok(None)
+}
+
+/// Start the rollout task for `change`.
+pub fn start(ctx: &Arc<Ctx>, cluster: &Arc<ClusterRuntime>, change: Change, resume: bool) {
+    let task = tokio::spawn(run(ctx.clone(), cluster.clone(), change, resume));
+    *lock(&cluster.rollout) = Some(task);
+}
+
+async fn find_pull(ctx: &Ctx, commit: &str) -> Option<u64> {
+    let gh = ctx.github.as_ref()?;
+    match gh.pulls_for_commit(commit).await {
+        Ok(pulls) => pulls
+            .iter()
+            .find(|p| p.merge_commit_sha.as_deref() == Some(commit))
+            .or(pulls.first())
+            .map(|p| p.number),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot find the PR of a merge commit");
+            None
+        }
+    }
+}
+
+/// The PR's comment to redraw: as the gate last left it, else rebuilt from the change.
+async fn sticky_for(ctx: &Ctx, pr: Option<u64>, change: &Change) -> Option<Sticky> {
+    let pr = pr?;
+    if let Some(s) = ctx
+        .state
+        .lock()
+        .await
+        .stickies
+        .get(&(pr, change.cluster.clone()))
+    {
+        return Some(s.clone());
+    }
+    let verdict = gate::verdict(change);
+    let plan = match gate::plan(change, &PlanOptions::default()) {
+        Ok(p) => p.render_markdown(),
+        Err(e) => format!("No plan: {}", crate::escape::md_text(&e.to_string())),
+    };
+    Some(Sticky {
+        cluster: change.cluster.clone(),
+        head: change
+            .head
+            .commit
+            .map(|c| c.to_string())
+            .unwrap_or_default(),
+        checklist: verdict.render_markdown(),
+        plan,
+        notes: vec![],
+        rollout: None,
+    })
+}
+
+struct Reporting {
+    ctx: Arc<Ctx>,
+    cluster: String,
+    commit: String,
+    pr: Option<u64>,
+    sticky: Option<Sticky>,
+    several: bool,
+    section: Mutex<RolloutSection>,
+}
+
+impl Reporting {
+    async fn send(&self) {
+        let section = lock(&self.section).clone();
+        let r = RolloutReport {
+            cluster: self.cluster.clone(),
+            commit: self.commit.clone(),
+            pr: self.pr,
+            section,
+            sticky: self.sticky.clone(),
+            several: self.several,
+        };
+        if let Err(e) = self.ctx.reporters.rollout(&r).await {
+            super::error_policy(&self.ctx, &e);
+        }
+    }
+
+    fn set(&self, state: RolloutState) {
+        lock(&self.section).state = state;
+    }
+
+    fn line(&self, l: String) {
+        let mut s = lock(&self.section);
+        s.lines.push(l);
+        // The record keeps the whole history; the comment shows the end of it.
+        let excess = s.lines.len().saturating_sub(200);
+        s.lines.drain(..excess);
+    }
+}
+
+async fn run(ctx: Arc<Ctx>, cluster: Arc<ClusterRuntime>, change: Change, resume: bool) {
+    let commit = change
+        .head
+        .commit
+        .map(|c| c.to_string())
+        .unwrap_or_default();
+    let pr = find_pull(&ctx, &commit).await;
+    let several = ctx
+        .repo()
+        .map(|r| super::several_clusters(&r, &commit))
+        .unwrap_or(false);
+    let rep = Arc::new(Reporting {
+        ctx: ctx.clone(),
+        cluster: cluster.name.clone(),
+        commit: commit.clone(),
+        pr,
+        sticky: sticky_for(&ctx, pr, &change).await,
+        several,
+        section: Mutex::new(RolloutSection {
+            commit: commit.clone(),
+            state: RolloutState::Queued("the pre-flight gate runs against the live cluster".into()),
+            lines: vec![],
+        }),
+    });
+    rep.send().await;
+    let outcome = execute(&ctx, &cluster, &change, resume, &rep).await;
+    let (state, label) = match outcome {
+        Ok(s) => s,
+        Err(e) => {
+            super::error_policy(&ctx, &e);
+            (
+                RolloutState::Paused {
+                    stage: "pre-flight".into(),
+                    node: None,
+                    reason: format!("ichor could not run the rollout: {e}"),
+                },
+                "error",
+            )
+        }
+    };
+    if let RolloutState::Paused { .. } = &state {
+        ctx.metrics.inc(
+            "ichor_rollout_pauses_total",
+            "Rollouts paused for a human (or by a shutdown).",
+            &[("cluster", &cluster.name)],
+        );
+    }
+    ctx.metrics.inc(
+        "ichor_rollouts_total",
+        "Rollouts ended, by outcome.",
+        &[("outcome", label)],
+    );
+    rep.set(state);
+    rep.send().await;
+}
+
+/// The pre-flight gate, the plan and the engine; the final state to report.
+async fn execute(
+    ctx: &Arc<Ctx>,
+    cluster: &Arc<ClusterRuntime>,
+    change: &Change,
+    resume: bool,
+    rep: &Arc<Reporting>,
+) -> Result<(RolloutState, &'static str), Error> {
+    let (Some(kube), Some(talos)) = (&cluster.kube, &cluster.talos) else {
+        return Err(Error::Other("no Kubernetes or Talos access to this cluster".into()));
+    };
+    let doc = change.cluster_doc.clone().ok_or_else(|| {
+        Error::Other(format!("cluster {}: no cluster.yaml; the rollout needs its rollout policy", change.cluster))
+    })?;
+    let subject = gate::live::Subject::of(change);
+    let facts = gate::live::observe(kube, Some(talos), &subject).await;
+    let mut verdict = gate::verdict(change);
+    verdict.extend(gate::live::items(change, &facts).into_iter().filter(|i| {
+        // Our own lock (a rollout this replica was running) is not a reason to wait.
+        !(i.id == "live/rollout-lock"
+            && facts
+                .lock
+                .as_ref()
+                .ok()
+                .and_then(|l| l.as_ref())
+                .is_some_and(|l| l.holder == ctx.identity))
+    }));
+    if verdict.outcome == Outcome::Blocked {
+        let why = verdict
+            .items
+            .iter()
+            .find(|i| i.status == Status::Fail)
+            .map(|i| i.message.clone())
+            .unwrap_or_else(|| "the live gate blocks it".into());
+        return Ok((RolloutState::Refused(why), "refused"));
+    }
+    let opts = PlanOptions {
+        ichor_node: std::env::var("ICHOR_NODE_NAME").ok(),
+    };
+    let plan = gate::plan_with(change, &opts, gate::live::live_nodes(&facts).as_deref())?;
+    let rs = &change.head_release_set.spec;
+    let target = Target {
+        commit: rep.commit.clone(),
+        talos: rs.talos.clone(),
+        kubernetes: rs.kubernetes.clone(),
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Progress>();
+    let progress = {
+        let rep = rep.clone();
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let mut step_started = ctx.clock.now();
+            while let Some(first) = rx.recv().await {
+                let mut batch = vec![first];
+                while let Ok(p) = rx.try_recv() {
+                    batch.push(p);
+                }
+                for p in batch {
+                    match &p {
+                        Progress::StageStarted { title, .. } => {
+                            rep.set(RolloutState::Running { stage: title.clone() });
+                            step_started = ctx.clock.now();
+                        }
+                        Progress::StageFinished { stage, secs } => ctx.metrics.observe(
+                            "ichor_rollout_stage_seconds",
+                            "Rollout stage durations.",
+                            &[("stage", crate::rollout::stage_key(*stage))],
+                            *secs as f64,
+                        ),
+                        Progress::UnitDone { stage, .. } => {
+                            ctx.metrics.observe(
+                                "ichor_rollout_step_seconds",
+                                "Rollout step durations (a node or a component), by stage.",
+                                &[("stage", crate::rollout::stage_key(*stage))],
+                                ctx.clock.now().since(step_started).as_secs_f64(),
+                            );
+                            step_started = ctx.clock.now();
+                        }
+                        _ => {}
+                    }
+                    rep.line(format!(
+                        "{} {}",
+                        ctx.clock.now().rfc3339().get(11..16).unwrap_or(""),
+                        p
+                    ));
+                }
+                rep.send().await;
+            }
+        })
+    };
+    let report = move |p: Progress| {
+        let _ = tx.send(p);
+    };
+    let paused_in_git = doc.spec.rollout.paused;
+    let pause_requested = || -> Option<String> {
+        if cluster.stopping.load(Ordering::Relaxed) {
+            return Some(SHUTDOWN_REASON.to_string());
+        }
+        if let Some(by) = lock(&cluster.paused_by).clone() {
+            return Some(format!("paused by `/ichor pause` from {by}; `/ichor resume` continues"));
+        }
+        paused_in_git.then(|| {
+            "paused in cluster.yaml (spec.rollout.paused: true); set it to false to continue".to_string()
+        })
+    };
+    let outcome = {
+        let mut engine = Rollout::new(kube, talos, ctx.clock.clone(), &cluster.name, &ctx.identity)
+            .for_cluster(&doc);
+        engine.report = Some(&report);
+        engine.pause_requested = Some(&pause_requested);
+        engine.run(&plan, &target, Some(change), resume).await
+    };
+    drop(report);
+    let _ = progress.await;
+    Ok(match outcome.map_err(|e| Error::Other(e.to_string()))? {
+        RunOutcome::Completed { stages } => {
+            let total: u64 = stages.iter().map(|(_, s)| s).sum();
+            (
+                RolloutState::Completed {
+                    summary: format!(
+                        "every node runs Talos {} and Kubernetes {} ({})",
+                        target.talos,
+                        target.kubernetes,
+                        crate::releaseset::HumanDuration::from_secs(total)
+                    ),
+                },
+                "completed",
+            )
+        }
+        RunOutcome::Paused(p) => (
+            RolloutState::Paused {
+                stage: p.stage,
+                node: p.node,
+                reason: p.reason,
+            },
+            "paused",
+        ),
+        RunOutcome::Refused(why) => (RolloutState::Queued(why), "locked"),
+    })
+}
+
+/// Whether `cluster`'s last rollout is paused for a human, and at which commit.
+pub async fn paused_target(cluster: &ClusterRuntime) -> Option<String> {
+    let kube = cluster.kube.as_ref()?;
+    let stored = record::load(kube, &cluster.name).await.ok()??;
+    (stored.record.state == RecordState::Paused).then(|| stored.record.target.commit.clone())
+}
