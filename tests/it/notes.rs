@@ -420,14 +420,14 @@ fn two_writers_pushing_at_once_lose_nothing() {
     let outcomes: Vec<Vec<_>> = writers.into_iter().map(|w| w.join().unwrap()).collect();
     // Both appended before either pushed, so in every round whoever came second merged
     // the other's lines (after a refused push, when the two raced).
-    for round in 0..rounds as usize {
-        let (a, b) = (outcomes[0][round], outcomes[1][round]);
+    for (round, (a, b)) in outcomes[0].iter().zip(&outcomes[1]).enumerate() {
         assert!(
             a.merged_remote || b.merged_remote,
             "round {round}: {a:?} {b:?}"
         );
         assert!(a.pushed && b.pushed, "round {round}: {a:?} {b:?}");
     }
+    assert_eq!(outcomes[0].len() as u64, rounds);
     drop(daemon);
 
     let origin = Repository::open_bare(&origin).unwrap();
