@@ -48,6 +48,22 @@ pub enum GitError {
     NoWorkTree { path: PathBuf },
     #[error("cannot read {path} in the working tree: {message}")]
     WorkTree { path: String, message: String },
+    #[error("ichor will not write this note record: {message}")]
+    BadNoteRecord { message: String },
+    #[error("a notes tree annotates {count} objects or more; ichor merges at most {} (refs/notes/ichor should hold one note per PR head and merge commit)", notes::MAX_NOTED_OBJECTS)]
+    TooManyNotes { count: usize },
+    #[error("cannot {action} ichor's notes at {url}: {message}")]
+    NotesRemote {
+        url: String,
+        action: &'static str,
+        message: String,
+    },
+    #[error("{url} refused ichor's notes {attempts} times, each after fetching and merging its notes (other writers keep racing, or a hook refuses); last: {message}")]
+    NotesPushRejected {
+        url: String,
+        attempts: u32,
+        message: String,
+    },
     #[error("git: {0}")]
     Git(#[from] git2::Error),
 }

@@ -4,6 +4,7 @@ mod cli;
 mod deploy;
 mod gate;
 mod live;
+mod notes;
 mod policies;
 mod props;
 mod render;
