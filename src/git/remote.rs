@@ -325,10 +325,7 @@ impl KnownHosts {
                 "the ssh host {shown} is not in {file}: refusing its {key_type} host key; add the server's key (`ssh-keyscan -p {port} {host}`, checked out of band){unsupported}"
             ));
         }
-        if !trusted
-            .iter()
-            .any(|e| e.key_type == key_type)
-        {
+        if !trusted.iter().any(|e| e.key_type == key_type) {
             let types: Vec<&str> = trusted.iter().map(|e| e.key_type.as_str()).collect();
             return Err(format!(
                 "the ssh host {shown} presented a {key_type} host key but {file} has only {} for it: refusing; add its {key_type} key{unsupported}",
@@ -362,23 +359,49 @@ fn read_known_hosts(path: &Path) -> Result<KnownHosts, String> {
 /// callback's error message with its own generic one ("invalid or unknown remote ssh
 /// hostkey"), so the callbacks record their reason here for the error ichor reports.
 #[derive(Clone, Debug, Default)]
-pub struct Refusal(Arc<Mutex<Option<String>>>);
+pub struct Refusal(Arc<Mutex<RefusalState>>);
+
+#[derive(Debug, Default)]
+struct RefusalState {
+    reason: Option<String>,
+    /// What to say when the remote turns down the credentials offered last (libssh2 gives
+    /// up after one refused key without asking the callback again).
+    offered: Option<String>,
+}
 
 impl Refusal {
+    fn state(&self) -> std::sync::MutexGuard<'_, RefusalState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn set(&self, reason: String) -> git2::Error {
         let e = git2::Error::from_str(&reason);
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+        self.state().reason = Some(reason);
         e
+    }
+
+    fn offer(&self, refused: String) {
+        self.state().offered = Some(refused);
     }
 
     /// The recorded reason, if a callback refused.
     pub fn take(&self) -> Option<String> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.state().reason.take()
     }
 
-    /// The message for a failed operation: our reason when we refused, else libgit2's.
+    /// The message for a failed operation: our reason when we refused; for a failed
+    /// authentication, which credentials the remote refused; else libgit2's message.
     pub fn explain(&self, e: &git2::Error) -> String {
-        self.take().unwrap_or_else(|| e.message().to_string())
+        let mut state = self.state();
+        if let Some(reason) = state.reason.take() {
+            return reason;
+        }
+        match state.offered.take() {
+            Some(refused) if e.code() == git2::ErrorCode::Auth => {
+                format!("{refused} ({})", e.message())
+            }
+            _ => e.message().to_string(),
+        }
     }
 }
 
@@ -430,6 +453,7 @@ pub fn callbacks_with_refusal(remote: &Remote) -> (RemoteCallbacks<'static>, Ref
                         "refusing to send the token to {url} over plain http; use https"
                     )));
                 }
+                r.offer(format!("{url}: the remote refused the token (user {user})"));
                 Cred::userpass_plaintext(user, token.expose())
             }
             Credentials::SshKey {
@@ -449,6 +473,10 @@ pub fn callbacks_with_refusal(remote: &Remote) -> (RemoteCallbacks<'static>, Ref
                         "{url} asks for {allowed:?} credentials; an ssh key works over ssh only"
                     )));
                 }
+                r.offer(format!(
+                    "{url}: the remote refused the ssh key {} (user {user})",
+                    private_key.display()
+                ));
                 Cred::ssh_key(
                     user,
                     None,
@@ -756,10 +784,7 @@ impl Mirror {
             .map_err(|e| fail(refusal.explain(&e)))?;
         let rejected = rejected.lock().unwrap_or_else(|p| p.into_inner());
         if !rejected.is_empty() {
-            return Err(fail(format!(
-                "the remote rejected {}",
-                rejected.join("; ")
-            )));
+            return Err(fail(format!("the remote rejected {}", rejected.join("; "))));
         }
         Ok(())
     }
@@ -865,8 +890,12 @@ mod tests {
             .verify(f, "github.com", 22, "ecdsa-sha2-nistp256", &a)
             .unwrap_err();
         assert!(e.contains("has only ssh-ed25519"), "{e}");
-        assert!(kh.verify(f, "git.example.org", 22, "ssh-ed25519", &a).is_ok());
-        assert!(kh.verify(f, "bad.example.org", 22, "ssh-ed25519", &a).is_err());
+        assert!(kh
+            .verify(f, "git.example.org", 22, "ssh-ed25519", &a)
+            .is_ok());
+        assert!(kh
+            .verify(f, "bad.example.org", 22, "ssh-ed25519", &a)
+            .is_err());
         let e = kh
             .verify(f, "old.example.org", 22, "ssh-ed25519", &a)
             .unwrap_err();
@@ -883,14 +912,23 @@ mod tests {
             redact_url("https://x-access-token:ghp_secret@github.com/o/r.git"),
             "https://github.com/o/r.git"
         );
-        assert_eq!(redact_url("git@github.com:o/r.git"), "git@github.com:o/r.git");
+        assert_eq!(
+            redact_url("git@github.com:o/r.git"),
+            "git@github.com:o/r.git"
+        );
         assert_eq!(redact_url("/srv/repo.git"), "/srv/repo.git");
         let p = parse_url("ssh://git@127.0.0.1:2222/srv/r.git");
-        assert_eq!((p.scheme.as_str(), p.host.as_str(), p.port), ("ssh", "127.0.0.1", Some(2222)));
+        assert_eq!(
+            (p.scheme.as_str(), p.host.as_str(), p.port),
+            ("ssh", "127.0.0.1", Some(2222))
+        );
         let p = parse_url("ssh://[::1]:2200/r");
         assert_eq!((p.host.as_str(), p.port), ("::1", Some(2200)));
         let p = parse_url("git@github.com:o/r.git");
-        assert_eq!((p.scheme.as_str(), p.host.as_str(), p.port), ("ssh", "github.com", None));
+        assert_eq!(
+            (p.scheme.as_str(), p.host.as_str(), p.port),
+            ("ssh", "github.com", None)
+        );
         assert_eq!(parse_url("/srv/r.git").scheme, "file");
         assert!(is_loopback("127.0.0.1") && is_loopback("localhost") && !is_loopback("github.com"));
     }

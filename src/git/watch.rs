@@ -45,11 +45,14 @@ impl Layout {
         if path.extension().is_some_and(|e| e == "lock") {
             return false;
         }
-        if path.starts_with(self.common.join("refs")) || path.starts_with(self.common.join("reftable"))
+        if path.starts_with(self.common.join("refs"))
+            || path.starts_with(self.common.join("reftable"))
         {
             return true;
         }
-        let in_dir = |dir: &Path, name: &str| path.parent() == Some(dir) && path.file_name().is_some_and(|n| n == name);
+        let in_dir = |dir: &Path, name: &str| {
+            path.parent() == Some(dir) && path.file_name().is_some_and(|n| n == name)
+        };
         in_dir(&self.common, "packed-refs") || in_dir(&self.git_dir, "HEAD")
     }
 }
@@ -164,8 +167,5 @@ fn relay(
 
 /// Wake the consumer; a wake already pending absorbs this one. False when it is gone.
 fn send(wake: &mpsc::Sender<()>) -> bool {
-    !matches!(
-        wake.try_send(()),
-        Err(mpsc::error::TrySendError::Closed(_))
-    )
+    !matches!(wake.try_send(()), Err(mpsc::error::TrySendError::Closed(_)))
 }

@@ -219,7 +219,11 @@ fn parse_cgi(out: &[u8]) -> Option<Response> {
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
         .map(|i| (i, i + 4))
-        .or_else(|| out.windows(2).position(|w| w == b"\n\n").map(|i| (i, i + 2)))?;
+        .or_else(|| {
+            out.windows(2)
+                .position(|w| w == b"\n\n")
+                .map(|i| (i, i + 2))
+        })?;
     let head = std::str::from_utf8(&out[..head_end]).ok()?;
     let mut status = StatusCode::OK;
     let mut headers = HeaderMap::new();
@@ -248,10 +252,12 @@ mod tests {
 
     #[test]
     fn cgi_answers_become_responses() {
-        let resp = parse_cgi(b"Status: 404 Not Found\r\nContent-Type: text/plain\r\n\r\nnope").unwrap();
+        let resp =
+            parse_cgi(b"Status: 404 Not Found\r\nContent-Type: text/plain\r\n\r\nnope").unwrap();
         assert_eq!(resp.status(), StatusCode::NOT_FOUND);
         assert_eq!(resp.headers()["content-type"], "text/plain");
-        let resp = parse_cgi(b"Content-Type: application/x-git-upload-pack-advertisement\n\n001e").unwrap();
+        let resp = parse_cgi(b"Content-Type: application/x-git-upload-pack-advertisement\n\n001e")
+            .unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
         assert!(parse_cgi(b"no headers at all").is_none());
     }
@@ -260,7 +266,10 @@ mod tests {
     fn basic_auth_password() {
         let mut h = HeaderMap::new();
         let v = base64::engine::general_purpose::STANDARD.encode("x-access-token:ghp_1");
-        h.insert("authorization", HeaderValue::from_str(&format!("Basic {v}")).unwrap());
+        h.insert(
+            "authorization",
+            HeaderValue::from_str(&format!("Basic {v}")).unwrap(),
+        );
         assert_eq!(basic_password(&h).as_deref(), Some("ghp_1"));
         h.insert("authorization", HeaderValue::from_static("Bearer ghp_1"));
         assert_eq!(basic_password(&h), None);
