@@ -617,12 +617,7 @@ async fn watcher_wakes_when_refs_move_on_disk() {
 
     // Dropping the watcher ends the stream.
     drop(watcher);
-    loop {
-        match tokio::time::timeout(GUARD, rx.recv()).await.unwrap() {
-            Some(()) => continue,
-            None => break,
-        }
-    }
+    while let Some(()) = tokio::time::timeout(GUARD, rx.recv()).await.unwrap() {}
 }
 
 #[tokio::test]
