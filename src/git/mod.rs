@@ -64,6 +64,14 @@ pub enum GitError {
         attempts: u32,
         message: String,
     },
+    #[error("cannot fetch from {url}: {message}")]
+    Fetch { url: String, message: String },
+    #[error("cannot push to {url}: {message}")]
+    Push { url: String, message: String },
+    #[error("{path} has more than {max} refs; ichor reads at most that many")]
+    TooManyRefs { path: PathBuf, max: usize },
+    #[error("cannot watch {path} for ref moves: {message}")]
+    Watch { path: PathBuf, message: String },
     #[error("git: {0}")]
     Git(#[from] git2::Error),
 }

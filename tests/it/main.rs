@@ -18,6 +18,7 @@ mod sim_talos;
 mod sim_twin;
 mod sim_wire;
 mod talos_client;
+mod transport;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

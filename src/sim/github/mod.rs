@@ -16,6 +16,8 @@
 //!   `GET /repos/{o}/{r}/commits/{ref}/status`, `GET /repos/{o}/{r}/commits/{sha}/pulls`
 //! - `GET|POST /repos/{o}/{r}/issues/{n}/comments` (`since`, paging),
 //!   `GET|PATCH|POST /repos/{o}/{r}/issues/comments/{id}`
+//! - git smart HTTP at `/{o}/{r}.git/...` (fetch and push, Basic auth with the token as
+//!   the password; see `smart_http.rs`): [`GithubTwin::clone_url`]
 //!
 //! Simulated faithfully: JSON shapes and error bodies (404, 401, 422 validation, 405/409
 //! on merge), status rules (140-character descriptions, 255-character contexts, 1000 per
@@ -37,6 +39,7 @@ mod forge;
 mod git;
 mod json;
 mod model;
+mod smart_http;
 mod webhook;
 
 use std::net::SocketAddr;
@@ -49,6 +52,7 @@ use tokio::task::JoinHandle;
 
 pub use forge::MergeRequest;
 pub use model::{CommitStatus, IssueComment, PullRequest, PullState, RepoSpec, StatusState};
+pub use smart_http::MAX_GIT_BODY;
 pub use webhook::{signature_256, Delivery, DeliveryOutcome, WebhookTarget};
 
 use crate::clock::Clock;
@@ -211,7 +215,7 @@ impl GithubTwin {
             config.faults,
             config.rate_limit,
         )?);
-        let app = api::router(shared.clone());
+        let app = api::router(shared.clone()).merge(smart_http::router(shared.clone()));
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(shared.clone().run_deliveries(stop.subscribe()));
         let server = tokio::spawn(crate::sim::net::serve_http(
@@ -229,6 +233,12 @@ impl GithubTwin {
     /// `http://127.0.0.1:PORT`: what a client uses as its API base URI.
     pub fn base_url(&self) -> String {
         self.shared.base.clone()
+    }
+
+    /// `http://127.0.0.1:PORT/{owner}/{repo}.git`: where git clones and fetches `repo`
+    /// (smart HTTP, Basic auth with [`GithubTwin::token`] as the password).
+    pub fn clone_url(&self, repo: &str) -> String {
+        format!("{}/{repo}.git", self.shared.base)
     }
 
     pub fn addr(&self) -> SocketAddr {
