@@ -231,6 +231,15 @@ pub struct Ctx {
     pub events: mpsc::Sender<Event>,
     pub ready: AtomicBool,
     pub dedupe: Mutex<crate::forge::webhook::Dedupe>,
+    /// Counts handled batches and rollout reports: tests and the demo wait on it instead
+    /// of sleeping.
+    pub activity: watch::Sender<u64>,
+}
+
+impl Ctx {
+    fn bump(&self) {
+        self.activity.send_modify(|n| *n += 1);
+    }
 }
 
 impl Ctx {
@@ -437,6 +446,7 @@ pub async fn connect(cfg: Config, clock: Clock) -> Result<Arc<Ctx>, Error> {
         events,
         ready: AtomicBool::new(false),
         dedupe: Mutex::new(Default::default()),
+        activity: watch::channel(0).0,
     }))
 }
 
@@ -574,6 +584,21 @@ pub async fn start(cfg: Config, clock: Clock) -> Result<Running, Error> {
         }
         None => None,
     };
+    // Each cluster's controller lease is renewed well within its duration, so a replica
+    // keeps its clusters between events and a standby takes over only after a real loss.
+    for cluster in ctx.clusters.iter().filter(|c| c.kube.is_some()) {
+        let (ctx, cluster, mut stopped) = (ctx.clone(), cluster.clone(), stopped.clone());
+        let every = ctx.cfg.leader_election.lease_duration.as_duration() / 3;
+        tasks.push(tokio::spawn(async move {
+            loop {
+                ctx.holds(&cluster).await;
+                tokio::select! {
+                    _ = ctx.clock.sleep(every) => {}
+                    _ = stopped.changed() => return,
+                }
+            }
+        }));
+    }
     tasks.push(tokio::spawn(run_loop(ctx.clone(), rx, poll, stopped)));
     let _ = tx.send(Event::Reconcile).await;
     tracing::info!(%webhook_addr, %metrics_addr, identity = %ctx.identity, "ichor run started");
@@ -633,6 +658,7 @@ async fn run_loop(
                 }
             }
         }
+        ctx.bump();
     }
 }
 

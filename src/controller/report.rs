@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::clock::Clock;
 use crate::forge::comment::{self, RolloutSection, Sticky};
 use crate::forge::github::{GithubClient, StatusState};
-use crate::git::notes::{self, NoteRecord};
+use crate::git::notes::{self, NoteRecord, RecordKind};
 use crate::git::remote::{self, Remote};
 
 use super::Error;
@@ -89,15 +89,16 @@ impl Reporters {
                 .await?;
         }
         let record = NoteRecord {
-            kind: "gate".into(),
             cluster: Some(r.cluster.clone()),
-            at: self.clock.now().rfc3339(),
-            state: state_word(r.state).into(),
-            summary: r.description.clone(),
             pr: r.pr,
             head: Some(r.head.clone()),
             detail: Some(format!("branch {}", crate::escape::clip(&r.branch, 200))),
-            ..NoteRecord::default()
+            ..NoteRecord::new(
+                RecordKind::Gate,
+                self.clock.now(),
+                state_word(r.state),
+                &r.description,
+            )
         };
         self.note(&r.head, record).await
     }
@@ -128,23 +129,25 @@ impl Reporters {
             comment::RolloutState::Running { stage } => (Some(stage.clone()), None),
             _ => (None, None),
         };
+        let word = match &r.section.state {
+            comment::RolloutState::Queued(_) => "queued",
+            comment::RolloutState::Running { .. } => "running",
+            comment::RolloutState::Paused { .. } => "paused",
+            comment::RolloutState::Refused(_) => "refused",
+            comment::RolloutState::Completed { .. } => "completed",
+        };
+        let detail = match &r.section.state {
+            comment::RolloutState::Paused { reason, .. } => Some(reason.clone()),
+            comment::RolloutState::Refused(why) => Some(why.clone()),
+            _ => None,
+        };
         let record = NoteRecord {
-            kind: "rollout".into(),
             cluster: Some(r.cluster.clone()),
-            at: self.clock.now().rfc3339(),
-            state: match &r.section.state {
-                comment::RolloutState::Queued(_) => "queued",
-                comment::RolloutState::Running { .. } => "running",
-                comment::RolloutState::Paused { .. } => "paused",
-                comment::RolloutState::Refused(_) => "refused",
-                comment::RolloutState::Completed { .. } => "completed",
-            }
-            .into(),
-            summary: description,
             pr: r.pr,
             stage,
             node,
-            ..NoteRecord::default()
+            detail,
+            ..NoteRecord::new(RecordKind::Rollout, self.clock.now(), word, &description)
         };
         self.note(&r.commit, record).await
     }
@@ -166,14 +169,16 @@ impl Reporters {
         }
         if let Some(commit) = commit {
             let record = NoteRecord {
-                kind: "ack".into(),
                 cluster: cluster.map(str::to_string),
-                at: self.clock.now().rfc3339(),
-                state: "done".into(),
-                summary: comment::description(text),
                 command: Some(command.to_string()),
                 by: Some(by.to_string()),
-                ..NoteRecord::default()
+                detail: Some(text.to_string()),
+                ..NoteRecord::new(
+                    RecordKind::Ack,
+                    self.clock.now(),
+                    "success",
+                    &comment::description(text),
+                )
             };
             self.note(commit, record).await?;
         }

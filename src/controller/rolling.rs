@@ -192,6 +192,7 @@ impl Reporting {
         if let Err(e) = self.ctx.reporters.rollout(&r).await {
             super::error_policy(&self.ctx, &e);
         }
+        self.ctx.bump();
     }
 
     fn set(&self, state: RolloutState) {
