@@ -186,7 +186,7 @@ impl Setup {
         e
     }
 
-    async fn post_faults(&self, body: Value) -> TestResult {
+    pub async fn post_faults(&self, body: Value) -> TestResult {
         let req = http::Request::post("/_twin/faults")
             .header("content-type", "application/json")
             .body(serde_json::to_vec(&body)?)?;
