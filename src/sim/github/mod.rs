@@ -33,6 +33,7 @@
 //! null until merged), permissions beyond one token.
 
 mod api;
+mod app;
 mod forge;
 mod git;
 mod json;
@@ -47,8 +48,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use app::{AppInstallation, GithubApp};
 pub use forge::MergeRequest;
-pub use model::{CommitStatus, IssueComment, PullRequest, PullState, RepoSpec, StatusState};
+pub use model::{
+    CommitStatus, IssueComment, PullRequest, PullState, RepoSpec, Role, StatusState,
+};
 pub use webhook::{signature_256, Delivery, DeliveryOutcome, WebhookTarget};
 
 use crate::clock::Clock;
@@ -92,6 +96,10 @@ pub enum GithubError {
         #[source]
         source: std::io::Error,
     },
+    #[error("GitHub App key: {0}")]
+    AppKey(String),
+    #[error("{0:?} is not a collaborator role (admin, maintain, write, triage or read)")]
+    UnknownRole(String),
     #[error("the emulator's clone of {repo}: {message}")]
     Clone { repo: PathBuf, message: String },
 }
@@ -139,6 +147,8 @@ pub struct GithubTwinConfig {
     pub listen: SocketAddr,
     /// Connection limits of the listener.
     pub net: NetLimits,
+    /// GitHub Apps that may authenticate with a JWT and trade it for installation tokens.
+    pub apps: Vec<GithubApp>,
 }
 
 impl Default for GithubTwinConfig {
@@ -152,6 +162,7 @@ impl Default for GithubTwinConfig {
             faults: GithubFaults::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             net: NetLimits::default(),
+            apps: Vec::new(),
         }
     }
 }
@@ -210,6 +221,7 @@ impl GithubTwin {
             config.webhook,
             config.faults,
             config.rate_limit,
+            config.apps,
         )?);
         let app = api::router(shared.clone());
         let (stop, stopped) = watch::channel(false);
@@ -360,6 +372,62 @@ impl GithubTwin {
         let ticket = self.shared.close_pull(repo, number, user)?;
         self.shared.wait_delivered(ticket).await;
         Ok(())
+    }
+
+    /// Commit `files` on `branch` of `fork_owner`'s fork of `repo` (made from the default
+    /// branch when new); a PR from it hears `synchronize`. Returns the new commit's sha.
+    pub async fn push_fork_commit(
+        &self,
+        repo: &str,
+        fork_owner: &str,
+        branch: &str,
+        files: &[(&str, &str)],
+        message: &str,
+    ) -> Result<String, GithubError> {
+        let files: Vec<(String, String)> = files
+            .iter()
+            .map(|(p, c)| (p.to_string(), c.to_string()))
+            .collect();
+        let (sha, ticket) =
+            self.shared
+                .push_fork_files(repo, fork_owner, branch, &files, message, fork_owner)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(sha)
+    }
+
+    /// Open a PR from `branch` of `fork_owner`'s fork (see [`GithubTwin::push_fork_commit`])
+    /// into `base`, as `author`; waits for the `opened` webhook.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn open_fork_pull_request(
+        &self,
+        repo: &str,
+        fork_owner: &str,
+        branch: &str,
+        base: &str,
+        title: &str,
+        body: &str,
+        author: &str,
+    ) -> Result<PullRequest, GithubError> {
+        let head = format!("{fork_owner}:{branch}");
+        let (pr, ticket) =
+            self.shared
+                .create_pull(repo, &head, base, title, Some(body), author, false)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(pr)
+    }
+
+    /// Make `login` a collaborator on `repo` with `role` (`admin`, `maintain`, `write`,
+    /// `triage` or `read`).
+    pub fn add_collaborator(&self, repo: &str, login: &str, role: &str) -> Result<(), GithubError> {
+        let role = Role::parse(role).ok_or_else(|| GithubError::UnknownRole(role.to_string()))?;
+        self.shared.add_collaborator(repo, login, role)
+    }
+
+    /// How many installation access tokens the twin handed out.
+    pub fn installation_token_requests(&self) -> u64 {
+        self.shared
+            .token_requests
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Comment on a PR as `author` (e.g. `/ichor retry`); waits for the webhook.
