@@ -111,7 +111,10 @@ pub fn sign_jwt(key: &RsaKeyPair, app_id: u64, now: Timestamp) -> Result<Secret,
         &mut signature,
     )
     .map_err(|_| AppAuthError::Signing)?;
-    Ok(Secret::new(format!("{signing_input}.{}", b64url(&signature))))
+    Ok(Secret::new(format!(
+        "{signing_input}.{}",
+        b64url(&signature)
+    )))
 }
 
 /// An installation access token and when GitHub lets it expire.
@@ -235,9 +238,7 @@ mod tests {
         assert_eq!(claims["iss"], "4242");
         let public = UnparsedPublicKey::new(&RSA_PKCS1_2048_8192_SHA256, key.public_key().as_ref());
         let signed = format!("{}.{}", parts[0], parts[1]);
-        public
-            .verify(signed.as_bytes(), &decode(parts[2]))
-            .unwrap();
+        public.verify(signed.as_bytes(), &decode(parts[2])).unwrap();
         // A changed claim breaks the signature.
         let tampered = format!("{}.{}", parts[0], b64url(br#"{"iss":"1"}"#));
         assert!(public
@@ -280,10 +281,19 @@ mod tests {
         let rejected = err(
             "-----BEGIN RSA PRIVATE KEY-----\nc2VjcmV0LWtleS1ieXRlcw==\n-----END RSA PRIVATE KEY-----",
         );
-        assert!(matches!(rejected, AppAuthError::KeyRejected { format: "PKCS#1", .. }));
+        assert!(matches!(
+            rejected,
+            AppAuthError::KeyRejected {
+                format: "PKCS#1",
+                ..
+            }
+        ));
         for e in [rejected, err("x".repeat(MAX_PEM_BYTES + 1).as_str())] {
             let shown = format!("{e} {e:?}");
-            assert!(!shown.contains("c2VjcmV0") && !shown.contains("xxxx"), "{shown}");
+            assert!(
+                !shown.contains("c2VjcmV0") && !shown.contains("xxxx"),
+                "{shown}"
+            );
         }
     }
 

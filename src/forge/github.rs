@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use http::header::{HeaderMap, HeaderValue, ACCEPT, AUTHORIZATION, IF_NONE_MATCH};
 use axum::body::Bytes;
+use http::header::{HeaderMap, HeaderValue, ACCEPT, AUTHORIZATION, IF_NONE_MATCH};
 use http::{Method, StatusCode, Uri};
 use octocrab::Octocrab;
 use serde::Deserialize;
@@ -199,7 +199,9 @@ impl ForgeError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            ForgeError::Transport { .. } | ForgeError::Server { .. } | ForgeError::RateLimited { .. }
+            ForgeError::Transport { .. }
+                | ForgeError::Server { .. }
+                | ForgeError::RateLimited { .. }
         )
     }
 }
@@ -424,7 +426,9 @@ fn check_login(login: &str) -> Result<(), ForgeError> {
 /// The context as GitHub will store it, or why ichor refuses it.
 pub fn check_context(context: &str) -> Result<(), ForgeError> {
     if context.trim().is_empty() {
-        return Err(ForgeError::Refused("a status context must not be empty".into()));
+        return Err(ForgeError::Refused(
+            "a status context must not be empty".into(),
+        ));
     }
     // Renovate ignores successful statuses named renovate/…, so the gate would not gate.
     if context.to_ascii_lowercase().starts_with("renovate/") {
@@ -603,7 +607,9 @@ impl GithubClient {
                 a.json::<UserJson>("GET /user")?.login
             }
             Credentials::App { auth, .. } => {
-                let a = client.app_call(auth, Method::GET, "/app".into(), "GET /app").await?;
+                let a = client
+                    .app_call(auth, Method::GET, "/app".into(), "GET /app")
+                    .await?;
                 let slug = a.json::<AppJson>("GET /app")?.slug;
                 // Buy the first token now, so a wrong installation id fails at start-up.
                 client.installation_token(false).await?;
@@ -713,7 +719,10 @@ impl GithubClient {
                 )
                 .await?;
             let list: Vec<StatusJson> = a.json(&what)?;
-            if let Some(s) = list.iter().find(|s| s.context.eq_ignore_ascii_case(context)) {
+            if let Some(s) = list
+                .iter()
+                .find(|s| s.context.eq_ignore_ascii_case(context))
+            {
                 return Ok(StatusState::parse(&s.state).map(|state| PostedStatus {
                     state,
                     description: s.description.clone().unwrap_or_default(),
@@ -730,7 +739,12 @@ impl GithubClient {
     /// The one comment on `pr` written by this client's login that contains `marker` (an
     /// HTML comment): edit it in place when the body differs, else create it. Returns its
     /// id.
-    pub async fn upsert_comment(&self, pr: u64, marker: &str, body: &str) -> Result<u64, ForgeError> {
+    pub async fn upsert_comment(
+        &self,
+        pr: u64,
+        marker: &str,
+        body: &str,
+    ) -> Result<u64, ForgeError> {
         check_marker(marker)?;
         let body = sticky_body(marker, body);
         let what = format!("GET comments of #{pr}");
@@ -818,10 +832,7 @@ impl GithubClient {
         let answer = self
             .call(
                 Method::GET,
-                format!(
-                    "/repos/{}/collaborators/{user}/permission",
-                    self.inner.repo
-                ),
+                format!("/repos/{}/collaborators/{user}/permission", self.inner.repo),
                 None,
                 false,
                 &what,
@@ -891,7 +902,10 @@ impl GithubClient {
         let a = self
             .call(
                 Method::GET,
-                format!("/repos/{}/commits/{sha}/pulls?per_page=100", self.inner.repo),
+                format!(
+                    "/repos/{}/commits/{sha}/pulls?per_page=100",
+                    self.inner.repo
+                ),
                 None,
                 false,
                 &what,
@@ -1073,7 +1087,11 @@ impl GithubClient {
                         wait_secs: wait.as_secs(),
                     });
                 }
-                tracing::warn!(what, wait_secs = wait.as_secs(), "GitHub rate limit; waiting");
+                tracing::warn!(
+                    what,
+                    wait_secs = wait.as_secs(),
+                    "GitHub rate limit; waiting"
+                );
                 inner.retries.fetch_add(1, Ordering::Relaxed);
                 inner.clock.sleep(wait).await;
                 continue;
@@ -1087,7 +1105,11 @@ impl GithubClient {
                         attempts: failures,
                     });
                 }
-                tracing::warn!(what, status = status.as_u16(), "GitHub server error; retrying");
+                tracing::warn!(
+                    what,
+                    status = status.as_u16(),
+                    "GitHub server error; retrying"
+                );
                 inner.retries.fetch_add(1, Ordering::Relaxed);
                 inner.clock.sleep(backoff(failures)).await;
                 continue;
@@ -1136,8 +1158,10 @@ impl GithubClient {
             message,
         };
         let uri = Uri::from_str(path).map_err(|e| ForgeError::Refused(format!("{what}: {e}")))?;
-        let mut auth = HeaderValue::from_str(&format!("Bearer {}", token.expose()))
-            .map_err(|_| ForgeError::Config("the token has characters HTTP headers cannot carry".into()))?;
+        let mut auth =
+            HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(|_| {
+                ForgeError::Config("the token has characters HTTP headers cannot carry".into())
+            })?;
         auth.set_sensitive(true);
         let mut builder = http::Request::builder()
             .method(method.clone())
@@ -1161,9 +1185,16 @@ impl GithubClient {
             .map_err(|e| transport(e.to_string()))?;
         let status = response.status();
         let headers = response.headers().clone();
-        let body = axum::body::to_bytes(axum::body::Body::new(response.into_body()), MAX_RESPONSE_BYTES)
-            .await
-            .map_err(|e| transport(format!("reading the answer (at most {MAX_RESPONSE_BYTES} bytes): {e}")))?;
+        let body = axum::body::to_bytes(
+            axum::body::Body::new(response.into_body()),
+            MAX_RESPONSE_BYTES,
+        )
+        .await
+        .map_err(|e| {
+            transport(format!(
+                "reading the answer (at most {MAX_RESPONSE_BYTES} bytes): {e}"
+            ))
+        })?;
         Ok(Answer {
             status,
             headers,
@@ -1251,7 +1282,13 @@ mod tests {
         let reset = (now.as_millis() / 1000 + 100).to_string();
         assert_eq!(
             rate_limit_wait(
-                &answer(403, &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", &reset)]),
+                &answer(
+                    403,
+                    &[
+                        ("x-ratelimit-remaining", "0"),
+                        ("x-ratelimit-reset", &reset)
+                    ]
+                ),
                 now
             ),
             Some(Duration::from_secs(101))
@@ -1261,7 +1298,10 @@ mod tests {
             rate_limit_wait(&answer(403, &[("x-ratelimit-remaining", "10")]), now),
             None
         );
-        assert_eq!(rate_limit_wait(&answer(500, &[("retry-after", "5")]), now), None);
+        assert_eq!(
+            rate_limit_wait(&answer(500, &[("retry-after", "5")]), now),
+            None
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 mod cli;
 mod deploy;
+mod forge_github;
 mod gate;
 mod live;
 mod policies;

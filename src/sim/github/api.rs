@@ -326,7 +326,10 @@ fn with_rate_headers(mut resp: Response, limit: u64, used: u64, reset: u64) -> R
 /// installation token (until it expires on the twin's clock), or an App's JWT.
 fn authenticate(shared: &Shared, headers: &HeaderMap, now: Timestamp) -> Result<Caller, ApiError> {
     let Some(value) = headers.get("authorization").and_then(|v| v.to_str().ok()) else {
-        return Err(ApiError::new(StatusCode::UNAUTHORIZED, "Requires authentication"));
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "Requires authentication",
+        ));
     };
     let bad = || ApiError::new(StatusCode::UNAUTHORIZED, "Bad credentials");
     let presented = value
@@ -916,7 +919,10 @@ async fn update_comment(
 
 // ----- GitHub Apps and permissions -----
 
-fn calling_app<'a>(shared: &'a Shared, caller: &Caller) -> Result<&'a super::app::GithubApp, ApiError> {
+fn calling_app<'a>(
+    shared: &'a Shared,
+    caller: &Caller,
+) -> Result<&'a super::app::GithubApp, ApiError> {
     match caller {
         Caller::App { id, .. } => shared
             .apps
@@ -956,7 +962,9 @@ async fn create_installation_token(
 ) -> ApiResult {
     let id = parse_number(&id)?;
     let app = calling_app(&shared, &caller)?;
-    let issued = shared.issue_token(app, id).ok_or_else(ApiError::not_found)?;
+    let issued = shared
+        .issue_token(app, id)
+        .ok_or_else(ApiError::not_found)?;
     Ok(ok(
         StatusCode::CREATED,
         json!({

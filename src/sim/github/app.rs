@@ -69,13 +69,8 @@ fn pem_block(pem: &str) -> Option<(String, Vec<u8>)> {
     let label = rest[..label_end].to_string();
     let body = &rest[label_end + 5..];
     let end = body.find(&format!("-----END {label}-----"))?;
-    let b64: String = body[..end]
-        .chars()
-        .filter(|c| !c.is_whitespace())
-        .collect();
-    let der = base64::engine::general_purpose::STANDARD
-        .decode(b64)
-        .ok()?;
+    let b64: String = body[..end].chars().filter(|c| !c.is_whitespace()).collect();
+    let der = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
     Some((label, der))
 }
 
@@ -138,7 +133,8 @@ pub fn verify_jwt<'a>(
         return Err(JWT_UNDECODABLE);
     }
     let mut parts = jwt.split('.');
-    let (Some(h), Some(p), Some(sig), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(h), Some(p), Some(sig), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err(JWT_UNDECODABLE);
     };
@@ -206,7 +202,12 @@ pub fn app_json(base: &str, app: &GithubApp, owner: &str) -> Value {
 }
 
 /// An installation object (`GET /repos/{o}/{r}/installation`).
-pub fn installation_json(base: &str, app: &GithubApp, inst: &AppInstallation, account: &str) -> Value {
+pub fn installation_json(
+    base: &str,
+    app: &GithubApp,
+    inst: &AppInstallation,
+    account: &str,
+) -> Value {
     json!({
         "id": inst.id,
         "account": super::json::user(base, account),

@@ -11,13 +11,13 @@ use git2::{Oid, Repository};
 use serde_json::{json, Value};
 use tokio::sync::{watch, Notify};
 
+use super::app::{GithubApp, IssuedToken};
 use super::git::{self, MergeOutcome};
 use super::json::{self, PullDetail};
 use super::model::{
     self, CommitStatus, IssueComment, PullRequest, PullState, RepoSpec, RepoState, StatusState,
 };
 use super::webhook::{self, Delivery, DeliveryOutcome, HttpClient, WebhookTarget};
-use super::app::{GithubApp, IssuedToken};
 use super::{GithubError, GithubFaults};
 use crate::clock::{Clock, Timestamp};
 
@@ -553,17 +553,13 @@ impl Shared {
                     message: format!("No commits between {base} and {head}"),
                 });
             }
-            if state
-                .pulls
-                .iter()
-                .any(|p| {
-                    p.state == PullState::Open
-                        && p.head_ref == head
-                        && p.base_ref == base
-                        && p.head_owner.as_deref().map(str::to_lowercase)
-                            == fork.as_deref().map(str::to_lowercase)
-                })
-            {
+            if state.pulls.iter().any(|p| {
+                p.state == PullState::Open
+                    && p.head_ref == head
+                    && p.base_ref == base
+                    && p.head_owner.as_deref().map(str::to_lowercase)
+                        == fork.as_deref().map(str::to_lowercase)
+            }) {
                 return Err(GithubError::Validation {
                     resource: "PullRequest",
                     field: "head",

@@ -143,13 +143,22 @@ pub fn fork_repository(base: &str, repo: &RepoState, owner: &str) -> Value {
         obj.insert("html_url".into(), json!(format!("{base}/{full_name}")));
         obj.insert("url".into(), json!(url));
         obj.insert("pulls_url".into(), json!(format!("{url}/pulls{{/number}}")));
-        obj.insert("statuses_url".into(), json!(format!("{url}/statuses/{{sha}}")));
-        obj.insert("commits_url".into(), json!(format!("{url}/commits{{/sha}}")));
+        obj.insert(
+            "statuses_url".into(),
+            json!(format!("{url}/statuses/{{sha}}")),
+        );
+        obj.insert(
+            "commits_url".into(),
+            json!(format!("{url}/commits{{/sha}}")),
+        );
         obj.insert(
             "issue_comment_url".into(),
             json!(format!("{url}/issues/comments{{/number}}")),
         );
-        obj.insert("comments_url".into(), json!(format!("{url}/comments{{/number}}")));
+        obj.insert(
+            "comments_url".into(),
+            json!(format!("{url}/comments{{/number}}")),
+        );
         obj.insert("git_url".into(), json!(format!("{base}/{full_name}.git")));
         obj.insert("clone_url".into(), json!(format!("{base}/{full_name}.git")));
     }

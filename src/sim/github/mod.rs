@@ -50,9 +50,7 @@ use tokio::task::JoinHandle;
 
 pub use app::{AppInstallation, GithubApp};
 pub use forge::MergeRequest;
-pub use model::{
-    CommitStatus, IssueComment, PullRequest, PullState, RepoSpec, Role, StatusState,
-};
+pub use model::{CommitStatus, IssueComment, PullRequest, PullState, RepoSpec, Role, StatusState};
 pub use webhook::{signature_256, Delivery, DeliveryOutcome, WebhookTarget};
 
 use crate::clock::Clock;
@@ -388,9 +386,9 @@ impl GithubTwin {
             .iter()
             .map(|(p, c)| (p.to_string(), c.to_string()))
             .collect();
-        let (sha, ticket) =
-            self.shared
-                .push_fork_files(repo, fork_owner, branch, &files, message, fork_owner)?;
+        let (sha, ticket) = self
+            .shared
+            .push_fork_files(repo, fork_owner, branch, &files, message, fork_owner)?;
         self.shared.wait_delivered(ticket).await;
         Ok(sha)
     }
