@@ -617,9 +617,9 @@ impl GithubClient {
             }
         };
         // Not shared yet: the only handle is this one.
-        if let Some(inner) = Arc::get_mut(&mut client.inner) {
-            inner.login = login;
-        }
+        Arc::get_mut(&mut client.inner)
+            .ok_or_else(|| ForgeError::Config("the client was shared while connecting".into()))?
+            .login = login;
         Ok(client)
     }
 

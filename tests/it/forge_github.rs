@@ -669,3 +669,146 @@ async fn the_token_never_appears_in_an_error() -> TestResult {
     assert!(!shown.contains(twin.token()), "{shown}");
     Ok(())
 }
+
+// ----- the twin's App authentication, over plain HTTP -----
+
+/// A JWT with the given claims, signed RS256 by `pem`.
+fn jwt(pem: &str, claims: serde_json::Value) -> String {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let key = ichor::forge::app::parse_private_key(&Secret::new(pem)).unwrap();
+    let input = format!(
+        "{}.{}",
+        b64(br#"{"alg":"RS256","typ":"JWT"}"#),
+        b64(claims.to_string().as_bytes())
+    );
+    let mut sig = vec![0u8; key.public().modulus_len()];
+    key.sign(
+        &ring::signature::RSA_PKCS1_SHA256,
+        &ring::rand::SystemRandom::new(),
+        input.as_bytes(),
+        &mut sig,
+    )
+    .unwrap();
+    format!("{input}.{}", b64(&sig))
+}
+
+/// One request to the twin; the status and the JSON body.
+async fn raw(
+    twin: &GithubTwin,
+    method: &str,
+    path: &str,
+    bearer: &str,
+) -> Result<(u16, serde_json::Value), Box<dyn std::error::Error>> {
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let client: Client<_, axum::body::Body> = Client::builder(TokioExecutor::new()).build_http();
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("{}{path}", twin.base_url()))
+        .header("authorization", format!("Bearer {bearer}"))
+        .header("user-agent", "ichor-test")
+        .body(axum::body::Body::empty())?;
+    let resp = tokio::time::timeout(Duration::from_secs(20), client.request(req)).await??;
+    let status = resp.status().as_u16();
+    let bytes = axum::body::to_bytes(axum::body::Body::new(resp.into_body()), 1 << 20).await?;
+    let json = if bytes.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_slice(&bytes)?
+    };
+    Ok((status, json))
+}
+
+#[tokio::test]
+async fn the_twin_checks_jwt_times_and_token_scope_as_github_does() -> TestResult {
+    let Some(pem) = openssl_pkcs1_key() else {
+        return Ok(());
+    };
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, app_twin_config(&pem)?).await?;
+    let now = (clock.now().as_millis() / 1000) as i64;
+    let claims = |iat: i64, exp: i64| serde_json::json!({ "iat": iat, "exp": exp, "iss": 1234 });
+    let message = |v: &serde_json::Value| v["message"].as_str().unwrap_or_default().to_string();
+
+    let (status, app) = raw(
+        &twin,
+        "GET",
+        "/app",
+        &jwt(&pem, claims(now - 60, now + 540)),
+    )
+    .await?;
+    assert_eq!(status, 200, "{app}");
+    assert_eq!(app["slug"], "ichor");
+    let (status, inst) = raw(
+        &twin,
+        "GET",
+        "/repos/home/ops/installation",
+        &jwt(&pem, claims(now - 60, now + 540)),
+    )
+    .await?;
+    assert_eq!((status, inst["id"].clone()), (200, serde_json::json!(99)));
+
+    for (iat, exp, expected) in [
+        (
+            now - 700,
+            now - 100,
+            "'Expiration time' claim ('exp') must be a numeric value",
+        ),
+        (now + 120, now + 500, "'Issued at' claim ('iat')"),
+        (
+            now - 60,
+            now + 600,
+            "'Expiration time' claim ('exp') is too far in the future",
+        ),
+    ] {
+        let (status, body) = raw(&twin, "GET", "/app", &jwt(&pem, claims(iat, exp))).await?;
+        assert_eq!(status, 401, "{body}");
+        assert!(message(&body).starts_with(expected), "{body}");
+    }
+    // A personal access token is no JWT.
+    let (status, _) = raw(&twin, "GET", "/app", twin.token()).await?;
+    assert_eq!(status, 401);
+
+    let (status, token) = raw(
+        &twin,
+        "POST",
+        "/app/installations/99/access_tokens",
+        &jwt(&pem, claims(now - 60, now + 540)),
+    )
+    .await?;
+    assert_eq!(status, 201, "{token}");
+    assert_eq!(token["repository_selection"], "selected");
+    assert_eq!(
+        token["expires_at"],
+        clock.now().plus(Duration::from_secs(3600)).rfc3339()
+    );
+    let ghs = token["token"].as_str().unwrap_or_default().to_string();
+    assert!(ghs.starts_with("ghs_"));
+    let (status, _) = raw(
+        &twin,
+        "POST",
+        "/app/installations/7/access_tokens",
+        &jwt(&pem, claims(now - 60, now + 540)),
+    )
+    .await?;
+    assert_eq!(status, 404, "not this App's installation");
+
+    assert_eq!(
+        raw(&twin, "GET", "/repos/home/ops/pulls", &ghs).await?.0,
+        200
+    );
+    assert_eq!(
+        raw(&twin, "GET", "/repos/other/repo/pulls", &ghs).await?.0,
+        404
+    );
+    assert_eq!(raw(&twin, "GET", "/user", &ghs).await?.0, 403);
+    clock.advance(Duration::from_secs(3600));
+    let (status, body) = raw(&twin, "GET", "/repos/home/ops/pulls", &ghs).await?;
+    assert_eq!(
+        (status, message(&body)),
+        (401, "Bad credentials".to_string())
+    );
+    Ok(())
+}

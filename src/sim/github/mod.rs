@@ -6,7 +6,12 @@
 //! comment). The shapes follow GitHub's REST documentation and deserialize into
 //! octocrab's models.
 //!
-//! Routes (all need `Authorization: Bearer|token <token>`):
+//! Routes (all need `Authorization: Bearer|token <token>`: the personal access token, an
+//! installation token, or — for the `/app` routes only — an App's JWT):
+//! - `GET /app`, `POST /app/installations/{id}/access_tokens`,
+//!   `GET /repos/{o}/{r}/installation` (JWT, RS256 with the App's key; `iss`, `iat`, `exp`
+//!   checked on the twin's clock, 401 with GitHub's messages)
+//! - `GET /repos/{o}/{r}/collaborators/{user}/permission`
 //! - `GET /rate_limit`, `GET /user`, `GET /repos/{o}/{r}`
 //! - `GET|POST /repos/{o}/{r}/pulls` (`state`, `head=owner:branch`, `base`, `sort`,
 //!   `direction`, `per_page`, `page`, `Link`), `GET /repos/{o}/{r}/pulls/{n}`
@@ -24,13 +29,19 @@
 //! branches, `refs/pull/{n}/head`, real merge commits, webhooks (`pull_request` opened /
 //! synchronize / closed, `push`, `issue_comment` created / edited) with
 //! `X-Hub-Signature-256`, delivered in order by one task; `ETag` on every 200 to a GET
-//! and a free 304 for a matching `If-None-Match`. Faults: 5xx bursts, secondary
-//! rate limits, dropped webhooks.
+//! and a free 304 for a matching `If-None-Match`. GitHub Apps ([`GithubApp`]):
+//! installation tokens (`ghs_…`, one hour on the twin's clock) scoped to their
+//! installation's repositories, with their own rate-limit window, acting as
+//! `<slug>[bot]`. Collaborator roles ([`GithubTwin::add_collaborator`]; the token's user
+//! and the owner are admins). PRs from forks ([`GithubTwin::push_fork_commit`],
+//! [`GithubTwin::open_fork_pull_request`]): `head.repo` is the fork, `fork: true`.
+//! Faults: 5xx bursts, secondary rate limits, dropped webhooks.
 //!
-//! Not simulated: forks, drafts beyond the flag, reviews, labels, check runs, branch
-//! protection and required checks, GraphQL, `If-Modified-Since`, HTTPS,
-//! webhook redelivery, the test merge commit of an open PR (`merge_commit_sha` stays
-//! null until merged), permissions beyond one token.
+//! Not simulated: fork repositories beyond a PR's head, drafts beyond the flag, reviews,
+//! labels, check runs, branch protection and required checks, GraphQL,
+//! `If-Modified-Since`, HTTPS, webhook redelivery, the test merge commit of an open PR
+//! (`merge_commit_sha` stays null until merged), App webhooks and token narrowing,
+//! permission checks on writes.
 
 mod api;
 mod app;
