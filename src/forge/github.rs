@@ -1,24 +1,1321 @@
-// STUB (replaced by the GitHub client branch)
-use crate::clock::Clock;
+//! ichor's GitHub client: commit statuses (posted only when they change), the sticky PR
+//! comment, collaborator permissions and pull requests, over octocrab's raw HTTP helpers
+//! with ichor's own serde models. It authenticates with a token or as a GitHub App
+//! installation ([`super::app::AppAuth`]), waits out rate limits on the [`Clock`]
+//! (`retry-after`, or `x-ratelimit-reset` when the window is spent), retries 5xx with
+//! backoff, and sends `If-None-Match` for the listings the controller repeats, since a
+//! 304 costs nothing against GitHub's rate limit.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use http::header::{HeaderMap, HeaderValue, ACCEPT, AUTHORIZATION, IF_NONE_MATCH};
+use http::{Method, StatusCode, Uri};
+use octocrab::Octocrab;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::app::{AppAuth, AppAuthError, InstallationToken};
+use crate::clock::{Clock, Timestamp};
 use crate::secret::Secret;
-pub struct GithubConfig { pub api_url: String, pub repo: String, pub auth: GithubAuth }
-pub enum GithubAuth { Token(Secret), App { app_id: u64, installation_id: u64, private_key: Secret } }
-#[derive(Clone)] pub struct GithubClient { login: String, repo: String }
-#[derive(Debug, Clone, Copy, PartialEq, Eq)] pub enum StatusState { Pending, Success, Failure, Error }
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)] pub enum Permission { None, Read, Triage, Write, Maintain, Admin }
-impl Permission { pub fn can_write(self) -> bool { self >= Permission::Write } }
-#[derive(Debug, Clone)] pub struct Pull { pub number: u64, pub open: bool, pub merged: bool, pub head_sha: String, pub head_ref: String, pub base_ref: String, pub from_fork: bool, pub author: String, pub title: String, pub merge_commit_sha: Option<String> }
-#[derive(Debug, thiserror::Error)] pub enum ForgeError { #[error("stub")] Stub }
-impl ForgeError { pub fn is_transient(&self) -> bool { false } }
+
+/// GitHub's cap on a status description, in characters.
+pub const MAX_DESCRIPTION_CHARS: usize = 140;
+/// GitHub's effective cap on a status context.
+pub const MAX_CONTEXT_CHARS: usize = 255;
+/// GitHub's cap on an issue comment body, in characters.
+pub const MAX_COMMENT_CHARS: usize = 65_536;
+/// The most comment pages read when looking for the sticky comment (100 per page).
+pub const MAX_COMMENT_PAGES: u32 = 50;
+/// The most pages of open pull requests read (100 per page).
+pub const MAX_PULL_PAGES: u32 = 20;
+/// The most status pages read to find the newest status of a context.
+pub const MAX_STATUS_PAGES: u32 = 10;
+/// The largest response body read.
+pub const MAX_RESPONSE_BYTES: usize = 32 << 20;
+/// Attempts for one call that meets 5xx answers or broken connections.
+pub const MAX_ATTEMPTS: u32 = 5;
+/// Rate-limit waits for one call before giving up.
+pub const MAX_RATE_LIMIT_WAITS: u32 = 3;
+/// The longest rate-limit wait ichor sits out inside one call (GitHub's window is an hour).
+pub const MAX_RATE_LIMIT_WAIT: Duration = Duration::from_secs(3600 + 60);
+/// The first backoff after a 5xx; doubled each further attempt.
+pub const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+/// Remembered statuses and cached ETags, each; a full cache starts over.
+const MAX_CACHE_ENTRIES: usize = 4096;
+
+const COMMENT_TRUNCATION_NOTE: &str =
+    "\n\n… (truncated: this report is longer than GitHub's 65,536-character comment limit)";
+
+pub struct GithubConfig {
+    /// `https://api.github.com`, a GitHub Enterprise `https://host/api/v3`, or the emulator.
+    pub api_url: String,
+    /// `owner/name`.
+    pub repo: String,
+    pub auth: GithubAuth,
+}
+
+pub enum GithubAuth {
+    /// A personal access token (classic or fine-grained).
+    Token(Secret),
+    /// A GitHub App installation; `private_key` is the App's PEM.
+    App {
+        app_id: u64,
+        installation_id: u64,
+        private_key: Secret,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusState {
+    Pending,
+    Success,
+    Failure,
+    Error,
+}
+
+impl StatusState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StatusState::Pending => "pending",
+            StatusState::Success => "success",
+            StatusState::Failure => "failure",
+            StatusState::Error => "error",
+        }
+    }
+
+    fn parse(s: &str) -> Option<StatusState> {
+        match s {
+            "pending" => Some(StatusState::Pending),
+            "success" => Some(StatusState::Success),
+            "failure" => Some(StatusState::Failure),
+            "error" => Some(StatusState::Error),
+            _ => None,
+        }
+    }
+}
+
+/// A user's role on the repository, weakest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Permission {
+    None,
+    Read,
+    Triage,
+    Write,
+    Maintain,
+    Admin,
+}
+
+impl Permission {
+    /// May push to the repository (write, maintain, admin).
+    pub fn can_write(self) -> bool {
+        self >= Permission::Write
+    }
+
+    fn parse(s: &str) -> Option<Permission> {
+        match s {
+            "none" => Some(Permission::None),
+            "read" | "pull" => Some(Permission::Read),
+            "triage" => Some(Permission::Triage),
+            "write" | "push" => Some(Permission::Write),
+            "maintain" => Some(Permission::Maintain),
+            "admin" => Some(Permission::Admin),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Pull {
+    pub number: u64,
+    pub open: bool,
+    pub merged: bool,
+    pub head_sha: String,
+    pub head_ref: String,
+    pub base_ref: String,
+    /// The head branch lives in another repository (a fork), or its repository is gone.
+    pub from_fork: bool,
+    pub author: String,
+    pub title: String,
+    /// The merge commit, once merged (GitHub's test-merge sha of an open PR is left out).
+    pub merge_commit_sha: Option<String>,
+}
+
+/// What the controller's metrics count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// HTTP answers received (every attempt).
+    pub requests: u64,
+    /// Attempts repeated after a 5xx, a broken connection, a rate limit or a stale token.
+    pub retries: u64,
+    /// Answers that were rate-limit refusals.
+    pub rate_limited: u64,
+    /// 304 answers served from the ETag cache.
+    pub not_modified: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ForgeError {
+    #[error("GitHub client configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    App(#[from] AppAuthError),
+    #[error("refused before calling GitHub: {0}")]
+    Refused(String),
+    #[error("{what}: could not reach GitHub: {message}")]
+    Transport { what: String, message: String },
+    #[error("{what}: GitHub refused the credentials (401): {message}")]
+    Unauthorized { what: String, message: String },
+    #[error("{what}: GitHub denied access (403): {message}")]
+    Forbidden { what: String, message: String },
+    #[error("{what}: not found (404); check the repository name and the token's access")]
+    NotFound { what: String },
+    #[error("{what}: GitHub rejected the request (422): {message}")]
+    Validation { what: String, message: String },
+    #[error("{what}: GitHub answered {status}: {message}")]
+    Api {
+        what: String,
+        status: u16,
+        message: String,
+    },
+    #[error("{what}: GitHub kept failing ({status}) after {attempts} attempts")]
+    Server {
+        what: String,
+        status: u16,
+        attempts: u32,
+    },
+    #[error("{what}: rate limited; GitHub asks to wait {wait_secs} s more")]
+    RateLimited { what: String, wait_secs: u64 },
+    #[error("{what}: unexpected answer from GitHub: {message}")]
+    Decode { what: String, message: String },
+}
+
+impl ForgeError {
+    /// Worth trying again later: the network, GitHub's servers, or a rate limit.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ForgeError::Transport { .. }
+                | ForgeError::Server { .. }
+                | ForgeError::RateLimited { .. }
+        )
+    }
+}
+
+#[derive(Clone)]
+pub struct GithubClient {
+    inner: Arc<Inner>,
+}
+
+enum Credentials {
+    Token(Secret),
+    App {
+        auth: AppAuth,
+        /// One refresh at a time: concurrent calls wait for it instead of each buying a token.
+        refresh: tokio::sync::Mutex<()>,
+    },
+}
+
+struct Inner {
+    http: Octocrab,
+    clock: Clock,
+    repo: String,
+    login: String,
+    credentials: Credentials,
+    /// (sha, lower-cased context) → what was last posted or seen there.
+    statuses: Mutex<HashMap<(String, String), PostedStatus>>,
+    /// Request path → the last 200 answer and its ETag.
+    etags: Mutex<HashMap<String, Cached>>,
+    requests: AtomicU64,
+    retries: AtomicU64,
+    rate_limited: AtomicU64,
+    not_modified: AtomicU64,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+struct PostedStatus {
+    state: StatusState,
+    description: String,
+    target_url: Option<String>,
+}
+
+#[derive(Clone)]
+struct Cached {
+    etag: HeaderValue,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+/// One answer: status, headers and the whole (bounded) body.
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Answer {
+    fn json<T: for<'de> Deserialize<'de>>(&self, what: &str) -> Result<T, ForgeError> {
+        serde_json::from_slice(&self.body).map_err(|e| ForgeError::Decode {
+            what: what.to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    fn has_next_page(&self) -> bool {
+        self.headers
+            .get("link")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|l| l.contains("rel=\"next\""))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// ----- serde models of what ichor reads -----
+
+#[derive(Deserialize)]
+struct UserJson {
+    login: String,
+}
+
+#[derive(Deserialize)]
+struct AppJson {
+    slug: String,
+}
+
+#[derive(Deserialize)]
+struct TokenJson {
+    token: String,
+    expires_at: String,
+}
+
+#[derive(Deserialize)]
+struct StatusJson {
+    state: String,
+    context: String,
+    description: Option<String>,
+    target_url: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct CommentJson {
+    id: u64,
+    body: Option<String>,
+    user: Option<UserJson>,
+}
+
+#[derive(Deserialize)]
+struct PermissionJson {
+    permission: Option<String>,
+    role_name: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RepoJson {
+    full_name: String,
+    #[serde(default)]
+    fork: bool,
+}
+
+#[derive(Deserialize)]
+struct EndJson {
+    #[serde(rename = "ref")]
+    ref_name: String,
+    sha: String,
+    repo: Option<RepoJson>,
+}
+
+#[derive(Deserialize)]
+struct PullJson {
+    number: u64,
+    state: String,
+    merged: Option<bool>,
+    merged_at: Option<String>,
+    title: Option<String>,
+    user: Option<UserJson>,
+    head: EndJson,
+    base: EndJson,
+    merge_commit_sha: Option<String>,
+}
+
+impl PullJson {
+    fn into_pull(self, repo: &str) -> Pull {
+        // The list endpoints leave out `merged`; `merged_at` says the same.
+        let merged = self.merged.unwrap_or(self.merged_at.is_some());
+        let from_fork = match (&self.head.repo, &self.base.repo) {
+            (Some(h), Some(b)) => !h.full_name.eq_ignore_ascii_case(&b.full_name),
+            (Some(h), None) => h.fork || !h.full_name.eq_ignore_ascii_case(repo),
+            // GitHub drops `head.repo` when the fork was deleted.
+            (None, _) => true,
+        };
+        Pull {
+            number: self.number,
+            open: self.state == "open",
+            merged,
+            head_sha: self.head.sha,
+            head_ref: self.head.ref_name,
+            base_ref: self.base.ref_name,
+            from_fork,
+            author: self.user.map(|u| u.login).unwrap_or_default(),
+            title: self.title.unwrap_or_default(),
+            merge_commit_sha: if merged { self.merge_commit_sha } else { None },
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct ErrorJson {
+    message: Option<String>,
+    errors: Option<Vec<Value>>,
+}
+
+// ----- input checks -----
+
+/// `owner/name` with GitHub's characters.
+fn check_repo(repo: &str) -> Result<(), ForgeError> {
+    let ok_part = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 100
+            && p != "."
+            && p != ".."
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    match repo.split_once('/') {
+        Some((o, n)) if ok_part(o) && ok_part(n) => Ok(()),
+        _ => Err(ForgeError::Config(format!(
+            "repository {:?} is not of the form owner/name",
+            repo.chars().take(120).collect::<String>()
+        ))),
+    }
+}
+
+fn check_sha(sha: &str) -> Result<(), ForgeError> {
+    if (sha.len() == 40 || sha.len() == 64) && sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(())
+    } else {
+        Err(ForgeError::Refused(format!(
+            "{:?} is not a full commit sha",
+            sha.chars().take(80).collect::<String>()
+        )))
+    }
+}
+
+/// A GitHub login (`[bot]` suffix allowed), safe to put in a path.
+fn check_login(login: &str) -> Result<(), ForgeError> {
+    let name = login.strip_suffix("[bot]").unwrap_or(login);
+    let ok = !name.is_empty()
+        && name.len() <= 39
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ForgeError::Refused(format!(
+            "{:?} is not a GitHub login",
+            login.chars().take(60).collect::<String>()
+        )))
+    }
+}
+
+/// The context as GitHub will store it, or why ichor refuses it.
+pub fn check_context(context: &str) -> Result<(), ForgeError> {
+    if context.trim().is_empty() {
+        return Err(ForgeError::Refused(
+            "a status context must not be empty".into(),
+        ));
+    }
+    // Renovate ignores successful statuses named renovate/…, so the gate would not gate.
+    if context.to_ascii_lowercase().starts_with("renovate/") {
+        return Err(ForgeError::Refused(format!(
+            "status context {context:?} starts with renovate/, which Renovate ignores; use another name such as ichor/gate"
+        )));
+    }
+    let n = context.chars().count();
+    if n > MAX_CONTEXT_CHARS {
+        return Err(ForgeError::Refused(format!(
+            "a status context is at most {MAX_CONTEXT_CHARS} characters; this one has {n}"
+        )));
+    }
+    Ok(())
+}
+
+/// At most `max` characters, cut on a character boundary and ending with `…` when cut.
+pub fn truncate_chars(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut out: String = text.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// A status description GitHub accepts (≤ 140 characters).
+pub fn status_description(description: &str) -> String {
+    truncate_chars(description, MAX_DESCRIPTION_CHARS)
+}
+
+/// A marker must be one HTML comment, so it is invisible and cannot match everything.
+fn check_marker(marker: &str) -> Result<(), ForgeError> {
+    let inner = marker
+        .strip_prefix("<!--")
+        .and_then(|m| m.strip_suffix("-->"));
+    match inner {
+        Some(i) if !i.trim().is_empty() && !i.contains("--") && marker.len() <= 200 => Ok(()),
+        _ => Err(ForgeError::Refused(format!(
+            "the sticky-comment marker {:?} is not one HTML comment such as <!-- ichor:lab -->",
+            marker.chars().take(80).collect::<String>()
+        ))),
+    }
+}
+
+/// The sticky comment's body: the marker kept, at most GitHub's 65,536 characters (cut
+/// with a note saying so).
+pub fn sticky_body(marker: &str, body: &str) -> String {
+    let full = if body.contains(marker) {
+        body.to_string()
+    } else {
+        format!("{marker}\n{body}")
+    };
+    if full.chars().count() <= MAX_COMMENT_CHARS {
+        return full;
+    }
+    let note_len = COMMENT_TRUNCATION_NOTE.chars().count();
+    let mut cut: String = full.chars().take(MAX_COMMENT_CHARS - note_len).collect();
+    if !cut.contains(marker) {
+        // The marker sat past the cut: put it first so the comment is still ours.
+        let room = MAX_COMMENT_CHARS - note_len - marker.chars().count() - 1;
+        cut = format!("{marker}\n{}", full.chars().take(room).collect::<String>());
+    }
+    cut.push_str(COMMENT_TRUNCATION_NOTE);
+    cut
+}
+
+/// GitHub's message from an error body, bounded and on one line.
+fn error_message(body: &[u8]) -> String {
+    let parsed: Option<ErrorJson> = serde_json::from_slice(body).ok();
+    let mut msg = match parsed {
+        Some(e) => {
+            let mut m = e.message.unwrap_or_default();
+            if let Some(errors) = e.errors {
+                let details: Vec<String> = errors
+                    .iter()
+                    .take(5)
+                    .filter_map(|v| {
+                        v.get("message")
+                            .and_then(Value::as_str)
+                            .map(str::to_string)
+                            .or_else(|| v.get("code").and_then(Value::as_str).map(str::to_string))
+                    })
+                    .collect();
+                if !details.is_empty() {
+                    m = format!("{m} ({})", details.join("; "));
+                }
+            }
+            m
+        }
+        None => String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
+    };
+    msg.retain(|c| !c.is_control());
+    truncate_chars(msg.trim(), 300)
+}
+
+fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+/// How long a rate-limit refusal asks to wait, or `None` when it is not one.
+fn rate_limit_wait(answer: &Answer, now: Timestamp) -> Option<Duration> {
+    if !matches!(answer.status.as_u16(), 403 | 429) {
+        return None;
+    }
+    if let Some(secs) = header_u64(&answer.headers, "retry-after") {
+        return Some(Duration::from_secs(secs));
+    }
+    if header_u64(&answer.headers, "x-ratelimit-remaining") == Some(0) {
+        let reset = header_u64(&answer.headers, "x-ratelimit-reset")?;
+        let reset = Timestamp::from_millis(reset.saturating_mul(1000));
+        // A second past the reset, so the two clocks' rounding cannot land us just before it.
+        return Some(reset.since(now) + Duration::from_secs(1));
+    }
+    if answer.status.as_u16() == 429 {
+        // Secondary limits without a header: GitHub asks for at least a minute.
+        return Some(Duration::from_secs(60));
+    }
+    None
+}
+
 impl GithubClient {
-    pub async fn connect(_config: GithubConfig, _clock: Clock) -> Result<GithubClient, ForgeError> { Err(ForgeError::Stub) }
-    pub fn login(&self) -> &str { &self.login }
-    pub fn repo(&self) -> &str { &self.repo }
-    pub async fn set_status(&self, _sha: &str, _context: &str, _state: StatusState, _description: &str, _target_url: Option<&str>) -> Result<bool, ForgeError> { Err(ForgeError::Stub) }
-    pub async fn upsert_comment(&self, _pr: u64, _marker: &str, _body: &str) -> Result<u64, ForgeError> { Err(ForgeError::Stub) }
-    pub async fn post_comment(&self, _pr: u64, _body: &str) -> Result<u64, ForgeError> { Err(ForgeError::Stub) }
-    pub async fn permission(&self, _user: &str) -> Result<Permission, ForgeError> { Err(ForgeError::Stub) }
-    pub async fn open_pulls(&self) -> Result<Vec<Pull>, ForgeError> { Err(ForgeError::Stub) }
-    pub async fn pull(&self, _number: u64) -> Result<Pull, ForgeError> { Err(ForgeError::Stub) }
-    pub async fn pulls_for_commit(&self, _sha: &str) -> Result<Vec<Pull>, ForgeError> { Err(ForgeError::Stub) }
+    /// Authenticate and learn this client's login: `GET /user` for a token; for an App,
+    /// `GET /app` (its slug makes `<slug>[bot]`) and a first installation token.
+    pub async fn connect(config: GithubConfig, clock: Clock) -> Result<GithubClient, ForgeError> {
+        check_repo(&config.repo)?;
+        let api_url = config.api_url.trim_end_matches('/');
+        let uri = Uri::from_str(api_url)
+            .ok()
+            .filter(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some())
+            .ok_or_else(|| {
+                ForgeError::Config(format!(
+                    "api_url {:?} is not an http(s) URL",
+                    api_url.chars().take(200).collect::<String>()
+                ))
+            })?;
+        let http = Octocrab::builder()
+            .base_uri(uri)
+            .map_err(|e| ForgeError::Config(format!("api_url: {e}")))?
+            // Failure guards only: GitHub answers within seconds or not at all.
+            .set_connect_timeout(Some(Duration::from_secs(15)))
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .build()
+            .map_err(|e| ForgeError::Config(format!("building the HTTP client: {e}")))?;
+        let credentials = match config.auth {
+            GithubAuth::Token(token) => Credentials::Token(token),
+            GithubAuth::App {
+                app_id,
+                installation_id,
+                private_key,
+            } => Credentials::App {
+                auth: AppAuth::new(app_id, installation_id, &private_key, clock.clone())?,
+                refresh: tokio::sync::Mutex::new(()),
+            },
+        };
+        let mut client = GithubClient {
+            inner: Arc::new(Inner {
+                http,
+                clock,
+                repo: config.repo,
+                login: String::new(),
+                credentials,
+                statuses: Mutex::new(HashMap::new()),
+                etags: Mutex::new(HashMap::new()),
+                requests: AtomicU64::new(0),
+                retries: AtomicU64::new(0),
+                rate_limited: AtomicU64::new(0),
+                not_modified: AtomicU64::new(0),
+            }),
+        };
+        let login = match &client.inner.credentials {
+            Credentials::Token(_) => {
+                let a = client
+                    .call(Method::GET, "/user".into(), None, false, "GET /user")
+                    .await?;
+                a.json::<UserJson>("GET /user")?.login
+            }
+            Credentials::App { auth, .. } => {
+                let a = client
+                    .app_call(auth, Method::GET, "/app".into(), "GET /app")
+                    .await?;
+                let slug = a.json::<AppJson>("GET /app")?.slug;
+                // Buy the first token now, so a wrong installation id fails at start-up.
+                client.installation_token(false).await?;
+                format!("{slug}[bot]")
+            }
+        };
+        // Not shared yet: the only handle is this one.
+        Arc::get_mut(&mut client.inner)
+            .ok_or_else(|| ForgeError::Config("the client was shared while connecting".into()))?
+            .login = login;
+        Ok(client)
+    }
+
+    pub fn login(&self) -> &str {
+        &self.inner.login
+    }
+
+    pub fn repo(&self) -> &str {
+        &self.inner.repo
+    }
+
+    pub fn stats(&self) -> ClientStats {
+        ClientStats {
+            requests: self.inner.requests.load(Ordering::Relaxed),
+            retries: self.inner.retries.load(Ordering::Relaxed),
+            rate_limited: self.inner.rate_limited.load(Ordering::Relaxed),
+            not_modified: self.inner.not_modified.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Post a commit status unless the newest status of (sha, context) already says the
+    /// same; true when posted.
+    pub async fn set_status(
+        &self,
+        sha: &str,
+        context: &str,
+        state: StatusState,
+        description: &str,
+        target_url: Option<&str>,
+    ) -> Result<bool, ForgeError> {
+        check_sha(sha)?;
+        check_context(context)?;
+        let sha = sha.to_ascii_lowercase();
+        let wanted = PostedStatus {
+            state,
+            description: status_description(description),
+            target_url: target_url.map(str::to_string),
+        };
+        // GitHub compares contexts without regard to case.
+        let key = (sha.clone(), context.to_lowercase());
+        let known = lock(&self.inner.statuses).get(&key).cloned();
+        let newest = match known {
+            Some(k) => Some(k),
+            None => self.newest_status(&sha, context).await?,
+        };
+        if newest.as_ref() == Some(&wanted) {
+            self.remember_status(key, wanted);
+            return Ok(false);
+        }
+        let mut body = json!({
+            "state": state.as_str(),
+            "context": context,
+            "description": wanted.description,
+        });
+        if let Some(url) = target_url {
+            body["target_url"] = json!(url);
+        }
+        let what = format!("POST status {context} on {}", &sha[..12]);
+        self.call(
+            Method::POST,
+            format!("/repos/{}/statuses/{sha}", self.inner.repo),
+            Some(body),
+            false,
+            &what,
+        )
+        .await?;
+        self.remember_status(key, wanted);
+        Ok(true)
+    }
+
+    fn remember_status(&self, key: (String, String), status: PostedStatus) {
+        let mut map = lock(&self.inner.statuses);
+        if map.len() >= MAX_CACHE_ENTRIES && !map.contains_key(&key) {
+            map.clear();
+        }
+        map.insert(key, status);
+    }
+
+    /// The newest status of `context` on `sha` (GitHub lists newest first).
+    async fn newest_status(
+        &self,
+        sha: &str,
+        context: &str,
+    ) -> Result<Option<PostedStatus>, ForgeError> {
+        let what = format!("GET statuses of {}", &sha[..12]);
+        for page in 1..=MAX_STATUS_PAGES {
+            let a = self
+                .call(
+                    Method::GET,
+                    format!(
+                        "/repos/{}/commits/{sha}/statuses?per_page=100&page={page}",
+                        self.inner.repo
+                    ),
+                    None,
+                    false,
+                    &what,
+                )
+                .await?;
+            let list: Vec<StatusJson> = a.json(&what)?;
+            if let Some(s) = list
+                .iter()
+                .find(|s| s.context.eq_ignore_ascii_case(context))
+            {
+                return Ok(StatusState::parse(&s.state).map(|state| PostedStatus {
+                    state,
+                    description: s.description.clone().unwrap_or_default(),
+                    target_url: s.target_url.clone(),
+                }));
+            }
+            if !a.has_next_page() {
+                break;
+            }
+        }
+        Ok(None)
+    }
+
+    /// The one comment on `pr` written by this client's login that contains `marker` (an
+    /// HTML comment): edit it in place when the body differs, else create it. Returns its
+    /// id.
+    pub async fn upsert_comment(
+        &self,
+        pr: u64,
+        marker: &str,
+        body: &str,
+    ) -> Result<u64, ForgeError> {
+        check_marker(marker)?;
+        let body = sticky_body(marker, body);
+        let what = format!("GET comments of #{pr}");
+        let mut ours: Option<(u64, String)> = None;
+        'pages: for page in 1..=MAX_COMMENT_PAGES {
+            let a = self
+                .call(
+                    Method::GET,
+                    format!(
+                        "/repos/{}/issues/{pr}/comments?per_page=100&page={page}",
+                        self.inner.repo
+                    ),
+                    None,
+                    true,
+                    &what,
+                )
+                .await?;
+            let list: Vec<CommentJson> = a.json(&what)?;
+            for c in list {
+                // Author and marker both: someone pasting our marker must not capture it.
+                let by_us = c
+                    .user
+                    .as_ref()
+                    .is_some_and(|u| u.login.eq_ignore_ascii_case(&self.inner.login));
+                let text = c.body.unwrap_or_default();
+                if by_us && text.contains(marker) {
+                    ours = Some((c.id, text));
+                    break 'pages;
+                }
+            }
+            if !a.has_next_page() {
+                break;
+            }
+        }
+        match ours {
+            Some((id, text)) if text == body => Ok(id),
+            Some((id, _)) => {
+                let what = format!("PATCH comment {id} on #{pr}");
+                let a = self
+                    .call(
+                        Method::PATCH,
+                        format!("/repos/{}/issues/comments/{id}", self.inner.repo),
+                        Some(json!({ "body": body })),
+                        false,
+                        &what,
+                    )
+                    .await?;
+                Ok(a.json::<CommentJson>(&what)?.id)
+            }
+            None => self.create_comment(pr, &body).await,
+        }
+    }
+
+    /// A new comment on `pr` (the body capped at GitHub's limit). Returns its id.
+    pub async fn post_comment(&self, pr: u64, body: &str) -> Result<u64, ForgeError> {
+        let body = if body.chars().count() > MAX_COMMENT_CHARS {
+            let note_len = COMMENT_TRUNCATION_NOTE.chars().count();
+            let mut cut: String = body.chars().take(MAX_COMMENT_CHARS - note_len).collect();
+            cut.push_str(COMMENT_TRUNCATION_NOTE);
+            cut
+        } else {
+            body.to_string()
+        };
+        self.create_comment(pr, &body).await
+    }
+
+    async fn create_comment(&self, pr: u64, body: &str) -> Result<u64, ForgeError> {
+        let what = format!("POST comment on #{pr}");
+        let a = self
+            .call(
+                Method::POST,
+                format!("/repos/{}/issues/{pr}/comments", self.inner.repo),
+                Some(json!({ "body": body })),
+                false,
+                &what,
+            )
+            .await?;
+        Ok(a.json::<CommentJson>(&what)?.id)
+    }
+
+    /// `user`'s role on the repository; a user GitHub does not know has none.
+    pub async fn permission(&self, user: &str) -> Result<Permission, ForgeError> {
+        check_login(user)?;
+        let what = format!("GET permission of {user}");
+        let answer = self
+            .call(
+                Method::GET,
+                format!("/repos/{}/collaborators/{user}/permission", self.inner.repo),
+                None,
+                false,
+                &what,
+            )
+            .await;
+        let a = match answer {
+            Ok(a) => a,
+            Err(ForgeError::NotFound { .. }) => return Ok(Permission::None),
+            Err(e) => return Err(e),
+        };
+        let p: PermissionJson = a.json(&what)?;
+        // `role_name` is the full role; `permission` folds maintain and triage away, and is
+        // the fallback for custom roles.
+        let role = p.role_name.as_deref().and_then(Permission::parse);
+        let coarse = p.permission.as_deref().and_then(Permission::parse);
+        role.or(coarse).ok_or_else(|| ForgeError::Decode {
+            what,
+            message: "no known permission in the answer".into(),
+        })
+    }
+
+    /// Every open pull request (up to 2,000).
+    pub async fn open_pulls(&self) -> Result<Vec<Pull>, ForgeError> {
+        let what = "GET open pulls";
+        let mut pulls = Vec::new();
+        for page in 1..=MAX_PULL_PAGES {
+            let a = self
+                .call(
+                    Method::GET,
+                    format!(
+                        "/repos/{}/pulls?state=open&per_page=100&page={page}",
+                        self.inner.repo
+                    ),
+                    None,
+                    true,
+                    what,
+                )
+                .await?;
+            let list: Vec<PullJson> = a.json(what)?;
+            pulls.extend(list.into_iter().map(|p| p.into_pull(&self.inner.repo)));
+            if !a.has_next_page() {
+                break;
+            }
+        }
+        Ok(pulls)
+    }
+
+    pub async fn pull(&self, number: u64) -> Result<Pull, ForgeError> {
+        let what = format!("GET pull #{number}");
+        let a = self
+            .call(
+                Method::GET,
+                format!("/repos/{}/pulls/{number}", self.inner.repo),
+                None,
+                false,
+                &what,
+            )
+            .await?;
+        Ok(a.json::<PullJson>(&what)?.into_pull(&self.inner.repo))
+    }
+
+    /// The pull requests `sha` belongs to (the merged PR of a merge commit, the open PRs
+    /// whose head contains it).
+    pub async fn pulls_for_commit(&self, sha: &str) -> Result<Vec<Pull>, ForgeError> {
+        check_sha(sha)?;
+        let what = format!("GET pulls of {}", &sha[..12]);
+        let a = self
+            .call(
+                Method::GET,
+                format!(
+                    "/repos/{}/commits/{sha}/pulls?per_page=100",
+                    self.inner.repo
+                ),
+                None,
+                false,
+                &what,
+            )
+            .await?;
+        let list: Vec<PullJson> = a.json(&what)?;
+        Ok(list
+            .into_iter()
+            .map(|p| p.into_pull(&self.inner.repo))
+            .collect())
+    }
+
+    // ----- HTTP -----
+
+    /// The installation token, bought with a fresh JWT when none is cached or less than
+    /// five minutes of it remain (`force` buys one regardless).
+    async fn installation_token(&self, force: bool) -> Result<Secret, ForgeError> {
+        let Credentials::App { auth, refresh } = &self.inner.credentials else {
+            return Err(ForgeError::Config("not a GitHub App client".into()));
+        };
+        if !force {
+            if let Some(t) = auth.current_token() {
+                return Ok(t);
+            }
+        }
+        let _one_at_a_time = refresh.lock().await;
+        if !force {
+            // Someone else may have refreshed while this call waited.
+            if let Some(t) = auth.current_token() {
+                return Ok(t);
+            }
+        }
+        let what = format!(
+            "POST access token for installation {}",
+            auth.installation_id()
+        );
+        let a = self
+            .app_call(
+                auth,
+                Method::POST,
+                format!(
+                    "/app/installations/{}/access_tokens",
+                    auth.installation_id()
+                ),
+                &what,
+            )
+            .await?;
+        let t: TokenJson = a.json(&what)?;
+        let expires_at =
+            Timestamp::parse_rfc3339(&t.expires_at).ok_or_else(|| ForgeError::Decode {
+                what: what.clone(),
+                message: format!(
+                    "expires_at {:?} is not an RFC 3339 UTC time",
+                    t.expires_at.chars().take(40).collect::<String>()
+                ),
+            })?;
+        let token = Secret::new(t.token);
+        auth.remember(InstallationToken {
+            token: token.clone(),
+            expires_at,
+        });
+        Ok(token)
+    }
+
+    /// A call authenticated with the App's JWT (signed afresh for each attempt).
+    async fn app_call(
+        &self,
+        auth: &AppAuth,
+        method: Method,
+        path: String,
+        what: &str,
+    ) -> Result<Answer, ForgeError> {
+        self.send(method, path, None, false, what, &|| {
+            let auth = auth.clone();
+            async move { Ok(auth.jwt()?) }
+        })
+        .await
+    }
+
+    /// A call authenticated with the token or the installation token.
+    async fn call(
+        &self,
+        method: Method,
+        path: String,
+        body: Option<Value>,
+        conditional: bool,
+        what: &str,
+    ) -> Result<Answer, ForgeError> {
+        self.send(method, path, body, conditional, what, &|| async {
+            match &self.inner.credentials {
+                Credentials::Token(t) => Ok(t.clone()),
+                Credentials::App { .. } => self.installation_token(false).await,
+            }
+        })
+        .await
+    }
+
+    /// Send with retries: 5xx and broken connections back off on the clock, rate limits
+    /// wait as GitHub asks, a refused installation token is replaced once. A 304 answers
+    /// from the ETag cache.
+    async fn send<F, Fut>(
+        &self,
+        method: Method,
+        path: String,
+        body: Option<Value>,
+        conditional: bool,
+        what: &str,
+        bearer: &F,
+    ) -> Result<Answer, ForgeError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<Secret, ForgeError>>,
+    {
+        let inner = &self.inner;
+        let mut failures = 0u32;
+        let mut waits = 0u32;
+        let mut token_renewed = false;
+        loop {
+            let token = bearer().await?;
+            let cached = if conditional && method == Method::GET {
+                lock(&inner.etags).get(&path).cloned()
+            } else {
+                None
+            };
+            let result = self
+                .attempt(&method, &path, body.as_ref(), &token, cached.as_ref(), what)
+                .await;
+            let answer = match result {
+                Ok(a) => a,
+                Err(e @ ForgeError::Transport { .. }) => {
+                    failures += 1;
+                    if failures >= MAX_ATTEMPTS {
+                        return Err(e);
+                    }
+                    tracing::warn!(what, error = %e, "GitHub unreachable; retrying");
+                    inner.retries.fetch_add(1, Ordering::Relaxed);
+                    inner.clock.sleep(backoff(failures)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            inner.requests.fetch_add(1, Ordering::Relaxed);
+            let status = answer.status;
+            if status == StatusCode::NOT_MODIFIED {
+                if let Some(c) = cached {
+                    inner.not_modified.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Answer {
+                        status: StatusCode::OK,
+                        headers: c.headers,
+                        body: c.body,
+                    });
+                }
+            }
+            if status.is_success() {
+                if conditional && method == Method::GET {
+                    if let Some(etag) = answer.headers.get("etag").cloned() {
+                        let mut etags = lock(&inner.etags);
+                        if etags.len() >= MAX_CACHE_ENTRIES && !etags.contains_key(&path) {
+                            etags.clear();
+                        }
+                        etags.insert(
+                            path.clone(),
+                            Cached {
+                                etag,
+                                headers: answer.headers.clone(),
+                                body: answer.body.clone(),
+                            },
+                        );
+                    }
+                }
+                return Ok(answer);
+            }
+            if let Some(wait) = rate_limit_wait(&answer, inner.clock.now()) {
+                inner.rate_limited.fetch_add(1, Ordering::Relaxed);
+                waits += 1;
+                if waits > MAX_RATE_LIMIT_WAITS || wait > MAX_RATE_LIMIT_WAIT {
+                    return Err(ForgeError::RateLimited {
+                        what: what.to_string(),
+                        wait_secs: wait.as_secs(),
+                    });
+                }
+                tracing::warn!(
+                    what,
+                    wait_secs = wait.as_secs(),
+                    "GitHub rate limit; waiting"
+                );
+                inner.retries.fetch_add(1, Ordering::Relaxed);
+                inner.clock.sleep(wait).await;
+                continue;
+            }
+            if status.is_server_error() {
+                failures += 1;
+                if failures >= MAX_ATTEMPTS {
+                    return Err(ForgeError::Server {
+                        what: what.to_string(),
+                        status: status.as_u16(),
+                        attempts: failures,
+                    });
+                }
+                tracing::warn!(
+                    what,
+                    status = status.as_u16(),
+                    "GitHub server error; retrying"
+                );
+                inner.retries.fetch_add(1, Ordering::Relaxed);
+                inner.clock.sleep(backoff(failures)).await;
+                continue;
+            }
+            let message = error_message(&answer.body);
+            let what = what.to_string();
+            return Err(match status.as_u16() {
+                401 => {
+                    let is_installation = matches!(inner.credentials, Credentials::App { .. })
+                        && !path.starts_with("/app");
+                    if is_installation && !token_renewed {
+                        // Revoked, or the clocks disagree on its expiry: buy a new one once.
+                        token_renewed = true;
+                        if let Credentials::App { auth, .. } = &inner.credentials {
+                            auth.forget();
+                        }
+                        inner.retries.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    ForgeError::Unauthorized { what, message }
+                }
+                403 => ForgeError::Forbidden { what, message },
+                404 => ForgeError::NotFound { what },
+                422 => ForgeError::Validation { what, message },
+                other => ForgeError::Api {
+                    what,
+                    status: other,
+                    message,
+                },
+            });
+        }
+    }
+
+    /// One HTTP exchange through octocrab.
+    async fn attempt(
+        &self,
+        method: &Method,
+        path: &str,
+        body: Option<&Value>,
+        token: &Secret,
+        cached: Option<&Cached>,
+        what: &str,
+    ) -> Result<Answer, ForgeError> {
+        let transport = |message: String| ForgeError::Transport {
+            what: what.to_string(),
+            message,
+        };
+        let uri = Uri::from_str(path).map_err(|e| ForgeError::Refused(format!("{what}: {e}")))?;
+        let mut auth =
+            HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(|_| {
+                ForgeError::Config("the token has characters HTTP headers cannot carry".into())
+            })?;
+        auth.set_sensitive(true);
+        let mut builder = http::Request::builder()
+            .method(method.clone())
+            .uri(uri)
+            .header(AUTHORIZATION, auth)
+            .header(ACCEPT, "application/vnd.github+json")
+            .header("x-github-api-version", "2022-11-28");
+        if let Some(c) = cached {
+            builder = builder.header(IF_NONE_MATCH, c.etag.clone());
+        }
+        let request = self
+            .inner
+            .http
+            .build_request(builder, body)
+            .map_err(|e| ForgeError::Refused(format!("{what}: building the request: {e}")))?;
+        let response = self
+            .inner
+            .http
+            .execute(request)
+            .await
+            .map_err(|e| transport(e.to_string()))?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = axum::body::to_bytes(
+            axum::body::Body::new(response.into_body()),
+            MAX_RESPONSE_BYTES,
+        )
+        .await
+        .map_err(|e| {
+            transport(format!(
+                "reading the answer (at most {MAX_RESPONSE_BYTES} bytes): {e}"
+            ))
+        })?;
+        Ok(Answer {
+            status,
+            headers,
+            body,
+        })
+    }
+}
+
+/// 1 s, 2 s, 4 s, … after the first, second, third failure.
+fn backoff(failures: u32) -> Duration {
+    FIRST_BACKOFF.saturating_mul(1u32 << failures.saturating_sub(1).min(10))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptions_are_cut_on_a_char_boundary_with_an_ellipsis() {
+        assert_eq!(status_description("short"), "short");
+        let exact = "a".repeat(140);
+        assert_eq!(status_description(&exact), exact);
+        let long = "é".repeat(200);
+        let cut = status_description(&long);
+        assert_eq!(cut.chars().count(), 140);
+        assert!(cut.ends_with('…'));
+        assert!(cut.starts_with("éé"));
+    }
+
+    #[test]
+    fn contexts_renovate_ignores_or_github_refuses_are_refused() {
+        assert!(check_context("ichor/gate").is_ok());
+        assert!(check_context("renovate/stability-days").is_err());
+        assert!(check_context("Renovate/x").is_err());
+        assert!(check_context("").is_err());
+        assert!(check_context(&"c".repeat(255)).is_ok());
+        assert!(check_context(&"c".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn sticky_bodies_keep_the_marker_and_githubs_limit() {
+        let m = "<!-- ichor:lab -->";
+        assert_eq!(sticky_body(m, "hello"), format!("{m}\nhello"));
+        assert_eq!(sticky_body(m, &format!("x {m} y")), format!("x {m} y"));
+        let huge = format!("{}{m}", "z".repeat(70_000));
+        let cut = sticky_body(m, &huge);
+        assert_eq!(cut.chars().count(), MAX_COMMENT_CHARS);
+        assert!(cut.starts_with(m), "the marker survives the cut");
+        assert!(cut.ends_with("comment limit)"));
+        assert!(check_marker(m).is_ok());
+        for bad in ["", "ichor", "<!---->", "<!-- a -- b -->", "<!-- x"] {
+            assert!(check_marker(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn permissions_order_and_write_access() {
+        assert!(Permission::Admin.can_write());
+        assert!(Permission::Maintain.can_write());
+        assert!(Permission::Write.can_write());
+        assert!(!Permission::Triage.can_write());
+        assert!(!Permission::Read.can_write());
+        assert!(!Permission::None.can_write());
+        assert_eq!(Permission::parse("push"), Some(Permission::Write));
+    }
+
+    #[test]
+    fn rate_limit_answers_say_how_long_to_wait() {
+        let now = Timestamp(1_767_225_600_000);
+        let answer = |status: u16, headers: &[(&'static str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in headers {
+                h.insert(*k, HeaderValue::from_str(v).unwrap());
+            }
+            Answer {
+                status: StatusCode::from_u16(status).unwrap(),
+                headers: h,
+                body: Default::default(),
+            }
+        };
+        assert_eq!(
+            rate_limit_wait(&answer(403, &[("retry-after", "30")]), now),
+            Some(Duration::from_secs(30))
+        );
+        let reset = (now.as_millis() / 1000 + 100).to_string();
+        assert_eq!(
+            rate_limit_wait(
+                &answer(
+                    403,
+                    &[
+                        ("x-ratelimit-remaining", "0"),
+                        ("x-ratelimit-reset", &reset)
+                    ]
+                ),
+                now
+            ),
+            Some(Duration::from_secs(101))
+        );
+        // A plain 403 (no permission) is not a rate limit.
+        assert_eq!(
+            rate_limit_wait(&answer(403, &[("x-ratelimit-remaining", "10")]), now),
+            None
+        );
+        assert_eq!(
+            rate_limit_wait(&answer(500, &[("retry-after", "5")]), now),
+            None
+        );
+    }
+
+    #[test]
+    fn input_checks() {
+        assert!(check_repo("home/ops").is_ok());
+        for bad in ["home", "home/ops/x", "/ops", "ho me/ops", "../x"] {
+            assert!(check_repo(bad).is_err(), "{bad}");
+        }
+        assert!(check_login("renovate[bot]").is_ok());
+        assert!(check_login("../admin").is_err());
+        assert!(check_sha(&"a".repeat(40)).is_ok());
+        assert!(check_sha("main").is_err());
+        assert_eq!(backoff(1), Duration::from_secs(1));
+        assert_eq!(backoff(3), Duration::from_secs(4));
+        assert_eq!(backoff(u32::MAX), Duration::from_secs(1024));
+    }
 }

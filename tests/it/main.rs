@@ -3,6 +3,7 @@
 mod cli;
 mod controller;
 mod deploy;
+mod forge_github;
 mod gate;
 mod live;
 mod notes;

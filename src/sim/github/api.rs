@@ -9,14 +9,15 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::forge::{self, lock, MergeRequest, Shared};
+use super::forge::{self, lock, Caller, MergeRequest, RateKey, Shared};
 use super::json;
 use super::model::{self, PageRequest, PullState};
 use super::GithubError;
+use crate::clock::Timestamp;
 
 const DOCS: &str = "https://docs.github.com/rest";
 
@@ -121,6 +122,16 @@ pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/rate_limit", get(rate_limit))
         .route("/user", get(current_user))
+        .route("/app", get(get_app))
+        .route(
+            "/app/installations/{id}/access_tokens",
+            post(create_installation_token),
+        )
+        .route("/repos/{owner}/{repo}/installation", get(repo_installation))
+        .route(
+            "/repos/{owner}/{repo}/collaborators/{username}/permission",
+            get(collaborator_permission),
+        )
         .route("/repos/{owner}/{repo}", get(get_repo))
         .route(
             "/repos/{owner}/{repo}/pulls",
@@ -152,9 +163,17 @@ pub fn router(shared: Arc<Shared>) -> Router {
 }
 
 /// Every request passes here: injected faults first (they come from GitHub's edge), then
-/// authentication, then the primary rate limit; every answer gets the rate-limit headers.
-async fn gate(State(shared): S, req: Request, next: Next) -> Response {
+/// authentication, then the primary rate limit of the caller; every answer gets the
+/// rate-limit headers. The authenticated [`Caller`] rides on the request to the handler.
+async fn gate(State(shared): S, mut req: Request, next: Next) -> Response {
     let now = shared.clock.now();
+    let path = req.uri().path().to_string();
+    let auth = authenticate(&shared, req.headers(), now)
+        .and_then(|caller| allowed(&caller, &path).map(|()| caller));
+    let key = match &auth {
+        Ok(c) => c.rate_key(),
+        Err(_) => RateKey::Anonymous,
+    };
     let fault = {
         let mut f = lock(&shared.faults);
         if f.server_errors > 0 {
@@ -182,45 +201,40 @@ async fn gate(State(shared): S, req: Request, next: Next) -> Response {
             None
         }
     };
-    let auth = authenticate(req.headers(), &shared.token);
-    let window = if auth == Auth::Valid {
-        &shared.rate
-    } else {
-        &shared.anonymous_rate
-    };
     if let Some(e) = fault {
-        let w = *lock(window);
+        let w = shared.with_window(key, |w| *w);
         return with_rate_headers(e.into_response(), w.limit, w.used, w.reset_epoch_secs());
     }
     // GitHub does not charge `/rate_limit` against the limit.
-    let counts = req.uri().path() != "/rate_limit";
+    let counts = path != "/rate_limit";
     let conditional = (req.method() == Method::GET)
         .then(|| req.headers().get("if-none-match").cloned())
         .flatten();
     let is_get = req.method() == Method::GET;
-    let (mut w, exhausted) = {
-        let mut w = lock(window);
+    let (mut w, exhausted) = shared.with_window(key, |w| {
         w.roll(now);
         let exhausted = counts && w.remaining() == 0;
         if counts && !exhausted {
             w.used += 1;
         }
         (*w, exhausted)
-    };
+    });
     let resp = match auth {
-        Auth::Missing => {
-            ApiError::new(StatusCode::UNAUTHORIZED, "Requires authentication").into_response()
+        Err(e) => e.into_response(),
+        Ok(caller) if exhausted => {
+            let who = match &caller {
+                Caller::Installation { id, .. } => format!("installation ID {id}"),
+                Caller::App { id, .. } => format!("integration ID {id}"),
+                Caller::User { login } => format!("user ID {}", json::user_id(login)),
+            };
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                &format!("API rate limit exceeded for {who}."),
+            )
+            .into_response()
         }
-        Auth::Wrong => ApiError::new(StatusCode::UNAUTHORIZED, "Bad credentials").into_response(),
-        Auth::Valid if exhausted => ApiError::new(
-            StatusCode::FORBIDDEN,
-            &format!(
-                "API rate limit exceeded for user ID {}.",
-                json::user_id(&shared.login)
-            ),
-        )
-        .into_response(),
-        Auth::Valid => {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
             // Read within the limit here, so no handler can be handed an unbounded body.
             let (parts, body) = req.into_parts();
             match crate::sim::net::read_body(body, MAX_BODY).await {
@@ -244,9 +258,10 @@ async fn gate(State(shared): S, req: Request, next: Next) -> Response {
         let (resp, not_modified) = with_etag(resp, conditional.as_ref()).await;
         if not_modified && counts {
             // An authorized 304 is free, as on GitHub.
-            let mut window = lock(window);
-            window.used = window.used.saturating_sub(1);
-            w = *window;
+            w = shared.with_window(key, |window| {
+                window.used = window.used.saturating_sub(1);
+                *window
+            });
         }
         resp
     } else {
@@ -307,26 +322,86 @@ fn with_rate_headers(mut resp: Response, limit: u64, used: u64, reset: u64) -> R
     resp
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Auth {
-    Missing,
-    Wrong,
-    Valid,
-}
-
-fn authenticate(headers: &HeaderMap, token: &str) -> Auth {
+/// Who presents the `Authorization` header: the personal access token's user, an
+/// installation token (until it expires on the twin's clock), or an App's JWT.
+fn authenticate(shared: &Shared, headers: &HeaderMap, now: Timestamp) -> Result<Caller, ApiError> {
     let Some(value) = headers.get("authorization").and_then(|v| v.to_str().ok()) else {
-        return Auth::Missing;
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "Requires authentication",
+        ));
     };
+    let bad = || ApiError::new(StatusCode::UNAUTHORIZED, "Bad credentials");
     let presented = value
         .strip_prefix("Bearer ")
         .or_else(|| value.strip_prefix("bearer "))
         .or_else(|| value.strip_prefix("token "))
         .or_else(|| value.strip_prefix("Token "))
-        .map(str::trim);
-    match presented {
-        Some(p) if constant_time_eq(p.as_bytes(), token.as_bytes()) => Auth::Valid,
-        _ => Auth::Wrong,
+        .map(str::trim)
+        .ok_or_else(bad)?;
+    if constant_time_eq(presented.as_bytes(), shared.token.as_bytes()) {
+        return Ok(Caller::User {
+            login: shared.login.clone(),
+        });
+    }
+    if let Some(t) = lock(&shared.app_tokens)
+        .iter()
+        .find(|t| constant_time_eq(presented.as_bytes(), t.token.as_bytes()))
+    {
+        if t.expires_at <= now {
+            return Err(bad());
+        }
+        return Ok(Caller::Installation {
+            id: t.installation_id,
+            login: t.login.clone(),
+            repos: t.repos.clone(),
+        });
+    }
+    if super::app::looks_like_jwt(presented) && !shared.apps.is_empty() {
+        return match super::app::verify_jwt(&shared.apps, presented, now) {
+            Ok(app) => Ok(Caller::App {
+                id: app.id,
+                login: app.bot_login(),
+            }),
+            Err(message) => Err(ApiError::new(StatusCode::UNAUTHORIZED, message)),
+        };
+    }
+    Err(bad())
+}
+
+/// `/app`, `/app/…` and `/repos/{o}/{r}/installation` take an App's JWT and nothing else;
+/// a JWT opens no other route; an installation token reaches only its repositories and
+/// not `/user`.
+fn allowed(caller: &Caller, path: &str) -> Result<(), ApiError> {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let app_route = segments.first() == Some(&"app")
+        || (segments.len() == 4 && segments[0] == "repos" && segments[3] == "installation");
+    match caller {
+        Caller::App { .. } if app_route => Ok(()),
+        Caller::App { .. } => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "A JSON web token could not be used for this route; use an installation token",
+        )),
+        _ if app_route => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            super::app::JWT_UNDECODABLE,
+        )),
+        Caller::Installation { repos, .. } => {
+            if segments.first() == Some(&"user") {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "Resource not accessible by integration",
+                ));
+            }
+            if segments.len() >= 3 && segments[0] == "repos" {
+                let name = format!("{}/{}", segments[1], segments[2]).to_lowercase();
+                if !repos.contains(&name) {
+                    return Err(ApiError::not_found());
+                }
+            }
+            Ok(())
+        }
+        Caller::User { .. } => Ok(()),
     }
 }
 
@@ -386,8 +461,8 @@ fn encode_query_value(v: &str) -> String {
 
 // ----- handlers -----
 
-async fn rate_limit(State(shared): S) -> ApiResult {
-    let w = *lock(&shared.rate);
+async fn rate_limit(State(shared): S, Extension(caller): Extension<Caller>) -> ApiResult {
+    let w = shared.with_window(caller.rate_key(), |w| *w);
     let core = json::rate(w.limit, w.used, w.reset_epoch_secs());
     let fresh = |limit: u64| json::rate(limit, 0, w.reset_epoch_secs());
     Ok(ok(
@@ -406,8 +481,8 @@ async fn rate_limit(State(shared): S) -> ApiResult {
     ))
 }
 
-async fn current_user(State(shared): S) -> ApiResult {
-    Ok(ok(StatusCode::OK, json::user(&shared.base, &shared.login)))
+async fn current_user(State(shared): S, Extension(caller): Extension<Caller>) -> ApiResult {
+    Ok(ok(StatusCode::OK, json::user(&shared.base, caller.login())))
 }
 
 async fn get_repo(State(shared): S, Path((owner, repo)): Path<(String, String)>) -> ApiResult {
@@ -452,7 +527,11 @@ async fn list_pulls(
             .filter(|p| match &head {
                 // `owner:branch`; a bare branch also matches, for convenience.
                 Some(h) => match h.split_once(':') {
-                    Some((o, b)) => o.eq_ignore_ascii_case(state.spec.owner()) && b == p.head_ref,
+                    Some((o, b)) => {
+                        o.eq_ignore_ascii_case(
+                            p.head_owner.as_deref().unwrap_or(state.spec.owner()),
+                        ) && b == p.head_ref
+                    }
                     None => *h == p.head_ref,
                 },
                 None => true,
@@ -502,6 +581,7 @@ struct CreatePull {
 
 async fn create_pull(
     State(shared): S,
+    Extension(caller): Extension<Caller>,
     Path((owner, repo)): Path<(String, String)>,
     body: Bytes,
 ) -> ApiResult {
@@ -522,7 +602,7 @@ async fn create_pull(
         &base,
         &title,
         req.body.as_deref(),
-        &shared.login,
+        caller.login(),
         req.draft,
     )?;
     let v = shared.with_repo(&name, |state, repo, _| {
@@ -542,6 +622,7 @@ struct MergeBody {
 
 async fn merge_pull(
     State(shared): S,
+    Extension(caller): Extension<Caller>,
     Path((owner, repo, number)): Path<(String, String, String)>,
     body: Bytes,
 ) -> ApiResult {
@@ -560,7 +641,7 @@ async fn merge_pull(
             commit_title: req.commit_title,
             commit_message: req.commit_message,
         },
-        &shared.login,
+        caller.login(),
     )?;
     Ok(ok(
         StatusCode::OK,
@@ -596,6 +677,7 @@ struct CreateStatus {
 
 async fn create_status(
     State(shared): S,
+    Extension(caller): Extension<Caller>,
     Path((owner, repo, sha)): Path<(String, String, String)>,
     body: Bytes,
 ) -> ApiResult {
@@ -614,7 +696,7 @@ async fn create_status(
         req.context.as_deref(),
         req.description.as_deref(),
         req.target_url.as_deref(),
-        &shared.login,
+        caller.login(),
     )?;
     let v = shared.with_repo(&name, |state, _, _| {
         Ok(json::status(&shared.base, state, &status))
@@ -784,13 +866,14 @@ fn comment_body(body: &Bytes) -> Result<String, ApiError> {
 
 async fn create_comment(
     State(shared): S,
+    Extension(caller): Extension<Caller>,
     Path((owner, repo, number)): Path<(String, String, String)>,
     body: Bytes,
 ) -> ApiResult {
     let number = parse_number(&number)?;
     let text = comment_body(&body)?;
     let name = full_name(&owner, &repo);
-    let (c, _ticket) = shared.create_comment(&name, number, &text, &shared.login)?;
+    let (c, _ticket) = shared.create_comment(&name, number, &text, caller.login())?;
     let v = shared.with_repo(&name, |state, _, _| {
         Ok(json::comment(&shared.base, state, &c))
     })?;
@@ -818,6 +901,7 @@ async fn get_comment(
 /// PATCH, and POST too: octocrab's `update_comment` sends POST, which GitHub accepts.
 async fn update_comment(
     State(shared): S,
+    Extension(caller): Extension<Caller>,
     method: Method,
     Path((owner, repo, id)): Path<(String, String, String)>,
     body: Bytes,
@@ -825,10 +909,123 @@ async fn update_comment(
     let id = parse_number(&id)?;
     let text = comment_body(&body)?;
     let name = full_name(&owner, &repo);
-    let (c, _ticket) = shared.update_comment(&name, id, &text, &shared.login)?;
+    let (c, _ticket) = shared.update_comment(&name, id, &text, caller.login())?;
     tracing::debug!(%method, id, "comment updated");
     let v = shared.with_repo(&name, |state, _, _| {
         Ok(json::comment(&shared.base, state, &c))
     })?;
     Ok(ok(StatusCode::OK, v))
+}
+
+// ----- GitHub Apps and permissions -----
+
+fn calling_app<'a>(
+    shared: &'a Shared,
+    caller: &Caller,
+) -> Result<&'a super::app::GithubApp, ApiError> {
+    match caller {
+        Caller::App { id, .. } => shared
+            .apps
+            .iter()
+            .find(|a| a.id == *id)
+            .ok_or_else(ApiError::not_found),
+        _ => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            super::app::JWT_UNDECODABLE,
+        )),
+    }
+}
+
+/// The App's owner: the owner of its first installation's first repository.
+fn app_owner(app: &super::app::GithubApp) -> String {
+    app.installations
+        .iter()
+        .flat_map(|i| i.repos.iter())
+        .next()
+        .and_then(|r| r.split('/').next())
+        .unwrap_or("twin")
+        .to_string()
+}
+
+async fn get_app(State(shared): S, Extension(caller): Extension<Caller>) -> ApiResult {
+    let app = calling_app(&shared, &caller)?;
+    Ok(ok(
+        StatusCode::OK,
+        super::app::app_json(&shared.base, app, &app_owner(app)),
+    ))
+}
+
+async fn create_installation_token(
+    State(shared): S,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let id = parse_number(&id)?;
+    let app = calling_app(&shared, &caller)?;
+    let issued = shared
+        .issue_token(app, id)
+        .ok_or_else(ApiError::not_found)?;
+    Ok(ok(
+        StatusCode::CREATED,
+        json!({
+            "token": issued.token,
+            "expires_at": issued.expires_at.rfc3339(),
+            "permissions": super::app::token_permissions(),
+            "repository_selection": "selected",
+        }),
+    ))
+}
+
+async fn repo_installation(
+    State(shared): S,
+    Extension(caller): Extension<Caller>,
+    Path((owner, repo)): Path<(String, String)>,
+) -> ApiResult {
+    let app = calling_app(&shared, &caller)?;
+    let name = full_name(&owner, &repo).to_lowercase();
+    let inst = app
+        .installations
+        .iter()
+        .find(|i| i.repos.iter().any(|r| r.to_lowercase() == name))
+        .ok_or_else(ApiError::not_found)?;
+    Ok(ok(
+        StatusCode::OK,
+        super::app::installation_json(&shared.base, app, inst, &owner),
+    ))
+}
+
+/// `GET /repos/{o}/{r}/collaborators/{username}/permission`: `permission` is the coarse
+/// admin/write/read/none, `role_name` the role itself.
+async fn collaborator_permission(
+    State(shared): S,
+    Path((owner, repo, username)): Path<(String, String, String)>,
+) -> ApiResult {
+    if !forge::is_valid_login(&username) {
+        return Err(ApiError::not_found());
+    }
+    let name = full_name(&owner, &repo);
+    let role = shared.with_repo(&name, |state, _, _| Ok(shared.role_of(state, &username)))?;
+    let (permission, role_name) = match role {
+        Some(r) => (r.permission(), r.as_str()),
+        None => ("none", "none"),
+    };
+    let at_least = |min: model::Role| role.is_some_and(|r| r >= min);
+    let mut user = json::user(&shared.base, &username);
+    if let Some(obj) = user.as_object_mut() {
+        obj.insert(
+            "permissions".into(),
+            json!({
+                "admin": at_least(model::Role::Admin),
+                "maintain": at_least(model::Role::Maintain),
+                "push": at_least(model::Role::Write),
+                "triage": at_least(model::Role::Triage),
+                "pull": at_least(model::Role::Read),
+            }),
+        );
+        obj.insert("role_name".into(), json!(role_name));
+    }
+    Ok(ok(
+        StatusCode::OK,
+        json!({ "permission": permission, "role_name": role_name, "user": user }),
+    ))
 }

@@ -11,6 +11,7 @@ use git2::{Oid, Repository};
 use serde_json::{json, Value};
 use tokio::sync::{watch, Notify};
 
+use super::app::{GithubApp, IssuedToken};
 use super::git::{self, MergeOutcome};
 use super::json::{self, PullDetail};
 use super::model::{
@@ -28,6 +29,48 @@ pub struct Event {
     pub repo: String,
     pub repo_id: u64,
     pub payload: Value,
+}
+
+/// Whose rate-limit window a request counts against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RateKey {
+    Anonymous,
+    User,
+    Installation(u64),
+    App(u64),
+}
+
+/// Who made a request, as the gate authenticated it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// The personal access token's user.
+    User { login: String },
+    /// An installation access token: acts as `<slug>[bot]` on the installation's repos.
+    Installation {
+        id: u64,
+        login: String,
+        repos: Vec<String>,
+    },
+    /// An App's JWT: only the `/app` routes.
+    App { id: u64, login: String },
+}
+
+impl Caller {
+    pub fn login(&self) -> &str {
+        match self {
+            Caller::User { login }
+            | Caller::Installation { login, .. }
+            | Caller::App { login, .. } => login,
+        }
+    }
+
+    pub fn rate_key(&self) -> RateKey {
+        match self {
+            Caller::User { .. } => RateKey::User,
+            Caller::Installation { id, .. } => RateKey::Installation(*id),
+            Caller::App { id, .. } => RateKey::App(*id),
+        }
+    }
 }
 
 /// The primary rate-limit window of one caller.
@@ -97,6 +140,14 @@ pub struct Shared {
     pub faults: Mutex<GithubFaults>,
     pub rate: Mutex<RateWindow>,
     pub anonymous_rate: Mutex<RateWindow>,
+    /// The windows of installations and Apps, which GitHub counts apart from the user's.
+    caller_rates: Mutex<BTreeMap<RateKey, RateWindow>>,
+    rate_limit: u64,
+    pub apps: Vec<GithubApp>,
+    /// Installation tokens handed out (expired ones are pruned as new ones are made).
+    pub app_tokens: Mutex<Vec<IssuedToken>>,
+    /// How many installation tokens were asked for and handed out.
+    pub token_requests: std::sync::atomic::AtomicU64,
     pub webhook: Mutex<Option<WebhookTarget>>,
     deliveries: Mutex<Vec<Delivery>>,
     delivered: watch::Sender<usize>,
@@ -143,6 +194,7 @@ impl Shared {
         webhook: Option<WebhookTarget>,
         faults: GithubFaults,
         rate_limit: u64,
+        apps: Vec<GithubApp>,
     ) -> Result<Self, GithubError> {
         let mut map = BTreeMap::new();
         for (i, spec) in repos.into_iter().enumerate() {
@@ -161,6 +213,7 @@ impl Shared {
                     pulls: Vec::new(),
                     statuses: BTreeMap::new(),
                     comments: Vec::new(),
+                    collaborators: BTreeMap::new(),
                 },
             );
         }
@@ -182,6 +235,11 @@ impl Shared {
             faults: Mutex::new(faults),
             rate: Mutex::new(RateWindow::new(rate_limit, now)),
             anonymous_rate: Mutex::new(RateWindow::new(60, now)),
+            caller_rates: Mutex::new(BTreeMap::new()),
+            rate_limit,
+            apps,
+            app_tokens: Mutex::new(Vec::new()),
+            token_requests: std::sync::atomic::AtomicU64::new(0),
             webhook: Mutex::new(webhook),
             deliveries: Mutex::new(Vec::new()),
             delivered,
@@ -191,6 +249,42 @@ impl Shared {
             done: watch::channel(0).0,
             clock,
         })
+    }
+
+    /// Run `f` on the rate-limit window of `key`.
+    pub fn with_window<T>(&self, key: RateKey, f: impl FnOnce(&mut RateWindow) -> T) -> T {
+        match key {
+            RateKey::User => f(&mut lock(&self.rate)),
+            RateKey::Anonymous => f(&mut lock(&self.anonymous_rate)),
+            other => {
+                let now = self.clock.now();
+                let mut windows = lock(&self.caller_rates);
+                let w = windows
+                    .entry(other)
+                    .or_insert_with(|| RateWindow::new(self.rate_limit, now));
+                f(w)
+            }
+        }
+    }
+
+    /// Hand out an installation token for installation `id` of `app`; `None` when the App
+    /// has no such installation.
+    pub fn issue_token(&self, app: &GithubApp, id: u64) -> Option<IssuedToken> {
+        let inst = app.installations.iter().find(|i| i.id == id)?;
+        let now = self.clock.now();
+        let issued = IssuedToken {
+            token: super::app::new_token(),
+            installation_id: id,
+            login: app.bot_login(),
+            repos: inst.repos.iter().map(|r| r.to_lowercase()).collect(),
+            expires_at: now.plus(super::app::TOKEN_LIFETIME),
+        };
+        let mut tokens = lock(&self.app_tokens);
+        tokens.retain(|t| t.expires_at > now);
+        tokens.push(issued.clone());
+        self.token_requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(issued)
     }
 
     pub fn forge(&self) -> MutexGuard<'_, Forge> {
@@ -425,13 +519,18 @@ impl Shared {
                 ));
             }
         }
+        if let Some(o) = owner.filter(|o| !is_valid_login(o)) {
+            return Err(invalid("head", format!("{o:?} is not a valid owner")));
+        }
         self.with_repo_events(full_name, |state, repo, ids| {
-            if let Some(o) = owner.filter(|o| !o.eq_ignore_ascii_case(state.spec.owner())) {
-                return Err(invalid(
-                    "head",
-                    format!("head names a fork ({o}); the twin serves no forks"),
-                ));
-            }
+            // `owner:branch` with another owner names a branch of that owner's fork.
+            let fork = owner
+                .filter(|o| !o.eq_ignore_ascii_case(state.spec.owner()))
+                .map(str::to_string);
+            let head_refname = match &fork {
+                Some(o) => git::fork_ref(o, &head),
+                None => format!("refs/heads/{head}"),
+            };
             if title.trim().is_empty() {
                 return Err(GithubError::Validation {
                     resource: "PullRequest",
@@ -440,7 +539,7 @@ impl Shared {
                     message: "title is missing".into(),
                 });
             }
-            let head_tip = git::branch_tip(repo, &head)
+            let head_tip = git::ref_tip(repo, &head_refname)
                 .map_err(git_err("read head branch"))?
                 .ok_or_else(|| invalid("head", format!("head branch {head} does not exist")))?;
             let base_tip = git::branch_tip(repo, base)
@@ -454,18 +553,20 @@ impl Shared {
                     message: format!("No commits between {base} and {head}"),
                 });
             }
-            if state
-                .pulls
-                .iter()
-                .any(|p| p.state == PullState::Open && p.head_ref == head && p.base_ref == base)
-            {
+            if state.pulls.iter().any(|p| {
+                p.state == PullState::Open
+                    && p.head_ref == head
+                    && p.base_ref == base
+                    && p.head_owner.as_deref().map(str::to_lowercase)
+                        == fork.as_deref().map(str::to_lowercase)
+            }) {
                 return Err(GithubError::Validation {
                     resource: "PullRequest",
                     field: "head",
                     code: "custom",
                     message: format!(
                         "A pull request already exists for {}:{head}.",
-                        state.spec.owner()
+                        fork.as_deref().unwrap_or(state.spec.owner())
                     ),
                 });
             }
@@ -489,6 +590,7 @@ impl Shared {
                 created_at: now,
                 updated_at: now,
                 draft,
+                head_owner: fork,
             };
             ids.next_pull_id += 1;
             git::set_ref(
@@ -551,7 +653,7 @@ impl Shared {
             if pr.base_ref == branch {
                 pr.base_sha = after_s.clone();
             }
-            if pr.head_ref == branch {
+            if pr.head_owner.is_none() && pr.head_ref == branch {
                 pr.head_sha = after_s.clone();
                 pr.updated_at = now;
                 git::set_ref(
@@ -596,6 +698,108 @@ impl Shared {
             let events = self.branch_moved(state, repo, branch, before, after, pusher)?;
             Ok((after.to_string(), events))
         })
+    }
+
+    /// Commit `files` on the branch `branch` of `fork_owner`'s fork (created from the
+    /// default branch when missing). GitHub sends the `push` to the fork's own hooks, so
+    /// the served repository hears only `pull_request synchronize` for PRs from it.
+    pub fn push_fork_files(
+        &self,
+        full_name: &str,
+        fork_owner: &str,
+        branch: &str,
+        files: &[(String, String)],
+        message: &str,
+        pusher: &str,
+    ) -> Result<(String, Ticket), GithubError> {
+        let now = self.clock.now();
+        check_branch(branch)?;
+        if !is_valid_login(fork_owner) {
+            return Err(GithubError::Validation {
+                resource: "Repository",
+                field: "owner",
+                code: "invalid",
+                message: format!("{fork_owner:?} is not a valid owner"),
+            });
+        }
+        self.with_repo_events(full_name, |state, repo, _| {
+            let start = git::branch_tip(repo, &state.spec.default_branch)
+                .map_err(git_err("read default branch"))?;
+            let sig = git::signature(pusher, &format!("{pusher}@users.noreply.twin"), now)
+                .map_err(git_err("make signature"))?;
+            let refname = git::fork_ref(fork_owner, branch);
+            let (before, after) =
+                git::commit_files_on_ref(repo, &refname, start, files, message, &sig)
+                    .map_err(git_err(format!("commit on {fork_owner}:{branch}")))?;
+            let before_s = before.map(|b| b.to_string()).unwrap_or("0".repeat(40));
+            let after_s = after.to_string();
+            let mut events = Vec::new();
+            for i in 0..state.pulls.len() {
+                let pr = &mut state.pulls[i];
+                let ours = pr
+                    .head_owner
+                    .as_deref()
+                    .is_some_and(|o| o.eq_ignore_ascii_case(fork_owner));
+                if pr.state != PullState::Open || !ours || pr.head_ref != branch {
+                    continue;
+                }
+                pr.head_sha = after_s.clone();
+                pr.updated_at = now;
+                git::set_ref(
+                    repo,
+                    &format!("refs/pull/{}/head", pr.number),
+                    after,
+                    "synchronize",
+                )
+                .map_err(git_err("write refs/pull/N/head"))?;
+                let pr = pr.clone();
+                events.push(self.pull_event(
+                    state,
+                    repo,
+                    &pr,
+                    "synchronize",
+                    pusher,
+                    json!({ "before": before_s, "after": after_s }),
+                ));
+            }
+            Ok((after_s, events))
+        })
+    }
+
+    /// Give `login` a role on a repository (replacing any earlier one).
+    pub fn add_collaborator(
+        &self,
+        full_name: &str,
+        login: &str,
+        role: model::Role,
+    ) -> Result<(), GithubError> {
+        if !is_valid_login(login) {
+            return Err(GithubError::Validation {
+                resource: "Collaborator",
+                field: "login",
+                code: "invalid",
+                message: format!("{login:?} is not a valid login"),
+            });
+        }
+        self.with_repo(full_name, |state, _, _| {
+            state
+                .collaborators
+                .insert(login.to_lowercase(), (login.to_string(), role));
+            Ok(())
+        })
+    }
+
+    /// The role `login` has on a repository: the token's own user and the repository's
+    /// owner are admins; anyone else only what [`Shared::add_collaborator`] gave them.
+    pub fn role_of(&self, state: &RepoState, login: &str) -> Option<model::Role> {
+        if login.eq_ignore_ascii_case(&self.login) || login.eq_ignore_ascii_case(state.spec.owner())
+        {
+            return Some(model::Role::Admin);
+        }
+        state
+            .collaborators
+            .get(&login.to_lowercase())
+            .map(|(_, role)| *role)
     }
 
     /// Point `branch` at `sha`, as a (force) push does.
@@ -654,7 +858,7 @@ impl Shared {
                 } else {
                     format!(
                         "Merge pull request #{number} from {}/{}",
-                        state.spec.owner(),
+                        pr.head_owner.as_deref().unwrap_or(state.spec.owner()),
                         pr.head_ref
                     )
                 }
@@ -870,6 +1074,18 @@ impl Shared {
     }
 }
 
+/// GitHub's login rules: 1 to 39 ASCII letters, digits or single inner hyphens; an App's
+/// bot login adds `[bot]`.
+pub fn is_valid_login(login: &str) -> bool {
+    let name = login.strip_suffix("[bot]").unwrap_or(login);
+    !name.is_empty()
+        && name.len() <= 39
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && !name.contains("--")
+}
+
 fn check_branch(branch: &str) -> Result<(), GithubError> {
     if git::is_valid_branch(branch) {
         Ok(())
@@ -914,7 +1130,7 @@ fn refresh_open_pulls(state: &mut RepoState, repo: &Repository) -> Result<(), Gi
         .iter_mut()
         .filter(|p| p.state == PullState::Open)
     {
-        if let Some(tip) = git::branch_tip(repo, &pr.head_ref).map_err(git_err("read head"))? {
+        if let Some(tip) = git::ref_tip(repo, &pr.head_refname()).map_err(git_err("read head"))? {
             let tip = tip.to_string();
             if tip != pr.head_sha {
                 pr.head_sha = tip;

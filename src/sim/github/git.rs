@@ -24,7 +24,18 @@ pub fn is_valid_branch(name: &str) -> bool {
 
 /// The commit a branch points at, or `None` when the branch does not exist.
 pub fn branch_tip(repo: &Repository, branch: &str) -> Result<Option<Oid>, git2::Error> {
-    match repo.find_reference(&format!("refs/heads/{branch}")) {
+    ref_tip(repo, &format!("refs/heads/{branch}"))
+}
+
+/// Where the twin keeps the branch `branch` of `owner`'s fork: in the served repository
+/// itself, under a namespace GitHub's own `refs/heads` never sees.
+pub fn fork_ref(owner: &str, branch: &str) -> String {
+    format!("refs/forks/{}/{branch}", owner.to_lowercase())
+}
+
+/// The commit a full ref name points at, or `None` when the ref does not exist.
+pub fn ref_tip(repo: &Repository, refname: &str) -> Result<Option<Oid>, git2::Error> {
+    match repo.find_reference(refname) {
         Ok(r) => Ok(Some(r.peel_to_commit()?.id())),
         Err(e) if e.code() == git2::ErrorCode::NotFound => Ok(None),
         Err(e) => Err(e),
@@ -119,10 +130,29 @@ pub fn commit_files(
     message: &str,
     sig: &Signature<'_>,
 ) -> Result<(Option<Oid>, Oid), git2::Error> {
-    let old = branch_tip(repo, branch)?;
+    commit_files_on_ref(
+        repo,
+        &format!("refs/heads/{branch}"),
+        start,
+        files,
+        message,
+        sig,
+    )
+}
+
+/// [`commit_files`] on any ref (a fork's branch lives outside `refs/heads`).
+pub fn commit_files_on_ref(
+    repo: &Repository,
+    refname: &str,
+    start: Option<Oid>,
+    files: &[(String, String)],
+    message: &str,
+    sig: &Signature<'_>,
+) -> Result<(Option<Oid>, Oid), git2::Error> {
+    let old = ref_tip(repo, refname)?;
     let Some(parent_oid) = old.or(start) else {
         return Err(git2::Error::from_str(&format!(
-            "branch {branch} does not exist and no start commit was given"
+            "{refname} does not exist and no start commit was given"
         )));
     };
     let parent = repo.find_commit(parent_oid)?;
@@ -134,10 +164,9 @@ pub fn commit_files(
     let tree_oid = update.create_updated(repo, &parent.tree()?)?;
     let tree = repo.find_tree(tree_oid)?;
     let oid = repo.commit(None, sig, sig, message, &tree, &[&parent])?;
-    let refname = format!("refs/heads/{branch}");
     match old {
-        Some(old) => repo.reference_matching(&refname, oid, true, old, message)?,
-        None => repo.reference(&refname, oid, false, message)?,
+        Some(old) => repo.reference_matching(refname, oid, true, old, message)?,
+        None => repo.reference(refname, oid, false, message)?,
     };
     Ok((old, oid))
 }

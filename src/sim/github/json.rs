@@ -117,6 +117,54 @@ fn branch_end(base: &str, repo: &RepoState, branch: &str, sha: &str) -> Value {
     })
 }
 
+/// The head of a PR from `owner`'s fork: its label, user and repository are the fork's.
+fn fork_branch_end(base: &str, repo: &RepoState, owner: &str, branch: &str, sha: &str) -> Value {
+    json!({
+        "label": format!("{owner}:{branch}"),
+        "ref": branch,
+        "sha": sha,
+        "user": user(base, owner),
+        "repo": fork_repository(base, repo, owner),
+    })
+}
+
+/// `owner`'s fork of `repo`: same name, its own id and owner, `fork: true`.
+pub fn fork_repository(base: &str, repo: &RepoState, owner: &str) -> Value {
+    let mut v = repository(base, repo);
+    let full_name = format!("{owner}/{}", repo.spec.name());
+    let id = 800_000_000 + user_id(&full_name);
+    let url = format!("{base}/repos/{full_name}");
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("id".into(), json!(id));
+        obj.insert("node_id".into(), json!(node_id("R", id)));
+        obj.insert("full_name".into(), json!(full_name));
+        obj.insert("owner".into(), user(base, owner));
+        obj.insert("fork".into(), json!(true));
+        obj.insert("html_url".into(), json!(format!("{base}/{full_name}")));
+        obj.insert("url".into(), json!(url));
+        obj.insert("pulls_url".into(), json!(format!("{url}/pulls{{/number}}")));
+        obj.insert(
+            "statuses_url".into(),
+            json!(format!("{url}/statuses/{{sha}}")),
+        );
+        obj.insert(
+            "commits_url".into(),
+            json!(format!("{url}/commits{{/sha}}")),
+        );
+        obj.insert(
+            "issue_comment_url".into(),
+            json!(format!("{url}/issues/comments{{/number}}")),
+        );
+        obj.insert(
+            "comments_url".into(),
+            json!(format!("{url}/comments{{/number}}")),
+        );
+        obj.insert("git_url".into(), json!(format!("{base}/{full_name}.git")));
+        obj.insert("clone_url".into(), json!(format!("{base}/{full_name}.git")));
+    }
+    v
+}
+
 /// The PR shape. `detail` adds the fields only `GET /pulls/{n}` and webhooks carry
 /// (`merged`, `mergeable`, counts); the list endpoint omits them, as GitHub does.
 pub fn pull_request(
@@ -171,7 +219,10 @@ pub fn pull_request(
         "assignees": [],
         "requested_reviewers": [],
         "requested_teams": [],
-        "head": branch_end(base, repo, &pr.head_ref, &pr.head_sha),
+        "head": match &pr.head_owner {
+            Some(owner) => fork_branch_end(base, repo, owner, &pr.head_ref, &pr.head_sha),
+            None => branch_end(base, repo, &pr.head_ref, &pr.head_sha),
+        },
         "base": branch_end(base, repo, &pr.base_ref, &pr.base_sha),
         "_links": links,
         "author_association": association(repo, &pr.user),

@@ -6,7 +6,12 @@
 //! comment). The shapes follow GitHub's REST documentation and deserialize into
 //! octocrab's models.
 //!
-//! Routes (all need `Authorization: Bearer|token <token>`):
+//! Routes (all need `Authorization: Bearer|token <token>`: the personal access token, an
+//! installation token, or — for the `/app` routes only — an App's JWT):
+//! - `GET /app`, `POST /app/installations/{id}/access_tokens`,
+//!   `GET /repos/{o}/{r}/installation` (JWT, RS256 with the App's key; `iss`, `iat`, `exp`
+//!   checked on the twin's clock, 401 with GitHub's messages)
+//! - `GET /repos/{o}/{r}/collaborators/{user}/permission`
 //! - `GET /rate_limit`, `GET /user`, `GET /repos/{o}/{r}`
 //! - `GET|POST /repos/{o}/{r}/pulls` (`state`, `head=owner:branch`, `base`, `sort`,
 //!   `direction`, `per_page`, `page`, `Link`), `GET /repos/{o}/{r}/pulls/{n}`
@@ -26,15 +31,22 @@
 //! branches, `refs/pull/{n}/head`, real merge commits, webhooks (`pull_request` opened /
 //! synchronize / closed, `push`, `issue_comment` created / edited) with
 //! `X-Hub-Signature-256`, delivered in order by one task; `ETag` on every 200 to a GET
-//! and a free 304 for a matching `If-None-Match`. Faults: 5xx bursts, secondary
-//! rate limits, dropped webhooks.
+//! and a free 304 for a matching `If-None-Match`. GitHub Apps ([`GithubApp`]):
+//! installation tokens (`ghs_…`, one hour on the twin's clock) scoped to their
+//! installation's repositories, with their own rate-limit window, acting as
+//! `<slug>[bot]`. Collaborator roles ([`GithubTwin::add_collaborator`]; the token's user
+//! and the owner are admins). PRs from forks ([`GithubTwin::push_fork_commit`],
+//! [`GithubTwin::open_fork_pull_request`]): `head.repo` is the fork, `fork: true`.
+//! Faults: 5xx bursts, secondary rate limits, dropped webhooks.
 //!
-//! Not simulated: forks, drafts beyond the flag, reviews, labels, check runs, branch
-//! protection and required checks, GraphQL, `If-Modified-Since`, HTTPS,
-//! webhook redelivery, the test merge commit of an open PR (`merge_commit_sha` stays
-//! null until merged), permissions beyond one token.
+//! Not simulated: fork repositories beyond a PR's head, drafts beyond the flag, reviews,
+//! labels, check runs, branch protection and required checks, GraphQL,
+//! `If-Modified-Since`, HTTPS, webhook redelivery, the test merge commit of an open PR
+//! (`merge_commit_sha` stays null until merged), App webhooks and token narrowing,
+//! permission checks on writes.
 
 mod api;
+mod app;
 mod forge;
 mod git;
 mod json;
@@ -50,8 +62,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use app::{AppInstallation, GithubApp};
 pub use forge::MergeRequest;
-pub use model::{CommitStatus, IssueComment, PullRequest, PullState, RepoSpec, StatusState};
+pub use model::{CommitStatus, IssueComment, PullRequest, PullState, RepoSpec, Role, StatusState};
 pub use smart_http::MAX_GIT_BODY;
 pub use webhook::{signature_256, Delivery, DeliveryOutcome, WebhookTarget};
 
@@ -96,6 +109,10 @@ pub enum GithubError {
         #[source]
         source: std::io::Error,
     },
+    #[error("GitHub App key: {0}")]
+    AppKey(String),
+    #[error("{0:?} is not a collaborator role (admin, maintain, write, triage or read)")]
+    UnknownRole(String),
     #[error("the emulator's clone of {repo}: {message}")]
     Clone { repo: PathBuf, message: String },
 }
@@ -143,6 +160,8 @@ pub struct GithubTwinConfig {
     pub listen: SocketAddr,
     /// Connection limits of the listener.
     pub net: NetLimits,
+    /// GitHub Apps that may authenticate with a JWT and trade it for installation tokens.
+    pub apps: Vec<GithubApp>,
 }
 
 impl Default for GithubTwinConfig {
@@ -156,6 +175,7 @@ impl Default for GithubTwinConfig {
             faults: GithubFaults::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             net: NetLimits::default(),
+            apps: Vec::new(),
         }
     }
 }
@@ -214,6 +234,7 @@ impl GithubTwin {
             config.webhook,
             config.faults,
             config.rate_limit,
+            config.apps,
         )?);
         let app = api::router(shared.clone()).merge(smart_http::router(shared.clone()));
         let (stop, stopped) = watch::channel(false);
@@ -370,6 +391,62 @@ impl GithubTwin {
         let ticket = self.shared.close_pull(repo, number, user)?;
         self.shared.wait_delivered(ticket).await;
         Ok(())
+    }
+
+    /// Commit `files` on `branch` of `fork_owner`'s fork of `repo` (made from the default
+    /// branch when new); a PR from it hears `synchronize`. Returns the new commit's sha.
+    pub async fn push_fork_commit(
+        &self,
+        repo: &str,
+        fork_owner: &str,
+        branch: &str,
+        files: &[(&str, &str)],
+        message: &str,
+    ) -> Result<String, GithubError> {
+        let files: Vec<(String, String)> = files
+            .iter()
+            .map(|(p, c)| (p.to_string(), c.to_string()))
+            .collect();
+        let (sha, ticket) = self
+            .shared
+            .push_fork_files(repo, fork_owner, branch, &files, message, fork_owner)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(sha)
+    }
+
+    /// Open a PR from `branch` of `fork_owner`'s fork (see [`GithubTwin::push_fork_commit`])
+    /// into `base`, as `author`; waits for the `opened` webhook.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn open_fork_pull_request(
+        &self,
+        repo: &str,
+        fork_owner: &str,
+        branch: &str,
+        base: &str,
+        title: &str,
+        body: &str,
+        author: &str,
+    ) -> Result<PullRequest, GithubError> {
+        let head = format!("{fork_owner}:{branch}");
+        let (pr, ticket) =
+            self.shared
+                .create_pull(repo, &head, base, title, Some(body), author, false)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(pr)
+    }
+
+    /// Make `login` a collaborator on `repo` with `role` (`admin`, `maintain`, `write`,
+    /// `triage` or `read`).
+    pub fn add_collaborator(&self, repo: &str, login: &str, role: &str) -> Result<(), GithubError> {
+        let role = Role::parse(role).ok_or_else(|| GithubError::UnknownRole(role.to_string()))?;
+        self.shared.add_collaborator(repo, login, role)
+    }
+
+    /// How many installation access tokens the twin handed out.
+    pub fn installation_token_requests(&self) -> u64 {
+        self.shared
+            .token_requests
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Comment on a PR as `author` (e.g. `/ichor retry`); waits for the webhook.

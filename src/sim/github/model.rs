@@ -74,6 +74,63 @@ pub struct PullRequest {
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub draft: bool,
+    /// The owner of the fork the head branch lives in; `None` for a branch of the
+    /// repository itself.
+    pub head_owner: Option<String>,
+}
+
+impl PullRequest {
+    /// The ref holding the head branch in the served repository.
+    pub fn head_refname(&self) -> String {
+        match &self.head_owner {
+            Some(owner) => super::git::fork_ref(owner, &self.head_ref),
+            None => format!("refs/heads/{}", self.head_ref),
+        }
+    }
+}
+
+/// A collaborator's role on a repository, weakest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    Read,
+    Triage,
+    Write,
+    Maintain,
+    Admin,
+}
+
+impl Role {
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "read" | "pull" => Some(Role::Read),
+            "triage" => Some(Role::Triage),
+            "write" | "push" => Some(Role::Write),
+            "maintain" => Some(Role::Maintain),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+
+    /// The `role_name` GitHub reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Read => "read",
+            Role::Triage => "triage",
+            Role::Write => "write",
+            Role::Maintain => "maintain",
+            Role::Admin => "admin",
+        }
+    }
+
+    /// The coarse `permission` GitHub reports beside it: maintain counts as write and
+    /// triage as read.
+    pub fn permission(self) -> &'static str {
+        match self {
+            Role::Read | Role::Triage => "read",
+            Role::Write | Role::Maintain => "write",
+            Role::Admin => "admin",
+        }
+    }
 }
 
 /// One commit status as posted.
@@ -138,6 +195,8 @@ pub struct RepoState {
     /// Per commit sha, oldest first.
     pub statuses: BTreeMap<String, Vec<CommitStatus>>,
     pub comments: Vec<IssueComment>,
+    /// Lower-cased login → (login as given, role).
+    pub collaborators: BTreeMap<String, (String, Role)>,
 }
 
 /// GitHub's cap on statuses for one (sha, context) pair.

@@ -1,0 +1,814 @@
+//! ichor's GitHub client (`ichor::forge::github`) against the GitHub twin over loopback,
+//! with a manual clock: statuses posted only when they change, the sticky comment, App
+//! authentication and token refresh, rate limits and retries waited out on the clock,
+//! ETags, permissions, and the pull request shapes.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use git2::{Oid, Repository, Signature, Time};
+
+use ichor::clock::Clock;
+use ichor::forge::github::{
+    ForgeError, GithubAuth, GithubClient, GithubConfig, Permission, StatusState,
+};
+use ichor::secret::Secret;
+use ichor::sim::github::{
+    AppInstallation, GithubApp, GithubTwin, GithubTwinConfig, RepoSpec, RENOVATE_LOGIN,
+};
+
+const REPO: &str = "home/ops";
+const BUMP: &str = "renovate/ghcr.io-siderolabs-installer-1.x";
+const MARKER: &str = "<!-- ichor:lab -->";
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    bump: Oid,
+}
+
+fn commit(
+    repo: &Repository,
+    refname: &str,
+    parent: Option<Oid>,
+    files: &[(&str, &str)],
+    secs: i64,
+) -> Result<Oid, git2::Error> {
+    let sig = Signature::new("Ops", "ops@example.org", &Time::new(secs, 0))?;
+    let parent = parent.map(|p| repo.find_commit(p)).transpose()?;
+    let mut builder = git2::build::TreeUpdateBuilder::new();
+    for (path, content) in files {
+        let blob = repo.blob(content.as_bytes())?;
+        builder.upsert(*path, blob, git2::FileMode::Blob);
+    }
+    let tree_oid = match &parent {
+        Some(p) => builder.create_updated(repo, &p.tree()?)?,
+        None => {
+            let empty = repo.treebuilder(None)?.write()?;
+            builder.create_updated(repo, &repo.find_tree(empty)?)?
+        }
+    };
+    let tree = repo.find_tree(tree_oid)?;
+    let parents: Vec<&git2::Commit<'_>> = parent.iter().collect();
+    let oid = repo.commit(None, &sig, &sig, "commit", &tree, &parents)?;
+    repo.reference(refname, oid, true, "commit")?;
+    Ok(oid)
+}
+
+/// main with a release set, and a Renovate branch bumping Talos.
+fn fixture() -> Result<Fixture, Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("ops.git");
+    let repo = Repository::init_bare(&path)?;
+    repo.set_head("refs/heads/main")?;
+    let file = "clusters/lab/release-set.yaml";
+    let root = commit(
+        &repo,
+        "refs/heads/main",
+        None,
+        &[(file, "spec:\n  talos: v1.12.0\n")],
+        1_767_225_600,
+    )?;
+    let bump = commit(
+        &repo,
+        &format!("refs/heads/{BUMP}"),
+        Some(root),
+        &[(file, "spec:\n  talos: v1.13.0\n")],
+        1_767_225_700,
+    )?;
+    Ok(Fixture {
+        _dir: dir,
+        path,
+        bump,
+    })
+}
+
+async fn twin_with(
+    fx: &Fixture,
+    clock: &Clock,
+    config: GithubTwinConfig,
+) -> Result<GithubTwin, Box<dyn std::error::Error>> {
+    Ok(GithubTwin::start_with(
+        clock.clone(),
+        GithubTwinConfig {
+            repos: vec![RepoSpec::new(REPO, &fx.path)],
+            ..config
+        },
+    )
+    .await?)
+}
+
+fn token_config(twin: &GithubTwin) -> GithubConfig {
+    GithubConfig {
+        api_url: twin.base_url(),
+        repo: REPO.to_string(),
+        auth: GithubAuth::Token(Secret::new(twin.token())),
+    }
+}
+
+async fn connect(twin: &GithubTwin, clock: &Clock) -> Result<GithubClient, ForgeError> {
+    GithubClient::connect(token_config(twin), clock.clone()).await
+}
+
+/// Run `task` to completion, moving the manual clock to each sleep's deadline as the
+/// client waits (rate limits, backoff). The wall-clock bound only guards against a hang.
+async fn drive<T: Send + 'static>(clock: &Clock, task: tokio::task::JoinHandle<T>) -> T {
+    let guard = Instant::now() + Duration::from_secs(60);
+    let mut task = task;
+    loop {
+        if task.is_finished() {
+            return (&mut task).await.expect("task panicked");
+        }
+        if let Some(t) = clock.next_wakeup() {
+            clock.advance_to(t);
+        }
+        assert!(Instant::now() < guard, "the call did not finish");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Wait (without moving time) until the client sleeps on the clock; its deadline.
+async fn sleeping_until(clock: &Clock) -> ichor::clock::Timestamp {
+    let guard = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(t) = clock.next_wakeup() {
+            return t;
+        }
+        assert!(Instant::now() < guard, "the client never waited");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A fresh RSA key in PKCS#1 PEM, or `None` (with a notice) when `openssl` is missing.
+fn openssl_pkcs1_key() -> Option<String> {
+    match std::process::Command::new("openssl")
+        .args(["genrsa", "-traditional", "2048"])
+        .output()
+    {
+        Ok(out) if out.status.success() => String::from_utf8(out.stdout).ok(),
+        _ => {
+            eprintln!("NOTICE: openssl is not available; skipping the GitHub App test");
+            None
+        }
+    }
+}
+
+// ----- statuses -----
+
+#[tokio::test]
+async fn set_status_posts_only_when_the_status_changes() -> TestResult {
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, GithubTwinConfig::default()).await?;
+    let client = connect(&twin, &clock).await?;
+    assert_eq!(client.login(), twin.login());
+    assert_eq!(client.repo(), REPO);
+    let sha = fx.bump.to_string();
+
+    assert!(
+        client
+            .set_status(&sha, "ichor/gate", StatusState::Pending, "evaluating", None)
+            .await?
+    );
+    assert!(
+        !client
+            .set_status(&sha, "ichor/gate", StatusState::Pending, "evaluating", None)
+            .await?
+    );
+    assert_eq!(twin.statuses(REPO, &sha)?.len(), 1);
+
+    // A restarted client has no memory: it reads the newest status and still posts nothing.
+    let fresh = connect(&twin, &clock).await?;
+    assert!(
+        !fresh
+            .set_status(&sha, "ichor/gate", StatusState::Pending, "evaluating", None)
+            .await?
+    );
+    assert_eq!(twin.statuses(REPO, &sha)?.len(), 1);
+
+    assert!(
+        fresh
+            .set_status(
+                &sha,
+                "ichor/gate",
+                StatusState::Success,
+                "all checks pass",
+                Some("https://ichor.example/lab")
+            )
+            .await?
+    );
+    let all = twin.statuses(REPO, &sha)?;
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[1].state, ichor::sim::github::StatusState::Success);
+    assert_eq!(all[1].creator, twin.login());
+    assert_eq!(
+        all[1].target_url.as_deref(),
+        Some("https://ichor.example/lab")
+    );
+    // The first client's memory is stale; it rereads nothing but posts the change it wants.
+    assert!(
+        client
+            .set_status(&sha, "ichor/gate", StatusState::Failure, "blocked", None)
+            .await?
+    );
+    assert_eq!(twin.statuses(REPO, &sha)?.len(), 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn renovate_contexts_are_refused_and_long_descriptions_cut_to_140() -> TestResult {
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, GithubTwinConfig::default()).await?;
+    let client = connect(&twin, &clock).await?;
+    let sha = fx.bump.to_string();
+
+    let refused = client
+        .set_status(&sha, "renovate/x", StatusState::Success, "ok", None)
+        .await;
+    assert!(
+        matches!(&refused, Err(ForgeError::Refused(m)) if m.contains("renovate/")),
+        "{refused:?}"
+    );
+    let too_long = client
+        .set_status(&sha, &"c".repeat(256), StatusState::Success, "ok", None)
+        .await;
+    assert!(matches!(too_long, Err(ForgeError::Refused(_))));
+    assert!(twin.statuses(REPO, &sha)?.is_empty(), "nothing was sent");
+
+    let long = "ü".repeat(200);
+    assert!(
+        client
+            .set_status(&sha, "ichor/gate", StatusState::Failure, &long, None)
+            .await?
+    );
+    let posted = twin.statuses(REPO, &sha)?;
+    let description = posted[0].description.clone().unwrap_or_default();
+    assert_eq!(description.chars().count(), 140);
+    assert!(description.ends_with('…'));
+    // The same long description again is recognised as unchanged.
+    assert!(
+        !client
+            .set_status(&sha, "ichor/gate", StatusState::Failure, &long, None)
+            .await?
+    );
+    Ok(())
+}
+
+// ----- the sticky comment -----
+
+#[tokio::test]
+async fn upsert_comment_creates_then_edits_in_place_and_ignores_others() -> TestResult {
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, GithubTwinConfig::default()).await?;
+    let pr = twin
+        .open_pull_request(REPO, BUMP, "main", "Update talos", "", RENOVATE_LOGIN)
+        .await?;
+    // Someone else pastes our marker first: that comment must stay theirs.
+    let pasted = format!("{MARKER} look, I can fake it");
+    let foreign = twin.comment(REPO, pr.number, &pasted, "mallory").await?;
+    let client = connect(&twin, &clock).await?;
+
+    let id = client
+        .upsert_comment(pr.number, MARKER, "checklist v1")
+        .await?;
+    assert_ne!(id, foreign.id);
+    let again = client
+        .upsert_comment(pr.number, MARKER, "checklist v2")
+        .await?;
+    assert_eq!(again, id, "edited in place");
+    let same = client
+        .upsert_comment(pr.number, MARKER, "checklist v2")
+        .await?;
+    assert_eq!(same, id);
+
+    let comments = twin.comments(REPO, pr.number)?;
+    assert_eq!(comments.len(), 2, "{comments:?}");
+    let ours: Vec<_> = comments.iter().filter(|c| c.user == twin.login()).collect();
+    assert_eq!(ours.len(), 1);
+    assert_eq!(ours[0].body, format!("{MARKER}\nchecklist v2"));
+    let theirs = comments.iter().find(|c| c.id == foreign.id);
+    assert_eq!(theirs.map(|c| c.body.as_str()), Some(pasted.as_str()));
+
+    // A report longer than GitHub's limit is cut, with a note, and still accepted.
+    let huge = "x".repeat(70_000);
+    assert_eq!(client.upsert_comment(pr.number, MARKER, &huge).await?, id);
+    let cut = twin
+        .comments(REPO, pr.number)?
+        .into_iter()
+        .find(|c| c.id == id)
+        .map(|c| c.body)
+        .unwrap_or_default();
+    assert_eq!(cut.chars().count(), 65_536);
+    assert!(cut.starts_with(MARKER) && cut.contains("truncated"));
+
+    let plain = client.post_comment(pr.number, "/ichor noted").await?;
+    assert_ne!(plain, id);
+    assert_eq!(twin.comments(REPO, pr.number)?.len(), 3);
+    Ok(())
+}
+
+// ----- GitHub App authentication -----
+
+fn app_twin_config(pem: &str) -> Result<GithubTwinConfig, Box<dyn std::error::Error>> {
+    Ok(GithubTwinConfig {
+        apps: vec![GithubApp::from_private_key_pem(
+            1234,
+            "ichor",
+            pem,
+            vec![AppInstallation {
+                id: 99,
+                repos: vec![REPO.to_string()],
+            }],
+        )?],
+        ..GithubTwinConfig::default()
+    })
+}
+
+fn app_config(twin: &GithubTwin, pem: &str) -> GithubConfig {
+    GithubConfig {
+        api_url: twin.base_url(),
+        repo: REPO.to_string(),
+        auth: GithubAuth::App {
+            app_id: 1234,
+            installation_id: 99,
+            private_key: Secret::new(pem),
+        },
+    }
+}
+
+#[tokio::test]
+async fn app_auth_end_to_end_with_token_refresh() -> TestResult {
+    let Some(pem) = openssl_pkcs1_key() else {
+        return Ok(());
+    };
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, app_twin_config(&pem)?).await?;
+    let client = GithubClient::connect(app_config(&twin, &pem), clock.clone()).await?;
+    assert_eq!(client.login(), "ichor[bot]");
+    assert_eq!(twin.installation_token_requests(), 1);
+
+    let sha = fx.bump.to_string();
+    assert!(
+        client
+            .set_status(&sha, "ichor/gate", StatusState::Pending, "evaluating", None)
+            .await?
+    );
+    let pr = twin
+        .open_pull_request(REPO, BUMP, "main", "Update talos", "", RENOVATE_LOGIN)
+        .await?;
+    let id = client.upsert_comment(pr.number, MARKER, "v1").await?;
+    assert_eq!(twin.statuses(REPO, &sha)?[0].creator, "ichor[bot]");
+    assert_eq!(twin.comments(REPO, pr.number)?[0].user, "ichor[bot]");
+    assert_eq!(twin.installation_token_requests(), 1, "the token is reused");
+
+    // 56 minutes on: under five minutes of the token remain, so the next call buys a new one.
+    clock.advance(Duration::from_secs(56 * 60));
+    assert_eq!(client.upsert_comment(pr.number, MARKER, "v2").await?, id);
+    assert_eq!(twin.installation_token_requests(), 2);
+
+    // Far past every token's expiry: refreshed again, and the sticky comment is still found.
+    clock.advance(Duration::from_secs(3 * 3600));
+    assert_eq!(client.upsert_comment(pr.number, MARKER, "v3").await?, id);
+    assert!(
+        client
+            .set_status(&sha, "ichor/gate", StatusState::Success, "ok", None)
+            .await?
+    );
+    assert_eq!(twin.installation_token_requests(), 3);
+    assert_eq!(twin.comments(REPO, pr.number)?.len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_jwt_signed_by_another_key_is_a_clear_auth_error() -> TestResult {
+    let (Some(known), Some(other)) = (openssl_pkcs1_key(), openssl_pkcs1_key()) else {
+        return Ok(());
+    };
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, app_twin_config(&known)?).await?;
+    let err = match GithubClient::connect(app_config(&twin, &other), clock.clone()).await {
+        Ok(_) => return Err("a foreign key was accepted".into()),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(&err, ForgeError::Unauthorized { message, .. } if message.contains("JSON web token")),
+        "{err:?}"
+    );
+    assert!(!err.is_transient());
+    assert_eq!(twin.installation_token_requests(), 0);
+    let shown = format!("{err} {err:?}");
+    assert!(
+        !shown.contains("PRIVATE KEY") && !shown.contains("eyJ"),
+        "{shown}"
+    );
+    Ok(())
+}
+
+// ----- rate limits, retries, ETags -----
+
+#[tokio::test]
+async fn a_secondary_rate_limit_waits_retry_after_on_the_clock() -> TestResult {
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, GithubTwinConfig::default()).await?;
+    let client = connect(&twin, &clock).await?;
+    let sha = fx.bump.to_string();
+    twin.secondary_rate_limit_next(1, 30);
+
+    let start = clock.now();
+    let c = client.clone();
+    let s = sha.clone();
+    let mut task = tokio::spawn(async move {
+        c.set_status(&s, "ichor/gate", StatusState::Pending, "evaluating", None)
+            .await
+    });
+    let wake = sleeping_until(&clock).await;
+    assert_eq!(wake, start.plus(Duration::from_secs(30)));
+    assert!(!task.is_finished());
+    assert!(twin.statuses(REPO, &sha)?.is_empty());
+    clock.advance(Duration::from_secs(30));
+    let posted = tokio::time::timeout(Duration::from_secs(30), &mut task).await??;
+    assert!(posted?);
+    assert_eq!(twin.statuses(REPO, &sha)?.len(), 1);
+    assert_eq!(client.stats().rate_limited, 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn server_errors_are_retried_with_backoff() -> TestResult {
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, GithubTwinConfig::default()).await?;
+    let client = connect(&twin, &clock).await?;
+    let before = client.stats();
+    twin.fail_next_requests(2, 502);
+    let c = client.clone();
+    let pulls = drive(&clock, tokio::spawn(async move { c.open_pulls().await })).await?;
+    assert!(pulls.is_empty());
+    let after = client.stats();
+    assert_eq!(after.retries - before.retries, 2);
+    assert_eq!(after.requests - before.requests, 3);
+
+    // More failures than attempts: a transient error, not a hang.
+    twin.fail_next_requests(10, 503);
+    let c = client.clone();
+    let err = drive(&clock, tokio::spawn(async move { c.pull(1).await })).await;
+    assert!(
+        matches!(&err, Err(e @ ForgeError::Server { status: 503, .. }) if e.is_transient()),
+        "{err:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_exhausted_primary_rate_limit_waits_until_the_reset() -> TestResult {
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(
+        &fx,
+        &clock,
+        GithubTwinConfig {
+            rate_limit: 2,
+            ..GithubTwinConfig::default()
+        },
+    )
+    .await?;
+    let start = clock.now();
+    let client = connect(&twin, &clock).await?; // 1: GET /user
+    client.open_pulls().await?; // 2: the window is spent
+    let c = client.clone();
+    let mut task = tokio::spawn(async move { c.open_pulls().await });
+    let wake = sleeping_until(&clock).await;
+    // The twin's window resets an hour after it began; the client waits a second past it.
+    assert_eq!(wake, start.plus(Duration::from_secs(3601)));
+    clock.advance_to(wake);
+    let pulls = tokio::time::timeout(Duration::from_secs(30), &mut task).await??;
+    assert!(pulls?.is_empty());
+    assert_eq!(client.stats().rate_limited, 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn repeated_open_pulls_are_answered_304_from_the_etag_cache() -> TestResult {
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, GithubTwinConfig::default()).await?;
+    twin.open_pull_request(REPO, BUMP, "main", "Update talos", "", RENOVATE_LOGIN)
+        .await?;
+    let client = connect(&twin, &clock).await?;
+    let first = client.open_pulls().await?;
+    let second = client.open_pulls().await?;
+    assert_eq!(client.stats().not_modified, 1);
+    assert_eq!(first.len(), 1);
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].head_sha, first[0].head_sha);
+    // A change is seen: the ETag no longer matches.
+    let moved = twin
+        .push_commit(REPO, BUMP, &[("x", "y")], "more", RENOVATE_LOGIN)
+        .await?;
+    let third = client.open_pulls().await?;
+    assert_eq!(third[0].head_sha, moved);
+    assert_eq!(client.stats().not_modified, 1);
+    Ok(())
+}
+
+// ----- permissions and pull requests -----
+
+#[tokio::test]
+async fn permission_of_admins_writers_readers_and_strangers() -> TestResult {
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, GithubTwinConfig::default()).await?;
+    twin.add_collaborator(REPO, "wendy", "write")?;
+    twin.add_collaborator(REPO, "mae", "maintain")?;
+    twin.add_collaborator(REPO, "tri", "triage")?;
+    twin.add_collaborator(REPO, "reed", "read")?;
+    assert!(twin.add_collaborator(REPO, "x", "owner").is_err());
+    let client = connect(&twin, &clock).await?;
+    assert_eq!(client.permission(twin.login()).await?, Permission::Admin);
+    assert_eq!(client.permission("home").await?, Permission::Admin);
+    assert_eq!(client.permission("wendy").await?, Permission::Write);
+    assert_eq!(client.permission("mae").await?, Permission::Maintain);
+    assert_eq!(client.permission("tri").await?, Permission::Triage);
+    assert_eq!(client.permission("reed").await?, Permission::Read);
+    assert_eq!(client.permission("nobody").await?, Permission::None);
+    assert!(client.permission("wendy").await?.can_write());
+    assert!(!client.permission("tri").await?.can_write());
+    assert!(matches!(
+        client.permission("../../admin").await,
+        Err(ForgeError::Refused(_))
+    ));
+    Ok(())
+}
+
+#[tokio::test]
+async fn pulls_from_branches_and_forks_and_after_merge() -> TestResult {
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, GithubTwinConfig::default()).await?;
+    let renovate = twin
+        .open_pull_request(REPO, BUMP, "main", "Update talos", "", RENOVATE_LOGIN)
+        .await?;
+    let fork_sha = twin
+        .push_fork_commit(REPO, "mallory", "main", &[("evil", "1")], "evil")
+        .await?;
+    let fork = twin
+        .open_fork_pull_request(REPO, "mallory", "main", "main", "Improve", "", "mallory")
+        .await?;
+    let client = connect(&twin, &clock).await?;
+
+    let open = client.open_pulls().await?;
+    assert_eq!(open.len(), 2);
+    let r = open
+        .iter()
+        .find(|p| p.number == renovate.number)
+        .ok_or("renovate PR missing")?;
+    assert!(r.open && !r.merged && !r.from_fork);
+    assert_eq!(r.head_ref, BUMP);
+    assert_eq!(r.base_ref, "main");
+    assert_eq!(r.head_sha, fx.bump.to_string());
+    assert_eq!(r.author, RENOVATE_LOGIN);
+    assert_eq!(r.title, "Update talos");
+    assert_eq!(r.merge_commit_sha, None);
+    let f = client.pull(fork.number).await?;
+    assert!(f.from_fork && f.open);
+    assert_eq!(f.head_ref, "main");
+    assert_eq!(f.head_sha, fork_sha);
+    assert_eq!(f.author, "mallory");
+
+    // The webhook payload says the same.
+    let opened = twin
+        .deliveries()
+        .into_iter()
+        .filter(|d| d.event == "pull_request")
+        .map(|d| serde_json::from_str::<serde_json::Value>(&d.body))
+        .collect::<Result<Vec<_>, _>>()?;
+    let fork_event = opened
+        .iter()
+        .find(|p| p["number"] == fork.number)
+        .ok_or("no webhook for the fork PR")?;
+    assert_eq!(fork_event["action"], "opened");
+    assert_eq!(
+        fork_event["pull_request"]["head"]["repo"]["full_name"],
+        "mallory/ops"
+    );
+    assert_eq!(fork_event["pull_request"]["head"]["repo"]["fork"], true);
+    assert_eq!(fork_event["pull_request"]["head"]["sha"], fork_sha.as_str());
+    assert_eq!(fork_event["pull_request"]["base"]["ref"], "main");
+    assert_eq!(fork_event["pull_request"]["merged"], false);
+    assert_eq!(fork_event["repository"]["full_name"], REPO);
+
+    let merge = twin
+        .merge_pull_request(REPO, renovate.number, "home")
+        .await?;
+    let merged = client.pull(renovate.number).await?;
+    assert!(merged.merged && !merged.open);
+    assert_eq!(merged.merge_commit_sha.as_deref(), Some(merge.as_str()));
+    let of_merge = client.pulls_for_commit(&merge).await?;
+    assert_eq!(
+        of_merge.iter().map(|p| p.number).collect::<Vec<_>>(),
+        vec![renovate.number]
+    );
+    assert!(of_merge[0].merged);
+    let still_open = client.open_pulls().await?;
+    assert_eq!(
+        still_open.iter().map(|p| p.number).collect::<Vec<_>>(),
+        vec![fork.number]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_token_never_appears_in_an_error() -> TestResult {
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, GithubTwinConfig::default()).await?;
+    let wrong = GithubConfig {
+        api_url: twin.base_url(),
+        repo: REPO.to_string(),
+        auth: GithubAuth::Token(Secret::new("ghp_wrongsecret0123")),
+    };
+    let err = match GithubClient::connect(wrong, clock.clone()).await {
+        Ok(_) => return Err("a wrong token was accepted".into()),
+        Err(e) => e,
+    };
+    assert!(matches!(err, ForgeError::Unauthorized { .. }), "{err:?}");
+    let client = connect(&twin, &clock).await?;
+    let missing = client.pull(404).await;
+    let bad_sha = client
+        .set_status(
+            &"0".repeat(40),
+            "ichor/gate",
+            StatusState::Success,
+            "x",
+            None,
+        )
+        .await;
+    let unreachable = GithubClient::connect(
+        GithubConfig {
+            api_url: "http://127.0.0.1:9".into(),
+            repo: REPO.into(),
+            auth: GithubAuth::Token(Secret::new(twin.token())),
+        },
+        clock.clone(),
+    );
+    let unreachable = drive(&clock, tokio::spawn(unreachable)).await;
+    let mut shown = format!("{err} {err:?}");
+    for e in [missing.err(), bad_sha.err(), unreachable.err()] {
+        let e = e.ok_or("expected an error")?;
+        shown.push_str(&format!(" {e} {e:?}"));
+    }
+    assert!(shown.contains("404") && shown.contains("422"), "{shown}");
+    assert!(!shown.contains("wrongsecret"), "{shown}");
+    assert!(!shown.contains(twin.token()), "{shown}");
+    Ok(())
+}
+
+// ----- the twin's App authentication, over plain HTTP -----
+
+/// A JWT with the given claims, signed RS256 by `pem`.
+fn jwt(pem: &str, claims: serde_json::Value) -> String {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let key = ichor::forge::app::parse_private_key(&Secret::new(pem)).unwrap();
+    let input = format!(
+        "{}.{}",
+        b64(br#"{"alg":"RS256","typ":"JWT"}"#),
+        b64(claims.to_string().as_bytes())
+    );
+    let mut sig = vec![0u8; key.public().modulus_len()];
+    key.sign(
+        &ring::signature::RSA_PKCS1_SHA256,
+        &ring::rand::SystemRandom::new(),
+        input.as_bytes(),
+        &mut sig,
+    )
+    .unwrap();
+    format!("{input}.{}", b64(&sig))
+}
+
+/// One request to the twin; the status and the JSON body.
+async fn raw(
+    twin: &GithubTwin,
+    method: &str,
+    path: &str,
+    bearer: &str,
+) -> Result<(u16, serde_json::Value), Box<dyn std::error::Error>> {
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let client: Client<_, axum::body::Body> = Client::builder(TokioExecutor::new()).build_http();
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("{}{path}", twin.base_url()))
+        .header("authorization", format!("Bearer {bearer}"))
+        .header("user-agent", "ichor-test")
+        .body(axum::body::Body::empty())?;
+    let resp = tokio::time::timeout(Duration::from_secs(20), client.request(req)).await??;
+    let status = resp.status().as_u16();
+    let bytes = axum::body::to_bytes(axum::body::Body::new(resp.into_body()), 1 << 20).await?;
+    let json = if bytes.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_slice(&bytes)?
+    };
+    Ok((status, json))
+}
+
+#[tokio::test]
+async fn the_twin_checks_jwt_times_and_token_scope_as_github_does() -> TestResult {
+    let Some(pem) = openssl_pkcs1_key() else {
+        return Ok(());
+    };
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, app_twin_config(&pem)?).await?;
+    let now = (clock.now().as_millis() / 1000) as i64;
+    let claims = |iat: i64, exp: i64| serde_json::json!({ "iat": iat, "exp": exp, "iss": 1234 });
+    let message = |v: &serde_json::Value| v["message"].as_str().unwrap_or_default().to_string();
+
+    let (status, app) = raw(
+        &twin,
+        "GET",
+        "/app",
+        &jwt(&pem, claims(now - 60, now + 540)),
+    )
+    .await?;
+    assert_eq!(status, 200, "{app}");
+    assert_eq!(app["slug"], "ichor");
+    let (status, inst) = raw(
+        &twin,
+        "GET",
+        "/repos/home/ops/installation",
+        &jwt(&pem, claims(now - 60, now + 540)),
+    )
+    .await?;
+    assert_eq!((status, inst["id"].clone()), (200, serde_json::json!(99)));
+
+    for (iat, exp, expected) in [
+        (
+            now - 700,
+            now - 100,
+            "'Expiration time' claim ('exp') must be a numeric value",
+        ),
+        (now + 120, now + 500, "'Issued at' claim ('iat')"),
+        (
+            now - 60,
+            now + 600,
+            "'Expiration time' claim ('exp') is too far in the future",
+        ),
+    ] {
+        let (status, body) = raw(&twin, "GET", "/app", &jwt(&pem, claims(iat, exp))).await?;
+        assert_eq!(status, 401, "{body}");
+        assert!(message(&body).starts_with(expected), "{body}");
+    }
+    // A personal access token is no JWT.
+    let (status, _) = raw(&twin, "GET", "/app", twin.token()).await?;
+    assert_eq!(status, 401);
+
+    let (status, token) = raw(
+        &twin,
+        "POST",
+        "/app/installations/99/access_tokens",
+        &jwt(&pem, claims(now - 60, now + 540)),
+    )
+    .await?;
+    assert_eq!(status, 201, "{token}");
+    assert_eq!(token["repository_selection"], "selected");
+    assert_eq!(
+        token["expires_at"],
+        clock.now().plus(Duration::from_secs(3600)).rfc3339()
+    );
+    let ghs = token["token"].as_str().unwrap_or_default().to_string();
+    assert!(ghs.starts_with("ghs_"));
+    let (status, _) = raw(
+        &twin,
+        "POST",
+        "/app/installations/7/access_tokens",
+        &jwt(&pem, claims(now - 60, now + 540)),
+    )
+    .await?;
+    assert_eq!(status, 404, "not this App's installation");
+
+    assert_eq!(
+        raw(&twin, "GET", "/repos/home/ops/pulls", &ghs).await?.0,
+        200
+    );
+    assert_eq!(
+        raw(&twin, "GET", "/repos/other/repo/pulls", &ghs).await?.0,
+        404
+    );
+    assert_eq!(raw(&twin, "GET", "/user", &ghs).await?.0, 403);
+    clock.advance(Duration::from_secs(3600));
+    let (status, body) = raw(&twin, "GET", "/repos/home/ops/pulls", &ghs).await?;
+    assert_eq!(
+        (status, message(&body)),
+        (401, "Bad credentials".to_string())
+    );
+    Ok(())
+}
