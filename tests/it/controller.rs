@@ -128,7 +128,11 @@ async fn git_only_gates_branches_rolls_out_the_merge_and_writes_notes() -> TestR
         .iter()
         .any(|n| n.kind == RecordKind::Rollout && n.state == "running"));
     let nodes = s.kube.nodes().await?;
-    assert!(nodes.iter().all(|n| n.kubelet_version == s.change.head_release_set.spec.kubernetes));
+    let want = s.change.head_release_set.spec.kubernetes.to_string();
+    assert!(
+        nodes.iter().all(|n| n.kubelet.trim_start_matches('v') == want.trim_start_matches('v')),
+        "{nodes:?}"
+    );
 
     // A command through the documented ref, acknowledged on its commit.
     let tree = repo.find_commit(good)?.tree()?;
