@@ -11,10 +11,10 @@ use ichor::git::Repo;
 use ichor::plan::PlanOptions;
 use ichor::policy::Outcome;
 
-#[path = "cli/run.rs"]
-mod run_cmd;
 #[path = "cli/rollout.rs"]
 mod rollout_cmd;
+#[path = "cli/run.rs"]
+mod run_cmd;
 
 /// Gate and roll out Talos Linux and Kubernetes upgrades from Git.
 #[derive(Parser)]

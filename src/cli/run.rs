@@ -23,7 +23,11 @@ pub fn run(config: &Path, check_only: bool) -> anyhow::Result<ExitCode> {
             config.display(),
             cfg.clusters.len(),
             if cfg.clusters.len() == 1 { "" } else { "s" },
-            if cfg.uses_github() { "GitHub" } else { "Git-only" }
+            if cfg.uses_github() {
+                "GitHub"
+            } else {
+                "Git-only"
+            }
         );
         return Ok(ExitCode::SUCCESS);
     }

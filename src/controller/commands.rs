@@ -9,7 +9,12 @@ use crate::forge::command::{self, Command, Verb};
 use super::{lock, rolling, ClusterRuntime, Ctx, Error, Event};
 
 /// A PR comment arrived.
-pub async fn on_comment(ctx: &Arc<Ctx>, number: u64, author: &str, body: &str) -> Result<(), Error> {
+pub async fn on_comment(
+    ctx: &Arc<Ctx>,
+    number: u64,
+    author: &str,
+    body: &str,
+) -> Result<(), Error> {
     let Some(gh) = &ctx.github else {
         return Ok(());
     };
@@ -28,13 +33,24 @@ pub async fn on_comment(ctx: &Arc<Ctx>, number: u64, author: &str, body: &str) -
     let cmd = match parsed {
         Ok(c) => c,
         Err(why) => {
-            ctx.metrics.inc("ichor_commands_total", "Commands, by verb and result.", &[("verb", "unknown"), ("result", "invalid")]);
-            return ctx.reporters.ack(Some(number), None, None, &line, author, &why).await;
+            ctx.metrics.inc(
+                "ichor_commands_total",
+                "Commands, by verb and result.",
+                &[("verb", "unknown"), ("result", "invalid")],
+            );
+            return ctx
+                .reporters
+                .ack(Some(number), None, None, &line, author, &why)
+                .await;
         }
     };
     let permission = gh.permission(author).await?;
     if !permission.can_write() {
-        ctx.metrics.inc("ichor_commands_total", "Commands, by verb and result.", &[("verb", cmd.verb.as_str()), ("result", "refused")]);
+        ctx.metrics.inc(
+            "ichor_commands_total",
+            "Commands, by verb and result.",
+            &[("verb", cmd.verb.as_str()), ("result", "refused")],
+        );
         return ctx
             .reporters
             .ack(
@@ -48,21 +64,34 @@ pub async fn on_comment(ctx: &Arc<Ctx>, number: u64, author: &str, body: &str) -
             .await;
     }
     let text = run(ctx, Some(number), &cmd, author).await?;
-    ctx.metrics.inc("ichor_commands_total", "Commands, by verb and result.", &[("verb", cmd.verb.as_str()), ("result", "done")]);
+    ctx.metrics.inc(
+        "ichor_commands_total",
+        "Commands, by verb and result.",
+        &[("verb", cmd.verb.as_str()), ("result", "done")],
+    );
     ctx.reporters
-        .ack(Some(number), None, cmd.cluster.as_deref(), &cmd.to_string(), author, &text)
+        .ack(
+            Some(number),
+            None,
+            cmd.cluster.as_deref(),
+            &cmd.to_string(),
+            author,
+            &text,
+        )
         .await
 }
 
 /// The clusters a command is about: the one named, else those the PR's comment covers,
 /// else every cluster ichor acts on.
-async fn clusters_of(ctx: &Ctx, pr: Option<u64>, cmd: &Command) -> Result<Vec<Arc<ClusterRuntime>>, String> {
+async fn clusters_of(
+    ctx: &Ctx,
+    pr: Option<u64>,
+    cmd: &Command,
+) -> Result<Vec<Arc<ClusterRuntime>>, String> {
     if let Some(name) = &cmd.cluster {
-        return ctx
-            .cluster(name)
-            .cloned()
-            .map(|c| vec![c])
-            .ok_or_else(|| format!("this ichor does not manage a cluster called `{name}`; nothing was done."));
+        return ctx.cluster(name).cloned().map(|c| vec![c]).ok_or_else(|| {
+            format!("this ichor does not manage a cluster called `{name}`; nothing was done.")
+        });
     }
     if let Some(pr) = pr {
         let st = ctx.state.lock().await;
@@ -87,18 +116,16 @@ async fn run(ctx: &Arc<Ctx>, pr: Option<u64>, cmd: &Command, by: &str) -> Result
     };
     let mut said = Vec::new();
     match cmd.verb {
-        Verb::Plan => {
-            match pr {
-                Some(n) => {
-                    super::gating::gate_pull_number(ctx, n, true).await?;
-                    said.push("judged the head again; the comment above is up to date.".to_string());
-                }
-                None => {
-                    let _ = ctx.events.try_send(Event::Reconcile);
-                    said.push("judging every branch again.".to_string());
-                }
+        Verb::Plan => match pr {
+            Some(n) => {
+                super::gating::gate_pull_number(ctx, n, true).await?;
+                said.push("judged the head again; the comment above is up to date.".to_string());
             }
-        }
+            None => {
+                let _ = ctx.events.try_send(Event::Reconcile);
+                said.push("judging every branch again.".to_string());
+            }
+        },
         Verb::Pause => {
             for c in &clusters {
                 *lock(&c.paused_by) = Some(by.to_string());
@@ -127,7 +154,10 @@ async fn run(ctx: &Arc<Ctx>, pr: Option<u64>, cmd: &Command, by: &str) -> Result
                     continue;
                 };
                 match rolling::decide(ctx, c, &target, true).await? {
-                    None => said.push(format!("{}: resuming the rollout from where it stopped.", c.name)),
+                    None => said.push(format!(
+                        "{}: resuming the rollout from where it stopped.",
+                        c.name
+                    )),
                     Some(why) if was_paused_by_command => {
                         said.push(format!("{}: pause lifted ({why}).", c.name))
                     }
@@ -146,10 +176,15 @@ pub async fn git_commands(ctx: &Arc<Ctx>) -> Result<(), Error> {
         crate::git::notes::pending_commands(repo.git2(), 100)?
     };
     for c in pending {
-        let by = if c.author_email.is_empty() { c.author_name.clone() } else { c.author_email.clone() };
+        let by = if c.author_email.is_empty() {
+            c.author_name.clone()
+        } else {
+            c.author_email.clone()
+        };
         let oid = c.oid.to_string();
         let text = match command::parse(&c.line) {
-            None => "not an ichor command (the first line should start with `/ichor`); ignored.".to_string(),
+            None => "not an ichor command (the first line should start with `/ichor`); ignored."
+                .to_string(),
             Some(Err(why)) => why,
             Some(Ok(cmd)) => run(ctx, None, &cmd, &by).await?,
         };

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::releaseset::{locate, DocumentError};
 use crate::releaseset::HumanDuration;
+use crate::releaseset::{locate, DocumentError};
 
 /// The shortest poll interval accepted: GitHub's rate limit and a remote's patience.
 pub const MIN_POLL_SECS: u64 = 10;
@@ -228,16 +228,22 @@ impl Config {
                 }
             }
         }
-        if r.branch.is_empty() || !git2::Reference::is_valid_name(&format!("refs/heads/{}", r.branch)) {
+        if r.branch.is_empty()
+            || !git2::Reference::is_valid_name(&format!("refs/heads/{}", r.branch))
+        {
             return Err(at(
                 "branch:",
-                format!("repository.branch `{}` is not a valid branch name", r.branch),
+                format!(
+                    "repository.branch `{}` is not a valid branch name",
+                    r.branch
+                ),
             ));
         }
         if self.clusters.is_empty() {
             return Err(at(
                 "clusters:",
-                "clusters: expected at least one cluster (clusters/<name>/ in the repository)".into(),
+                "clusters: expected at least one cluster (clusters/<name>/ in the repository)"
+                    .into(),
             ));
         }
         if self.clusters.len() > MAX_CLUSTERS {
@@ -280,38 +286,67 @@ impl Config {
         let gh = self.credentials.github.as_ref();
         if let Some(g) = gh {
             let token = g.token_file.is_some() || g.token_env.is_some();
-            let app = g.app_id.is_some() || g.installation_id.is_some() || g.private_key_file.is_some();
+            let app =
+                g.app_id.is_some() || g.installation_id.is_some() || g.private_key_file.is_some();
             if token && app {
                 return Err(at("github:", "credentials.github: a token or a GitHub App (appId, installationId, privateKeyFile), not both".into()));
             }
             if !token && !app {
                 return Err(at("github:", "credentials.github: expected tokenFile (or tokenEnv), or appId, installationId and privateKeyFile".into()));
             }
-            if app && (g.app_id.is_none() || g.installation_id.is_none() || g.private_key_file.is_none()) {
+            if app
+                && (g.app_id.is_none()
+                    || g.installation_id.is_none()
+                    || g.private_key_file.is_none())
+            {
                 return Err(at("github:", "credentials.github: a GitHub App needs appId, installationId and privateKeyFile".into()));
             }
             if self.github_repository().is_none() {
                 return Err(at("repository:", "github.repository: expected owner/name (it cannot be read from repository.url, which is not on github.com)".into()));
             }
             if self.webhook.is_none() {
-                tracing::info!("no webhook secret configured: ichor polls every {}", self.poll_interval);
+                tracing::info!(
+                    "no webhook secret configured: ichor polls every {}",
+                    self.poll_interval
+                );
             }
         }
         if let Some(w) = &self.webhook {
             if w.secret_file.is_none() && w.secret_env.is_none() {
-                return Err(at("webhook:", "webhook: expected secretFile or secretEnv".into()));
+                return Err(at(
+                    "webhook:",
+                    "webhook: expected secretFile or secretEnv".into(),
+                ));
             }
             if gh.is_none() {
-                return Err(at("webhook:", "webhook: webhooks come from GitHub; configure credentials.github too".into()));
+                return Err(at(
+                    "webhook:",
+                    "webhook: webhooks come from GitHub; configure credentials.github too".into(),
+                ));
             }
         }
         if let Some(g) = &self.github {
-            if !(g.api_url.starts_with("https://") || g.api_url.starts_with("http://127.0.0.1") || g.api_url.starts_with("http://localhost")) {
-                return Err(at("apiUrl:", format!("github.apiUrl `{}`: expected https:// (plain http only on loopback)", redact_url(&g.api_url))));
+            if !(g.api_url.starts_with("https://")
+                || g.api_url.starts_with("http://127.0.0.1")
+                || g.api_url.starts_with("http://localhost"))
+            {
+                return Err(at(
+                    "apiUrl:",
+                    format!(
+                        "github.apiUrl `{}`: expected https:// (plain http only on loopback)",
+                        redact_url(&g.api_url)
+                    ),
+                ));
             }
         }
         if !self.state_dir.is_absolute() {
-            return Err(at("stateDir:", format!("stateDir {}: expected an absolute path", self.state_dir.display())));
+            return Err(at(
+                "stateDir:",
+                format!(
+                    "stateDir {}: expected an absolute path",
+                    self.state_dir.display()
+                ),
+            ));
         }
         Ok(())
     }
@@ -418,12 +453,19 @@ mod tests {
     fn errors_name_the_file_and_line() {
         let typo = GOOD.replace("pollInterval:", "pollIntervall:");
         let e = err(&typo);
-        assert!(e.starts_with("c.yaml:") && e.contains("pollIntervall"), "{e}");
+        assert!(
+            e.starts_with("c.yaml:") && e.contains("pollIntervall"),
+            "{e}"
+        );
         let e = err("repository:\n  branch: main\nclusters:\n  - name: lab\n    act: false\n");
         assert!(e.starts_with("c.yaml:1:") && e.contains("`url`"), "{e}");
         let e = err("repository:\n  path: /srv/lab.git\nclusters:\n  - name: lab\n");
-        assert!(e.starts_with("c.yaml:4:") && e.contains("talosconfig"), "{e}");
-        let e = err("repository:\n  path: /srv/lab.git\nclusters:\n  - name: Lab_1\n    act: false\n");
+        assert!(
+            e.starts_with("c.yaml:4:") && e.contains("talosconfig"),
+            "{e}"
+        );
+        let e =
+            err("repository:\n  path: /srv/lab.git\nclusters:\n  - name: Lab_1\n    act: false\n");
         assert!(e.contains("DNS label"), "{e}");
         let e = err("repository:\n  url: https://x:hunter2@github.com/a/b.git\nclusters:\n  - name: lab\n    act: false\n");
         assert!(e.contains("password") && !e.contains("hunter2"), "{e}");

@@ -117,9 +117,7 @@ pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<(), Erro
         .ok_or_else(|| Error::Other(format!("{}: unknown base branch", c.key)))?;
     {
         let st = ctx.state.lock().await;
-        if !force
-            && st.judged.get(&c.key) == Some(&(c.head.clone(), base_tip.to_string()))
-        {
+        if !force && st.judged.get(&c.key) == Some(&(c.head.clone(), base_tip.to_string())) {
             return Ok(());
         }
     }
@@ -261,8 +259,7 @@ async fn judge(
         match &cluster.kube {
             Some(kube) => {
                 let subject = gate::live::Subject::of(change);
-                let facts =
-                    gate::live::observe(kube, cluster.talos.as_deref(), &subject).await;
+                let facts = gate::live::observe(kube, cluster.talos.as_deref(), &subject).await;
                 let items: Vec<CheckItem> = gate::live::items(change, &facts)
                     .into_iter()
                     // A rollout in progress is no reason to hold back a PR's verdict.

@@ -34,11 +34,18 @@ pub fn ops_router(ctx: Arc<Ctx>) -> Router {
         .with_state(ctx)
 }
 
-pub async fn serve(listener: tokio::net::TcpListener, app: Router, mut stopped: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    mut stopped: watch::Receiver<bool>,
+) {
     let shutdown = async move {
         let _ = stopped.wait_for(|s| *s).await;
     };
-    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+    {
         tracing::warn!(error = %e, "an HTTP listener stopped");
     }
 }
@@ -55,7 +62,11 @@ async fn ready(State(ctx): State<Arc<Ctx>>) -> Response {
     if ctx.ready.load(Ordering::Relaxed) {
         (StatusCode::OK, "ready\n").into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "the repository has not been fetched yet\n").into_response()
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the repository has not been fetched yet\n",
+        )
+            .into_response()
     }
 }
 
@@ -94,13 +105,18 @@ async fn receive(State(ctx): State<Arc<Ctx>>, headers: HeaderMap, body: Bytes) -
         return refuse(&ctx, &Refusal::TooLarge);
     }
     // The signature first: nothing of an unsigned body is read.
-    if let Err(r) = webhook::verify(secret.expose().as_bytes(), &body, header("x-hub-signature-256")) {
+    if let Err(r) = webhook::verify(
+        secret.expose().as_bytes(),
+        &body,
+        header("x-hub-signature-256"),
+    ) {
         return refuse(&ctx, &r);
     }
-    let (event, delivery) = match webhook::headers(header("x-github-event"), header("x-github-delivery")) {
-        Ok(h) => h,
-        Err(r) => return refuse(&ctx, &r),
-    };
+    let (event, delivery) =
+        match webhook::headers(header("x-github-event"), header("x-github-delivery")) {
+            Ok(h) => h,
+            Err(r) => return refuse(&ctx, &r),
+        };
     if !lock(&ctx.dedupe).first_time(delivery) {
         return accepted(&ctx, "duplicate", event);
     }
@@ -108,7 +124,11 @@ async fn receive(State(ctx): State<Arc<Ctx>>, headers: HeaderMap, body: Bytes) -
         Ok(p) => p,
         Err(r) => return refuse(&ctx, &r),
     };
-    let ours = |repo: &str| ctx.github.as_ref().is_some_and(|g| g.repo().eq_ignore_ascii_case(repo));
+    let ours = |repo: &str| {
+        ctx.github
+            .as_ref()
+            .is_some_and(|g| g.repo().eq_ignore_ascii_case(repo))
+    };
     let queued = match parsed {
         WebhookEvent::Ping => return accepted(&ctx, "accepted", "ping"),
         WebhookEvent::Ignored(what) => return accepted(&ctx, "ignored", &what),
@@ -138,7 +158,11 @@ async fn receive(State(ctx): State<Arc<Ctx>>, headers: HeaderMap, body: Bytes) -
                 "Webhook deliveries, by result and reason.",
                 &[("result", "refused"), ("reason", "queue_full")],
             );
-            (StatusCode::SERVICE_UNAVAILABLE, "busy; the next reconcile catches up\n").into_response()
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy; the next reconcile catches up\n",
+            )
+                .into_response()
         }
     }
 }

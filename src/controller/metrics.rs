@@ -158,12 +158,7 @@ impl Metrics {
                                 s.buckets[i]
                             );
                         }
-                        let _ = writeln!(
-                            out,
-                            "{name}_bucket{} {}",
-                            braced("le=\"+Inf\""),
-                            s.count
-                        );
+                        let _ = writeln!(out, "{name}_bucket{} {}", braced("le=\"+Inf\""), s.count);
                         let _ = writeln!(out, "{name}_sum{} {}", braced(""), s.value);
                         let _ = writeln!(out, "{name}_count{} {}", braced(""), s.count);
                     }

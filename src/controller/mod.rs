@@ -10,11 +10,11 @@
 //! to save work; after a restart ichor re-reads the PRs, the branch and each cluster's
 //! rollout record and carries on.
 
+mod commands;
 pub mod config;
+mod gating;
 pub mod http;
 pub mod metrics;
-mod commands;
-mod gating;
 mod report;
 mod rolling;
 
@@ -107,10 +107,17 @@ pub enum Event {
     /// Look at everything again: the periodic reconcile, a missed webhook, startup.
     Reconcile,
     /// A PR was opened or its head moved (webhook).
-    PullUpdated { number: u64, head_sha: String },
-    PullClosed { number: u64 },
+    PullUpdated {
+        number: u64,
+        head_sha: String,
+    },
+    PullClosed {
+        number: u64,
+    },
     /// A branch moved (webhook `push`, or refs moving on disk).
-    Pushed { branch: String },
+    Pushed {
+        branch: String,
+    },
     /// A PR comment (webhook `issue_comment`).
     Comment {
         number: u64,
@@ -118,7 +125,9 @@ pub enum Event {
         body: String,
     },
     /// Judge a PR again even if its head was judged (`/ichor plan`).
-    Regate { number: u64 },
+    Regate {
+        number: u64,
+    },
 }
 
 /// A burst of events, in the order to handle them: the newest head of each PR only (the
@@ -145,8 +154,8 @@ pub fn coalesce(batch: Vec<Event>) -> (Vec<Event>, usize) {
     for (i, e) in batch.into_iter().enumerate() {
         match &e {
             Event::PullUpdated { number, .. } => {
-                let superseded = last_head.get(number) != Some(&i)
-                    || closed.get(number).is_some_and(|c| *c > i);
+                let superseded =
+                    last_head.get(number) != Some(&i) || closed.get(number).is_some_and(|c| *c > i);
                 if superseded {
                     dropped += 1;
                     continue;
@@ -158,11 +167,7 @@ pub fn coalesce(batch: Vec<Event>) -> (Vec<Event>, usize) {
                 }
                 reconcile = true;
             }
-            Event::Pushed { branch } => {
-                if !pushed.insert(branch.clone()) {
-                    continue;
-                }
-            }
+            Event::Pushed { branch } if !pushed.insert(branch.clone()) => continue,
             _ => {}
         }
         out.push(e);
@@ -189,7 +194,9 @@ pub struct ClusterRuntime {
 
 impl ClusterRuntime {
     pub fn rolling(&self) -> bool {
-        lock(&self.rollout).as_ref().is_some_and(|h| !h.is_finished())
+        lock(&self.rollout)
+            .as_ref()
+            .is_some_and(|h| !h.is_finished())
     }
 }
 
@@ -306,8 +313,8 @@ impl Ctx {
             }
             lock(&mirror).fetch(&remote, &specs)
         })
-            .await
-            .map_err(|e| Error::Other(format!("the fetch stopped: {e}")))??;
+        .await
+        .map_err(|e| Error::Other(format!("the fetch stopped: {e}")))??;
         self.ready.store(true, Ordering::Relaxed);
         Ok(moves)
     }
@@ -453,8 +460,7 @@ pub async fn connect(cfg: Config, clock: Clock) -> Result<Arc<Ctx>, Error> {
 fn git_credentials(cfg: &Config) -> Result<Credentials, Error> {
     let Some(g) = &cfg.credentials.git else {
         // A GitHub token also reads the repository over https.
-        if let (config::Source::Remote(url), Some(gh)) = (cfg.source(), &cfg.credentials.github)
-        {
+        if let (config::Source::Remote(url), Some(gh)) = (cfg.source(), &cfg.credentials.github) {
             if url.starts_with("http") {
                 if let Some(f) = &gh.token_file {
                     return Ok(Credentials::Token {
@@ -695,7 +701,8 @@ pub async fn handle(ctx: &Arc<Ctx>, event: Event) -> Result<(), Error> {
 /// Everything again: fetch, gate every open PR whose head is new, roll out what reached
 /// the protected branch, run Git-only commands.
 pub async fn reconcile(ctx: &Arc<Ctx>) -> Result<(), Error> {
-    ctx.metrics.inc("ichor_reconciles_total", "Reconciles run.", &[]);
+    ctx.metrics
+        .inc("ichor_reconciles_total", "Reconciles run.", &[]);
     ctx.sync().await?;
     gating::gate_open(ctx).await?;
     rolling::on_branch(ctx).await?;

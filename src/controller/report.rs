@@ -85,8 +85,12 @@ impl Reporters {
                 None,
             )
             .await?;
-            gh.upsert_comment(pr, &comment::marker(&r.cluster), &comment::render(&r.sticky))
-                .await?;
+            gh.upsert_comment(
+                pr,
+                &comment::marker(&r.cluster),
+                &comment::render(&r.sticky),
+            )
+            .await?;
         }
         let record = NoteRecord {
             cluster: Some(r.cluster.clone()),

@@ -69,7 +69,9 @@ pub async fn decide(
         let r = &s.record;
         let same = r.target.commit == tip;
         match r.state {
-            RecordState::Completed if same && !retry => return Ok(Some("already rolled out".into())),
+            RecordState::Completed if same && !retry => {
+                return Ok(Some("already rolled out".into()))
+            }
             RecordState::Running => {
                 // A crash or a kill mid-rollout: carry on with that target first.
                 head = r.target.commit.clone();
@@ -77,7 +79,10 @@ pub async fn decide(
                 resume = true;
             }
             RecordState::Paused => {
-                let by_shutdown = r.pause.as_ref().is_some_and(|p| p.reason == SHUTDOWN_REASON);
+                let by_shutdown = r
+                    .pause
+                    .as_ref()
+                    .is_some_and(|p| p.reason == SHUTDOWN_REASON);
                 if by_shutdown || retry || !same {
                     head = if same || by_shutdown || retry {
                         r.target.commit.clone()
@@ -94,7 +99,11 @@ pub async fn decide(
                 let done = git2::Oid::from_str(&r.target.commit).ok();
                 let tip_oid = git2::Oid::from_str(tip)?;
                 if let Some(done) = done {
-                    if repo.git2().graph_descendant_of(tip_oid, done).unwrap_or(false) {
+                    if repo
+                        .git2()
+                        .graph_descendant_of(tip_oid, done)
+                        .unwrap_or(false)
+                    {
                         base = done.to_string();
                     }
                 }
@@ -106,7 +115,9 @@ pub async fn decide(
     let change = match gate::load(&repo, &base, &head, Some(&cluster.name)) {
         Ok(c) => c,
         // The cluster is not (or no longer) in the repository.
-        Err(gate::GateError::UnknownCluster { .. }) => return Ok(Some("not in the repository".into())),
+        Err(gate::GateError::UnknownCluster { .. }) => {
+            return Ok(Some("not in the repository".into()))
+        }
         Err(e) => return Err(e.into()),
     };
     if change.bump.is_empty() && !resume && !retry {
@@ -273,10 +284,15 @@ async fn execute(
     rep: &Arc<Reporting>,
 ) -> Result<(RolloutState, &'static str), Error> {
     let (Some(kube), Some(talos)) = (&cluster.kube, &cluster.talos) else {
-        return Err(Error::Other("no Kubernetes or Talos access to this cluster".into()));
+        return Err(Error::Other(
+            "no Kubernetes or Talos access to this cluster".into(),
+        ));
     };
     let doc = change.cluster_doc.clone().ok_or_else(|| {
-        Error::Other(format!("cluster {}: no cluster.yaml; the rollout needs its rollout policy", change.cluster))
+        Error::Other(format!(
+            "cluster {}: no cluster.yaml; the rollout needs its rollout policy",
+            change.cluster
+        ))
     })?;
     let subject = gate::live::Subject::of(change);
     let facts = gate::live::observe(kube, Some(talos), &subject).await;
@@ -324,7 +340,9 @@ async fn execute(
                 for p in batch {
                     match &p {
                         Progress::StageStarted { title, .. } => {
-                            rep.set(RolloutState::Running { stage: title.clone() });
+                            rep.set(RolloutState::Running {
+                                stage: title.clone(),
+                            });
                             step_started = ctx.clock.now();
                         }
                         Progress::StageFinished { stage, secs } => ctx.metrics.observe(
@@ -363,10 +381,13 @@ async fn execute(
             return Some(SHUTDOWN_REASON.to_string());
         }
         if let Some(by) = lock(&cluster.paused_by).clone() {
-            return Some(format!("paused by `/ichor pause` from {by}; `/ichor resume` continues"));
+            return Some(format!(
+                "paused by `/ichor pause` from {by}; `/ichor resume` continues"
+            ));
         }
         paused_in_git.then(|| {
-            "paused in cluster.yaml (spec.rollout.paused: true); set it to false to continue".to_string()
+            "paused in cluster.yaml (spec.rollout.paused: true); set it to false to continue"
+                .to_string()
         })
     };
     let outcome = {

@@ -103,7 +103,11 @@ impl RolloutState {
         description(&match self {
             RolloutState::Queued(why) => format!("queued: {why}"),
             RolloutState::Running { stage } => format!("rolling out: {stage}"),
-            RolloutState::Paused { stage, node, reason } => format!(
+            RolloutState::Paused {
+                stage,
+                node,
+                reason,
+            } => format!(
                 "paused in {stage}{}: {reason}",
                 node.as_deref()
                     .map(|n| format!(" at {n}"))

@@ -312,7 +312,9 @@ pub fn parse(event: &str, body: &[u8]) -> Result<WebhookEvent, Refusal> {
                 body: p.comment.body.unwrap_or_default(),
             }))
         }
-        other => Ok(WebhookEvent::Ignored(crate::escape::clip(other, 40).to_string())),
+        other => Ok(WebhookEvent::Ignored(
+            crate::escape::clip(other, 40).to_string(),
+        )),
     }
 }
 
@@ -370,22 +372,29 @@ mod tests {
 
     #[test]
     fn pull_requests_and_forks() {
-        let WebhookEvent::PullRequest(p) =
-            parse("pull_request", pull("synchronize", "acme/lab", false).as_bytes()).unwrap()
-        else {
+        let WebhookEvent::PullRequest(p) = parse(
+            "pull_request",
+            pull("synchronize", "acme/lab", false).as_bytes(),
+        )
+        .unwrap() else {
             panic!()
         };
         assert_eq!(p.action, PullAction::Updated);
         assert_eq!(p.number, 7);
         assert!(!p.from_fork);
-        let WebhookEvent::PullRequest(f) =
-            parse("pull_request", pull("opened", "mallory/lab", true).as_bytes()).unwrap()
-        else {
+        let WebhookEvent::PullRequest(f) = parse(
+            "pull_request",
+            pull("opened", "mallory/lab", true).as_bytes(),
+        )
+        .unwrap() else {
             panic!()
         };
         assert!(f.from_fork);
         assert!(matches!(
-            parse("pull_request", pull("labeled", "acme/lab", false).as_bytes()),
+            parse(
+                "pull_request",
+                pull("labeled", "acme/lab", false).as_bytes()
+            ),
             Ok(WebhookEvent::Ignored(_))
         ));
         let bad = pull("opened", "acme/lab", false).replace(SHA, "nope");
@@ -408,8 +417,7 @@ mod tests {
     #[test]
     fn comments_and_headers() {
         let body = r#"{"action":"created","issue":{"number":3,"pull_request":{"url":"x"}},"comment":{"id":9,"user":{"login":"alice"},"body":"/ichor retry"},"repository":{"full_name":"acme/lab"}}"#;
-        let WebhookEvent::IssueComment(c) = parse("issue_comment", body.as_bytes()).unwrap()
-        else {
+        let WebhookEvent::IssueComment(c) = parse("issue_comment", body.as_bytes()).unwrap() else {
             panic!()
         };
         assert!(c.is_pull_request);

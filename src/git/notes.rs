@@ -784,6 +784,65 @@ fn push_once(
     }
 }
 
+/// The repository a remote URL names on this machine (a path or `file://`), if any.
+fn local_repository(url: &str) -> Option<std::path::PathBuf> {
+    if let Some(p) = url.strip_prefix("file://") {
+        return Some(p.into());
+    }
+    (!url.contains("://") && !url.contains('@') && std::path::Path::new(url).is_absolute())
+        .then(|| url.into())
+}
+
+/// A push to a repository on this machine. libgit2's local transport writes the remote
+/// ref without checking that it still holds what we fetched, so two writers could lose a
+/// record; instead the objects go to a private ref, and `refs/notes/ichor` moves only if
+/// it is still where our fetch left it (compare and swap), as a git server does.
+fn push_local(
+    repo: &Repository,
+    path: &std::path::Path,
+    expected: Option<Oid>,
+    callbacks: &dyn Fn() -> git2::RemoteCallbacks<'static>,
+) -> Result<Option<String>, GitError> {
+    const INCOMING: &str = "refs/ichor/notes-incoming";
+    let url = path.display().to_string();
+    let local = tip(repo, NOTES_REF)?.ok_or_else(|| GitError::NotesRemote {
+        url: url.clone(),
+        action: "push",
+        message: "no local notes".into(),
+    })?;
+    let mut remote = repo
+        .remote_anonymous(&url)
+        .map_err(|e| remote_error(&url, "push", e))?;
+    let mut options = PushOptions::new();
+    options.remote_callbacks(callbacks());
+    remote
+        .push(&[format!("+{NOTES_REF}:{INCOMING}")], Some(&mut options))
+        .map_err(|e| remote_error(&url, "push", e))?;
+    let target = Repository::open(path).map_err(|e| remote_error(&url, "push", e))?;
+    let moved = match expected {
+        Some(old) => target.reference_matching(NOTES_REF, local, true, old, "ichor: notes"),
+        None => target.reference(NOTES_REF, local, false, "ichor: notes"),
+    };
+    if let Ok(mut r) = target.find_reference(INCOMING) {
+        let _ = r.delete();
+    }
+    match moved {
+        Ok(_) => Ok(None),
+        Err(e)
+            if matches!(
+                e.code(),
+                ErrorCode::Modified | ErrorCode::Exists | ErrorCode::Locked
+            ) =>
+        {
+            Ok(Some(format!(
+                "{NOTES_REF} moved while ichor merged: {}",
+                e.message()
+            )))
+        }
+        Err(e) => Err(remote_error(&url, "push", e)),
+    }
+}
+
 /// Publish the local notes to `url`: fetch the remote's notes, merge them in, push
 /// `refs/notes/ichor` without forcing; when the remote refuses because another writer got
 /// there first, do it again, up to `attempts` rounds (at least 1, at most
@@ -809,7 +868,11 @@ pub fn push(
                 pushed: false,
             });
         }
-        match push_once(repo, url, callbacks)? {
+        let outcome = match local_repository(url) {
+            Some(path) => push_local(repo, &path, fetched.remote, callbacks)?,
+            None => push_once(repo, url, callbacks)?,
+        };
+        match outcome {
             None => {
                 return Ok(PushOutcome {
                     attempts_used: attempt,

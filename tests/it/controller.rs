@@ -44,7 +44,11 @@ pub async fn until(
 
 /// A bare copy of the homelab fixture with every branch, for ichor to fetch from.
 pub fn origin(dir: &Path) -> Result<PathBuf, Error> {
-    Ok(ichor::sim::github::private_clone(homelab(), dir, "acme/homelab")?)
+    Ok(ichor::sim::github::private_clone(
+        homelab(),
+        dir,
+        "acme/homelab",
+    )?)
 }
 
 pub fn oid(repo: &git2::Repository, rev: &str) -> Result<git2::Oid, Error> {
@@ -99,7 +103,10 @@ async fn git_only_gates_branches_rolls_out_the_merge_and_writes_notes() -> TestR
         .current_dir(&origin)
         .output()?;
     let log = String::from_utf8(log.stdout)?;
-    assert!(log.contains("Notes (ichor):") && log.contains("\"kind\":\"gate\""), "{log}");
+    assert!(
+        log.contains("Notes (ichor):") && log.contains("\"kind\":\"gate\""),
+        "{log}"
+    );
 
     // The merge: main moves to the good branch's head, on disk, as a push would.
     repo.reference("refs/heads/main", good, true, "merge renovate/talos")?;
@@ -130,7 +137,9 @@ async fn git_only_gates_branches_rolls_out_the_merge_and_writes_notes() -> TestR
     let nodes = s.kube.nodes().await?;
     let want = s.change.head_release_set.spec.kubernetes.to_string();
     assert!(
-        nodes.iter().all(|n| n.kubelet.trim_start_matches('v') == want.trim_start_matches('v')),
+        nodes
+            .iter()
+            .all(|n| n.kubelet.trim_start_matches('v') == want.trim_start_matches('v')),
         "{nodes:?}"
     );
 
@@ -144,11 +153,425 @@ async fn git_only_gates_branches_rolls_out_the_merge_and_writes_notes() -> TestR
         &tree,
         &[],
     )?;
-    running.ctx.events.send(controller::Event::Reconcile).await?;
+    running
+        .ctx
+        .events
+        .send(controller::Event::Reconcile)
+        .await?;
     until(&s, &running, "the command's ack", || {
         note_has(&origin, cmd, RecordKind::Ack, "success")
     })
     .await?;
     running.shutdown().await;
+    Ok(())
+}
+
+// ----- with GitHub (the emulator) -----
+
+use ichor::sim::github::{
+    CommitStatus, GithubTwin, GithubTwinConfig, RepoSpec, StatusState, WebhookTarget,
+    RENOVATE_LOGIN,
+};
+
+const REPO: &str = "acme/homelab";
+const GOOD: &str = "renovate/talos";
+const BAD: &str = "renovate/ghcr.io-siderolabs-kubelet-1.x";
+const SECRET: &str = "webhook-secret-do-not-print";
+
+pub struct Hub {
+    pub s: Setup,
+    pub gh: GithubTwin,
+    pub dir: tempfile::TempDir,
+}
+
+impl Hub {
+    pub async fn start() -> Result<Hub, Error> {
+        let s = setup(TwinConfig::default()).await?;
+        let dir = tempfile::tempdir()?;
+        let origin = origin(dir.path())?;
+        let gh = GithubTwin::start_with(
+            s.twin.talos.clock().clone(),
+            GithubTwinConfig {
+                repos: vec![RepoSpec {
+                    full_name: REPO.into(),
+                    path: origin,
+                    default_branch: "main".into(),
+                }],
+                ..GithubTwinConfig::default()
+            },
+        )
+        .await?;
+        std::fs::write(dir.path().join("token"), format!("{}\n", gh.token()))?;
+        std::fs::write(dir.path().join("secret"), SECRET)?;
+        Ok(Hub { s, gh, dir })
+    }
+
+    pub fn config(&self, name: &str) -> Result<Config, Error> {
+        let d = self.dir.path();
+        let text = format!(
+            "repository:\n  url: {url}\n  branch: main\n\
+             github:\n  repository: {REPO}\n  apiUrl: {api}\n\
+             credentials:\n  github:\n    tokenFile: {token}\n\
+             webhook:\n  secretFile: {secret}\n\
+             clusters:\n  - name: homelab\n    kubeconfig: {kc}\n    talosconfig: {tc}\n\
+             pollInterval: 10m\nlisten: 127.0.0.1:0\nmetricsListen: 127.0.0.1:0\nstateDir: {state}\n\
+             leaderElection:\n  identity: {name}\n  leaseDuration: 1h\n",
+            url = self.gh.clone_url(REPO),
+            api = self.gh.base_url(),
+            token = d.join("token").display(),
+            secret = d.join("secret").display(),
+            kc = self.s.twin.kubeconfig().display(),
+            tc = self.s.twin.talosconfig().display(),
+            state = d.join(name).display(),
+        );
+        Ok(Config::parse("test-config.yaml", &text)?)
+    }
+
+    /// A controller, with the emulator's webhooks pointed at it.
+    pub async fn run(&self, name: &str) -> Result<Running, Error> {
+        let running =
+            controller::start(self.config(name)?, self.s.twin.talos.clock().clone()).await?;
+        self.gh.set_webhook(Some(WebhookTarget {
+            url: format!("http://{}/webhook", running.webhook_addr),
+            secret: SECRET.into(),
+        }));
+        Ok(running)
+    }
+
+    pub fn status(&self, sha: &str, context: &str) -> Option<CommitStatus> {
+        let (_, latest) = self.gh.combined_status(REPO, sha).ok()?;
+        latest.into_iter().find(|s| s.context == context)
+    }
+
+    pub fn sticky(&self, pr: u64) -> Vec<String> {
+        self.gh
+            .comments(REPO, pr)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| {
+                c.user == self.gh.login()
+                    && c.body.contains("<!-- ichor:sticky cluster=homelab -->")
+            })
+            .map(|c| c.body)
+            .collect()
+    }
+
+    pub fn replies(&self, pr: u64, needle: &str) -> usize {
+        self.gh
+            .comments(REPO, pr)
+            .unwrap_or_default()
+            .iter()
+            .filter(|c| c.user == self.gh.login() && c.body.contains(needle))
+            .count()
+    }
+
+    pub async fn open(&self, branch: &str) -> Result<ichor::sim::github::PullRequest, Error> {
+        Ok(self
+            .gh
+            .open_pull_request(
+                REPO,
+                branch,
+                "main",
+                branch,
+                "Renovate update",
+                RENOVATE_LOGIN,
+            )
+            .await?)
+    }
+}
+
+fn is(s: &Option<CommitStatus>, state: StatusState) -> bool {
+    s.as_ref().is_some_and(|s| s.state == state)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pr_gets_its_gate_and_one_comment_and_each_new_head_is_judged_afresh() -> TestResult {
+    let hub = Hub::start().await?;
+    let running = hub.run("a").await?;
+    let good = hub.open(GOOD).await?;
+    let bad = hub.open(BAD).await?;
+    until(&hub.s, &running, "both verdicts", || {
+        is(
+            &hub.status(&good.head_sha, "ichor/gate"),
+            StatusState::Success,
+        ) && is(
+            &hub.status(&bad.head_sha, "ichor/gate"),
+            StatusState::Failure,
+        ) && hub.sticky(good.number).len() == 1
+            && hub.sticky(bad.number).len() == 1
+    })
+    .await?;
+    let red = hub.status(&bad.head_sha, "ichor/gate").ok_or("no status")?;
+    let why = red.description.unwrap_or_default();
+    assert!(
+        why.starts_with("blocked: ") && why.chars().count() <= 140,
+        "{why}"
+    );
+    let body = &hub.sticky(bad.number)[0];
+    assert!(
+        body.contains("### ichor gate") && body.contains("```mermaid") || body.contains("No plan"),
+        "{body}"
+    );
+    let body = &hub.sticky(good.number)[0];
+    assert!(
+        body.contains("```mermaid") && body.contains("| ✅ |"),
+        "{body}"
+    );
+
+    // Renovate force-pushes: the PR's branch now points at the blocked change.
+    hub.gh
+        .force_push(REPO, GOOD, &bad.head_sha, RENOVATE_LOGIN)
+        .await?;
+    let moved = hub.gh.pull_request(REPO, good.number)?;
+    assert_eq!(moved.head_sha, bad.head_sha);
+    until(&hub.s, &running, "the new head's comment", || {
+        hub.sticky(good.number)
+            .first()
+            .is_some_and(|b| b.contains(&bad.head_sha[..10]))
+    })
+    .await?;
+    assert_eq!(hub.sticky(good.number).len(), 1, "edited in place");
+    // The old head keeps its own verdict; nothing moved it.
+    assert!(is(
+        &hub.status(&good.head_sha, "ichor/gate"),
+        StatusState::Success
+    ));
+    let posted = hub.gh.statuses(REPO, &good.head_sha)?;
+    assert_eq!(
+        posted.iter().filter(|s| s.context == "ichor/gate").count(),
+        1,
+        "posted once"
+    );
+    // Nothing secret in anything ichor wrote.
+    for c in hub.gh.comments(REPO, good.number)? {
+        assert!(!c.body.contains(hub.gh.token()) && !c.body.contains(SECRET));
+    }
+    running.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_rolls_out_a_pause_shows_its_cause_and_retry_resumes_it() -> TestResult {
+    let hub = Hub::start().await?;
+    // The cluster's one PodDisruptionBudget never allows a disruption, for now.
+    let pdbs = hub
+        .s
+        .twin
+        .kube
+        .with(|c, _| c.list("poddisruptionbudgets", None));
+    let pdb = pdbs
+        .first()
+        .ok_or("the homelab has a PodDisruptionBudget")?;
+    let pdb_name = format!(
+        "{}/{}",
+        pdb.pointer("/metadata/namespace")
+            .and_then(|v| v.as_str())
+            .unwrap_or(""),
+        pdb.pointer("/metadata/name")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+    );
+    hub.s
+        .post_faults(serde_json::json!({"pdbsNeverAllow": [pdb_name]}))
+        .await?;
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the gate", || {
+        is(
+            &hub.status(&pr.head_sha, "ichor/gate"),
+            StatusState::Success,
+        )
+    })
+    .await?;
+    let merge = hub.gh.merge_pull_request(REPO, pr.number, "mara").await?;
+    until(&hub.s, &running, "the pause", || {
+        is(&hub.status(&merge, "ichor/rollout"), StatusState::Failure)
+            && hub.sticky(pr.number).join("").contains("**Paused**")
+    })
+    .await?;
+    let status = hub.status(&merge, "ichor/rollout").ok_or("no status")?;
+    assert!(status
+        .description
+        .unwrap_or_default()
+        .starts_with("paused in "));
+    let body = hub.sticky(pr.number).join("");
+    assert!(
+        body.contains("**Paused**") && body.contains("PodDisruptionBudget"),
+        "{body}"
+    );
+    assert!(body.contains("/ichor retry"));
+
+    // Someone without write access cannot resume it.
+    hub.gh
+        .comment(REPO, pr.number, "/ichor retry", "mallory")
+        .await?;
+    until(&hub.s, &running, "the refusal", || {
+        hub.replies(pr.number, "only people with write access") == 1
+    })
+    .await?;
+    assert!(is(
+        &hub.status(&merge, "ichor/rollout"),
+        StatusState::Failure
+    ));
+
+    // The budget is fixed; a maintainer retries.
+    hub.s
+        .post_faults(serde_json::json!({"pdbsNeverAllow": []}))
+        .await?;
+    hub.gh.add_collaborator(REPO, "mara", "write")?;
+    hub.gh
+        .comment(REPO, pr.number, "/ichor retry", "mara")
+        .await?;
+    until(&hub.s, &running, "the rollout's end", || {
+        is(&hub.status(&merge, "ichor/rollout"), StatusState::Success)
+            && hub.sticky(pr.number).join("").contains("✅ **Done**")
+    })
+    .await?;
+    assert_eq!(hub.replies(pr.number, "resuming the rollout"), 1);
+    let body = hub.sticky(pr.number).join("");
+    assert!(body.contains("✅ **Done**"), "{body}");
+    let want = hub.s.change.head_release_set.spec.kubernetes.to_string();
+    let nodes = hub.s.kube.nodes().await?;
+    assert!(nodes
+        .iter()
+        .all(|n| n.kubelet.trim_start_matches('v') == want.trim_start_matches('v')));
+    let m = &running.ctx.metrics;
+    assert_eq!(
+        m.value("ichor_rollout_pauses_total", &[("cluster", "homelab")]),
+        1.0
+    );
+    assert!(m
+        .render()
+        .contains("ichor_rollout_stage_seconds_count{stage=\"talos\"}"));
+    running.shutdown().await;
+    Ok(())
+}
+
+async fn post_webhook(
+    running: &Running,
+    signature: Option<String>,
+    body: &str,
+) -> Result<u16, Error> {
+    use http_body_util::BodyExt;
+    let mut req = http::Request::post(format!("http://{}/webhook", running.webhook_addr))
+        .header("x-github-event", "pull_request")
+        .header("x-github-delivery", "forged-1")
+        .header("content-type", "application/json");
+    if let Some(sig) = signature {
+        req = req.header("x-hub-signature-256", sig);
+    }
+    let req = req.body(http_body_util::Full::new(axum::body::Bytes::from(
+        body.to_string(),
+    )))?;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let resp = client.request(req).await?;
+    let status = resp.status().as_u16();
+    let _ = resp.into_body().collect().await;
+    Ok(status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_webhooks_change_nothing_and_a_dropped_one_is_caught_up() -> TestResult {
+    let hub = Hub::start().await?;
+    let running = hub.run("a").await?;
+    until(&hub.s, &running, "the first reconcile", || {
+        running.ctx.metrics.total("ichor_reconciles_total") >= 1.0
+    })
+    .await?;
+    // A forged delivery naming a PR head: refused before it is read.
+    let head = hub.gh.pull_requests(REPO)?.len();
+    assert_eq!(head, 0);
+    let body = r#"{"action":"opened","number":1}"#;
+    let forged = ichor::forge::webhook::sign(b"not-the-secret", body.as_bytes());
+    assert_eq!(post_webhook(&running, Some(forged), body).await?, 401);
+    assert_eq!(post_webhook(&running, None, body).await?, 401);
+    let m = &running.ctx.metrics;
+    assert_eq!(
+        m.value(
+            "ichor_webhook_deliveries_total",
+            &[("result", "refused"), ("reason", "bad_signature")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        m.value(
+            "ichor_webhook_deliveries_total",
+            &[("result", "refused"), ("reason", "missing_signature")]
+        ),
+        1.0
+    );
+    assert_eq!(m.total("ichor_gates_total"), 0.0);
+
+    // GitHub drops the PR's webhook: the periodic reconcile finds the PR anyway.
+    hub.gh.drop_next_webhooks(1);
+    let pr = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the reconcile's verdict", || {
+        is(
+            &hub.status(&pr.head_sha, "ichor/gate"),
+            StatusState::Success,
+        )
+    })
+    .await?;
+    assert!(hub
+        .gh
+        .deliveries()
+        .iter()
+        .any(|d| d.outcome == ichor::sim::github::DeliveryOutcome::Dropped));
+    assert_eq!(
+        m.value(
+            "ichor_webhook_deliveries_total",
+            &[("result", "accepted"), ("reason", "pull_request")]
+        ),
+        0.0,
+        "no webhook told ichor about the PR"
+    );
+    running.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_replicas_one_acts() -> TestResult {
+    let hub = Hub::start().await?;
+    let a = hub.run("a").await?;
+    let b = controller::start(hub.config("b")?, hub.s.twin.talos.clock().clone()).await?;
+    until(&hub.s, &a, "both replicas' first reconcile", || {
+        a.ctx.metrics.total("ichor_reconciles_total") >= 1.0
+            && b.ctx.metrics.total("ichor_reconciles_total") >= 1.0
+    })
+    .await?;
+    let leaders = a
+        .ctx
+        .metrics
+        .value("ichor_leader", &[("cluster", "homelab")])
+        + b.ctx
+            .metrics
+            .value("ichor_leader", &[("cluster", "homelab")]);
+    assert_eq!(leaders, 1.0, "exactly one holds the cluster's lease");
+    let pr = hub.open(GOOD).await?;
+    // Both look at the PR (the webhook reaches one, a reconcile the other).
+    b.ctx.events.send(controller::Event::Reconcile).await?;
+    until(&hub.s, &a, "the verdict", || {
+        is(
+            &hub.status(&pr.head_sha, "ichor/gate"),
+            StatusState::Success,
+        )
+    })
+    .await?;
+    a.ctx.events.send(controller::Event::Reconcile).await?;
+    b.ctx.events.send(controller::Event::Reconcile).await?;
+    let (ra, rb) = (
+        a.ctx.metrics.total("ichor_reconciles_total"),
+        b.ctx.metrics.total("ichor_reconciles_total"),
+    );
+    until(&hub.s, &a, "both to look again", || {
+        a.ctx.metrics.total("ichor_reconciles_total") > ra
+            && b.ctx.metrics.total("ichor_reconciles_total") > rb
+    })
+    .await?;
+    let gates = a.ctx.metrics.total("ichor_gates_total") + b.ctx.metrics.total("ichor_gates_total");
+    assert_eq!(gates, 1.0, "one replica judged, the other stood by");
+    a.shutdown().await;
+    b.shutdown().await;
     Ok(())
 }
