@@ -11,6 +11,8 @@ use ichor::git::Repo;
 use ichor::plan::PlanOptions;
 use ichor::policy::Outcome;
 
+#[path = "cli/demo.rs"]
+mod demo_cmd;
 #[path = "cli/rollout.rs"]
 mod rollout_cmd;
 #[path = "cli/run.rs"]
@@ -157,8 +159,9 @@ enum Command {
         #[arg(long, value_enum, default_value_t = StatusOutput::Text)]
         output: StatusOutput,
     },
-    /// Build the bundled homelab repository, gate every pull-request branch in it, then gate
-    /// the passing Talos + Kubernetes PR live against the twin and roll it out there.
+    /// The whole loop on the embedded twin: the bundled homelab repository served by the
+    /// GitHub emulator, its cluster by the twin, and `ichor run` gating Renovate PRs that
+    /// arrive by webhook, then rolling out the one that merges.
     Demo {
         /// Build the demo repository here and keep it (reused when it already is the demo
         /// repository); without it, a temporary directory is used and removed on exit.
@@ -303,7 +306,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             github,
             config,
         } => sim(cluster, speed, state_dir, github, config),
-        Command::Demo { dir } => demo(dir),
+        Command::Demo { dir } => demo_cmd::demo(dir),
         Command::Rollout {
             repo,
             rev,
@@ -642,192 +645,6 @@ fn print(text: &str) -> anyhow::Result<()> {
 
 /// Build the homelab fixture and run the gate on every branch, the way ichor would on each
 /// pull request; then show the plan of a change that passes.
-fn demo(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
-    let fixture = ichor::sim::fixture::Fixture::homelab();
-    // Without --dir the repository lives in a temporary directory removed on return.
-    let tmp;
-    let (path, kept) = match dir {
-        Some(d) => {
-            prepare_demo_dir(&fixture, &d)?;
-            (d, true)
-        }
-        None => {
-            tmp = tempfile::Builder::new().prefix("ichor-demo-").tempdir()?;
-            fixture.build(tmp.path())?;
-            (tmp.path().to_path_buf(), false)
-        }
-    };
-    let repo = Repo::open(&path)?;
-    let mut out = format!(
-        "ichor demo: the homelab repository ({} commits on main, {} pull-request branches) at {}{}\n\
-         Each branch is gated as ichor gates a pull request: `ichor check --repo {} --base <base> --head <branch>`.\n",
-        fixture.history.main.len(),
-        fixture.history.branches.len(),
-        path.display(),
-        if kept { "" } else { " (temporary; keep it with --dir DIR)" },
-        path.display()
-    );
-    let mut passing = None;
-    for b in &fixture.history.branches {
-        out.push_str(&format!(
-            "\n━━ PR “{}”  ({} ← {})\n",
-            b.title, b.base, b.name
-        ));
-        match gate::load(&repo, &b.base, &b.name, None) {
-            Ok(change) => {
-                let v = gate::verdict(&change);
-                out.push_str(&v.render_text());
-                if passing.is_none()
-                    && v.outcome == ichor::policy::Outcome::Pass
-                    && change.bump.talos_moves()
-                {
-                    passing = Some(change);
-                }
-            }
-            Err(e) => out.push_str(&format!("error (exit 2): {e}\n")),
-        }
-    }
-    if let Some(change) = passing {
-        out.push_str(&format!(
-            "\n━━ The same PR “{}”, gated live against the twin: the homelab cluster as main describes it,\n   simulated and served over the real Talos API (mTLS) and Kubernetes API on loopback\n",
-            change.head.name
-        ));
-        let (live, status, plan, rollout) = demo_live(&path, &change)?;
-        out.push_str(&live.render_text());
-        out.push_str("\n━━ `ichor status`: what the twin runs right now\n");
-        out.push_str(&status);
-        out.push_str(&format!(
-            "\n━━ The staged plan ichor would run once “{}” merges (from the live nodes)\n",
-            change.head.name
-        ));
-        out.push_str(&plan.render_text());
-        out.push_str(&format!(
-            "\n━━ “{}” merged: ichor rolls it out on the twin (Talos first, then Kubernetes)\n",
-            change.head.name
-        ));
-        out.push_str(&rollout);
-    }
-    out.push_str("\nOn a real cluster the same runs as `ichor rollout --repo . --rev main`; see docs/rollout.md.\n");
-    print(&out)?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Start the twin from the demo repository's checkout of main, judge `change` with the
-/// live items through ichor's own clients, read the status and plan from the live nodes.
-fn demo_live(
-    repo_dir: &std::path::Path,
-    change: &gate::Change,
-) -> anyhow::Result<(ichor::policy::Verdict, String, ichor::plan::Plan, String)> {
-    use ichor::sim::twin::{ClusterFolder, Twin, TwinOptions};
-    let folder = ClusterFolder::read(&repo_dir.join("clusters").join(&change.cluster))?;
-    let state = tempfile::Builder::new()
-        .prefix("ichor-demo-twin-")
-        .tempdir()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        // A manual clock: the twin moves only when the demo says, so its output is the same
-        // on every run.
-        // It is Saturday morning and the homelab's maintenance window has just opened.
-        let windows = change
-            .cluster_doc
-            .as_ref()
-            .map(|d| d.spec.rollout.maintenance_windows.clone())
-            .unwrap_or_default();
-        let clock = ichor::clock::Clock::manual_at(ichor::rollout::window::next_open(
-            &windows,
-            ichor::clock::Clock::manual().now(),
-        ));
-        let twin =
-            Twin::start(clock.clone(), &folder, state.path(), TwinOptions::default()).await?;
-        twin.advance(std::time::Duration::from_secs(30));
-        let kube = ichor::kube::KubeClient::connect(Some(twin.kubeconfig())).await?;
-        let talos = ichor::talos::TalosClient::new(
-            ichor::talos::config::load(twin.talosconfig(), None)?,
-            clock,
-        );
-        let subject = gate::live::Subject::of(change);
-        let facts = gate::live::observe(&kube, Some(&talos), &subject).await;
-        let mut verdict = gate::verdict(change);
-        verdict.extend(gate::live::items(change, &facts));
-        let status = gate::live::StatusReport::new(&subject, &facts).render_text();
-        let nodes = gate::live::live_nodes(&facts);
-        let plan = gate::plan_with(change, &PlanOptions::default(), nodes.as_deref())?;
-        let log = demo_rollout(&twin, &kube, &talos, change, &plan).await?;
-        twin.shutdown().await;
-        Ok::<_, anyhow::Error>((verdict, status, plan, log))
-    })
-}
-
-/// Roll `change` out on the twin: Talos, then Kubernetes, with the twin's clock moving as
-/// fast as the engine lets it. Returns the progress lines with simulated time offsets.
-async fn demo_rollout(
-    twin: &ichor::sim::twin::Twin,
-    kube: &ichor::kube::KubeClient,
-    talos: &ichor::talos::TalosClient,
-    change: &gate::Change,
-    plan: &ichor::plan::Plan,
-) -> anyhow::Result<String> {
-    use ichor::rollout::{Rollout, RunOutcome, Target};
-    let clock = twin.talos.clock().clone();
-    let start = clock.now();
-    let view = ichor::rollout::terminal::Terminal::new(clock.clone(), false);
-    let report = |p| view.report(p);
-    let doc = change
-        .cluster_doc
-        .clone()
-        .ok_or_else(|| anyhow::anyhow!("the demo's cluster has no cluster.yaml"))?;
-    let mut engine =
-        Rollout::new(kube, talos, clock.clone(), &change.cluster, "ichor-demo").for_cluster(&doc);
-    engine.report = Some(&report);
-    let rs = &change.head_release_set.spec;
-    let target = Target {
-        commit: change
-            .head
-            .commit
-            .map(|c| c.to_string())
-            .unwrap_or_default(),
-        talos: rs.talos.clone(),
-        kubernetes: rs.kubernetes.clone(),
-    };
-    // The twin's clock moves in steps while the engine waits on it: minutes of a real
-    // rollout pass in well under a second.
-    let outcome = tokio::select! {
-        r = engine.run(plan, &target, Some(change), false) => r,
-        _ = twin.drive(std::time::Duration::from_secs(2), || {}) => unreachable!("the driver never ends"),
-    };
-    let mut out = String::new();
-    for l in view.lines() {
-        out.push_str(&format!("  {l}\n"));
-    }
-    match outcome? {
-        RunOutcome::Completed { stages } => {
-            out.push_str(&format!(
-                "\nDone: every node runs Talos {} and Kubernetes {} ({} of simulated time).\n",
-                rs.talos,
-                rs.kubernetes,
-                ichor::releaseset::HumanDuration(clock.now().since(start))
-            ));
-            for (stage, secs) in stages {
-                out.push_str(&format!(
-                    "  {stage:<34} {}\n",
-                    ichor::releaseset::HumanDuration::from_secs(secs)
-                ));
-            }
-        }
-        RunOutcome::Paused(p) => out.push_str(&format!(
-            "\nPaused in {}{}: {}\n",
-            p.stage,
-            p.node.map(|n| format!(" at {n}")).unwrap_or_default(),
-            ichor::escape::terminal(&p.reason)
-        )),
-        RunOutcome::Refused(why) => out.push_str(&format!("\nRefused: {why}\n")),
-    }
-    Ok(out)
-}
-
 /// Make `dir` hold the demo repository: build it when `dir` is missing or empty, reuse it
 /// when it already is the demo repository, and refuse anything else (it is not ours).
 fn prepare_demo_dir(

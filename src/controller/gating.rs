@@ -265,6 +265,11 @@ async fn judge(
                     // A rollout in progress is no reason to hold back a PR's verdict.
                     .filter(|i| i.id != "live/rollout-lock")
                     .collect();
+                // A live item answers the same question as its static twin (from the
+                // inventory) better: it replaces it.
+                verdict
+                    .items
+                    .retain(|i| !items.iter().any(|l| l.title == i.title));
                 verdict.extend(items);
                 live_nodes = gate::live::live_nodes(&facts);
             }

@@ -505,6 +505,32 @@ pub struct Running {
 }
 
 impl Running {
+    /// Wait until `cond` holds, checking after each thing the controller does, while
+    /// `drive` moves a simulated clock (the twin's driver; `std::future::pending()` on a
+    /// real one). False when `bound` of real time passes first: only a hang gets there.
+    pub async fn wait_until(
+        &self,
+        drive: impl std::future::Future<Output = ()>,
+        mut cond: impl FnMut() -> bool,
+        bound: Duration,
+    ) -> bool {
+        let mut activity = self.ctx.activity.subscribe();
+        let wait = async {
+            loop {
+                if cond() {
+                    return true;
+                }
+                if activity.changed().await.is_err() {
+                    return cond();
+                }
+            }
+        };
+        tokio::select! {
+            r = tokio::time::timeout(bound, wait) => r.unwrap_or(false),
+            _ = drive => false,
+        }
+    }
+
     /// Stop taking events, pause running rollouts at their next safe point (each records
     /// where it stopped), and wait for them.
     pub async fn shutdown(mut self) {

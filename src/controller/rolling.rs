@@ -120,8 +120,12 @@ pub async fn decide(
         }
         Err(e) => return Err(e.into()),
     };
-    if change.bump.is_empty() && !resume && !retry {
-        return Ok(Some("the change moves no version of this cluster".into()));
+    // Add-ons and the CNI are deployed by the GitOps tool; ichor rolls Talos and Kubernetes.
+    let moves = change.bump.talos_moves() || change.bump.kubernetes_moves();
+    if !moves && !resume && !retry {
+        return Ok(Some(
+            "the change moves neither Talos nor Kubernetes on this cluster".into(),
+        ));
     }
     start(ctx, cluster, change, resume);
     Ok(None)

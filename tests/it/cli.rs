@@ -423,23 +423,30 @@ fn demo_runs_end_to_end() {
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
-    assert!(out.contains("Kubernetes 1.34 is blocked on cilium >= 1.19"));
-    assert!(out.contains("The staged plan ichor would run"));
-    // The passing PR is judged live against the twin, through ichor's own clients.
-    assert!(out.contains("gated live against the twin"), "{out}");
+    // Every branch judged from Git alone first.
     assert!(
-        out.contains("live/etcd           3 healthy members"),
+        out.contains("renovate/talos                               PASS"),
+        "{out}"
+    );
+    // Renovate's PRs arrive by webhook; the blocked one is red with its reason.
+    assert!(out.contains("webhook pull_request.opened → ichor"), "{out}");
+    assert!(
+        out.contains("failure — blocked: Kubernetes 1.34 is blocked on cilium >= 1.19"),
         "{out}"
     );
     assert!(
-        out.contains("live/cni-handover   Argo CD owns the CNI"),
+        out.contains("<!-- ichor:sticky cluster=homelab -->"),
         "{out}"
     );
+    assert!(out.contains("```mermaid"), "{out}");
+    // The good one passes live (etcd through the Talos API, the hand-over through Kubernetes).
     assert!(
-        out.contains("etcd        3 members (cp-1, cp-2, cp-3)"),
+        out.contains("success — passed: talos v1.12.6 → v1.12.9, kubernetes v1.33.5 → v1.33.7"),
         "{out}"
     );
-    // Then the merged PR is rolled out on the twin, Talos first, then Kubernetes.
+    assert!(out.contains("3 healthy members, leader cp-1"), "{out}");
+    assert!(out.contains("Argo CD owns the CNI"), "{out}");
+    // Merged, it is rolled out: Talos first, then Kubernetes, and the comment follows.
     let talos_done = out
         .find("talos w-3: on v1.12.9, Ready")
         .expect("Talos progress");
@@ -448,9 +455,11 @@ fn demo_runs_end_to_end() {
         .expect("kubelet progress");
     assert!(talos_done < kubelet_done, "{out}");
     assert!(
-        out.contains("Done: every node runs Talos v1.12.9 and Kubernetes v1.33.7"),
+        out.contains("success — done: every node runs Talos v1.12.9 and Kubernetes v1.33.7"),
         "{out}"
     );
+    assert!(out.contains("✅ **Done**"), "{out}");
+    assert!(out.contains("rollouts completed 1"), "{out}");
 }
 
 #[test]

@@ -22,23 +22,16 @@ pub async fn until(
     s: &Setup,
     running: &Running,
     what: &str,
-    mut cond: impl FnMut() -> bool,
+    cond: impl FnMut() -> bool,
 ) -> TestResult {
-    let mut activity = running.ctx.activity.subscribe();
-    let wait = async {
-        loop {
-            if cond() {
-                return;
-            }
-            if activity.changed().await.is_err() {
-                return;
-            }
-        }
-    };
-    let bounded = tokio::time::timeout(Duration::from_secs(120), wait);
-    tokio::select! {
-        r = bounded => r.map_err(|_| format!("timed out waiting for {what}").into()),
-        _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!("the driver never ends"),
+    let drive = s.twin.drive(Duration::from_secs(2), || {});
+    if running
+        .wait_until(drive, cond, Duration::from_secs(120))
+        .await
+    {
+        Ok(())
+    } else {
+        Err(format!("timed out waiting for {what}").into())
     }
 }
 
