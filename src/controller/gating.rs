@@ -172,6 +172,14 @@ pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<(), Erro
     }
     for r in &reports {
         ctx.reporters.gate(r).await?;
+        tracing::info!(
+            cluster = %r.cluster,
+            pr = ?r.pr,
+            branch = %crate::escape::clip(&r.branch, 100),
+            head = %crate::escape::clip(&r.head, 12),
+            description = %r.description,
+            "gate verdict posted"
+        );
         let outcome = match r.state {
             StatusState::Success => "pass",
             StatusState::Pending => "waiting",

@@ -550,6 +550,16 @@ impl Running {
         for t in self.tasks.drain(..) {
             let _ = t.await;
         }
+        // Hand the clusters over at once rather than after the leases run out.
+        let le = &self.ctx.cfg.leader_election;
+        for c in &self.ctx.clusters {
+            if let Some(kube) = &c.kube {
+                let _ = kube
+                    .release_lease(&le.namespace, &Ctx::lease_name(&c.name), &self.ctx.identity)
+                    .await;
+            }
+        }
+        tracing::info!("ichor run stopped");
     }
 }
 

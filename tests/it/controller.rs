@@ -200,14 +200,18 @@ impl Hub {
     }
 
     pub fn config(&self, name: &str) -> Result<Config, Error> {
+        Ok(Config::parse("test-config.yaml", &self.config_text(name, "127.0.0.1:0"))?)
+    }
+
+    pub fn config_text(&self, name: &str, listen: &str) -> String {
         let d = self.dir.path();
-        let text = format!(
+        format!(
             "repository:\n  url: {url}\n  branch: main\n\
              github:\n  repository: {REPO}\n  apiUrl: {api}\n\
              credentials:\n  github:\n    tokenFile: {token}\n\
              webhook:\n  secretFile: {secret}\n\
              clusters:\n  - name: homelab\n    kubeconfig: {kc}\n    talosconfig: {tc}\n\
-             pollInterval: 10m\nlisten: 127.0.0.1:0\nmetricsListen: 127.0.0.1:0\nstateDir: {state}\n\
+             pollInterval: 10m\nlisten: {listen}\nmetricsListen: 127.0.0.1:0\nstateDir: {state}\n\
              leaderElection:\n  identity: {name}\n  leaseDuration: 1h\n",
             url = self.gh.clone_url(REPO),
             api = self.gh.base_url(),
@@ -216,8 +220,7 @@ impl Hub {
             kc = self.s.twin.kubeconfig().display(),
             tc = self.s.twin.talosconfig().display(),
             state = d.join(name).display(),
-        );
-        Ok(Config::parse("test-config.yaml", &text)?)
+        )
     }
 
     /// A controller, with the emulator's webhooks pointed at it.
@@ -566,5 +569,76 @@ async fn of_two_replicas_one_acts() -> TestResult {
     assert_eq!(gates, 1.0, "one replica judged, the other stood by");
     a.shutdown().await;
     b.shutdown().await;
+    Ok(())
+}
+
+/// Read a child's stderr until a line contains `needle`; every line read is kept.
+fn read_until(
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+    seen: &mut Vec<String>,
+    needle: &str,
+) -> Result<(), Error> {
+    for l in lines {
+        let l = l?;
+        let hit = l.contains(needle);
+        seen.push(l);
+        if hit {
+            return Ok(());
+        }
+    }
+    Err(format!("ichor run ended before logging {needle:?}: {seen:#?}").into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ichor_run_logs_json_never_a_secret_and_stops_cleanly_on_sigterm() -> TestResult {
+    use std::io::BufRead;
+    let hub = Hub::start().await?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let config = hub.dir.path().join("config.yaml");
+    std::fs::write(&config, hub.config_text("proc", &format!("127.0.0.1:{port}")))?;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ichor"))
+        .args(["run", "--config", &config.to_string_lossy()])
+        .env("RUST_LOG", "debug")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut lines = std::io::BufReader::new(stderr).lines();
+        let mut seen = Vec::new();
+        read_until(&mut lines, &mut seen, "ichor run started").map_err(|e| e.to_string())?;
+        Ok::<_, String>((lines, seen))
+    });
+    let (lines, mut seen) = reader.await??;
+    hub.gh.set_webhook(Some(WebhookTarget {
+        url: format!("http://127.0.0.1:{port}/webhook"),
+        secret: SECRET.into(),
+    }));
+    let pr = hub.open(GOOD).await?;
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut lines = lines;
+        read_until(&mut lines, &mut seen, "gate verdict posted").map_err(|e| e.to_string())?;
+        Ok::<_, String>((lines, seen))
+    });
+    let (lines, mut seen) = reader.await??;
+    assert!(is(&hub.status(&pr.head_sha, "ichor/gate"), StatusState::Success));
+    // SIGTERM: the controller stops taking events and exits 0.
+    let pid = i32::try_from(child.id())?;
+    // SAFETY: signalling our own child, which is still running.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::task::spawn_blocking(move || child.wait()).await??;
+    assert_eq!(status.code(), Some(0), "{seen:#?}");
+    for l in lines {
+        seen.push(l?);
+    }
+    assert!(seen.iter().any(|l| l.contains("ichor run stopped")), "{seen:#?}");
+    for l in &seen {
+        // Not a terminal: one JSON object a line.
+        let v: serde_json::Value = serde_json::from_str(l).map_err(|e| format!("{e}: {l}"))?;
+        assert!(v.get("level").is_some(), "{l}");
+        assert!(!l.contains(hub.gh.token()), "the token leaked: {l}");
+        assert!(!l.contains(SECRET), "the webhook secret leaked: {l}");
+    }
     Ok(())
 }
