@@ -334,6 +334,7 @@ async fn execute(
     let progress = {
         let rep = rep.clone();
         let ctx = ctx.clone();
+        let cluster = cluster.clone();
         tokio::spawn(async move {
             let mut step_started = ctx.clock.now();
             while let Some(first) = rx.recv().await {
@@ -355,7 +356,27 @@ async fn execute(
                             &[("stage", crate::rollout::stage_key(*stage))],
                             *secs as f64,
                         ),
-                        Progress::UnitDone { stage, .. } => {
+                        Progress::UnitDone { stage, what, node } => {
+                            if let (Some(node), Some(kube)) = (node, &cluster.kube) {
+                                let reason = match stage {
+                                    crate::plan::StageId::Talos => "TalosUpgraded",
+                                    crate::plan::StageId::Kubelet => "KubeletUpgraded",
+                                    _ => "ControlPlaneUpgraded",
+                                };
+                                if let Err(e) = kube
+                                    .node_event(
+                                        node,
+                                        reason,
+                                        what,
+                                        false,
+                                        ctx.clock.now(),
+                                        &ctx.identity,
+                                    )
+                                    .await
+                                {
+                                    tracing::warn!(%node, error = %e, "cannot record an Event on the node");
+                                }
+                            }
                             ctx.metrics.observe(
                                 "ichor_rollout_step_seconds",
                                 "Rollout step durations (a node or a component), by stage.",

@@ -202,6 +202,16 @@ pub const ACCESS: &[Access] = &[
     },
     Access {
         group: "",
+        resource: "events",
+        verbs: &["create"],
+        scope: Scope::Namespace("default"),
+        names: &[],
+        needed_by: "KubeClient::node_event (ichor run's rollouts)",
+        why: "an Event on each Node ichor upgrades (`kubectl describe node` shows it); Events of cluster-scoped objects live in `default`",
+        grant: Grant::Granted,
+    },
+    Access {
+        group: "",
         resource: "configmaps",
         verbs: &["get", "create", "update"],
         scope: Scope::Namespace(ICHOR),

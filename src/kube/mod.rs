@@ -6,6 +6,7 @@
 
 pub mod access;
 pub mod drain;
+pub mod events;
 pub mod inventory;
 pub mod lease;
 pub mod manifests;

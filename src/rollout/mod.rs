@@ -112,6 +112,8 @@ pub enum Progress {
     UnitDone {
         stage: StageId,
         what: String,
+        /// The node it was, when it was one (for an Event on that Node).
+        node: Option<String>,
     },
     StageFinished {
         stage: StageId,
@@ -748,6 +750,7 @@ impl Run<'_, '_> {
             None => {
                 if step.nodes.is_empty() {
                     self.say(Progress::UnitDone {
+                        node: None,
                         stage,
                         what: step.description.clone(),
                     });
@@ -942,6 +945,7 @@ impl Run<'_, '_> {
         let mut obs = self.observe(stage, &node, &marker).await?;
         if step::talos_node(target, &obs, &marker, self.now(), timeout) == StepState::Done {
             self.say(Progress::UnitDone {
+                node: Some(name.to_string()),
                 stage,
                 what: format!("talos {name}: on {target}"),
             });
@@ -959,6 +963,7 @@ impl Run<'_, '_> {
                 StepState::Done => {
                     self.finish_marker(stage, &key).await?;
                     self.say(Progress::UnitDone {
+                        node: Some(name.to_string()),
                         stage,
                         what: format!("talos {name}: on {target}, Ready, back in service"),
                     });
@@ -1254,6 +1259,7 @@ impl Run<'_, '_> {
                 self.finish_marker(stage, &key).await?;
             }
             self.say(Progress::UnitDone {
+                node: Some(name.to_string()),
                 stage,
                 what: format!("{what} {name}: on {tag}"),
             });
@@ -1374,6 +1380,7 @@ impl Run<'_, '_> {
         }
         self.finish_marker(stage, &key).await?;
         self.say(Progress::UnitDone {
+            node: Some(name.to_string()),
             stage,
             what: format!("{what} {name}: on {tag}, Ready"),
         });
@@ -1665,6 +1672,7 @@ impl Run<'_, '_> {
         }
         self.finish_marker(stage, &key).await?;
         self.say(Progress::UnitDone {
+            node: None,
             stage,
             what: if proxy {
                 format!("kube-proxy on {tag} and the bootstrap manifests in sync")
@@ -1716,6 +1724,7 @@ impl Run<'_, '_> {
             ));
         }
         self.say(Progress::UnitDone {
+            node: None,
             stage,
             what: format!("every node on Talos {talos} and Kubernetes {k8s}, Ready"),
         });

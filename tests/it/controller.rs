@@ -200,7 +200,10 @@ impl Hub {
     }
 
     pub fn config(&self, name: &str) -> Result<Config, Error> {
-        Ok(Config::parse("test-config.yaml", &self.config_text(name, "127.0.0.1:0"))?)
+        Ok(Config::parse(
+            "test-config.yaml",
+            &self.config_text(name, "127.0.0.1:0"),
+        )?)
     }
 
     pub fn config_text(&self, name: &str, listen: &str) -> String {
@@ -593,9 +596,14 @@ fn read_until(
 async fn ichor_run_logs_json_never_a_secret_and_stops_cleanly_on_sigterm() -> TestResult {
     use std::io::BufRead;
     let hub = Hub::start().await?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let config = hub.dir.path().join("config.yaml");
-    std::fs::write(&config, hub.config_text("proc", &format!("127.0.0.1:{port}")))?;
+    std::fs::write(
+        &config,
+        hub.config_text("proc", &format!("127.0.0.1:{port}")),
+    )?;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ichor"))
         .args(["run", "--config", &config.to_string_lossy()])
         .env("RUST_LOG", "debug")
@@ -622,7 +630,10 @@ async fn ichor_run_logs_json_never_a_secret_and_stops_cleanly_on_sigterm() -> Te
         Ok::<_, String>((lines, seen))
     });
     let (lines, mut seen) = reader.await??;
-    assert!(is(&hub.status(&pr.head_sha, "ichor/gate"), StatusState::Success));
+    assert!(is(
+        &hub.status(&pr.head_sha, "ichor/gate"),
+        StatusState::Success
+    ));
     // SIGTERM: the controller stops taking events and exits 0.
     let pid = i32::try_from(child.id())?;
     // SAFETY: signalling our own child, which is still running.
@@ -632,7 +643,10 @@ async fn ichor_run_logs_json_never_a_secret_and_stops_cleanly_on_sigterm() -> Te
     for l in lines {
         seen.push(l?);
     }
-    assert!(seen.iter().any(|l| l.contains("ichor run stopped")), "{seen:#?}");
+    assert!(
+        seen.iter().any(|l| l.contains("ichor run stopped")),
+        "{seen:#?}"
+    );
     for l in &seen {
         // Not a terminal: one JSON object a line.
         let v: serde_json::Value = serde_json::from_str(l).map_err(|e| format!("{e}: {l}"))?;
