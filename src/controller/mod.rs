@@ -187,6 +187,8 @@ pub struct ClusterRuntime {
     pub paused_by: Mutex<Option<String>>,
     /// The controller is shutting down: pause at the next safe point and say so.
     pub stopping: AtomicBool,
+    /// `spec.rollout.paused` in cluster.yaml at the protected branch's tip, as last read.
+    pub git_paused: AtomicBool,
     pub rollout: Mutex<Option<JoinHandle<()>>>,
     /// The branch tip this cluster's rollouts were last decided for.
     pub decided_tip: Mutex<Option<String>>,
@@ -419,6 +421,7 @@ pub async fn connect(cfg: Config, clock: Clock) -> Result<Arc<Ctx>, Error> {
             talos,
             access_error: kube_error,
             paused_by: Mutex::new(None),
+            git_paused: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             rollout: Mutex::new(None),
             decided_tip: Mutex::new(None),

@@ -25,7 +25,44 @@ pub async fn on_branch(ctx: &Arc<Ctx>) -> Result<(), Error> {
     let tip = tip.to_string();
     ctx.state.lock().await.tip = Some(tip.clone());
     for cluster in &ctx.clusters {
-        if !cluster.act || cluster.rolling() {
+        if !cluster.act {
+            continue;
+        }
+        // Pausing through Git: `spec.rollout.paused` at the tip, read on every look.
+        let paused_now = repo
+            .resolve(&tip)
+            .ok()
+            .and_then(|rev| {
+                repo.read_file(&rev, &format!("clusters/{}/cluster.yaml", cluster.name))
+                    .ok()
+                    .flatten()
+            })
+            .and_then(|text| crate::releaseset::Cluster::parse("cluster.yaml", &text).ok())
+            .is_some_and(|doc| doc.spec.rollout.paused);
+        let was = cluster.git_paused.swap(paused_now, Ordering::Relaxed);
+        if was != paused_now && ctx.holds(cluster).await {
+            let text = if paused_now {
+                "paused through cluster.yaml: a running rollout stops at its next safe point; no rollout starts until it is set back to false"
+            } else {
+                "unpaused through cluster.yaml: a paused rollout resumes"
+            };
+            ctx.reporters
+                .ack(
+                    None,
+                    Some(&tip),
+                    Some(&cluster.name),
+                    "spec.rollout.paused",
+                    "cluster.yaml",
+                    text,
+                )
+                .await?;
+            if was && !cluster.rolling() {
+                decide(ctx, cluster, &tip, true).await?;
+                *lock(&cluster.decided_tip) = Some(tip.clone());
+                continue;
+            }
+        }
+        if cluster.rolling() {
             continue;
         }
         if lock(&cluster.decided_tip).as_deref() == Some(tip.as_str()) {
@@ -39,6 +76,33 @@ pub async fn on_branch(ctx: &Arc<Ctx>) -> Result<(), Error> {
     }
     Ok(())
 }
+
+/// The newest first-parent ancestor of `tip` whose Talos or Kubernetes differs from the
+/// tip's for `cluster` (at most [`MAX_BASE_WALK`] back): where the change that matters
+/// starts, even when later commits (a README, a pause toggle) came on top of it.
+fn rollout_base(repo: &crate::git::Repo, cluster: &str, tip: &str) -> Result<String, Error> {
+    let versions = |oid: git2::Oid| -> Option<(String, String)> {
+        let rev = repo.resolve(&oid.to_string()).ok()?;
+        let path = format!("clusters/{cluster}/release-set.yaml");
+        let text = repo.read_file(&rev, &path).ok()??;
+        let rs = crate::releaseset::ReleaseSet::parse(&path, &text).ok()?;
+        Some((rs.spec.talos.to_string(), rs.spec.kubernetes.to_string()))
+    };
+    let tip_oid = git2::Oid::from_str(tip)?;
+    let want = versions(tip_oid);
+    let mut commit = repo.git2().find_commit(tip_oid)?;
+    for _ in 0..MAX_BASE_WALK {
+        let Ok(parent) = commit.parent(0) else { break };
+        if versions(parent.id()) != want {
+            return Ok(parent.id().to_string());
+        }
+        commit = parent;
+    }
+    first_parent(repo, tip)
+}
+
+/// How far back [`rollout_base`] looks.
+const MAX_BASE_WALK: usize = 200;
 
 fn first_parent(repo: &crate::git::Repo, commit: &str) -> Result<String, Error> {
     let c = repo.git2().find_commit(git2::Oid::from_str(commit)?)?;
@@ -58,12 +122,17 @@ pub async fn decide(
     let Some(kube) = &cluster.kube else {
         return Ok(Some("ichor cannot reach this cluster".into()));
     };
+    if cluster.git_paused.load(Ordering::Relaxed) {
+        return Ok(Some(
+            "paused in cluster.yaml (spec.rollout.paused: true)".into(),
+        ));
+    }
     let repo = ctx.repo()?;
     let stored = record::load(kube, &cluster.name)
         .await
         .map_err(|e| Error::Other(e.to_string()))?;
     let mut resume = false;
-    let mut base = first_parent(&repo, tip)?;
+    let mut base = rollout_base(&repo, &cluster.name, tip)?;
     let mut head = tip.to_string();
     if let Some(s) = &stored {
         let r = &s.record;
@@ -400,7 +469,6 @@ async fn execute(
     let report = move |p: Progress| {
         let _ = tx.send(p);
     };
-    let paused_in_git = doc.spec.rollout.paused;
     let pause_requested = || -> Option<String> {
         if cluster.stopping.load(Ordering::Relaxed) {
             return Some(SHUTDOWN_REASON.to_string());
@@ -410,7 +478,7 @@ async fn execute(
                 "paused by `/ichor pause` from {by}; `/ichor resume` continues"
             ));
         }
-        paused_in_git.then(|| {
+        cluster.git_paused.load(Ordering::Relaxed).then(|| {
             "paused in cluster.yaml (spec.rollout.paused: true); set it to false to continue"
                 .to_string()
         })

@@ -656,3 +656,94 @@ async fn ichor_run_logs_json_never_a_secret_and_stops_cleanly_on_sigterm() -> Te
     }
     Ok(())
 }
+
+/// Commit `edit` (find → replace in `path`) on main of a bare repository, as a push would.
+fn commit_on_main(
+    repo: &git2::Repository,
+    path: &str,
+    find: &str,
+    replace: &str,
+    message: &str,
+) -> Result<git2::Oid, Error> {
+    let main = repo.find_commit(oid(repo, "main")?)?;
+    let blob = main.tree()?.get_path(Path::new(path))?.to_object(repo)?;
+    let text = std::str::from_utf8(blob.as_blob().ok_or("not a blob")?.content())?;
+    assert!(text.contains(find), "{path} has no {find:?}");
+    let new = repo.blob(text.replacen(find, replace, 1).as_bytes())?;
+    let mut b = git2::build::TreeUpdateBuilder::new();
+    b.upsert(path, new, git2::FileMode::Blob);
+    let tree = repo.find_tree(b.create_updated(repo, &main.tree()?)?)?;
+    let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
+    let c = repo.commit(None, &sig, &sig, message, &tree, &[&main])?;
+    repo.reference("refs/heads/main", c, true, message)?;
+    Ok(c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_only_pauses_and_resumes_through_cluster_yaml() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let dir = tempfile::tempdir()?;
+    let origin = origin(dir.path())?;
+    let cfg = git_only_config(&s, &origin, &dir.path().join("ichor"))?;
+    let running = controller::start(cfg, s.twin.talos.clock().clone()).await?;
+    let repo = git2::Repository::open_bare(&origin)?;
+    let m = running.ctx.metrics.clone();
+    until(&s, &running, "the first reconcile", || {
+        m.total("ichor_reconciles_total") >= 1.0
+    })
+    .await?;
+
+    let cluster = "clusters/homelab/cluster.yaml";
+    let pause = commit_on_main(
+        &repo,
+        cluster,
+        "  rollout:\n",
+        "  rollout:\n    paused: true\n",
+        "Pause rollouts",
+    )?;
+    until(&s, &running, "the pause's acknowledgement", || {
+        note_has(&origin, pause, RecordKind::Ack, "success")
+    })
+    .await?;
+    let from = s.change.base_release_set.spec.talos.to_string();
+    let to = s.change.head_release_set.spec.talos.to_string();
+    let bump = commit_on_main(
+        &repo,
+        "clusters/homelab/release-set.yaml",
+        &format!("talos: {from}"),
+        &format!("talos: {to}"),
+        "fix(deps): update talos",
+    )?;
+    let seen = m.total("ichor_reconciles_total");
+    until(&s, &running, "a look at the bump", || {
+        m.total("ichor_reconciles_total") > seen
+    })
+    .await?;
+    let nodes = s.kube.nodes().await?;
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n.talos.as_deref().unwrap_or("").trim_start_matches('v')
+                == from.trim_start_matches('v')),
+        "paused: nothing moved"
+    );
+    let homelab = running.ctx.cluster("homelab").ok_or("no cluster")?;
+    assert!(!homelab.rolling(), "paused in Git: no rollout started");
+    assert!(!note_has(&origin, bump, RecordKind::Rollout, "queued"));
+
+    let resume = commit_on_main(&repo, cluster, "    paused: true\n", "", "Resume rollouts")?;
+    until(&s, &running, "the resumed rollout's end", || {
+        note_has(&origin, resume, RecordKind::Rollout, "completed")
+    })
+    .await?;
+    let nodes = s.kube.nodes().await?;
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n.talos.as_deref().unwrap_or("").trim_start_matches('v')
+                == to.trim_start_matches('v')),
+        "{nodes:?}"
+    );
+    running.shutdown().await;
+    Ok(())
+}
