@@ -341,6 +341,43 @@ async fn a_pr_gets_its_gate_and_one_comment_and_each_new_head_is_judged_afresh()
         1,
         "posted once"
     );
+    // A fork's PR is judged like any other, and says that nothing from a fork acts.
+    let fixture = git2::Repository::open(homelab())?;
+    let cilium = fixture
+        .revparse_single("renovate/cilium-1.18.x:clusters/homelab/release-set.yaml")?
+        .peel_to_blob()?;
+    let text = std::str::from_utf8(cilium.content())?.to_string();
+    hub.gh
+        .push_fork_commit(
+            REPO,
+            "mallory",
+            "cilium",
+            &[("clusters/homelab/release-set.yaml", &text)],
+            "bump cilium",
+        )
+        .await?;
+    let fork = hub
+        .gh
+        .open_fork_pull_request(
+            REPO,
+            "mallory",
+            "cilium",
+            "main",
+            "bump cilium",
+            "",
+            "mallory",
+        )
+        .await?;
+    until(&hub.s, &running, "the fork PR's verdict", || {
+        is(
+            &hub.status(&fork.head_sha, "ichor/gate"),
+            StatusState::Success,
+        ) && hub
+            .sticky(fork.number)
+            .first()
+            .is_some_and(|b| b.contains("comes from a fork"))
+    })
+    .await?;
     // Nothing secret in anything ichor wrote.
     for c in hub.gh.comments(REPO, good.number)? {
         assert!(!c.body.contains(hub.gh.token()) && !c.body.contains(SECRET));
