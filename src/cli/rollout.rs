@@ -188,20 +188,7 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
         }
         let mut verdict = gate::verdict(&change);
         let me = holder();
-        let items: Vec<_> = gate::live::items(&change, &facts)
-            .into_iter()
-            // Our own lock (a run that was killed) is not a reason to wait.
-            .filter(|i| {
-                !(i.id == "live/rollout-lock"
-                    && facts
-                        .lock
-                        .as_ref()
-                        .ok()
-                        .and_then(|l| l.as_ref())
-                        .is_some_and(|l| l.holder == me))
-            })
-            .collect();
-        verdict.extend(items);
+        verdict.extend(gate::live::items_for_holder(&change, &facts, &me));
         print!("{}", verdict.render_text());
         if verdict.outcome == Outcome::Blocked {
             eprintln!("\nthe gate blocks this change: nothing was rolled out");

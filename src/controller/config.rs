@@ -326,10 +326,7 @@ impl Config {
             }
         }
         if let Some(g) = &self.github {
-            if !(g.api_url.starts_with("https://")
-                || g.api_url.starts_with("http://127.0.0.1")
-                || g.api_url.starts_with("http://localhost"))
-            {
+            if !(g.api_url.starts_with("https://") || is_loopback_http(&g.api_url)) {
                 return Err(at(
                     "apiUrl:",
                     format!(
@@ -338,6 +335,14 @@ impl Config {
                     ),
                 ));
             }
+        }
+        let lease = self.leader_election.lease_duration.as_duration().as_secs();
+        if lease < 6 {
+            return Err(at(
+                "leaseDuration:",
+                "leaderElection.leaseDuration: at least 6s (it is renewed every third of it)"
+                    .into(),
+            ));
         }
         if !self.state_dir.is_absolute() {
             return Err(at(
@@ -393,6 +398,23 @@ impl Config {
     pub fn cluster(&self, name: &str) -> Option<&ClusterConfig> {
         self.clusters.iter().find(|c| c.name == name)
     }
+}
+
+/// `http://127.0.0.1[:port][/…]` or `http://localhost[:port][/…]`, and nothing that merely
+/// starts like it (`http://localhost.evil.example`).
+fn is_loopback_http(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = rest.split('/').next().unwrap_or("");
+    if authority.contains('@') {
+        return false;
+    }
+    let host = match authority.rsplit_once(':') {
+        Some((h, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => authority,
+    };
+    matches!(host, "127.0.0.1" | "localhost" | "[::1]")
 }
 
 /// The `nth` cluster's `- name:` line (`locate` strips list dashes, so it cannot tell).
@@ -471,6 +493,16 @@ mod tests {
         assert!(e.contains("password") && !e.contains("hunter2"), "{e}");
         let e = err("repository:\n  path: /srv/lab.git\nclusters:\n  - name: lab\n    act: false\npollInterval: 1s\n");
         assert!(e.starts_with("c.yaml:6:"), "{e}");
+    }
+
+    #[test]
+    fn plain_http_only_to_loopback() {
+        assert!(is_loopback_http("http://127.0.0.1:8080"));
+        assert!(is_loopback_http("http://localhost/api"));
+        assert!(!is_loopback_http("http://localhost.evil.example"));
+        assert!(!is_loopback_http("http://127.0.0.1.evil.example:80"));
+        assert!(!is_loopback_http("http://user@127.0.0.1"));
+        assert!(!is_loopback_http("https://127.0.0.1"));
     }
 
     #[test]

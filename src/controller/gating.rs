@@ -131,8 +131,21 @@ pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<(), Erro
     let review = gate::review(&repo, &base, &c.head, None);
     let several = super::several_clusters(&repo, &base);
     let mut reports = Vec::new();
+    let mut untouched = Vec::new();
     match review {
         Ok(review) => {
+            let touched: Vec<String> = review
+                .sections
+                .iter()
+                .filter_map(|s| s.cluster.clone())
+                .collect();
+            // A required `ichor/gate` must not hold back a change that touches none of
+            // this ichor's clusters (docs, renovate.json, another instance's cluster).
+            for cluster in &ctx.clusters {
+                if !touched.contains(&cluster.name) && ctx.holds(cluster).await {
+                    untouched.push(cluster.name.clone());
+                }
+            }
             for section in review.sections {
                 let Some(name) = section.cluster.clone() else {
                     continue;
@@ -168,6 +181,20 @@ pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<(), Erro
                 &[],
             );
             return Ok(());
+        }
+    }
+    if let (Some(gh), Some(_)) = (&ctx.github, c.pr) {
+        for name in &untouched {
+            gh.set_status(
+                &c.head,
+                &comment::gate_context(name, several),
+                StatusState::Success,
+                &comment::description(&format!(
+                    "nothing to judge: this change leaves cluster {name} as it is"
+                )),
+                None,
+            )
+            .await?;
         }
     }
     for r in &reports {

@@ -178,8 +178,6 @@ pub async fn decide(
                 }
             }
         }
-    } else if retry {
-        return Ok(Some("there is no rollout to retry".into()));
     }
     let change = match gate::load(&repo, &base, &head, Some(&cluster.name)) {
         Ok(c) => c,
@@ -370,16 +368,7 @@ async fn execute(
     let subject = gate::live::Subject::of(change);
     let facts = gate::live::observe(kube, Some(talos), &subject).await;
     let mut verdict = gate::verdict(change);
-    verdict.extend(gate::live::items(change, &facts).into_iter().filter(|i| {
-        // Our own lock (a rollout this replica was running) is not a reason to wait.
-        !(i.id == "live/rollout-lock"
-            && facts
-                .lock
-                .as_ref()
-                .ok()
-                .and_then(|l| l.as_ref())
-                .is_some_and(|l| l.holder == ctx.identity))
-    }));
+    verdict.extend(gate::live::items_for_holder(change, &facts, &ctx.identity));
     if verdict.outcome == Outcome::Blocked {
         let why = verdict
             .items

@@ -497,6 +497,22 @@ fn cni_running_item(change: &Change, w: &WorkloadStatus, target: MinorVersion) -
     }
 }
 
+/// The live items for a rollout run by `holder`: as [`items`], without the rollout-lock
+/// item when `holder` itself holds the lock (a run of its own that was killed or paused is
+/// no reason to wait).
+pub fn items_for_holder(change: &Change, facts: &LiveFacts, holder: &str) -> Vec<CheckItem> {
+    let own_lock = facts
+        .lock
+        .as_ref()
+        .ok()
+        .and_then(|l| l.as_ref())
+        .is_some_and(|l| l.holder == holder);
+    items(change, facts)
+        .into_iter()
+        .filter(|i| !(own_lock && i.id == "live/rollout-lock"))
+        .collect()
+}
+
 /// Where the live inventory and `spec.inventory` disagree, one line each.
 pub fn inventory_drift(static_nodes: &[Node], live: &[Node]) -> Vec<String> {
     let mut out = Vec::new();

@@ -390,23 +390,7 @@ async fn a_pr_gets_its_gate_and_one_comment_and_each_new_head_is_judged_afresh()
 async fn a_merge_rolls_out_a_pause_shows_its_cause_and_retry_resumes_it() -> TestResult {
     let hub = Hub::start().await?;
     // The cluster's one PodDisruptionBudget never allows a disruption, for now.
-    let pdbs = hub
-        .s
-        .twin
-        .kube
-        .with(|c, _| c.list("poddisruptionbudgets", None));
-    let pdb = pdbs
-        .first()
-        .ok_or("the homelab has a PodDisruptionBudget")?;
-    let pdb_name = format!(
-        "{}/{}",
-        pdb.pointer("/metadata/namespace")
-            .and_then(|v| v.as_str())
-            .unwrap_or(""),
-        pdb.pointer("/metadata/name")
-            .and_then(|v| v.as_str())
-            .unwrap_or("")
-    );
+    let pdb_name = hub.s.first_pdb()?;
     hub.s
         .post_faults(serde_json::json!({"pdbsNeverAllow": [pdb_name]}))
         .await?;

@@ -186,6 +186,28 @@ impl Setup {
         e
     }
 
+    /// `namespace/name` of the homelab's first PodDisruptionBudget.
+    pub fn first_pdb(&self) -> Result<String, Error> {
+        let pdbs = self
+            .twin
+            .kube
+            .with(|c, _| c.list("poddisruptionbudgets", None));
+        let pdb = pdbs
+            .first()
+            .ok_or("the homelab has a PodDisruptionBudget")?;
+        let field = |p: &str| {
+            pdb.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        Ok(format!(
+            "{}/{}",
+            field("/metadata/namespace"),
+            field("/metadata/name")
+        ))
+    }
+
     pub async fn post_faults(&self, body: Value) -> TestResult {
         let req = http::Request::post("/_twin/faults")
             .header("content-type", "application/json")
@@ -522,22 +544,7 @@ async fn a_node_that_never_returns_pauses_and_the_others_run_at_full_capacity() 
 #[tokio::test]
 async fn a_pdb_that_never_allows_pauses_naming_the_pod_and_the_budget() -> TestResult {
     let s = setup(TwinConfig::default()).await?;
-    let pdbs = s
-        .twin
-        .kube
-        .with(|c, _| c.list("poddisruptionbudgets", None));
-    let pdb = pdbs
-        .first()
-        .ok_or("the homelab has a PodDisruptionBudget")?;
-    let name = format!(
-        "{}/{}",
-        pdb.pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .unwrap_or(""),
-        pdb.pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-    );
+    let name = s.first_pdb()?;
     s.post_faults(json!({"pdbsNeverAllow": [name]})).await?;
     let (outcome, seen, _) = run_once(&s, false).await?;
     assert!(seen.is_empty(), "{seen:?}");
