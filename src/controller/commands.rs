@@ -173,7 +173,7 @@ async fn run(ctx: &Arc<Ctx>, pr: Option<u64>, cmd: &Command, by: &str) -> Result
 pub async fn git_commands(ctx: &Arc<Ctx>) -> Result<(), Error> {
     let pending = {
         let repo = ctx.repo()?;
-        crate::git::notes::pending_commands(repo.git2(), 100)?
+        crate::git::notes::pending_commands(repo.git2(), crate::git::notes::MAX_COMMAND_WALK)?
     };
     for c in pending {
         let by = if c.author_email.is_empty() {

@@ -245,7 +245,9 @@ fn invalid(c: &Candidate, cluster: &str, error: &str, several: bool) -> GateRepo
         pr: c.pr,
         branch: c.branch.clone(),
         head: c.head.clone(),
-        state: StatusState::Failure,
+        // `error` is red to GitHub and Renovate alike, and tells an unreadable change
+        // from a blocked one.
+        state: StatusState::Error,
         description: comment::description(&format!("invalid: {error}")),
         sticky: Sticky {
             cluster: cluster.to_string(),

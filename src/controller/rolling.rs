@@ -57,7 +57,7 @@ pub async fn on_branch(ctx: &Arc<Ctx>) -> Result<(), Error> {
                 )
                 .await?;
             if was && !cluster.rolling() {
-                decide(ctx, cluster, &tip, true).await?;
+                decide(ctx, cluster, &tip, false).await?;
                 *lock(&cluster.decided_tip) = Some(tip.clone());
                 continue;
             }
@@ -101,6 +101,9 @@ fn rollout_base(repo: &crate::git::Repo, cluster: &str, tip: &str) -> Result<Str
     first_parent(repo, tip)
 }
 
+/// How a pause through cluster.yaml starts its reason (setting it back resumes by itself).
+const GIT_PAUSE_REASON: &str = "paused in cluster.yaml (spec.rollout.paused: true)";
+
 /// How far back [`rollout_base`] looks.
 const MAX_BASE_WALK: usize = 200;
 
@@ -123,9 +126,7 @@ pub async fn decide(
         return Ok(Some("ichor cannot reach this cluster".into()));
     };
     if cluster.git_paused.load(Ordering::Relaxed) {
-        return Ok(Some(
-            "paused in cluster.yaml (spec.rollout.paused: true)".into(),
-        ));
+        return Ok(Some(GIT_PAUSE_REASON.into()));
     }
     let repo = ctx.repo()?;
     let stored = record::load(kube, &cluster.name)
@@ -148,10 +149,10 @@ pub async fn decide(
                 resume = true;
             }
             RecordState::Paused => {
-                let by_shutdown = r
-                    .pause
-                    .as_ref()
-                    .is_some_and(|p| p.reason == SHUTDOWN_REASON);
+                // Paused by a shutdown, or by cluster.yaml now set back: carry on by itself.
+                let by_shutdown = r.pause.as_ref().is_some_and(|p| {
+                    p.reason == SHUTDOWN_REASON || p.reason.starts_with(GIT_PAUSE_REASON)
+                });
                 if by_shutdown || retry || !same {
                     head = if same || by_shutdown || retry {
                         r.target.commit.clone()
@@ -342,6 +343,11 @@ async fn run(ctx: Arc<Ctx>, cluster: Arc<ClusterRuntime>, change: Change, resume
         "Rollouts ended, by outcome.",
         &[("outcome", label)],
     );
+    // Another holder had the lock, or ichor could not run it: the next look tries again
+    // (a pre-flight refusal or a pause waits for a commit or `/ichor retry`).
+    if matches!(label, "locked" | "error") {
+        *lock(&cluster.decided_tip) = None;
+    }
     rep.set(state);
     rep.send().await;
 }
@@ -467,10 +473,10 @@ async fn execute(
                 "paused by `/ichor pause` from {by}; `/ichor resume` continues"
             ));
         }
-        cluster.git_paused.load(Ordering::Relaxed).then(|| {
-            "paused in cluster.yaml (spec.rollout.paused: true); set it to false to continue"
-                .to_string()
-        })
+        cluster
+            .git_paused
+            .load(Ordering::Relaxed)
+            .then(|| format!("{GIT_PAUSE_REASON}; set it to false to continue"))
     };
     let outcome = {
         let mut engine = Rollout::new(kube, talos, ctx.clock.clone(), &cluster.name, &ctx.identity)
