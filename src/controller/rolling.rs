@@ -195,6 +195,22 @@ pub async fn decide(
             "the change moves neither Talos nor Kubernetes on this cluster".into(),
         ));
     }
+    // Observed state over cursors: with no record to go by, a cluster already running the
+    // target (a fresh ichor on a cluster kept up to date by hand) has nothing to roll.
+    if stored.is_none() && !resume {
+        if let Ok(nodes) = kube.nodes().await {
+            let rs = &change.head_release_set.spec;
+            let same = |a: &str, b: &str| a.trim_start_matches('v') == b.trim_start_matches('v');
+            let (talos, kubernetes) = (rs.talos.to_string(), rs.kubernetes.to_string());
+            let at_target = !nodes.is_empty()
+                && nodes.iter().all(|n| {
+                    same(n.talos.as_deref().unwrap_or(""), &talos) && same(&n.kubelet, &kubernetes)
+                });
+            if at_target {
+                return Ok(Some("every node already runs the target".into()));
+            }
+        }
+    }
     start(ctx, cluster, change, resume);
     Ok(None)
 }
