@@ -124,10 +124,6 @@ pub enum Event {
         author: String,
         body: String,
     },
-    /// Judge a PR again even if its head was judged (`/ichor plan`).
-    Regate {
-        number: u64,
-    },
 }
 
 /// A burst of events, in the order to handle them: the newest head of each PR only (the
@@ -187,6 +183,8 @@ pub struct ClusterRuntime {
     pub paused_by: Mutex<Option<String>>,
     /// The controller is shutting down: pause at the next safe point and say so.
     pub stopping: AtomicBool,
+    /// When this replica last took or renewed the cluster's controller lease.
+    pub held_at: Mutex<Option<crate::clock::Timestamp>>,
     /// `spec.rollout.paused` in cluster.yaml at the protected branch's tip, as last read.
     pub git_paused: AtomicBool,
     pub rollout: Mutex<Option<JoinHandle<()>>>,
@@ -264,18 +262,31 @@ impl Ctx {
     /// Whether this replica acts for `cluster` now: it holds (or just took) the cluster's
     /// controller Lease in that cluster's own API. A cluster ichor cannot reach has no
     /// lease: it is gated from Git alone by whichever replica sees the event.
+    /// A lease renewed within the last third of its duration still holds: answered
+    /// without a request, since every PR's gate asks.
     pub async fn holds(&self, cluster: &ClusterRuntime) -> bool {
+        let fresh = self.cfg.leader_election.lease_duration.as_duration() / 3;
+        let renewed = *lock(&cluster.held_at);
+        if renewed.is_some_and(|t| self.clock.now().since(t) < fresh) {
+            return true;
+        }
+        self.renew(cluster).await
+    }
+
+    /// Take or renew the cluster's controller lease.
+    pub async fn renew(&self, cluster: &ClusterRuntime) -> bool {
         let Some(kube) = &cluster.kube else {
             return true;
         };
         let le = &self.cfg.leader_election;
+        let now = self.clock.now();
         let held = match kube
             .acquire_lease(
                 &le.namespace,
                 &Ctx::lease_name(&cluster.name),
                 &self.identity,
                 le.lease_duration.as_duration(),
-                self.clock.now(),
+                now,
             )
             .await
         {
@@ -297,6 +308,7 @@ impl Ctx {
             &[("cluster", &cluster.name)],
             if held { 1.0 } else { 0.0 },
         );
+        *lock(&cluster.held_at) = held.then_some(now);
         held
     }
 
@@ -327,7 +339,11 @@ impl Ctx {
 }
 
 /// Connect what the config names: the mirror, GitHub, each cluster's clients.
-pub async fn connect(cfg: Config, clock: Clock) -> Result<Arc<Ctx>, Error> {
+pub async fn connect(
+    cfg: Config,
+    clock: Clock,
+    events: mpsc::Sender<Event>,
+) -> Result<Arc<Ctx>, Error> {
     let identity = cfg
         .leader_election
         .identity
@@ -422,6 +438,7 @@ pub async fn connect(cfg: Config, clock: Clock) -> Result<Arc<Ctx>, Error> {
             access_error: kube_error,
             paused_by: Mutex::new(None),
             git_paused: AtomicBool::new(false),
+            held_at: Mutex::new(None),
             stopping: AtomicBool::new(false),
             rollout: Mutex::new(None),
             decided_tip: Mutex::new(None),
@@ -439,7 +456,6 @@ pub async fn connect(cfg: Config, clock: Clock) -> Result<Arc<Ctx>, Error> {
         notes,
         clock: clock.clone(),
     };
-    let (events, _) = mpsc::channel(1);
     Ok(Arc::new(Ctx {
         cfg,
         clock,
@@ -573,16 +589,8 @@ pub async fn start(cfg: Config, clock: Clock) -> Result<Running, Error> {
         config::Source::Path(p) => Some(p),
         config::Source::Remote(_) => None,
     };
-    let ctx0 = connect(cfg, clock.clone()).await?;
     let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
-    // The context is built before the queue exists; swap the sender in.
-    let ctx = Arc::new(match Arc::try_unwrap(ctx0) {
-        Ok(mut c) => {
-            c.events = tx.clone();
-            c
-        }
-        Err(_) => return Err(Error::Other("the context is shared too early".into())),
-    });
+    let ctx = connect(cfg, clock.clone(), tx.clone()).await?;
     let (stop, stopped) = watch::channel(false);
     let webhook_listener = tokio::net::TcpListener::bind(ctx.cfg.listen)
         .await
@@ -636,7 +644,7 @@ pub async fn start(cfg: Config, clock: Clock) -> Result<Running, Error> {
         let every = ctx.cfg.leader_election.lease_duration.as_duration() / 3;
         tasks.push(tokio::spawn(async move {
             loop {
-                ctx.holds(&cluster).await;
+                ctx.renew(&cluster).await;
                 tokio::select! {
                     _ = ctx.clock.sleep(every) => {}
                     _ = stopped.changed() => return,
@@ -716,10 +724,6 @@ pub async fn handle(ctx: &Arc<Ctx>, event: Event) -> Result<(), Error> {
             ctx.sync().await?;
             ctx.state.lock().await.latest_head.insert(number, head_sha);
             gating::gate_pull_number(ctx, number, false).await
-        }
-        Event::Regate { number } => {
-            ctx.sync().await?;
-            gating::gate_pull_number(ctx, number, true).await
         }
         Event::PullClosed { number } => {
             let mut st = ctx.state.lock().await;

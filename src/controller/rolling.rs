@@ -153,17 +153,14 @@ pub async fn decide(
                 let by_shutdown = r.pause.as_ref().is_some_and(|p| {
                     p.reason == SHUTDOWN_REASON || p.reason.starts_with(GIT_PAUSE_REASON)
                 });
-                if by_shutdown || retry || !same {
-                    head = if same || by_shutdown || retry {
-                        r.target.commit.clone()
-                    } else {
-                        tip.to_string()
-                    };
+                if by_shutdown || retry {
+                    head = r.target.commit.clone();
                     base = first_parent(&repo, &head)?;
-                    resume = head == r.target.commit;
-                } else {
+                    resume = true;
+                } else if same {
                     return Ok(Some("paused; waiting for /ichor retry".into()));
                 }
+                // Else a newer target supersedes the paused one, from where it changed.
             }
             RecordState::Completed => {
                 let done = git2::Oid::from_str(&r.target.commit).ok();
