@@ -24,12 +24,7 @@ pub async fn on_comment(
     let Some(parsed) = command::parse(body) else {
         return Ok(());
     };
-    let line = body
-        .lines()
-        .map(str::trim)
-        .find(|l| l.starts_with("/ichor"))
-        .unwrap_or("/ichor")
-        .to_string();
+    let line = command::command_line(body).unwrap_or("/ichor").to_string();
     let cmd = match parsed {
         Ok(c) => c,
         Err(why) => {

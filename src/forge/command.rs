@@ -52,12 +52,7 @@ impl fmt::Display for Command {
 /// What a comment's `/ichor` line asks for: `None` when there is none, `Err` with a reply
 /// for a line ichor cannot read.
 pub fn parse(body: &str) -> Option<Result<Command, String>> {
-    // Bounded: a hostile comment of a million lines is scanned to its first 200.
-    let line = body
-        .lines()
-        .take(200)
-        .map(str::trim)
-        .find(|l| *l == "/ichor" || l.starts_with("/ichor "))?;
+    let line = command_line(body)?;
     let mut words = line.split_whitespace().skip(1);
     let usage = "ichor understands `/ichor plan`, `/ichor retry`, `/ichor pause` and `/ichor resume`, each optionally followed by a cluster name";
     let verb = match words.next() {
@@ -87,6 +82,15 @@ pub fn parse(body: &str) -> Option<Result<Command, String>> {
         return Some(Err(format!("too many words after `/ichor`; {usage}.")));
     }
     Some(Ok(Command { verb, cluster }))
+}
+
+/// The line of a comment that is its command: the first `/ichor` or `/ichor …` line.
+/// Bounded: a hostile comment of a million lines is scanned to its first 200.
+pub fn command_line(body: &str) -> Option<&str> {
+    body.lines()
+        .take(200)
+        .map(str::trim)
+        .find(|l| *l == "/ichor" || l.starts_with("/ichor "))
 }
 
 /// A DNS label, as cluster directory names are.
