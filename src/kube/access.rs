@@ -42,11 +42,8 @@ pub struct Access {
 
 /// ichor's own namespace (the lock and the record); `gate::live::ICHOR_NAMESPACE`.
 const ICHOR: &str = "ichor-system";
-/// Where Talos's bootstrap manifests live.
+/// Where kube-proxy runs.
 const KUBE_SYSTEM: &str = "kube-system";
-
-/// Withheld: writing RBAC objects needs `escalate`/`bind`.
-const RBAC_WRITE: &str = "changing a ClusterRole needs `escalate`, a binding `bind`: either lets ichor grant itself anything. When one of these differs, the sync pauses with a `forbidden` root cause naming it";
 
 /// Everything ichor's Kubernetes client asks for.
 pub const ACCESS: &[Access] = &[
@@ -220,100 +217,19 @@ pub const ACCESS: &[Access] = &[
         why: "the rollout record, with resourceVersion preconditions",
         grant: Grant::Granted,
     },
-    // The bootstrap-manifest sync (rollout stage 2c) server-side-applies Talos's bootstrap
-    // manifests with field manager `talos`, patching only the objects that differ. `get`
-    // reads an object to compare; `patch` is the apply; `create` is checked too when an
-    // apply creates a missing object (kube-apiserver authorizes that create with the
-    // object's name, so `resourceNames` holds for it).
+    // The bootstrap-manifest sync (rollout stage 2c) runs with the admin kubeconfig Talos
+    // issues (MachineService/Kubeconfig), as Talos's field manager, never with this
+    // ServiceAccount (ADR 0057): ichor's own RBAC holds no write on what Talos renders. After
+    // the sync ichor only watches kube-proxy roll out.
     Access {
         group: "apps",
         resource: "daemonsets",
-        verbs: &["get", "patch", "create"],
+        verbs: &["get"],
         scope: Scope::Namespace(KUBE_SYSTEM),
         names: &["kube-proxy"],
-        needed_by: "rollout: the bootstrap-manifest sync and kube-proxy's roll-out (stage 2c)",
-        why: "kube-proxy's DaemonSet follows the new Kubernetes version",
+        needed_by: "rollout: kube-proxy's roll-out after the bootstrap-manifest sync (stage 2c)",
+        why: "kube-proxy's DaemonSet rolled out on the new Kubernetes version",
         grant: Grant::Granted,
-    },
-    Access {
-        group: "apps",
-        resource: "deployments",
-        verbs: &["get", "patch", "create"],
-        scope: Scope::Namespace(KUBE_SYSTEM),
-        names: &["coredns"],
-        needed_by: "KubeClient::deployment; rollout: the bootstrap-manifest sync (stage 2c)",
-        why: "CoreDNS's Deployment and its roll-out",
-        grant: Grant::Granted,
-    },
-    Access {
-        group: "",
-        resource: "configmaps",
-        verbs: &["get", "patch", "create"],
-        scope: Scope::Namespace(KUBE_SYSTEM),
-        names: &["coredns", "kubeconfig-in-cluster"],
-        needed_by: "rollout: the bootstrap-manifest sync (stage 2c)",
-        why: "CoreDNS's Corefile and Talos's in-cluster kubeconfig",
-        grant: Grant::Granted,
-    },
-    Access {
-        group: "",
-        resource: "services",
-        verbs: &["get", "patch", "create"],
-        scope: Scope::Namespace(KUBE_SYSTEM),
-        names: &["kube-dns"],
-        needed_by: "rollout: the bootstrap-manifest sync (stage 2c)",
-        why: "CoreDNS's Service",
-        grant: Grant::Granted,
-    },
-    Access {
-        group: "",
-        resource: "serviceaccounts",
-        verbs: &["get", "patch", "create"],
-        scope: Scope::Namespace(KUBE_SYSTEM),
-        names: &["kube-proxy", "coredns"],
-        needed_by: "rollout: the bootstrap-manifest sync (stage 2c)",
-        why: "kube-proxy's and CoreDNS's ServiceAccounts",
-        grant: Grant::Granted,
-    },
-    Access {
-        group: "rbac.authorization.k8s.io",
-        resource: "clusterroles",
-        verbs: &["get"],
-        scope: Scope::Cluster,
-        names: &["system:coredns"],
-        needed_by: "rollout: the bootstrap-manifest sync (stage 2c)",
-        why: "compare CoreDNS's ClusterRole with the manifest",
-        grant: Grant::Granted,
-    },
-    Access {
-        group: "rbac.authorization.k8s.io",
-        resource: "clusterrolebindings",
-        verbs: &["get"],
-        scope: Scope::Cluster,
-        names: &["system:coredns", "kube-proxy"],
-        needed_by: "rollout: the bootstrap-manifest sync (stage 2c)",
-        why: "compare CoreDNS's and kube-proxy's bindings with the manifests",
-        grant: Grant::Granted,
-    },
-    Access {
-        group: "rbac.authorization.k8s.io",
-        resource: "clusterroles",
-        verbs: &["patch", "create"],
-        scope: Scope::Cluster,
-        names: &["system:coredns"],
-        needed_by: "rollout: the bootstrap-manifest sync (stage 2c)",
-        why: "write CoreDNS's ClusterRole when it differs",
-        grant: Grant::Withheld(RBAC_WRITE),
-    },
-    Access {
-        group: "rbac.authorization.k8s.io",
-        resource: "clusterrolebindings",
-        verbs: &["patch", "create"],
-        scope: Scope::Cluster,
-        names: &["system:coredns", "kube-proxy"],
-        needed_by: "rollout: the bootstrap-manifest sync (stage 2c)",
-        why: "write CoreDNS's and kube-proxy's bindings when they differ",
-        grant: Grant::Withheld(RBAC_WRITE),
     },
 ];
 

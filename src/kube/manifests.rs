@@ -3,8 +3,13 @@
 //! them only at bootstrap; after a Kubernetes upgrade they must be applied again. ichor
 //! applies each object server-side as Talos's own field manager (`talos`), so ownership
 //! stays where Talos left it, and only objects that differ: a dry run shows what the apply
-//! would make, and an object that would not change is not written (and needs no write
-//! permission).
+//! would make, and an object that would not change is not written.
+//!
+//! As ADR 0057 says and as `talosctl upgrade-k8s` does (siderolabs/talos
+//! pkg/cluster/kubernetes, `--manifests-force` off by default), the sync runs with the admin
+//! kubeconfig Talos issues, never with ichor's own ServiceAccount, and never forces: a field
+//! another manager owns (a hand-edited Corefile, a CNI managed by Helm) is a conflict that
+//! stops the sync and names the object and the other manager.
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
@@ -117,7 +122,10 @@ impl KubeClient {
                 Some((g, v)) => (g, v),
                 None => ("", api_version),
             };
-            let what = format!("apply {kind} {name}");
+            let what = match obj.pointer("/metadata/namespace").and_then(Value::as_str) {
+                Some(ns) => format!("apply {kind} {ns}/{name}"),
+                None => format!("apply {kind} {name}"),
+            };
             let gvk = GroupVersionKind::gvk(group, version, &kind);
             let (resource, caps) = kube::discovery::pinned_kind(&self.client, &gvk)
                 .await
@@ -137,7 +145,8 @@ impl KubeClient {
                 .get_opt(&name)
                 .await
                 .map_err(|e| KubeError::from_kube(format!("get {kind} {name}"), e))?;
-            let params = PatchParams::apply(TALOS_FIELD_MANAGER).force();
+            // Not forced: another manager's field is a conflict (409), not ours to take.
+            let params = PatchParams::apply(TALOS_FIELD_MANAGER);
             let changed = match &before {
                 None => true,
                 Some(b) => {

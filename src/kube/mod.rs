@@ -133,6 +133,25 @@ impl KubeClient {
         Ok(KubeClient { client })
     }
 
+    /// From a kubeconfig held in memory (the admin kubeconfig Talos hands out through its
+    /// API); `what` names where it came from in errors. The text is a credential: it is
+    /// never logged, and errors never quote it.
+    pub async fn from_kubeconfig_text(text: &str, what: &str) -> Result<KubeClient, KubeError> {
+        let err = |message: String| KubeError::Config {
+            path: what.to_string(),
+            message,
+        };
+        // kube-rs's parse errors quote no values; cut them anyway.
+        let kc = Kubeconfig::from_yaml(text)
+            .map_err(|e| err(crate::releaseset::excerpt(&e.to_string(), 200)))?;
+        let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| err(crate::releaseset::excerpt(&e.to_string(), 200)))?;
+        config.default_retry = false;
+        let client = kube::Client::try_from(config).map_err(|e| err(e.to_string()))?;
+        Ok(KubeClient { client })
+    }
+
     /// Create the namespace if it does not exist (ichor's own `ichor-system`, for the lock
     /// and the record; `deploy/` creates it too).
     pub async fn ensure_namespace(&self, name: &str) -> Result<(), KubeError> {

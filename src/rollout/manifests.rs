@@ -2,7 +2,7 @@
 //! manifests applied as Talos's field manager, then kube-proxy's DaemonSet rolled out.
 
 use super::nodes::address;
-use super::{Flow, Progress, Run, Stop, PULL_DEADLINE};
+use super::{Flow, Progress, Run, PULL_DEADLINE};
 use crate::kube::LiveNode;
 use crate::plan::{StageId, Step, StepKind};
 use crate::releaseset::Role;
@@ -99,46 +99,61 @@ impl Run<'_, '_> {
                 )));
             }
         }
-        // The manifests as a control plane renders them now (any one: they are the same).
-        let mut manifests = Err("no control plane".to_string());
+        // The manifests as a control plane renders them now (any one: they are the same),
+        // and the admin kubeconfig that control plane issues: the sync runs as Talos's
+        // admin (ADR 0057), never as ichor's ServiceAccount, which may not write them.
+        let mut source = Err("no control plane".to_string());
         for cp in &cps {
-            match e
-                .talos
-                .bootstrap_manifests(&address(cp), CallOptions::default())
-                .await
-            {
-                Ok(m) => {
-                    manifests = Ok(m);
+            let addr = address(cp);
+            let got = async {
+                let m = e
+                    .talos
+                    .bootstrap_manifests(&addr, CallOptions::default())
+                    .await?;
+                let k = e.talos.kubeconfig(&addr, CallOptions::default()).await?;
+                Ok::<_, crate::talos::TalosError>((m, k, cp.name.clone()))
+            };
+            match got.await {
+                Ok(found) => {
+                    source = Ok(found);
                     break;
                 }
-                Err(err) => manifests = Err(err.to_string()),
+                Err(err) => source = Err(err.to_string()),
             }
         }
-        let manifests = manifests.map_err(|err| {
+        let (manifests, kubeconfig, from) = source.map_err(|err| {
             self.pause(
                 stage,
                 None,
-                format!("cannot read the bootstrap manifests from a control plane: {err}"),
+                format!("cannot read the bootstrap manifests and the admin kubeconfig from a control plane: {err}"),
             )
         })?;
         let objects = crate::kube::manifests::objects(&manifests)
             .map_err(|err| self.pause(stage, None, err.to_string()))?;
+        let admin = crate::kube::KubeClient::from_kubeconfig_text(
+            &kubeconfig,
+            &format!("the admin kubeconfig from {from} (MachineService/Kubeconfig)"),
+        )
+        .await
+        .map_err(|err| self.pause(stage, None, err.to_string()))?;
+        drop(kubeconfig);
         self.check_lock(stage, "").await?;
-        let applied = self
-            .kube(stage, None, "apply the bootstrap manifests", || {
-                e.kube.sync_manifests(&objects)
-            })
-            .await
-            .map_err(|stop| match stop {
-                Stop::Pause(mut p) if p.reason.contains(" 403 ") => {
-                    p.reason = format!(
-                        "{}; grant ichor that write (docs/cluster-access.md) or apply that object by hand, then resume",
-                        p.reason
-                    );
-                    Stop::Pause(p)
-                }
-                other => other,
-            })?;
+        let applied = super::patiently(&e.clock, "apply the bootstrap manifests", || {
+            admin.sync_manifests(&objects)
+        })
+        .await
+        .map_err(|err| {
+            let reason = match &err {
+                crate::kube::KubeError::Api { code: 409, what, message, .. } => format!(
+                    "{what}: another field manager owns what Talos renders ({message}); ichor applies as Talos's field manager `talos` without force, as talosctl upgrade-k8s does by default: let Talos own those fields (move the change into the machine configuration) or remove the other manager's edit, then resume"
+                ),
+                crate::kube::KubeError::Api { code: 401 | 403, .. } => format!(
+                    "the bootstrap manifests were refused to Talos's admin kubeconfig from {from}: {err}; check the control plane's Kubernetes CA and its clock, then resume"
+                ),
+                _ => format!("the bootstrap-manifest sync failed: {err}; resume once it can"),
+            };
+            self.pause(stage, None, reason)
+        })?;
         let changed: Vec<String> = applied
             .iter()
             .filter(|a| a.changed)

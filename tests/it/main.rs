@@ -9,6 +9,7 @@ mod live;
 mod notes;
 mod policies;
 mod props;
+mod rbac;
 mod render;
 mod renovate;
 mod rollout;

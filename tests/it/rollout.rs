@@ -307,7 +307,7 @@ fn homelab_change(
 
 /// Progress as lines, for assertions.
 #[derive(Default)]
-struct Lines(Mutex<Vec<String>>);
+pub(crate) struct Lines(Mutex<Vec<String>>);
 
 impl Lines {
     fn push(&self, p: Progress) {
@@ -315,10 +315,10 @@ impl Lines {
             l.push(p.to_string());
         }
     }
-    fn all(&self) -> Vec<String> {
+    pub(crate) fn all(&self) -> Vec<String> {
         self.0.lock().map(|l| l.clone()).unwrap_or_default()
     }
-    fn any(&self, needle: &str) -> bool {
+    pub(crate) fn any(&self, needle: &str) -> bool {
         self.all().iter().any(|l| l.contains(needle))
     }
 }
@@ -365,7 +365,10 @@ async fn run_alongside<T>(
     Ok((outcome, out))
 }
 
-async fn run_once(s: &Setup, resume: bool) -> Result<(RunOutcome, Vec<String>, Lines), Error> {
+pub(crate) async fn run_once(
+    s: &Setup,
+    resume: bool,
+) -> Result<(RunOutcome, Vec<String>, Lines), Error> {
     let lines = Lines::default();
     let report = |p| lines.push(p);
     let engine = s.engine(&report);
@@ -374,7 +377,7 @@ async fn run_once(s: &Setup, resume: bool) -> Result<(RunOutcome, Vec<String>, L
     Ok((o, seen, lines))
 }
 
-fn paused(o: RunOutcome) -> Result<ichor::rollout::record::Pause, Error> {
+pub(crate) fn paused(o: RunOutcome) -> Result<ichor::rollout::record::Pause, Error> {
     match o {
         RunOutcome::Paused(p) => Ok(p),
         other => Err(format!("expected a pause, got {other:?}").into()),
@@ -382,7 +385,7 @@ fn paused(o: RunOutcome) -> Result<ichor::rollout::record::Pause, Error> {
 }
 
 /// Every node on the target, Ready, uncordoned, the lock released.
-async fn assert_finished(s: &Setup) -> TestResult {
+pub(crate) async fn assert_finished(s: &Setup) -> TestResult {
     for o in s.twin.talos.observe() {
         assert_eq!(o.talos_version, "v1.12.9", "{} Talos", o.name);
         assert!(

@@ -21,6 +21,7 @@ use crate::sim::net::{self, NetLimits};
 
 use super::model::Cluster;
 use super::patch::{json_patch, merge_patch, strategic_merge_patch};
+use super::rbac::{self, User};
 use super::resources::{groups, lookup, ResourceType, RESOURCES};
 use super::select::{FieldSelector, LabelSelector};
 use super::store::{name_of, namespace_of, rv_of, set_path, ApiError, At, EventType, WatchEvent};
@@ -43,6 +44,8 @@ pub struct Shared {
     pub driver_wakeups: AtomicU64,
     /// Each request's authorization attributes (verb, group, resource, …).
     pub audit: super::audit::Audit,
+    /// ServiceAccount tokens issued by TokenRequest (the admin token is `token`).
+    pub tokens: Mutex<super::rbac::Tokens>,
 }
 
 /// The apiserver's request body limit (kube-apiserver `--max-request-body-bytes`'s 3 MiB
@@ -238,20 +241,40 @@ async fn answer(
         segs.as_slice(),
         ["version"] | ["healthz"] | ["livez"] | ["readyz"]
     );
+    // Authentication, then API Priority and Fairness, then authorization: the order of
+    // kube-apiserver's handler chain (staging/src/k8s.io/apiserver/pkg/server/config.go,
+    // DefaultBuildHandlerChain).
+    let mut user = None;
     if !public {
         let presented = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        if !same(presented.as_bytes(), sh.token.as_bytes()) {
+        let who = if same(presented.as_bytes(), sh.token.as_bytes()) {
+            Some(User::admin())
+        } else {
+            sh.tokens
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .user(presented, sh.clock.now())
+        };
+        let Some(who) = who else {
             return err(&ApiError::new(401, "Unauthorized", "Unauthorized"));
-        }
+        };
         if matches!(segs.first(), Some(&"api" | &"apis")) {
             let burst = sh.lock().take_burst();
             if let Some((code, retry)) = burst {
                 return injected(code, retry);
             }
+        }
+        user = Some(who);
+    }
+    if let Some(who) = &user {
+        let entry = super::audit::attributes(&method, uri.path(), uri.query().unwrap_or(""));
+        if let Err(refused) = rbac::authorize(&sh.lock().store, who, &entry) {
+            sh.audit.record(&method, &uri);
+            return err(&refused);
         }
     }
     sh.audit.record(&method, &uri);
@@ -292,9 +315,22 @@ async fn answer(
         },
         ["apis", g, v] if groups().contains(&(*g, *v)) => ok_json(200, &resource_list(g, v)),
         ["api", "v1", rest @ ..] => {
-            resource(&sh, "", "v1", rest, &method, &q, &headers, &body).await
+            resource(
+                &sh,
+                "",
+                "v1",
+                rest,
+                &method,
+                &q,
+                &headers,
+                &body,
+                user.as_ref(),
+            )
+            .await
         }
-        ["apis", g, v, rest @ ..] => resource(&sh, g, v, rest, &method, &q, &headers, &body).await,
+        ["apis", g, v, rest @ ..] => {
+            resource(&sh, g, v, rest, &method, &q, &headers, &body, user.as_ref()).await
+        }
         ["_twin", "faults"] if method == Method::POST => faults(&sh, &headers, &body),
         ["openapi", "v3"] => ok_json(200, &openapi_index()),
         ["openapi", "v3", "api", "v1"] => ok_json(200, &openapi_group_version("", "v1")),
@@ -523,6 +559,7 @@ async fn resource(
     q: &Query,
     headers: &HeaderMap,
     body: &Bytes,
+    user: Option<&User>,
 ) -> Response<Body> {
     let not_found = || {
         err(&ApiError::new(
@@ -563,8 +600,26 @@ async fn resource(
     let ns_str = ns.unwrap_or("");
     let result = match (method.clone(), name, sub) {
         (Method::POST, None, None) if rt.plural == "selfsubjectaccessreviews" => {
-            access_review(body)
+            access_review(sh, body, user)
         }
+        (Method::POST, Some(n), Some("token")) => match match body.strip_prefix(b"k8s\0") {
+            // kubectl sends built-in types as protobuf.
+            Some(envelope) => token_request_from_protobuf(envelope).ok_or_else(|| {
+                ApiError::bad_request("the protobuf TokenRequest could not be decoded")
+            }),
+            None => parse_body(headers, body),
+        } {
+            Ok(request) => {
+                let c = sh.lock();
+                let now = sh.clock.now();
+                sh.tokens
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .request(&c.store, ns_str, n, &request, now)
+                    .map(|t| (201, t))
+            }
+            Err(e) => Err(e),
+        },
         (_, _, _) if rt.plural == "selfsubjectaccessreviews" => Err(ApiError::new(
             405,
             "MethodNotAllowed",
@@ -648,10 +703,10 @@ async fn resource(
     }
 }
 
-/// POST selfsubjectaccessreviews (`kubectl auth can-i`): the twin's one token is
-/// cluster-admin, so every well-formed review is allowed, as RBAC's cluster-admin binding
-/// answers. The review comes back with its status; nothing is stored (201, as the apiserver).
-fn access_review(body: &Bytes) -> Result<(u16, Value), ApiError> {
+/// POST selfsubjectaccessreviews (`kubectl auth can-i`): the review is judged for the caller
+/// by the same authorizer as its requests, and comes back with its status; nothing is
+/// stored (201, as the apiserver; staging/src/k8s.io/api/authorization/v1/types.go).
+fn access_review(sh: &Shared, body: &Bytes, user: Option<&User>) -> Result<(u16, Value), ApiError> {
     // kubectl sends built-in types as protobuf (the `k8s\0` envelope); read what it asks.
     let mut review: Value = match body.strip_prefix(b"k8s\0") {
         Some(envelope) => review_from_protobuf(envelope).ok_or_else(|| {
@@ -670,19 +725,56 @@ fn access_review(body: &Bytes) -> Result<(u16, Value), ApiError> {
             "SelfSubjectAccessReview.authorization.k8s.io \"\" is invalid: spec.resourceAttributes: Invalid value: exactly one of nonResourceAttributes or resourceAttributes must be specified",
         ));
     }
+    let field = |v: Option<&Value>, k: &str| {
+        v.and_then(|v| v.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let entry = match resource {
+        Some(_) => super::audit::Entry {
+            verb: field(resource, "verb"),
+            group: field(resource, "group"),
+            resource: field(resource, "resource"),
+            subresource: field(resource, "subresource"),
+            namespace: field(resource, "namespace"),
+            name: field(resource, "name"),
+            non_resource: false,
+        },
+        None => super::audit::Entry {
+            verb: field(non_resource, "verb"),
+            group: String::new(),
+            resource: field(non_resource, "path"),
+            subresource: String::new(),
+            namespace: String::new(),
+            name: String::new(),
+            non_resource: true,
+        },
+    };
+    let allowed = user.is_some_and(|u| rbac::authorize(&sh.lock().store, u, &entry).is_ok());
     review["apiVersion"] = json!("authorization.k8s.io/v1");
     review["kind"] = json!("SelfSubjectAccessReview");
     if !review["metadata"].is_object() {
         review["metadata"] = json!({});
     }
-    review["status"] = json!({"allowed": true,
-        "reason": "RBAC: allowed by ClusterRoleBinding \"cluster-admin\" of ClusterRole \"cluster-admin\" to User \"admin\""});
+    review["status"] = if allowed {
+        json!({"allowed": true, "reason": "RBAC: allowed"})
+    } else {
+        json!({"allowed": false})
+    };
     Ok((201, review))
 }
 
-/// The length-delimited and varint fields of one protobuf message: (field, bytes) for the
-/// former; varints are skipped. None when the bytes are not a well-formed message.
-fn proto_fields(mut b: &[u8]) -> Option<Vec<(u64, &[u8])>> {
+/// One field of a protobuf message: a varint, or the bytes of a length-delimited field.
+#[derive(Debug, Clone, Copy)]
+enum Wire<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+}
+
+/// The length-delimited and varint fields of one protobuf message, in order. None when the
+/// bytes are not a well-formed message (or use a wire type the twin's requests never carry).
+fn proto_fields(mut b: &[u8]) -> Option<Vec<(u64, Wire<'_>)>> {
     fn varint(b: &mut &[u8]) -> Option<u64> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
@@ -699,20 +791,48 @@ fn proto_fields(mut b: &[u8]) -> Option<Vec<(u64, &[u8])>> {
     while !b.is_empty() {
         let key = varint(&mut b)?;
         match key & 7 {
-            0 => {
-                varint(&mut b)?;
-            }
+            0 => out.push((key >> 3, Wire::Varint(varint(&mut b)?))),
             2 => {
                 let len = usize::try_from(varint(&mut b)?).ok()?;
                 if len > b.len() {
                     return None;
                 }
                 let (field, rest) = b.split_at(len);
-                out.push((key >> 3, field));
+                out.push((key >> 3, Wire::Bytes(field)));
                 b = rest;
             }
             _ => return None,
         }
+    }
+    Some(out)
+}
+
+/// The bytes of field `n` (the first occurrence), when it is length-delimited.
+fn proto_bytes(msg: &[u8], n: u64) -> Option<&[u8]> {
+    proto_fields(msg)?.into_iter().find_map(|(f, w)| match w {
+        Wire::Bytes(b) if f == n => Some(b),
+        _ => None,
+    })
+}
+
+/// A TokenRequest from the apiserver's protobuf envelope (`runtime.Unknown`: raw = 2), as
+/// JSON: spec = 2 with audiences = 1 (repeated) and expirationSeconds = 4
+/// (staging/src/k8s.io/api/authentication/v1/generated.proto). kubectl create token sends it so.
+fn token_request_from_protobuf(envelope: &[u8]) -> Option<Value> {
+    let raw = proto_bytes(envelope, 2)?;
+    let spec = proto_bytes(raw, 2).unwrap_or_default();
+    let mut audiences = Vec::new();
+    let mut seconds = None;
+    for (f, w) in proto_fields(spec)? {
+        match (f, w) {
+            (1, Wire::Bytes(a)) => audiences.push(json!(String::from_utf8_lossy(a))),
+            (4, Wire::Varint(v)) => seconds = Some(v),
+            _ => {}
+        }
+    }
+    let mut out = json!({"spec": {"audiences": audiences}});
+    if let Some(v) = seconds {
+        out["spec"]["expirationSeconds"] = json!(v);
     }
     Some(out)
 }
@@ -722,15 +842,11 @@ fn proto_fields(mut b: &[u8]) -> Option<Vec<(u64, &[u8])>> {
 /// version 4, resource 5, subresource 6, name 7) or nonResourceAttributes = 2 (path 1,
 /// verb 2).
 fn review_from_protobuf(envelope: &[u8]) -> Option<Value> {
-    let field = |msg: &[u8], n: u64| -> Option<Vec<u8>> {
-        proto_fields(msg)?
-            .into_iter()
-            .find(|(f, _)| *f == n)
-            .map(|(_, v)| v.to_vec())
-    };
+    let field = |msg: &[u8], n: u64| proto_bytes(msg, n).map(<[u8]>::to_vec);
     let strings = |msg: &[u8], names: &[&str]| -> Option<Value> {
         let mut out = serde_json::Map::new();
-        for (f, v) in proto_fields(msg)? {
+        for (f, w) in proto_fields(msg)? {
+            let Wire::Bytes(v) = w else { continue };
             let Some(name) = usize::try_from(f)
                 .ok()
                 .and_then(|i| names.get(i.wrapping_sub(1)))

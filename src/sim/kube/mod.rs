@@ -21,7 +21,10 @@
 //!   (attach-detach controller and CSI external-attacher), the Eviction API per the
 //!   apiserver.
 //!
-//! Not simulated: authorization (the one token is cluster-admin), admission and schema
+//! Authentication and RBAC as the apiserver's (`rbac`): the admin token is `system:masters`,
+//! ServiceAccount tokens come from TokenRequest and are judged by the Roles and bindings held.
+//!
+//! Not simulated: admission and schema
 //! validation (`fieldValidation` is accepted and ignored), protobuf, aggregated discovery,
 //! deletecollection, finalizers and owner-reference garbage collection, resource
 //! requests and priorities, tolerations of ordinary pods, new ReplicaSets per Deployment
@@ -35,6 +38,7 @@ pub mod audit;
 pub mod http;
 pub mod model;
 pub mod patch;
+pub mod rbac;
 pub mod resources;
 pub mod seed;
 pub mod select;
@@ -129,6 +133,7 @@ impl KubeTwin {
             poke: Notify::new(),
             driver_wakeups: AtomicU64::new(0),
             audit: Default::default(),
+            tokens: Default::default(),
         });
         let url = format!("https://{addr}");
         let kubeconfig = state_dir.join("kubeconfig");

@@ -128,7 +128,8 @@ pub const RESOURCES: &[ResourceType] = &[
         "ServiceAccount",
         true,
         &["sa"],
-        &[],
+        // TokenRequest (`kubectl create token`), see `rbac::Tokens`.
+        &["token"],
     ),
     rt("", "v1", "events", "event", "Event", true, &["ev"], &[]),
     rt(
@@ -220,6 +221,18 @@ pub const RESOURCES: &[ResourceType] = &[
         false,
         &[],
         &["status"],
+    ),
+    // Stored, not enforced (the twin has no pod network): `kubectl apply -k deploy/` takes
+    // ichor's whole base.
+    rt(
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        "networkpolicy",
+        "NetworkPolicy",
+        true,
+        &["netpol"],
+        &[],
     ),
     rt(
         "rbac.authorization.k8s.io",
