@@ -411,6 +411,25 @@ pub fn build_specs(
     Ok((nodes, seed))
 }
 
+/// The admin kubeconfig the control planes hand out (MachineService/Kubeconfig), shaped as
+/// siderolabs/talos v1.13.9 pkg/kubeconfig/generate.go renders it (cluster `<name>`, user and
+/// context `admin@<name>`, namespace `default`). Talos authenticates it with a client
+/// certificate of O=system:masters; the Kubernetes twin authenticates bearer tokens only,
+/// so it carries the twin's cluster-admin token instead (docs/twin.md).
+fn admin_kubeconfig(cluster: &str, kube: &KubeTwin) -> String {
+    use base64::Engine;
+    let ca = base64::engine::general_purpose::STANDARD.encode(&kube.ca_pem);
+    // A JSON string is a YAML scalar: any cluster name is quoted safely.
+    let quote = |s: &str| serde_json::Value::String(s.to_string()).to_string();
+    let name = quote(cluster);
+    let user = quote(&format!("admin@{cluster}"));
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: {user}\n  context:\n    cluster: {name}\n    namespace: default\n    user: {user}\ncurrent-context: {user}\n",
+        url = kube.url,
+        token = kube.token(),
+    )
+}
+
 fn cni_image(name: &str) -> String {
     match name {
         "cilium" => "quay.io/cilium/cilium".into(),
@@ -555,6 +574,7 @@ impl Twin {
             .await?,
         );
         place_replicas(&kube, folder);
+        talos.set_admin_kubeconfig(admin_kubeconfig(folder.cluster.name(), &kube));
         kube.set_fault_hook(Arc::new(TwinFaults {
             talos: talos.clone(),
             webhooks: github.as_ref().map(|g| g.webhook_faults()),

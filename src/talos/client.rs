@@ -790,6 +790,40 @@ impl TalosClient {
         Ok(id)
     }
 
+    /// The admin kubeconfig Talos generates on a control plane (MachineService/Kubeconfig:
+    /// one `common.Data` whose bytes are a `.tar.gz` holding the file `kubeconfig`; admin
+    /// only; Unimplemented on a worker). The text is a credential: never log it.
+    pub async fn kubeconfig(
+        &self,
+        node: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<String, TalosError> {
+        let archive = self
+            .call(node, "Kubeconfig", opts, |c| async move {
+                let mut stream = Self::machine(c)
+                    .kubeconfig(self.request((), node, opts.deadline)?)
+                    .await?
+                    .into_inner();
+                let mut out = Vec::new();
+                while let Some(chunk) = stream.message().await? {
+                    if let Some(m) = chunk.metadata.as_ref().filter(|m| !m.error.is_empty()) {
+                        let code = m
+                            .status
+                            .as_ref()
+                            .map_or(Code::Unknown, |s| Code::from_i32(s.code));
+                        return Err(Status::new(code, m.error.clone()));
+                    }
+                    if out.len() + chunk.bytes.len() > super::archive::MAX_KUBECONFIG {
+                        return Err(Status::out_of_range("kubeconfig archive larger than 1 MiB"));
+                    }
+                    out.extend(chunk.bytes);
+                }
+                Ok(out)
+            })
+            .await?;
+        super::archive::kubeconfig_from_tar_gz(&archive).map_err(|e| reply(node, "Kubeconfig", &e))
+    }
+
     /// One COSI resource; `None` when the node has no such resource.
     pub async fn get_resource(
         &self,

@@ -2,6 +2,7 @@
 //! failover, deadlines on ichor's clock, typed errors), the machine-config edit the
 //! Kubernetes stages use, and the generated protocol code (our protos in `proto/`).
 
+pub mod archive;
 pub mod client;
 pub mod config;
 pub mod machine_config;

@@ -20,6 +20,7 @@ mod sim_talos;
 mod sim_twin;
 mod sim_wire;
 mod talos_client;
+mod talos_truth;
 mod transport;
 
 use std::path::{Path, PathBuf};

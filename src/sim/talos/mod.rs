@@ -120,6 +120,7 @@ impl TalosTwin {
             model: Mutex::new(model),
             clock,
             changed,
+            admin_kubeconfig: Mutex::new(None),
         });
         let ca = CertificateAuthority::new("talos", Some(&options.context), KeyAlgorithm::Ed25519)?;
         let (shutdown, _) = watch::channel(false);
@@ -244,6 +245,15 @@ impl TalosTwin {
 
     pub fn clock(&self) -> &Clock {
         &self.shared.clock
+    }
+
+    /// The admin kubeconfig the control planes hand out through MachineService/Kubeconfig
+    /// (Talos renders it from the cluster CA and `cluster.controlPlane.endpoint`; the whole
+    /// twin sets its Kubernetes API here). Without one, Kubeconfig answers Unavailable.
+    pub fn set_admin_kubeconfig(&self, kubeconfig: String) {
+        if let Ok(mut k) = self.shared.admin_kubeconfig.lock() {
+            *k = Some(kubeconfig);
+        }
     }
 
     /// Runs `f` on the model brought up to the clock's time, then wakes open streams.

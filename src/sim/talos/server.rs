@@ -26,6 +26,8 @@ pub(crate) struct Shared {
     pub(crate) model: Mutex<TalosCluster>,
     pub(crate) clock: Clock,
     pub(crate) changed: watch::Sender<u64>,
+    /// What MachineService/Kubeconfig returns on a control plane, once a Kubernetes API runs.
+    pub(crate) admin_kubeconfig: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -988,6 +990,44 @@ impl machine::machine_service_server::MachineService for NodeApi {
             })
             .await?;
         Ok(Response::new(machine::ImagePullResponse { messages }))
+    }
+
+    type KubeconfigStream = Stream<common::Data>;
+
+    /// As siderolabs/talos v1.13.9 internal/app/machined/internal/server/v1alpha1/
+    /// v1alpha1_server.go `Kubeconfig`: admin only (authz table in
+    /// internal/app/machined/pkg/system/services/machined.go), control planes only
+    /// (internal/app/internal/machinehelper `CheckControlplane`: Unimplemented "kubeconfig is
+    /// only available on control plane nodes"), one `common.Data` holding a `.tar.gz` of the
+    /// file `kubeconfig` (mode 0600), the tar writer never closed.
+    async fn kubeconfig(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<Self::KubeconfigStream>, Status> {
+        let node = self.route(&request, Access::Admin)?;
+        if !self.shared.read(|m| m.node(node).is_control_plane()) {
+            return Err(Status::unimplemented(
+                "kubeconfig is only available on control plane nodes",
+            ));
+        }
+        let text = self
+            .shared
+            .admin_kubeconfig
+            .lock()
+            .ok()
+            .and_then(|k| k.clone())
+            // Assumption: a twin without a Kubernetes API has no endpoint to put in it.
+            .ok_or_else(|| Status::unavailable("the twin runs no Kubernetes API"))?;
+        let mtime = self.shared.clock.now().as_millis() / 1000;
+        let bytes =
+            crate::talos::archive::tar_gz_one_file("kubeconfig", 0o600, mtime, text.as_bytes());
+        let (tx, rx) = mpsc::channel(1);
+        // A fresh channel with room for the one message: the send cannot fail.
+        let _ = tx.try_send(Ok(common::Data {
+            metadata: None,
+            bytes,
+        }));
+        Ok(Response::new(stream_of(rx)))
     }
 
     type ReadStream = Stream<common::Data>;
