@@ -166,13 +166,39 @@ pub struct MachineConfig {
     pub version: String,
 }
 
-/// The containerd namespace an image is pulled into: the kubelet image runs as a system
-/// container, static-pod images go to the CRI (ADR 0057).
+/// Where an image is pulled so that the component that starts next finds it. Both live in
+/// the CRI containerd (siderolabs/talos v1.13.9): `System` is its `system` namespace, where
+/// the kubelet service pulls and runs the kubelet image
+/// (internal/app/machined/pkg/system/services/kubelet.go) and where `talosctl upgrade` pulls
+/// the installer by default (cmd/talosctl/cmd/talos/upgrade.go `--namespace system`, mapped
+/// to {CRI, NS_SYSTEM} in image.go); `Cri` is `k8s.io`, where pods (static pods included)
+/// find theirs. The legacy MachineService/ImagePull always uses the CRI containerd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageNamespace {
     System,
     Cri,
 }
+
+impl ImageNamespace {
+    fn instance(self) -> super::proto::common::ContainerdInstance {
+        use super::proto::common::{ContainerDriver, ContainerdInstance};
+        ContainerdInstance {
+            driver: ContainerDriver::Cri as i32,
+            namespace: self.namespace() as i32,
+        }
+    }
+
+    fn namespace(self) -> ContainerdNamespace {
+        match self {
+            ImageNamespace::System => ContainerdNamespace::NsSystem,
+            ImageNamespace::Cri => ContainerdNamespace::NsCri,
+        }
+    }
+}
+
+/// The installer's instance, the same for its pull and for LifecycleService/Upgrade, which
+/// runs the installer container from that instance's store (internal/app/lifecycle).
+pub const INSTALLER_NAMESPACE: ImageNamespace = ImageNamespace::System;
 
 /// How one call is routed and bounded.
 #[derive(Debug, Clone, Copy)]
@@ -574,7 +600,9 @@ impl TalosClient {
     }
 
     /// Pre-pull `image` on `node`: ImageService/Pull where the node has the new API,
-    /// MachineService/ImagePull before.
+    /// MachineService/ImagePull before. Returns the name the image is stored under: the
+    /// `name@digest` the Pull stream ends with (internal/app/images/images.go `Pull`), or
+    /// the reference itself on the legacy API.
     pub async fn pull_image(
         &self,
         node: &str,
@@ -582,11 +610,7 @@ impl TalosClient {
         namespace: ImageNamespace,
         api: UpgradeApi,
         opts: CallOptions<'_>,
-    ) -> Result<(), TalosError> {
-        let ns = match namespace {
-            ImageNamespace::System => ContainerdNamespace::NsSystem,
-            ImageNamespace::Cri => ContainerdNamespace::NsCri,
-        };
+    ) -> Result<String, TalosError> {
         match api {
             UpgradeApi::Machine => {
                 let r = self
@@ -594,7 +618,7 @@ impl TalosClient {
                         Self::machine(c)
                             .image_pull(self.request(
                                 ImagePullRequest {
-                                    namespace: ns as i32,
+                                    namespace: namespace.namespace() as i32,
                                     reference: image.to_string(),
                                 },
                                 node,
@@ -607,32 +631,39 @@ impl TalosClient {
                 for m in &r.messages {
                     node_error(m.metadata.as_ref(), node, "ImagePull")?;
                 }
-                Ok(())
+                Ok(image.to_string())
             }
             UpgradeApi::Lifecycle => {
-                let containerd = super::proto::common::ContainerdInstance {
-                    driver: match namespace {
-                        ImageNamespace::System => super::proto::common::ContainerDriver::Containerd,
-                        ImageNamespace::Cri => super::proto::common::ContainerDriver::Cri,
-                    } as i32,
-                    namespace: ns as i32,
-                };
-                self.call(node, "ImageService/Pull", opts, |c| async move {
-                    let mut stream = ImageServiceClient::new(c)
-                        .pull(self.request(
-                            ImageServicePullRequest {
-                                containerd: Some(containerd),
-                                image_ref: image.to_string(),
-                            },
-                            node,
-                            opts.deadline,
-                        )?)
-                        .await?
-                        .into_inner();
-                    while stream.message().await?.is_some() {}
-                    Ok(())
+                let name = self
+                    .call(node, "ImageService/Pull", opts, |c| async move {
+                        let mut stream = ImageServiceClient::new(c)
+                            .pull(self.request(
+                                ImageServicePullRequest {
+                                    containerd: Some(namespace.instance()),
+                                    image_ref: image.to_string(),
+                                },
+                                node,
+                                opts.deadline,
+                            )?)
+                            .await?
+                            .into_inner();
+                        use super::proto::machine::image_service_pull_response::Response;
+                        let mut name = None;
+                        while let Some(m) = stream.message().await? {
+                            if let Some(Response::Name(n)) = m.response {
+                                name = Some(n);
+                            }
+                        }
+                        Ok(name)
+                    })
+                    .await?;
+                name.filter(|n| !n.is_empty()).ok_or_else(|| {
+                    reply(
+                        node,
+                        "ImageService/Pull",
+                        "the pull ended without naming the pulled image",
+                    )
                 })
-                .await
             }
         }
     }
@@ -703,21 +734,35 @@ impl TalosClient {
         Ok(msg.ack)
     }
 
-    /// LifecycleService/Upgrade (Talos ≥ 1.13): installs the new image and streams progress
-    /// until done; it does not reboot (ichor's own Reboot follows). Returns the progress.
+    /// LifecycleService/Upgrade (Talos ≥ 1.13), as `talosctl upgrade` does it: pull the
+    /// installer into [`INSTALLER_NAMESPACE`] (a no-op when the pre-pull put it there), then
+    /// ask for the upgrade naming that containerd instance and the name the pull returned —
+    /// upstream runs the installer container from that instance's store and refuses a
+    /// request without one ("invalid containerd namespace NS_UNKNOWN"). Streams progress
+    /// until the installer's exit code; it does not reboot (ichor's own Reboot follows).
     pub async fn upgrade_lifecycle(
         &self,
         node: &str,
         image: &str,
         opts: CallOptions<'_>,
     ) -> Result<Vec<String>, TalosError> {
+        let name = self
+            .pull_image(
+                node,
+                image,
+                INSTALLER_NAMESPACE,
+                UpgradeApi::Lifecycle,
+                opts,
+            )
+            .await?;
+        let name = name.as_str();
         self.call(node, "LifecycleService/Upgrade", opts, |c| async move {
             let mut stream = LifecycleServiceClient::new(c)
                 .upgrade(self.request(
                     LifecycleServiceUpgradeRequest {
-                        containerd: None,
+                        containerd: Some(INSTALLER_NAMESPACE.instance()),
                         source: Some(InstallArtifactsSource {
-                            image_name: image.to_string(),
+                            image_name: name.to_string(),
                         }),
                     },
                     node,
