@@ -372,3 +372,88 @@ async fn a_pre_pulled_kubelet_image_is_in_the_store_the_kubelet_starts_from() ->
     }
     Ok(())
 }
+
+// ---- Finding 5: installer failures, classified ----
+
+#[tokio::test]
+async fn an_installer_exit_code_names_its_class_and_last_messages() -> TestResult {
+    use ichor::talos::client::InstallerFailure;
+    let sim = start(cluster("v1.14.0")).await?;
+    let installer = "factory.talos.dev/metal-installer/abc:v1.14.1";
+    for (code, class, retryable) in [
+        (2, InstallerFailure::InvalidInput, false),
+        (3, InstallerFailure::Unsupported, false),
+        (4, InstallerFailure::Environment, true),
+        (7, InstallerFailure::Install, true),
+        (1, InstallerFailure::Unknown, false),
+    ] {
+        sim.twin
+            .with_model(|m| m.set_installer_exit_code("w-1", Some(code)));
+        let e = sim
+            .client
+            .upgrade_lifecycle(W1, installer, long())
+            .await
+            .err()
+            .ok_or("the installer failure passed")?;
+        match &e {
+            TalosError::Installer {
+                code: c,
+                class: k,
+                last,
+                ..
+            } => {
+                assert_eq!((*c, *k), (code, class));
+                assert_eq!(k.retryable(), retryable);
+                assert!(!last.is_empty(), "{e}");
+            }
+            other => panic!("expected an installer failure, got {other:?}"),
+        }
+        assert!(
+            e.to_string().contains(&format!("exited with code {code}")),
+            "{e}"
+        );
+    }
+    Ok(())
+}
+
+// ---- Finding 3: pending configurations ----
+
+#[tokio::test]
+async fn a_staged_configuration_shows_as_the_persistent_one_and_its_paths() -> TestResult {
+    use ichor::talos::machine_config::pending_changes;
+    let sim = start(cluster("v1.13.2")).await?;
+    assert!(
+        sim.client
+            .persistent_machine_config(W1, opts())
+            .await?
+            .is_some(),
+        "Talos ≥ 1.10 serves the persistent configuration"
+    );
+    sim.twin.with_model(|m| {
+        m.stage_config(
+            "w-1",
+            &[(
+                "machine.network.hostname".to_string(),
+                serde_yaml::Value::String("w-1-renamed".into()),
+            )],
+        )
+    })?;
+    let active = sim.client.machine_config(W1, opts()).await?;
+    let persistent = sim
+        .client
+        .persistent_machine_config(W1, opts())
+        .await?
+        .ok_or("no persistent configuration")?;
+    assert_eq!(
+        pending_changes(&active.yaml, &persistent.yaml)?,
+        vec!["machine.network.hostname".to_string()]
+    );
+    // Talos before 1.10 has no persistent resource.
+    let old = start(cluster("v1.9.5")).await?;
+    assert!(old
+        .client
+        .persistent_machine_config(W1, opts())
+        .await?
+        .is_none());
+    Ok(())
+}

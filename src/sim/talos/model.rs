@@ -1331,6 +1331,33 @@ impl TalosCluster {
         };
     }
 
+    /// The installer of `node` exits with `code` (`None` heals).
+    pub fn set_installer_exit_code(&mut self, node: &str, code: Option<i32>) {
+        match code {
+            Some(c) => self.faults.installer_exit_code.insert(node.to_string(), c),
+            None => self.faults.installer_exit_code.remove(node),
+        };
+    }
+
+    /// A STAGED configuration pending on `node`: the active one with `paths` set, persisted
+    /// for the next boot as ApplyConfiguration STAGED does. An empty list drops it.
+    pub fn stage_config(
+        &mut self,
+        node: &str,
+        paths: &[(String, serde_yaml::Value)],
+    ) -> Result<(), ConfigError> {
+        let Some(i) = self.find(node) else {
+            return Ok(());
+        };
+        let n = &mut self.nodes[i];
+        n.persistent_config = if paths.is_empty() {
+            n.config.clone()
+        } else {
+            n.config.with_values(paths, &n.talos_version)?
+        };
+        Ok(())
+    }
+
     pub fn set_failing_image(&mut self, reference: &str, failing: bool) {
         if failing {
             self.faults.failing_images.insert(reference.to_string());
