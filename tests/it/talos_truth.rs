@@ -457,3 +457,78 @@ async fn a_staged_configuration_shows_as_the_persistent_one_and_its_paths() -> T
         .is_none());
     Ok(())
 }
+
+#[tokio::test]
+async fn a_change_staged_by_an_operator_pauses_the_kubernetes_switch_instead_of_being_dropped(
+) -> TestResult {
+    // On the old engine the NO_REBOOT apply of "active + image edit" persisted over the
+    // staged change: the rollout finished and the operator's change was gone.
+    use ichor::rollout::RunOutcome;
+    let s = crate::rollout::setup(TwinConfig::default()).await?;
+    let report = |_p: ichor::rollout::Progress| {};
+    let engine = s.engine(&report);
+    let target = s.target();
+    let run = engine.run(&s.plan, &target, Some(&s.change), false);
+    let twin = &s.twin;
+    // Once every node runs the target Talos (the reboots are over), an operator stages a
+    // change on cp-1.
+    let side = async {
+        loop {
+            if twin
+                .talos
+                .observe()
+                .iter()
+                .all(|o| o.talos_version == "v1.12.9" && o.ready)
+            {
+                let cp = twin
+                    .talos
+                    .observe()
+                    .into_iter()
+                    .find(|o| o.role == Role::ControlPlane)
+                    .map(|o| o.name)
+                    .unwrap_or_default();
+                twin.talos.with_model(|m| {
+                    m.stage_config(
+                        &cp,
+                        &[(
+                            "machine.network.hostname".to_string(),
+                            serde_yaml::Value::String("renamed".into()),
+                        )],
+                    )
+                })?;
+                return Ok::<String, Box<dyn std::error::Error>>(cp);
+            }
+            twin.talos.clock().sleep(Duration::from_secs(1)).await;
+        }
+    };
+    tokio::pin!(run);
+    tokio::pin!(side);
+    let mut staged = None;
+    let outcome = loop {
+        tokio::select! {
+            r = &mut run => break r?,
+            v = &mut side, if staged.is_none() => staged = Some(v?),
+            _ = twin.drive(Duration::from_secs(2), || {}) => unreachable!("the driver never ends"),
+        }
+    };
+    let cp = staged.ok_or("the Talos stage never finished")?;
+    match outcome {
+        RunOutcome::Paused(p) => {
+            assert_eq!(p.node.as_deref(), Some(cp.as_str()), "{p:?}");
+            assert!(
+                p.reason.contains("unrelated pending configuration change")
+                    && p.reason.contains("machine.network.hostname"),
+                "{}",
+                p.reason
+            );
+        }
+        other => panic!("expected a pause, got {other:?}"),
+    }
+    // The staged change is still there.
+    let kept = twin.talos.with_model(|m| {
+        m.node_by_name(&cp)
+            .map(|n| String::from_utf8_lossy(n.persistent_config.raw()).contains("renamed"))
+    });
+    assert_eq!(kept, Some(true));
+    Ok(())
+}
