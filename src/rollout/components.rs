@@ -115,6 +115,8 @@ impl Run<'_, '_> {
                 format!("cannot read the machine configuration: {err}"),
             )
         })?;
+        self.no_pending_config(stage, name, &addr, &mc, opts)
+            .await?;
         let edit = set_images(&mc.yaml, &tag, components).map_err(|err| {
             self.pause(
                 stage,
@@ -153,10 +155,15 @@ impl Run<'_, '_> {
                     )
                 })?;
             self.check_lock(stage, name).await?;
-            // Its own deadline (the call's), not the step's: a slow node fails this call
-            // with a clear error instead of eating the time of everything after it.
+            // Its own deadline, not the step's and not the default: a control-plane image
+            // change blocks while Talos restarts the static pod (ADR 0057's end-to-end run
+            // failed twice at 15 s), so the apply is bounded by APPLY_DEADLINE.
+            let apply = crate::talos::client::CallOptions {
+                deadline: super::APPLY_DEADLINE,
+                ..opts
+            };
             e.talos
-                .apply_configuration(&addr, &edit.yaml, ApplyMode::NoReboot, false, opts)
+                .apply_configuration(&addr, &edit.yaml, ApplyMode::NoReboot, false, apply)
                 .await
                 .map_err(|err| {
                     self.pause(

@@ -43,6 +43,8 @@ impl Run<'_, '_> {
                         format!("cannot read the machine configuration: {err}"),
                     )
                 })?;
+                self.no_pending_config(stage, &cp.name, &addr, &mc, opts)
+                    .await?;
                 let edit = set_images(&mc.yaml, &tag, &[Component::Proxy]).map_err(|err| {
                     self.pause(
                         stage,
@@ -79,8 +81,16 @@ impl Run<'_, '_> {
                     if !dry {
                         self.check_lock(stage, &cp.name).await?;
                     }
+                    let bound = CallOptions {
+                        deadline: if dry {
+                            opts.deadline
+                        } else {
+                            super::APPLY_DEADLINE
+                        },
+                        ..opts
+                    };
                     e.talos
-                        .apply_configuration(&addr, &edit.yaml, ApplyMode::NoReboot, dry, opts)
+                        .apply_configuration(&addr, &edit.yaml, ApplyMode::NoReboot, dry, bound)
                         .await
                         .map_err(|err| {
                             self.pause(

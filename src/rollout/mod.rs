@@ -55,6 +55,8 @@ pub const API_PATIENCE: Duration = Duration::from_secs(300);
 const WAIT_EVERY: Duration = Duration::from_secs(30);
 /// An image pull's own deadline: an installer is hundreds of megabytes.
 const PULL_DEADLINE: Duration = Duration::from_secs(600);
+/// A NO_REBOOT apply's own deadline: it returns once the changed static pods restarted.
+const APPLY_DEADLINE: Duration = Duration::from_secs(300);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RolloutError {

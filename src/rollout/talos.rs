@@ -9,7 +9,7 @@ use super::{Flow, Progress, Run};
 use crate::kube::LiveNode;
 use crate::plan::StageId;
 use crate::releaseset::Role;
-use crate::talos::client::{CallOptions, ImageNamespace, UpgradeApi};
+use crate::talos::client::{CallOptions, ImageNamespace, MachineConfig, UpgradeApi};
 
 impl Run<'_, '_> {
     /// Drive one node to the target Talos.
@@ -182,7 +182,28 @@ impl Run<'_, '_> {
                     deadline: e.policy.node_timeout.as_duration(),
                     ..opts
                 };
-                e.talos.upgrade_lifecycle(&addr, installer, long).await?;
+                // A retryable installer failure (environment, dependency, I/O, install) is
+                // tried again with backoff within the node timeout; any other pauses.
+                let give_up = self.now().plus(e.policy.node_timeout.as_duration());
+                let mut wait = std::time::Duration::from_secs(10);
+                loop {
+                    match e.talos.upgrade_lifecycle(&addr, installer, long).await {
+                        Ok(_) => break,
+                        Err(crate::talos::TalosError::Installer { class, code, .. })
+                            if class.retryable() && self.now().plus(wait) < give_up =>
+                        {
+                            self.say(Progress::Note(format!(
+                                "talos {}: the installer exited with code {code} ({}); trying again in {}s",
+                                node.name,
+                                class.describe(),
+                                wait.as_secs()
+                            )));
+                            e.clock.sleep(wait).await;
+                            wait = (wait * 2).min(std::time::Duration::from_secs(300));
+                        }
+                        Err(err) => return Err(err),
+                    }
+                }
                 e.talos.reboot(&addr, opts).await
             }
             // Talos ≤ 1.12 cordons, drains and reboots by itself; ichor has drained
@@ -193,6 +214,43 @@ impl Run<'_, '_> {
                 .await
                 .map(|_| ()),
         }
+    }
+
+    /// Before a NO_REBOOT apply of "active + image edit": nothing else may be pending on the
+    /// node. A STAGED configuration waits in the persistent one for the next reboot, and a
+    /// TRY's rollback target is there too; NO_REBOOT persists what it applies, so it would
+    /// drop the staged change or make the trial permanent (siderolabs/talos v1.13.9
+    /// internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go
+    /// `ApplyConfiguration`). Pauses naming the node and the paths.
+    pub(super) async fn no_pending_config(
+        &self,
+        stage: StageId,
+        node: &str,
+        addr: &str,
+        active: &MachineConfig,
+        opts: CallOptions<'_>,
+    ) -> Flow<()> {
+        let fail = |why: String| self.pause(stage, Some(node), why);
+        let persistent = self
+            .engine
+            .talos
+            .persistent_machine_config(addr, opts)
+            .await
+            .map_err(|err| fail(format!("cannot read the configuration on disk: {err}")))?;
+        let Some(persistent) = persistent else {
+            // Talos before 1.10 keeps no separate persistent resource.
+            return Ok(());
+        };
+        let paths =
+            crate::talos::machine_config::pending_changes(&active.yaml, &persistent.yaml)
+                .map_err(|err| fail(format!("cannot compare the configuration on disk: {err}")))?;
+        if paths.is_empty() {
+            return Ok(());
+        }
+        Err(fail(format!(
+            "unrelated pending configuration change on {node}: {} (a STAGED configuration waiting for the next reboot, or a TRY running); a NO_REBOOT apply would overwrite it — reboot the node to apply it or apply the active configuration again to drop it, then resume",
+            crate::releaseset::excerpt(&paths.join(", "), 300)
+        )))
     }
 
     /// Before a control plane goes down: every etcd member healthy (so quorum holds with

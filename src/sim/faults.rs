@@ -61,6 +61,14 @@ pub struct FaultsConfig {
     /// installer whose tag does not match its content, or a fallback to the old partition).
     #[serde(default)]
     pub wrong_version: BTreeMap<String, String>,
+    /// Node → the exit code its installer ends with (LifecycleService/Upgrade), as Talos 1.14
+    /// installers report a class of failure (2 invalid input … 7 install; 1 unclassified).
+    #[serde(default)]
+    pub installer_exit_code: BTreeMap<String, i64>,
+    /// Node → a STAGED configuration pending on it: the active configuration with these
+    /// dotted v1alpha1 paths (`machine.network.hostname`) set to these values.
+    #[serde(default)]
+    pub staged_config: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
     /// Longhorn volumes whose failed replicas are never rebuilt: not where they were once the
     /// node returns, nor elsewhere.
     #[serde(default)]
@@ -350,6 +358,58 @@ impl FaultsConfig {
             }
         }
         {
+            let map = &self.installer_exit_code;
+            let field = path("installerExitCode");
+            if map.len() > limits::MAX_ENTRIES {
+                bad(field.clone(), too_many(map.len()));
+            }
+            for (n, code) in map.iter().take(limits::MAX_ENTRIES) {
+                let field = format!("{field}.{n}");
+                check_node(field.clone(), n, &mut bad);
+                if !(1..=255).contains(code) {
+                    bad(
+                        field,
+                        format!("{code} is not an exit code of a failure: expected 1 to 255"),
+                    );
+                }
+            }
+        }
+        {
+            let map = &self.staged_config;
+            let field = path("stagedConfig");
+            if map.len() > limits::MAX_ENTRIES {
+                bad(field.clone(), too_many(map.len()));
+            }
+            for (n, paths) in map.iter().take(limits::MAX_ENTRIES) {
+                let field = format!("{field}.{n}");
+                check_node(field.clone(), n, &mut bad);
+                if paths.is_empty() || paths.len() > limits::MAX_ENTRIES {
+                    bad(
+                        field.clone(),
+                        format!(
+                            "expected 1 to {} paths of the v1alpha1 document",
+                            limits::MAX_ENTRIES
+                        ),
+                    );
+                }
+                for p in paths.keys().take(limits::MAX_ENTRIES) {
+                    let segments: Vec<&str> = p.split('.').collect();
+                    if p.len() > limits::MAX_NAME
+                        || segments.len() < 2
+                        || segments.len() > 16
+                        || segments.iter().any(|s| s.is_empty())
+                        || !matches!(segments[0], "machine" | "cluster")
+                    {
+                        bad(
+                            format!("{field}.{p}"),
+                            "expected a dotted path under machine or cluster, like machine.network.hostname"
+                                .to_string(),
+                        );
+                    }
+                }
+            }
+        }
+        {
             let list = &self.replicas_never_rebuild;
             let field = path("replicasNeverRebuild");
             if list.len() > limits::MAX_ENTRIES {
@@ -479,6 +539,8 @@ impl FaultsConfig {
             "failingImages",
             "etcdUnhealthy",
             "wrongVersion",
+            "installerExitCode",
+            "stagedConfig",
         ]
         .iter()
         .any(|f| given.contains(*f))

@@ -430,6 +430,26 @@ fn admin_kubeconfig(cluster: &str, kube: &KubeTwin) -> String {
     )
 }
 
+/// Stage the `stagedConfig` fault's changes on each node it names.
+fn stage_all(
+    m: &mut talos::TalosCluster,
+    staged: &BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+) -> Result<(), String> {
+    for (node, paths) in staged {
+        let values: Vec<(String, serde_yaml::Value)> = paths
+            .iter()
+            .map(|(p, v)| {
+                serde_yaml::to_value(v)
+                    .map(|v| (p.clone(), v))
+                    .map_err(|e| format!("{node}.{p}: {e}"))
+            })
+            .collect::<Result<_, _>>()?;
+        m.stage_config(node, &values)
+            .map_err(|e| format!("{node}: {e}"))?;
+    }
+    Ok(())
+}
+
 fn cni_image(name: &str) -> String {
     match name {
         "cilium" => "quay.io/cilium/cilium".into(),
@@ -523,6 +543,13 @@ impl Twin {
                 topts.faults.wrong_version.insert(n.clone(), tag);
             }
         }
+        for (n, c) in &f.installer_exit_code {
+            // Validated: 1 to 255.
+            topts
+                .faults
+                .installer_exit_code
+                .insert(n.clone(), i32::try_from(*c).unwrap_or(1));
+        }
         seed.faults
             .replicas_never_rebuild
             .extend(f.replicas_never_rebuild.iter().cloned());
@@ -563,6 +590,12 @@ impl Twin {
             None => None,
         };
         let talos = Arc::new(TalosTwin::start(clock.clone(), nodes, state_dir, topts).await?);
+        if !f.staged_config.is_empty() {
+            let staged = f.staged_config.clone();
+            talos
+                .with_model(|m| stage_all(m, &staged))
+                .map_err(|e| SimError::Spec(format!("faults.stagedConfig: {e}")))?;
+        }
         let kube = Arc::new(
             KubeTwin::start_with_limits(
                 clock.clone(),
@@ -762,6 +795,16 @@ impl FaultHook for TwinFaults {
                     for n in list {
                         m.set_etcd_unhealthy(n, true);
                     }
+                }
+                if given.contains("installerExitCode") {
+                    m.faults.installer_exit_code.clear();
+                    for (n, c) in &f.installer_exit_code {
+                        m.set_installer_exit_code(n, Some(i32::try_from(*c).unwrap_or(1)));
+                    }
+                }
+                if given.contains("stagedConfig") {
+                    // Validated paths; a value the config loader refuses leaves it unstaged.
+                    let _ = stage_all(m, &f.staged_config);
                 }
                 if given.contains("wrongVersion") {
                     m.faults.wrong_version.clear();

@@ -82,6 +82,93 @@ pub enum TalosError {
     },
     #[error("talosconfig context `{context}`: {message}")]
     Tls { context: String, message: String },
+    #[error("{call} on {node}: the installer exited with code {code} ({}){}", class.describe(), last_lines(last))]
+    Installer {
+        node: String,
+        call: &'static str,
+        code: i32,
+        class: InstallerFailure,
+        /// The installer's last messages, oldest first.
+        last: Vec<String>,
+    },
+}
+
+/// The class of an installer failure, from its exit code. From Talos 1.14 the installer
+/// exits with one code per class (siderolabs/talos v1.14.0-rc.1
+/// pkg/machinery/constants/constants.go `ExitInvalidInput` … `ExitInstall`, resolved in
+/// pkg/installer/exitcode/exitcode.go); before 1.14 every failure is exit 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstallerFailure {
+    /// 1: no class (every failure of an installer before 1.14).
+    Unknown,
+    /// 2: the request or the configuration is wrong; trying again changes nothing.
+    InvalidInput,
+    /// 3: the node or the image cannot do this; trying again changes nothing.
+    Unsupported,
+    /// 4: the node's environment (disks, mounts) got in the way.
+    Environment,
+    /// 5: something the installer needs was not there (a registry, a file).
+    Dependency,
+    /// 6: reading or writing failed.
+    Io,
+    /// 7: writing the installation failed.
+    Install,
+    /// Any other code.
+    Other,
+}
+
+impl InstallerFailure {
+    pub fn from_code(code: i32) -> InstallerFailure {
+        match code {
+            1 => InstallerFailure::Unknown,
+            2 => InstallerFailure::InvalidInput,
+            3 => InstallerFailure::Unsupported,
+            4 => InstallerFailure::Environment,
+            5 => InstallerFailure::Dependency,
+            6 => InstallerFailure::Io,
+            7 => InstallerFailure::Install,
+            _ => InstallerFailure::Other,
+        }
+    }
+
+    /// Whether trying again may succeed: the environment, dependency, I/O and install
+    /// classes (Omni retries these and treats invalid input and unsupported as permanent).
+    /// An unclassified failure is not retried: a human reads the installer's messages.
+    pub fn retryable(self) -> bool {
+        matches!(
+            self,
+            InstallerFailure::Environment
+                | InstallerFailure::Dependency
+                | InstallerFailure::Io
+                | InstallerFailure::Install
+        )
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            InstallerFailure::Unknown => {
+                "unclassified: installers before Talos 1.14 exit 1 for every failure"
+            }
+            InstallerFailure::InvalidInput => "invalid input, permanent",
+            InstallerFailure::Unsupported => "unsupported, permanent",
+            InstallerFailure::Environment => "environment, retryable",
+            InstallerFailure::Dependency => "dependency, retryable",
+            InstallerFailure::Io => "I/O, retryable",
+            InstallerFailure::Install => "install, retryable",
+            InstallerFailure::Other => "unknown exit code",
+        }
+    }
+}
+
+fn last_lines(last: &[String]) -> String {
+    if last.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; last: {}",
+            crate::releaseset::excerpt(&last.join(" | "), 300)
+        )
+    }
 }
 
 impl TalosError {
@@ -95,6 +182,7 @@ impl TalosError {
             TalosError::Refused { .. } => "refused",
             TalosError::Reply { .. } => "reply",
             TalosError::Tls { .. } => "tls",
+            TalosError::Installer { .. } => "installer",
         }
     }
 }
@@ -166,13 +254,39 @@ pub struct MachineConfig {
     pub version: String,
 }
 
-/// The containerd namespace an image is pulled into: the kubelet image runs as a system
-/// container, static-pod images go to the CRI (ADR 0057).
+/// Where an image is pulled so that the component that starts next finds it. Both live in
+/// the CRI containerd (siderolabs/talos v1.13.9): `System` is its `system` namespace, where
+/// the kubelet service pulls and runs the kubelet image
+/// (internal/app/machined/pkg/system/services/kubelet.go) and where `talosctl upgrade` pulls
+/// the installer by default (cmd/talosctl/cmd/talos/upgrade.go `--namespace system`, mapped
+/// to {CRI, NS_SYSTEM} in image.go); `Cri` is `k8s.io`, where pods (static pods included)
+/// find theirs. The legacy MachineService/ImagePull always uses the CRI containerd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageNamespace {
     System,
     Cri,
 }
+
+impl ImageNamespace {
+    fn instance(self) -> super::proto::common::ContainerdInstance {
+        use super::proto::common::{ContainerDriver, ContainerdInstance};
+        ContainerdInstance {
+            driver: ContainerDriver::Cri as i32,
+            namespace: self.namespace() as i32,
+        }
+    }
+
+    fn namespace(self) -> ContainerdNamespace {
+        match self {
+            ImageNamespace::System => ContainerdNamespace::NsSystem,
+            ImageNamespace::Cri => ContainerdNamespace::NsCri,
+        }
+    }
+}
+
+/// The installer's instance, the same for its pull and for LifecycleService/Upgrade, which
+/// runs the installer container from that instance's store (internal/app/lifecycle).
+pub const INSTALLER_NAMESPACE: ImageNamespace = ImageNamespace::System;
 
 /// How one call is routed and bounded.
 #[derive(Debug, Clone, Copy)]
@@ -574,7 +688,9 @@ impl TalosClient {
     }
 
     /// Pre-pull `image` on `node`: ImageService/Pull where the node has the new API,
-    /// MachineService/ImagePull before.
+    /// MachineService/ImagePull before. Returns the name the image is stored under: the
+    /// `name@digest` the Pull stream ends with (internal/app/images/images.go `Pull`), or
+    /// the reference itself on the legacy API.
     pub async fn pull_image(
         &self,
         node: &str,
@@ -582,11 +698,7 @@ impl TalosClient {
         namespace: ImageNamespace,
         api: UpgradeApi,
         opts: CallOptions<'_>,
-    ) -> Result<(), TalosError> {
-        let ns = match namespace {
-            ImageNamespace::System => ContainerdNamespace::NsSystem,
-            ImageNamespace::Cri => ContainerdNamespace::NsCri,
-        };
+    ) -> Result<String, TalosError> {
         match api {
             UpgradeApi::Machine => {
                 let r = self
@@ -594,7 +706,7 @@ impl TalosClient {
                         Self::machine(c)
                             .image_pull(self.request(
                                 ImagePullRequest {
-                                    namespace: ns as i32,
+                                    namespace: namespace.namespace() as i32,
                                     reference: image.to_string(),
                                 },
                                 node,
@@ -607,32 +719,39 @@ impl TalosClient {
                 for m in &r.messages {
                     node_error(m.metadata.as_ref(), node, "ImagePull")?;
                 }
-                Ok(())
+                Ok(image.to_string())
             }
             UpgradeApi::Lifecycle => {
-                let containerd = super::proto::common::ContainerdInstance {
-                    driver: match namespace {
-                        ImageNamespace::System => super::proto::common::ContainerDriver::Containerd,
-                        ImageNamespace::Cri => super::proto::common::ContainerDriver::Cri,
-                    } as i32,
-                    namespace: ns as i32,
-                };
-                self.call(node, "ImageService/Pull", opts, |c| async move {
-                    let mut stream = ImageServiceClient::new(c)
-                        .pull(self.request(
-                            ImageServicePullRequest {
-                                containerd: Some(containerd),
-                                image_ref: image.to_string(),
-                            },
-                            node,
-                            opts.deadline,
-                        )?)
-                        .await?
-                        .into_inner();
-                    while stream.message().await?.is_some() {}
-                    Ok(())
+                let name = self
+                    .call(node, "ImageService/Pull", opts, |c| async move {
+                        let mut stream = ImageServiceClient::new(c)
+                            .pull(self.request(
+                                ImageServicePullRequest {
+                                    containerd: Some(namespace.instance()),
+                                    image_ref: image.to_string(),
+                                },
+                                node,
+                                opts.deadline,
+                            )?)
+                            .await?
+                            .into_inner();
+                        use super::proto::machine::image_service_pull_response::Response;
+                        let mut name = None;
+                        while let Some(m) = stream.message().await? {
+                            if let Some(Response::Name(n)) = m.response {
+                                name = Some(n);
+                            }
+                        }
+                        Ok(name)
+                    })
+                    .await?;
+                name.filter(|n| !n.is_empty()).ok_or_else(|| {
+                    reply(
+                        node,
+                        "ImageService/Pull",
+                        "the pull ended without naming the pulled image",
+                    )
                 })
-                .await
             }
         }
     }
@@ -703,21 +822,35 @@ impl TalosClient {
         Ok(msg.ack)
     }
 
-    /// LifecycleService/Upgrade (Talos ≥ 1.13): installs the new image and streams progress
-    /// until done; it does not reboot (ichor's own Reboot follows). Returns the progress.
+    /// LifecycleService/Upgrade (Talos ≥ 1.13), as `talosctl upgrade` does it: pull the
+    /// installer into [`INSTALLER_NAMESPACE`] (a no-op when the pre-pull put it there), then
+    /// ask for the upgrade naming that containerd instance and the name the pull returned —
+    /// upstream runs the installer container from that instance's store and refuses a
+    /// request without one ("invalid containerd namespace NS_UNKNOWN"). Streams progress
+    /// until the installer's exit code; it does not reboot (ichor's own Reboot follows).
     pub async fn upgrade_lifecycle(
         &self,
         node: &str,
         image: &str,
         opts: CallOptions<'_>,
     ) -> Result<Vec<String>, TalosError> {
+        let name = self
+            .pull_image(
+                node,
+                image,
+                INSTALLER_NAMESPACE,
+                UpgradeApi::Lifecycle,
+                opts,
+            )
+            .await?;
+        let name = name.as_str();
         self.call(node, "LifecycleService/Upgrade", opts, |c| async move {
             let mut stream = LifecycleServiceClient::new(c)
                 .upgrade(self.request(
                     LifecycleServiceUpgradeRequest {
-                        containerd: None,
+                        containerd: Some(INSTALLER_NAMESPACE.instance()),
                         source: Some(InstallArtifactsSource {
-                            image_name: image.to_string(),
+                            image_name: name.to_string(),
                         }),
                     },
                     node,
@@ -730,18 +863,35 @@ impl TalosClient {
             while let Some(m) = stream.message().await? {
                 match m.progress.and_then(|p| p.response) {
                     Some(P::Message(text)) => progress.push(text),
-                    Some(P::ExitCode(0)) | None => {}
-                    Some(P::ExitCode(code)) => {
-                        return Err(Status::aborted(format!(
-                            "the installer exited with code {code} (last: {})",
-                            progress.last().map_or("-", String::as_str)
-                        )))
-                    }
+                    Some(P::ExitCode(code)) => return Ok((progress, Some(code))),
+                    None => {}
                 }
             }
-            Ok(progress)
+            // Upstream sends the exit code last; a stream without one did not finish.
+            Ok((progress, None))
         })
         .await
+        .and_then(|(progress, code)| match code {
+            Some(0) => Ok(progress),
+            Some(code) => Err(TalosError::Installer {
+                node: node.to_string(),
+                call: "LifecycleService/Upgrade",
+                code,
+                class: InstallerFailure::from_code(code),
+                last: progress
+                    .iter()
+                    .rev()
+                    .take(3)
+                    .rev()
+                    .map(|l| l.trim().to_string())
+                    .collect(),
+            }),
+            None => Err(reply(
+                node,
+                "LifecycleService/Upgrade",
+                "the installer's progress ended without an exit code",
+            )),
+        })
     }
 
     pub async fn reboot(&self, node: &str, opts: CallOptions<'_>) -> Result<(), TalosError> {
@@ -973,14 +1123,7 @@ impl TalosClient {
         node: &str,
         opts: CallOptions<'_>,
     ) -> Result<MachineConfig, TalosError> {
-        let res = self
-            .get_resource(
-                node,
-                "config",
-                "MachineConfigs.config.talos.dev",
-                "v1alpha1",
-                opts,
-            )
+        self.machine_config_resource(node, "v1alpha1", opts)
             .await?
             .ok_or_else(|| {
                 reply(
@@ -988,7 +1131,32 @@ impl TalosClient {
                     "cosi Get",
                     "the node has no active machine configuration",
                 )
-            })?;
+            })
+    }
+
+    /// The configuration on the node's disk (COSI `MachineConfigs` id `persistent`, since
+    /// Talos 1.10): it differs from the active one while a STAGED configuration waits for
+    /// the next reboot or a TRY runs. `None` on a node without that resource.
+    pub async fn persistent_machine_config(
+        &self,
+        node: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<Option<MachineConfig>, TalosError> {
+        self.machine_config_resource(node, "persistent", opts).await
+    }
+
+    async fn machine_config_resource(
+        &self,
+        node: &str,
+        id: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<Option<MachineConfig>, TalosError> {
+        let Some(res) = self
+            .get_resource(node, "config", "MachineConfigs.config.talos.dev", id, opts)
+            .await?
+        else {
+            return Ok(None);
+        };
         let version = res.metadata.map(|m| m.version).unwrap_or_default();
         let spec = res
             .spec
@@ -1002,7 +1170,7 @@ impl TalosClient {
         })?;
         let yaml = String::from_utf8(decoded.yaml_marshalled)
             .map_err(|_| reply(node, "cosi Get", "machine configuration is not UTF-8"))?;
-        Ok(MachineConfig { yaml, version })
+        Ok(Some(MachineConfig { yaml, version }))
     }
 }
 

@@ -218,6 +218,26 @@ pub fn set_images(
     Ok(ImageEdit { yaml, images })
 }
 
+/// The changes a node's configuration on disk (`persistent`) holds beyond the active one,
+/// image fields aside: a STAGED configuration waiting for the next reboot, or the config a
+/// TRY would roll back to (siderolabs/talos v1.13.9 v1alpha1_server.go `ApplyConfiguration`:
+/// STAGED persists only; TRY sets the active config only; NO_REBOOT persists and activates,
+/// so it would overwrite either). Empty when nothing but images differs.
+pub fn pending_changes(active: &str, persistent: &str) -> Result<Vec<String>, EditError> {
+    let (a, p) = (documents(active)?, documents(persistent)?);
+    Ok(changed_paths(&a, &p)
+        .into_iter()
+        .filter(|path| !is_image_path(path))
+        .collect())
+}
+
+/// A component's image field, in either form (`machine.kubelet.image`, `KubeletConfig.image`).
+pub fn is_image_path(path: &str) -> bool {
+    Component::ALL
+        .iter()
+        .any(|c| path == c.legacy_path().join(".") || path == format!("{}.image", c.kind()))
+}
+
 /// Every dotted path whose value differs between two document sets (`cluster.network.podSubnets`,
 /// `KubeletConfig.extraArgs`); a document is named by its kind (`v1alpha1` for the legacy one).
 pub fn changed_paths(old: &[Value], new: &[Value]) -> Vec<String> {

@@ -8,5 +8,5 @@ pub mod config;
 pub mod machine_config;
 pub mod proto;
 
-pub use client::{CallOptions, TalosClient, TalosError, UpgradeApi};
+pub use client::{CallOptions, InstallerFailure, TalosClient, TalosError, UpgradeApi};
 pub use config::TalosContext;

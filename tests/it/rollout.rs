@@ -154,7 +154,7 @@ impl Setup {
             .expect("the fixture has a cluster.yaml")
     }
 
-    fn target(&self) -> Target {
+    pub fn target(&self) -> Target {
         let rs = &self.change.head_release_set.spec;
         Target {
             commit: self
@@ -173,7 +173,7 @@ impl Setup {
     }
 
     /// The engine as `ichor rollout` sets it up from cluster.yaml.
-    fn engine<'a>(&'a self, report: &'a (dyn Fn(Progress) + Sync)) -> Rollout<'a> {
+    pub fn engine<'a>(&'a self, report: &'a (dyn Fn(Progress) + Sync)) -> Rollout<'a> {
         let mut e = Rollout::new(
             &self.kube,
             &self.talos,

@@ -436,6 +436,45 @@ impl MachineConfig {
     }
 
     /// The exact bytes as submitted.
+    /// This configuration with dotted v1alpha1 `paths` set (the `stagedConfig` fault).
+    pub fn with_values(
+        &self,
+        paths: &[(String, Value)],
+        talos_version: &str,
+    ) -> Result<MachineConfig, ConfigError> {
+        let mut docs = self.docs.clone();
+        let doc = docs
+            .iter_mut()
+            .find(|d| d.get("version").and_then(Value::as_str) == Some("v1alpha1"))
+            .ok_or_else(|| ConfigError::Parse("no v1alpha1 document".into()))?;
+        for (path, value) in paths {
+            let mut at = &mut *doc;
+            let keys: Vec<&str> = path.split('.').collect();
+            for (i, key) in keys.iter().enumerate() {
+                if !at.is_mapping() {
+                    *at = Value::Mapping(Default::default());
+                }
+                let Value::Mapping(m) = at else {
+                    return Err(ConfigError::Parse(format!("{path}: not a mapping")));
+                };
+                let k = Value::String((*key).to_string());
+                if i + 1 == keys.len() {
+                    m.insert(k, value.clone());
+                    break;
+                }
+                at = m
+                    .entry(k)
+                    .or_insert_with(|| Value::Mapping(Default::default()));
+            }
+        }
+        let text = docs
+            .iter()
+            .map(|d| serde_yaml::to_string(d).map_err(|e| ConfigError::Parse(e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?
+            .join("---\n");
+        MachineConfig::parse(text.as_bytes(), talos_version)
+    }
+
     pub fn raw(&self) -> &[u8] {
         &self.raw
     }

@@ -40,7 +40,7 @@ use crate::talos::proto::machine::machine_service_server::MachineServiceServer;
 
 pub use config::{Component, ConfigForm, MachineConfig};
 pub use model::{
-    ApplyMode, EtcdMemberView, Faults, ImageNamespace, Kubelet, MachineEvent, ModelError, Node,
+    ApplyMode, EtcdMemberView, Faults, ImageStore, Kubelet, MachineEvent, ModelError, Node,
     NodeObservation, NodeSpec, Role, Stage, StaticPod, TalosCluster, TalosError, Timings,
 };
 

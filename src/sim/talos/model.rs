@@ -52,6 +52,8 @@ pub struct Timings {
     pub static_pod_restart: Duration,
     /// The kubelet restarted by an image change is unhealthy for this long.
     pub kubelet_restart: Duration,
+    /// A component that starts on an image missing from its own store pulls it first.
+    pub image_pull: Duration,
 }
 
 impl Default for Timings {
@@ -62,6 +64,7 @@ impl Default for Timings {
             install: Duration::from_secs(20),
             static_pod_restart: Duration::from_secs(20),
             kubelet_restart: Duration::from_secs(15),
+            image_pull: Duration::from_secs(30),
         }
     }
 }
@@ -80,6 +83,9 @@ pub struct Faults {
     pub etcd_unhealthy: BTreeSet<String>,
     /// Node → the Talos version its installs boot instead of the one installed.
     pub wrong_version: BTreeMap<String, String>,
+    /// Node → the exit code its installer ends with (`installerExitCode`), as 1.14
+    /// installers report a class of failure.
+    pub installer_exit_code: BTreeMap<String, i32>,
 }
 
 /// Errors a node returns; the server maps each to its gRPC code.
@@ -95,6 +101,23 @@ pub enum TalosError {
     Unimplemented(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl TalosError {
+    /// The error as Go's `%v` prints a gRPC status (how Talos wraps one in another).
+    pub fn as_go_status(&self) -> String {
+        let (code, m) = match self {
+            TalosError::Unavailable(m) => ("Unavailable", m),
+            TalosError::NotFound(m) => ("NotFound", m),
+            TalosError::InvalidArgument(m) => ("InvalidArgument", m),
+            TalosError::Unimplemented(m) => ("Unimplemented", m),
+            TalosError::FailedPrecondition(m) => ("FailedPrecondition", m),
+            TalosError::Internal(m) => ("Internal", m),
+        };
+        format!("rpc error: code = {code} desc = {m}")
+    }
 }
 
 /// `MachineStatusEvent.MachineStage` values.
@@ -133,11 +156,79 @@ pub struct Kubelet {
     restart: u64,
 }
 
-/// Containerd namespace of a pulled image.
+/// Where a pulled image lands: a containerd instance (address) and namespace, as
+/// siderolabs/talos v1.13.9 internal/app/internal/ctrhelper/ctrhelper.go maps a
+/// `common.ContainerdInstance` (driver CONTAINERD → the system containerd, CRI → the CRI
+/// containerd; NS_SYSTEM → `system`, NS_CRI → `k8s.io`). Each store is separate: an image
+/// pulled into one is not found in another.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum ImageNamespace {
-    System,
-    Cri,
+pub enum ImageStore {
+    /// The system containerd (`/system/run/containerd`), namespace `system`: talosctl's
+    /// `inmem`; in memory, emptied at every boot. The legacy MachineService/Upgrade pulls
+    /// its installer here (internal/pkg/install/pull.go, v1.12.11).
+    SystemContainerd,
+    /// The CRI containerd, namespace `system`: where the kubelet service pulls and runs the
+    /// kubelet image (internal/app/machined/pkg/system/services/kubelet.go, v1.13.9) and
+    /// where talosctl upgrade pulls the installer by default (`--namespace system`).
+    CriSystem,
+    /// The CRI containerd, namespace `k8s.io`: the images of pods, static pods included.
+    CriK8s,
+}
+
+/// The names one pull leaves in a store, as Talos's image.Pull aliases them
+/// (internal/pkg/containers/image, `manageAliases`, v1.13.9): the normalized reference, the
+/// digest, and `name@digest`; returned is `name@digest` (images.go `Pull`, v1.14.0-rc.1).
+pub fn pulled_names(reference: &str) -> Option<(String, Vec<String>)> {
+    let normalized = normalize_reference(reference)?;
+    let name = match normalized.split_once('@') {
+        Some((n, _)) => n.to_string(),
+        None => match normalized.rsplit_once(':') {
+            Some((n, tag)) if !tag.contains('/') => n.to_string(),
+            _ => normalized.clone(),
+        },
+    };
+    let digest = match normalized.split_once('@') {
+        Some((_, d)) => d.to_string(),
+        None => {
+            use sha2::Digest;
+            format!(
+                "sha256:{}",
+                hex::encode(sha2::Sha256::digest(normalized.as_bytes()))
+            )
+        }
+    };
+    let pinned = format!("{name}@{digest}");
+    let mut names = vec![normalized, digest];
+    if !names.contains(&pinned) {
+        names.push(pinned.clone());
+    }
+    Some((pinned, names))
+}
+
+/// docker/distribution's ParseDockerRef: a domain is added to a bare name (`docker.io`, and
+/// `library/` for a single component), `:latest` to a reference without tag or digest.
+fn normalize_reference(reference: &str) -> Option<String> {
+    if reference.is_empty() || reference.chars().any(char::is_whitespace) {
+        return None;
+    }
+    let (first, rest) = match reference.split_once('/') {
+        Some((f, r)) => (f, Some(r)),
+        None => (reference, None),
+    };
+    let has_domain =
+        rest.is_some() && (first.contains('.') || first.contains(':') || first == "localhost");
+    let mut out = if has_domain {
+        reference.to_string()
+    } else if rest.is_some() {
+        format!("docker.io/{reference}")
+    } else {
+        format!("docker.io/library/{reference}")
+    };
+    let last = out.rsplit('/').next().unwrap_or_default();
+    if !last.contains(':') && !out.contains('@') {
+        out.push_str(":latest");
+    }
+    Some(out)
 }
 
 #[derive(Clone, Debug)]
@@ -157,7 +248,8 @@ pub struct Node {
     pub config_version: u64,
     pub kubelet: Kubelet,
     pub static_pods: Vec<StaticPod>,
-    pub images: BTreeSet<(ImageNamespace, String)>,
+    /// Every name in every image store of the node → the reference it was pulled as.
+    pub images: BTreeMap<(ImageStore, String), String>,
     /// Version written to disk by an upgrade, booted at the next reboot.
     pub installed_version: Option<String>,
     pub installing: bool,
@@ -445,7 +537,7 @@ impl TalosCluster {
                     restart: 0,
                 },
                 static_pods,
-                images: BTreeSet::new(),
+                images: BTreeMap::new(),
                 installed_version: None,
                 installing: false,
                 events: Vec::new(),
@@ -754,6 +846,9 @@ impl TalosCluster {
         n.up = false;
         n.stage = Stage::Rebooting;
         n.installing = false;
+        // The system containerd keeps its images in memory.
+        n.images
+            .retain(|(store, _), _| *store != ImageStore::SystemContainerd);
         n.boot_gen += 1;
         n.kubelet.healthy = false;
         for p in &mut n.static_pods {
@@ -882,6 +977,8 @@ impl TalosCluster {
                 )));
             }
         }
+        // install.PullAndValidateInstallerImage pulls into the system containerd.
+        self.pull_image(node, ImageStore::SystemContainerd, image)?;
         let actor = new_uuid();
         self.push_event(node, Stage::Upgrading, false, &actor);
         let now = self.now;
@@ -910,59 +1007,88 @@ impl TalosCluster {
         Ok(target)
     }
 
-    /// ImagePull / ImageService.Pull. Ok(true) if the image was already present.
+    /// ImagePull / ImageService.Pull into `store`: the name the pull returns (`name@digest`)
+    /// and whether the image was already there.
     pub fn pull_image(
         &mut self,
         node: usize,
-        namespace: ImageNamespace,
+        store: ImageStore,
         reference: &str,
-    ) -> Result<bool, TalosError> {
+    ) -> Result<(String, bool), TalosError> {
         self.check_up(node)?;
-        if reference.is_empty() {
-            return Err(TalosError::InvalidArgument(
-                "image reference is empty".into(),
-            ));
-        }
+        let (pinned, names) = pulled_names(reference).ok_or_else(|| {
+            TalosError::InvalidArgument(format!(
+                "failed to parse image reference {reference:?}: invalid reference format"
+            ))
+        })?;
         if self.faults.failing_images.contains(reference) {
             return Err(TalosError::NotFound(format!(
-                "failed to pull image {reference:?}: {reference}: not found"
+                "error pulling image: failed to pull image {reference:?}: {reference}: not found"
             )));
         }
-        Ok(!self.nodes[node]
+        let n = &mut self.nodes[node];
+        let already = n.images.contains_key(&(store, names[0].clone()));
+        for name in names {
+            n.images.insert((store, name), reference.to_string());
+        }
+        Ok((pinned, already))
+    }
+
+    /// The reference `name` (looked up exactly, as containerd's GetImage does) was pulled
+    /// as, if it is in `store`.
+    pub fn image(&self, node: usize, store: ImageStore, name: &str) -> Option<&str> {
+        self.nodes[node]
             .images
-            .insert((namespace, reference.to_string())))
+            .get(&(store, name.to_string()))
+            .map(String::as_str)
     }
 
     /// LifecycleService/Upgrade: starts writing `image`'s version to disk. Returns when the
-    /// install finishes; a later reboot boots it. Errors are gRPC errors; an installer
-    /// refusal is `Ok(Err(message))` (a non-zero exit code on the stream).
+    /// install finishes; a later reboot boots it. Errors are gRPC errors, in the order
+    /// siderolabs/talos v1.13.9 internal/app/lifecycle/lifecycle.go checks them; an installer
+    /// failure is `Ok(Err((exit code, message)))` (a non-zero exit code on the stream).
     pub fn start_install(
         &mut self,
         node: usize,
-        namespace: ImageNamespace,
+        store: Result<ImageStore, TalosError>,
         image: &str,
-    ) -> Result<Result<Timestamp, String>, TalosError> {
+    ) -> Result<Result<Timestamp, (i32, String)>, TalosError> {
         self.check_up(node)?;
-        if image.is_empty() {
-            return Err(TalosError::InvalidArgument("image name is empty".into()));
-        }
         if self.nodes[node].installing {
             return Err(TalosError::FailedPrecondition(
                 "another installation/upgrade is already in progress".into(),
             ));
         }
-        if !self.nodes[node]
-            .images
-            .contains(&(namespace, image.to_string()))
-        {
-            return Ok(Err(format!(
-                "image {image:?} is not present in the containerd namespace: pull it first"
+        if image.is_empty() {
+            return Err(TalosError::InvalidArgument(
+                "installer image name is required".into(),
+            ));
+        }
+        // runInstallerContainer's errors come back wrapped: Internal "upgrade failed: …".
+        let wrapped = |e: String| TalosError::Internal(format!("upgrade failed: {e}"));
+        let store = store.map_err(|e| wrapped(e.as_go_status()))?;
+        let Some(pulled_as) = self.image(node, store, image).map(str::to_string) else {
+            return Err(wrapped(format!(
+                "installer image {image:?} not found in containerd store: image {image:?}: not found"
+            )));
+        };
+        if let Some(code) = self.faults.installer_exit_code.get(&self.nodes[node].name) {
+            return Ok(Err((
+                *code,
+                format!("installer failed with exit code {code}"),
             )));
         }
-        let target = match self.installer_version(node, image) {
-            Ok(t) => t,
-            Err(TalosError::FailedPrecondition(m)) => return Ok(Err(m)),
-            Err(e) => return Err(e),
+        let target = match image_version(&pulled_as)
+            .map(|t| (upgradeable_from(&self.nodes[node].talos_version, &t), t))
+        {
+            Some((Ok(()), t)) => t,
+            Some((Err(m), _)) => return Ok(Err((1, m))),
+            None => {
+                return Ok(Err((
+                    1,
+                    format!("installer image {image:?} has no v<version> tag"),
+                )))
+            }
         };
         let at = self.now.plus(self.timings.install);
         let n = &mut self.nodes[node];
@@ -1079,11 +1205,45 @@ impl TalosCluster {
     /// `static_pod_restart`), a changed kubelet image restarts the kubelet.
     fn activate_config(&mut self, node: usize, config: MachineConfig, now: Timestamp) {
         let diff = self.nodes[node].config.diff(&config);
-        let (pod_delay, kubelet_delay) = (
+        let (pod_delay, kubelet_delay, pull) = (
             self.timings.static_pod_restart,
             self.timings.kubelet_restart,
+            self.timings.image_pull,
         );
         let n = &mut self.nodes[node];
+        // A component finds only the images of its own store; a missing one is pulled
+        // before it starts (the kubelet service into CRI `system`, the kubelet's pods into
+        // `k8s.io`).
+        let mut fetch = |store: ImageStore, image: &str| -> Duration {
+            match pulled_names(image) {
+                Some((_, names)) if !n.images.contains_key(&(store, names[0].clone())) => {
+                    for name in names {
+                        n.images.insert((store, name), image.to_string());
+                    }
+                    pull
+                }
+                _ => Duration::ZERO,
+            }
+        };
+        let waits: Vec<(Component, Duration)> = diff
+            .images
+            .iter()
+            .map(|(c, _, new)| {
+                let image = new.clone().unwrap_or_default();
+                let store = if *c == Component::Kubelet {
+                    ImageStore::CriSystem
+                } else {
+                    ImageStore::CriK8s
+                };
+                (*c, fetch(store, &image))
+            })
+            .collect();
+        let wait = |c: Component| {
+            waits
+                .iter()
+                .find(|(w, _)| *w == c)
+                .map_or(Duration::ZERO, |(_, d)| *d)
+        };
         n.config = config;
         n.config_version += 1;
         let gen = n.boot_gen;
@@ -1096,7 +1256,7 @@ impl TalosCluster {
                 n.kubelet.restart += 1;
                 let version = image_version(&image).unwrap_or_else(|| n.kubelet.version.clone());
                 later.push((
-                    now.plus(kubelet_delay),
+                    now.plus(kubelet_delay + wait(component)),
                     Scheduled::KubeletReady {
                         node,
                         gen,
@@ -1109,7 +1269,7 @@ impl TalosCluster {
                 p.ready = false;
                 p.restart += 1;
                 later.push((
-                    now.plus(pod_delay),
+                    now.plus(pod_delay + wait(component)),
                     Scheduled::StaticPodReady {
                         node,
                         gen,
@@ -1169,6 +1329,33 @@ impl TalosCluster {
                 .insert(node.to_string(), v.to_string()),
             None => self.faults.wrong_version.remove(node),
         };
+    }
+
+    /// The installer of `node` exits with `code` (`None` heals).
+    pub fn set_installer_exit_code(&mut self, node: &str, code: Option<i32>) {
+        match code {
+            Some(c) => self.faults.installer_exit_code.insert(node.to_string(), c),
+            None => self.faults.installer_exit_code.remove(node),
+        };
+    }
+
+    /// A STAGED configuration pending on `node`: the active one with `paths` set, persisted
+    /// for the next boot as ApplyConfiguration STAGED does. An empty list drops it.
+    pub fn stage_config(
+        &mut self,
+        node: &str,
+        paths: &[(String, serde_yaml::Value)],
+    ) -> Result<(), ConfigError> {
+        let Some(i) = self.find(node) else {
+            return Ok(());
+        };
+        let n = &mut self.nodes[i];
+        n.persistent_config = if paths.is_empty() {
+            n.config.clone()
+        } else {
+            n.config.with_values(paths, &n.talos_version)?
+        };
+        Ok(())
     }
 
     pub fn set_failing_image(&mut self, reference: &str, failing: bool) {
@@ -1236,6 +1423,8 @@ mod tests {
         let mut c = cluster("v1.13.2");
         c.timings.static_pod_restart = S(50);
         c.timings.kubelet_restart = S(10);
+        // Not pre-pulled: no pull time, so only the restarts count.
+        c.timings.image_pull = S(0);
         let cp = c.find("cp-1").unwrap_or(0);
         let cfg = String::from_utf8_lossy(c.node(cp).config.raw())
             .replace("kube-apiserver:v1.33.1", "kube-apiserver:v1.34.0")

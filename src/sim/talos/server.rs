@@ -18,7 +18,7 @@ use crate::talos::proto::machine::{self, apply_configuration_request, machine_st
 use crate::talos::proto::resource::config::MachineConfigSpec;
 
 use super::config::Component;
-use super::model::{ApplyMode, ImageNamespace, Stage, TalosCluster, TalosError};
+use super::model::{ApplyMode, ImageStore, Stage, TalosCluster, TalosError};
 
 /// The model, the clock, and a revision counter that changes after every mutation so open
 /// streams re-check the model.
@@ -93,6 +93,7 @@ fn status(e: TalosError) -> Status {
         TalosError::InvalidArgument(m) => Status::invalid_argument(m),
         TalosError::Unimplemented(m) => Status::unimplemented(m),
         TalosError::FailedPrecondition(m) => Status::failed_precondition(m),
+        TalosError::Internal(m) => Status::internal(m),
     }
 }
 
@@ -433,8 +434,8 @@ impl NodeApi {
         node: usize,
         req: machine::ImagePullRequest,
     ) -> Result<machine::ImagePull, Status> {
-        let ns = image_namespace(req.namespace)?;
-        self.sync_with(|m| m.pull_image(node, ns, &req.reference))
+        let store = legacy_namespace(req.namespace)?;
+        self.sync_with(|m| m.pull_image(node, store, &req.reference))
             .map_err(status)?;
         Ok(machine::ImagePull { metadata: None })
     }
@@ -558,11 +559,53 @@ impl NodeApi {
     }
 }
 
-fn image_namespace(ns: i32) -> Result<ImageNamespace, Status> {
+/// A `common.ContainerdInstance` as siderolabs/talos v1.13.9 (unchanged through v1.14.0-rc.1)
+/// internal/app/internal/ctrhelper/ctrhelper.go `ContainerdInstanceHelper` reads it: the
+/// driver, then the namespace (NS_UNKNOWN, also an absent instance, is refused), then the
+/// CRI namespace with the containerd driver; each InvalidArgument, Go's enum names in the text.
+fn containerd_instance(c: Option<common::ContainerdInstance>) -> Result<ImageStore, TalosError> {
+    use common::ContainerDriver;
+    let c = c.unwrap_or_default();
+    let driver = ContainerDriver::try_from(c.driver).map_err(|_| {
+        TalosError::InvalidArgument(format!("invalid containerd driver {}", c.driver))
+    })?;
+    let namespace = match ContainerdNamespace::try_from(c.namespace) {
+        Ok(ns @ (ContainerdNamespace::NsSystem | ContainerdNamespace::NsCri)) => ns,
+        Ok(ns) => {
+            return Err(TalosError::InvalidArgument(format!(
+                "invalid containerd namespace {}",
+                ns.as_str_name()
+            )))
+        }
+        Err(_) => {
+            return Err(TalosError::InvalidArgument(format!(
+                "invalid containerd namespace {}",
+                c.namespace
+            )))
+        }
+    };
+    match (driver, namespace) {
+        (ContainerDriver::Containerd, ContainerdNamespace::NsCri) => Err(
+            TalosError::InvalidArgument("cannot use CRI namespace with containerd driver".into()),
+        ),
+        (ContainerDriver::Containerd, _) => Ok(ImageStore::SystemContainerd),
+        (ContainerDriver::Cri, ContainerdNamespace::NsCri) => Ok(ImageStore::CriK8s),
+        (ContainerDriver::Cri, _) => Ok(ImageStore::CriSystem),
+    }
+}
+
+/// The legacy MachineService/ImagePull: always the CRI containerd, the namespace from the
+/// request (v1alpha1_images.go `containerdNamespaceHelper`, v1.13.9: InvalidArgument
+/// "invalid namespace NS_UNKNOWN").
+fn legacy_namespace(ns: i32) -> Result<ImageStore, Status> {
     match ContainerdNamespace::try_from(ns) {
-        Ok(ContainerdNamespace::NsSystem) => Ok(ImageNamespace::System),
-        Ok(ContainerdNamespace::NsCri) => Ok(ImageNamespace::Cri),
-        _ => Err(Status::invalid_argument("containerd namespace is not set")),
+        Ok(ContainerdNamespace::NsSystem) => Ok(ImageStore::CriSystem),
+        Ok(ContainerdNamespace::NsCri) => Ok(ImageStore::CriK8s),
+        Ok(other) => Err(Status::invalid_argument(format!(
+            "invalid namespace {}",
+            other.as_str_name()
+        ))),
+        Err(_) => Err(Status::invalid_argument(format!("invalid namespace {ns}"))),
     }
 }
 
@@ -1146,10 +1189,12 @@ impl machine::image_service_server::ImageService for NodeApi {
     ) -> Result<Response<Self::PullStream>, Status> {
         let node = self.route(&request, Access::Operator)?;
         let req = request.into_inner();
-        let already = self.sync_with(|m| {
+        // internal/app/images/images.go `Pull` (v1.13.9, v1.14.0-rc.1): the instance first,
+        // then the pull; the last message names the image pinned by digest.
+        let (pinned, already) = self.sync_with(|m| {
             lifecycle_check(m, node, "machine.ImageService")?;
-            let ns = image_namespace(req.containerd.map_or(0, |c| c.namespace))?;
-            m.pull_image(node, ns, &req.image_ref).map_err(status)
+            let store = containerd_instance(req.containerd).map_err(status)?;
+            m.pull_image(node, store, &req.image_ref).map_err(status)
         })?;
         use machine::image_service_pull_layer_progress::Status as Layer;
         use machine::image_service_pull_response::Response as Item;
@@ -1174,7 +1219,7 @@ impl machine::image_service_server::ImageService for NodeApi {
             ]
         };
         items.push(machine::ImageServicePullResponse {
-            response: Some(Item::Name(req.image_ref.clone())),
+            response: Some(Item::Name(pinned)),
         });
         let (tx, rx) = mpsc::channel(items.len());
         for item in items {
@@ -1196,13 +1241,13 @@ impl machine::lifecycle_service_server::LifecycleService for NodeApi {
         let node = self.route(&request, Access::Admin)?;
         let req = request.into_inner();
         let image = req.source.map(|s| s.image_name).unwrap_or_default();
+        // internal/app/lifecycle/lifecycle.go `Upgrade` (v1.13.9, v1.14.0-rc.1): the image
+        // name, then the installer container in the request's containerd instance, which
+        // must already hold the image under exactly that name.
         let started = self.sync_with(|m| {
             lifecycle_check(m, node, "machine.LifecycleService")?;
-            let ns = match req.containerd.map(|c| c.namespace) {
-                None => ImageNamespace::System,
-                Some(ns) => image_namespace(ns)?,
-            };
-            m.start_install(node, ns, &image).map_err(status)
+            m.start_install(node, containerd_instance(req.containerd), &image)
+                .map_err(status)
         })?;
         use machine::lifecycle_service_install_progress::Response as P;
         let msg = |p: P| {
@@ -1215,9 +1260,9 @@ impl machine::lifecycle_service_server::LifecycleService for NodeApi {
         tokio::spawn(async move {
             let done_at = match started {
                 Ok(t) => t,
-                Err(refusal) => {
+                Err((code, refusal)) => {
                     let _ = tx.send(msg(P::Message(refusal))).await;
-                    let _ = tx.send(msg(P::ExitCode(1))).await;
+                    let _ = tx.send(msg(P::ExitCode(code))).await;
                     return;
                 }
             };
