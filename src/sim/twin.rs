@@ -498,12 +498,19 @@ impl Twin {
             .faults
             .etcd_unhealthy
             .extend(f.etcd_unhealthy.iter().cloned());
+        topts
+            .faults
+            .etcd_stale_members
+            .extend(f.etcd_stale_members.iter().cloned());
         for (n, v) in &f.wrong_version {
             // Validated: a version tag.
             if let Ok(tag) = crate::sim::faults::talos_tag(v) {
                 topts.faults.wrong_version.insert(n.clone(), tag);
             }
         }
+        seed.faults
+            .kubelet_down
+            .extend(f.kubelet_down.iter().cloned());
         seed.faults
             .replicas_never_rebuild
             .extend(f.replicas_never_rebuild.iter().cloned());
@@ -741,6 +748,17 @@ impl FaultHook for TwinFaults {
                     }
                     for n in list {
                         m.set_etcd_unhealthy(n, true);
+                    }
+                }
+                if given.contains("etcdStaleMembers") {
+                    let list = &f.etcd_stale_members;
+                    let held: Vec<String> =
+                        m.faults.etcd_stale_members.iter().cloned().collect();
+                    for h in held.iter().filter(|h| !list.contains(h)) {
+                        m.set_etcd_stale_member(h, false);
+                    }
+                    for h in list {
+                        m.set_etcd_stale_member(h, true);
                     }
                 }
                 if given.contains("wrongVersion") {
