@@ -1,0 +1,205 @@
+//! Stage 2c: kube-proxy on every control plane (unless the CNI replaces it), the bootstrap
+//! manifests applied as Talos's field manager, then kube-proxy's DaemonSet rolled out.
+
+use super::nodes::address;
+use super::{Flow, Progress, Run, Stop, PULL_DEADLINE};
+use crate::kube::LiveNode;
+use crate::plan::{StageId, Step, StepKind};
+use crate::releaseset::Role;
+use crate::talos::client::{CallOptions, ImageNamespace};
+use crate::talos::machine_config::{set_images, Component};
+use crate::talos::proto::machine::apply_configuration_request::Mode as ApplyMode;
+
+impl Run<'_, '_> {
+    /// (c): kube-proxy on every control plane (unless the CNI replaces it), then the
+    /// bootstrap manifests applied as Talos's field manager, then kube-proxy's DaemonSet
+    /// rolled out on the target.
+    pub(super) async fn proxy_and_manifests(&self, step: &Step) -> Flow<()> {
+        let stage = StageId::KubeProxyManifests;
+        let e = self.engine;
+        let tag = self.target.kubernetes.tag();
+        let cps: Vec<LiveNode> = self
+            .live_nodes(stage)
+            .await?
+            .into_iter()
+            .filter(|n| n.role == Role::Controlplane)
+            .collect();
+        let key = "manifests".to_string();
+        let mut marker = self.marker(&key).await;
+        if marker.started_at.is_none() {
+            marker.started_at = Some(self.now());
+            self.store_marker(stage, &key, &marker).await?;
+        }
+        let started = marker.started_at.unwrap_or_else(|| self.now());
+        let proxy = step.kind == StepKind::KubeProxyAndManifests;
+        if proxy {
+            for cp in &cps {
+                let addr = address(cp);
+                let opts = CallOptions::default();
+                let mc = e.talos.machine_config(&addr, opts).await.map_err(|err| {
+                    self.pause(
+                        stage,
+                        Some(&cp.name),
+                        format!("cannot read the machine configuration: {err}"),
+                    )
+                })?;
+                let edit = set_images(&mc.yaml, &tag, &[Component::Proxy]).map_err(|err| {
+                    self.pause(
+                        stage,
+                        Some(&cp.name),
+                        format!("the image-only edit is refused: {err}"),
+                    )
+                })?;
+                if edit.is_noop() {
+                    continue;
+                }
+                let api = self.upgrade_api(stage, cp).await?;
+                for (_, _, image) in &edit.images {
+                    e.talos
+                        .pull_image(
+                            &addr,
+                            image,
+                            ImageNamespace::Cri,
+                            api,
+                            CallOptions {
+                                deadline: PULL_DEADLINE,
+                                ..opts
+                            },
+                        )
+                        .await
+                        .map_err(|err| {
+                            self.pause(
+                                stage,
+                                Some(&cp.name),
+                                format!("pre-pulling {image} failed, nothing was switched: {err}"),
+                            )
+                        })?;
+                }
+                for dry in [true, false] {
+                    if !dry {
+                        self.check_lock(stage, &cp.name).await?;
+                    }
+                    e.talos
+                        .apply_configuration(&addr, &edit.yaml, ApplyMode::NoReboot, dry, opts)
+                        .await
+                        .map_err(|err| {
+                            self.pause(
+                                stage,
+                                Some(&cp.name),
+                                format!(
+                                    "{} the kube-proxy image edit failed: {err}",
+                                    if dry { "the dry run of" } else { "applying" }
+                                ),
+                            )
+                        })?;
+                }
+                self.say(Progress::Note(format!(
+                    "kube-proxy image on {}: {tag}",
+                    cp.name
+                )));
+            }
+        }
+        // The manifests as a control plane renders them now (any one: they are the same).
+        let mut manifests = Err("no control plane".to_string());
+        for cp in &cps {
+            match e
+                .talos
+                .bootstrap_manifests(&address(cp), CallOptions::default())
+                .await
+            {
+                Ok(m) => {
+                    manifests = Ok(m);
+                    break;
+                }
+                Err(err) => manifests = Err(err.to_string()),
+            }
+        }
+        let manifests = manifests.map_err(|err| {
+            self.pause(
+                stage,
+                None,
+                format!("cannot read the bootstrap manifests from a control plane: {err}"),
+            )
+        })?;
+        let objects = crate::kube::manifests::objects(&manifests)
+            .map_err(|err| self.pause(stage, None, err.to_string()))?;
+        self.check_lock(stage, "").await?;
+        let applied = self
+            .kube(stage, None, "apply the bootstrap manifests", || {
+                e.kube.sync_manifests(&objects)
+            })
+            .await
+            .map_err(|stop| match stop {
+                Stop::Pause(mut p) if p.reason.contains(" 403 ") => {
+                    p.reason = format!(
+                        "{}; grant ichor that write (docs/cluster-access.md) or apply that object by hand, then resume",
+                        p.reason
+                    );
+                    Stop::Pause(p)
+                }
+                other => other,
+            })?;
+        let changed: Vec<String> = applied
+            .iter()
+            .filter(|a| a.changed)
+            .map(|a| a.to_string())
+            .collect();
+        self.say(Progress::Note(format!(
+            "bootstrap manifests: {} objects, {} changed{}",
+            applied.len(),
+            changed.len(),
+            if changed.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", changed.join(", "))
+            }
+        )));
+        if proxy {
+            let timeout = e.policy.node_timeout.as_duration();
+            loop {
+                let ds = self
+                    .kube(stage, None, "get the kube-proxy DaemonSet", || {
+                        e.kube.daemonset("kube-system", "kube-proxy")
+                    })
+                    .await?;
+                match ds {
+                    None => {
+                        self.say(Progress::Note("kube-proxy: no DaemonSet kube-system/kube-proxy in the cluster; nothing to roll".into()));
+                        break;
+                    }
+                    Some(w) if w.version.as_deref() == Some(tag.as_str()) && w.rolled_out() => {
+                        break
+                    }
+                    Some(w) => {
+                        if self.now().since(started) >= timeout {
+                            return Err(self.pause(
+                                stage,
+                                None,
+                                format!(
+                                    "kube-proxy has not rolled out on {tag} after {}s: {}/{} updated, {} ready, image {}",
+                                    self.now().since(started).as_secs(),
+                                    w.updated,
+                                    w.desired,
+                                    w.ready,
+                                    w.images.join(", ")
+                                ),
+                            ));
+                        }
+                    }
+                }
+                e.clock.sleep(e.observe_every).await;
+            }
+        }
+        self.finish_marker(stage, &key).await?;
+        self.say(Progress::UnitDone {
+            node: None,
+            stage,
+            what: if proxy {
+                format!("kube-proxy on {tag} and the bootstrap manifests in sync")
+            } else {
+                "bootstrap manifests in sync".into()
+            },
+        });
+        Ok(())
+    }
+}

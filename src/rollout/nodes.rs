@@ -1,0 +1,294 @@
+//! What every node step shares: the live node, the right to start (pause, window, hold),
+//! the observation the steps decide from, the step's start marker, the drain, and giving
+//! nodes back on a pause.
+
+use std::time::Duration;
+
+use super::step::{NodeObservation, StepMarker};
+use super::{stage_key, window, Flow, Progress, Run, PULL_DEADLINE, WAIT_EVERY};
+use crate::kube::{DrainOutcome, LiveNode, LiveVolume};
+use crate::plan::StageId;
+use crate::releaseset::{Version, VolumeProvider};
+use crate::talos::client::CallOptions;
+
+/// The options of an image pull on `node`.
+pub(super) fn pulling(node: &LiveNode) -> CallOptions<'_> {
+    CallOptions {
+        deadline: PULL_DEADLINE,
+        avoid: Some(&node.name),
+    }
+}
+
+/// Calls about `node` never travel through `node` itself: it is the one that reboots.
+pub(super) fn around(node: &LiveNode) -> CallOptions<'_> {
+    CallOptions {
+        avoid: Some(&node.name),
+        ..CallOptions::default()
+    }
+}
+
+pub(super) fn address(node: &LiveNode) -> String {
+    node.internal_ip
+        .clone()
+        .unwrap_or_else(|| node.name.clone())
+}
+
+impl Run<'_, '_> {
+    pub(super) async fn live_nodes(&self, stage: StageId) -> Flow<Vec<LiveNode>> {
+        self.kube(stage, None, "list nodes", || self.engine.kube.nodes())
+            .await
+    }
+
+    pub(super) async fn live_node(&self, stage: StageId, name: &str) -> Flow<LiveNode> {
+        self.live_nodes(stage)
+            .await?
+            .into_iter()
+            .find(|n| n.name == name)
+            .ok_or_else(|| {
+                self.pause(
+                    stage,
+                    Some(name),
+                    format!("node {name} is in the plan but not in the cluster; re-plan from the live inventory"),
+                )
+            })
+    }
+
+    /// Before a node starts: not paused, inside a window, not held. Waits are reported and
+    /// recorded; a pause request stops here.
+    pub(super) async fn may_start(&self, stage: StageId, node: &str) -> Flow<()> {
+        loop {
+            if let Some(why) = self.engine.pause_requested.and_then(|f| f()) {
+                return Err(self.pause(stage, Some(node), why));
+            }
+            let now = self.now();
+            if let window::WindowState::Closed { opens_at } =
+                window::state(&self.engine.policy.maintenance_windows, now)
+            {
+                self.waiting(
+                    stage,
+                    Some(format!(
+                        "{node} starts in the next maintenance window, {}",
+                        window::describe(opens_at)
+                    )),
+                )
+                .await?;
+                let wait = opens_at.since(now).min(WAIT_EVERY * 10);
+                self.engine
+                    .clock
+                    .sleep(wait.max(Duration::from_secs(1)))
+                    .await;
+                continue;
+            }
+            let live = self.live_node(stage, node).await?;
+            if let Some(reason) = &live.hold {
+                self.waiting(
+                    stage,
+                    Some(format!(
+                        "{node} is held ({}={}); remove the annotation to let it go",
+                        crate::kube::HOLD,
+                        crate::releaseset::excerpt(reason, 120)
+                    )),
+                )
+                .await?;
+                self.engine.clock.sleep(WAIT_EVERY).await;
+                continue;
+            }
+            return self.waiting(stage, None).await;
+        }
+    }
+
+    pub(super) async fn volumes(&self, stage: StageId) -> Flow<Vec<LiveVolume>> {
+        match self.engine.volumes {
+            VolumeProvider::Longhorn => {
+                self.kube(stage, None, "list longhorn volumes", || {
+                    self.engine.kube.longhorn_volumes()
+                })
+                .await
+            }
+            VolumeProvider::LocalPath => {
+                self.kube(stage, None, "list local volumes", || {
+                    self.engine.kube.local_volumes()
+                })
+                .await
+            }
+            VolumeProvider::None => Ok(vec![]),
+        }
+    }
+
+    pub(super) async fn observe(
+        &self,
+        stage: StageId,
+        node: &LiveNode,
+        marker: &StepMarker,
+    ) -> Flow<NodeObservation> {
+        let e = self.engine;
+        let addr = address(node);
+        let opts = around(node);
+        let talos = e.talos.version(&addr, opts).await.ok().map(|v| v.tag);
+        let boot_id = match talos {
+            Some(_) => e.talos.boot_id(&addr, opts).await.ok(),
+            None => None,
+        };
+        let live = self
+            .live_nodes(stage)
+            .await?
+            .into_iter()
+            .find(|n| n.name == node.name);
+        let name = node.name.as_str();
+        let pods = self
+            .kube(stage, Some(name), "list the node's pods", || {
+                e.kube.pods_on(name)
+            })
+            .await?
+            .into_iter()
+            .filter(|p| !p.stays)
+            .count();
+        let volumes = self.volumes(stage).await?;
+        let unprotected = volumes
+            .iter()
+            .filter(|v| v.nodes.iter().any(|n| n == name) && !v.single_replica)
+            .filter(|v| {
+                let elsewhere = v.nodes.iter().any(|n| n != name);
+                let healthy = v.robustness.as_deref().is_none_or(|r| r == "healthy");
+                !(elsewhere && healthy)
+            })
+            .map(|v| v.name.clone())
+            .collect();
+        let degraded = marker
+            .volumes
+            .iter()
+            .filter(|want| {
+                volumes.iter().any(|v| {
+                    &v.name == *want
+                        && (v.nodes.is_empty()
+                            || v.robustness.as_deref().is_some_and(|r| r != "healthy"))
+                })
+            })
+            .cloned()
+            .collect();
+        let attachments = self
+            .kube(stage, Some(name), "list volume attachments", || {
+                e.kube.volume_attachments(name)
+            })
+            .await?;
+        Ok(NodeObservation {
+            talos,
+            boot_id,
+            ready: live.as_ref().is_some_and(|n| n.ready),
+            cordoned: live.as_ref().is_some_and(|n| n.cordoned),
+            cordoned_by_ichor: live.as_ref().is_some_and(|n| n.cordoned_by_ichor),
+            pods_to_move: pods,
+            unprotected_volumes: unprotected,
+            attachments,
+            degraded_volumes: degraded,
+        })
+    }
+
+    /// Begin a node's step: wait for the right to start, then record the marker. Says
+    /// which single-replica volumes go down with it.
+    pub(super) async fn begin(
+        &self,
+        stage: StageId,
+        key: &str,
+        node: &LiveNode,
+        marker: &mut StepMarker,
+    ) -> Flow<()> {
+        if marker.started_at.is_some() {
+            return Ok(());
+        }
+        self.may_start(stage, &node.name).await?;
+        let volumes = self.volumes(stage).await?;
+        let held: Vec<&LiveVolume> = volumes
+            .iter()
+            .filter(|v| v.nodes.iter().any(|n| n == &node.name))
+            .collect();
+        for v in held.iter().filter(|v| v.single_replica) {
+            self.say(Progress::Note(format!(
+                "{}: volume {} has its only replica here; its workload is down until the node is back",
+                node.name, v.name
+            )));
+        }
+        marker.started_at = Some(self.now());
+        marker.volumes = held
+            .iter()
+            .filter(|v| !v.single_replica)
+            .map(|v| v.name.clone())
+            .collect();
+        if marker.boot_id_before.is_none() {
+            marker.boot_id_before = self
+                .engine
+                .talos
+                .boot_id(&address(node), around(node))
+                .await
+                .ok();
+        }
+        self.store_marker(stage, key, marker).await
+    }
+
+    /// Evict what must move, or pause naming the pod and its budget. Never deletes, never
+    /// forces.
+    pub(super) async fn drain(&self, stage: StageId, name: &str) -> Flow<()> {
+        let e = self.engine;
+        let outcome = self
+            .kube(stage, Some(name), "drain", || {
+                e.kube
+                    .drain(name, e.policy.drain_timeout.as_duration(), &e.clock)
+            })
+            .await?;
+        match outcome {
+            DrainOutcome::Drained { evicted } => {
+                self.say(Progress::Note(format!(
+                    "{} {name}: drained ({} pods evicted)",
+                    stage_key(stage),
+                    evicted.len()
+                )));
+                Ok(())
+            }
+            DrainOutcome::Blocked {
+                pod,
+                budget,
+                message,
+                waited_secs,
+            } => Err(self.pause(
+                stage,
+                Some(name),
+                format!(
+                    "the drain waited {waited_secs}s on {pod}{}: {message}; ichor never deletes or forces a pod — let the budget allow it (scale up, or fix the unhealthy replica), then resume",
+                    budget
+                        .map(|b| format!(" (PodDisruptionBudget {b})"))
+                        .unwrap_or_default()
+                ),
+            )),
+        }
+    }
+
+    /// On a pause: nodes ichor cordoned that are Ready and not mid-upgrade go back into
+    /// service, so a paused cluster runs at full capacity.
+    pub(super) async fn release_nodes(&self) {
+        let e = self.engine;
+        let Ok(nodes) = e.kube.nodes().await else {
+            return;
+        };
+        let steps = self.stored.lock().await.record.steps.clone();
+        for n in nodes.iter().filter(|n| n.cordoned_by_ichor && n.ready) {
+            // Mid-upgrade: the Talos upgrade was requested and the node is not back on
+            // the target yet; it stays out of service until it is.
+            let mid = steps.get(&format!("talos/{}", n.name)).is_some_and(|s| {
+                s.upgrade_requested
+                    && s.finished_at.is_none()
+                    && n.talos
+                        .as_deref()
+                        .and_then(|t| Version::parse(t).ok())
+                        .as_ref()
+                        != Some(&self.target.talos)
+            });
+            if !mid {
+                let _ = e.kube.uncordon(&n.name).await;
+                self.say(Progress::Note(format!(
+                    "{}: uncordoned while paused",
+                    n.name
+                )));
+            }
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! Before the Kubernetes stages: the live pre-checks again (the Talos stage changed what
+//! nodes run), and the CNI or an add-on that must move first waited for.
+
+use super::{Flow, Run, WAIT_EVERY};
+use crate::gate::Change;
+use crate::plan::StageId;
+use crate::policy::Status;
+use crate::releaseset::Version;
+
+impl Run<'_, '_> {
+    /// Before stage (a): the Talos stage changed what nodes run, so the live pre-checks run
+    /// again (skew, pairing, Ready, the CNI hand-over); a CNI that must move first is waited
+    /// for, reported, up to the node timeout.
+    pub(super) async fn before_kubernetes(&self) -> Flow<()> {
+        let stage = StageId::KubeApiserver;
+        let Some(change) = self.change else {
+            return Ok(());
+        };
+        let e = self.engine;
+        let subject = crate::gate::live::Subject::of(change);
+        let start = self.now();
+        let timeout = e.policy.node_timeout.as_duration();
+        loop {
+            let facts = crate::gate::live::observe(e.kube, Some(e.talos), &subject).await;
+            let items = crate::gate::live::items(change, &facts);
+            let blocking: Vec<&crate::policy::CheckItem> = items
+                .iter()
+                // The lock is ours; etcd was checked before each control plane.
+                .filter(|i| !i.id.ends_with("rollout-lock"))
+                .filter(|i| matches!(i.status, Status::Fail | Status::Wait))
+                .collect();
+            let cni_only = blocking.iter().all(|i| i.id == "live/cni-running");
+            let mut why: Vec<String> = blocking
+                .iter()
+                .map(|i| format!("{}: {}", i.id, i.message))
+                .collect();
+            // Only the CNI and add-ons are worth waiting for: they move by themselves
+            // (Argo CD, Flux); ichor never applies them.
+            let fail_now = !cni_only;
+            if !fail_now {
+                why.extend(self.addons_behind(change).await?);
+            }
+            if why.is_empty() {
+                return self.waiting(stage, None).await;
+            }
+            if fail_now || self.now().since(start) >= timeout {
+                return Err(self.pause(
+                    stage,
+                    None,
+                    format!(
+                        "the live pre-checks before the Kubernetes stages do not pass{}: {}",
+                        if fail_now {
+                            String::new()
+                        } else {
+                            format!(" after {}s", self.now().since(start).as_secs())
+                        },
+                        why.join("; ")
+                    ),
+                ));
+            }
+            self.waiting(
+                stage,
+                Some(format!(
+                    "the CNI or an add-on must move first ({})",
+                    why.join("; ")
+                )),
+            )
+            .await?;
+            e.clock.sleep(WAIT_EVERY).await;
+        }
+    }
+
+    /// Add-ons of the release set, found where they install themselves, whose running
+    /// version does not support the target Kubernetes or that are still rolling out to the
+    /// release set's version: each as a reason to wait.
+    pub(super) async fn addons_behind(&self, change: &Change) -> Flow<Vec<String>> {
+        let stage = StageId::KubeApiserver;
+        let e = self.engine;
+        let k8s = &self.target.kubernetes;
+        let mut out = Vec::new();
+        for a in &change.head_release_set.spec.addons {
+            let Some((kind, ns, name)) = crate::gate::live::addon_workload(&a.name) else {
+                continue;
+            };
+            let what = format!("get {kind} {ns}/{name}");
+            let w = if kind == "Deployment" {
+                self.kube(stage, None, &what, || e.kube.deployment(ns, name))
+                    .await?
+            } else {
+                self.kube(stage, None, &what, || e.kube.daemonset(ns, name))
+                    .await?
+            };
+            let Some(w) = w else { continue };
+            let Some(running) = w.version.as_deref().and_then(|v| Version::parse(v).ok()) else {
+                continue;
+            };
+            let unsupported = change.policies.supports(&a.name, &running, k8s) == Some(false);
+            let rolling = running != a.version && !w.rolled_out();
+            if unsupported || rolling {
+                out.push(format!(
+                    "{} {ns}/{name} runs {running}{}, the release set says {}",
+                    a.name,
+                    if unsupported {
+                        format!(", which does not support Kubernetes {k8s}")
+                    } else {
+                        format!(" ({}/{} updated)", w.updated, w.desired)
+                    },
+                    a.version
+                ));
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,252 @@
+//! Stage 1, Talos: each node driven by [`super::step::talos_node`] from what is observed —
+//! pre-pull, cordon, drain, upgrade (LifecycleService then Reboot on ≥ 1.13,
+//! MachineService/Upgrade before), reboot, back Ready, uncordon — with etcd checked and
+//! leadership moved off before a control plane goes down.
+
+use super::nodes::{address, around, pulling};
+use super::step::{self, Action, StepState};
+use super::{Flow, Progress, Run};
+use crate::kube::LiveNode;
+use crate::plan::StageId;
+use crate::releaseset::Role;
+use crate::talos::client::{CallOptions, ImageNamespace, UpgradeApi};
+
+impl Run<'_, '_> {
+    /// Drive one node to the target Talos.
+    pub(super) async fn talos_node(&self, name: &str) -> Flow<()> {
+        let stage = StageId::Talos;
+        let e = self.engine;
+        let target = &self.target.talos;
+        let timeout = e.policy.node_timeout.as_duration();
+        let key = format!("talos/{name}");
+        let node = self.live_node(stage, name).await?;
+        let addr = address(&node);
+        let mut marker = self.marker(&key).await;
+        let mut obs = self.observe(stage, &node, &marker).await?;
+        if step::talos_node(target, &obs, &marker, self.now(), timeout) == StepState::Done {
+            self.say(Progress::UnitDone {
+                node: Some(name.to_string()),
+                stage,
+                what: format!("talos {name}: on {target}"),
+            });
+            return Ok(());
+        }
+        if marker.started_at.is_none() {
+            self.begin(stage, &key, &node, &mut marker).await?;
+            obs = self.observe(stage, &node, &marker).await?;
+        }
+        let installer = format!("{}:{}", e.installer_image, target.tag());
+        let mut last_settling = String::new();
+        loop {
+            let state = step::talos_node(target, &obs, &marker, self.now(), timeout);
+            match state {
+                StepState::Done => {
+                    self.finish_marker(stage, &key).await?;
+                    self.say(Progress::UnitDone {
+                        node: Some(name.to_string()),
+                        stage,
+                        what: format!("talos {name}: on {target}, Ready, back in service"),
+                    });
+                    return Ok(());
+                }
+                StepState::Failed(why) => return Err(self.pause(stage, Some(name), why)),
+                StepState::Settling(w) => {
+                    if w != last_settling {
+                        self.say(Progress::Note(format!("talos {name}: {w}")));
+                        last_settling = w;
+                    }
+                    e.clock.sleep(e.observe_every).await;
+                }
+                StepState::Act(Action::PrePull) => {
+                    let api = self.upgrade_api(stage, &node).await?;
+                    // A failed pull pauses before anything is disrupted.
+                    if let Err(err) = e
+                        .talos
+                        .pull_image(
+                            &addr,
+                            &installer,
+                            ImageNamespace::System,
+                            api,
+                            pulling(&node),
+                        )
+                        .await
+                    {
+                        return Err(self.pause(
+                            stage,
+                            Some(name),
+                            format!("pre-pulling {installer} failed, nothing was disrupted: {err}"),
+                        ));
+                    }
+                    marker.pre_pulled = true;
+                    self.store_marker(stage, &key, &marker).await?;
+                    self.say(Progress::Note(format!(
+                        "talos {name}: pre-pulled {installer}"
+                    )));
+                }
+                StepState::Act(Action::Cordon) => {
+                    self.check_lock(stage, name).await?;
+                    self.kube(stage, Some(name), "cordon", || e.kube.cordon(name))
+                        .await?;
+                    self.say(Progress::Note(format!("talos {name}: cordoned")));
+                }
+                StepState::Act(Action::Drain) => {
+                    self.check_lock(stage, name).await?;
+                    self.drain(stage, name).await?;
+                }
+                StepState::Act(Action::Upgrade) => {
+                    // A repeat (the engine stopped around the first request) was judged
+                    // before the first; the node may already be leaving etcd.
+                    let again = marker.upgrade_requested;
+                    if node.role == Role::Controlplane && !again {
+                        self.etcd_ready_for(&node).await?;
+                    }
+                    self.check_lock(stage, name).await?;
+                    let api = match self.upgrade_api(stage, &node).await {
+                        Ok(api) => api,
+                        // Gone between the look and the act: the first request reached it.
+                        Err(_) if again => {
+                            marker.upgrade_confirmed = true;
+                            obs = self.observe(stage, &node, &marker).await?;
+                            continue;
+                        }
+                        Err(stop) => return Err(stop),
+                    };
+                    // Recorded before the call: a restart then knows the node may be going.
+                    marker.upgrade_requested = true;
+                    self.store_marker(stage, &key, &marker).await?;
+                    match self.upgrade(&node, &installer, api).await {
+                        Ok(()) => {
+                            marker.upgrade_confirmed = true;
+                            self.say(Progress::Note(format!(
+                                "talos {name}: upgrade to {target} requested ({})",
+                                match api {
+                                    UpgradeApi::Lifecycle => "LifecycleService, then reboot",
+                                    UpgradeApi::Machine => "MachineService/Upgrade, which reboots",
+                                }
+                            )));
+                        }
+                        Err(err) => {
+                            // A repeated request may meet a node already on its way down.
+                            let now = self.observe(stage, &node, &marker).await?;
+                            let going = now.talos.is_none() || now.boot_id != marker.boot_id_before;
+                            if again && going {
+                                marker.upgrade_confirmed = true;
+                            } else {
+                                return Err(self.pause(
+                                    stage,
+                                    Some(name),
+                                    format!("the upgrade to {installer} was refused: {err}"),
+                                ));
+                            }
+                        }
+                    }
+                }
+                StepState::Act(Action::Uncordon) => {
+                    self.kube(stage, Some(name), "uncordon", || e.kube.uncordon(name))
+                        .await?;
+                }
+            }
+            obs = self.observe(stage, &node, &marker).await?;
+        }
+    }
+
+    pub(super) async fn upgrade_api(&self, stage: StageId, node: &LiveNode) -> Flow<UpgradeApi> {
+        match self
+            .engine
+            .talos
+            .version(&address(node), around(node))
+            .await
+        {
+            Ok(v) => Ok(v.upgrade_api),
+            Err(e) => Err(self.pause(
+                stage,
+                Some(&node.name),
+                format!("cannot read the node's Talos version: {e}"),
+            )),
+        }
+    }
+
+    pub(super) async fn upgrade(
+        &self,
+        node: &LiveNode,
+        installer: &str,
+        api: UpgradeApi,
+    ) -> Result<(), crate::talos::TalosError> {
+        let e = self.engine;
+        let addr = address(node);
+        let opts = around(node);
+        match api {
+            UpgradeApi::Lifecycle => {
+                // The install streams progress and may take minutes: its own deadline.
+                let long = CallOptions {
+                    deadline: e.policy.node_timeout.as_duration(),
+                    ..opts
+                };
+                e.talos.upgrade_lifecycle(&addr, installer, long).await?;
+                e.talos.reboot(&addr, opts).await
+            }
+            // Talos ≤ 1.12 cordons, drains and reboots by itself; ichor has drained
+            // already, so there is one drain owner and its drain finds nothing to move.
+            UpgradeApi::Machine => e
+                .talos
+                .upgrade_legacy(&addr, installer, opts)
+                .await
+                .map(|_| ()),
+        }
+    }
+
+    /// Before a control plane goes down: every etcd member healthy (so quorum holds with
+    /// this one down), and leadership moved off it.
+    pub(super) async fn etcd_ready_for(&self, node: &LiveNode) -> Flow<()> {
+        let stage = StageId::Talos;
+        let e = self.engine;
+        let addr = address(node);
+        let opts = around(node);
+        let fail = |why: String| self.pause(stage, Some(&node.name), why);
+        let members = e.talos.etcd_members(&addr, opts).await.map_err(|err| {
+            fail(format!(
+                "cannot read etcd before taking {} down: {err}",
+                node.name
+            ))
+        })?;
+        if members.len() < 3 {
+            // One or two members have no quorum to spare; the plan warned of it.
+            return Ok(());
+        }
+        let cps: Vec<LiveNode> = self
+            .live_nodes(stage)
+            .await?
+            .into_iter()
+            .filter(|n| n.role == Role::Controlplane)
+            .collect();
+        for cp in &cps {
+            match e.talos.etcd_status(&address(cp), opts).await {
+                Ok(s) if s.errors.is_empty() && !s.is_learner => {}
+                Ok(s) => {
+                    return Err(fail(format!(
+                        "etcd member on {} is not healthy ({}); taking {} down now would lose quorum — heal the member, then resume",
+                        cp.name,
+                        if s.is_learner { "a learner".to_string() } else { s.errors.join("; ") },
+                        node.name
+                    )))
+                }
+                Err(err) => {
+                    return Err(fail(format!(
+                        "etcd member on {} does not answer ({err}); taking {} down now would lose quorum — heal the member, then resume",
+                        cp.name, node.name
+                    )))
+                }
+            }
+        }
+        e.talos
+            .etcd_forfeit_leadership(&addr, opts)
+            .await
+            .map_err(|err| {
+                fail(format!(
+                    "could not move etcd leadership off {}: {err}",
+                    node.name
+                ))
+            })?;
+        Ok(())
+    }
+}
