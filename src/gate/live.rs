@@ -79,6 +79,20 @@ impl EtcdView {
             .collect()
     }
 
+    /// Members no control plane answers for: no machine behind them any more. They never
+    /// heal by themselves; someone removes them.
+    pub fn stale_members(&self) -> Vec<&EtcdMember> {
+        self.members
+            .iter()
+            .filter(|m| {
+                !self.statuses.iter().any(|(node, st)| match st {
+                    Ok(st) => st.member_id == m.id,
+                    Err(_) => *node == m.hostname,
+                })
+            })
+            .collect()
+    }
+
     /// Whether `node`'s member may go down now: every other member healthy and a voter, and
     /// quorum held without `node`. `own_may_be_down`: `node` may already be on its way down
     /// (a repeated upgrade call after a restart), so its own member is not required to
@@ -262,6 +276,8 @@ pub async fn observe_etcd_around(
         .filter(|n| n.role == Role::Controlplane)
         .collect();
     let addr = |n: &LiveNode| n.internal_ip.clone().unwrap_or_else(|| n.name.clone());
+    // With one control plane there is no other way to reach etcd.
+    let avoid = if cps.len() <= 1 { None } else { avoid };
     let opts = CallOptions {
         avoid,
         ..CallOptions::default()
@@ -480,6 +496,25 @@ fn etcd_item(etcd: &Result<EtcdView, String>) -> CheckItem {
         .filter_map(|(m, h)| h.err().map(|e| format!("{} ({e})", m.hostname)))
         .collect();
     let n = view.members.len();
+    let stale: Vec<String> = view
+        .stale_members()
+        .iter()
+        .map(|m| format!("{} ({:016x})", m.hostname, m.id))
+        .collect();
+    if !stale.is_empty() {
+        return CheckItem::new(
+            id,
+            title,
+            Status::Fail,
+            format!(
+                "{n} members, and {} no control plane answers for: {}; each counts toward quorum, so taking a control plane down could lose it",
+                stale.len(),
+                stale.join(", ")
+            ),
+        )
+        .hint("remove a member whose machine is gone with `talosctl etcd remove-member ID`")
+        .source("live");
+    }
     if !learners.is_empty() {
         return CheckItem::new(
             id,
@@ -996,7 +1031,7 @@ mod tests {
         let why = view.may_take_down("cp-1", false).unwrap_err();
         assert!(why.contains("cp-old") && why.contains("answers nothing"), "{why}");
         let item = etcd_item(&Ok(view.clone()));
-        assert_eq!(item.status, Status::Wait);
+        assert_eq!(item.status, Status::Fail);
         assert!(item.message.contains("cp-old"), "{}", item.message);
         // Healthy three: one may go.
         let mut three = view.clone();

@@ -288,7 +288,16 @@ impl Rollout<'_> {
                 let was = s.record.state;
                 s.record.holder = self.holder.clone();
                 match was {
-                    RecordState::Paused => s.record.log(now, "resumed"),
+                    RecordState::Paused => {
+                        // Each attempt gets its own deadline: a step resumed after its
+                        // node timeout would otherwise fail every settling state at once.
+                        for step in s.record.steps.values_mut() {
+                            if step.started_at.is_some() && step.finished_at.is_none() {
+                                step.started_at = Some(now.rfc3339());
+                            }
+                        }
+                        s.record.log(now, "resumed")
+                    }
                     RecordState::Running => s.record.log(now, "continued after the engine stopped"),
                     RecordState::Completed => s.record.log(now, "re-run: verifying"),
                 }
@@ -309,6 +318,7 @@ impl Rollout<'_> {
             change,
             plan,
             stored: Mutex::new(stored),
+            active: Mutex::new(Default::default()),
         };
         run.update(|r| {
             r.state = RecordState::Running;
@@ -434,6 +444,9 @@ struct Run<'r, 'a> {
     change: Option<&'r Change>,
     plan: &'r Plan,
     stored: Mutex<Stored>,
+    /// Nodes begun in this run and not finished: down, draining or about to be. Held while
+    /// a node decides whether it may start, so two nodes of a batch decide one at a time.
+    active: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Run<'_, '_> {
@@ -526,6 +539,9 @@ impl Run<'_, '_> {
     }
 
     async fn finish_marker(&self, stage: StageId, key: &str) -> Flow<()> {
+        if let Some((_, node)) = key.split_once('/') {
+            self.active.lock().await.remove(node);
+        }
         let now = self.now().rfc3339();
         self.write(stage, |r| {
             if let Some(s) = r.steps.get_mut(key) {
@@ -557,6 +573,7 @@ impl Run<'_, '_> {
     }
 
     async fn stages(&self) -> Flow<()> {
+        self.before_start().await?;
         for stage in &self.plan.stages {
             let id = stage.id;
             let units: u64 = stage
@@ -574,7 +591,7 @@ impl Run<'_, '_> {
             });
             match id {
                 StageId::Talos => {
-                    for step in &stage.steps {
+                    for step in self.leader_last(&stage.steps).await {
                         self.batch(id, step, |n| self.talos_node(n)).await?;
                     }
                 }

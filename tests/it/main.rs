@@ -12,6 +12,7 @@ mod props;
 mod render;
 mod renovate;
 mod rollout;
+mod safety;
 mod sim_github;
 mod sim_hardening;
 mod sim_kube;
