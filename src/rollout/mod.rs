@@ -437,6 +437,60 @@ where
     }
 }
 
+/// Why a Kubernetes call paused the rollout, named for what it is: only an outage (5xx,
+/// 429, unreachable) "kept failing"; a 403, 404 or 422 is an answer, and a reply ichor
+/// cannot read is a bug.
+fn api_pause_reason(what: &str, e: &KubeError) -> String {
+    match e {
+        KubeError::Api { code: 403, .. } => format!(
+            "the Kubernetes API forbids {what}: {e}; grant ichor's ServiceAccount that verb (docs/cluster-access.md lists what ichor needs), then resume"
+        ),
+        KubeError::Api { code: 404, .. } => format!(
+            "the Kubernetes API has no such object ({what}): {e}; check that it exists (or the API group is served), then resume"
+        ),
+        KubeError::Api { code: 422, .. } => format!(
+            "the Kubernetes API refused the request as invalid ({what}): {e}; this is a bug in ichor or an admission policy, report it"
+        ),
+        KubeError::Reply { .. } => format!(
+            "ichor could not read the Kubernetes API's answer ({what}): {e}; this is a bug in ichor, report it"
+        ),
+        _ if e.is_transient() => format!(
+            "the Kubernetes API kept failing ({what}): {e}; resume once it answers"
+        ),
+        _ => format!("the Kubernetes API refused {what}: {e}; resume once it is fixed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> KubeError {
+        KubeError::Api {
+            what: "cordon node w-1".into(),
+            code,
+            reason: "x".into(),
+            message: "m".into(),
+        }
+    }
+
+    #[test]
+    fn an_answer_is_not_an_outage() {
+        assert!(api_pause_reason("cordon", &api(403)).contains("forbids"));
+        assert!(api_pause_reason("cordon", &api(404)).contains("no such object"));
+        assert!(api_pause_reason("cordon", &api(422)).contains("invalid"));
+        assert!(api_pause_reason("cordon", &api(503)).contains("kept failing"));
+        let decode = KubeError::Reply {
+            what: "list nodes".into(),
+            message: "missing field".into(),
+        };
+        assert!(api_pause_reason("list nodes", &decode).contains("bug"));
+        for c in [403, 404, 422] {
+            assert!(!api_pause_reason("x", &api(c)).contains("kept failing"));
+        }
+    }
+}
+
 /// One run: the engine, what it runs, and the record it keeps.
 struct Run<'r, 'a> {
     engine: &'r Rollout<'a>,
@@ -481,15 +535,7 @@ impl Run<'_, '_> {
     {
         patiently(&self.engine.clock, what, call)
             .await
-            .map_err(|e| {
-                self.pause(
-                    stage,
-                    node,
-                    format!(
-                        "the Kubernetes API kept failing ({what}): {e}; resume once it answers"
-                    ),
-                )
-            })
+            .map_err(|e| self.pause(stage, node, api_pause_reason(what, &e)))
     }
 
     async fn update(&self, f: impl FnOnce(&mut RolloutRecord)) -> Result<(), record::RecordError> {
