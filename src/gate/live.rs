@@ -44,6 +44,93 @@ pub struct EtcdView {
 }
 
 impl EtcdView {
+    /// Each member of the member list with how it answered: `Ok` when the control plane
+    /// whose EtcdStatus names this member id reports no errors and it is a voter, else why
+    /// not. A member no control plane answers for (a machine replaced and never removed) is
+    /// judged as what it is: down, and counting toward quorum (etcd counts every member of
+    /// the cluster configuration: etcd-io/etcd server/etcdserver/api/membership/cluster.go
+    /// at v3.5.17, `Members`/`VotingMembers`).
+    pub fn member_health(&self) -> Vec<(&EtcdMember, Result<(), String>)> {
+        self.members
+            .iter()
+            .map(|m| {
+                let status = self.statuses.iter().find(|(node, st)| match st {
+                    Ok(st) => st.member_id == m.id,
+                    Err(_) => *node == m.hostname,
+                });
+                let health = if m.is_learner {
+                    Err("a learner, still joining".to_string())
+                } else {
+                    match status {
+                        None => Err(format!(
+                            "member {:016x} answers nothing: no control plane reports it as its own; if its machine is gone, remove it with `talosctl etcd remove-member {:016x}`",
+                            m.id, m.id
+                        )),
+                        Some((_, Err(e))) => Err(crate::releaseset::excerpt(e, 120)),
+                        Some((_, Ok(st))) if st.is_learner => {
+                            Err("a learner, still joining".to_string())
+                        }
+                        Some((_, Ok(st))) if !st.errors.is_empty() => Err(st.errors.join("; ")),
+                        Some(_) => Ok(()),
+                    }
+                };
+                (m, health)
+            })
+            .collect()
+    }
+
+    /// Members no control plane answers for: no machine behind them any more. They never
+    /// heal by themselves; someone removes them.
+    pub fn stale_members(&self) -> Vec<&EtcdMember> {
+        self.members
+            .iter()
+            .filter(|m| {
+                !self.statuses.iter().any(|(node, st)| match st {
+                    Ok(st) => st.member_id == m.id,
+                    Err(_) => *node == m.hostname,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether `node`'s member may go down now: every other member healthy and a voter, and
+    /// quorum held without `node`. `own_may_be_down`: `node` may already be on its way down
+    /// (a repeated upgrade call after a restart), so its own member is not required to
+    /// answer. `Err` names the members in the way.
+    pub fn may_take_down(&self, node: &str, own_may_be_down: bool) -> Result<(), String> {
+        let health = self.member_health();
+        let total = health.len();
+        let sick: Vec<String> = health
+            .iter()
+            .filter(|(m, _)| !(own_may_be_down && m.hostname == node))
+            .filter_map(|(m, h)| h.as_ref().err().map(|e| format!("{} ({e})", m.hostname)))
+            .collect();
+        if !sick.is_empty() {
+            return Err(format!(
+                "etcd has {total} members and {} not healthy: {}; taking {node} down now could lose quorum — heal or remove {}, then resume",
+                if sick.len() == 1 { "1 is".to_string() } else { format!("{} are", sick.len()) },
+                sick.join(", "),
+                if sick.len() == 1 { "it" } else { "them" }
+            ));
+        }
+        // A single member has no quorum to keep: it restarts on its own data (the plan
+        // warned that the API is down meanwhile).
+        if total <= 1 {
+            return Ok(());
+        }
+        let after = health
+            .iter()
+            .filter(|(m, h)| h.is_ok() && m.hostname != node)
+            .count();
+        if after * 2 <= total {
+            return Err(format!(
+                "etcd has {total} members and only {after} would remain with {node} down: quorum needs {}; add a control plane (or remove a stale member), then resume",
+                total / 2 + 1
+            ));
+        }
+        Ok(())
+    }
+
     pub fn leader(&self) -> Option<&EtcdMember> {
         let id = self
             .statuses
@@ -174,14 +261,30 @@ pub async fn observe(
 }
 
 async fn observe_etcd(talos: &TalosClient, nodes: &[LiveNode]) -> Result<EtcdView, String> {
+    observe_etcd_around(talos, nodes, None).await
+}
+
+/// etcd's member list and every control plane's own status; calls never travel through
+/// `avoid` (a node about to reboot), though its own status is still asked of it.
+pub async fn observe_etcd_around(
+    talos: &TalosClient,
+    nodes: &[LiveNode],
+    avoid: Option<&str>,
+) -> Result<EtcdView, String> {
     let cps: Vec<&LiveNode> = nodes
         .iter()
         .filter(|n| n.role == Role::Controlplane)
         .collect();
     let addr = |n: &LiveNode| n.internal_ip.clone().unwrap_or_else(|| n.name.clone());
+    // With one control plane there is no other way to reach etcd.
+    let avoid = if cps.len() <= 1 { None } else { avoid };
+    let opts = CallOptions {
+        avoid,
+        ..CallOptions::default()
+    };
     let mut members = Err("no control plane answered".to_string());
-    for cp in &cps {
-        match talos.etcd_members(&addr(cp), CallOptions::default()).await {
+    for cp in cps.iter().filter(|cp| Some(cp.name.as_str()) != avoid) {
+        match talos.etcd_members(&addr(cp), opts).await {
             Ok(m) => {
                 members = Ok(m);
                 break;
@@ -193,7 +296,7 @@ async fn observe_etcd(talos: &TalosClient, nodes: &[LiveNode]) -> Result<EtcdVie
     let mut statuses = Vec::new();
     for cp in &cps {
         let st = talos
-            .etcd_status(&addr(cp), CallOptions::default())
+            .etcd_status(&addr(cp), opts)
             .await
             .map_err(|e| e.to_string());
         statuses.push((cp.name.clone(), st));
@@ -385,16 +488,33 @@ fn etcd_item(etcd: &Result<EtcdView, String>) -> CheckItem {
         .filter(|m| m.is_learner)
         .map(|m| m.hostname.as_str())
         .collect();
+    // Judged from the member list, not from the Nodes: a stale member counts.
     let unhealthy: Vec<String> = view
-        .statuses
-        .iter()
-        .filter_map(|(n, s)| match s {
-            Err(e) => Some(format!("{n} ({})", crate::releaseset::excerpt(e, 120))),
-            Ok(s) if !s.errors.is_empty() => Some(format!("{n} ({})", s.errors.join("; "))),
-            Ok(_) => None,
-        })
+        .member_health()
+        .into_iter()
+        .filter(|(m, _)| !m.is_learner)
+        .filter_map(|(m, h)| h.err().map(|e| format!("{} ({e})", m.hostname)))
         .collect();
     let n = view.members.len();
+    let stale: Vec<String> = view
+        .stale_members()
+        .iter()
+        .map(|m| format!("{} ({:016x})", m.hostname, m.id))
+        .collect();
+    if !stale.is_empty() {
+        return CheckItem::new(
+            id,
+            title,
+            Status::Fail,
+            format!(
+                "{n} members, and {} no control plane answers for: {}; each counts toward quorum, so taking a control plane down could lose it",
+                stale.len(),
+                stale.join(", ")
+            ),
+        )
+        .hint("remove a member whose machine is gone with `talosctl etcd remove-member ID`")
+        .source("live");
+    }
     if !learners.is_empty() {
         return CheckItem::new(
             id,
@@ -878,5 +998,59 @@ mod tests {
         assert_eq!(item.status, Status::Wait);
         assert!(item.message.contains("cp-3"), "{}", item.message);
         assert_eq!(etcd_item(&Err("down".into())).status, Status::Wait);
+    }
+
+    #[test]
+    fn a_stale_member_counts_for_quorum_and_is_named() {
+        let member = |id, name: &str| EtcdMember {
+            id,
+            hostname: name.into(),
+            peer_urls: vec![],
+            is_learner: false,
+        };
+        let status = |id| EtcdStatus {
+            member_id: id,
+            leader: 1,
+            is_learner: false,
+            errors: vec![],
+        };
+        // Four members, three machines: with one of them down, 2 of 4 is no quorum.
+        let view = EtcdView {
+            members: vec![
+                member(1, "cp-1"),
+                member(2, "cp-2"),
+                member(3, "cp-3"),
+                member(4, "cp-old"),
+            ],
+            statuses: vec![
+                ("cp-1".into(), Ok(status(1))),
+                ("cp-2".into(), Ok(status(2))),
+                ("cp-3".into(), Ok(status(3))),
+            ],
+        };
+        let why = view.may_take_down("cp-1", false).unwrap_err();
+        assert!(why.contains("cp-old") && why.contains("answers nothing"), "{why}");
+        let item = etcd_item(&Ok(view.clone()));
+        assert_eq!(item.status, Status::Fail);
+        assert!(item.message.contains("cp-old"), "{}", item.message);
+        // Healthy three: one may go.
+        let mut three = view.clone();
+        three.members.pop();
+        assert_eq!(three.may_take_down("cp-1", false), Ok(()));
+        // Two members: either down loses quorum.
+        let mut two = three.clone();
+        two.members.pop();
+        two.statuses.pop();
+        assert!(two.may_take_down("cp-1", false).unwrap_err().contains("quorum needs 2"));
+        // One member: nothing to keep.
+        let mut one = two.clone();
+        one.members.pop();
+        one.statuses.pop();
+        assert_eq!(one.may_take_down("cp-1", false), Ok(()));
+        // A repeat after a restart: the node itself may already be down.
+        let mut going = three.clone();
+        going.statuses[0] = ("cp-1".into(), Err("unavailable".into()));
+        assert!(going.may_take_down("cp-1", false).is_err());
+        assert_eq!(going.may_take_down("cp-1", true), Ok(()));
     }
 }

@@ -54,7 +54,7 @@ pub const ACCESS: &[Access] = &[
         scope: Scope::Cluster,
         names: &[],
         needed_by: "KubeClient::nodes (list); KubeClient::cordon, KubeClient::uncordon (get, patch)",
-        why: "inventory (roles, versions, boot ids, readiness); cordon and uncordon with ichor's `ichor.dev/cordoned` mark",
+        why: "inventory (roles, versions, boot ids, readiness); cordon and uncordon with ichor's `ichor.dev/cordoned` mark (valued with the rollout's target commit)",
         grant: Grant::Granted,
     },
     Access {

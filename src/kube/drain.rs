@@ -27,6 +27,38 @@ pub struct PodRef {
     pub stays: bool,
     /// Deletion has begun (`deletionTimestamp`): waiting for its grace period.
     pub terminating: bool,
+    /// No controller owns it: evicted, it is gone for good.
+    pub unmanaged: bool,
+    /// It has an `emptyDir` volume: a reboot keeps that data, an eviction loses it.
+    pub empty_dir: bool,
+    /// Succeeded or Failed: nothing runs, so nothing is lost by removing it.
+    pub finished: bool,
+}
+
+/// What a drain may evict beyond `kubectl drain`'s defaults (cluster.yaml
+/// `spec.rollout.drain`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DrainOptions {
+    pub evict_unmanaged_pods: bool,
+    pub delete_empty_dir_data: bool,
+}
+
+impl DrainOptions {
+    /// Why `kubectl drain` would refuse to evict `pod` with these options (kubernetes/kubectl
+    /// pkg/drain/filters.go at v0.33.0: `localStorageFilter`, `unreplicatedFilter`; a
+    /// finished pod passes both).
+    pub fn refuses(&self, pod: &PodRef) -> Option<&'static str> {
+        if pod.stays || pod.finished || pod.terminating {
+            return None;
+        }
+        if pod.unmanaged && !self.evict_unmanaged_pods {
+            return Some("declares no controller, so nothing recreates it once evicted");
+        }
+        if pod.empty_dir && !self.delete_empty_dir_data {
+            return Some("has emptyDir data, which a reboot keeps and an eviction loses");
+        }
+        None
+    }
 }
 
 impl std::fmt::Display for PodRef {
@@ -53,6 +85,8 @@ pub enum EvictOutcome {
 pub enum DrainOutcome {
     /// Every evictable pod is gone.
     Drained { evicted: Vec<String> },
+    /// Pods `kubectl drain` would refuse, each with why; nothing was evicted.
+    Refused { pods: Vec<(String, String)> },
     /// The drain timeout passed with pods still blocked: stop for a human.
     Blocked {
         pod: String,
@@ -73,11 +107,28 @@ fn pod_ref(p: &Pod) -> PodRef {
         .owner_references
         .as_ref()
         .is_some_and(|o| o.iter().any(|r| r.kind == "DaemonSet"));
+    let unmanaged = !p
+        .metadata
+        .owner_references
+        .as_ref()
+        .is_some_and(|o| o.iter().any(|r| r.controller == Some(true)));
+    let empty_dir = p
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .is_some_and(|v| v.iter().any(|v| v.empty_dir.is_some()));
+    let finished = matches!(
+        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
     PodRef {
         namespace: p.metadata.namespace.clone().unwrap_or_default(),
         name: p.metadata.name.clone().unwrap_or_default(),
         stays: mirror || daemon,
         terminating: p.metadata.deletion_timestamp.is_some(),
+        unmanaged,
+        empty_dir,
+        finished,
     }
 }
 
@@ -89,9 +140,11 @@ fn budget_name(message: &str) -> Option<String> {
 }
 
 impl KubeClient {
-    /// Cordon `node` and mark that ichor did it. Idempotent; a node someone else cordoned
-    /// stays theirs (the mark is not added, so ichor will not uncordon it).
-    pub async fn cordon(&self, node: &str) -> Result<(), KubeError> {
+    /// Cordon `node` and mark it with the rollout it belongs to (`rollout`, the target
+    /// commit). Idempotent; a node someone else cordoned stays theirs (no mark is added, so
+    /// ichor will not uncordon it). The patch carries the resourceVersion read, so a cordon
+    /// by someone else in between makes it a conflict, not a takeover.
+    pub async fn cordon(&self, node: &str, rollout: &str) -> Result<(), KubeError> {
         let api = Api::<Node>::all(self.client.clone());
         let n = api
             .get(node)
@@ -105,7 +158,10 @@ impl KubeClient {
             return Ok(());
         }
         let patch = json!({
-            "metadata": {"annotations": {CORDONED_BY_ICHOR: "true"}},
+            "metadata": {
+                "annotations": {CORDONED_BY_ICHOR: rollout},
+                "resourceVersion": n.metadata.resource_version,
+            },
             "spec": {"unschedulable": true}
         });
         api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
@@ -114,29 +170,47 @@ impl KubeClient {
         Ok(())
     }
 
-    /// Uncordon `node` if ichor cordoned it; `false` when it was not ichor's to uncordon.
-    pub async fn uncordon(&self, node: &str) -> Result<bool, KubeError> {
+    /// Uncordon `node` if this rollout (`rollout`) cordoned it; `false` when it was not
+    /// ichor's to uncordon. A mark left on a schedulable node (someone uncordoned it by
+    /// hand) is cleared, so a later cordon by an operator is never taken for ichor's.
+    pub async fn uncordon(&self, node: &str, rollout: &str) -> Result<bool, KubeError> {
         let api = Api::<Node>::all(self.client.clone());
         let n = api
             .get(node)
             .await
             .map_err(|e| KubeError::from_kube(format!("get node {node}"), e))?;
-        let ours = n
+        let mark = n
             .metadata
             .annotations
             .as_ref()
-            .is_some_and(|a| a.contains_key(CORDONED_BY_ICHOR));
-        if !ours {
+            .and_then(|a| a.get(CORDONED_BY_ICHOR))
+            .cloned();
+        let cordoned = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false);
+        let Some(mark) = mark else {
+            return Ok(false);
+        };
+        let ours = cordoned && mark == rollout;
+        if cordoned && !ours {
             return Ok(false);
         }
-        let patch = json!({
-            "metadata": {"annotations": {CORDONED_BY_ICHOR: null}},
-            "spec": {"unschedulable": null}
+        // Ours to uncordon, or a stale mark on a schedulable node to clear.
+        let mut patch = json!({
+            "metadata": {
+                "annotations": {CORDONED_BY_ICHOR: null},
+                "resourceVersion": n.metadata.resource_version,
+            },
         });
+        if ours {
+            patch["spec"] = json!({"unschedulable": null});
+        }
         api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(|e| KubeError::from_kube(format!("uncordon node {node}"), e))?;
-        Ok(true)
+        Ok(ours)
     }
 
     /// The pods bound to `node`.
@@ -183,16 +257,29 @@ impl KubeClient {
 
     /// Evict every pod on `node` that a drain moves, retrying blocked ones with backoff
     /// until `timeout`, then wait until they are gone. The node must already be cordoned.
+    ///
+    /// First, as `kubectl drain` does before it evicts anything: pods it would refuse with
+    /// `options` (no controller, `emptyDir` data) refuse the whole drain, and nothing moves.
     pub async fn drain(
         &self,
         node: &str,
         timeout: Duration,
         clock: &Clock,
+        options: DrainOptions,
     ) -> Result<DrainOutcome, KubeError> {
         let started = clock.now();
         let deadline = started.plus(timeout);
         let mut evicted: Vec<String> = Vec::new();
         let mut backoff = BACKOFF_FIRST;
+        let refused: Vec<(String, String)> = self
+            .pods_on(node)
+            .await?
+            .iter()
+            .filter_map(|p| options.refuses(p).map(|why| (p.to_string(), why.to_string())))
+            .collect();
+        if !refused.is_empty() {
+            return Ok(DrainOutcome::Refused { pods: refused });
+        }
         loop {
             let pods: Vec<PodRef> = self
                 .pods_on(node)

@@ -28,8 +28,11 @@ pub struct LiveNode {
     pub boot_id: String,
     pub ready: bool,
     pub cordoned: bool,
-    /// ichor cordoned it (and so may uncordon it).
+    /// ichor's mark is on it (the rollout that cordoned it is [`LiveNode::cordoned_for`]).
     pub cordoned_by_ichor: bool,
+    /// The rollout (target commit) ichor's mark names; ichor uncordons only the nodes the
+    /// running rollout cordoned.
+    pub cordoned_for: Option<String>,
     /// The operator's hold annotation, with its value (the reason).
     pub hold: Option<String>,
 }
@@ -187,6 +190,7 @@ impl KubeClient {
                     .and_then(|s| s.unschedulable)
                     .unwrap_or(false),
                 cordoned_by_ichor: annotations.contains_key(CORDONED_BY_ICHOR),
+                cordoned_for: annotations.get(CORDONED_BY_ICHOR).cloned(),
                 hold: annotations.get(HOLD).cloned(),
             });
         }

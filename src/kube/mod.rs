@@ -17,11 +17,12 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-pub use drain::{DrainOutcome, EvictOutcome, PodRef};
+pub use drain::{DrainOptions, DrainOutcome, EvictOutcome, PodRef};
 pub use inventory::{LiveNode, LiveVolume, MirrorPod, WorkloadStatus};
 pub use lease::LockState;
 
-/// The annotation ichor puts on a node it cordoned: it uncordons only those.
+/// The annotation ichor puts on a node it cordoned, valued with the rollout (its target
+/// commit): ichor uncordons only what it cordoned in the same rollout.
 pub const CORDONED_BY_ICHOR: &str = "ichor.dev/cordoned";
 /// The annotation an operator puts on a node to hold it out of a rollout.
 pub const HOLD: &str = "ichor.dev/hold";

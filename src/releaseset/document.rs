@@ -325,6 +325,30 @@ pub struct RolloutPolicy {
     pub maintenance_windows: Vec<MaintenanceWindow>,
     #[serde(default)]
     pub paused: bool,
+    /// What a drain may evict beyond what `kubectl drain` evicts by default.
+    #[serde(default)]
+    pub drain: DrainPolicy,
+    /// A cluster of one node cannot move its workloads anywhere: ichor refuses to roll it
+    /// unless this accepts that everything on it is down while the node upgrades (then the
+    /// node is upgraded without a drain).
+    #[serde(default)]
+    pub accept_single_node_downtime: bool,
+}
+
+/// The drain's opt-ins, named after `kubectl drain`'s flags (kubernetes/kubectl
+/// pkg/drain/filters.go): by default a pod without a controller, or with `emptyDir` data,
+/// stops the drain, as it stops `kubectl drain`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DrainPolicy {
+    /// Evict pods that no controller owns (`kubectl drain --force`, though ichor still only
+    /// evicts): they are not recreated anywhere.
+    #[serde(default)]
+    pub evict_unmanaged_pods: bool,
+    /// Evict pods with `emptyDir` volumes (`--delete-emptydir-data`): their data is lost,
+    /// where a reboot alone would keep it.
+    #[serde(default)]
+    pub delete_empty_dir_data: bool,
 }
 
 impl Default for RolloutPolicy {
@@ -336,6 +360,8 @@ impl Default for RolloutPolicy {
             estimates: StepEstimates::default(),
             maintenance_windows: Vec::new(),
             paused: false,
+            drain: DrainPolicy::default(),
+            accept_single_node_downtime: false,
         }
     }
 }

@@ -62,8 +62,8 @@ impl Run<'_, '_> {
         let node = self.live_node(stage, name).await?;
         let mut marker = self.marker(&key).await;
         if self.runs(stage, name, components, &tag).await? {
-            if kubelet && node.cordoned_by_ichor {
-                self.kube(stage, Some(name), "uncordon", || e.kube.uncordon(name))
+            if kubelet && self.ours(&node) {
+                self.kube(stage, Some(name), "uncordon", || e.kube.uncordon(name, self.rollout_id()))
                     .await?;
             }
             if marker.started_at.is_some() {
@@ -86,7 +86,7 @@ impl Run<'_, '_> {
             // A kubelet restart is a disruption like a reboot: the workloads move first,
             // and only once every volume they use has a healthy copy elsewhere.
             self.check_lock(stage, name).await?;
-            self.kube(stage, Some(name), "cordon", || e.kube.cordon(name))
+            self.kube(stage, Some(name), "cordon", || e.kube.cordon(name, self.rollout_id()))
                 .await?;
             loop {
                 let obs = self.observe(stage, &node, &marker).await?;
@@ -193,7 +193,7 @@ impl Run<'_, '_> {
             e.clock.sleep(e.observe_every).await;
         }
         if kubelet {
-            self.kube(stage, Some(name), "uncordon", || e.kube.uncordon(name))
+            self.kube(stage, Some(name), "uncordon", || e.kube.uncordon(name, self.rollout_id()))
                 .await?;
         }
         self.finish_marker(stage, &key).await?;

@@ -290,7 +290,16 @@ impl Rollout<'_> {
                 let was = s.record.state;
                 s.record.holder = self.holder.clone();
                 match was {
-                    RecordState::Paused => s.record.log(now, "resumed"),
+                    RecordState::Paused => {
+                        // Each attempt gets its own deadline: a step resumed after its
+                        // node timeout would otherwise fail every settling state at once.
+                        for step in s.record.steps.values_mut() {
+                            if step.started_at.is_some() && step.finished_at.is_none() {
+                                step.started_at = Some(now.rfc3339());
+                            }
+                        }
+                        s.record.log(now, "resumed")
+                    }
                     RecordState::Running => s.record.log(now, "continued after the engine stopped"),
                     RecordState::Completed => s.record.log(now, "re-run: verifying"),
                 }
@@ -311,6 +320,7 @@ impl Rollout<'_> {
             change,
             plan,
             stored: Mutex::new(stored),
+            active: Mutex::new(Default::default()),
         };
         run.update(|r| {
             r.state = RecordState::Running;
@@ -429,6 +439,60 @@ where
     }
 }
 
+/// Why a Kubernetes call paused the rollout, named for what it is: only an outage (5xx,
+/// 429, unreachable) "kept failing"; a 403, 404 or 422 is an answer, and a reply ichor
+/// cannot read is a bug.
+fn api_pause_reason(what: &str, e: &KubeError) -> String {
+    match e {
+        KubeError::Api { code: 403, .. } => format!(
+            "the Kubernetes API forbids {what}: {e}; grant ichor's ServiceAccount that verb (docs/cluster-access.md lists what ichor needs), then resume"
+        ),
+        KubeError::Api { code: 404, .. } => format!(
+            "the Kubernetes API has no such object ({what}): {e}; check that it exists (or the API group is served), then resume"
+        ),
+        KubeError::Api { code: 422, .. } => format!(
+            "the Kubernetes API refused the request as invalid ({what}): {e}; this is a bug in ichor or an admission policy, report it"
+        ),
+        KubeError::Reply { .. } => format!(
+            "ichor could not read the Kubernetes API's answer ({what}): {e}; this is a bug in ichor, report it"
+        ),
+        _ if e.is_transient() => format!(
+            "the Kubernetes API kept failing ({what}): {e}; resume once it answers"
+        ),
+        _ => format!("the Kubernetes API refused {what}: {e}; resume once it is fixed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> KubeError {
+        KubeError::Api {
+            what: "cordon node w-1".into(),
+            code,
+            reason: "x".into(),
+            message: "m".into(),
+        }
+    }
+
+    #[test]
+    fn an_answer_is_not_an_outage() {
+        assert!(api_pause_reason("cordon", &api(403)).contains("forbids"));
+        assert!(api_pause_reason("cordon", &api(404)).contains("no such object"));
+        assert!(api_pause_reason("cordon", &api(422)).contains("invalid"));
+        assert!(api_pause_reason("cordon", &api(503)).contains("kept failing"));
+        let decode = KubeError::Reply {
+            what: "list nodes".into(),
+            message: "missing field".into(),
+        };
+        assert!(api_pause_reason("list nodes", &decode).contains("bug"));
+        for c in [403, 404, 422] {
+            assert!(!api_pause_reason("x", &api(c)).contains("kept failing"));
+        }
+    }
+}
+
 /// One run: the engine, what it runs, and the record it keeps.
 struct Run<'r, 'a> {
     engine: &'r Rollout<'a>,
@@ -436,6 +500,9 @@ struct Run<'r, 'a> {
     change: Option<&'r Change>,
     plan: &'r Plan,
     stored: Mutex<Stored>,
+    /// Nodes begun in this run and not finished: down, draining or about to be. Held while
+    /// a node decides whether it may start, so two nodes of a batch decide one at a time.
+    active: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Run<'_, '_> {
@@ -470,15 +537,7 @@ impl Run<'_, '_> {
     {
         patiently(&self.engine.clock, what, call)
             .await
-            .map_err(|e| {
-                self.pause(
-                    stage,
-                    node,
-                    format!(
-                        "the Kubernetes API kept failing ({what}): {e}; resume once it answers"
-                    ),
-                )
-            })
+            .map_err(|e| self.pause(stage, node, api_pause_reason(what, &e)))
     }
 
     async fn update(&self, f: impl FnOnce(&mut RolloutRecord)) -> Result<(), record::RecordError> {
@@ -528,6 +587,9 @@ impl Run<'_, '_> {
     }
 
     async fn finish_marker(&self, stage: StageId, key: &str) -> Flow<()> {
+        if let Some((_, node)) = key.split_once('/') {
+            self.active.lock().await.remove(node);
+        }
         let now = self.now().rfc3339();
         self.write(stage, |r| {
             if let Some(s) = r.steps.get_mut(key) {
@@ -559,6 +621,7 @@ impl Run<'_, '_> {
     }
 
     async fn stages(&self) -> Flow<()> {
+        self.before_start().await?;
         for stage in &self.plan.stages {
             let id = stage.id;
             let units: u64 = stage
@@ -576,7 +639,7 @@ impl Run<'_, '_> {
             });
             match id {
                 StageId::Talos => {
-                    for step in &stage.steps {
+                    for step in self.leader_last(&stage.steps).await {
                         self.batch(id, step, |n| self.talos_node(n)).await?;
                     }
                 }

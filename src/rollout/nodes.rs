@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::step::{NodeObservation, StepMarker};
 use super::{stage_key, window, Flow, Progress, Run, PULL_DEADLINE, WAIT_EVERY};
-use crate::kube::{DrainOutcome, LiveNode, LiveVolume};
+use crate::kube::{DrainOptions, DrainOutcome, LiveNode, LiveVolume};
 use crate::plan::StageId;
 use crate::releaseset::{Version, VolumeProvider};
 use crate::talos::client::CallOptions;
@@ -34,6 +34,16 @@ pub(super) fn address(node: &LiveNode) -> String {
 }
 
 impl Run<'_, '_> {
+    /// What ichor's cordon mark says on a node this rollout cordoned: its target commit.
+    pub(super) fn rollout_id(&self) -> &str {
+        &self.target.commit
+    }
+
+    /// This rollout cordoned `node` (an older mark, or someone else's cordon, is not ours).
+    pub(super) fn ours(&self, node: &LiveNode) -> bool {
+        node.cordoned && node.cordoned_for.as_deref() == Some(self.rollout_id())
+    }
+
     pub(super) async fn live_nodes(&self, stage: StageId) -> Flow<Vec<LiveNode>> {
         self.kube(stage, None, "list nodes", || self.engine.kube.nodes())
             .await
@@ -80,6 +90,11 @@ impl Run<'_, '_> {
                 continue;
             }
             let live = self.live_node(stage, node).await?;
+            if let Some(wait) = self.would_break_rules(stage, &live).await? {
+                self.waiting(stage, Some(wait)).await?;
+                self.engine.clock.sleep(WAIT_EVERY).await;
+                continue;
+            }
             if let Some(reason) = &live.hold {
                 self.waiting(
                     stage,
@@ -95,6 +110,61 @@ impl Run<'_, '_> {
             }
             return self.waiting(stage, None).await;
         }
+    }
+
+    /// Whether `node` starting now would put more workers out than `maxUnavailable`
+    /// (counting those already NotReady or cordoned, by anyone) or take down a second
+    /// holder of a volume, judged from live placement against every node that is down,
+    /// cordoned, or begun in this run. `Some(why)` holds it; checked and recorded under
+    /// one lock, so the nodes of a batch decide one after the other.
+    pub(super) async fn would_break_rules(
+        &self,
+        stage: StageId,
+        node: &LiveNode,
+    ) -> Flow<Option<String>> {
+        let mut active = self.active.lock().await;
+        if active.contains(&node.name) {
+            return Ok(None);
+        }
+        let nodes = self.live_nodes(stage).await?;
+        let out = |n: &LiveNode| n.name != node.name && (!n.ready || n.cordoned || active.contains(&n.name));
+        if node.role == crate::releaseset::Role::Worker {
+            let max = self.engine.policy.max_unavailable.get() as usize;
+            let unavailable: Vec<&str> = nodes
+                .iter()
+                .filter(|n| n.role == crate::releaseset::Role::Worker && out(n))
+                .map(|n| n.name.as_str())
+                .collect();
+            if unavailable.len() + 1 > max {
+                return Ok(Some(format!(
+                    "{} waits: {} already unavailable ({}) and maxUnavailable is {max}",
+                    node.name,
+                    super::step::plural_list("worker", &unavailable.iter().map(|s| s.to_string()).collect::<Vec<_>>()),
+                    "NotReady, cordoned or upgrading"
+                )));
+            }
+        }
+        let down: std::collections::BTreeSet<&str> =
+            nodes.iter().filter(|n| out(n)).map(|n| n.name.as_str()).collect();
+        let volumes = self.volumes(stage).await?;
+        let exposed: Vec<String> = volumes
+            .iter()
+            .filter(|v| !v.single_replica && v.nodes.iter().any(|n| *n == node.name))
+            .filter(|v| {
+                let others: Vec<&String> = v.nodes.iter().filter(|n| **n != node.name).collect();
+                !others.is_empty() && others.iter().all(|n| down.contains(n.as_str()))
+            })
+            .map(|v| v.name.clone())
+            .collect();
+        if !exposed.is_empty() {
+            return Ok(Some(format!(
+                "{} waits: {} would have every replica on a node that is down, cordoned or upgrading",
+                node.name,
+                super::step::plural_list("volume", &exposed)
+            )));
+        }
+        active.insert(node.name.clone());
+        Ok(None)
     }
 
     pub(super) async fn volumes(&self, stage: StageId) -> Flow<Vec<LiveVolume>> {
@@ -171,12 +241,19 @@ impl Run<'_, '_> {
                 e.kube.volume_attachments(name)
             })
             .await?;
+        // Ready only from a kubelet heard since this boot: after a reboot the Node's Ready
+        // stays the pre-reboot one until the node-monitor grace period passes, and the
+        // kubelet reports the boot it runs on in `nodeInfo.bootID` (kubernetes/kubernetes
+        // pkg/kubelet/nodestatus/setters.go at v1.33.0, `MachineInfo`).
+        let ready = live
+            .as_ref()
+            .is_some_and(|n| n.ready && boot_id.as_deref().is_none_or(|b| n.boot_id == b));
         Ok(NodeObservation {
             talos,
             boot_id,
-            ready: live.as_ref().is_some_and(|n| n.ready),
+            ready,
             cordoned: live.as_ref().is_some_and(|n| n.cordoned),
-            cordoned_by_ichor: live.as_ref().is_some_and(|n| n.cordoned_by_ichor),
+            cordoned_by_ichor: live.as_ref().is_some_and(|n| self.ours(n)),
             pods_to_move: pods,
             unprotected_volumes: unprotected,
             attachments,
@@ -231,11 +308,45 @@ impl Run<'_, '_> {
         let e = self.engine;
         let outcome = self
             .kube(stage, Some(name), "drain", || {
-                e.kube
-                    .drain(name, e.policy.drain_timeout.as_duration(), &e.clock)
+                e.kube.drain(
+                    name,
+                    e.policy.drain_timeout.as_duration(),
+                    &e.clock,
+                    DrainOptions {
+                        evict_unmanaged_pods: e.policy.drain.evict_unmanaged_pods,
+                        delete_empty_dir_data: e.policy.drain.delete_empty_dir_data,
+                    },
+                )
             })
             .await?;
         match outcome {
+            DrainOutcome::Refused { pods } => {
+                let unmanaged = pods.iter().any(|(_, why)| why.contains("no controller"));
+                let empty_dir = pods.iter().any(|(_, why)| why.contains("emptyDir"));
+                let keys: Vec<&str> = [
+                    (unmanaged, "spec.rollout.drain.evictUnmanagedPods: true"),
+                    (empty_dir, "spec.rollout.drain.deleteEmptyDirData: true"),
+                ]
+                .into_iter()
+                .filter_map(|(on, k)| on.then_some(k))
+                .collect();
+                let named: Vec<String> = pods
+                    .iter()
+                    .take(10)
+                    .map(|(p, why)| format!("{p} ({why})"))
+                    .collect();
+                Err(self.pause(
+                    stage,
+                    Some(name),
+                    format!(
+                        "the drain of {name} would evict {}{}, which kubectl drain refuses too; nothing was evicted — move or delete {} yourself, or accept the loss in cluster.yaml with {}, then resume",
+                        named.join(", "),
+                        if pods.len() > 10 { format!(" and {} more", pods.len() - 10) } else { String::new() },
+                        if pods.len() == 1 { "it" } else { "them" },
+                        keys.join(" and ")
+                    ),
+                ))
+            }
             DrainOutcome::Drained { evicted } => {
                 self.say(Progress::Note(format!(
                     "{} {name}: drained ({} pods evicted)",
@@ -270,7 +381,7 @@ impl Run<'_, '_> {
             return;
         };
         let steps = self.stored.lock().await.record.steps.clone();
-        for n in nodes.iter().filter(|n| n.cordoned_by_ichor && n.ready) {
+        for n in nodes.iter().filter(|n| self.ours(n) && n.ready) {
             // Mid-upgrade: the Talos upgrade was requested and the node is not back on
             // the target yet; it stays out of service until it is.
             let mid = steps.get(&format!("talos/{}", n.name)).is_some_and(|s| {
@@ -283,7 +394,7 @@ impl Run<'_, '_> {
                         != Some(&self.target.talos)
             });
             if !mid {
-                let _ = e.kube.uncordon(&n.name).await;
+                let _ = e.kube.uncordon(&n.name, self.rollout_id()).await;
                 self.say(Progress::Note(format!(
                     "{}: uncordoned while paused",
                     n.name

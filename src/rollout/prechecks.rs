@@ -8,6 +8,65 @@ use crate::policy::Status;
 use crate::releaseset::Version;
 
 impl Run<'_, '_> {
+    /// Before anything is touched: the live pre-checks, and a start only when none fails
+    /// or waits. A wait (a NotReady node, an etcd member not healthy) is reported and
+    /// recorded, and the rollout starts once it clears; a failure pauses with nothing
+    /// changed. A rollout already begun (a step in the record) has passed this.
+    pub(super) async fn before_start(&self) -> Flow<()> {
+        let Some(change) = self.change else {
+            return Ok(());
+        };
+        let stage = self.plan.stages.first().map_or(StageId::Talos, |s| s.id);
+        if !self.stored.lock().await.record.steps.is_empty() {
+            return Ok(());
+        }
+        let e = self.engine;
+        let subject = crate::gate::live::Subject::of(change);
+        loop {
+            if let Some(why) = e.pause_requested.and_then(|f| f()) {
+                return Err(self.pause(stage, None, why));
+            }
+            let facts = crate::gate::live::observe(e.kube, Some(e.talos), &subject).await;
+            let items = crate::gate::live::items(change, &facts);
+            let open: Vec<&crate::policy::CheckItem> = items
+                .iter()
+                // The lock is ours; the CNI is waited for before the apiservers.
+                .filter(|i| !i.id.ends_with("rollout-lock") && i.id != "live/cni-running")
+                .filter(|i| matches!(i.status, Status::Fail | Status::Wait))
+                .collect();
+            let say = |s: Status| -> Vec<String> {
+                open.iter()
+                    .filter(|i| i.status == s)
+                    .map(|i| format!("{}: {}", i.id, i.message))
+                    .collect()
+            };
+            let failing = say(Status::Fail);
+            if !failing.is_empty() {
+                return Err(self.pause(
+                    stage,
+                    None,
+                    format!(
+                        "the live pre-checks refuse the start, nothing was changed: {}",
+                        failing.join("; ")
+                    ),
+                ));
+            }
+            let waits = say(Status::Wait);
+            if waits.is_empty() {
+                return self.waiting(stage, None).await;
+            }
+            self.waiting(
+                stage,
+                Some(format!(
+                    "the rollout starts once the live pre-checks pass ({})",
+                    waits.join("; ")
+                )),
+            )
+            .await?;
+            e.clock.sleep(WAIT_EVERY).await;
+        }
+    }
+
     /// Before stage (a): the Talos stage changed what nodes run, so the live pre-checks run
     /// again (skew, pairing, Ready, the CNI hand-over); a CNI that must move first is waited
     /// for, reported, up to the node timeout.

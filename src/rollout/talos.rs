@@ -84,8 +84,13 @@ impl Run<'_, '_> {
                     )));
                 }
                 StepState::Act(Action::Cordon) => {
+                    // Judged before anything is disrupted: a control plane whose reboot
+                    // would cost etcd its quorum is not even cordoned.
+                    if node.role == Role::Controlplane {
+                        self.etcd_may_lose(&node, false).await?;
+                    }
                     self.check_lock(stage, name).await?;
-                    self.kube(stage, Some(name), "cordon", || e.kube.cordon(name))
+                    self.kube(stage, Some(name), "cordon", || e.kube.cordon(name, self.rollout_id()))
                         .await?;
                     self.say(Progress::Note(format!("talos {name}: cordoned")));
                 }
@@ -94,11 +99,12 @@ impl Run<'_, '_> {
                     self.drain(stage, name).await?;
                 }
                 StepState::Act(Action::Upgrade) => {
-                    // A repeat (the engine stopped around the first request) was judged
-                    // before the first; the node may already be leaving etcd.
+                    // Judged again before every call, a repeat after a restart too (the
+                    // cluster may have changed meanwhile); on a repeat the node itself may
+                    // already be on its way down.
                     let again = marker.upgrade_requested;
-                    if node.role == Role::Controlplane && !again {
-                        self.etcd_ready_for(&node).await?;
+                    if node.role == Role::Controlplane {
+                        self.etcd_ready_for(&node, again).await?;
                     }
                     self.check_lock(stage, name).await?;
                     let api = match self.upgrade_api(stage, &node).await {
@@ -142,7 +148,7 @@ impl Run<'_, '_> {
                     }
                 }
                 StepState::Act(Action::Uncordon) => {
-                    self.kube(stage, Some(name), "uncordon", || e.kube.uncordon(name))
+                    self.kube(stage, Some(name), "uncordon", || e.kube.uncordon(name, self.rollout_id()))
                         .await?;
                 }
             }
@@ -253,48 +259,78 @@ impl Run<'_, '_> {
         )))
     }
 
-    /// Before a control plane goes down: every etcd member healthy (so quorum holds with
-    /// this one down), and leadership moved off it.
-    pub(super) async fn etcd_ready_for(&self, node: &LiveNode) -> Flow<()> {
+    /// The Talos steps with the control plane that leads etcd moved last among the control
+    /// planes: every other reboot then costs no election, and the leader's forfeit right
+    /// before its own costs one. Unchanged when etcd cannot be read (the per-node check
+    /// will say why).
+    pub(super) async fn leader_last<'s>(&self, steps: &'s [crate::plan::Step]) -> Vec<&'s crate::plan::Step> {
+        let mut out: Vec<&crate::plan::Step> = steps.iter().collect();
+        let Ok(nodes) = self.engine.kube.nodes().await else {
+            return out;
+        };
+        let Ok(view) = crate::gate::live::observe_etcd_around(self.engine.talos, &nodes, None).await
+        else {
+            return out;
+        };
+        let Some(leader) = view.leader().map(|m| m.hostname.clone()) else {
+            return out;
+        };
+        // A control plane already begun finishes first, wherever the leader is now.
+        let steps_now = self.stored.lock().await.record.steps.clone();
+        let begun = nodes.iter().filter(|n| n.role == Role::Controlplane).any(|n| {
+            steps_now
+                .get(&format!("talos/{}", n.name))
+                .is_some_and(|s| s.started_at.is_some() && s.finished_at.is_none())
+        });
+        if begun {
+            return out;
+        }
+        let cp = |s: &crate::plan::Step| {
+            s.nodes.len() == 1
+                && nodes
+                    .iter()
+                    .any(|n| n.name == s.nodes[0] && n.role == Role::Controlplane)
+        };
+        if let Some(at) = out.iter().position(|s| cp(s) && s.nodes[0] == leader) {
+            let last_cp = out.iter().rposition(|s| cp(s)).unwrap_or(at);
+            let step = out.remove(at);
+            out.insert(last_cp, step);
+        }
+        out
+    }
+
+    /// Whether `node`'s etcd member may go down now, judged from etcd's own member list
+    /// (never from the Kubernetes Nodes: a stale member of a replaced machine counts toward
+    /// quorum and answers nothing). Refuses naming the members in the way.
+    pub(super) async fn etcd_may_lose(&self, node: &LiveNode, again: bool) -> Flow<()> {
+        let stage = StageId::Talos;
+        let nodes = self.live_nodes(stage).await?;
+        let view = crate::gate::live::observe_etcd_around(self.engine.talos, &nodes, Some(&node.name))
+            .await
+            .map_err(|err| {
+                self.pause(
+                    stage,
+                    Some(&node.name),
+                    format!("cannot read etcd before taking {} down: {err}", node.name),
+                )
+            })?;
+        view.may_take_down(&node.name, again)
+            .map_err(|why| self.pause(stage, Some(&node.name), why))
+    }
+
+    /// Right before a control plane goes down: etcd judged again, and leadership moved off
+    /// it.
+    pub(super) async fn etcd_ready_for(&self, node: &LiveNode, again: bool) -> Flow<()> {
         let stage = StageId::Talos;
         let e = self.engine;
         let addr = address(node);
         let opts = around(node);
         let fail = |why: String| self.pause(stage, Some(&node.name), why);
-        let members = e.talos.etcd_members(&addr, opts).await.map_err(|err| {
-            fail(format!(
-                "cannot read etcd before taking {} down: {err}",
-                node.name
-            ))
-        })?;
-        if members.len() < 3 {
-            // One or two members have no quorum to spare; the plan warned of it.
+        self.etcd_may_lose(node, again).await?;
+        if again {
+            // The node may already be down: nothing to forfeit.
+            let _ = e.talos.etcd_forfeit_leadership(&addr, opts).await;
             return Ok(());
-        }
-        let cps: Vec<LiveNode> = self
-            .live_nodes(stage)
-            .await?
-            .into_iter()
-            .filter(|n| n.role == Role::Controlplane)
-            .collect();
-        for cp in &cps {
-            match e.talos.etcd_status(&address(cp), opts).await {
-                Ok(s) if s.errors.is_empty() && !s.is_learner => {}
-                Ok(s) => {
-                    return Err(fail(format!(
-                        "etcd member on {} is not healthy ({}); taking {} down now would lose quorum — heal the member, then resume",
-                        cp.name,
-                        if s.is_learner { "a learner".to_string() } else { s.errors.join("; ") },
-                        node.name
-                    )))
-                }
-                Err(err) => {
-                    return Err(fail(format!(
-                        "etcd member on {} does not answer ({err}); taking {} down now would lose quorum — heal the member, then resume",
-                        cp.name, node.name
-                    )))
-                }
-            }
         }
         e.talos
             .etcd_forfeit_leadership(&addr, opts)

@@ -14,9 +14,10 @@ impl Run<'_, '_> {
         let mut wrong = Vec::new();
         for n in &nodes {
             if n.cordoned_by_ichor {
+                // Ours is uncordoned; a stale mark on a schedulable node is cleared.
                 let name = n.name.as_str();
                 self.kube(stage, Some(name), "uncordon", || {
-                    self.engine.kube.uncordon(name)
+                    self.engine.kube.uncordon(name, self.rollout_id())
                 })
                 .await?;
             }

@@ -57,6 +57,14 @@ pub struct FaultsConfig {
     /// list, reports no leader in EtcdStatus, and counts as down for quorum.
     #[serde(default)]
     pub etcd_unhealthy: Vec<String>,
+    /// Hostnames of etcd members with no machine behind them (a replaced control plane never
+    /// removed): each stays in the member list, counts toward quorum, and answers nothing.
+    #[serde(default)]
+    pub etcd_stale_members: Vec<String>,
+    /// Nodes whose kubelet stops posting status while the machine stays up: the Node goes
+    /// NotReady once the node-monitor grace period passes.
+    #[serde(default)]
+    pub kubelet_down: Vec<String>,
     /// Nodes whose installs boot this Talos version instead of the one installed (an
     /// installer whose tag does not match its content, or a fallback to the old partition).
     #[serde(default)]
@@ -344,6 +352,47 @@ impl FaultsConfig {
             }
         }
         {
+            let list = &self.etcd_stale_members;
+            let field = path("etcdStaleMembers");
+            if list.len() > limits::MAX_ENTRIES {
+                bad(field.clone(), too_many(list.len()));
+            }
+            if targets.nodes.is_none() && !list.is_empty() {
+                bad(field.clone(), "this twin has no Talos side".to_string());
+            }
+            for (i, h) in list.iter().enumerate().take(limits::MAX_ENTRIES) {
+                let field = format!("{field}[{i}]");
+                let hostname = !h.is_empty()
+                    && h.len() <= 253
+                    && h.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+                if !hostname {
+                    bad(
+                        field,
+                        "expected a hostname (letters, digits, '-' and '.', at most 253)"
+                            .to_string(),
+                    );
+                } else if targets.control_planes.contains(h) {
+                    bad(
+                        field,
+                        format!(
+                            "{h:?} is a running control plane with its own member; a stale member is one no machine answers for"
+                        ),
+                    );
+                }
+            }
+        }
+        {
+            let list = &self.kubelet_down;
+            let field = path("kubeletDown");
+            if list.len() > limits::MAX_ENTRIES {
+                bad(field.clone(), too_many(list.len()));
+            }
+            for (i, n) in list.iter().enumerate().take(limits::MAX_ENTRIES) {
+                check_node(format!("{field}[{i}]"), n, &mut bad);
+            }
+        }
+        {
             let map = &self.wrong_version;
             let field = path("wrongVersion");
             if map.len() > limits::MAX_ENTRIES {
@@ -538,6 +587,7 @@ impl FaultsConfig {
             "slowApply",
             "failingImages",
             "etcdUnhealthy",
+            "etcdStaleMembers",
             "wrongVersion",
             "installerExitCode",
             "stagedConfig",

@@ -537,6 +537,10 @@ impl Twin {
             .faults
             .etcd_unhealthy
             .extend(f.etcd_unhealthy.iter().cloned());
+        topts
+            .faults
+            .etcd_stale_members
+            .extend(f.etcd_stale_members.iter().cloned());
         for (n, v) in &f.wrong_version {
             // Validated: a version tag.
             if let Ok(tag) = crate::sim::faults::talos_tag(v) {
@@ -550,6 +554,9 @@ impl Twin {
                 .installer_exit_code
                 .insert(n.clone(), i32::try_from(*c).unwrap_or(1));
         }
+        seed.faults
+            .kubelet_down
+            .extend(f.kubelet_down.iter().cloned());
         seed.faults
             .replicas_never_rebuild
             .extend(f.replicas_never_rebuild.iter().cloned());
@@ -805,6 +812,17 @@ impl FaultHook for TwinFaults {
                 if given.contains("stagedConfig") {
                     // Validated paths; a value the config loader refuses leaves it unstaged.
                     let _ = stage_all(m, &f.staged_config);
+                }
+                if given.contains("etcdStaleMembers") {
+                    let list = &f.etcd_stale_members;
+                    let held: Vec<String> =
+                        m.faults.etcd_stale_members.iter().cloned().collect();
+                    for h in held.iter().filter(|h| !list.contains(h)) {
+                        m.set_etcd_stale_member(h, false);
+                    }
+                    for h in list {
+                        m.set_etcd_stale_member(h, true);
+                    }
                 }
                 if given.contains("wrongVersion") {
                     m.faults.wrong_version.clear();

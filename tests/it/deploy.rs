@@ -761,7 +761,7 @@ async fn every_request_the_client_sends_is_granted_by_access() -> TestResult {
         .iter()
         .find(|n| n.role == ichor::releaseset::Role::Worker)
         .ok_or("a worker")?;
-    kube.cordon(&worker.name).await?;
+    kube.cordon(&worker.name, "test-rollout").await?;
     let mut evicted = false;
     for n in &nodes {
         if let Some(p) = kube.pods_on(&n.name).await?.into_iter().find(|p| !p.stays) {
@@ -771,7 +771,7 @@ async fn every_request_the_client_sends_is_granted_by_access() -> TestResult {
         }
     }
     assert!(evicted, "some pod to evict in the homelab twin");
-    kube.uncordon(&worker.name).await?;
+    kube.uncordon(&worker.name, "test-rollout").await?;
     kube.volume_attachments(&worker.name).await?;
     kube.local_volumes().await?;
     kube.longhorn_volumes().await?;

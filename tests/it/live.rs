@@ -379,7 +379,7 @@ async fn with_ticks<T>(twin: &Twin, fut: impl std::future::Future<Output = T>) -
 #[tokio::test]
 async fn cordon_marks_what_ichor_cordoned_and_only_that_is_uncordoned() -> TestResult {
     let l = start(TwinConfig::default()).await?;
-    l.kube.cordon("w-1").await?;
+    l.kube.cordon("w-1", "test-rollout").await?;
     let n = l
         .kube
         .nodes()
@@ -388,8 +388,8 @@ async fn cordon_marks_what_ichor_cordoned_and_only_that_is_uncordoned() -> TestR
         .find(|n| n.name == "w-1")
         .ok_or("w-1")?;
     assert!(n.cordoned && n.cordoned_by_ichor, "{n:?}");
-    l.kube.cordon("w-1").await?; // idempotent
-    assert!(l.kube.uncordon("w-1").await?);
+    l.kube.cordon("w-1", "test-rollout").await?; // idempotent
+    assert!(l.kube.uncordon("w-1", "test-rollout").await?);
     let n = l
         .kube
         .nodes()
@@ -407,9 +407,9 @@ async fn cordon_marks_what_ichor_cordoned_and_only_that_is_uncordoned() -> TestR
             &kube::api::Patch::Merge(json!({"spec": {"unschedulable": true}})),
         )
         .await?;
-    l.kube.cordon("w-2").await?;
+    l.kube.cordon("w-2", "test-rollout").await?;
     assert!(
-        !l.kube.uncordon("w-2").await?,
+        !l.kube.uncordon("w-2", "test-rollout").await?,
         "uncordoned someone else's cordon"
     );
     let n = l
@@ -432,11 +432,11 @@ async fn a_drain_evicts_everything_but_daemonsets_and_mirror_pods() -> TestResul
         before.iter().any(|p| p.stays),
         "a DaemonSet pod runs there: {before:?}"
     );
-    l.kube.cordon(&node).await?;
+    l.kube.cordon(&node, "test-rollout").await?;
     let clock = l.twin.talos.clock().clone();
     let outcome = with_ticks(
         &l.twin,
-        l.kube.drain(&node, Duration::from_secs(600), &clock),
+        l.kube.drain(&node, Duration::from_secs(600), &clock, Default::default()),
     )
     .await?;
     match outcome {
@@ -462,12 +462,12 @@ async fn a_budget_that_never_allows_stops_the_drain_for_a_human() -> TestResult 
     config.faults.pdbs_never_allow = vec!["default/web".into()];
     let l = start(config).await?;
     let node = node_with_web(&l).await?;
-    l.kube.cordon(&node).await?;
+    l.kube.cordon(&node, "test-rollout").await?;
     let clock = l.twin.talos.clock().clone();
     let started = clock.now();
     let outcome = with_ticks(
         &l.twin,
-        l.kube.drain(&node, Duration::from_secs(300), &clock),
+        l.kube.drain(&node, Duration::from_secs(300), &clock, Default::default()),
     )
     .await?;
     match outcome {
@@ -560,9 +560,9 @@ async fn a_blocked_eviction_is_retried_until_the_budget_allows_it() -> TestResul
     config.faults.pdbs_never_allow = vec!["default/web".into()];
     let l = start(config).await?;
     let node = node_with_web(&l).await?;
-    l.kube.cordon(&node).await?;
+    l.kube.cordon(&node, "test-rollout").await?;
     let clock = l.twin.talos.clock().clone();
-    let drain = l.kube.drain(&node, Duration::from_secs(1800), &clock);
+    let drain = l.kube.drain(&node, Duration::from_secs(1800), &clock, Default::default());
     // After ten simulated minutes the budget allows again (the fault is lifted at run time).
     // with_ticks moves the clock; this only waits on it.
     let lift = async {

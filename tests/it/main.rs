@@ -13,6 +13,7 @@ mod rbac;
 mod render;
 mod renovate;
 mod rollout;
+mod safety;
 mod sim_github;
 mod sim_hardening;
 mod sim_kube;

@@ -147,7 +147,7 @@ pub struct Setup {
 }
 
 impl Setup {
-    fn doc(&self) -> &ichor::releaseset::Cluster {
+    pub fn doc(&self) -> &ichor::releaseset::Cluster {
         self.change
             .cluster_doc
             .as_ref()
@@ -216,7 +216,7 @@ impl Setup {
         Ok(())
     }
 
-    async fn record(&self) -> Result<record::RolloutRecord, Error> {
+    pub async fn record(&self) -> Result<record::RolloutRecord, Error> {
         Ok(record::load(&self.kube, "homelab")
             .await?
             .ok_or("no rollout record")?
@@ -307,25 +307,25 @@ fn homelab_change(
 
 /// Progress as lines, for assertions.
 #[derive(Default)]
-pub(crate) struct Lines(Mutex<Vec<String>>);
+pub struct Lines(Mutex<Vec<String>>);
 
 impl Lines {
-    fn push(&self, p: Progress) {
+    pub fn push(&self, p: Progress) {
         if let Ok(mut l) = self.0.lock() {
             l.push(p.to_string());
         }
     }
-    pub(crate) fn all(&self) -> Vec<String> {
+    pub fn all(&self) -> Vec<String> {
         self.0.lock().map(|l| l.clone()).unwrap_or_default()
     }
-    pub(crate) fn any(&self, needle: &str) -> bool {
+    pub fn any(&self, needle: &str) -> bool {
         self.all().iter().any(|l| l.contains(needle))
     }
 }
 
 /// Run `engine` to its end while the twin's clock moves, checking the invariants after
 /// every tick.
-async fn run_checked(
+pub async fn run_checked(
     s: &Setup,
     engine: &Rollout<'_>,
     resume: bool,
@@ -345,7 +345,7 @@ async fn run_checked(
 
 /// Run `engine` to its end with the clock moving while `side` (a fix or a check made at the
 /// right moment) runs alongside it; `side`'s result, when it finished.
-async fn run_alongside<T>(
+pub async fn run_alongside<T>(
     s: &Setup,
     engine: &Rollout<'_>,
     side: impl std::future::Future<Output = T>,
@@ -365,10 +365,7 @@ async fn run_alongside<T>(
     Ok((outcome, out))
 }
 
-pub(crate) async fn run_once(
-    s: &Setup,
-    resume: bool,
-) -> Result<(RunOutcome, Vec<String>, Lines), Error> {
+pub async fn run_once(s: &Setup, resume: bool) -> Result<(RunOutcome, Vec<String>, Lines), Error> {
     let lines = Lines::default();
     let report = |p| lines.push(p);
     let engine = s.engine(&report);
@@ -377,7 +374,7 @@ pub(crate) async fn run_once(
     Ok((o, seen, lines))
 }
 
-pub(crate) fn paused(o: RunOutcome) -> Result<ichor::rollout::record::Pause, Error> {
+pub fn paused(o: RunOutcome) -> Result<ichor::rollout::record::Pause, Error> {
     match o {
         RunOutcome::Paused(p) => Ok(p),
         other => Err(format!("expected a pause, got {other:?}").into()),
@@ -385,7 +382,7 @@ pub(crate) fn paused(o: RunOutcome) -> Result<ichor::rollout::record::Pause, Err
 }
 
 /// Every node on the target, Ready, uncordoned, the lock released.
-pub(crate) async fn assert_finished(s: &Setup) -> TestResult {
+pub async fn assert_finished(s: &Setup) -> TestResult {
     for o in s.twin.talos.observe() {
         assert_eq!(o.talos_version, "v1.12.9", "{} Talos", o.name);
         assert!(

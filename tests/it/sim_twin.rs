@@ -1106,7 +1106,7 @@ async fn volume_attachments_follow_the_pods_that_mount_longhorn_volumes() -> Tes
     };
     assert_eq!(lh_node(&twin).as_deref(), Some(host.as_str()));
     // Cordon and evict it: it terminates (30 s), then the volume detaches (10 s later).
-    kube.cordon(&host).await?;
+    kube.cordon(&host, "test-rollout").await?;
     let pods = kube.pods_on(&host).await?;
     let victim = pods
         .iter()

@@ -1587,6 +1587,10 @@ fn faults(sh: &Shared, headers: &HeaderMap, body: &Bytes) -> Response<Body> {
         let list = f.replicas_never_rebuild.iter().cloned().collect();
         c.set_replicas_never_rebuild(list, now);
     }
+    if given.contains("kubeletDown") {
+        let list = f.kubelet_down.iter().cloned().collect();
+        c.set_kubelet_down(list, now);
+    }
     if let Some(b) = &f.api_error_burst {
         // Validated: both fit.
         let count = u32::try_from(b.count).unwrap_or(u32::MAX);

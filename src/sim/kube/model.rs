@@ -72,6 +72,10 @@ pub struct Faults {
     /// Longhorn volumes whose failed replicas are never rebuilt (where they were or
     /// elsewhere): the volume stays degraded.
     pub replicas_never_rebuild: BTreeSet<String>,
+    /// Nodes whose kubelet stopped posting status (the machine stays up, its pods keep
+    /// running): kube-controller-manager marks the Node NotReady after the node-monitor
+    /// grace period, as for any silent node.
+    pub kubelet_down: BTreeSet<String>,
 }
 
 /// A sample of `apiserver_requested_deprecated_apis`.
@@ -496,6 +500,10 @@ impl Cluster {
         ready: bool,
         now: Timestamp,
     ) -> Result<(), ApiError> {
+        // A kubelet that is down posts nothing, whatever the machine does.
+        if self.faults.kubelet_down.contains(node) {
+            return Ok(());
+        }
         self.silent_since.remove(node);
         if ready {
             if let Some(mut n) = self.store.get("nodes", "", node).cloned() {
@@ -589,6 +597,10 @@ impl Cluster {
     fn node_lifecycle(&mut self, now: Timestamp) {
         let grace = self.behaviour.node_monitor_grace;
         let toleration = self.behaviour.unreachable_toleration;
+        // A kubelet that stopped posting: silent from the moment it was first seen so.
+        for n in self.faults.kubelet_down.clone() {
+            self.silent_since.entry(n).or_insert(now);
+        }
         let silent: Vec<(String, Timestamp)> = self
             .silent_since
             .iter()
@@ -873,6 +885,23 @@ impl Cluster {
     /// rebuilt. Replaces the current set; a volume taken out rebuilds from now on.
     pub fn set_replicas_never_rebuild(&mut self, volumes: BTreeSet<String>, now: Timestamp) {
         self.faults.replicas_never_rebuild = volumes;
+        self.invalidate();
+        self.sync(now);
+    }
+
+    /// The `kubeletDown` fault: these nodes' kubelets post nothing from now on; a node taken
+    /// out posts Ready again (its kubelet restarted).
+    pub fn set_kubelet_down(&mut self, nodes: BTreeSet<String>, now: Timestamp) {
+        let back: Vec<String> = self
+            .faults
+            .kubelet_down
+            .difference(&nodes)
+            .cloned()
+            .collect();
+        self.faults.kubelet_down = nodes;
+        for n in back {
+            let _ = self.set_node_ready(&n, true, now);
+        }
         self.invalidate();
         self.sync(now);
     }

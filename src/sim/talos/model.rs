@@ -81,6 +81,10 @@ pub struct Faults {
     /// Control planes whose etcd member is cut off from its peers: still a member, but it
     /// knows no leader (EtcdStatus says so in `errors`) and counts as down for quorum.
     pub etcd_unhealthy: BTreeSet<String>,
+    /// Hostnames of etcd members with no machine behind them (a control plane replaced and
+    /// never removed with `talosctl etcd remove-member`): they stay in the member list,
+    /// count toward quorum, and answer nothing.
+    pub etcd_stale_members: BTreeSet<String>,
     /// Node → the Talos version its installs boot instead of the one installed.
     pub wrong_version: BTreeMap<String, String>,
     /// Node → the exit code its installer ends with (`installerExitCode`), as 1.14
@@ -724,6 +728,7 @@ impl TalosCluster {
 
     fn etcd_total(&self) -> usize {
         self.nodes.iter().filter(|n| n.is_control_plane()).count()
+            + self.faults.etcd_stale_members.len()
     }
 
     fn etcd_up(&self) -> Vec<usize> {
@@ -755,14 +760,40 @@ impl TalosCluster {
     /// Members as the member list shows them: control planes that are up (a rebooting
     /// control plane is missing until it returns).
     pub fn etcd_members(&self) -> Vec<EtcdMemberView> {
-        self.etcd_up()
+        let mut out: Vec<EtcdMemberView> = self
+            .etcd_up()
             .into_iter()
             .map(|i| EtcdMemberView {
                 id: self.nodes[i].etcd_member_id,
                 hostname: self.nodes[i].name.clone(),
                 ip: self.nodes[i].ip,
             })
-            .collect()
+            .collect();
+        // A stale member stays listed until someone removes it (etcd's MemberList returns
+        // every member of the cluster configuration, started or not: etcd-io/etcd
+        // server/etcdserver/api/membership/cluster.go at v3.5.17, `Members`).
+        out.extend(
+            self.faults
+                .etcd_stale_members
+                .iter()
+                .map(|h| EtcdMemberView {
+                    id: fnv1a(h),
+                    hostname: h.clone(),
+                    // Its old address: nothing listens there any more.
+                    ip: IpAddr::from([192, 0, 2, 1]),
+                }),
+        );
+        out
+    }
+
+    /// Add (or remove) a stale etcd member; quorum is recounted.
+    pub fn set_etcd_stale_member(&mut self, hostname: &str, on: bool) {
+        if on {
+            self.faults.etcd_stale_members.insert(hostname.to_string());
+        } else {
+            self.faults.etcd_stale_members.remove(hostname);
+        }
+        self.elect_leader();
     }
 
     /// The leader's node name, if etcd has one.
@@ -974,6 +1005,13 @@ impl TalosCluster {
                 return Err(TalosError::FailedPrecondition(format!(
                     "etcd member {:016x} is not healthy; all members must be healthy to perform an upgrade",
                     self.nodes[sick].etcd_member_id
+                )));
+            }
+            // A stale member never answers its quorum read either.
+            if let Some(stale) = self.faults.etcd_stale_members.iter().next() {
+                return Err(TalosError::FailedPrecondition(format!(
+                    "etcd member {:016x} is not healthy; all members must be healthy to perform an upgrade",
+                    fnv1a(stale)
                 )));
             }
         }

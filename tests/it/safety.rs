@@ -1,0 +1,262 @@
+//! Safe on a real cluster, not only on the happy path: each test sets up the twin the way a
+//! real cluster behaves where the engine once acted unsafely (a stale etcd member, a node
+//! already NotReady, someone else's cordon, pods `kubectl drain` refuses, a pause resumed
+//! after its deadline), runs ichor's engine over real sockets, and checks what the twin
+//! itself recorded.
+
+use std::time::Duration;
+
+use ichor::rollout::{Progress, RunOutcome};
+use ichor::sim::twin::TwinConfig;
+use serde_json::{json, Value};
+
+use crate::rollout::{paused, run_alongside, run_once, setup, Lines, Setup};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Nodes a client patched to unschedulable, as the twin's audit log shows them.
+fn cordons(s: &Setup) -> Vec<String> {
+    s.twin
+        .kube
+        .audit()
+        .entries()
+        .into_iter()
+        .filter(|e| e.resource == "nodes" && e.verb == "patch")
+        .map(|e| e.name.clone())
+        .collect()
+}
+
+async fn patch_node(s: &Setup, node: &str, patch: Value) -> TestResult {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(s.raw.clone());
+    nodes
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Item 1: a replaced control plane never removed from etcd leaves 4 members with 3
+/// alive; one more down is quorum lost. The rollout refuses before any cordon, naming it.
+#[tokio::test]
+async fn a_stale_etcd_member_stops_the_rollout_before_anything_is_cordoned() -> TestResult {
+    let mut config = TwinConfig::default();
+    config.faults.etcd_stale_members = vec!["cp-old".into()];
+    let s = setup(config).await?;
+    let (outcome, seen, _) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    let p = paused(outcome)?;
+    assert!(p.reason.contains("cp-old"), "{}", p.reason);
+    assert_eq!(cordons(&s), Vec::<String>::new(), "nothing is cordoned");
+    for o in s.twin.talos.observe() {
+        assert!(o.up, "{} went down", o.name);
+        assert_eq!(o.talos_version, "v1.12.6", "{} moved", o.name);
+    }
+    Ok(())
+}
+
+/// Item 1, in the engine itself (no live gate before it): the control plane is judged
+/// from etcd's member list before it is cordoned.
+#[tokio::test]
+async fn without_the_pre_flight_gate_the_engine_still_judges_etcd_from_its_members() -> TestResult
+{
+    let mut config = TwinConfig::default();
+    config.faults.etcd_stale_members = vec!["cp-old".into()];
+    let s = setup(config).await?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let engine = s.engine(&report);
+    let target = s.target();
+    let run = engine.run(&s.plan, &target, None, false);
+    let outcome = tokio::select! {
+        r = run => r?,
+        _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!("the driver never ends"),
+    };
+    let p = paused(outcome)?;
+    // The first control plane to go (the etcd leader goes last).
+    assert!(p.node.as_deref().is_some_and(|n| n.starts_with("cp-")), "{p:?}");
+    assert!(
+        p.reason.contains("cp-old") && p.reason.contains("answers nothing"),
+        "{}",
+        p.reason
+    );
+    assert_eq!(cordons(&s), Vec::<String>::new(), "nothing is cordoned");
+    Ok(())
+}
+
+/// Item 2: a node already NotReady (`kubeletDown`) makes the start wait, reported in the
+/// record; nothing moves until it is Ready again, then the rollout runs to the end.
+#[tokio::test]
+async fn a_not_ready_node_makes_the_start_wait_and_it_starts_when_it_clears() -> TestResult {
+    let mut config = TwinConfig::default();
+    config.faults.kubelet_down = vec!["w-3".into()];
+    let s = setup(config).await?;
+    // Past the node-monitor grace period: the Node shows NotReady.
+    s.twin.advance(Duration::from_secs(60));
+    let notify = tokio::sync::Notify::new();
+    let lines = Lines::default();
+    let report = |p: Progress| {
+        if matches!(&p, Progress::Waiting(w) if w.contains("w-3")) {
+            notify.notify_one();
+        }
+        lines.push(p);
+    };
+    let engine = s.engine(&report);
+    let heal = async {
+        notify.notified().await;
+        let waiting = s.record().await.ok().and_then(|r| r.waiting);
+        let moved: Vec<String> = s
+            .twin
+            .talos
+            .observe()
+            .into_iter()
+            .filter(|o| o.talos_version != "v1.12.6")
+            .map(|o| o.name)
+            .collect();
+        let cordoned = cordons(&s);
+        let _ = s.post_faults(json!({"kubeletDown": []})).await;
+        (waiting, moved, cordoned)
+    };
+    let (outcome, seen) = run_alongside(&s, &engine, heal).await?;
+    let (waiting, moved, cordoned) = seen.ok_or("the start never waited on w-3")?;
+    let waiting = waiting.ok_or("no waiting in the record")?;
+    assert!(waiting.contains("w-3"), "{waiting}");
+    assert!(moved.is_empty(), "moved while waiting: {moved:?}");
+    assert!(cordoned.is_empty(), "cordoned while waiting: {cordoned:?}");
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}"
+    );
+    Ok(())
+}
+
+/// Items 2 and 6: an operator cordoned a node for maintenance, and an old rollout's mark is
+/// still on it. It counts as unavailable (the other workers wait, reported) and it stays
+/// cordoned; once the operator uncordons it, the rollout runs to the end.
+#[tokio::test]
+async fn someone_elses_cordon_under_an_old_mark_is_waited_on_not_undone() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    patch_node(
+        &s,
+        "w-2",
+        json!({"metadata": {"annotations": {ichor::kube::CORDONED_BY_ICHOR: "0123456789abcdef0123456789abcdef01234567"}},
+               "spec": {"unschedulable": true}}),
+    )
+    .await?;
+    let notify = tokio::sync::Notify::new();
+    let lines = Lines::default();
+    let report = |p: Progress| {
+        if matches!(&p, Progress::Waiting(w) if w.contains("w-2") && w.contains("maxUnavailable")) {
+            notify.notify_one();
+        }
+        lines.push(p);
+    };
+    let engine = s.engine(&report);
+    let operator = async {
+        notify.notified().await;
+        let still = s
+            .kube
+            .nodes()
+            .await
+            .ok()
+            .and_then(|ns| ns.into_iter().find(|n| n.name == "w-2"))
+            .is_some_and(|n| n.cordoned);
+        // Maintenance over: `kubectl uncordon` leaves the annotation.
+        let _ = patch_node(&s, "w-2", json!({"spec": {"unschedulable": null}})).await;
+        still
+    };
+    let (outcome, still) = run_alongside(&s, &engine, operator).await?;
+    assert_eq!(still, Some(true), "the rollout never waited on w-2, or uncordoned it");
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}"
+    );
+    let w2 = s
+        .kube
+        .nodes()
+        .await?
+        .into_iter()
+        .find(|n| n.name == "w-2")
+        .ok_or("no w-2")?;
+    assert!(!w2.cordoned && w2.cordoned_for.is_none(), "{w2:?}");
+    Ok(())
+}
+
+/// Item 6: a mark left on a node someone uncordoned by hand is cleared, so their next
+/// cordon is never taken for ichor's.
+#[tokio::test]
+async fn a_mark_on_a_schedulable_node_is_cleared_and_only_this_rollouts_cordon_is_undone(
+) -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    s.kube.cordon("w-1", "rollout-a").await?;
+    // Another rollout's cordon is not undone.
+    assert!(!s.kube.uncordon("w-1", "rollout-b").await?);
+    assert!(s.kube.nodes().await?.iter().any(|n| n.name == "w-1" && n.cordoned));
+    // Someone uncordons by hand (kubectl uncordon leaves annotations alone).
+    patch_node(&s, "w-1", json!({"spec": {"unschedulable": null}})).await?;
+    assert!(!s.kube.uncordon("w-1", "rollout-a").await?);
+    let n = s
+        .kube
+        .nodes()
+        .await?
+        .into_iter()
+        .find(|n| n.name == "w-1")
+        .ok_or("no w-1")?;
+    assert!(!n.cordoned && n.cordoned_for.is_none(), "{n:?}");
+    Ok(())
+}
+
+/// Item 4: pods with emptyDir data pause the drain, naming them and the key that accepts
+/// the loss; nothing is evicted.
+#[tokio::test]
+async fn an_empty_dir_pod_pauses_the_drain_unless_cluster_yaml_opts_in() -> TestResult {
+    let mut s = setup(TwinConfig::default()).await?;
+    if let Some(doc) = s.change.cluster_doc.as_mut() {
+        doc.spec.rollout.drain.delete_empty_dir_data = false;
+    }
+    let (outcome, seen, _) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    let p = paused(outcome)?;
+    assert!(
+        p.reason.contains("default/web-") && p.reason.contains("deleteEmptyDirData"),
+        "{}",
+        p.reason
+    );
+    let evictions = s
+        .twin
+        .kube
+        .audit()
+        .entries()
+        .into_iter()
+        .filter(|e| e.subresource == "eviction" && e.name.starts_with("web-"))
+        .count();
+    assert_eq!(evictions, 0, "a web pod was evicted");
+    Ok(())
+}
+
+/// Item 4: a pod no controller owns pauses the drain (nothing would recreate it).
+#[tokio::test]
+async fn an_unmanaged_pod_pauses_the_drain() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(s.raw.clone(), "default");
+    pods.create(
+        &Default::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "debug-shell"},
+            "spec": {"nodeName": "cp-1", "containers": [{"name": "sh", "image": "busybox"}]}
+        }))?,
+    )
+    .await?;
+    let (outcome, _, _) = run_once(&s, false).await?;
+    let p = paused(outcome)?;
+    assert!(
+        p.reason.contains("default/debug-shell") && p.reason.contains("evictUnmanagedPods"),
+        "{}",
+        p.reason
+    );
+    assert!(pods.get_opt("debug-shell").await?.is_some(), "the pod is gone");
+    Ok(())
+}
