@@ -107,10 +107,22 @@ impl Reporters {
         self.note(&r.head, record).await
     }
 
+    /// The same reporters, sleeping out GitHub's rate limits inside each call: for work
+    /// that runs in its own task (rollouts, late replies), never the event loop.
+    pub fn patient(&self) -> Reporters {
+        Reporters {
+            github: self.github.as_ref().map(|g| g.patient()),
+            notes: self.notes.clone(),
+            clock: self.clock.clone(),
+        }
+    }
+
+    /// Runs in the rollout's own task: a rate limit is slept out there.
     pub async fn rollout(&self, r: &RolloutReport) -> Result<(), Error> {
         let state = rollout_state(&r.section);
         let description = r.section.state.status_description();
-        if let Some(gh) = &self.github {
+        if let Some(gh) = self.github.as_ref().map(|g| g.patient()) {
+            let gh = &gh;
             gh.set_status(
                 &r.commit,
                 &comment::rollout_context(&r.cluster, r.several),

@@ -149,6 +149,10 @@ pub struct Shared {
     /// How many installation tokens were asked for and handed out.
     pub token_requests: std::sync::atomic::AtomicU64,
     pub webhook: Mutex<Option<WebhookTarget>>,
+    /// How payloads are serialized: GitHub's default for a repository hook is `form`.
+    pub content_type: Mutex<webhook::ContentType>,
+    /// Deliveries held back by the `held_webhooks` fault: (delivery id, event).
+    held: Mutex<Vec<(String, Event)>>,
     deliveries: Mutex<Vec<Delivery>>,
     delivered: watch::Sender<usize>,
     client: HttpClient,
@@ -241,6 +245,8 @@ impl Shared {
             app_tokens: Mutex::new(Vec::new()),
             token_requests: std::sync::atomic::AtomicU64::new(0),
             webhook: Mutex::new(webhook),
+            content_type: Mutex::new(webhook::ContentType::Json),
+            held: Mutex::new(Vec::new()),
             deliveries: Mutex::new(Vec::new()),
             delivered,
             client: webhook::client(),
@@ -358,17 +364,37 @@ impl Shared {
 
     async fn deliver_one(&self, ev: Event) -> Delivery {
         let id = webhook::new_guid();
-        let body = ev.payload.to_string();
         let target = lock(&self.webhook).clone();
-        let dropped = {
+        let (dropped, held) = {
             let mut f = lock(&self.faults);
             if target.is_some() && f.dropped_webhooks > 0 {
                 f.dropped_webhooks -= 1;
-                true
+                (true, false)
+            } else if target.is_some() && f.held_webhooks > 0 {
+                f.held_webhooks -= 1;
+                (false, true)
             } else {
-                false
+                (false, false)
             }
         };
+        let content_type = *lock(&self.content_type);
+        let body = content_type.encode(&ev.payload.to_string());
+        if held {
+            let d = self.log(Delivery {
+                id: id.clone(),
+                event: ev.name.to_string(),
+                action: ev.action.clone(),
+                repo: ev.repo.clone(),
+                repo_id: ev.repo_id,
+                content_type,
+                redelivery: false,
+                outcome: DeliveryOutcome::Held,
+                at: self.clock.now(),
+                body,
+            });
+            lock(&self.held).push((id, ev));
+            return d;
+        }
         let outcome = match (&target, dropped) {
             (None, _) => DeliveryOutcome::NoTarget,
             (Some(_), true) => DeliveryOutcome::Dropped,
@@ -381,21 +407,28 @@ impl Shared {
                         event: ev.name,
                         hook_id: self.hook_id,
                         repo_id: ev.repo_id,
+                        content_type,
                         body: &body,
                     },
                 )
                 .await
             }
         };
-        let delivery = Delivery {
+        self.log(Delivery {
             id,
             event: ev.name.to_string(),
             action: ev.action,
             repo: ev.repo,
+            repo_id: ev.repo_id,
+            content_type,
+            redelivery: false,
             outcome,
             at: self.clock.now(),
             body,
-        };
+        })
+    }
+
+    fn log(&self, delivery: Delivery) -> Delivery {
         tracing::debug!(id = %delivery.id, event = %delivery.event, outcome = ?delivery.outcome, "webhook");
         let n = {
             let mut log = lock(&self.deliveries);
@@ -404,6 +437,57 @@ impl Shared {
         };
         self.delivered.send_replace(n);
         delivery
+    }
+
+    /// Send a logged delivery again: same id, same bytes, signed with the current secret.
+    async fn resend(&self, mut d: Delivery, redelivery: bool) -> Delivery {
+        let target = lock(&self.webhook).clone();
+        d.outcome = match &target {
+            None => DeliveryOutcome::NoTarget,
+            Some(t) => {
+                webhook::send(
+                    &self.client,
+                    webhook::Outgoing {
+                        target: t,
+                        delivery_id: &d.id,
+                        event: &d.event,
+                        hook_id: self.hook_id,
+                        repo_id: d.repo_id,
+                        content_type: d.content_type,
+                        body: &d.body,
+                    },
+                )
+                .await
+            }
+        };
+        d.redelivery = redelivery;
+        d.at = self.clock.now();
+        self.log(d)
+    }
+
+    pub async fn redeliver(&self, id: &str) -> Result<Delivery, GithubError> {
+        let original = lock(&self.deliveries)
+            .iter()
+            .find(|d| d.id == id && !d.redelivery)
+            .cloned()
+            .ok_or_else(|| GithubError::UnknownDelivery(id.to_string()))?;
+        Ok(self.resend(original, true).await)
+    }
+
+    /// The held deliveries, sent now in the order they were held.
+    pub async fn release_held(&self) -> Vec<Delivery> {
+        let held: Vec<(String, Event)> = std::mem::take(&mut *lock(&self.held));
+        let mut out = Vec::new();
+        for (id, _) in held {
+            let logged = lock(&self.deliveries)
+                .iter()
+                .find(|d| d.id == id && d.outcome == DeliveryOutcome::Held)
+                .cloned();
+            if let Some(d) = logged {
+                out.push(self.resend(d, false).await);
+            }
+        }
+        out
     }
 
     pub fn deliveries(&self) -> Vec<Delivery> {
