@@ -199,7 +199,8 @@ pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<(), Erro
             return Ok(());
         }
     }
-    if let (Some(gh), Some(_)) = (&ctx.github, c.pr) {
+    // A merge group (no PR) needs its required status as much as a PR's head does.
+    if let Some(gh) = &ctx.github {
         for name in &untouched {
             gh.set_status(
                 &c.head,

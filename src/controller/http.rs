@@ -178,6 +178,11 @@ fn take(ctx: &Ctx, event: &str, content_type: Option<&str>, body: &[u8]) -> Resp
             body: c.body,
         },
         WebhookEvent::IssueComment(_) => return accepted(ctx, "ignored", "issue_comment"),
+        WebhookEvent::MergeGroup(g) if ours(&g.repo) => Event::MergeGroup {
+            head_sha: g.head_sha,
+            head_ref: g.head_ref.trim_start_matches("refs/heads/").to_string(),
+            base_ref: g.base_ref.trim_start_matches("refs/heads/").to_string(),
+        },
         _ => return accepted(ctx, "ignored", "another repository"),
     };
     match ctx.events.try_send(queued) {

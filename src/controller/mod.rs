@@ -129,6 +129,13 @@ pub enum Event {
     Pushed {
         branch: String,
     },
+    /// A merge queue wants `ichor/gate` on its merge group's head (webhook `merge_group`).
+    MergeGroup {
+        head_sha: String,
+        /// `gh-readonly-queue/<base>/pr-<n>-<sha>`
+        head_ref: String,
+        base_ref: String,
+    },
     /// A PR comment (webhook `issue_comment`).
     Comment {
         number: u64,
@@ -768,6 +775,23 @@ pub async fn handle(ctx: &Arc<Ctx>, event: Event) -> Result<(), Error> {
             // A merge shows up as the branch moving: look at it now.
             drop(st);
             reconcile(ctx).await
+        }
+        Event::MergeGroup {
+            head_sha,
+            head_ref,
+            base_ref,
+        } => {
+            ctx.sync().await?;
+            // The group's head is what lands on the base: judged against it like a PR.
+            let c = gating::Candidate {
+                key: head_ref.clone(),
+                pr: None,
+                branch: head_ref,
+                head: head_sha,
+                base_ref,
+                from_fork: false,
+            };
+            gating::gate(ctx, &c, false).await
         }
         Event::Comment {
             number,

@@ -76,7 +76,9 @@ pub fn rollout_state(section: &RolloutSection) -> StatusState {
 
 impl Reporters {
     pub async fn gate(&self, r: &GateReport) -> Result<(), Error> {
-        if let (Some(gh), Some(pr)) = (&self.github, r.pr) {
+        // With GitHub every report is a PR's head or a merge queue's group: the status
+        // goes on the commit, the sticky comment only on a PR.
+        if let Some(gh) = &self.github {
             gh.set_status(
                 &r.head,
                 &comment::gate_context(&r.cluster, r.several),
@@ -85,12 +87,14 @@ impl Reporters {
                 None,
             )
             .await?;
-            gh.upsert_comment(
-                pr,
-                &comment::marker(&r.cluster),
-                &comment::render(&r.sticky),
-            )
-            .await?;
+            if let Some(pr) = r.pr {
+                gh.upsert_comment(
+                    pr,
+                    &comment::marker(&r.cluster),
+                    &comment::render(&r.sticky),
+                )
+                .await?;
+            }
         }
         let record = NoteRecord {
             cluster: Some(r.cluster.clone()),

@@ -124,6 +124,8 @@ pub enum WebhookEvent {
         after: String,
     },
     IssueComment(CommentEvent),
+    /// A merge queue asks for the required checks on its merge group's head.
+    MergeGroup(MergeGroupEvent),
     Ping,
     /// An event or action ichor does not act on (answered 202 and counted).
     Ignored(String),
@@ -147,6 +149,19 @@ pub enum PullAction {
     /// opened, reopened, synchronize, ready_for_review, edited (a base change)
     Updated,
     Closed,
+}
+
+/// `merge_group` `checks_requested` (octokit/webhooks
+/// payload-schemas/api.github.com/merge_group/checks_requested.schema.json).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergeGroupEvent {
+    pub repo: String,
+    /// The merge group's commit: where GitHub waits for the required statuses.
+    pub head_sha: String,
+    /// `refs/heads/gh-readonly-queue/<base>/pr-<n>-<sha>`
+    pub head_ref: String,
+    /// `refs/heads/<base>`
+    pub base_ref: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,6 +231,20 @@ struct Comment {
 struct Issue {
     number: u64,
     pull_request: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct MergeGroup {
+    head_sha: String,
+    head_ref: String,
+    base_ref: String,
+}
+
+#[derive(Deserialize)]
+struct MergeGroupPayload {
+    action: String,
+    merge_group: MergeGroup,
+    repository: Repository,
 }
 
 #[derive(Deserialize)]
@@ -375,6 +404,30 @@ pub fn parse(event: &str, body: &[u8]) -> Result<WebhookEvent, Refusal> {
                 comment_id: p.comment.id,
                 author: p.comment.user.login,
                 body: p.comment.body.unwrap_or_default(),
+            }))
+        }
+        "merge_group" => {
+            let p: MergeGroupPayload =
+                serde_json::from_value(json(body)?).map_err(|e| bad(e.to_string()))?;
+            if p.action != "checks_requested" {
+                // `destroyed`: the group was merged, dequeued or invalidated.
+                return Ok(WebhookEvent::Ignored(format!(
+                    "merge_group.{}",
+                    crate::escape::clip(&p.action, 40)
+                )));
+            }
+            let g = p.merge_group;
+            if !is_sha(&g.head_sha) {
+                return Err(bad("merge_group.head_sha is not a 40-digit sha".into()));
+            }
+            if !g.head_ref.starts_with("refs/heads/") || !g.base_ref.starts_with("refs/heads/") {
+                return Err(bad("merge_group refs are not under refs/heads/".into()));
+            }
+            Ok(WebhookEvent::MergeGroup(MergeGroupEvent {
+                repo: p.repository.full_name,
+                head_sha: g.head_sha,
+                head_ref: g.head_ref,
+                base_ref: g.base_ref,
             }))
         }
         other => Ok(WebhookEvent::Ignored(

@@ -354,3 +354,28 @@ async fn a_null_merged_flag_is_read_as_github_publishes_it() -> TestResult {
     running.shutdown().await;
     Ok(())
 }
+
+// ----- 6: merge queues -----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_group_gets_its_gate_on_its_own_head() -> TestResult {
+    let hub = Hub::start().await?;
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the PR's verdict", || {
+        has(&hub, &pr.head_sha, StatusState::Success)
+    })
+    .await?;
+    // With a merge queue GitHub waits for the required statuses on the merge group's
+    // head_sha (octokit/webhooks payload-examples/api.github.com/merge_group/
+    // checks_requested.payload.json), a commit no PR has as its head.
+    let group = hub.gh.queue_merge_group(REPO, pr.number, "mara").await?;
+    assert_ne!(group, pr.head_sha);
+    until(&hub.s, &running, "the merge group's verdict", || {
+        has(&hub, &group, StatusState::Success)
+    })
+    .await?;
+    assert_eq!(deliveries(&running, "accepted", "merge_group"), 1.0);
+    running.shutdown().await;
+    Ok(())
+}

@@ -987,6 +987,85 @@ impl Shared {
     }
 
     /// Close without merging.
+    /// Add an open PR to the base branch's merge queue as GitHub does: a merge commit of
+    /// the head onto the base tip on `refs/heads/gh-readonly-queue/<base>/pr-<n>-<base sha>`
+    /// (the base does not move), and a `merge_group` `checks_requested` delivery with the
+    /// fields of octokit/webhooks payload-schemas/api.github.com/merge_group/
+    /// checks_requested.schema.json. Returns the merge group's head sha.
+    pub fn queue_merge_group(
+        &self,
+        full_name: &str,
+        number: u64,
+        user: &str,
+    ) -> Result<(String, Ticket), GithubError> {
+        let now = self.clock.now();
+        self.with_repo_events(full_name, |state, repo, _| {
+            let idx = pull_index(state, full_name, number)?;
+            let pr = state.pulls[idx].clone();
+            if pr.state != PullState::Open {
+                return Err(GithubError::NotMergeable { number });
+            }
+            let head = parse_oid(&pr.head_sha).ok_or(GithubError::NotMergeable { number })?;
+            let base_tip = git::branch_tip(repo, &pr.base_ref)
+                .map_err(git_err("read base"))?
+                .ok_or(GithubError::NotMergeable { number })?;
+            let (base_c, head_c) = (
+                repo.find_commit(base_tip).map_err(git_err("read base"))?,
+                repo.find_commit(head).map_err(git_err("read head"))?,
+            );
+            let mut index = repo
+                .merge_commits(&base_c, &head_c, None)
+                .map_err(git_err("merge group"))?;
+            if index.has_conflicts() {
+                return Err(GithubError::NotMergeable { number });
+            }
+            let tree = index.write_tree_to(repo).map_err(git_err("merge group"))?;
+            let tree = repo.find_tree(tree).map_err(git_err("merge group"))?;
+            let message = format!(
+                "Merge pull request #{number} from {}/{}\n\n{}\n",
+                pr.head_owner.as_deref().unwrap_or(state.spec.owner()),
+                pr.head_ref,
+                pr.title
+            );
+            let sig = git::signature("GitHub", "noreply@github.com", now)
+                .map_err(git_err("make signature"))?;
+            let oid = repo
+                .commit(None, &sig, &sig, &message, &tree, &[&base_c, &head_c])
+                .map_err(git_err("merge group"))?;
+            let head_ref = format!(
+                "refs/heads/gh-readonly-queue/{}/pr-{number}-{base_tip}",
+                pr.base_ref
+            );
+            git::set_ref(repo, &head_ref, oid, "merge queue").map_err(git_err("merge group"))?;
+            let person = json!({"name": "GitHub", "email": "noreply@github.com"});
+            let payload = json!({
+                "action": "checks_requested",
+                "merge_group": {
+                    "head_sha": oid.to_string(),
+                    "head_ref": head_ref,
+                    "base_sha": base_tip.to_string(),
+                    "base_ref": format!("refs/heads/{}", pr.base_ref),
+                    "head_commit": {
+                        "id": oid.to_string(),
+                        "tree_id": tree.id().to_string(),
+                        "message": message,
+                        "timestamp": now.rfc3339(),
+                        "author": person,
+                        "committer": person,
+                    },
+                },
+            });
+            let event = Event {
+                name: "merge_group",
+                action: Some("checks_requested".into()),
+                repo: state.spec.full_name.clone(),
+                repo_id: state.id,
+                payload: json::with_envelope(payload, &self.base, state, user),
+            };
+            Ok((oid.to_string(), vec![event]))
+        })
+    }
+
     pub fn close_pull(
         &self,
         full_name: &str,

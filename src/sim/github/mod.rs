@@ -440,6 +440,20 @@ impl GithubTwin {
         Ok(sha)
     }
 
+    /// Put PR `number` in its base branch's merge queue (see `Shared::queue_merge_group`);
+    /// waits for the `merge_group` delivery. Returns the merge group's head sha, where
+    /// the required statuses must be posted.
+    pub async fn queue_merge_group(
+        &self,
+        repo: &str,
+        number: u64,
+        user: &str,
+    ) -> Result<String, GithubError> {
+        let (sha, ticket) = self.shared.queue_merge_group(repo, number, user)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(sha)
+    }
+
     pub async fn close_pull_request(
         &self,
         repo: &str,
