@@ -379,3 +379,84 @@ async fn a_merge_group_gets_its_gate_on_its_own_head() -> TestResult {
     running.shutdown().await;
     Ok(())
 }
+
+// ----- 12: credentials go only where they were meant to -----
+
+/// A server that redirects every request to `to` (another origin), and one that asks for
+/// credentials and records every Authorization header it is sent.
+async fn redirecting_pair() -> Result<(String, std::sync::Arc<std::sync::Mutex<Vec<String>>>), Error>
+{
+    use axum::response::IntoResponse;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let other = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let other_port = other.local_addr()?.port();
+    let record = seen.clone();
+    let asks = axum::Router::new().fallback(move |headers: http::HeaderMap| {
+        let record = record.clone();
+        async move {
+            if let Some(a) = headers.get("authorization").and_then(|v| v.to_str().ok()) {
+                record.lock().map(|mut r| r.push(a.to_string())).ok();
+            }
+            (
+                http::StatusCode::UNAUTHORIZED,
+                [("www-authenticate", "Basic realm=\"GitHub\"")],
+                "",
+            )
+                .into_response()
+        }
+    });
+    tokio::spawn(async move {
+        let _ = axum::serve(other, asks).await;
+    });
+    let first = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let first_port = first.local_addr()?.port();
+    let redirect = axum::Router::new().fallback(move |uri: http::Uri| async move {
+        let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        (
+            http::StatusCode::MOVED_PERMANENTLY,
+            [("location", format!("http://localhost:{other_port}{pq}"))],
+            "",
+        )
+            .into_response()
+    });
+    tokio::spawn(async move {
+        let _ = axum::serve(first, redirect).await;
+    });
+    Ok((
+        format!("http://127.0.0.1:{first_port}/acme/homelab.git"),
+        seen,
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_another_origin_never_gets_the_token() -> TestResult {
+    use ichor::git::remote::{Credentials, Mirror, Remote};
+    let (url, seen) = redirecting_pair().await?;
+    let dir = tempfile::tempdir()?;
+    let token = "ghp_never_leaves_for_another_host_0123456789";
+    let remote = Remote {
+        url,
+        credentials: Credentials::Token {
+            user: "x-access-token".into(),
+            token: ichor::secret::Secret::new(token.to_string()),
+        },
+        known_hosts: None,
+    };
+    let result = tokio::task::spawn_blocking(move || {
+        let mirror = Mirror::open(&dir.path().join("mirror.git"))?;
+        mirror.fetch(&remote, &["+refs/heads/*:refs/heads/*"])
+    })
+    .await?;
+    let err = result
+        .err()
+        .ok_or("the fetch through a redirect succeeded")?;
+    let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    assert!(
+        seen.is_empty(),
+        "credentials went to another origin: {seen:?}"
+    );
+    let message = err.to_string();
+    assert!(message.contains("another origin"), "{message}");
+    assert!(!message.contains(token), "{message}");
+    Ok(())
+}
