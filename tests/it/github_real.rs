@@ -460,3 +460,48 @@ async fn a_redirect_to_another_origin_never_gets_the_token() -> TestResult {
     assert!(!message.contains(token), "{message}");
     Ok(())
 }
+
+// ----- 10: what is quoted is not a command -----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_quoted_in_a_code_block_or_a_comment_does_nothing() -> TestResult {
+    let hub = Hub::start().await?;
+    hub.gh.add_collaborator(REPO, "mara", "maintain")?;
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the verdict", || {
+        has(&hub, &pr.head_sha, StatusState::Success)
+    })
+    .await?;
+    hub.gh
+        .comment(
+            REPO,
+            pr.number,
+            "To stop it, write:\n\n```\n/ichor pause\n```\n<!--\n/ichor pause\n-->",
+            "mara",
+        )
+        .await?;
+    hub.gh
+        .comment(REPO, pr.number, "/ichor plan", "mara")
+        .await?;
+    until(&hub.s, &running, "the reply to the real command", || {
+        hub.replies(pr.number, "@mara") >= 1
+    })
+    .await?;
+    let cluster = running.ctx.cluster("homelab").ok_or("no cluster")?.clone();
+    assert!(
+        cluster
+            .paused_by
+            .lock()
+            .map(|p| p.is_none())
+            .unwrap_or(false),
+        "a quoted command paused the cluster"
+    );
+    assert_eq!(
+        hub.replies(pr.number, "@mara"),
+        1,
+        "one reply, to the real command"
+    );
+    running.shutdown().await;
+    Ok(())
+}
