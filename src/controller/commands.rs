@@ -33,10 +33,7 @@ pub async fn on_comment(
                 "Commands, by verb and result.",
                 &[("verb", "unknown"), ("result", "invalid")],
             );
-            return ctx
-                .reporters
-                .ack(Some(number), None, None, &line, author, &why)
-                .await;
+            return reply(ctx, number, None, &line, author, &why).await;
         }
     };
     let permission = gh.permission(author).await?;
@@ -46,17 +43,15 @@ pub async fn on_comment(
             "Commands, by verb and result.",
             &[("verb", cmd.verb.as_str()), ("result", "refused")],
         );
-        return ctx
-            .reporters
-            .ack(
-                Some(number),
-                None,
-                None,
-                &cmd.to_string(),
-                author,
-                "sorry, only people with write access to this repository can give ichor commands. Nothing was done.",
-            )
-            .await;
+        return reply(
+            ctx,
+            number,
+            None,
+            &cmd.to_string(),
+            author,
+            "sorry, only people with write access to this repository can give ichor commands. Nothing was done.",
+        )
+        .await;
     }
     let text = run(ctx, Some(number), &cmd, author).await?;
     ctx.metrics.inc(
@@ -64,16 +59,60 @@ pub async fn on_comment(
         "Commands, by verb and result.",
         &[("verb", cmd.verb.as_str()), ("result", "done")],
     );
-    ctx.reporters
-        .ack(
-            Some(number),
-            None,
-            cmd.cluster.as_deref(),
-            &cmd.to_string(),
-            author,
-            &text,
-        )
+    reply(
+        ctx,
+        number,
+        cmd.cluster.as_deref(),
+        &cmd.to_string(),
+        author,
+        &text,
+    )
+    .await
+}
+
+/// Reply to a command on its PR. When GitHub's rate limit holds the reply back, the
+/// command has been carried out already: the reply waits in its own task (never in the
+/// loop, never run twice) and goes out once GitHub allows it.
+async fn reply(
+    ctx: &Arc<Ctx>,
+    number: u64,
+    cluster: Option<&str>,
+    line: &str,
+    author: &str,
+    text: &str,
+) -> Result<(), Error> {
+    match ctx
+        .reporters
+        .ack(Some(number), None, cluster, line, author, text)
         .await
+    {
+        Err(e) if e.rate_limited_for().is_some() => {
+            let reporters = ctx.reporters.patient();
+            let (cluster, line, author, text) = (
+                cluster.map(str::to_string),
+                line.to_string(),
+                author.to_string(),
+                text.to_string(),
+            );
+            tokio::spawn(async move {
+                if let Err(e) = reporters
+                    .ack(
+                        Some(number),
+                        None,
+                        cluster.as_deref(),
+                        &line,
+                        &author,
+                        &text,
+                    )
+                    .await
+                {
+                    tracing::warn!(pr = number, error = %e, "a command's reply could not be posted");
+                }
+            });
+            Ok(())
+        }
+        r => r,
+    }
 }
 
 /// The clusters a command is about: the one named, else those the PR's comment covers,

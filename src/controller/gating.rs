@@ -41,22 +41,33 @@ impl Candidate {
 /// Gate every open PR (Git-only: every branch but the protected one) whose head is new.
 pub async fn gate_open(ctx: &Arc<Ctx>) -> Result<(), Error> {
     let candidates = match &ctx.github {
-        Some(gh) => gh
-            .open_pulls()
-            .await?
-            .iter()
-            .take(MAX_OPEN_PULLS)
-            .map(Candidate::of_pull)
-            .collect::<Vec<_>>(),
+        Some(gh) => {
+            let pulls = gh.open_pulls().await?;
+            let mut st = ctx.state.lock().await;
+            for p in &pulls {
+                st.latest_head.insert(p.number, p.head_sha.clone());
+            }
+            drop(st);
+            pulls
+                .iter()
+                .take(MAX_OPEN_PULLS)
+                .map(Candidate::of_pull)
+                .collect::<Vec<_>>()
+        }
         None => branches(ctx)?,
     };
+    let mut limited = None;
     for c in candidates {
         if let Err(e) = gate(ctx, &c, false).await {
             // One broken PR does not stop the others.
             super::error_policy(ctx, &e);
+            if e.rate_limited_for().is_some() {
+                limited = Some(e);
+            }
         }
     }
-    Ok(())
+    // A rate limit brings the reconcile back once it is over.
+    limited.map_or(Ok(()), Err)
 }
 
 /// Git-only mode: each branch but the protected one is a change to judge.
@@ -96,6 +107,11 @@ pub async fn gate_pull_number(ctx: &Arc<Ctx>, number: u64, force: bool) -> Resul
     if !pull.open {
         return Ok(());
     }
+    ctx.state
+        .lock()
+        .await
+        .latest_head
+        .insert(number, pull.head_sha.clone());
     gate(ctx, &Candidate::of_pull(&pull), force).await
 }
 
@@ -171,7 +187,7 @@ pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<(), Erro
             }
         }
     }
-    // Stale work is dropped: a newer head arrived while this one was judged.
+    // Stale work is dropped: the API reported a newer head while this one was judged.
     if let Some(pr) = c.pr {
         let st = ctx.state.lock().await;
         if st.latest_head.get(&pr).is_some_and(|h| h != &c.head) {
@@ -183,7 +199,8 @@ pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<(), Erro
             return Ok(());
         }
     }
-    if let (Some(gh), Some(_)) = (&ctx.github, c.pr) {
+    // A merge group (no PR) needs its required status as much as a PR's head does.
+    if let Some(gh) = &ctx.github {
         for name in &untouched {
             gh.set_status(
                 &c.head,

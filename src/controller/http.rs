@@ -82,6 +82,7 @@ fn refuse(ctx: &Ctx, r: &Refusal) -> Response {
             StatusCode::UNAUTHORIZED
         }
         Refusal::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        Refusal::UnsupportedContentType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         _ => StatusCode::BAD_REQUEST,
     };
     (status, format!("{r}\n")).into_response()
@@ -94,6 +95,19 @@ fn accepted(ctx: &Ctx, result: &'static str, reason: &str) -> Response {
         &[("result", result), ("reason", reason)],
     );
     (StatusCode::ACCEPTED, format!("{result}\n")).into_response()
+}
+
+/// A fixed set of event names for metric labels: anything else is `other`, so a sender
+/// cannot grow the metric without bound.
+fn event_label(event: &str) -> &'static str {
+    match event {
+        "ping" => "ping",
+        "pull_request" => "pull_request",
+        "push" => "push",
+        "issue_comment" => "issue_comment",
+        "merge_group" => "merge_group",
+        _ => "other",
+    }
 }
 
 async fn receive(State(ctx): State<Arc<Ctx>>, headers: HeaderMap, body: Bytes) -> Response {
@@ -118,20 +132,36 @@ async fn receive(State(ctx): State<Arc<Ctx>>, headers: HeaderMap, body: Bytes) -
             Err(r) => return refuse(&ctx, &r),
         };
     if !lock(&ctx.dedupe).first_time(delivery) {
-        return accepted(&ctx, "duplicate", event);
+        return accepted(&ctx, "duplicate", event_label(event));
     }
-    let parsed = match webhook::parse(event, &body) {
-        Ok(p) => p,
-        Err(r) => return refuse(&ctx, &r),
+    let answer = take(&ctx, event, header("content-type"), &body);
+    // Only a delivery that was taken is remembered: GitHub's "Redeliver" of a refused one
+    // carries the same `X-GitHub-Delivery`, and must be read afresh.
+    if !answer.status().is_success() {
+        lock(&ctx.dedupe).forget(delivery);
+    }
+    answer
+}
+
+/// Read a verified, first-seen delivery and queue what it asks for.
+fn take(ctx: &Ctx, event: &str, content_type: Option<&str>, body: &[u8]) -> Response {
+    let json = match webhook::payload(content_type, body) {
+        Ok(j) => j,
+        Err(r) => return refuse(ctx, &r),
     };
+    let parsed = match webhook::parse(event, &json) {
+        Ok(p) => p,
+        Err(r) => return refuse(ctx, &r),
+    };
+    let label = event_label(event);
     let ours = |repo: &str| {
         ctx.github
             .as_ref()
             .is_some_and(|g| g.repo().eq_ignore_ascii_case(repo))
     };
     let queued = match parsed {
-        WebhookEvent::Ping => return accepted(&ctx, "accepted", "ping"),
-        WebhookEvent::Ignored(what) => return accepted(&ctx, "ignored", &what),
+        WebhookEvent::Ping => return accepted(ctx, "accepted", "ping"),
+        WebhookEvent::Ignored(_) => return accepted(ctx, "ignored", label),
         WebhookEvent::PullRequest(p) if ours(&p.repo) => match p.action {
             PullAction::Updated => Event::PullUpdated {
                 number: p.number,
@@ -147,11 +177,16 @@ async fn receive(State(ctx): State<Arc<Ctx>>, headers: HeaderMap, body: Bytes) -
             author: c.author,
             body: c.body,
         },
-        WebhookEvent::IssueComment(_) => return accepted(&ctx, "ignored", "issue_comment"),
-        _ => return accepted(&ctx, "ignored", "another repository"),
+        WebhookEvent::IssueComment(_) => return accepted(ctx, "ignored", "issue_comment"),
+        WebhookEvent::MergeGroup(g) if ours(&g.repo) => Event::MergeGroup {
+            head_sha: g.head_sha,
+            head_ref: g.head_ref.trim_start_matches("refs/heads/").to_string(),
+            base_ref: g.base_ref.trim_start_matches("refs/heads/").to_string(),
+        },
+        _ => return accepted(ctx, "ignored", "another repository"),
     };
     match ctx.events.try_send(queued) {
-        Ok(()) => accepted(&ctx, "accepted", event),
+        Ok(()) => accepted(ctx, "accepted", label),
         Err(_) => {
             ctx.metrics.inc(
                 "ichor_webhook_deliveries_total",

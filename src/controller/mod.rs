@@ -80,6 +80,14 @@ impl Error {
         }
     }
 
+    /// How long GitHub asked ichor to wait, when this is a rate limit.
+    pub fn rate_limited_for(&self) -> Option<Duration> {
+        match self {
+            Error::Forge(e) => e.retry_after(),
+            _ => None,
+        }
+    }
+
     fn is_transient(&self) -> bool {
         match self {
             Error::Forge(e) => e.is_transient(),
@@ -98,6 +106,9 @@ pub fn error_policy(ctx: &Ctx, err: &Error) -> Option<Duration> {
         &[("error", err.name())],
     );
     tracing::warn!(error = %err, kind = err.name(), "handling an event failed");
+    if let Some(wait) = err.rate_limited_for() {
+        return Some(wait);
+    }
     err.is_transient().then_some(Duration::from_secs(30))
 }
 
@@ -117,6 +128,13 @@ pub enum Event {
     /// A branch moved (webhook `push`, or refs moving on disk).
     Pushed {
         branch: String,
+    },
+    /// A merge queue wants `ichor/gate` on its merge group's head (webhook `merge_group`).
+    MergeGroup {
+        head_sha: String,
+        /// `gh-readonly-queue/<base>/pr-<n>-<sha>`
+        head_ref: String,
+        base_ref: String,
     },
     /// A PR comment (webhook `issue_comment`).
     Comment {
@@ -217,7 +235,8 @@ pub struct LoopState {
     pub stickies: HashMap<(u64, String), Sticky>,
     /// The tip of the protected branch last seen.
     pub tip: Option<String>,
-    /// Each PR's newest known head: work for an older head is dropped.
+    /// Each PR's head as GitHub's API last reported it (never a webhook's, which may be
+    /// old or lost): a verdict judged for another head meanwhile is dropped.
     pub latest_head: HashMap<u64, String>,
 }
 
@@ -451,6 +470,9 @@ pub async fn connect(
             lock: tokio::sync::Mutex::new(()),
         })
     });
+    // The loop never sleeps out a rate limit: its calls answer at once, and the work is
+    // queued again for when GitHub allows it (see `run_loop`).
+    let github = github.map(|g| g.impatient());
     let reporters = Reporters {
         github: github.clone(),
         notes,
@@ -705,9 +727,29 @@ async fn run_loop(
             if matches!(e, Event::Reconcile) {
                 next_reconcile = ctx.clock.now().plus(poll);
             }
+            let again = e.clone();
             if let Err(err) = handle(&ctx, e).await {
-                if let Some(after) = error_policy(&ctx, &err) {
-                    next_reconcile = next_reconcile.min(ctx.clock.now().plus(after));
+                let after = error_policy(&ctx, &err);
+                match (err.rate_limited_for(), again) {
+                    // GitHub asked to wait: the event goes back on the queue once the wait
+                    // is over, and the loop goes on with other work meanwhile.
+                    (Some(wait), ev) if !matches!(ev, Event::Reconcile) => {
+                        ctx.metrics.inc(
+                            "ichor_requeued_events_total",
+                            "Events put back on the queue because GitHub asked to wait.",
+                            &[],
+                        );
+                        let (clock, tx) = (ctx.clock.clone(), ctx.events.clone());
+                        tokio::spawn(async move {
+                            clock.sleep(wait).await;
+                            let _ = tx.send(ev).await;
+                        });
+                    }
+                    _ => {
+                        if let Some(after) = after {
+                            next_reconcile = next_reconcile.min(ctx.clock.now().plus(after));
+                        }
+                    }
                 }
             }
         }
@@ -720,9 +762,10 @@ pub async fn handle(ctx: &Arc<Ctx>, event: Event) -> Result<(), Error> {
     tracing::debug!(?event, "event");
     match event {
         Event::Reconcile | Event::Pushed { .. } => reconcile(ctx).await,
-        Event::PullUpdated { number, head_sha } => {
+        // A delivery only says "look now": GitHub neither orders deliveries nor redelivers
+        // a lost one, so the head judged is the one the API reports.
+        Event::PullUpdated { number, .. } => {
             ctx.sync().await?;
-            ctx.state.lock().await.latest_head.insert(number, head_sha);
             gating::gate_pull_number(ctx, number, false).await
         }
         Event::PullClosed { number } => {
@@ -732,6 +775,23 @@ pub async fn handle(ctx: &Arc<Ctx>, event: Event) -> Result<(), Error> {
             // A merge shows up as the branch moving: look at it now.
             drop(st);
             reconcile(ctx).await
+        }
+        Event::MergeGroup {
+            head_sha,
+            head_ref,
+            base_ref,
+        } => {
+            ctx.sync().await?;
+            // The group's head is what lands on the base: judged against it like a PR.
+            let c = gating::Candidate {
+                key: head_ref.clone(),
+                pr: None,
+                branch: head_ref,
+                head: head_sha,
+                base_ref,
+                from_fork: false,
+            };
+            gating::gate(ctx, &c, false).await
         }
         Event::Comment {
             number,

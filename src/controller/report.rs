@@ -76,7 +76,9 @@ pub fn rollout_state(section: &RolloutSection) -> StatusState {
 
 impl Reporters {
     pub async fn gate(&self, r: &GateReport) -> Result<(), Error> {
-        if let (Some(gh), Some(pr)) = (&self.github, r.pr) {
+        // With GitHub every report is a PR's head or a merge queue's group: the status
+        // goes on the commit, the sticky comment only on a PR.
+        if let Some(gh) = &self.github {
             gh.set_status(
                 &r.head,
                 &comment::gate_context(&r.cluster, r.several),
@@ -85,12 +87,14 @@ impl Reporters {
                 None,
             )
             .await?;
-            gh.upsert_comment(
-                pr,
-                &comment::marker(&r.cluster),
-                &comment::render(&r.sticky),
-            )
-            .await?;
+            if let Some(pr) = r.pr {
+                gh.upsert_comment(
+                    pr,
+                    &comment::marker(&r.cluster),
+                    &comment::render(&r.sticky),
+                )
+                .await?;
+            }
         }
         let record = NoteRecord {
             cluster: Some(r.cluster.clone()),
@@ -107,10 +111,22 @@ impl Reporters {
         self.note(&r.head, record).await
     }
 
+    /// The same reporters, sleeping out GitHub's rate limits inside each call: for work
+    /// that runs in its own task (rollouts, late replies), never the event loop.
+    pub fn patient(&self) -> Reporters {
+        Reporters {
+            github: self.github.as_ref().map(|g| g.patient()),
+            notes: self.notes.clone(),
+            clock: self.clock.clone(),
+        }
+    }
+
+    /// Runs in the rollout's own task: a rate limit is slept out there.
     pub async fn rollout(&self, r: &RolloutReport) -> Result<(), Error> {
         let state = rollout_state(&r.section);
         let description = r.section.state.status_description();
-        if let Some(gh) = &self.github {
+        if let Some(gh) = self.github.as_ref().map(|g| g.patient()) {
+            let gh = &gh;
             gh.set_status(
                 &r.commit,
                 &comment::rollout_context(&r.cluster, r.several),

@@ -87,10 +87,38 @@ pub fn parse(body: &str) -> Option<Result<Command, String>> {
 /// The line of a comment that is its command: the first `/ichor` or `/ichor …` line.
 /// Bounded: a hostile comment of a million lines is scanned to its first 200.
 pub fn command_line(body: &str) -> Option<&str> {
-    body.lines()
-        .take(200)
-        .map(str::trim)
-        .find(|l| *l == "/ichor" || l.starts_with("/ichor "))
+    // What GitHub shows as code or hides as a comment is not a command: a quoted
+    // `/ichor pause` in a fenced code block (CommonMark 0.31.2 §4.5: three or more backticks
+    // or tildes, closed by a run of the same character at least as long) or inside
+    // `<!-- … -->` (§4.6, HTML block type 2) does nothing.
+    let mut fence: Option<(char, usize)> = None;
+    let mut in_comment = false;
+    for line in body.lines().take(200) {
+        let l = line.trim();
+        if in_comment {
+            in_comment = !l.contains("-->");
+            continue;
+        }
+        let run = |c: char| l.chars().take_while(|x| *x == c).count();
+        if let Some((c, n)) = fence {
+            if run(c) >= n && l.trim_start_matches(c).trim().is_empty() {
+                fence = None;
+            }
+            continue;
+        }
+        if let Some(c) = ['`', '~'].into_iter().find(|c| run(*c) >= 3) {
+            fence = Some((c, run(c)));
+            continue;
+        }
+        if let Some(rest) = l.strip_prefix("<!--") {
+            in_comment = !rest.contains("-->");
+            continue;
+        }
+        if l == "/ichor" || l.starts_with("/ichor ") {
+            return Some(l);
+        }
+    }
+    None
 }
 
 /// A DNS label, as cluster directory names are.
@@ -106,6 +134,25 @@ pub fn valid_cluster_name(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn code_blocks_and_html_comments_hold_no_commands() {
+        assert_eq!(command_line("```\n/ichor pause\n```"), None);
+        assert_eq!(
+            command_line("~~~~\n/ichor pause\n~~~\n/ichor retry\n~~~~"),
+            None
+        );
+        assert_eq!(
+            command_line("````\n/ichor pause\n````\n/ichor retry"),
+            Some("/ichor retry")
+        );
+        assert_eq!(command_line("<!--\n/ichor pause\n-->"), None);
+        assert_eq!(command_line("<!-- /ichor pause -->"), None);
+        assert_eq!(
+            command_line("<!-- note -->\n/ichor plan"),
+            Some("/ichor plan")
+        );
+    }
 
     #[test]
     fn reads_the_first_ichor_line() {

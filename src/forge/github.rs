@@ -1,8 +1,12 @@
 //! ichor's GitHub client: commit statuses (posted only when they change), the sticky PR
 //! comment, collaborator permissions and pull requests, over octocrab's raw HTTP helpers
 //! with ichor's own serde models. It authenticates with a token or as a GitHub App
-//! installation ([`super::app::AppAuth`]), waits out rate limits on the [`Clock`]
-//! (`retry-after`, or `x-ratelimit-reset` when the window is spent), retries 5xx with
+//! installation ([`super::app::AppAuth`]), recognises GitHub's rate-limit answers (403 or
+//! 429; `retry-after`, `x-ratelimit-reset` when the window is spent, else a minute doubling
+//! while they persist) and holds every further call of the limited kind until the wait is
+//! over — a patient client sleeps it out on the [`Clock`], an impatient one (the
+//! controller's event loop) answers [`ForgeError::RateLimited`] at once, so the work can be
+//! queued again instead of blocking the loop — retries 5xx with
 //! backoff, and sends `If-None-Match` for the listings the controller repeats, since a
 //! 304 costs nothing against GitHub's rate limit.
 
@@ -195,6 +199,14 @@ pub enum ForgeError {
 }
 
 impl ForgeError {
+    /// How long GitHub asked to wait, when this is a rate limit.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ForgeError::RateLimited { wait_secs, .. } => Some(Duration::from_secs(*wait_secs)),
+            _ => None,
+        }
+    }
+
     /// Worth trying again later: the network, GitHub's servers, or a rate limit.
     pub fn is_transient(&self) -> bool {
         matches!(
@@ -209,6 +221,18 @@ impl ForgeError {
 #[derive(Clone)]
 pub struct GithubClient {
     inner: Arc<Inner>,
+    /// Sleep out a rate limit inside the call (true), or answer
+    /// [`ForgeError::RateLimited`] at once (false: the controller's event loop).
+    patient: bool,
+}
+
+/// Which calls a rate limit holds: GitHub's secondary limits count content creation apart
+/// from reads; an exhausted primary window holds both.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    Reads,
+    Writes,
+    All,
 }
 
 enum Credentials {
@@ -234,6 +258,11 @@ struct Inner {
     retries: AtomicU64,
     rate_limited: AtomicU64,
     not_modified: AtomicU64,
+    /// No read (0) or write (1) goes out before these times: GitHub warns that requests
+    /// sent while limited may get an integration banned.
+    held_until: Mutex<[Option<Timestamp>; 2]>,
+    /// Secondary limits met in a row without a success in between (the backoff doubles).
+    strikes: std::sync::atomic::AtomicU32,
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -319,8 +348,6 @@ struct PermissionJson {
 #[derive(Deserialize)]
 struct RepoJson {
     full_name: String,
-    #[serde(default)]
-    fork: bool,
 }
 
 #[derive(Deserialize)]
@@ -350,7 +377,9 @@ impl PullJson {
         let merged = self.merged.unwrap_or(self.merged_at.is_some());
         let from_fork = match (&self.head.repo, &self.base.repo) {
             (Some(h), Some(b)) => !h.full_name.eq_ignore_ascii_case(&b.full_name),
-            (Some(h), None) => h.fork || !h.full_name.eq_ignore_ascii_case(repo),
+            // The head repository's `fork` flag is set for every PR of a repository
+            // that is itself a fork: only the names tell.
+            (Some(h), None) => !h.full_name.eq_ignore_ascii_case(repo),
             // GitHub drops `head.repo` when the fork was deleted.
             (None, _) => true,
         };
@@ -529,23 +558,42 @@ fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
     headers.get(name)?.to_str().ok()?.trim().parse().ok()
 }
 
-/// How long a rate-limit refusal asks to wait, or `None` when it is not one.
-fn rate_limit_wait(answer: &Answer, now: Timestamp) -> Option<Duration> {
+/// The longest wait for a secondary limit that gives no `retry-after`.
+pub const MAX_SECONDARY_BACKOFF: Duration = Duration::from_secs(16 * 60);
+
+/// How long a rate-limit refusal asks to wait and what it holds, or `None` when it is not
+/// one. github/docs content/rest/using-the-rest-api/rate-limits-for-the-rest-api.md
+/// ("Exceeding the rate limit"): a primary limit is a 403 or 429 with
+/// `x-ratelimit-remaining: 0` (wait for `x-ratelimit-reset`); a secondary limit is a 403
+/// or 429 whose message says so — `retry-after` when present, else the reset when the
+/// window is spent, else at least a minute, growing exponentially while it persists.
+fn rate_limit_wait(
+    answer: &Answer,
+    now: Timestamp,
+    write: bool,
+    strikes: u32,
+) -> Option<(Duration, Scope)> {
     if !matches!(answer.status.as_u16(), 403 | 429) {
         return None;
     }
+    let kind = if write { Scope::Writes } else { Scope::Reads };
     if let Some(secs) = header_u64(&answer.headers, "retry-after") {
-        return Some(Duration::from_secs(secs));
+        return Some((Duration::from_secs(secs), kind));
     }
     if header_u64(&answer.headers, "x-ratelimit-remaining") == Some(0) {
-        let reset = header_u64(&answer.headers, "x-ratelimit-reset")?;
-        let reset = Timestamp::from_millis(reset.saturating_mul(1000));
-        // A second past the reset, so the two clocks' rounding cannot land us just before it.
-        return Some(reset.since(now) + Duration::from_secs(1));
+        if let Some(reset) = header_u64(&answer.headers, "x-ratelimit-reset") {
+            let reset = Timestamp::from_millis(reset.saturating_mul(1000));
+            // A second past the reset, so the two clocks' rounding cannot land us just before it.
+            return Some((reset.since(now) + Duration::from_secs(1), Scope::All));
+        }
     }
-    if answer.status.as_u16() == 429 {
-        // Secondary limits without a header: GitHub asks for at least a minute.
-        return Some(Duration::from_secs(60));
+    let message = error_message(&answer.body).to_ascii_lowercase();
+    let secondary = message.contains("secondary rate limit")
+        || message.contains("abuse detection")
+        || answer.status.as_u16() == 429;
+    if secondary {
+        let wait = Duration::from_secs(60).saturating_mul(1u32 << strikes.min(4));
+        return Some((wait.min(MAX_SECONDARY_BACKOFF), kind));
     }
     None
 }
@@ -597,7 +645,10 @@ impl GithubClient {
                 retries: AtomicU64::new(0),
                 rate_limited: AtomicU64::new(0),
                 not_modified: AtomicU64::new(0),
+                held_until: Mutex::new([None, None]),
+                strikes: std::sync::atomic::AtomicU32::new(0),
             }),
+            patient: true,
         };
         let login = match &client.inner.credentials {
             Credentials::Token(_) => {
@@ -625,6 +676,41 @@ impl GithubClient {
 
     pub fn login(&self) -> &str {
         &self.inner.login
+    }
+
+    /// The same client (same caches, same rate-limit holds) answering a rate limit with
+    /// [`ForgeError::RateLimited`] at once instead of sleeping it out.
+    pub fn impatient(&self) -> GithubClient {
+        GithubClient {
+            inner: self.inner.clone(),
+            patient: false,
+        }
+    }
+
+    /// The same client sleeping out rate limits (on the clock) inside each call.
+    pub fn patient(&self) -> GithubClient {
+        GithubClient {
+            inner: self.inner.clone(),
+            patient: true,
+        }
+    }
+
+    /// Until when calls of this kind are held by a rate limit, if they are.
+    fn held(&self, write: bool) -> Option<Timestamp> {
+        let now = self.inner.clock.now();
+        lock(&self.inner.held_until)[usize::from(write)].filter(|t| now < *t)
+    }
+
+    fn hold(&self, scope: Scope, until: Timestamp) {
+        let mut h = lock(&self.inner.held_until);
+        let slots: &[usize] = match scope {
+            Scope::Reads => &[0],
+            Scope::Writes => &[1],
+            Scope::All => &[0, 1],
+        };
+        for &i in slots {
+            h[i] = Some(h[i].map_or(until, |t| t.max(until)));
+        }
     }
 
     pub fn repo(&self) -> &str {
@@ -1023,7 +1109,21 @@ impl GithubClient {
         let mut failures = 0u32;
         let mut waits = 0u32;
         let mut token_renewed = false;
+        let write = method != Method::GET;
         loop {
+            // A limit met earlier holds this call too: nothing is sent until it is over.
+            if let Some(until) = self.held(write) {
+                let wait = until.since(inner.clock.now());
+                waits += 1;
+                if !self.patient || waits > MAX_RATE_LIMIT_WAITS {
+                    return Err(ForgeError::RateLimited {
+                        what: what.to_string(),
+                        wait_secs: wait.as_secs().max(1),
+                    });
+                }
+                inner.clock.sleep(wait).await;
+                continue;
+            }
             let token = bearer().await?;
             let cached = if conditional && method == Method::GET {
                 lock(&inner.etags).get(&path).cloned()
@@ -1060,6 +1160,7 @@ impl GithubClient {
                 }
             }
             if status.is_success() {
+                inner.strikes.store(0, Ordering::Relaxed);
                 if conditional && method == Method::GET {
                     if let Some(etag) = answer.headers.get("etag").cloned() {
                         let mut etags = lock(&inner.etags);
@@ -1078,22 +1179,23 @@ impl GithubClient {
                 }
                 return Ok(answer);
             }
-            if let Some(wait) = rate_limit_wait(&answer, inner.clock.now()) {
+            let strikes = inner.strikes.load(Ordering::Relaxed);
+            if let Some((wait, scope)) = rate_limit_wait(&answer, inner.clock.now(), write, strikes)
+            {
                 inner.rate_limited.fetch_add(1, Ordering::Relaxed);
-                waits += 1;
-                if waits > MAX_RATE_LIMIT_WAITS || wait > MAX_RATE_LIMIT_WAIT {
-                    return Err(ForgeError::RateLimited {
-                        what: what.to_string(),
-                        wait_secs: wait.as_secs(),
-                    });
+                if scope != Scope::All {
+                    inner.strikes.fetch_add(1, Ordering::Relaxed);
                 }
+                let wait = wait.min(MAX_RATE_LIMIT_WAIT);
+                self.hold(scope, inner.clock.now().plus(wait));
                 tracing::warn!(
                     what,
                     wait_secs = wait.as_secs(),
-                    "GitHub rate limit; waiting"
+                    status = status.as_u16(),
+                    "GitHub rate limit; holding calls until it is over"
                 );
                 inner.retries.fetch_add(1, Ordering::Relaxed);
-                inner.clock.sleep(wait).await;
+                // The loop at the top waits (or answers RateLimited) for the hold.
                 continue;
             }
             if status.is_server_error() {
@@ -1264,7 +1366,7 @@ mod tests {
     #[test]
     fn rate_limit_answers_say_how_long_to_wait() {
         let now = Timestamp(1_767_225_600_000);
-        let answer = |status: u16, headers: &[(&'static str, &str)]| {
+        let answer = |status: u16, headers: &[(&'static str, &str)], body: &str| {
             let mut h = HeaderMap::new();
             for (k, v) in headers {
                 h.insert(*k, HeaderValue::from_str(v).unwrap());
@@ -1272,34 +1374,54 @@ mod tests {
             Answer {
                 status: StatusCode::from_u16(status).unwrap(),
                 headers: h,
-                body: Default::default(),
+                body: Bytes::from(body.to_string()),
             }
         };
+        let wait = |a: &Answer, write: bool, strikes: u32| {
+            rate_limit_wait(a, now, write, strikes).map(|(d, s)| (d.as_secs(), s as u8))
+        };
+        let (reads, writes, all) = (Scope::Reads as u8, Scope::Writes as u8, Scope::All as u8);
         assert_eq!(
-            rate_limit_wait(&answer(403, &[("retry-after", "30")]), now),
-            Some(Duration::from_secs(30))
+            wait(&answer(403, &[("retry-after", "30")], ""), true, 0),
+            Some((30, writes))
         );
         let reset = (now.as_millis() / 1000 + 100).to_string();
+        let spent = answer(
+            403,
+            &[
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", &reset),
+            ],
+            "",
+        );
+        assert_eq!(wait(&spent, false, 0), Some((101, all)));
+        // A secondary limit without `retry-after` and with requests left in the primary
+        // window: a minute, doubling while it persists, as GitHub documents.
+        let secondary = r#"{"message":"You have exceeded a secondary rate limit. Please wait a few minutes before you try again.","documentation_url":"https://docs.github.com/rest"}"#;
+        let limited = answer(403, &[("x-ratelimit-remaining", "4000")], secondary);
+        assert_eq!(wait(&limited, false, 0), Some((60, reads)));
+        assert_eq!(wait(&limited, false, 2), Some((240, reads)));
+        assert_eq!(wait(&limited, false, 30), Some((16 * 60, reads)));
         assert_eq!(
-            rate_limit_wait(
-                &answer(
-                    403,
-                    &[
-                        ("x-ratelimit-remaining", "0"),
-                        ("x-ratelimit-reset", &reset)
-                    ]
-                ),
-                now
+            wait(
+                &answer(429, &[("x-ratelimit-remaining", "10")], ""),
+                true,
+                0
             ),
-            Some(Duration::from_secs(101))
+            Some((60, writes))
         );
         // A plain 403 (no permission) is not a rate limit.
+        let denied = r#"{"message":"Resource not accessible by personal access token"}"#;
         assert_eq!(
-            rate_limit_wait(&answer(403, &[("x-ratelimit-remaining", "10")]), now),
+            wait(
+                &answer(403, &[("x-ratelimit-remaining", "10")], denied),
+                false,
+                0
+            ),
             None
         );
         assert_eq!(
-            rate_limit_wait(&answer(500, &[("retry-after", "5")]), now),
+            wait(&answer(500, &[("retry-after", "5")], ""), false, 0),
             None
         );
     }

@@ -35,6 +35,8 @@ pub enum Refusal {
     BadDelivery,
     #[error("the {event} payload is not what GitHub sends: {message}")]
     BadPayload { event: String, message: String },
+    #[error("Content-Type is neither application/json nor application/x-www-form-urlencoded (the two a GitHub webhook sends)")]
+    UnsupportedContentType,
 }
 
 impl Refusal {
@@ -46,6 +48,7 @@ impl Refusal {
             Refusal::TooLarge => "too_large",
             Refusal::MissingEvent | Refusal::BadDelivery => "bad_headers",
             Refusal::BadPayload { .. } => "bad_payload",
+            Refusal::UnsupportedContentType => "bad_content_type",
         }
     }
 }
@@ -85,6 +88,14 @@ pub struct Dedupe {
 }
 
 impl Dedupe {
+    /// Forget an id: its delivery was refused, and GitHub's "Redeliver" sends the same id
+    /// again.
+    pub fn forget(&mut self, id: &str) {
+        if self.seen.remove(id) {
+            self.order.retain(|o| o != id);
+        }
+    }
+
     /// True the first time an id is seen.
     pub fn first_time(&mut self, id: &str) -> bool {
         if self.seen.contains(id) {
@@ -113,6 +124,8 @@ pub enum WebhookEvent {
         after: String,
     },
     IssueComment(CommentEvent),
+    /// A merge queue asks for the required checks on its merge group's head.
+    MergeGroup(MergeGroupEvent),
     Ping,
     /// An event or action ichor does not act on (answered 202 and counted).
     Ignored(String),
@@ -138,6 +151,19 @@ pub enum PullAction {
     Closed,
 }
 
+/// `merge_group` `checks_requested` (octokit/webhooks
+/// payload-schemas/api.github.com/merge_group/checks_requested.schema.json).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergeGroupEvent {
+    pub repo: String,
+    /// The merge group's commit: where GitHub waits for the required statuses.
+    pub head_sha: String,
+    /// `refs/heads/gh-readonly-queue/<base>/pr-<n>-<sha>`
+    pub head_ref: String,
+    /// `refs/heads/<base>`
+    pub base_ref: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommentEvent {
     pub repo: String,
@@ -151,8 +177,6 @@ pub struct CommentEvent {
 #[derive(Deserialize)]
 struct Repository {
     full_name: String,
-    #[serde(default)]
-    fork: bool,
 }
 
 #[derive(Deserialize)]
@@ -167,8 +191,10 @@ struct Branch {
 struct Pull {
     head: Branch,
     base: Branch,
+    /// `["boolean", "null"]` in octokit/webhooks
+    /// payload-schemas/api.github.com/common/pull-request.schema.json.
     #[serde(default)]
-    merged: bool,
+    merged: Option<bool>,
     merge_commit_sha: Option<String>,
 }
 
@@ -208,11 +234,71 @@ struct Issue {
 }
 
 #[derive(Deserialize)]
+struct MergeGroup {
+    head_sha: String,
+    head_ref: String,
+    base_ref: String,
+}
+
+#[derive(Deserialize)]
+struct MergeGroupPayload {
+    action: String,
+    merge_group: MergeGroup,
+    repository: Repository,
+}
+
+#[derive(Deserialize)]
 struct CommentPayload {
     action: String,
     issue: Issue,
     comment: Comment,
     repository: Repository,
+}
+
+/// The JSON of a delivery: the body itself for `application/json`, the `payload` field
+/// for `application/x-www-form-urlencoded` (GitHub's default content type for a repository
+/// webhook: `webhook-config-content-type` in github/rest-api-description,
+/// descriptions/api.github.com/api.github.com.yaml). Runs after the signature check, which
+/// is over the raw body either way. A missing header is read as JSON.
+pub fn payload(content_type: Option<&str>, body: &[u8]) -> Result<Vec<u8>, Refusal> {
+    let media = content_type
+        .and_then(|c| c.split(';').next())
+        .map(|c| c.trim().to_ascii_lowercase());
+    match media.as_deref() {
+        None | Some("application/json") => Ok(body.to_vec()),
+        Some("application/x-www-form-urlencoded") => {
+            let bad = |message: &str| Refusal::BadPayload {
+                event: "form-encoded".into(),
+                message: message.into(),
+            };
+            let field = body
+                .split(|b| *b == b'&')
+                .find_map(|pair| pair.strip_prefix(b"payload=".as_slice()))
+                .ok_or_else(|| bad("no `payload` field"))?;
+            percent_decode(field).ok_or_else(|| bad("the `payload` field is not percent-encoded"))
+        }
+        Some(_) => Err(Refusal::UnsupportedContentType),
+    }
+}
+
+/// `application/x-www-form-urlencoded` value decoding: `+` is a space, `%XX` a byte.
+fn percent_decode(s: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        match s[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = s.get(i + 1..i + 3)?;
+                let hex = std::str::from_utf8(hex).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    Some(out)
 }
 
 fn is_sha(s: &str) -> bool {
@@ -264,8 +350,16 @@ pub fn parse(event: &str, body: &[u8]) -> Result<WebhookEvent, Refusal> {
                 return Err(bad("pull_request.head.sha is not a 40-digit sha".into()));
             }
             let merge_commit_sha = pr.merge_commit_sha.filter(|s| is_sha(s));
+            // A fork's PR has its head in another repository. The head repository's own
+            // `fork` flag says nothing: in a repository that is itself a fork every PR's
+            // head repository has it. GitHub compares names without case.
+            let base_repo = pr
+                .base
+                .repo
+                .as_ref()
+                .map_or(p.repository.full_name.as_str(), |r| r.full_name.as_str());
             let from_fork = match &pr.head.repo {
-                Some(r) => r.fork || r.full_name != p.repository.full_name,
+                Some(r) => !r.full_name.eq_ignore_ascii_case(base_repo),
                 // The fork was deleted: not ours either.
                 None => true,
             };
@@ -277,7 +371,7 @@ pub fn parse(event: &str, body: &[u8]) -> Result<WebhookEvent, Refusal> {
                 head_ref: pr.head.git_ref,
                 base_ref: pr.base.git_ref,
                 from_fork,
-                merged: pr.merged,
+                merged: pr.merged.unwrap_or(false),
                 merge_commit_sha,
             }))
         }
@@ -310,6 +404,30 @@ pub fn parse(event: &str, body: &[u8]) -> Result<WebhookEvent, Refusal> {
                 comment_id: p.comment.id,
                 author: p.comment.user.login,
                 body: p.comment.body.unwrap_or_default(),
+            }))
+        }
+        "merge_group" => {
+            let p: MergeGroupPayload =
+                serde_json::from_value(json(body)?).map_err(|e| bad(e.to_string()))?;
+            if p.action != "checks_requested" {
+                // `destroyed`: the group was merged, dequeued or invalidated.
+                return Ok(WebhookEvent::Ignored(format!(
+                    "merge_group.{}",
+                    crate::escape::clip(&p.action, 40)
+                )));
+            }
+            let g = p.merge_group;
+            if !is_sha(&g.head_sha) {
+                return Err(bad("merge_group.head_sha is not a 40-digit sha".into()));
+            }
+            if !g.head_ref.starts_with("refs/heads/") || !g.base_ref.starts_with("refs/heads/") {
+                return Err(bad("merge_group refs are not under refs/heads/".into()));
+            }
+            Ok(WebhookEvent::MergeGroup(MergeGroupEvent {
+                repo: p.repository.full_name,
+                head_sha: g.head_sha,
+                head_ref: g.head_ref,
+                base_ref: g.base_ref,
             }))
         }
         other => Ok(WebhookEvent::Ignored(
@@ -390,6 +508,23 @@ mod tests {
             panic!()
         };
         assert!(f.from_fork);
+        // A PR inside a repository that is itself a fork is not a fork's PR; names
+        // compare without case.
+        let WebhookEvent::PullRequest(own) =
+            parse("pull_request", pull("opened", "ACME/Lab", true).as_bytes()).unwrap()
+        else {
+            panic!()
+        };
+        assert!(!own.from_fork);
+        let null_merged =
+            pull("closed", "acme/lab", false).replace(r#""merged":false"#, r#""merged":null"#);
+        assert!(matches!(
+            parse("pull_request", null_merged.as_bytes()),
+            Ok(WebhookEvent::PullRequest(PullRequestEvent {
+                merged: false,
+                ..
+            }))
+        ));
         assert!(matches!(
             parse(
                 "pull_request",
@@ -406,6 +541,35 @@ mod tests {
             parse("pull_request", b"[[[[[["),
             Err(Refusal::BadPayload { .. })
         ));
+    }
+
+    #[test]
+    fn form_encoded_payloads_are_read_from_the_payload_field() {
+        let json = br#"{"zen":"a b+c&d=e%"}"#;
+        let form = b"payload=%7B%22zen%22%3A%22a+b%2Bc%26d%3De%25%22%7D";
+        assert_eq!(
+            payload(Some("application/x-www-form-urlencoded"), form).unwrap(),
+            json.to_vec()
+        );
+        assert_eq!(
+            payload(Some("application/json; charset=utf-8"), json).unwrap(),
+            json.to_vec()
+        );
+        assert_eq!(
+            payload(Some("text/plain"), json),
+            Err(Refusal::UnsupportedContentType)
+        );
+        assert!(payload(Some("application/x-www-form-urlencoded"), b"payload=%zz").is_err());
+        assert!(payload(Some("application/x-www-form-urlencoded"), b"other=1").is_err());
+    }
+
+    #[test]
+    fn a_forgotten_id_is_new_again() {
+        let mut d = Dedupe::default();
+        assert!(d.first_time("a"));
+        d.forget("a");
+        assert!(d.first_time("a"));
+        assert!(!d.first_time("a"));
     }
 
     #[test]

@@ -422,8 +422,31 @@ pub fn callbacks_with_refusal(remote: &Remote) -> (RemoteCallbacks<'static>, Ref
     let creds = remote.credentials.clone();
     let r = refusal.clone();
     let (url, scheme, host) = (shown.clone(), parts.scheme.clone(), parts.host.clone());
+    let configured_port = parts.port;
     let mut attempts = 0u32;
-    cbs.credentials(move |_url, user_from_url, allowed| {
+    cbs.credentials(move |asking_url, user_from_url, allowed| {
+        // The URL that asks is not always the configured one: libgit2 follows a redirect
+        // and asks again for the new location. Credentials go only to the configured
+        // origin (scheme, host and port), and never over plain http but to loopback.
+        let asking = parse_url(asking_url);
+        let same_origin = asking.scheme == scheme
+            && asking.host.eq_ignore_ascii_case(&host)
+            && asking.port == configured_port;
+        let web = matches!(scheme.as_str(), "http" | "https");
+        if web && !same_origin && !matches!(creds, Credentials::None) {
+            return Err(r.set(format!(
+                "{url} redirected to {}, another origin; refusing to send the credentials there",
+                redact_url(asking_url)
+            )));
+        }
+        if asking.scheme == "http" && !is_loopback(&asking.host) {
+            if let Credentials::Token { .. } = &creds {
+                return Err(r.set(format!(
+                    "refusing to send the token to {} over plain http; use https",
+                    redact_url(asking_url)
+                )));
+            }
+        }
         // ssh asks for the user name first when the URL has none.
         if allowed == CredentialType::USERNAME {
             let user = match &creds {

@@ -5,6 +5,7 @@ mod controller;
 mod deploy;
 mod forge_github;
 mod gate;
+mod github_real;
 mod live;
 mod notes;
 mod policies;

@@ -186,16 +186,26 @@ async fn gate(State(shared): S, mut req: Request, next: Next) -> Response {
                 status,
                 status.canonical_reason().unwrap_or("Server Error"),
             ))
-        } else if f.secondary_rate_limits > 0 {
+        } else if f.secondary_rate_limits > 0
+            && (!f.secondary_writes_only || req.method() != Method::GET)
+        {
+            // github/docs content/rest/using-the-rest-api/rate-limits-for-the-rest-api.md:
+            // a secondary limit is a 403 or a 429 whose message says so, with or without
+            // `retry-after`; `x-ratelimit-remaining` is the primary window's, above zero.
             f.secondary_rate_limits -= 1;
+            let status = if f.secondary_status == 429 {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::FORBIDDEN
+            };
             let mut e = ApiError::new(
-                StatusCode::FORBIDDEN,
+                status,
                 "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
             );
             e.body["documentation_url"] = json!(
                 "https://docs.github.com/rest/using-the-rest-api/rate-limits-for-the-rest-api#about-secondary-rate-limits"
             );
-            e.retry_after = Some(f.retry_after_secs);
+            e.retry_after = (f.retry_after_secs > 0).then_some(f.retry_after_secs);
             Some(e)
         } else {
             None

@@ -149,6 +149,10 @@ pub struct Shared {
     /// How many installation tokens were asked for and handed out.
     pub token_requests: std::sync::atomic::AtomicU64,
     pub webhook: Mutex<Option<WebhookTarget>>,
+    /// How payloads are serialized: GitHub's default for a repository hook is `form`.
+    pub content_type: Mutex<webhook::ContentType>,
+    /// Deliveries held back by the `held_webhooks` fault: (delivery id, event).
+    held: Mutex<Vec<(String, Event)>>,
     deliveries: Mutex<Vec<Delivery>>,
     delivered: watch::Sender<usize>,
     client: HttpClient,
@@ -241,6 +245,8 @@ impl Shared {
             app_tokens: Mutex::new(Vec::new()),
             token_requests: std::sync::atomic::AtomicU64::new(0),
             webhook: Mutex::new(webhook),
+            content_type: Mutex::new(webhook::ContentType::Json),
+            held: Mutex::new(Vec::new()),
             deliveries: Mutex::new(Vec::new()),
             delivered,
             client: webhook::client(),
@@ -358,17 +364,37 @@ impl Shared {
 
     async fn deliver_one(&self, ev: Event) -> Delivery {
         let id = webhook::new_guid();
-        let body = ev.payload.to_string();
         let target = lock(&self.webhook).clone();
-        let dropped = {
+        let (dropped, held) = {
             let mut f = lock(&self.faults);
             if target.is_some() && f.dropped_webhooks > 0 {
                 f.dropped_webhooks -= 1;
-                true
+                (true, false)
+            } else if target.is_some() && f.held_webhooks > 0 {
+                f.held_webhooks -= 1;
+                (false, true)
             } else {
-                false
+                (false, false)
             }
         };
+        let content_type = *lock(&self.content_type);
+        let body = content_type.encode(&ev.payload.to_string());
+        if held {
+            let d = self.log(Delivery {
+                id: id.clone(),
+                event: ev.name.to_string(),
+                action: ev.action.clone(),
+                repo: ev.repo.clone(),
+                repo_id: ev.repo_id,
+                content_type,
+                redelivery: false,
+                outcome: DeliveryOutcome::Held,
+                at: self.clock.now(),
+                body,
+            });
+            lock(&self.held).push((id, ev));
+            return d;
+        }
         let outcome = match (&target, dropped) {
             (None, _) => DeliveryOutcome::NoTarget,
             (Some(_), true) => DeliveryOutcome::Dropped,
@@ -381,21 +407,28 @@ impl Shared {
                         event: ev.name,
                         hook_id: self.hook_id,
                         repo_id: ev.repo_id,
+                        content_type,
                         body: &body,
                     },
                 )
                 .await
             }
         };
-        let delivery = Delivery {
+        self.log(Delivery {
             id,
             event: ev.name.to_string(),
             action: ev.action,
             repo: ev.repo,
+            repo_id: ev.repo_id,
+            content_type,
+            redelivery: false,
             outcome,
             at: self.clock.now(),
             body,
-        };
+        })
+    }
+
+    fn log(&self, delivery: Delivery) -> Delivery {
         tracing::debug!(id = %delivery.id, event = %delivery.event, outcome = ?delivery.outcome, "webhook");
         let n = {
             let mut log = lock(&self.deliveries);
@@ -404,6 +437,57 @@ impl Shared {
         };
         self.delivered.send_replace(n);
         delivery
+    }
+
+    /// Send a logged delivery again: same id, same bytes, signed with the current secret.
+    async fn resend(&self, mut d: Delivery, redelivery: bool) -> Delivery {
+        let target = lock(&self.webhook).clone();
+        d.outcome = match &target {
+            None => DeliveryOutcome::NoTarget,
+            Some(t) => {
+                webhook::send(
+                    &self.client,
+                    webhook::Outgoing {
+                        target: t,
+                        delivery_id: &d.id,
+                        event: &d.event,
+                        hook_id: self.hook_id,
+                        repo_id: d.repo_id,
+                        content_type: d.content_type,
+                        body: &d.body,
+                    },
+                )
+                .await
+            }
+        };
+        d.redelivery = redelivery;
+        d.at = self.clock.now();
+        self.log(d)
+    }
+
+    pub async fn redeliver(&self, id: &str) -> Result<Delivery, GithubError> {
+        let original = lock(&self.deliveries)
+            .iter()
+            .find(|d| d.id == id && !d.redelivery)
+            .cloned()
+            .ok_or_else(|| GithubError::UnknownDelivery(id.to_string()))?;
+        Ok(self.resend(original, true).await)
+    }
+
+    /// The held deliveries, sent now in the order they were held.
+    pub async fn release_held(&self) -> Vec<Delivery> {
+        let held: Vec<(String, Event)> = std::mem::take(&mut *lock(&self.held));
+        let mut out = Vec::new();
+        for (id, _) in held {
+            let logged = lock(&self.deliveries)
+                .iter()
+                .find(|d| d.id == id && d.outcome == DeliveryOutcome::Held)
+                .cloned();
+            if let Some(d) = logged {
+                out.push(self.resend(d, false).await);
+            }
+        }
+        out
     }
 
     pub fn deliveries(&self) -> Vec<Delivery> {
@@ -903,6 +987,85 @@ impl Shared {
     }
 
     /// Close without merging.
+    /// Add an open PR to the base branch's merge queue as GitHub does: a merge commit of
+    /// the head onto the base tip on `refs/heads/gh-readonly-queue/<base>/pr-<n>-<base sha>`
+    /// (the base does not move), and a `merge_group` `checks_requested` delivery with the
+    /// fields of octokit/webhooks payload-schemas/api.github.com/merge_group/
+    /// checks_requested.schema.json. Returns the merge group's head sha.
+    pub fn queue_merge_group(
+        &self,
+        full_name: &str,
+        number: u64,
+        user: &str,
+    ) -> Result<(String, Ticket), GithubError> {
+        let now = self.clock.now();
+        self.with_repo_events(full_name, |state, repo, _| {
+            let idx = pull_index(state, full_name, number)?;
+            let pr = state.pulls[idx].clone();
+            if pr.state != PullState::Open {
+                return Err(GithubError::NotMergeable { number });
+            }
+            let head = parse_oid(&pr.head_sha).ok_or(GithubError::NotMergeable { number })?;
+            let base_tip = git::branch_tip(repo, &pr.base_ref)
+                .map_err(git_err("read base"))?
+                .ok_or(GithubError::NotMergeable { number })?;
+            let (base_c, head_c) = (
+                repo.find_commit(base_tip).map_err(git_err("read base"))?,
+                repo.find_commit(head).map_err(git_err("read head"))?,
+            );
+            let mut index = repo
+                .merge_commits(&base_c, &head_c, None)
+                .map_err(git_err("merge group"))?;
+            if index.has_conflicts() {
+                return Err(GithubError::NotMergeable { number });
+            }
+            let tree = index.write_tree_to(repo).map_err(git_err("merge group"))?;
+            let tree = repo.find_tree(tree).map_err(git_err("merge group"))?;
+            let message = format!(
+                "Merge pull request #{number} from {}/{}\n\n{}\n",
+                pr.head_owner.as_deref().unwrap_or(state.spec.owner()),
+                pr.head_ref,
+                pr.title
+            );
+            let sig = git::signature("GitHub", "noreply@github.com", now)
+                .map_err(git_err("make signature"))?;
+            let oid = repo
+                .commit(None, &sig, &sig, &message, &tree, &[&base_c, &head_c])
+                .map_err(git_err("merge group"))?;
+            let head_ref = format!(
+                "refs/heads/gh-readonly-queue/{}/pr-{number}-{base_tip}",
+                pr.base_ref
+            );
+            git::set_ref(repo, &head_ref, oid, "merge queue").map_err(git_err("merge group"))?;
+            let person = json!({"name": "GitHub", "email": "noreply@github.com"});
+            let payload = json!({
+                "action": "checks_requested",
+                "merge_group": {
+                    "head_sha": oid.to_string(),
+                    "head_ref": head_ref,
+                    "base_sha": base_tip.to_string(),
+                    "base_ref": format!("refs/heads/{}", pr.base_ref),
+                    "head_commit": {
+                        "id": oid.to_string(),
+                        "tree_id": tree.id().to_string(),
+                        "message": message,
+                        "timestamp": now.rfc3339(),
+                        "author": person,
+                        "committer": person,
+                    },
+                },
+            });
+            let event = Event {
+                name: "merge_group",
+                action: Some("checks_requested".into()),
+                repo: state.spec.full_name.clone(),
+                repo_id: state.id,
+                payload: json::with_envelope(payload, &self.base, state, user),
+            };
+            Ok((oid.to_string(), vec![event]))
+        })
+    }
+
     pub fn close_pull(
         &self,
         full_name: &str,

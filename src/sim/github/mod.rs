@@ -66,7 +66,7 @@ pub use app::{AppInstallation, GithubApp};
 pub use forge::MergeRequest;
 pub use model::{CommitStatus, IssueComment, PullRequest, PullState, RepoSpec, Role, StatusState};
 pub use smart_http::MAX_GIT_BODY;
-pub use webhook::{signature_256, Delivery, DeliveryOutcome, WebhookTarget};
+pub use webhook::{signature_256, ContentType, Delivery, DeliveryOutcome, WebhookTarget};
 
 use crate::clock::Clock;
 use crate::sim::net::NetLimits;
@@ -113,6 +113,8 @@ pub enum GithubError {
     AppKey(String),
     #[error("{0:?} is not a collaborator role (admin, maintain, write, triage or read)")]
     UnknownRole(String),
+    #[error("no delivery {0:?} in the log")]
+    UnknownDelivery(String),
     #[error("the emulator's clone of {repo}: {message}")]
     Clone { repo: PathBuf, message: String },
 }
@@ -126,11 +128,23 @@ pub struct GithubFaults {
     pub server_errors: u32,
     /// 502 or 503 (any 5xx is accepted; anything else becomes 502).
     pub server_error_status: u16,
-    /// The next N API requests hit the secondary rate limit (403 with `retry-after`).
+    /// The next N API requests hit the secondary rate limit: `secondary_status` (403 or
+    /// 429), GitHub's message, `x-ratelimit-remaining` untouched (above zero) and a
+    /// `retry-after` of `retry_after_secs`, or none when that is 0 — GitHub documents all
+    /// of these shapes (github/docs, content/rest/using-the-rest-api/
+    /// rate-limits-for-the-rest-api.md, "Exceeding the rate limit").
     pub secondary_rate_limits: u32,
     pub retry_after_secs: u64,
+    /// 403 (the default) or 429.
+    pub secondary_status: u16,
+    /// Only content-creating requests (anything but GET) hit the secondary limit, as
+    /// GitHub's limit on content creation does.
+    pub secondary_writes_only: bool,
     /// The next N webhooks are not sent (logged as [`DeliveryOutcome::Dropped`]).
     pub dropped_webhooks: u32,
+    /// The next N webhooks are held back (logged as [`DeliveryOutcome::Held`]) until
+    /// [`GithubTwin::release_held_webhooks`]: GitHub does not promise delivery order.
+    pub held_webhooks: u32,
 }
 
 impl Default for GithubFaults {
@@ -140,7 +154,10 @@ impl Default for GithubFaults {
             server_error_status: 502,
             secondary_rate_limits: 0,
             retry_after_secs: 60,
+            secondary_status: 403,
+            secondary_writes_only: false,
             dropped_webhooks: 0,
+            held_webhooks: 0,
         }
     }
 }
@@ -280,6 +297,12 @@ impl GithubTwin {
         *lock(&self.shared.webhook) = target;
     }
 
+    /// Serialize webhook payloads as `json` or as `form` (`payload=<JSON>`, GitHub's
+    /// default for a new repository webhook).
+    pub fn set_webhook_content_type(&self, content_type: ContentType) {
+        *lock(&self.shared.content_type) = content_type;
+    }
+
     // ----- faults -----
 
     pub fn set_faults(&self, faults: GithubFaults) {
@@ -304,9 +327,44 @@ impl GithubTwin {
         f.retry_after_secs = retry_after_secs;
     }
 
+    /// The next `n` API requests (only content-creating ones with `writes_only`) hit the
+    /// secondary rate limit with `status` (403 or 429) and `retry-after` when given.
+    pub fn secondary_rate_limit_shaped(
+        &self,
+        n: u32,
+        status: u16,
+        retry_after_secs: Option<u64>,
+        writes_only: bool,
+    ) {
+        let mut f = lock(&self.shared.faults);
+        f.secondary_rate_limits = n;
+        f.secondary_status = status;
+        f.retry_after_secs = retry_after_secs.unwrap_or(0);
+        f.secondary_writes_only = writes_only;
+    }
+
     /// The next `n` webhooks are dropped (logged, never sent).
     pub fn drop_next_webhooks(&self, n: u32) {
         lock(&self.shared.faults).dropped_webhooks = n;
+    }
+
+    /// The next `n` webhooks are held back until [`GithubTwin::release_held_webhooks`],
+    /// so they arrive after later ones.
+    pub fn hold_next_webhooks(&self, n: u32) {
+        lock(&self.shared.faults).held_webhooks = n;
+    }
+
+    /// Send the held webhooks now, oldest first, each with the delivery id it was given.
+    pub async fn release_held_webhooks(&self) -> Vec<Delivery> {
+        self.shared.release_held().await
+    }
+
+    /// Redeliver a logged delivery as GitHub's "Redeliver" does: the same body and the same
+    /// `X-GitHub-Delivery` (the delivery's `guid`, "shared with all deliveries" of the
+    /// event, per the `hook-delivery` schema in github/rest-api-description,
+    /// descriptions/api.github.com/api.github.com.yaml), freshly signed.
+    pub async fn redeliver(&self, delivery_id: &str) -> Result<Delivery, GithubError> {
+        self.shared.redeliver(delivery_id).await
     }
 
     /// A handle that sets the dropped-webhooks fault, for `POST /_twin/faults`.
@@ -378,6 +436,20 @@ impl GithubTwin {
         let (sha, ticket) =
             self.shared
                 .merge_pull(repo, number, &MergeRequest::default(), merger)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(sha)
+    }
+
+    /// Put PR `number` in its base branch's merge queue (see `Shared::queue_merge_group`);
+    /// waits for the `merge_group` delivery. Returns the merge group's head sha, where
+    /// the required statuses must be posted.
+    pub async fn queue_merge_group(
+        &self,
+        repo: &str,
+        number: u64,
+        user: &str,
+    ) -> Result<String, GithubError> {
+        let (sha, ticket) = self.shared.queue_merge_group(repo, number, user)?;
         self.shared.wait_delivered(ticket).await;
         Ok(sha)
     }

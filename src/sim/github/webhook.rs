@@ -36,6 +36,8 @@ pub enum DeliveryOutcome {
     Failed { error: String },
     /// A fault swallowed it: never sent.
     Dropped,
+    /// A fault holds it back, to be sent after later deliveries.
+    Held,
     /// No webhook is configured.
     NoTarget,
 }
@@ -49,10 +51,55 @@ pub struct Delivery {
     pub event: String,
     pub action: Option<String>,
     pub repo: String,
+    pub repo_id: u64,
+    pub content_type: ContentType,
+    /// Sent again by "Redeliver" (same id, same body).
+    pub redelivery: bool,
     pub outcome: DeliveryOutcome,
     pub at: Timestamp,
     /// The exact bytes that were (or would have been) sent.
     pub body: String,
+}
+
+/// A webhook's `content_type`: "Supported values include `json` and `form`. The default
+/// is `form`." (`webhook-config-content-type` in github/rest-api-description,
+/// descriptions/api.github.com/api.github.com.yaml). A `form` delivery is
+/// `application/x-www-form-urlencoded` with the JSON in the `payload` field; the
+/// signature is over the body as sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ContentType {
+    #[default]
+    Json,
+    Form,
+}
+
+impl ContentType {
+    pub fn header(self) -> &'static str {
+        match self {
+            ContentType::Json => "application/json",
+            ContentType::Form => "application/x-www-form-urlencoded",
+        }
+    }
+
+    /// The body for a JSON payload.
+    pub fn encode(self, json: &str) -> String {
+        match self {
+            ContentType::Json => json.to_string(),
+            ContentType::Form => {
+                let mut out = String::from("payload=");
+                for b in json.bytes() {
+                    match b {
+                        b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'*' | b'-' | b'.' | b'_' => {
+                            out.push(b as char)
+                        }
+                        b' ' => out.push('+'),
+                        _ => out.push_str(&format!("%{b:02X}")),
+                    }
+                }
+                out
+            }
+        }
+    }
 }
 
 impl Delivery {
@@ -73,6 +120,15 @@ pub fn signature_256(secret: &[u8], body: &[u8]) -> String {
     };
     mac.update(body);
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// `sha1=<hex>` of the HMAC-SHA1 of `body` (the legacy `X-Hub-Signature`).
+pub fn signature_sha1(secret: &[u8], body: &[u8]) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY, secret);
+    format!(
+        "sha1={}",
+        hex::encode(ring::hmac::sign(&key, body).as_ref())
+    )
 }
 
 /// A random (version 4) UUID, as GitHub uses for delivery ids.
@@ -106,13 +162,14 @@ pub struct Outgoing<'a> {
     pub event: &'a str,
     pub hook_id: u64,
     pub repo_id: u64,
+    pub content_type: ContentType,
     pub body: &'a str,
 }
 
 /// POST one event; the receiver's status code, or why there was none.
 pub async fn send(client: &HttpClient, out: Outgoing<'_>) -> DeliveryOutcome {
     let request = hyper::Request::post(out.target.url.as_str())
-        .header("content-type", "application/json")
+        .header("content-type", out.content_type.header())
         .header("user-agent", "GitHub-Hookshot/ichor-twin")
         .header("x-github-event", out.event)
         .header("x-github-delivery", out.delivery_id)
@@ -121,6 +178,12 @@ pub async fn send(client: &HttpClient, out: Outgoing<'_>) -> DeliveryOutcome {
         .header(
             "x-github-hook-installation-target-id",
             out.repo_id.to_string(),
+        )
+        // GitHub still sends the legacy SHA-1 signature beside the SHA-256 one
+        // (github/docs content/webhooks/webhook-events-and-payloads.md, "Delivery headers").
+        .header(
+            "x-hub-signature",
+            signature_sha1(out.target.secret.as_bytes(), out.body.as_bytes()),
         )
         .header(
             "x-hub-signature-256",

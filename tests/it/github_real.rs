@@ -1,0 +1,507 @@
+//! `ichor run` against GitHub as GitHub really behaves: deliveries lost, late, refused and
+//! redelivered, form-encoded hooks, secondary rate limits in each documented shape, merge
+//! queues, schema edges. Real sockets throughout: ichor's octocrab client against the
+//! GitHub emulator, the emulator's (or the test's) HTTP deliveries to ichor's listener.
+//! Each test names the upstream behaviour it stands on; docs/twin.md has the table.
+
+use std::time::Duration;
+
+use ichor::controller::{Event, Running};
+use ichor::sim::github::{ContentType, DeliveryOutcome, StatusState, RENOVATE_LOGIN};
+
+use crate::controller::{until, Hub};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+type Error = Box<dyn std::error::Error>;
+
+const REPO: &str = "acme/homelab";
+const GOOD: &str = "renovate/talos";
+const SECRET: &str = "webhook-secret-do-not-print";
+
+fn has(hub: &Hub, sha: &str, state: StatusState) -> bool {
+    hub.status(sha, "ichor/gate")
+        .is_some_and(|s| s.state == state)
+}
+
+/// POST a delivery to ichor's listener, signed with the webhook secret; the status.
+async fn deliver(
+    running: &Running,
+    event: &str,
+    id: &str,
+    content_type: &str,
+    body: &str,
+) -> Result<u16, Error> {
+    use http_body_util::BodyExt;
+    let req = http::Request::post(format!("http://{}/webhook", running.webhook_addr))
+        .header("x-github-event", event)
+        .header("x-github-delivery", id)
+        .header("content-type", content_type)
+        .header(
+            "x-hub-signature-256",
+            ichor::forge::webhook::sign(SECRET.as_bytes(), body.as_bytes()),
+        )
+        .body(http_body_util::Full::new(axum::body::Bytes::from(
+            body.to_string(),
+        )))?;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let resp = client.request(req).await?;
+    let status = resp.status().as_u16();
+    let _ = resp.into_body().collect().await;
+    Ok(status)
+}
+
+fn deliveries(running: &Running, result: &str, reason: &str) -> f64 {
+    running.ctx.metrics.value(
+        "ichor_webhook_deliveries_total",
+        &[("result", result), ("reason", reason)],
+    )
+}
+
+// ----- 1: the head is what the API says -----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_head_judged_is_the_apis_when_a_delivery_is_lost_or_late() -> TestResult {
+    let hub = Hub::start().await?;
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the first head's verdict", || {
+        has(&hub, &pr.head_sha, StatusState::Success)
+    })
+    .await?;
+
+    // GitHub loses the `push` and `synchronize` of the next head (it never redelivers
+    // on its own: github/docs content/webhooks/using-webhooks/
+    // handling-failed-webhook-deliveries.md). The reconcile reads the head from the API.
+    hub.gh.drop_next_webhooks(2);
+    let second = hub
+        .gh
+        .push_commit(
+            REPO,
+            GOOD,
+            &[("docs/second.md", "second\n")],
+            "docs",
+            RENOVATE_LOGIN,
+        )
+        .await?;
+    running.ctx.events.send(Event::Reconcile).await?;
+    until(&hub.s, &running, "the lost head's verdict", || {
+        has(&hub, &second, StatusState::Success)
+    })
+    .await?;
+
+    // Deliveries arrive out of order: the third head's are held back and come after the
+    // fourth's. The late one (naming an older head) freezes nothing.
+    hub.gh.hold_next_webhooks(2);
+    let third = hub
+        .gh
+        .push_commit(
+            REPO,
+            GOOD,
+            &[("docs/third.md", "third\n")],
+            "docs",
+            RENOVATE_LOGIN,
+        )
+        .await?;
+    let fourth = hub
+        .gh
+        .push_commit(
+            REPO,
+            GOOD,
+            &[("docs/fourth.md", "fourth\n")],
+            "docs",
+            RENOVATE_LOGIN,
+        )
+        .await?;
+    until(&hub.s, &running, "the fourth head's verdict", || {
+        has(&hub, &fourth, StatusState::Success)
+    })
+    .await?;
+    let late = hub.gh.release_held_webhooks().await;
+    assert_eq!(late.len(), 2);
+    assert!(late.iter().all(|d| d.status() == Some(202)), "{late:?}");
+    // Then the protected branch moves: the head GitHub reports is judged against the new
+    // base, however old the last delivery's head was.
+    let gates = running.ctx.metrics.total("ichor_gates_total");
+    hub.gh
+        .push_commit(REPO, "main", &[("docs/main.md", "main\n")], "docs", "mara")
+        .await?;
+    until(
+        &hub.s,
+        &running,
+        "the head judged against the new base",
+        || running.ctx.metrics.total("ichor_gates_total") > gates,
+    )
+    .await?;
+    assert!(has(&hub, &fourth, StatusState::Success));
+    assert!(
+        hub.status(&third, "ichor/gate").is_none(),
+        "the third head was never the PR's head when ichor looked"
+    );
+    running.shutdown().await;
+    Ok(())
+}
+
+// ----- 3: redelivery after a refusal -----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_delivery_is_taken_when_github_redelivers_it() -> TestResult {
+    let hub = Hub::start().await?;
+    let running = hub.run("a").await?;
+    until(&hub.s, &running, "the first reconcile", || {
+        running.ctx.metrics.total("ichor_reconciles_total") >= 1.0
+    })
+    .await?;
+    // The loop is held up and the queue fills: the next delivery is refused with 503.
+    let held = running.ctx.state.lock().await;
+    let mut queued = 0;
+    while running.ctx.events.try_send(Event::Reconcile).is_ok() {
+        queued += 1;
+        // The loop may have taken one batch before it stopped at the lock.
+        assert!(
+            queued <= 2 * ichor::controller::QUEUE_CAPACITY + 1,
+            "the queue never filled"
+        );
+    }
+    let pr = hub.open(GOOD).await?;
+    let refused = hub
+        .gh
+        .deliveries()
+        .into_iter()
+        .rev()
+        .find(|d| d.event == "pull_request")
+        .ok_or("no pull_request delivery")?;
+    assert_eq!(refused.status(), Some(503));
+    drop(held);
+    until(&hub.s, &running, "the queue to drain", || {
+        running.ctx.events.capacity() == ichor::controller::QUEUE_CAPACITY
+    })
+    .await?;
+
+    // "Redeliver" sends the same X-GitHub-Delivery again: it is read, not a duplicate.
+    let again = hub.gh.redeliver(&refused.id).await?;
+    assert_eq!(
+        (again.id.as_str(), again.redelivery),
+        (refused.id.as_str(), true)
+    );
+    assert_eq!(again.status(), Some(202));
+    assert_eq!(deliveries(&running, "duplicate", "pull_request"), 0.0);
+    assert_eq!(deliveries(&running, "accepted", "pull_request"), 1.0);
+    // A second redelivery of a delivery that was taken is the duplicate.
+    assert_eq!(hub.gh.redeliver(&refused.id).await?.status(), Some(202));
+    assert_eq!(deliveries(&running, "duplicate", "pull_request"), 1.0);
+    until(&hub.s, &running, "the verdict", || {
+        has(&hub, &pr.head_sha, StatusState::Success)
+    })
+    .await?;
+    running.shutdown().await;
+    Ok(())
+}
+
+// ----- 2: secondary rate limits -----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secondary_rate_limit_delays_a_reply_but_never_drops_it() -> TestResult {
+    let hub = Hub::start().await?;
+    hub.gh.add_collaborator(REPO, "mara", "maintain")?;
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the verdict", || {
+        has(&hub, &pr.head_sha, StatusState::Success)
+    })
+    .await?;
+    // The reply hits a secondary limit as GitHub often sends it: 403, no `retry-after`,
+    // requests left in the primary window.
+    hub.gh.secondary_rate_limit_shaped(1, 403, None, true);
+    hub.gh
+        .comment(REPO, pr.number, "/ichor plan", "mara")
+        .await?;
+    until(&hub.s, &running, "the reply, after the wait", || {
+        hub.replies(pr.number, "@mara") >= 1
+    })
+    .await?;
+    assert_eq!(
+        hub.gh.faults().secondary_rate_limits,
+        0,
+        "the limit was met"
+    );
+    running.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_wait_never_holds_up_the_loop() -> TestResult {
+    let hub = Hub::start().await?;
+    hub.gh.add_collaborator(REPO, "mara", "maintain")?;
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the verdict", || {
+        has(&hub, &pr.head_sha, StatusState::Success)
+    })
+    .await?;
+    // The next head's status meets a 429 asking for ten minutes.
+    hub.gh.secondary_rate_limit_shaped(1, 429, Some(600), true);
+    let clock = hub.s.twin.talos.clock().clone();
+    let t0 = clock.now();
+    let next = hub
+        .gh
+        .push_commit(
+            REPO,
+            GOOD,
+            &[("docs/next.md", "next\n")],
+            "docs",
+            RENOVATE_LOGIN,
+        )
+        .await?;
+    hub.gh
+        .comment(REPO, pr.number, "/ichor pause", "mara")
+        .await?;
+    let cluster = running.ctx.cluster("homelab").ok_or("no cluster")?.clone();
+    let paused = || {
+        cluster
+            .paused_by
+            .lock()
+            .map(|p| p.is_some())
+            .unwrap_or(false)
+    };
+    until(&hub.s, &running, "the pause", paused).await?;
+    let after = clock.now().since(t0);
+    assert!(
+        after < Duration::from_secs(600),
+        "the pause waited {after:?}, behind the rate limit"
+    );
+    // The held work is done once GitHub allows it.
+    until(
+        &hub.s,
+        &running,
+        "the new head's verdict and the reply",
+        || has(&hub, &next, StatusState::Success) && hub.replies(pr.number, "@mara") >= 1,
+    )
+    .await?;
+    assert!(clock.now().since(t0) >= Duration::from_secs(600));
+    running.shutdown().await;
+    Ok(())
+}
+
+// ----- 5: form-encoded webhooks -----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn form_encoded_deliveries_are_read_like_json_ones() -> TestResult {
+    let hub = Hub::start().await?;
+    // GitHub's default content type for a repository webhook.
+    hub.gh.set_webhook_content_type(ContentType::Form);
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the verdict", || {
+        has(&hub, &pr.head_sha, StatusState::Success)
+    })
+    .await?;
+    let sent = hub.gh.deliveries();
+    let opened = sent
+        .iter()
+        .find(|d| d.event == "pull_request")
+        .ok_or("no pull_request delivery")?;
+    assert!(opened.body.starts_with("payload=%7B"), "{}", opened.body);
+    assert_eq!(opened.status(), Some(202));
+    assert_eq!(deliveries(&running, "accepted", "pull_request"), 1.0);
+    assert_eq!(deliveries(&running, "refused", "bad_payload"), 0.0);
+    // Neither form nor JSON: refused with 415, counted.
+    assert_eq!(
+        deliver(&running, "ping", "other-type-1", "text/plain", "{}").await?,
+        415
+    );
+    assert_eq!(deliveries(&running, "refused", "bad_content_type"), 1.0);
+    running.shutdown().await;
+    Ok(())
+}
+
+// ----- 7: schema edges -----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_null_merged_flag_is_read_as_github_publishes_it() -> TestResult {
+    let hub = Hub::start().await?;
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the verdict", || {
+        has(&hub, &pr.head_sha, StatusState::Success)
+    })
+    .await?;
+    // `merged` is `["boolean", "null"]` (octokit/webhooks
+    // payload-schemas/api.github.com/common/pull-request.schema.json).
+    let opened = hub
+        .gh
+        .deliveries()
+        .into_iter()
+        .find(|d| d.event == "pull_request")
+        .ok_or("no delivery")?;
+    let mut payload: serde_json::Value = serde_json::from_str(&opened.body)?;
+    payload["pull_request"]["merged"] = serde_json::Value::Null;
+    payload["action"] = "edited".into();
+    let status = deliver(
+        &running,
+        "pull_request",
+        "null-merged-1",
+        "application/json",
+        &payload.to_string(),
+    )
+    .await?;
+    assert_eq!(status, 202);
+    assert!(hub
+        .gh
+        .deliveries()
+        .iter()
+        .all(|d| d.outcome != DeliveryOutcome::Held));
+    running.shutdown().await;
+    Ok(())
+}
+
+// ----- 6: merge queues -----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_group_gets_its_gate_on_its_own_head() -> TestResult {
+    let hub = Hub::start().await?;
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the PR's verdict", || {
+        has(&hub, &pr.head_sha, StatusState::Success)
+    })
+    .await?;
+    // With a merge queue GitHub waits for the required statuses on the merge group's
+    // head_sha (octokit/webhooks payload-examples/api.github.com/merge_group/
+    // checks_requested.payload.json), a commit no PR has as its head.
+    let group = hub.gh.queue_merge_group(REPO, pr.number, "mara").await?;
+    assert_ne!(group, pr.head_sha);
+    until(&hub.s, &running, "the merge group's verdict", || {
+        has(&hub, &group, StatusState::Success)
+    })
+    .await?;
+    assert_eq!(deliveries(&running, "accepted", "merge_group"), 1.0);
+    running.shutdown().await;
+    Ok(())
+}
+
+// ----- 12: credentials go only where they were meant to -----
+
+/// A server that redirects every request to `to` (another origin), and one that asks for
+/// credentials and records every Authorization header it is sent.
+async fn redirecting_pair() -> Result<(String, std::sync::Arc<std::sync::Mutex<Vec<String>>>), Error>
+{
+    use axum::response::IntoResponse;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let other = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let other_port = other.local_addr()?.port();
+    let record = seen.clone();
+    let asks = axum::Router::new().fallback(move |headers: http::HeaderMap| {
+        let record = record.clone();
+        async move {
+            if let Some(a) = headers.get("authorization").and_then(|v| v.to_str().ok()) {
+                record.lock().map(|mut r| r.push(a.to_string())).ok();
+            }
+            (
+                http::StatusCode::UNAUTHORIZED,
+                [("www-authenticate", "Basic realm=\"GitHub\"")],
+                "",
+            )
+                .into_response()
+        }
+    });
+    tokio::spawn(async move {
+        let _ = axum::serve(other, asks).await;
+    });
+    let first = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let first_port = first.local_addr()?.port();
+    let redirect = axum::Router::new().fallback(move |uri: http::Uri| async move {
+        let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        (
+            http::StatusCode::MOVED_PERMANENTLY,
+            [("location", format!("http://localhost:{other_port}{pq}"))],
+            "",
+        )
+            .into_response()
+    });
+    tokio::spawn(async move {
+        let _ = axum::serve(first, redirect).await;
+    });
+    Ok((
+        format!("http://127.0.0.1:{first_port}/acme/homelab.git"),
+        seen,
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_another_origin_never_gets_the_token() -> TestResult {
+    use ichor::git::remote::{Credentials, Mirror, Remote};
+    let (url, seen) = redirecting_pair().await?;
+    let dir = tempfile::tempdir()?;
+    let token = "ghp_never_leaves_for_another_host_0123456789";
+    let remote = Remote {
+        url,
+        credentials: Credentials::Token {
+            user: "x-access-token".into(),
+            token: ichor::secret::Secret::new(token.to_string()),
+        },
+        known_hosts: None,
+    };
+    let result = tokio::task::spawn_blocking(move || {
+        let mirror = Mirror::open(&dir.path().join("mirror.git"))?;
+        mirror.fetch(&remote, &["+refs/heads/*:refs/heads/*"])
+    })
+    .await?;
+    let err = result
+        .err()
+        .ok_or("the fetch through a redirect succeeded")?;
+    let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    assert!(
+        seen.is_empty(),
+        "credentials went to another origin: {seen:?}"
+    );
+    let message = err.to_string();
+    assert!(message.contains("another origin"), "{message}");
+    assert!(!message.contains(token), "{message}");
+    Ok(())
+}
+
+// ----- 10: what is quoted is not a command -----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_quoted_in_a_code_block_or_a_comment_does_nothing() -> TestResult {
+    let hub = Hub::start().await?;
+    hub.gh.add_collaborator(REPO, "mara", "maintain")?;
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the verdict", || {
+        has(&hub, &pr.head_sha, StatusState::Success)
+    })
+    .await?;
+    hub.gh
+        .comment(
+            REPO,
+            pr.number,
+            "To stop it, write:\n\n```\n/ichor pause\n```\n<!--\n/ichor pause\n-->",
+            "mara",
+        )
+        .await?;
+    hub.gh
+        .comment(REPO, pr.number, "/ichor plan", "mara")
+        .await?;
+    until(&hub.s, &running, "the reply to the real command", || {
+        hub.replies(pr.number, "@mara") >= 1
+    })
+    .await?;
+    let cluster = running.ctx.cluster("homelab").ok_or("no cluster")?.clone();
+    assert!(
+        cluster
+            .paused_by
+            .lock()
+            .map(|p| p.is_none())
+            .unwrap_or(false),
+        "a quoted command paused the cluster"
+    );
+    assert_eq!(
+        hub.replies(pr.number, "@mara"),
+        1,
+        "one reply, to the real command"
+    );
+    running.shutdown().await;
+    Ok(())
+}
