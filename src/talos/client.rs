@@ -82,6 +82,13 @@ pub enum TalosError {
     },
     #[error("talosconfig context `{context}`: {message}")]
     Tls { context: String, message: String },
+    #[error("{call} on {node}: mutual TLS with endpoint {endpoint} failed: {detail} (is the talosconfig's certificate expired, revoked or from another cluster?)")]
+    Handshake {
+        node: String,
+        call: &'static str,
+        endpoint: String,
+        detail: String,
+    },
     #[error("{call} on {node}: the installer exited with code {code} ({}){}", class.describe(), last_lines(last))]
     Installer {
         node: String,
@@ -181,7 +188,7 @@ impl TalosError {
             TalosError::NotFound { .. } => "not_found",
             TalosError::Refused { .. } => "refused",
             TalosError::Reply { .. } => "reply",
-            TalosError::Tls { .. } => "tls",
+            TalosError::Tls { .. } | TalosError::Handshake { .. } => "tls",
             TalosError::Installer { .. } => "installer",
         }
     }
@@ -435,6 +442,16 @@ impl TalosClient {
                         *p = i;
                     }
                     return Ok(v);
+                }
+                // A TLS failure is the real error, not "unreachable": every endpoint
+                // checks the same certificate, so say so now.
+                Err(Err(dial)) if is_tls_failure(&dial) => {
+                    return Err(TalosError::Handshake {
+                        node: node.to_string(),
+                        call,
+                        endpoint: self.context.endpoints[i].to_string(),
+                        detail: crate::releaseset::excerpt(&dial, 300),
+                    })
                 }
                 // Could not dial this endpoint: try the next.
                 Err(Err(dial)) => last = dial,
@@ -1217,6 +1234,21 @@ fn node_error(
         }),
         _ => Ok(()),
     }
+}
+
+/// Whether a dial error is the TLS handshake failing (a certificate refused either way),
+/// as rustls words it, rather than the network.
+fn is_tls_failure(dial: &str) -> bool {
+    let d = dial.to_ascii_lowercase();
+    [
+        "certificate",
+        "received fatal alert",
+        "handshake",
+        "unknownca",
+        "unknown issuer",
+    ]
+    .iter()
+    .any(|k| d.contains(k))
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

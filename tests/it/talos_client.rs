@@ -159,8 +159,10 @@ async fn mutual_tls_is_required_and_roles_are_enforced() -> TestResult {
         .await
         .err()
         .ok_or("foreign cert accepted")?;
-    assert!(matches!(e, TalosError::Unreachable { .. }), "{e}");
+    // The real error, naming the endpoint, not "unreachable".
+    assert!(matches!(e, TalosError::Handshake { .. }), "{e}");
     assert!(e.to_string().contains("Version on 10.5.0.10"), "{e}");
+    assert!(e.to_string().contains("mutual TLS with endpoint"), "{e}");
 
     // A reader may read but not apply.
     let reader = sim.twin.issue_client("reader", &["os:reader"])?;
