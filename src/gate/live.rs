@@ -494,6 +494,13 @@ fn etcd_item(etcd: &Result<EtcdView, String>) -> CheckItem {
         .into_iter()
         .filter(|(m, _)| !m.is_learner)
         .filter_map(|(m, h)| h.err().map(|e| format!("{} ({e})", m.hostname)))
+        // A control plane that does not answer and is not in the list is down too.
+        .chain(view.statuses.iter().filter_map(|(n, s)| match s {
+            Err(e) if !view.members.iter().any(|m| m.hostname == *n) => {
+                Some(format!("{n} ({})", crate::releaseset::excerpt(e, 120)))
+            }
+            _ => None,
+        }))
         .collect();
     let n = view.members.len();
     let stale: Vec<String> = view
