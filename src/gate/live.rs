@@ -1036,7 +1036,10 @@ mod tests {
             ],
         };
         let why = view.may_take_down("cp-1", false).unwrap_err();
-        assert!(why.contains("cp-old") && why.contains("answers nothing"), "{why}");
+        assert!(
+            why.contains("cp-old") && why.contains("answers nothing"),
+            "{why}"
+        );
         let item = etcd_item(&Ok(view.clone()));
         assert_eq!(item.status, Status::Fail);
         assert!(item.message.contains("cp-old"), "{}", item.message);
@@ -1048,7 +1051,10 @@ mod tests {
         let mut two = three.clone();
         two.members.pop();
         two.statuses.pop();
-        assert!(two.may_take_down("cp-1", false).unwrap_err().contains("quorum needs 2"));
+        assert!(two
+            .may_take_down("cp-1", false)
+            .unwrap_err()
+            .contains("quorum needs 2"));
         // One member: nothing to keep.
         let mut one = two.clone();
         one.members.pop();

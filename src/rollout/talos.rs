@@ -90,8 +90,10 @@ impl Run<'_, '_> {
                         self.etcd_may_lose(&node, false).await?;
                     }
                     self.check_lock(stage, name).await?;
-                    self.kube(stage, Some(name), "cordon", || e.kube.cordon(name, self.rollout_id()))
-                        .await?;
+                    self.kube(stage, Some(name), "cordon", || {
+                        e.kube.cordon(name, self.rollout_id())
+                    })
+                    .await?;
                     self.say(Progress::Note(format!("talos {name}: cordoned")));
                 }
                 StepState::Act(Action::Drain) => {
@@ -148,8 +150,10 @@ impl Run<'_, '_> {
                     }
                 }
                 StepState::Act(Action::Uncordon) => {
-                    self.kube(stage, Some(name), "uncordon", || e.kube.uncordon(name, self.rollout_id()))
-                        .await?;
+                    self.kube(stage, Some(name), "uncordon", || {
+                        e.kube.uncordon(name, self.rollout_id())
+                    })
+                    .await?;
                 }
             }
             obs = self.observe(stage, &node, &marker).await?;
@@ -207,15 +211,16 @@ impl Run<'_, '_> {
     pub(super) async fn etcd_may_lose(&self, node: &LiveNode, again: bool) -> Flow<()> {
         let stage = StageId::Talos;
         let nodes = self.live_nodes(stage).await?;
-        let view = crate::gate::live::observe_etcd_around(self.engine.talos, &nodes, Some(&node.name))
-            .await
-            .map_err(|err| {
-                self.pause(
-                    stage,
-                    Some(&node.name),
-                    format!("cannot read etcd before taking {} down: {err}", node.name),
-                )
-            })?;
+        let view =
+            crate::gate::live::observe_etcd_around(self.engine.talos, &nodes, Some(&node.name))
+                .await
+                .map_err(|err| {
+                    self.pause(
+                        stage,
+                        Some(&node.name),
+                        format!("cannot read etcd before taking {} down: {err}", node.name),
+                    )
+                })?;
         view.may_take_down(&node.name, again)
             .map_err(|why| self.pause(stage, Some(&node.name), why))
     }
