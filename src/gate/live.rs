@@ -494,6 +494,13 @@ fn etcd_item(etcd: &Result<EtcdView, String>) -> CheckItem {
         .into_iter()
         .filter(|(m, _)| !m.is_learner)
         .filter_map(|(m, h)| h.err().map(|e| format!("{} ({e})", m.hostname)))
+        // A control plane that does not answer and is not in the list is down too.
+        .chain(view.statuses.iter().filter_map(|(n, s)| match s {
+            Err(e) if !view.members.iter().any(|m| m.hostname == *n) => {
+                Some(format!("{n} ({})", crate::releaseset::excerpt(e, 120)))
+            }
+            _ => None,
+        }))
         .collect();
     let n = view.members.len();
     let stale: Vec<String> = view
@@ -1029,7 +1036,10 @@ mod tests {
             ],
         };
         let why = view.may_take_down("cp-1", false).unwrap_err();
-        assert!(why.contains("cp-old") && why.contains("answers nothing"), "{why}");
+        assert!(
+            why.contains("cp-old") && why.contains("answers nothing"),
+            "{why}"
+        );
         let item = etcd_item(&Ok(view.clone()));
         assert_eq!(item.status, Status::Fail);
         assert!(item.message.contains("cp-old"), "{}", item.message);
@@ -1041,7 +1051,10 @@ mod tests {
         let mut two = three.clone();
         two.members.pop();
         two.statuses.pop();
-        assert!(two.may_take_down("cp-1", false).unwrap_err().contains("quorum needs 2"));
+        assert!(two
+            .may_take_down("cp-1", false)
+            .unwrap_err()
+            .contains("quorum needs 2"));
         // One member: nothing to keep.
         let mut one = two.clone();
         one.members.pop();

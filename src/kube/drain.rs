@@ -275,7 +275,11 @@ impl KubeClient {
             .pods_on(node)
             .await?
             .iter()
-            .filter_map(|p| options.refuses(p).map(|why| (p.to_string(), why.to_string())))
+            .filter_map(|p| {
+                options
+                    .refuses(p)
+                    .map(|why| (p.to_string(), why.to_string()))
+            })
             .collect();
         if !refused.is_empty() {
             return Ok(DrainOutcome::Refused { pods: refused });

@@ -63,8 +63,10 @@ impl Run<'_, '_> {
         let mut marker = self.marker(&key).await;
         if self.runs(stage, name, components, &tag).await? {
             if kubelet && self.ours(&node) {
-                self.kube(stage, Some(name), "uncordon", || e.kube.uncordon(name, self.rollout_id()))
-                    .await?;
+                self.kube(stage, Some(name), "uncordon", || {
+                    e.kube.uncordon(name, self.rollout_id())
+                })
+                .await?;
             }
             if marker.started_at.is_some() {
                 self.finish_marker(stage, &key).await?;
@@ -86,8 +88,10 @@ impl Run<'_, '_> {
             // A kubelet restart is a disruption like a reboot: the workloads move first,
             // and only once every volume they use has a healthy copy elsewhere.
             self.check_lock(stage, name).await?;
-            self.kube(stage, Some(name), "cordon", || e.kube.cordon(name, self.rollout_id()))
-                .await?;
+            self.kube(stage, Some(name), "cordon", || {
+                e.kube.cordon(name, self.rollout_id())
+            })
+            .await?;
             loop {
                 let obs = self.observe(stage, &node, &marker).await?;
                 if obs.unprotected_volumes.is_empty() || obs.pods_to_move == 0 {
@@ -193,8 +197,10 @@ impl Run<'_, '_> {
             e.clock.sleep(e.observe_every).await;
         }
         if kubelet {
-            self.kube(stage, Some(name), "uncordon", || e.kube.uncordon(name, self.rollout_id()))
-                .await?;
+            self.kube(stage, Some(name), "uncordon", || {
+                e.kube.uncordon(name, self.rollout_id())
+            })
+            .await?;
         }
         self.finish_marker(stage, &key).await?;
         self.say(Progress::UnitDone {

@@ -639,7 +639,7 @@ impl Run<'_, '_> {
             });
             match id {
                 StageId::Talos => {
-                    for step in self.leader_last(&stage.steps).await {
+                    for step in &stage.steps {
                         self.batch(id, step, |n| self.talos_node(n)).await?;
                     }
                 }

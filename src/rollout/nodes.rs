@@ -127,7 +127,9 @@ impl Run<'_, '_> {
             return Ok(None);
         }
         let nodes = self.live_nodes(stage).await?;
-        let out = |n: &LiveNode| n.name != node.name && (!n.ready || n.cordoned || active.contains(&n.name));
+        let out = |n: &LiveNode| {
+            n.name != node.name && (!n.ready || n.cordoned || active.contains(&n.name))
+        };
         if node.role == crate::releaseset::Role::Worker {
             let max = self.engine.policy.max_unavailable.get() as usize;
             let unavailable: Vec<&str> = nodes
@@ -139,13 +141,22 @@ impl Run<'_, '_> {
                 return Ok(Some(format!(
                     "{} waits: {} already unavailable ({}) and maxUnavailable is {max}",
                     node.name,
-                    super::step::plural_list("worker", &unavailable.iter().map(|s| s.to_string()).collect::<Vec<_>>()),
+                    super::step::plural_list(
+                        "worker",
+                        &unavailable
+                            .iter()
+                            .map(|s| s.to_string())
+                            .collect::<Vec<_>>()
+                    ),
                     "NotReady, cordoned or upgrading"
                 )));
             }
         }
-        let down: std::collections::BTreeSet<&str> =
-            nodes.iter().filter(|n| out(n)).map(|n| n.name.as_str()).collect();
+        let down: std::collections::BTreeSet<&str> = nodes
+            .iter()
+            .filter(|n| out(n))
+            .map(|n| n.name.as_str())
+            .collect();
         let volumes = self.volumes(stage).await?;
         let exposed: Vec<String> = volumes
             .iter()

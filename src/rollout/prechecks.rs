@@ -22,6 +22,8 @@ impl Run<'_, '_> {
         }
         let e = self.engine;
         let subject = crate::gate::live::Subject::of(change);
+        let start = self.now();
+        let timeout = e.policy.node_timeout.as_duration();
         loop {
             if let Some(why) = e.pause_requested.and_then(|f| f()) {
                 return Err(self.pause(stage, None, why));
@@ -54,6 +56,18 @@ impl Run<'_, '_> {
             let waits = say(Status::Wait);
             if waits.is_empty() {
                 return self.waiting(stage, None).await;
+            }
+            // Waited on up to the node timeout, then a human looks.
+            if self.now().since(start) >= timeout {
+                return Err(self.pause(
+                    stage,
+                    None,
+                    format!(
+                        "the live pre-checks still wait after {}s, nothing was changed: {}",
+                        self.now().since(start).as_secs(),
+                        waits.join("; ")
+                    ),
+                ));
             }
             self.waiting(
                 stage,

@@ -90,8 +90,10 @@ impl Run<'_, '_> {
                         self.etcd_may_lose(&node, false).await?;
                     }
                     self.check_lock(stage, name).await?;
-                    self.kube(stage, Some(name), "cordon", || e.kube.cordon(name, self.rollout_id()))
-                        .await?;
+                    self.kube(stage, Some(name), "cordon", || {
+                        e.kube.cordon(name, self.rollout_id())
+                    })
+                    .await?;
                     self.say(Progress::Note(format!("talos {name}: cordoned")));
                 }
                 StepState::Act(Action::Drain) => {
@@ -148,8 +150,10 @@ impl Run<'_, '_> {
                     }
                 }
                 StepState::Act(Action::Uncordon) => {
-                    self.kube(stage, Some(name), "uncordon", || e.kube.uncordon(name, self.rollout_id()))
-                        .await?;
+                    self.kube(stage, Some(name), "uncordon", || {
+                        e.kube.uncordon(name, self.rollout_id())
+                    })
+                    .await?;
                 }
             }
             obs = self.observe(stage, &node, &marker).await?;
@@ -259,61 +263,22 @@ impl Run<'_, '_> {
         )))
     }
 
-    /// The Talos steps with the control plane that leads etcd moved last among the control
-    /// planes: every other reboot then costs no election, and the leader's forfeit right
-    /// before its own costs one. Unchanged when etcd cannot be read (the per-node check
-    /// will say why).
-    pub(super) async fn leader_last<'s>(&self, steps: &'s [crate::plan::Step]) -> Vec<&'s crate::plan::Step> {
-        let mut out: Vec<&crate::plan::Step> = steps.iter().collect();
-        let Ok(nodes) = self.engine.kube.nodes().await else {
-            return out;
-        };
-        let Ok(view) = crate::gate::live::observe_etcd_around(self.engine.talos, &nodes, None).await
-        else {
-            return out;
-        };
-        let Some(leader) = view.leader().map(|m| m.hostname.clone()) else {
-            return out;
-        };
-        // A control plane already begun finishes first, wherever the leader is now.
-        let steps_now = self.stored.lock().await.record.steps.clone();
-        let begun = nodes.iter().filter(|n| n.role == Role::Controlplane).any(|n| {
-            steps_now
-                .get(&format!("talos/{}", n.name))
-                .is_some_and(|s| s.started_at.is_some() && s.finished_at.is_none())
-        });
-        if begun {
-            return out;
-        }
-        let cp = |s: &crate::plan::Step| {
-            s.nodes.len() == 1
-                && nodes
-                    .iter()
-                    .any(|n| n.name == s.nodes[0] && n.role == Role::Controlplane)
-        };
-        if let Some(at) = out.iter().position(|s| cp(s) && s.nodes[0] == leader) {
-            let last_cp = out.iter().rposition(|s| cp(s)).unwrap_or(at);
-            let step = out.remove(at);
-            out.insert(last_cp, step);
-        }
-        out
-    }
-
     /// Whether `node`'s etcd member may go down now, judged from etcd's own member list
     /// (never from the Kubernetes Nodes: a stale member of a replaced machine counts toward
     /// quorum and answers nothing). Refuses naming the members in the way.
     pub(super) async fn etcd_may_lose(&self, node: &LiveNode, again: bool) -> Flow<()> {
         let stage = StageId::Talos;
         let nodes = self.live_nodes(stage).await?;
-        let view = crate::gate::live::observe_etcd_around(self.engine.talos, &nodes, Some(&node.name))
-            .await
-            .map_err(|err| {
-                self.pause(
-                    stage,
-                    Some(&node.name),
-                    format!("cannot read etcd before taking {} down: {err}", node.name),
-                )
-            })?;
+        let view =
+            crate::gate::live::observe_etcd_around(self.engine.talos, &nodes, Some(&node.name))
+                .await
+                .map_err(|err| {
+                    self.pause(
+                        stage,
+                        Some(&node.name),
+                        format!("cannot read etcd before taking {} down: {err}", node.name),
+                    )
+                })?;
         view.may_take_down(&node.name, again)
             .map_err(|why| self.pause(stage, Some(&node.name), why))
     }

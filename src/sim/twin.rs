@@ -815,8 +815,7 @@ impl FaultHook for TwinFaults {
                 }
                 if given.contains("etcdStaleMembers") {
                     let list = &f.etcd_stale_members;
-                    let held: Vec<String> =
-                        m.faults.etcd_stale_members.iter().cloned().collect();
+                    let held: Vec<String> = m.faults.etcd_stale_members.iter().cloned().collect();
                     for h in held.iter().filter(|h| !list.contains(h)) {
                         m.set_etcd_stale_member(h, false);
                     }

@@ -436,7 +436,15 @@ async fn a_drain_evicts_everything_but_daemonsets_and_mirror_pods() -> TestResul
     let clock = l.twin.talos.clock().clone();
     let outcome = with_ticks(
         &l.twin,
-        l.kube.drain(&node, Duration::from_secs(600), &clock, Default::default()),
+        l.kube.drain(
+            &node,
+            Duration::from_secs(600),
+            &clock,
+            ichor::kube::DrainOptions {
+                delete_empty_dir_data: true,
+                ..Default::default()
+            },
+        ),
     )
     .await?;
     match outcome {
@@ -467,7 +475,15 @@ async fn a_budget_that_never_allows_stops_the_drain_for_a_human() -> TestResult 
     let started = clock.now();
     let outcome = with_ticks(
         &l.twin,
-        l.kube.drain(&node, Duration::from_secs(300), &clock, Default::default()),
+        l.kube.drain(
+            &node,
+            Duration::from_secs(300),
+            &clock,
+            ichor::kube::DrainOptions {
+                delete_empty_dir_data: true,
+                ..Default::default()
+            },
+        ),
     )
     .await?;
     match outcome {
@@ -562,7 +578,15 @@ async fn a_blocked_eviction_is_retried_until_the_budget_allows_it() -> TestResul
     let node = node_with_web(&l).await?;
     l.kube.cordon(&node, "test-rollout").await?;
     let clock = l.twin.talos.clock().clone();
-    let drain = l.kube.drain(&node, Duration::from_secs(1800), &clock, Default::default());
+    let drain = l.kube.drain(
+        &node,
+        Duration::from_secs(1800),
+        &clock,
+        ichor::kube::DrainOptions {
+            delete_empty_dir_data: true,
+            ..Default::default()
+        },
+    );
     // After ten simulated minutes the budget allows again (the fault is lifted at run time).
     // with_ticks moves the clock; this only waits on it.
     let lift = async {

@@ -60,8 +60,7 @@ async fn a_stale_etcd_member_stops_the_rollout_before_anything_is_cordoned() -> 
 /// Item 1, in the engine itself (no live gate before it): the control plane is judged
 /// from etcd's member list before it is cordoned.
 #[tokio::test]
-async fn without_the_pre_flight_gate_the_engine_still_judges_etcd_from_its_members() -> TestResult
-{
+async fn without_the_pre_flight_gate_the_engine_still_judges_etcd_from_its_members() -> TestResult {
     let mut config = TwinConfig::default();
     config.faults.etcd_stale_members = vec!["cp-old".into()];
     let s = setup(config).await?;
@@ -76,7 +75,10 @@ async fn without_the_pre_flight_gate_the_engine_still_judges_etcd_from_its_membe
     };
     let p = paused(outcome)?;
     // The first control plane to go (the etcd leader goes last).
-    assert!(p.node.as_deref().is_some_and(|n| n.starts_with("cp-")), "{p:?}");
+    assert!(
+        p.node.as_deref().is_some_and(|n| n.starts_with("cp-")),
+        "{p:?}"
+    );
     assert!(
         p.reason.contains("cp-old") && p.reason.contains("answers nothing"),
         "{}",
@@ -168,7 +170,11 @@ async fn someone_elses_cordon_under_an_old_mark_is_waited_on_not_undone() -> Tes
         still
     };
     let (outcome, still) = run_alongside(&s, &engine, operator).await?;
-    assert_eq!(still, Some(true), "the rollout never waited on w-2, or uncordoned it");
+    assert_eq!(
+        still,
+        Some(true),
+        "the rollout never waited on w-2, or uncordoned it"
+    );
     assert!(
         matches!(outcome, RunOutcome::Completed { .. }),
         "{outcome:?}"
@@ -193,7 +199,12 @@ async fn a_mark_on_a_schedulable_node_is_cleared_and_only_this_rollouts_cordon_i
     s.kube.cordon("w-1", "rollout-a").await?;
     // Another rollout's cordon is not undone.
     assert!(!s.kube.uncordon("w-1", "rollout-b").await?);
-    assert!(s.kube.nodes().await?.iter().any(|n| n.name == "w-1" && n.cordoned));
+    assert!(s
+        .kube
+        .nodes()
+        .await?
+        .iter()
+        .any(|n| n.name == "w-1" && n.cordoned));
     // Someone uncordons by hand (kubectl uncordon leaves annotations alone).
     patch_node(&s, "w-1", json!({"spec": {"unschedulable": null}})).await?;
     assert!(!s.kube.uncordon("w-1", "rollout-a").await?);
@@ -257,6 +268,9 @@ async fn an_unmanaged_pod_pauses_the_drain() -> TestResult {
         "{}",
         p.reason
     );
-    assert!(pods.get_opt("debug-shell").await?.is_some(), "the pod is gone");
+    assert!(
+        pods.get_opt("debug-shell").await?.is_some(),
+        "the pod is gone"
+    );
     Ok(())
 }
