@@ -305,7 +305,10 @@ async fn apply_configuration_modes_and_dry_run_on_1_13() -> TestResult {
     let p = pod(&sim).ok_or("no apiserver pod")?;
     assert_eq!(p.image, "registry.k8s.io/kube-apiserver:v1.34.0");
     assert!(!p.ready);
+    // Not pre-pulled: the image is pulled into the CRI store first, then the pod restarts.
     sim.clock.advance(S(20));
+    assert!(pod(&sim).is_some_and(|p| !p.ready));
+    sim.clock.advance(S(40));
     assert!(pod(&sim).is_some_and(|p| p.ready));
 
     // A kubelet image change restarts the kubelet, which then reports the new version.
@@ -319,7 +322,8 @@ async fn apply_configuration_modes_and_dry_run_on_1_13() -> TestResult {
         })
     };
     assert_eq!(kv(&sim), Some(("v1.32.4".to_string(), false)));
-    sim.clock.advance(S(15));
+    // Not pre-pulled: pulled first, then the kubelet restarts.
+    sim.clock.advance(S(60));
     assert_eq!(kv(&sim), Some(("v1.34.0".to_string(), true)));
 
     // A change CanApplyImmediate does not allow (machine.env) is refused under NO_REBOOT
@@ -384,7 +388,8 @@ async fn apply_configuration_on_1_14_multi_document() -> TestResult {
         .apply_configuration(apply(&bumped, Mode::Auto, false))
         .await?;
     assert_eq!(r.into_inner().messages[0].mode, Mode::NoReboot as i32);
-    sim.clock.advance(S(15));
+    // Not pre-pulled: pulled first, then the kubelet restarts.
+    sim.clock.advance(S(60));
     let kv = sim.twin.with_model(|m| {
         m.node_by_name("w-2")
             .map(|n| n.kubelet_version().to_string())
@@ -500,11 +505,12 @@ async fn lifecycle_upgrade_streams_progress_and_does_not_reboot() -> TestResult 
     while let Some(item) = pull.message().await? {
         last = item.response;
     }
-    assert_eq!(
-        last,
-        Some(image_service_pull_response::Response::Name(
-            installer.into()
-        ))
+    // The stream ends with the name the image is stored under, `name@digest`
+    // (siderolabs/talos v1.13.9 internal/app/images/images.go).
+    assert!(
+        matches!(&last, Some(image_service_pull_response::Response::Name(n))
+            if n.starts_with("ghcr.io/siderolabs/installer@sha256:")),
+        "{last:?}"
     );
 
     let mut w1 = sim.machine("w-1").await?;
@@ -541,24 +547,28 @@ async fn lifecycle_upgrade_streams_progress_and_does_not_reboot() -> TestResult 
     assert_eq!(cosi_version(sim.channel("w-1").await?).await?, "v1.14.0");
     assert_ne!(boot_id(&mut w1).await?, before);
 
-    // An image that was never pulled: a non-zero exit code, not a gRPC error.
+    // An image that was never pulled into that instance: refused before the installer runs,
+    // as upstream's lifecycle service looks the image up first (siderolabs/talos v1.13.9
+    // internal/app/lifecycle/lifecycle.go: Internal "upgrade failed: …").
     let mut lifecycle = LifecycleServiceClient::new(sim.channel("w-2").await?);
-    let mut stream = lifecycle
-        .upgrade(LifecycleServiceUpgradeRequest {
-            containerd: Some(system),
-            source: Some(InstallArtifactsSource {
-                image_name: "ghcr.io/siderolabs/installer:v1.14.1".into(),
-            }),
-        })
-        .await?
-        .into_inner();
-    let mut exit = None;
-    while let Some(r) = stream.message().await? {
-        if let Some(Progress::ExitCode(code)) = r.progress.and_then(|p| p.response) {
-            exit = Some(code);
-        }
+    let refused = async {
+        let mut stream = lifecycle
+            .upgrade(LifecycleServiceUpgradeRequest {
+                containerd: Some(system),
+                source: Some(InstallArtifactsSource {
+                    image_name: "ghcr.io/siderolabs/installer:v1.14.1".into(),
+                }),
+            })
+            .await?
+            .into_inner();
+        while stream.message().await?.is_some() {}
+        Ok::<(), tonic::Status>(())
     }
-    assert_eq!(exit, Some(1));
+    .await
+    .err()
+    .ok_or("an image never pulled must be refused")?;
+    assert_eq!(refused.code(), Code::Internal);
+    assert!(refused.message().contains("not found"), "{refused:?}");
     Ok(())
 }
 
