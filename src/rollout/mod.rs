@@ -463,36 +463,6 @@ fn api_pause_reason(what: &str, e: &KubeError) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn api(code: u16) -> KubeError {
-        KubeError::Api {
-            what: "cordon node w-1".into(),
-            code,
-            reason: "x".into(),
-            message: "m".into(),
-        }
-    }
-
-    #[test]
-    fn an_answer_is_not_an_outage() {
-        assert!(api_pause_reason("cordon", &api(403)).contains("forbids"));
-        assert!(api_pause_reason("cordon", &api(404)).contains("no such object"));
-        assert!(api_pause_reason("cordon", &api(422)).contains("invalid"));
-        assert!(api_pause_reason("cordon", &api(503)).contains("kept failing"));
-        let decode = KubeError::Reply {
-            what: "list nodes".into(),
-            message: "missing field".into(),
-        };
-        assert!(api_pause_reason("list nodes", &decode).contains("bug"));
-        for c in [403, 404, 422] {
-            assert!(!api_pause_reason("x", &api(c)).contains("kept failing"));
-        }
-    }
-}
-
 /// One run: the engine, what it runs, and the record it keeps.
 struct Run<'r, 'a> {
     engine: &'r Rollout<'a>,
@@ -723,6 +693,36 @@ impl Run<'_, '_> {
                 }
                 Ok(())
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> KubeError {
+        KubeError::Api {
+            what: "cordon node w-1".into(),
+            code,
+            reason: "x".into(),
+            message: "m".into(),
+        }
+    }
+
+    #[test]
+    fn an_answer_is_not_an_outage() {
+        assert!(api_pause_reason("cordon", &api(403)).contains("forbids"));
+        assert!(api_pause_reason("cordon", &api(404)).contains("no such object"));
+        assert!(api_pause_reason("cordon", &api(422)).contains("invalid"));
+        assert!(api_pause_reason("cordon", &api(503)).contains("kept failing"));
+        let decode = KubeError::Reply {
+            what: "list nodes".into(),
+            message: "missing field".into(),
+        };
+        assert!(api_pause_reason("list nodes", &decode).contains("bug"));
+        for c in [403, 404, 422] {
+            assert!(!api_pause_reason("x", &api(c)).contains("kept failing"));
         }
     }
 }

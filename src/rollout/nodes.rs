@@ -160,7 +160,7 @@ impl Run<'_, '_> {
         let volumes = self.volumes(stage).await?;
         let exposed: Vec<String> = volumes
             .iter()
-            .filter(|v| !v.single_replica && v.nodes.iter().any(|n| *n == node.name))
+            .filter(|v| !v.single_replica && v.nodes.contains(&node.name))
             .filter(|v| {
                 let others: Vec<&String> = v.nodes.iter().filter(|n| **n != node.name).collect();
                 !others.is_empty() && others.iter().all(|n| down.contains(n.as_str()))
