@@ -999,7 +999,18 @@ mod tests {
                 member(2, "cp-2", false),
                 member(3, "cp-3", true),
             ],
-            statuses: vec![],
+            // Every member answers (a member no control plane answers for is stale).
+            statuses: vec![
+                ("cp-1".into(), Ok(status(1))),
+                ("cp-2".into(), Ok(status(2))),
+                (
+                    "cp-3".into(),
+                    Ok(EtcdStatus {
+                        is_learner: true,
+                        ..status(3)
+                    }),
+                ),
+            ],
         };
         let item = etcd_item(&Ok(learner));
         assert_eq!(item.status, Status::Wait);
