@@ -145,6 +145,18 @@ impl KubeClient {
     /// ichor will not uncordon it). The patch carries the resourceVersion read, so a cordon
     /// by someone else in between makes it a conflict, not a takeover.
     pub async fn cordon(&self, node: &str, rollout: &str) -> Result<(), KubeError> {
+        // A 409 means the Node changed since it was read (its kubelet's status, or someone's
+        // cordon): read it again and decide afresh, as client-go's RetryOnConflict does.
+        let mut tries = 0;
+        loop {
+            match self.cordon_once(node, rollout).await {
+                Err(e) if e.is_conflict() && tries < 5 => tries += 1,
+                other => return other,
+            }
+        }
+    }
+
+    async fn cordon_once(&self, node: &str, rollout: &str) -> Result<(), KubeError> {
         let api = Api::<Node>::all(self.client.clone());
         let n = api
             .get(node)
@@ -174,6 +186,17 @@ impl KubeClient {
     /// ichor's to uncordon. A mark left on a schedulable node (someone uncordoned it by
     /// hand) is cleared, so a later cordon by an operator is never taken for ichor's.
     pub async fn uncordon(&self, node: &str, rollout: &str) -> Result<bool, KubeError> {
+        // As for `cordon`: a conflict is read again and decided afresh.
+        let mut tries = 0;
+        loop {
+            match self.uncordon_once(node, rollout).await {
+                Err(e) if e.is_conflict() && tries < 5 => tries += 1,
+                other => return other,
+            }
+        }
+    }
+
+    async fn uncordon_once(&self, node: &str, rollout: &str) -> Result<bool, KubeError> {
         let api = Api::<Node>::all(self.client.clone());
         let n = api
             .get(node)
