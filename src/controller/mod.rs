@@ -727,6 +727,11 @@ async fn run_loop(
             if matches!(e, Event::Reconcile) {
                 next_reconcile = ctx.clock.now().plus(poll);
             }
+            ctx.metrics.inc(
+                "ichor_events_total",
+                "Events the loop has started to handle, by kind.",
+                &[("event", e.kind())],
+            );
             let again = e.clone();
             if let Err(err) = handle(&ctx, e).await {
                 let after = error_policy(&ctx, &err);
@@ -754,6 +759,20 @@ async fn run_loop(
             }
         }
         ctx.bump();
+    }
+}
+
+impl Event {
+    /// A fixed label for metrics: never anything a peer sent.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::Reconcile => "reconcile",
+            Event::PullUpdated { .. } => "pull_updated",
+            Event::PullClosed { .. } => "pull_closed",
+            Event::Pushed { .. } => "pushed",
+            Event::MergeGroup { .. } => "merge_group",
+            Event::Comment { .. } => "comment",
+        }
     }
 }
 

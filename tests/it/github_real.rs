@@ -153,22 +153,29 @@ async fn a_refused_delivery_is_taken_when_github_redelivers_it() -> TestResult {
     })
     .await?;
     // The loop is held up and the queue fills: the next delivery is refused with 503.
+    // A closed PR takes the state lock first thing, so once the loop has started on it,
+    // it takes nothing more from the queue until the lock is dropped.
     let held = running.ctx.state.lock().await;
-    let mut queued = 0;
-    while running.ctx.events.try_send(Event::Reconcile).is_ok() {
-        queued += 1;
-        // The loop may have taken one batch before it stopped at the lock.
+    running
+        .ctx
+        .events
+        .try_send(Event::PullClosed { number: 999_999 })
+        .map_err(|e| format!("the queue refused the first event: {e}"))?;
+    let started = || {
+        running
+            .ctx
+            .metrics
+            .value("ichor_events_total", &[("event", "pull_closed")])
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while started() < 1.0 {
         assert!(
-            queued <= 2 * ichor::controller::QUEUE_CAPACITY + 1,
-            "the queue never filled"
+            std::time::Instant::now() < deadline,
+            "the loop never took the event"
         );
-    }
-    // The loop may still be taking its last batch before it stops at the lock: let it reach
-    // the lock, and fill what it took again.
-    for _ in 0..100 {
         tokio::task::yield_now().await;
-        while running.ctx.events.try_send(Event::Reconcile).is_ok() {}
     }
+    while running.ctx.events.try_send(Event::Reconcile).is_ok() {}
     let pr = hub.open(GOOD).await?;
     let refused = hub
         .gh
