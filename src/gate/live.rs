@@ -893,7 +893,7 @@ impl StatusReport {
             let degraded: Vec<&str> = self
                 .volumes
                 .iter()
-                .filter(|v| v.robustness.as_deref().is_some_and(|r| r != "healthy"))
+                .filter(|v| v.degraded())
                 .map(|v| v.name.as_str())
                 .collect();
             out.push_str(&format!(

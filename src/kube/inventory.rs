@@ -3,7 +3,7 @@
 //! the static pods' mirror pods, workloads such as the CNI's DaemonSet, the Argo CD
 //! Application of the hand-over, the removed-API metric and the rollout lock's Lease.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -57,12 +57,30 @@ pub struct LiveVolume {
     pub name: String,
     /// `longhorn` or `local` (a PV pinned to one node by its node affinity).
     pub provider: &'static str,
-    /// Longhorn's `status.robustness` (`healthy`, `degraded`, `faulted`); `None` for local.
+    /// Longhorn's `status.robustness` (`healthy`, `degraded`, `faulted`, `unknown`); `None`
+    /// for local.
     pub robustness: Option<String>,
+    /// Longhorn's `status.state` (`attached`, `detached`, ...); `None` for local.
+    pub state: Option<String>,
     /// Nodes with a running replica.
     pub nodes: Vec<String>,
     /// Only one copy exists: its workload is down while that node is.
     pub single_replica: bool,
+}
+
+impl LiveVolume {
+    /// A detached Longhorn volume is at rest: Longhorn stops its engine and replicas and
+    /// reports its robustness `unknown` (longhorn-manager `controller/volume_controller.go`,
+    /// v1.10), which says nothing about its copies.
+    pub fn at_rest(&self) -> bool {
+        self.state.as_deref() == Some("detached")
+    }
+
+    /// Fewer healthy copies than wanted, judged by the volume's own robustness; a volume at
+    /// rest is not degraded.
+    pub fn degraded(&self) -> bool {
+        !self.at_rest() && self.robustness.as_deref().is_some_and(|r| r != "healthy")
+    }
 }
 
 /// The mirror pod of a static pod (kube-apiserver, controller-manager, scheduler).
@@ -223,6 +241,18 @@ impl KubeClient {
                 .await
                 .map_err(|e| KubeError::from_kube("list longhorn replicas", e))?
                 .items;
+        // The replicas of a detached volume are stopped, not lost: they still hold its data.
+        let detached: BTreeSet<&str> = volumes
+            .iter()
+            .filter(|v| {
+                v.data
+                    .get("status")
+                    .and_then(|s| s.get("state"))
+                    .and_then(Value::as_str)
+                    == Some("detached")
+            })
+            .filter_map(|v| v.metadata.name.as_deref())
+            .collect();
         let mut by_volume: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for r in &replicas {
             let spec = r.data.get("spec");
@@ -236,7 +266,14 @@ impl KubeClient {
                 .and_then(|s| s.get("currentState"))
                 .and_then(Value::as_str)
                 .is_none_or(|s| s == "running");
-            if let (Some(v), Some(n), true) = (volume, node, running) {
+            let failed = r
+                .data
+                .get("spec")
+                .and_then(|s| s.get("failedAt"))
+                .and_then(Value::as_str)
+                .is_some_and(|f| !f.is_empty());
+            let holds = running || (!failed && volume.is_some_and(|v| detached.contains(v)));
+            if let (Some(v), Some(n), true) = (volume, node, holds) {
                 if !n.is_empty() {
                     by_volume
                         .entry(v.to_string())
@@ -260,6 +297,12 @@ impl KubeClient {
                     .unwrap_or(nodes.len() as u64);
                 LiveVolume {
                     single_replica: wanted <= 1,
+                    state: v
+                        .data
+                        .get("status")
+                        .and_then(|s| s.get("state"))
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
                     robustness: v
                         .data
                         .get("status")
@@ -301,6 +344,7 @@ impl KubeClient {
                     name: pv.metadata.name.clone().unwrap_or_default(),
                     provider: "local",
                     robustness: None,
+                    state: None,
                     nodes,
                     single_replica: true,
                 });

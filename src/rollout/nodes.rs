@@ -230,7 +230,7 @@ impl Run<'_, '_> {
             .filter(|v| v.nodes.iter().any(|n| n == name) && !v.single_replica)
             .filter(|v| {
                 let elsewhere = v.nodes.iter().any(|n| n != name);
-                let healthy = v.robustness.as_deref().is_none_or(|r| r == "healthy");
+                let healthy = !v.degraded();
                 !(elsewhere && healthy)
             })
             .map(|v| v.name.clone())
@@ -239,11 +239,9 @@ impl Run<'_, '_> {
             .volumes
             .iter()
             .filter(|want| {
-                volumes.iter().any(|v| {
-                    &v.name == *want
-                        && (v.nodes.is_empty()
-                            || v.robustness.as_deref().is_some_and(|r| r != "healthy"))
-                })
+                volumes
+                    .iter()
+                    .any(|v| &v.name == *want && (v.nodes.is_empty() || v.degraded()))
             })
             .cloned()
             .collect();

@@ -274,3 +274,39 @@ async fn an_unmanaged_pod_pauses_the_drain() -> TestResult {
     );
     Ok(())
 }
+
+/// Item 12: a volume nothing mounts is detached, and Longhorn then reports its robustness
+/// `unknown` (its engine and replicas stopped). That is a volume at rest, not a degraded
+/// one: the nodes holding its replicas upgrade and the rollout completes.
+#[tokio::test]
+async fn a_detached_longhorn_volume_is_at_rest_not_degraded() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    // The media app is scaled to zero: its pod goes, the volume detaches.
+    let deployments: kube::Api<k8s_openapi::api::apps::v1::Deployment> =
+        kube::Api::namespaced(s.raw.clone(), "apps");
+    deployments
+        .patch(
+            "media",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"replicas": 0}})),
+        )
+        .await?;
+    s.twin.kube.clock().advance(Duration::from_secs(60));
+    s.twin.kube.sync();
+    let volume = |s: &Setup| {
+        s.twin
+            .kube
+            .with(|c, _| c.get("volumes", "longhorn-system", "pvc-media"))
+            .unwrap_or_default()
+    };
+    assert_eq!(volume(&s)["status"]["state"], "detached");
+    assert_eq!(volume(&s)["status"]["robustness"], "unknown");
+    let (outcome, seen, _) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(volume(&s)["status"]["robustness"], "unknown");
+    Ok(())
+}

@@ -349,7 +349,10 @@ async fn kubectl_prints_the_other_kinds_and_follows_a_daemonset_rollout() {
     );
     let vols = k(&["get", "volumes.longhorn.io", "-A"]).await;
     assert!(
-        vols.stdout.contains("pvc-data") && vols.stdout.contains("healthy"),
+        // Nothing mounts pvc-data: detached, robustness unknown, as Longhorn reports it.
+        vols.stdout
+            .lines()
+            .any(|l| l.contains("pvc-data") && l.contains("detached") && l.contains("unknown")),
         "{}",
         vols.stdout
     );
@@ -1351,16 +1354,18 @@ async fn node_down_loses_pods_and_degrades_longhorn_volumes_until_rebuilt() {
         replica_rebuild_delay: Duration::from_secs(60),
         ..Behaviour::default()
     };
-    let seed = KubeSeed::typical(1, 4);
+    // A volume in use: a detached one is judged by nobody (robustness `unknown`).
+    let seed = KubeSeed::typical(1, 4).longhorn_volume_attached("pvc-used", 3, "worker-1");
     let (t, _d) = twin(seed, behaviour).await;
     let vol = |t: &KubeTwin| {
-        t.with(|c, _| c.get("volumes", "longhorn-system", "pvc-data"))
+        t.with(|c, _| c.get("volumes", "longhorn-system", "pvc-used"))
             .unwrap_or_default()
     };
     assert_eq!(vol(&t)["status"]["robustness"], "healthy");
     let replica_nodes = |t: &KubeTwin| -> Vec<String> {
         t.with(|c, _| c.list("replicas", Some("longhorn-system")))
             .iter()
+            .filter(|r| r["spec"]["volumeName"] == "pvc-used")
             .filter(|r| r["status"]["currentState"] == "running")
             .map(|r| r["spec"]["nodeID"].as_str().unwrap_or("").to_string())
             .collect()

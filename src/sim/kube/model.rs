@@ -1884,18 +1884,23 @@ impl Cluster {
                 .iter()
                 .filter(|r| replica_healthy(r))
                 .count() as u64;
-            let robustness = if healthy == 0 {
+            let attached = vol
+                .at("/spec/nodeID")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty());
+            let state = if attached { "attached" } else { "detached" };
+            // A detached volume's engine is stopped, so Longhorn cannot judge its replicas
+            // and reports `unknown` (longhorn-manager v1.10 `controller/volume_controller.go`,
+            // and its test "volume detaching after being created").
+            let robustness = if !attached {
+                "unknown"
+            } else if healthy == 0 {
                 "faulted"
             } else if healthy < want {
                 "degraded"
             } else {
                 "healthy"
             };
-            let attached = vol
-                .at("/spec/nodeID")
-                .and_then(Value::as_str)
-                .is_some_and(|n| !n.is_empty());
-            let state = if attached { "attached" } else { "detached" };
             if vol.at("/status/robustness").and_then(Value::as_str) != Some(robustness)
                 || vol.at("/status/state").and_then(Value::as_str) != Some(state)
             {
@@ -2484,9 +2489,12 @@ mod tests {
         let t0 = Timestamp(1_767_225_600_000);
         let s = Duration::from_secs;
         let mut c = super::super::seed::KubeSeed::nodes(1, 3)
-            .longhorn_volume("pvc-a", 3)
-            .longhorn_volume("pvc-b", 3)
+            .longhorn_volume_attached("pvc-a", 3, "worker-2")
+            .longhorn_volume_attached("pvc-b", 3, "worker-2")
+            .longhorn_volume("pvc-rest", 3)
             .build(Behaviour::default(), t0)?;
+        // Detached, its engine is stopped: Longhorn judges nothing.
+        assert_eq!(robustness(&c, "pvc-rest"), "unknown");
         c.set_replicas_never_rebuild(["pvc-b".to_string()].into(), t0);
         assert_eq!(robustness(&c, "pvc-a"), "healthy");
         c.node_down("worker-1", t0)?;
