@@ -1073,10 +1073,21 @@ pub fn kubelet_skew(bump: &Bump, p: &Policies, nodes: &[Node]) -> CheckItem {
     let base = &bump.base.spec.kubernetes;
     let mut too_old = Vec::new();
     let mut too_new = Vec::new();
+    // ADR 0057 pre-check 1: each kubelet is judged against what its node runs, so a node
+    // left behind is refused rather than jumped several minors to the target.
+    let mut would_jump = Vec::new();
+    let step = p.skew.kubernetes_max_minor_step;
     for n in nodes.iter().filter(|n| &n.kubelet != base) {
         let k = n.kubelet.minor_version();
         if k < oldest_ok {
             too_old.push(format!("{} ({}, {})", n.name, n.kubelet, n.role));
+        } else if k.major == target.major && k.minor.saturating_add(step) < target.minor {
+            would_jump.push(format!(
+                "{} ({}, {} minors)",
+                n.name,
+                n.kubelet,
+                target.minor - k.minor
+            ));
         }
         if !p.skew.kubelet_newer_allowed && n.kubelet > bump.head.spec.kubernetes {
             too_new.push(format!("{} ({})", n.name, n.kubelet));
@@ -1108,6 +1119,23 @@ pub fn kubelet_skew(bump: &Bump, p: &Policies, nodes: &[Node]) -> CheckItem {
         )
         .hint(format!(
             "upgrade those kubelets to {oldest_ok} or later first"
+        ))
+        .source(&p.skew.source);
+    }
+    if !would_jump.is_empty() {
+        return CheckItem::new(
+            id,
+            title,
+            Status::Fail,
+            format!(
+                "kubelets more than {step} minor behind {target} would jump minors: {}",
+                would_jump.join(", ")
+            ),
+        )
+        .hint(format!(
+            "move those kubelets one minor at a time up to {}.{} first",
+            target.major,
+            target.minor.saturating_sub(step)
         ))
         .source(&p.skew.source);
     }
@@ -1535,6 +1563,20 @@ mod tests {
         let skip = from_base("v1.14.2", "v1.33.4", "cilium@1.18.3");
         assert_eq!(nodes_talos(&skip, &p(), &good).status, Status::Pass);
         assert_eq!(kubelet_skew(&skip, &p(), &good).status, Status::Pass);
+        // Within the skew, but the kubelet would go 1.32 → 1.34 in one step.
+        let behind = vec![
+            node("cp-1", Role::Controlplane, "v1.12.6", "v1.33.5"),
+            node("w-1", Role::Worker, "v1.12.6", "v1.32.9"),
+        ];
+        let item = kubelet_skew(&b, &p(), &behind);
+        assert_eq!(item.status, Status::Fail, "{}", item.message);
+        assert!(
+            item.message.contains("w-1 (v1.32.9, 2 minors)"),
+            "{}",
+            item.message
+        );
+        let patch_behind = vec![node("w-1", Role::Worker, "v1.12.6", "v1.33.0")];
+        assert_eq!(kubelet_skew(&b, &p(), &patch_behind).status, Status::Pass);
         let newer = vec![node("w-1", Role::Worker, "v1.12.6", "v1.35.0")];
         assert!(kubelet_skew(&b, &p(), &newer)
             .message

@@ -647,3 +647,25 @@ async fn an_unreachable_cluster_exits_3_from_the_command_line() -> TestResult {
     assert!(stdout(&o).contains("WAITING"), "{}", stdout(&o));
     Ok(())
 }
+
+/// ADR 0057 pre-check 1, from the live Nodes: a kubelet two minors behind the target is
+/// refused before anything is touched, not jumped two minors; a patch behind is fine.
+#[tokio::test]
+async fn a_kubelet_two_minors_behind_the_target_is_refused_not_jumped() -> TestResult {
+    let l = start(TwinConfig::default()).await?;
+    let branch = "renovate/ghcr.io-siderolabs-kubelet-1.x";
+    l.twin
+        .kube
+        .with(|c, now| c.set_kubelet_version("w-1", "v1.33.0", now))?;
+    let items = judge(&l, branch, None).await?;
+    let (s, msg) = status_of(&items, "live/kubelet-skew");
+    assert_eq!(s, Status::Pass, "{msg}");
+    l.twin
+        .kube
+        .with(|c, now| c.set_kubelet_version("w-1", "v1.32.9", now))?;
+    let items = judge(&l, branch, None).await?;
+    let (s, msg) = status_of(&items, "live/kubelet-skew");
+    assert_eq!(s, Status::Fail, "{msg}");
+    assert!(msg.contains("w-1 (v1.32.9, 2 minors)"), "{msg}");
+    Ok(())
+}
