@@ -27,6 +27,11 @@ impl Run<'_, '_> {
         let key = "manifests".to_string();
         let mut marker = self.marker(&key).await;
         if marker.started_at.is_none() {
+            // Stage (c) obeys the rules of every step: a pause request, a closed window or a
+            // hold on a control plane stops it before anything is switched or applied.
+            for cp in &cps {
+                self.may_go(stage, &cp.name, false).await?;
+            }
             marker.started_at = Some(self.now());
             self.store_marker(stage, &key, &marker).await?;
         }

@@ -66,6 +66,14 @@ impl Run<'_, '_> {
     /// Before a node starts: not paused, inside a window, not held. Waits are reported and
     /// recorded; a pause request stops here.
     pub(super) async fn may_start(&self, stage: StageId, node: &str) -> Flow<()> {
+        self.may_go(stage, node, true).await
+    }
+
+    /// The right to go on with a step on `node`: not paused, inside a window, not held,
+    /// and, for a step that takes the node out (`disrupts`), within `maxUnavailable` and
+    /// the volume rule. A step that takes nothing down (kube-proxy's switch, the manifest
+    /// sync) still obeys the first three, as every step does.
+    pub(super) async fn may_go(&self, stage: StageId, node: &str, disrupts: bool) -> Flow<()> {
         loop {
             if let Some(why) = self.engine.pause_requested.and_then(|f| f()) {
                 return Err(self.pause(stage, Some(node), why));
@@ -90,7 +98,12 @@ impl Run<'_, '_> {
                 continue;
             }
             let live = self.live_node(stage, node).await?;
-            if let Some(wait) = self.would_break_rules(stage, &live).await? {
+            let broken = if disrupts {
+                self.would_break_rules(stage, &live).await?
+            } else {
+                None
+            };
+            if let Some(wait) = broken {
                 self.waiting(stage, Some(wait)).await?;
                 self.engine.clock.sleep(WAIT_EVERY).await;
                 continue;

@@ -153,14 +153,10 @@ async fn a_refused_delivery_is_taken_when_github_redelivers_it() -> TestResult {
     })
     .await?;
     // The loop is held up and the queue fills: the next delivery is refused with 503.
-    // A closed PR takes the state lock first thing, so once the loop has started on it,
-    // it takes nothing more from the queue until the lock is dropped.
-    let held = running.ctx.state.lock().await;
-    running
-        .ctx
-        .events
-        .try_send(Event::PullClosed { number: 999_999 })
-        .map_err(|e| format!("the queue refused the first event: {e}"))?;
+    // A closed PR takes the state lock first thing, so once the loop has started on one
+    // while the test holds the lock, it takes nothing more from the queue until the lock
+    // is dropped. An event already in flight may itself wait on the lock: then the lock
+    // is let go for a moment and taken again.
     let started = || {
         running
             .ctx
@@ -168,13 +164,29 @@ async fn a_refused_delivery_is_taken_when_github_redelivers_it() -> TestResult {
             .value("ichor_events_total", &[("event", "pull_closed")])
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while started() < 1.0 {
+    let held = loop {
+        let held = running.ctx.state.lock().await;
+        let before = started();
+        running
+            .ctx
+            .events
+            .try_send(Event::PullClosed { number: 999_999 })
+            .map_err(|e| format!("the queue refused the first event: {e}"))?;
+        let mut spins = 0;
+        while started() <= before && spins < 10_000 {
+            tokio::task::yield_now().await;
+            spins += 1;
+        }
+        if started() > before {
+            break held;
+        }
+        drop(held);
         assert!(
             std::time::Instant::now() < deadline,
             "the loop never took the event"
         );
         tokio::task::yield_now().await;
-    }
+    };
     while running.ctx.events.try_send(Event::Reconcile).is_ok() {}
     let pr = hub.open(GOOD).await?;
     let refused = hub

@@ -1508,3 +1508,49 @@ async fn an_add_on_that_must_move_first_is_waited_for_before_the_apiservers() ->
     assert!(waited < first_apiserver, "{all:#?}");
     Ok(())
 }
+
+/// Issue 16 item 13: stage (c) obeys the rules of every step. A pause asked for once the
+/// control-plane components are done stops the rollout at kube-proxy and the manifests,
+/// before any kube-proxy image is switched, not only at the next kubelet.
+#[tokio::test]
+async fn a_pause_asked_for_before_the_manifest_sync_stops_it_before_anything_is_switched(
+) -> TestResult {
+    let mut s = setup(TwinConfig::default()).await?;
+    if let Some(doc) = s.change.cluster_doc.as_mut() {
+        doc.spec.cni.replaces_kube_proxy = false;
+    }
+    let live_nodes = live::live_nodes(
+        &live::observe(&s.kube, Some(&s.talos), &live::Subject::of(&s.change)).await,
+    )
+    .ok_or("no live nodes")?;
+    s.plan = gate::plan_with(&s.change, &PlanOptions::default(), Some(&live_nodes))?;
+    let lines = Lines::default();
+    let components_done = std::sync::atomic::AtomicBool::new(false);
+    let report = |p: Progress| {
+        if matches!(
+            &p,
+            Progress::StageFinished { stage, .. }
+                if *stage == ichor::plan::StageId::KubeControllerManagerScheduler
+        ) {
+            components_done.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        lines.push(p);
+    };
+    let pause = || {
+        components_done
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then(|| "paused in cluster.yaml (spec.rollout.paused: true)".to_string())
+    };
+    let mut engine = s.engine(&report);
+    engine.pause_requested = Some(&pause);
+    let (outcome, _) = run_checked(&s, &engine, false).await?;
+    let p = paused(outcome)?;
+    assert_eq!(p.stage, "kube-proxy-manifests", "{p:?}\n{:#?}", lines.all());
+    assert!(p.reason.contains("spec.rollout.paused"), "{}", p.reason);
+    assert!(
+        !lines.any("kube-proxy image on"),
+        "a kube-proxy image was switched: {:#?}",
+        lines.all()
+    );
+    Ok(())
+}
