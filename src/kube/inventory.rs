@@ -62,7 +62,8 @@ pub struct LiveVolume {
     pub robustness: Option<String>,
     /// Longhorn's `status.state` (`attached`, `detached`, ...); `None` for local.
     pub state: Option<String>,
-    /// Nodes with a running replica.
+    /// Nodes with a replica holding its data: running, or stopped (not failed) while the
+    /// volume is detached.
     pub nodes: Vec<String>,
     /// Only one copy exists: its workload is down while that node is.
     pub single_replica: bool,
@@ -216,7 +217,7 @@ impl KubeClient {
         Ok(out)
     }
 
-    /// Longhorn volumes (`longhorn.io/v1beta2`) with the nodes of their running replicas;
+    /// Longhorn volumes (`longhorn.io/v1beta2`) with the nodes of the replicas holding them;
     /// when Longhorn is not installed, none.
     pub async fn longhorn_volumes(&self) -> Result<Vec<LiveVolume>, KubeError> {
         let gvk = |kind: &str, plural: &str| ApiResource {
@@ -241,16 +242,17 @@ impl KubeClient {
                 .await
                 .map_err(|e| KubeError::from_kube("list longhorn replicas", e))?
                 .items;
+        let status = |o: &DynamicObject, key: &str| -> Option<String> {
+            o.data
+                .get("status")
+                .and_then(|s| s.get(key))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
         // The replicas of a detached volume are stopped, not lost: they still hold its data.
         let detached: BTreeSet<&str> = volumes
             .iter()
-            .filter(|v| {
-                v.data
-                    .get("status")
-                    .and_then(|s| s.get("state"))
-                    .and_then(Value::as_str)
-                    == Some("detached")
-            })
+            .filter(|v| status(v, "state").as_deref() == Some("detached"))
             .filter_map(|v| v.metadata.name.as_deref())
             .collect();
         let mut by_volume: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -266,9 +268,7 @@ impl KubeClient {
                 .and_then(|s| s.get("currentState"))
                 .and_then(Value::as_str)
                 .is_none_or(|s| s == "running");
-            let failed = r
-                .data
-                .get("spec")
+            let failed = spec
                 .and_then(|s| s.get("failedAt"))
                 .and_then(Value::as_str)
                 .is_some_and(|f| !f.is_empty());
@@ -297,18 +297,8 @@ impl KubeClient {
                     .unwrap_or(nodes.len() as u64);
                 LiveVolume {
                     single_replica: wanted <= 1,
-                    state: v
-                        .data
-                        .get("status")
-                        .and_then(|s| s.get("state"))
-                        .and_then(Value::as_str)
-                        .map(str::to_string),
-                    robustness: v
-                        .data
-                        .get("status")
-                        .and_then(|s| s.get("robustness"))
-                        .and_then(Value::as_str)
-                        .map(str::to_string),
+                    state: status(v, "state"),
+                    robustness: status(v, "robustness"),
                     name,
                     provider: "longhorn",
                     nodes,

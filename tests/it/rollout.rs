@@ -969,10 +969,10 @@ async fn a_cni_still_rolling_out_is_waited_for_before_the_apiservers() -> TestRe
     Ok(())
 }
 
-#[tokio::test]
-async fn kube_proxy_moves_on_every_control_plane_and_the_manifests_are_synced() -> TestResult {
+/// The homelab rollout on a cluster that keeps kube-proxy (the CNI does not replace it),
+/// planned from the live nodes.
+async fn setup_keeping_kube_proxy() -> Result<Setup, Error> {
     let mut s = setup(TwinConfig::default()).await?;
-    // This cluster keeps kube-proxy (the CNI does not replace it).
     if let Some(doc) = s.change.cluster_doc.as_mut() {
         doc.spec.cni.replaces_kube_proxy = false;
     }
@@ -981,6 +981,12 @@ async fn kube_proxy_moves_on_every_control_plane_and_the_manifests_are_synced() 
     )
     .ok_or("no live nodes")?;
     s.plan = gate::plan_with(&s.change, &PlanOptions::default(), Some(&live_nodes))?;
+    Ok(s)
+}
+
+#[tokio::test]
+async fn kube_proxy_moves_on_every_control_plane_and_the_manifests_are_synced() -> TestResult {
+    let s = setup_keeping_kube_proxy().await?;
     assert!(s
         .plan
         .steps()
@@ -1515,15 +1521,7 @@ async fn an_add_on_that_must_move_first_is_waited_for_before_the_apiservers() ->
 #[tokio::test]
 async fn a_pause_asked_for_before_the_manifest_sync_stops_it_before_anything_is_switched(
 ) -> TestResult {
-    let mut s = setup(TwinConfig::default()).await?;
-    if let Some(doc) = s.change.cluster_doc.as_mut() {
-        doc.spec.cni.replaces_kube_proxy = false;
-    }
-    let live_nodes = live::live_nodes(
-        &live::observe(&s.kube, Some(&s.talos), &live::Subject::of(&s.change)).await,
-    )
-    .ok_or("no live nodes")?;
-    s.plan = gate::plan_with(&s.change, &PlanOptions::default(), Some(&live_nodes))?;
+    let s = setup_keeping_kube_proxy().await?;
     let lines = Lines::default();
     let components_done = std::sync::atomic::AtomicBool::new(false);
     let report = |p: Progress| {
