@@ -720,21 +720,33 @@ pub fn fetch_merge(
         Err(e) if e.code() == ErrorCode::NotFound => {}
         Err(e) => return Err(e.into()),
     }
-    let mut remote = repo
-        .remote_anonymous(url)
-        .map_err(|e| remote_error(url, "fetch", e))?;
-    let mut options = FetchOptions::new();
-    options
-        .remote_callbacks(callbacks())
-        .download_tags(AutotagOption::None)
-        .update_fetchhead(false);
-    remote
-        .fetch(
+    // libgit2's local transport lists every ref of the remote and then reads each; a ref
+    // another writer deletes in between (its push's temporary ref) fails the fetch with
+    // NotFound. That is a race, not an answer: try again, a bounded number of times.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut remote = repo
+            .remote_anonymous(url)
+            .map_err(|e| remote_error(url, "fetch", e))?;
+        let mut options = FetchOptions::new();
+        options
+            .remote_callbacks(callbacks())
+            .download_tags(AutotagOption::None)
+            .update_fetchhead(false);
+        match remote.fetch(
             &[format!("+{NOTES_REF}:{REMOTE_NOTES_REF}")],
             Some(&mut options),
             None,
-        )
-        .map_err(|e| remote_error(url, "fetch", e))?;
+        ) {
+            Ok(()) => break,
+            Err(e)
+                if attempt < 5
+                    && e.code() == ErrorCode::NotFound
+                    && e.class() == git2::ErrorClass::Reference => {}
+            Err(e) => return Err(remote_error(url, "fetch", e)),
+        }
+    }
     let Some(theirs) = tip(repo, REMOTE_NOTES_REF)? else {
         return Ok(FetchOutcome {
             remote: None,

@@ -148,7 +148,8 @@ impl Run<'_, '_> {
                         )
                     })?;
             }
-            e.talos
+            let dry = e
+                .talos
                 .apply_configuration(&addr, &edit.yaml, ApplyMode::NoReboot, true, opts)
                 .await
                 .map_err(|err| {
@@ -158,6 +159,7 @@ impl Run<'_, '_> {
                         format!("the dry run of the image-only edit was refused: {err}"),
                     )
                 })?;
+            self.dry_run_verdict(stage, name, &dry.details, &edit)?;
             self.check_lock(stage, name).await?;
             // Its own deadline, not the step's and not the default: a control-plane image
             // change blocks while Talos restarts the static pod (ADR 0057's end-to-end run

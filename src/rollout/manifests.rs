@@ -94,7 +94,8 @@ impl Run<'_, '_> {
                         },
                         ..opts
                     };
-                    e.talos
+                    let applied = e
+                        .talos
                         .apply_configuration(&addr, &edit.yaml, ApplyMode::NoReboot, dry, bound)
                         .await
                         .map_err(|err| {
@@ -107,6 +108,9 @@ impl Run<'_, '_> {
                                 ),
                             )
                         })?;
+                    if dry {
+                        self.dry_run_verdict(stage, &cp.name, &applied.details, &edit)?;
+                    }
                 }
                 self.say(Progress::Note(format!(
                     "kube-proxy image on {}: {tag}",

@@ -218,9 +218,26 @@ impl Run<'_, '_> {
         let e = self.engine;
         let addr = address(node);
         let opts = around(node);
-        let talos = e.talos.version(&addr, opts).await.ok().map(|v| v.tag);
+        // A node that does not answer is mid-reboot (or gone, which the timeout says); a
+        // refused certificate is neither, and no wait changes it: said at once, as it is.
+        let refused = |err: crate::talos::TalosError| {
+            self.pause(
+                stage,
+                Some(&node.name),
+                format!("the Talos API refuses ichor's credentials: {err}; renew the talosconfig ichor reads (docs/cluster-access.md), then resume"),
+            )
+        };
+        let talos = match e.talos.version(&addr, opts).await {
+            Ok(v) => Some(v.tag),
+            Err(err) if err.refuses_credentials() => return Err(refused(err)),
+            Err(_) => None,
+        };
         let boot_id = match talos {
-            Some(_) => e.talos.boot_id(&addr, opts).await.ok(),
+            Some(_) => match e.talos.boot_id(&addr, opts).await {
+                Ok(b) => Some(b),
+                Err(err) if err.refuses_credentials() => return Err(refused(err)),
+                Err(_) => None,
+            },
             None => None,
         };
         let live = self

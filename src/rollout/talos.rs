@@ -134,10 +134,11 @@ impl Run<'_, '_> {
                             )));
                         }
                         Err(err) => {
-                            // A repeated request may meet a node already on its way down.
+                            // A repeated request may meet a node already on its way down, or
+                            // still in the upgrade sequence the first request started.
                             let now = self.observe(stage, &node, &marker).await?;
                             let going = now.talos.is_none() || now.boot_id != marker.boot_id_before;
-                            if again && going {
+                            if again && (going || self.upgrading(&node).await) {
                                 marker.upgrade_confirmed = true;
                             } else {
                                 return Err(self.pause(
@@ -158,6 +159,20 @@ impl Run<'_, '_> {
             }
             obs = self.observe(stage, &node, &marker).await?;
         }
+    }
+
+    /// Whether the node runs its upgrade sequence (or the reboot that ends it). On Talos ≤
+    /// 1.12 a repeated MachineService/Upgrade meets that sequence: the sequencer is locked
+    /// (siderolabs/talos v1.12.0 internal/app/machined/pkg/runtime/v1alpha1/
+    /// v1alpha1_controller.go `Run`: "sequence not started: locked"), and on a control plane
+    /// the pre-upgrade etcd check finds the node's own member already stopped
+    /// (internal/pkg/etcd/etcd.go `ValidateForUpgrade`). That is the node upgrading, not a
+    /// refusal.
+    async fn upgrading(&self, node: &LiveNode) -> bool {
+        matches!(
+            self.engine.talos.machine_stage(&address(node), around(node)).await,
+            Ok(Some(stage)) if ["upgrading", "rebooting", "shutting down"].contains(&stage.as_str())
+        )
     }
 
     pub(super) async fn upgrade_api(&self, stage: StageId, node: &LiveNode) -> Flow<UpgradeApi> {
@@ -211,6 +226,23 @@ impl Run<'_, '_> {
                             e.clock.sleep(wait).await;
                             wait = (wait * 2).min(std::time::Duration::from_secs(300));
                         }
+                        // A restarted engine meets the install its first request started
+                        // (its stream went with the old process): wait for it, then ask
+                        // again, which re-installs the same version.
+                        Err(crate::talos::TalosError::Refused {
+                            code: tonic::Code::FailedPrecondition,
+                            message,
+                            ..
+                        }) if message.contains("already in progress")
+                            && self.now().plus(wait) < give_up =>
+                        {
+                            self.say(Progress::Note(format!(
+                                "talos {}: an install is already running on the node; asking again in {}s",
+                                node.name,
+                                wait.as_secs()
+                            )));
+                            e.clock.sleep(wait).await;
+                        }
                         Err(err) => return Err(err),
                     }
                 }
@@ -263,10 +295,37 @@ impl Run<'_, '_> {
         )))
     }
 
+    /// Talos's own verdict on an image-only edit: the dry run's diff may move only the image
+    /// lines the edit moved. Pauses listing the other lines Talos reports.
+    pub(super) fn dry_run_verdict(
+        &self,
+        stage: StageId,
+        node: &str,
+        details: &str,
+        edit: &crate::talos::machine_config::ImageEdit,
+    ) -> Flow<()> {
+        let other = beyond_images(details, edit);
+        if other.is_empty() {
+            return Ok(());
+        }
+        Err(self.pause(
+            stage,
+            Some(node),
+            format!(
+                "Talos's dry run of the image-only edit on {node} changes more than the images: {}; nothing was applied — find what else differs in the node's configuration (talosctl get machineconfig), settle it, then resume",
+                crate::releaseset::excerpt(&other.join(" | "), 400)
+            ),
+        ))
+    }
+
     /// Whether `node`'s etcd member may go down now, judged from etcd's own member list
     /// (never from the Kubernetes Nodes: a stale member of a replaced machine counts toward
     /// quorum and answers nothing). Refuses naming the members in the way.
-    pub(super) async fn etcd_may_lose(&self, node: &LiveNode, again: bool) -> Flow<()> {
+    pub(super) async fn etcd_may_lose(
+        &self,
+        node: &LiveNode,
+        again: bool,
+    ) -> Flow<crate::gate::live::EtcdView> {
         let stage = StageId::Talos;
         let nodes = self.live_nodes(stage).await?;
         let view =
@@ -280,7 +339,8 @@ impl Run<'_, '_> {
                     )
                 })?;
         view.may_take_down(&node.name, again)
-            .map_err(|why| self.pause(stage, Some(&node.name), why))
+            .map_err(|why| self.pause(stage, Some(&node.name), why))?;
+        Ok(view)
     }
 
     /// Right before a control plane goes down: etcd judged again, and leadership moved off
@@ -291,7 +351,11 @@ impl Run<'_, '_> {
         let addr = address(node);
         let opts = around(node);
         let fail = |why: String| self.pause(stage, Some(&node.name), why);
-        self.etcd_may_lose(node, again).await?;
+        let view = self.etcd_may_lose(node, again).await?;
+        // A single member leads alone: there is no one to hand leadership to.
+        if view.members.len() <= 1 {
+            return Ok(());
+        }
         if again {
             // The node may already be down: nothing to forfeit.
             let _ = e.talos.etcd_forfeit_leadership(&addr, opts).await;
@@ -307,5 +371,93 @@ impl Run<'_, '_> {
                 ))
             })?;
         Ok(())
+    }
+}
+
+/// The lines of a dry run's diff other than the image lines `edit` moves. The diff is
+/// "Config diff:" then a unified diff of the active and the new configuration (siderolabs/
+/// talos v1.13.9 internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go
+/// `generateDiff`, pkg/machinery/textdiff; the same shape since 1.9). Without a diff there
+/// is nothing to judge (the persistent-configuration check has run before); a diff too large
+/// to display is not judged as fine.
+pub fn beyond_images(details: &str, edit: &crate::talos::machine_config::ImageEdit) -> Vec<String> {
+    let Some((_, diff)) = details.split_once("Config diff:") else {
+        return Vec::new();
+    };
+    let image = |line: &str| -> Option<String> {
+        let v = line.trim().strip_prefix("image:")?.trim();
+        Some(v.trim_matches(|c| c == '"' || c == '\'').to_string())
+    };
+    let adds_a_section = edit.images.iter().any(|(_, old, _)| old.is_none());
+    let mut other = Vec::new();
+    for line in diff.lines() {
+        if line.starts_with("--- ") || line.starts_with("+++ ") {
+            continue;
+        }
+        if line.starts_with("@@") {
+            if line.contains("diff too large") {
+                other.push(line.to_string());
+            }
+            continue;
+        }
+        let ok = if let Some(removed) = line.strip_prefix('-') {
+            image(removed).is_some_and(|v| {
+                edit.images
+                    .iter()
+                    .any(|(_, old, _)| old.as_deref() == Some(v.as_str()))
+            })
+        } else if let Some(added) = line.strip_prefix('+') {
+            image(added).is_some_and(|v| edit.images.iter().any(|(_, _, new)| *new == v))
+                // An image the configuration did not name comes with its section's key.
+                || (adds_a_section && added.trim_end().ends_with(':') && !added.trim().contains(' '))
+        } else {
+            true
+        };
+        if !ok && other.len() < 20 {
+            other.push(crate::releaseset::excerpt(line, 120));
+        }
+    }
+    other
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::talos::machine_config::{Component, ImageEdit};
+
+    fn edit() -> ImageEdit {
+        ImageEdit {
+            yaml: String::new(),
+            images: vec![(
+                Component::Kubelet,
+                Some("ghcr.io/siderolabs/kubelet:v1.33.5".into()),
+                "ghcr.io/siderolabs/kubelet:v1.34.1".into(),
+            )],
+        }
+    }
+
+    #[test]
+    fn only_the_moved_image_lines_pass_the_dry_run_verdict() {
+        let clean = "Dry run summary:\nApplied configuration without a reboot (skipped in dry-run).\nConfig diff:\n\n--- a\n+++ b\n@@ -3,5 +3,5 @@\n machine:\n   kubelet:\n-    image: ghcr.io/siderolabs/kubelet:v1.33.5\n+    image: ghcr.io/siderolabs/kubelet:v1.34.1\n   network:\n";
+        assert!(beyond_images(clean, &edit()).is_empty());
+        let extra = clean.replace("   network:\n", "-  sysctls: {a: 1}\n+  sysctls: {a: 2}\n");
+        assert_eq!(
+            beyond_images(&extra, &edit()),
+            vec![
+                "-  sysctls: {a: 1}".to_string(),
+                "+  sysctls: {a: 2}".to_string()
+            ]
+        );
+        // Another image than the edit's is not the edit.
+        let other = clean.replace("v1.34.1", "v1.35.0");
+        assert_eq!(beyond_images(&other, &edit()).len(), 1);
+        assert_eq!(
+            beyond_images("Dry run summary:\nx\nConfig diff:\n\n@@ -1,90000 +1,90000 @@ diff too large to display\n", &edit()).len(),
+            1
+        );
+        assert!(
+            beyond_images("Dry run summary:\nx\nConfig diff:\n\nNo changes.", &edit()).is_empty()
+        );
+        assert!(beyond_images("Applied configuration without a reboot", &edit()).is_empty());
     }
 }

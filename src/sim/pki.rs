@@ -209,14 +209,28 @@ impl CertificateAuthority {
 
     fn issue(
         &self,
+        params: CertificateParams,
+        name: &str,
+        algorithm: KeyAlgorithm,
+    ) -> Result<IssuedCert, PkiError> {
+        self.issue_until(params, name, algorithm, None)
+    }
+
+    fn issue_until(
+        &self,
         mut params: CertificateParams,
         name: &str,
         algorithm: KeyAlgorithm,
+        not_after: Option<SystemTime>,
     ) -> Result<IssuedCert, PkiError> {
         let key = algorithm.generate()?;
         params.use_authority_key_identifier_extension = true;
         // The CA's window: a leaf never outlives its issuer.
         validity(&mut params, self.issued_at);
+        if let Some(end) = not_after {
+            let since_epoch = end.duration_since(UNIX_EPOCH).unwrap_or_default();
+            params.not_after = rcgen::date_time_ymd(1970, 1, 1) + since_epoch;
+        }
         let issuer = Issuer::from_params(&self.params, &self.key);
         let cert = params
             .signed_by(&key, &issuer)
@@ -272,6 +286,17 @@ impl CertificateAuthority {
         organizations: &[&str],
         algorithm: KeyAlgorithm,
     ) -> Result<IssuedCert, PkiError> {
+        self.issue_client_until(common_name, organizations, algorithm, None)
+    }
+
+    /// [`Self::issue_client`], valid only until `not_after` (a certificate that expires).
+    pub fn issue_client_until(
+        &self,
+        common_name: &str,
+        organizations: &[&str],
+        algorithm: KeyAlgorithm,
+        not_after: Option<SystemTime>,
+    ) -> Result<IssuedCert, PkiError> {
         let mut params = CertificateParams::default();
         params.distinguished_name = rcgen::DistinguishedName::new();
         // rcgen keeps one value per attribute type, so a second O goes in under the same OID
@@ -296,7 +321,7 @@ impl CertificateAuthority {
             .push(DnType::CommonName, common_name);
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        self.issue(params, common_name, algorithm)
+        self.issue_until(params, common_name, algorithm, not_after)
     }
 }
 

@@ -55,10 +55,11 @@ pub enum TalosError {
         call: &'static str,
         after: Duration,
     },
-    #[error("{call} on {node}: permission denied: {message} (the talosconfig certificate needs the os:admin role for this call)")]
+    #[error("{call} on {node}: permission denied by endpoint {endpoint}: {message} (the talosconfig certificate needs the os:admin role for this call)")]
     PermissionDenied {
         node: String,
         call: &'static str,
+        endpoint: String,
         message: String,
     },
     #[error("{call} on {node}: not found: {message}")]
@@ -180,6 +181,18 @@ fn last_lines(last: &[String]) -> String {
 
 impl TalosError {
     /// The error's name, for metrics labels and retry decisions.
+    /// The Talos API refuses ichor's credentials (a certificate expired, from a rotated or
+    /// another CA, or without the role): no retry or wait changes that, and it is never a
+    /// node "not answering".
+    pub fn refuses_credentials(&self) -> bool {
+        matches!(
+            self,
+            TalosError::Handshake { .. }
+                | TalosError::Tls { .. }
+                | TalosError::PermissionDenied { .. }
+        )
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             TalosError::Unreachable { .. } => "unreachable",
@@ -411,20 +424,38 @@ impl TalosClient {
     {
         let n = self.context.endpoints.len();
         let start = self.preferred.lock().map(|p| *p).unwrap_or(0);
-        let mut order: Vec<usize> = (0..n).map(|i| (start + i) % n).collect();
-        if let Some(avoid) = opts.avoid {
-            let mut keep = Vec::new();
-            for i in order {
-                if !self.endpoint_is(i, avoid, opts.deadline).await {
-                    keep.push(i);
-                }
-            }
-            order = keep;
-        }
         let deadline = self.clock.now().plus(opts.deadline);
+        let mut queue: Vec<usize> = (0..n).map(|i| (start + i) % n).collect();
+        let mut next = 0;
+        // Endpoints that are the node to avoid, kept for last: a node is avoided only when
+        // another endpoint can carry the call. With one control plane, one endpoint, or a
+        // VIP the node holds, the call goes through the node itself (and a node on its way
+        // back answers through itself once it is up).
+        let mut the_node = Vec::new();
+        let mut last_resort = false;
         let mut tried = Vec::new();
         let mut last = "no endpoint left to try".to_string();
-        for i in order {
+        loop {
+            let i = match queue.get(next) {
+                Some(i) => *i,
+                None if !last_resort && !the_node.is_empty() => {
+                    queue = std::mem::take(&mut the_node);
+                    next = 0;
+                    last_resort = true;
+                    continue;
+                }
+                None => break,
+            };
+            next += 1;
+            // Judged one endpoint at a time, so a call asks who an endpoint is only until
+            // one that is not the node answers.
+            if let (Some(avoid), false) = (opts.avoid, last_resort) {
+                let left = deadline.since(self.clock.now());
+                if self.endpoint_is(i, avoid, left).await {
+                    the_node.push(i);
+                    continue;
+                }
+            }
             tried.push(self.context.endpoints[i].to_string());
             let attempt = async {
                 let channel = self.channel(i).await.map_err(Err)?;
@@ -453,6 +484,24 @@ impl TalosClient {
                         detail: crate::releaseset::excerpt(&dial, 300),
                     })
                 }
+                // With TLS 1.3 the node judges the client certificate after the client has
+                // finished its handshake, so the refusal arrives with the first request: a
+                // transport error whose cause is the node's alert (an expired certificate,
+                // an unknown CA). Only a transport error carries a cause.
+                Err(Ok(s))
+                    if std::error::Error::source(&s)
+                        .is_some_and(|cause| is_tls_failure(&error_chain(cause))) =>
+                {
+                    let cause = std::error::Error::source(&s)
+                        .map(error_chain)
+                        .unwrap_or_default();
+                    return Err(TalosError::Handshake {
+                        node: node.to_string(),
+                        call,
+                        endpoint: self.context.endpoints[i].to_string(),
+                        detail: crate::releaseset::excerpt(&cause, 300),
+                    });
+                }
                 // Could not dial this endpoint: try the next.
                 Err(Err(dial)) => last = dial,
                 Err(Ok(s)) if s.code() == Code::Unavailable => {
@@ -462,14 +511,14 @@ impl TalosClient {
                         m.remove(&i);
                     }
                 }
-                Err(Ok(s)) => return Err(self.typed(node, call, &s, opts.deadline)),
+                Err(Ok(s)) => return Err(self.typed(node, call, &s, opts.deadline, i)),
             }
         }
         Err(TalosError::Unreachable {
             node: node.to_string(),
             call,
             tried: if tried.is_empty() {
-                "none: every endpoint was avoided".into()
+                "none: the talosconfig names no endpoint".into()
             } else {
                 tried.join(", ")
             },
@@ -477,7 +526,14 @@ impl TalosClient {
         })
     }
 
-    fn typed(&self, node: &str, call: &'static str, s: &Status, deadline: Duration) -> TalosError {
+    fn typed(
+        &self,
+        node: &str,
+        call: &'static str,
+        s: &Status,
+        deadline: Duration,
+        endpoint: usize,
+    ) -> TalosError {
         let (node, message) = (node.to_string(), status_text(s));
         match s.code() {
             Code::DeadlineExceeded => TalosError::Deadline {
@@ -494,6 +550,7 @@ impl TalosClient {
             Code::PermissionDenied | Code::Unauthenticated => TalosError::PermissionDenied {
                 node,
                 call,
+                endpoint: self.context.endpoints[endpoint].to_string(),
                 message,
             },
             Code::NotFound => TalosError::NotFound {
@@ -554,8 +611,15 @@ impl TalosClient {
             r = work => r,
             _ = self.clock.sleep(deadline) => None,
         }?;
-        if let Ok(mut m) = self.identities.lock() {
-            m.insert(i, id.clone());
+        // Only an endpoint that is the member's own name or address is that node for good.
+        // A VIP, a load balancer or a DNS name answers from whichever node holds it now
+        // (Talos moves its VIP when the holder goes down), so it is asked again each time.
+        let host = &self.context.endpoints[i].host;
+        let own = id.hostname == *host || id.addresses.iter().any(|a| a == host);
+        if own {
+            if let Ok(mut m) = self.identities.lock() {
+                m.insert(i, id.clone());
+            }
         }
         Some(id)
     }
@@ -1022,6 +1086,36 @@ impl TalosClient {
             Err(TalosError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// The node's machine stage (`booting`, `running`, `upgrading`, `rebooting`, …) from its
+    /// `runtime/MachineStatuses.runtime.talos.dev/machine` resource (siderolabs/talos v1.12.0
+    /// pkg/machinery/resources/runtime/machine_status.go: `stage` in the YAML spec, spelled
+    /// as machinestage_enumer.go's lower-case names). `None` when the node keeps no status.
+    pub async fn machine_stage(
+        &self,
+        node: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<Option<String>, TalosError> {
+        let Some(r) = self
+            .get_resource(
+                node,
+                "runtime",
+                "MachineStatuses.runtime.talos.dev",
+                "machine",
+                opts,
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let yaml = r.spec.map(|s| s.yaml_spec).unwrap_or_default();
+        let spec: serde_yaml::Value = serde_yaml::from_str(&yaml)
+            .map_err(|e| reply(node, "cosi Get", &format!("MachineStatus spec: {e}")))?;
+        Ok(spec
+            .get("stage")
+            .and_then(serde_yaml::Value::as_str)
+            .map(str::to_string))
     }
 
     /// Every COSI resource of a kind in a namespace.

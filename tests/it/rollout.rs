@@ -72,7 +72,9 @@ fn violations(twin: &Twin, max_unavailable: usize) -> Vec<String> {
             "more than {max_unavailable} workers unavailable: {workers_out:?}"
         ));
     }
-    if !twin.talos.with_model(|m| m.etcd_has_quorum()) {
+    // A single member has no quorum to keep while its node reboots.
+    let cps = obs.iter().filter(|o| o.role == Role::ControlPlane).count();
+    if cps > 1 && !twin.talos.with_model(|m| m.etcd_has_quorum()) {
         out.push("etcd lost quorum".into());
     }
     // Never two holders of one volume down together.
@@ -228,15 +230,29 @@ impl Setup {
 /// opened), ichor's namespace created, and the plan of the fixture's grouped Talos +
 /// Kubernetes PR from the live nodes.
 pub async fn setup(config: TwinConfig) -> Result<Setup, Error> {
-    setup_at(config, None).await
+    setup_at(config, None, None).await
+}
+
+/// [`setup`] on a cluster whose `cluster.yaml` (what the twin builds) `edit` rewrote.
+pub async fn setup_edited(
+    config: TwinConfig,
+    edit: &dyn Fn(&str) -> String,
+) -> Result<Setup, Error> {
+    setup_at(config, None, Some(edit)).await
 }
 
 async fn setup_at(
     config: TwinConfig,
     start: Option<ichor::clock::Timestamp>,
+    edit: Option<&dyn Fn(&str) -> String>,
 ) -> Result<Setup, Error> {
     let state = tempfile::tempdir()?;
     let (change, dir, opens) = homelab_change(state.path())?;
+    if let Some(edit) = edit {
+        let path = dir.join("cluster.yaml");
+        let text = std::fs::read_to_string(&path)?;
+        std::fs::write(&path, edit(&text))?;
+    }
     let start = start.unwrap_or(opens);
     let twin = Twin::start(
         Clock::manual_at(start),
@@ -727,7 +743,7 @@ async fn a_slow_apply_past_its_deadline_pauses_and_resume_finishes() -> TestResu
 async fn no_node_starts_outside_a_maintenance_window() -> TestResult {
     // Saturday 05:50: the window (sat, sun 06:00 for 6h) opens in ten minutes.
     let before = ichor::clock::Timestamp::parse_rfc3339("2026-01-03T05:50:00Z").ok_or("date")?;
-    let s = setup_at(TwinConfig::default(), Some(before)).await?;
+    let s = setup_at(TwinConfig::default(), Some(before), None).await?;
     let (outcome, seen, lines) = run_once(&s, false).await?;
     assert!(seen.is_empty(), "{seen:?}");
     assert!(
@@ -913,6 +929,217 @@ async fn killed_at_every_step_boundary_and_mid_step_it_still_finishes_safely() -
         "only {} distinct kill points: {points:#?}",
         points.len()
     );
+    assert_finished(&s).await?;
+    Ok(())
+}
+
+/// Run the engine until it has requested its first Talos upgrade, then stop it there (as a
+/// crash would); the node it asked.
+async fn stop_at_the_first_upgrade_request(s: &Setup) -> Result<String, Error> {
+    let lines = Lines::default();
+    let notify = tokio::sync::Notify::new();
+    let report = |p: Progress| {
+        lines.push(p);
+        notify.notify_one();
+    };
+    let engine = s.engine(&report);
+    let target = s.target();
+    let requested = async {
+        loop {
+            notify.notified().await;
+            if lines.any("upgrade to v1.12.9 requested") {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        r = engine.run(&s.plan, &target, Some(&s.change), false) => {
+            return Err(format!("the run ended before any upgrade request: {r:?}").into())
+        }
+        _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!("the driver never ends"),
+        _ = requested => {}
+    }
+    drop(engine);
+    let first = lines
+        .all()
+        .into_iter()
+        .find(|l| l.contains("upgrade to v1.12.9 requested"))
+        .unwrap_or_default();
+    let node = first
+        .split_whitespace()
+        .find_map(|w| w.strip_suffix(':'))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        node.starts_with("cp-"),
+        "a control plane goes first: {first}"
+    );
+    Ok(node)
+}
+
+/// One control plane, one endpoint: the calls that watch it while it reboots cannot go
+/// around it, so they go through it and wait for it to answer again (never "every endpoint
+/// was avoided" until the node timeout). The cluster upgrades end to end.
+#[tokio::test]
+async fn a_single_control_plane_cluster_upgrades_end_to_end_through_its_only_endpoint() -> TestResult
+{
+    let single = |text: &str| {
+        text.replace(
+            "endpoints: [10.0.10.11, 10.0.10.12, 10.0.10.13]",
+            "endpoints: [10.0.10.11]",
+        )
+        .lines()
+        .filter(|l| !l.contains("name: cp-2") && !l.contains("name: cp-3"))
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+    };
+    let s = setup_edited(TwinConfig::default(), &single).await?;
+    assert_eq!(s.talos.endpoints().len(), 1, "{:?}", s.talos.endpoints());
+    let cps = s
+        .twin
+        .talos
+        .observe()
+        .into_iter()
+        .filter(|o| o.role == Role::ControlPlane)
+        .count();
+    assert_eq!(cps, 1);
+    let before = s.twin.talos.clock().now();
+    let (o, seen, lines) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "invariants broken: {seen:?}");
+    assert!(
+        matches!(o, RunOutcome::Completed { .. }),
+        "{o:?}\n{:#?}",
+        lines.all()
+    );
+    assert_finished(&s).await?;
+    // Well inside one node timeout per node: nothing waited the whole timeout out.
+    let took = s.twin.talos.clock().now().since(before);
+    assert!(took < Duration::from_secs(45 * 60), "took {took:?}");
+    Ok(())
+}
+
+/// A talosconfig the nodes refuse — its certificate expired, issued by another CA (the OS CA
+/// was rotated, Talos's way of revoking), or without the admin role — is said at once as what
+/// it is, naming the node and the endpoint; never waited on as a node that "may not have
+/// come back".
+#[tokio::test]
+async fn a_refused_talosconfig_pauses_at_once_naming_the_node_and_endpoint() -> TestResult {
+    let foreign_dir = tempfile::tempdir()?;
+    let foreign = ichor::sim::talos::TalosTwin::start(
+        Clock::manual(),
+        vec![ichor::sim::talos::NodeSpec {
+            name: "elsewhere".into(),
+            role: Role::ControlPlane,
+            ip: [10, 9, 9, 9].into(),
+            talos_version: "v1.12.6".into(),
+            kubernetes_version: "v1.33.5".into(),
+            kubelet_version: "v1.33.5".into(),
+            config_form: ichor::sim::talos::ConfigForm::V1Alpha1,
+        }],
+        foreign_dir.path(),
+        Default::default(),
+    )
+    .await?;
+    for case in ["expired", "another CA", "reader"] {
+        let s = setup(TwinConfig::default()).await?;
+        let node = stop_at_the_first_upgrade_request(&s).await?;
+        let mut ctx = s.talos.context().clone();
+        let cert = match case {
+            "expired" => {
+                s.twin
+                    .talos
+                    .issue_client_expiring("admin", &["os:admin"], Duration::ZERO)?
+            }
+            "another CA" => foreign.issue_client("admin", &["os:admin"])?,
+            _ => s.twin.talos.issue_client("reader", &["os:reader"])?,
+        };
+        ctx.crt_pem = cert.cert_pem;
+        ctx.key_pem = cert.key_pem;
+        // Past the certificate's end on the nodes' clocks.
+        s.twin.advance(Duration::from_secs(1));
+        let talos = TalosClient::new(ctx, s.twin.talos.clock().clone());
+        let lines = Lines::default();
+        let report = |p| lines.push(p);
+        let mut engine = Rollout::new(
+            &s.kube,
+            &talos,
+            s.twin.talos.clock().clone(),
+            "homelab",
+            "ichor-test",
+        )
+        .for_cluster(s.doc());
+        engine.report = Some(&report);
+        let before = s.twin.talos.clock().now();
+        let (o, _) = run_checked(&s, &engine, false).await?;
+        let p = paused(o)?;
+        let took = s.twin.talos.clock().now().since(before);
+        assert_eq!(p.node.as_deref(), Some(node.as_str()), "{case}: {p:?}");
+        assert!(
+            p.reason.contains("refuses ichor's credentials"),
+            "{case}: {}",
+            p.reason
+        );
+        assert!(
+            p.reason
+                .contains(&format!("on {}", node_address(&s, &node))),
+            "{case}: {}",
+            p.reason
+        );
+        let named = match case {
+            "reader" => "permission denied by endpoint 127.0.0.1:",
+            _ => "mutual TLS with endpoint 127.0.0.1:",
+        };
+        assert!(p.reason.contains(named), "{case}: {}", p.reason);
+        if case == "expired" {
+            assert!(
+                p.reason.to_ascii_lowercase().contains("expired"),
+                "{}",
+                p.reason
+            );
+        }
+        assert!(
+            took < Duration::from_secs(120),
+            "{case}: paused only after {took:?}"
+        );
+    }
+    Ok(())
+}
+
+/// The address ichor reaches `node`'s Talos API by (its InternalIP).
+fn node_address(s: &Setup, node: &str) -> String {
+    s.twin
+        .talos
+        .observe()
+        .into_iter()
+        .find(|o| o.name == node)
+        .map(|o| o.ip.to_string())
+        .unwrap_or_default()
+}
+
+/// Talos ≤ 1.12: an engine restarted while a control plane runs the upgrade sequence its
+/// first request started asks again, and the node refuses (its own etcd member is stopped by
+/// that sequence). That is the node upgrading, not a refusal: ichor reads the node's machine
+/// stage and waits for the reboot instead of pausing.
+#[tokio::test]
+async fn a_restart_mid_legacy_upgrade_of_a_control_plane_waits_for_the_node_not_pausing(
+) -> TestResult {
+    let mut config = TwinConfig::default();
+    // A sequence that drains and stops services takes minutes on a real node.
+    config.timings.upgrade = Some(ichor::releaseset::HumanDuration::from_secs(600));
+    let s = setup(config).await?;
+    let node = stop_at_the_first_upgrade_request(&s).await?;
+    let upgrading = s
+        .twin
+        .talos
+        .observe()
+        .into_iter()
+        .any(|o| o.name == node && o.up && o.stage == ichor::sim::talos::Stage::Upgrading);
+    assert!(upgrading, "{node} is still in its upgrade sequence");
+
+    let (o, seen, again) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "invariants broken: {seen:?}");
+    assert!(matches!(o, RunOutcome::Completed { .. }), "{o:?}");
+    assert!(!again.any("was refused"), "{:?}", again.all());
     assert_finished(&s).await?;
     Ok(())
 }

@@ -277,8 +277,17 @@ async fn apply_configuration_modes_and_dry_run_on_1_13() -> TestResult {
     let msg = &r.into_inner().messages[0];
     assert_eq!(msg.mode, Mode::NoReboot as i32);
     assert!(msg.mode_details.contains("Dry run"), "{}", msg.mode_details);
+    // Upstream's shape: the summary, then a unified diff of the active and the new config.
     assert!(
-        msg.mode_details.contains("kube-apiserver image"),
+        msg.mode_details.starts_with(
+            "Dry run summary:\nApplied configuration without a reboot (skipped in dry-run).\nConfig diff:\n\n--- a\n+++ b\n@@ -"
+        ),
+        "{}",
+        msg.mode_details
+    );
+    assert!(
+        msg.mode_details
+            .contains("-    image: registry.k8s.io/kube-apiserver:v1.33.1\n+    image: registry.k8s.io/kube-apiserver:v1.34.0\n"),
         "{}",
         msg.mode_details
     );
@@ -1131,7 +1140,8 @@ async fn legacy_upgrade_refusals_on_control_planes_and_failing_installer() -> Te
         ..Default::default()
     };
     sim.machine("cp-1").await?.upgrade(up(installer)).await?;
-    // One control plane at a time (the etcd mutex), unless forced.
+    // One control plane at a time, unless forced: cp-1's upgrade sequence has stopped its
+    // etcd member, so cp-2's etcd validation finds it not healthy (a plain Go error: Unknown).
     let err = sim
         .machine("cp-2")
         .await?
@@ -1139,7 +1149,16 @@ async fn legacy_upgrade_refusals_on_control_planes_and_failing_installer() -> Te
         .await
         .err()
         .ok_or("second control plane must wait")?;
-    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert_eq!(err.code(), Code::Unknown);
+    assert!(
+        err.message()
+            .starts_with("error validating etcd for upgrade: etcd member ")
+            && err
+                .message()
+                .contains("is not healthy; all members must be healthy to perform an upgrade"),
+        "{}",
+        err.message()
+    );
     // While cp-1 is down, etcd is not fully healthy: still refused.
     sim.clock.advance(S(30));
     let err = sim
@@ -1149,7 +1168,7 @@ async fn legacy_upgrade_refusals_on_control_planes_and_failing_installer() -> Te
         .await
         .err()
         .ok_or("unhealthy etcd")?;
-    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert_eq!(err.code(), Code::Unknown);
     // A failing installer pull, and an upgrade path the installer refuses.
     sim.twin
         .with_model(|m| m.set_failing_image("ghcr.io/siderolabs/installer:v1.13.1", true));

@@ -139,6 +139,41 @@ async fn etcd_leadership_moves_off_the_leader() -> TestResult {
     Ok(())
 }
 
+/// A certificate past its end on the node's clock is refused at the handshake, and the error
+/// says so, naming the node and the endpoint; a connection made before it expired is not
+/// asked again (TLS checks at the handshake only), a new one is.
+#[tokio::test]
+async fn an_expired_certificate_is_named_as_such() -> TestResult {
+    let sim = start(cluster("v1.12.6")).await?;
+    let cert = sim
+        .twin
+        .issue_client_expiring("admin", &["os:admin"], Duration::from_secs(60))?;
+    let mut ctx = sim.client.context().clone();
+    ctx.crt_pem = cert.cert_pem;
+    ctx.key_pem = cert.key_pem;
+    let c = TalosClient::new(ctx.clone(), sim.clock.clone());
+    assert_eq!(c.version(W1, opts()).await?.tag, "v1.12.6");
+    sim.clock.advance(Duration::from_secs(61));
+    // The connection from before still carries calls.
+    assert_eq!(c.version(W1, opts()).await?.tag, "v1.12.6");
+    let fresh = TalosClient::new(ctx, sim.clock.clone());
+    let e = fresh
+        .version(W1, opts())
+        .await
+        .err()
+        .ok_or("expired cert accepted")?;
+    assert!(matches!(e, TalosError::Handshake { .. }), "{e}");
+    assert!(e.refuses_credentials());
+    let text = e.to_string();
+    assert!(text.contains("Version on 10.5.0.10"), "{text}");
+    assert!(
+        text.contains("mutual TLS with endpoint 127.0.0.1:"),
+        "{text}"
+    );
+    assert!(text.to_ascii_lowercase().contains("expired"), "{text}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn mutual_tls_is_required_and_roles_are_enforced() -> TestResult {
     let sim = start(cluster("v1.12.6")).await?;

@@ -19,6 +19,7 @@
 pub mod config;
 pub mod model;
 mod server;
+mod textdiff;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -93,6 +94,7 @@ pub struct TalosTwin {
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     driver_wakeups: Arc<AtomicU64>,
+    node_time: NodeTime,
 }
 
 impl std::fmt::Debug for TalosTwin {
@@ -123,6 +125,7 @@ impl TalosTwin {
             admin_kubeconfig: Mutex::new(None),
         });
         let ca = CertificateAuthority::new("talos", Some(&options.context), KeyAlgorithm::Ed25519)?;
+        let node_time = NodeTime::starting_now(shared.clock.clone());
         let (shutdown, _) = watch::channel(false);
         let mut endpoints = Vec::new();
         let mut tasks = Vec::new();
@@ -143,7 +146,7 @@ impl TalosTwin {
                 &[IpAddr::V4(Ipv4Addr::LOCALHOST), spec.ip],
                 KeyAlgorithm::Ed25519,
             )?;
-            let tls = server_tls(&cert, ca.cert_der()).map_err(|e| TwinError::Tls {
+            let tls = server_tls(&cert, ca.cert_der(), &node_time).map_err(|e| TwinError::Tls {
                 node: spec.name.clone(),
                 message: e.to_string(),
             })?;
@@ -207,6 +210,7 @@ impl TalosTwin {
             shutdown,
             tasks,
             driver_wakeups,
+            node_time,
         })
     }
 
@@ -241,6 +245,19 @@ impl TalosTwin {
     /// `os:reader`), as `talosctl config new --roles` would.
     pub fn issue_client(&self, name: &str, roles: &[&str]) -> Result<IssuedCert, PkiError> {
         self.ca.issue_client(name, roles, KeyAlgorithm::Ed25519)
+    }
+
+    /// [`Self::issue_client`], expiring once `valid_for` of simulated time has passed (the
+    /// nodes check validity against their own clock, which runs with the twin's).
+    pub fn issue_client_expiring(
+        &self,
+        name: &str,
+        roles: &[&str],
+        valid_for: std::time::Duration,
+    ) -> Result<IssuedCert, PkiError> {
+        let end = self.node_time.now() + valid_for;
+        self.ca
+            .issue_client_until(name, roles, KeyAlgorithm::Ed25519, Some(end))
     }
 
     pub fn clock(&self) -> &Clock {
@@ -324,20 +341,102 @@ async fn drive(
     }
 }
 
+/// The node's wall clock: the real time the twin started, moved on by the simulated time
+/// since. A node checks a client certificate's validity against its own clock (Go's
+/// crypto/tls `verifyClientCertificate` with `Config.Time` unset, as apid runs it), so a
+/// certificate expires when simulated time passes its end.
+#[derive(Clone, Debug)]
+struct NodeTime {
+    clock: Clock,
+    wall_start: std::time::SystemTime,
+    sim_start: crate::clock::Timestamp,
+}
+
+impl NodeTime {
+    fn starting_now(clock: Clock) -> NodeTime {
+        let sim_start = clock.now();
+        NodeTime {
+            clock,
+            wall_start: std::time::SystemTime::now(),
+            sim_start,
+        }
+    }
+
+    fn now(&self) -> std::time::SystemTime {
+        self.wall_start + self.clock.now().since(self.sim_start)
+    }
+}
+
+/// The client-certificate check of a node: the OS CA's, at the node's time.
+#[derive(Debug)]
+struct NodeClientVerifier {
+    inner: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    time: NodeTime,
+}
+
+impl rustls::server::danger::ClientCertVerifier for NodeClientVerifier {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        let now = rustls::pki_types::UnixTime::since_unix_epoch(
+            self.time
+                .now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default(),
+        );
+        self.inner
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
 /// The endpoint's TLS: Talos' mutual TLS, a client certificate from the OS CA required.
 fn server_tls(
     cert: &IssuedCert,
     ca_der: &[u8],
+    time: &NodeTime,
 ) -> Result<Arc<rustls::ServerConfig>, Box<dyn std::error::Error + Send + Sync>> {
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     roots.add(CertificateDer::from(ca_der.to_vec()))?;
-    let clients = rustls::server::WebPkiClientVerifier::builder_with_provider(
+    let inner = rustls::server::WebPkiClientVerifier::builder_with_provider(
         Arc::new(roots),
         provider.clone(),
     )
     .build()?;
+    let clients = Arc::new(NodeClientVerifier {
+        inner,
+        time: time.clone(),
+    });
     let key = PrivateKeyDer::Pkcs8(cert.key_der.clone().into());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?

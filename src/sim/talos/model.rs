@@ -107,6 +107,9 @@ pub enum TalosError {
     FailedPrecondition(String),
     #[error("{0}")]
     Internal(String),
+    /// A plain Go error returned by a handler: gRPC's code Unknown.
+    #[error("{0}")]
+    Unknown(String),
 }
 
 impl TalosError {
@@ -119,6 +122,7 @@ impl TalosError {
             TalosError::Unimplemented(m) => ("Unimplemented", m),
             TalosError::FailedPrecondition(m) => ("FailedPrecondition", m),
             TalosError::Internal(m) => ("Internal", m),
+            TalosError::Unknown(m) => ("Unknown", m),
         };
         format!("rpc error: code = {code} desc = {m}")
     }
@@ -742,7 +746,9 @@ impl TalosCluster {
     fn etcd_healthy(&self) -> Vec<usize> {
         self.etcd_up()
             .into_iter()
-            .filter(|i| !self.etcd_unhealthy(*i))
+            // The upgrade sequence stops etcd before it installs (siderolabs/talos v1.12.0
+            // v1alpha1_sequencer.go `Upgrade`: "stopServices" before "upgrade").
+            .filter(|i| !self.etcd_unhealthy(*i) && self.nodes[*i].stage != Stage::Upgrading)
             .collect()
     }
 
@@ -823,9 +829,11 @@ impl TalosCluster {
     pub fn forfeit_leadership(&mut self, node: usize) -> Result<String, TalosError> {
         self.check_etcd(node)?;
         let up = self.etcd_up();
+        // siderolabs/talos v1.12.0 internal/pkg/etcd/etcd.go `ForfeitLeadership`: a plain
+        // error, so gRPC's Unknown.
         if up.len() < 2 {
-            return Err(TalosError::FailedPrecondition(
-                "etcd cluster has only one member: cannot forfeit leadership".into(),
+            return Err(TalosError::Unknown(
+                "cannot forfeit leadership, only one member".into(),
             ));
         }
         if self.etcd_leader != Some(node) {
@@ -980,40 +988,48 @@ impl TalosCluster {
                 "failed to pull image {image:?}: not found"
             )));
         }
+        // As siderolabs/talos v1.12.0 internal/app/machined/internal/server/v1alpha1/
+        // v1alpha1_server.go `Upgrade`: on a control plane (unless forced) etcd is validated
+        // (internal/pkg/etcd/etcd.go `ValidateForUpgrade`); the errors are plain Go errors,
+        // so gRPC's code is Unknown. The upgrade mutex it takes only serialises these checks.
         if self.nodes[node].is_control_plane() && !force {
+            let refuse = |why: String| {
+                Err(TalosError::Unknown(format!(
+                    "error validating etcd for upgrade: {why}"
+                )))
+            };
             let total = self.etcd_total();
             if total == 2 {
-                return Err(TalosError::FailedPrecondition(
-                    "etcd: refusing to upgrade a member of a 2-member cluster".into(),
-                ));
+                return refuse(
+                    "etcd member count(2) is insufficient to maintain quorum if upgrade commences"
+                        .into(),
+                );
             }
-            // Talos holds an etcd mutex so only one control plane upgrades at a time.
-            if self.nodes.iter().any(|n| {
-                n.is_control_plane()
-                    && n.name != self.nodes[node].name
-                    && n.stage == Stage::Upgrading
-            }) {
-                return Err(TalosError::FailedPrecondition(
-                    "etcd: another control plane node is upgrading; try again later".into(),
-                ));
-            }
-            // As Talos's ValidateForUpgrade: every member must answer a quorum read.
+            // Every member must answer a quorum read; a control plane in its upgrade
+            // sequence has stopped its own.
             let healthy = self.etcd_healthy();
-            if let Some(sick) = (0..self.nodes.len())
+            let sick = (0..self.nodes.len())
                 .find(|i| self.nodes[*i].is_control_plane() && !healthy.contains(i))
-            {
-                return Err(TalosError::FailedPrecondition(format!(
-                    "etcd member {:016x} is not healthy; all members must be healthy to perform an upgrade",
-                    self.nodes[sick].etcd_member_id
-                )));
+                .map(|i| self.nodes[i].etcd_member_id)
+                // A stale member never answers its quorum read either.
+                .or_else(|| {
+                    self.faults
+                        .etcd_stale_members
+                        .iter()
+                        .next()
+                        .map(|s| fnv1a(s))
+                });
+            if let Some(id) = sick {
+                return refuse(format!(
+                    "etcd member {id:016x} is not healthy; all members must be healthy to perform an upgrade: context deadline exceeded"
+                ));
             }
-            // A stale member never answers its quorum read either.
-            if let Some(stale) = self.faults.etcd_stale_members.iter().next() {
-                return Err(TalosError::FailedPrecondition(format!(
-                    "etcd member {:016x} is not healthy; all members must be healthy to perform an upgrade",
-                    fnv1a(stale)
-                )));
-            }
+        }
+        // A second request while the upgrade sequence runs is acknowledged, but the sequencer
+        // is locked and the new sequence never starts (v1alpha1_controller.go `Run`,
+        // "sequence not started: locked"): the first one carries on.
+        if self.nodes[node].stage == Stage::Upgrading {
+            return Ok(new_uuid());
         }
         // install.PullAndValidateInstallerImage pulls into the system containerd.
         self.pull_image(node, ImageStore::SystemContainerd, image)?;
@@ -1155,6 +1171,13 @@ impl TalosCluster {
         try_timeout: Option<Duration>,
     ) -> Result<ApplyOutcome, TalosError> {
         self.check_up(node)?;
+        // Any request but TRY cancels a running TRY's rollback first — a dry run and one
+        // that is then refused too (siderolabs/talos v1.13.9
+        // internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go
+        // `ApplyConfiguration`: CancelConfigRollbackTimeout before the config is parsed).
+        if mode != ApplyMode::Try {
+            self.nodes[node].try_token += 1;
+        }
         let n = &self.nodes[node];
         let new = MachineConfig::parse(data, &n.talos_version).map_err(|e| {
             TalosError::InvalidArgument(format!("configuration validation failed: {e}"))
@@ -1184,25 +1207,44 @@ impl TalosCluster {
         let details = match chosen {
             ApplyMode::Reboot => "Applied configuration with a reboot".to_string(),
             ApplyMode::NoReboot => "Applied configuration without a reboot".to_string(),
-            ApplyMode::Staged => "Staged configuration to be applied after a reboot".to_string(),
-            ApplyMode::Try => format!(
-                "Applied configuration in a try mode for {}s",
-                try_timeout.unwrap_or(Duration::from_secs(60)).as_secs()
-            ),
+            ApplyMode::Staged => {
+                "Staged configuration to be applied after the next reboot".to_string()
+            }
+            ApplyMode::Try => "Applied configuration without a reboot".to_string(),
             ApplyMode::Auto => String::new(),
         };
         if dry_run {
+            // Upstream's `generateDiff`: the active configuration against the new one, a
+            // unified diff of their encodings, or "No changes.".
+            let d = super::textdiff::diff(
+                &super::textdiff::encode(n.config.raw()),
+                &super::textdiff::encode(new.raw()),
+            );
+            let d = if d.is_empty() {
+                "No changes.".to_string()
+            } else {
+                d
+            };
             return Ok(ApplyOutcome {
                 mode: chosen,
                 mode_details: format!(
-                    "Dry run summary:\n{details} (skipped in dry-run).\n\nConfig diff:\n\n{}",
-                    diff.describe()
+                    "Dry run summary:\n{details} (skipped in dry-run).\nConfig diff:\n\n{d}"
                 ),
                 warnings: Vec::new(),
             });
         }
+        let details = match chosen {
+            // constants.ConfigTryTimeout is one minute; Go prints the duration as "1m0s".
+            ApplyMode::Try => format!(
+                "{details}\nThe config is applied in 'try' mode and will be automatically reverted back in {}",
+                go_duration(try_timeout.unwrap_or(Duration::from_secs(60)))
+            ),
+            _ => details,
+        };
         let now = self.now;
-        self.nodes[node].try_token += 1;
+        if mode == ApplyMode::Try {
+            self.nodes[node].try_token += 1;
+        }
         match chosen {
             ApplyMode::Staged => {
                 self.nodes[node].persistent_config = new;
@@ -1405,6 +1447,16 @@ impl TalosCluster {
     }
 }
 
+/// A whole-second duration as Go's `time.Duration.String` prints it ("1m0s", "1h2m3s").
+fn go_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    match (s / 3600, s % 3600 / 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, m, sec) => format!("{m}m{sec}s"),
+        (h, m, sec) => format!("{h}h{m}m{sec}s"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1560,7 +1612,7 @@ mod tests {
         let third = (0..3).find(|i| *i != l && *i != other).unwrap_or(2);
         assert!(matches!(
             c.upgrade_legacy(third, "ghcr.io/siderolabs/installer:v1.12.6", false),
-            Err(TalosError::FailedPrecondition(m)) if m.contains("is not healthy")
+            Err(TalosError::Unknown(m)) if m.contains("is not healthy")
         ));
         // One more down: quorum is gone (one healthy of three).
         c.reboot(other).unwrap_or_else(|e| panic!("{e}"));

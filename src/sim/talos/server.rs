@@ -94,6 +94,7 @@ fn status(e: TalosError) -> Status {
         TalosError::Unimplemented(m) => Status::unimplemented(m),
         TalosError::FailedPrecondition(m) => Status::failed_precondition(m),
         TalosError::Internal(m) => Status::internal(m),
+        TalosError::Unknown(m) => Status::unknown(m),
     }
 }
 
