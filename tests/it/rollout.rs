@@ -230,7 +230,7 @@ impl Setup {
 /// opened), ichor's namespace created, and the plan of the fixture's grouped Talos +
 /// Kubernetes PR from the live nodes.
 pub async fn setup(config: TwinConfig) -> Result<Setup, Error> {
-    setup_at(config, None, None).await
+    setup_at(config, SetupFrom::default()).await
 }
 
 /// [`setup`] on a cluster whose `cluster.yaml` (what the twin builds) `edit` rewrote.
@@ -238,16 +238,30 @@ pub async fn setup_edited(
     config: TwinConfig,
     edit: &dyn Fn(&str) -> String,
 ) -> Result<Setup, Error> {
-    setup_at(config, None, Some(edit)).await
+    setup_at(
+        config,
+        SetupFrom {
+            edit: Some(edit),
+            ..Default::default()
+        },
+    )
+    .await
 }
 
-async fn setup_at(
-    config: TwinConfig,
+/// Where a set-up starts from other than the homelab's grouped PR at its window's opening.
+#[derive(Default)]
+struct SetupFrom<'a> {
     start: Option<ichor::clock::Timestamp>,
-    edit: Option<&dyn Fn(&str) -> String>,
-) -> Result<Setup, Error> {
+    edit: Option<&'a dyn Fn(&str) -> String>,
+    /// Another repository and the branch of its PR (its `main` is the cluster now).
+    repo: Option<(&'a std::path::Path, &'a str)>,
+}
+
+async fn setup_at(config: TwinConfig, from: SetupFrom<'_>) -> Result<Setup, Error> {
+    let SetupFrom { start, edit, repo } = from;
     let state = tempfile::tempdir()?;
-    let (change, dir, opens) = homelab_change(state.path())?;
+    let (repo, head) = repo.unwrap_or((homelab(), "renovate/talos"));
+    let (change, dir, opens) = change_of(state.path(), repo, head)?;
     if let Some(edit) = edit {
         let path = dir.join("cluster.yaml");
         let text = std::fs::read_to_string(&path)?;
@@ -301,8 +315,18 @@ async fn setup_at(
 fn homelab_change(
     state: &std::path::Path,
 ) -> Result<(gate::Change, std::path::PathBuf, ichor::clock::Timestamp), Error> {
-    let repo = ichor::git::Repo::open(homelab())?;
-    let change = gate::load(&repo, "main", "renovate/talos", None)?;
+    change_of(state, homelab(), "renovate/talos")
+}
+
+/// The PR on `head` of the repository at `repo`, its homelab folder as `main` describes it
+/// (written under `state`), and when the maintenance window next opens.
+fn change_of(
+    state: &std::path::Path,
+    repo: &std::path::Path,
+    head: &str,
+) -> Result<(gate::Change, std::path::PathBuf, ichor::clock::Timestamp), Error> {
+    let repo = ichor::git::Repo::open(repo)?;
+    let change = gate::load(&repo, "main", head, None)?;
     let dir = state.join("homelab");
     std::fs::create_dir_all(&dir)?;
     let main = repo.resolve("main")?;
@@ -743,7 +767,14 @@ async fn a_slow_apply_past_its_deadline_pauses_and_resume_finishes() -> TestResu
 async fn no_node_starts_outside_a_maintenance_window() -> TestResult {
     // Saturday 05:50: the window (sat, sun 06:00 for 6h) opens in ten minutes.
     let before = ichor::clock::Timestamp::parse_rfc3339("2026-01-03T05:50:00Z").ok_or("date")?;
-    let s = setup_at(TwinConfig::default(), Some(before), None).await?;
+    let s = setup_at(
+        TwinConfig::default(),
+        SetupFrom {
+            start: Some(before),
+            ..Default::default()
+        },
+    )
+    .await?;
     let (outcome, seen, lines) = run_once(&s, false).await?;
     assert!(seen.is_empty(), "{seen:?}");
     assert!(
@@ -1015,6 +1046,78 @@ async fn a_single_control_plane_cluster_upgrades_end_to_end_through_its_only_end
     // Well inside one node timeout per node: nothing waited the whole timeout out.
     let took = s.twin.talos.clock().now().since(before);
     assert!(took < Duration::from_secs(45 * 60), "took {took:?}");
+    Ok(())
+}
+
+/// A cluster already on Talos 1.13 upgrades through LifecycleService end to end: the
+/// installer pulled into the instance the upgrade names, installed while the node serves,
+/// then ichor's own reboot.
+#[tokio::test]
+async fn a_talos_1_13_cluster_upgrades_end_to_end_through_the_lifecycle_service() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let homelab = ichor::sim::fixture::Fixture::homelab();
+    let mut tree = homelab.tree.clone();
+    let rs = "clusters/homelab/release-set.yaml";
+    let text = tree
+        .get(rs)
+        .cloned()
+        .ok_or("the homelab has a release set")?;
+    tree.insert(
+        rs.to_string(),
+        text.replace("talos: v1.12.4", "talos: v1.13.4")
+            .replace("kubernetes: v1.30.14", "kubernetes: v1.33.5"),
+    );
+    let files: Vec<(&str, &str)> = tree.iter().map(|(p, t)| (p.as_str(), t.as_str())).collect();
+    let history = r#"
+people:
+  owner: {name: Mara Lindqvist, email: mara@homelab.example}
+  renovate: {name: "renovate[bot]", email: "29139614+renovate[bot]@users.noreply.github.com"}
+main:
+  - {message: "Bootstrap homelab on Talos 1.13", author: owner, date: "2026-09-01T09:00:00Z", tree: true}
+branches:
+  - name: renovate/talos-1.13.x
+    expect: pass
+    title: "fix(deps): update talos group ( v1.13.4 → v1.13.9 )"
+    commits:
+      - message: "fix(deps): update talos group ( v1.13.4 → v1.13.9 )"
+        author: renovate
+        date: "2026-11-21T06:04:00Z"
+        edits:
+          - {file: clusters/homelab/release-set.yaml, find: "talos: v1.13.4", replace: "talos: v1.13.9"}
+"#;
+    let repo = dir.path().join("repo");
+    ichor::sim::fixture::Fixture::parse("homelab-1.13", &files, history)?.build(&repo)?;
+    let s = setup_at(
+        TwinConfig::default(),
+        SetupFrom {
+            repo: Some((&repo, "renovate/talos-1.13.x")),
+            ..Default::default()
+        },
+    )
+    .await?;
+    assert!(s
+        .twin
+        .talos
+        .observe()
+        .iter()
+        .all(|o| o.talos_version == "v1.13.4"));
+    let (o, seen, lines) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "invariants broken: {seen:?}");
+    assert!(
+        matches!(o, RunOutcome::Completed { .. }),
+        "{o:?}\n{:#?}",
+        lines.all()
+    );
+    for o in s.twin.talos.observe() {
+        assert_eq!(o.talos_version, "v1.13.9", "{}", o.name);
+        assert!(o.ready, "{} Ready", o.name);
+    }
+    assert!(
+        lines.any("LifecycleService, then reboot"),
+        "{:#?}",
+        lines.all()
+    );
+    assert!(!lines.any("MachineService/Upgrade"), "{:#?}", lines.all());
     Ok(())
 }
 

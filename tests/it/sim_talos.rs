@@ -1560,3 +1560,35 @@ async fn bootstrap_manifests_follow_the_kube_proxy_config_document_on_1_14() -> 
     assert_ne!(v1, v2, "the resource version bumps with the config");
     Ok(())
 }
+
+/// A TRY reverts after its timeout unless another request comes first: any request but TRY
+/// cancels the rollback, a dry run included (siderolabs/talos v1.13.9
+/// internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go `ApplyConfiguration`
+/// cancels it before it even parses the request).
+#[tokio::test]
+async fn a_try_reverts_unless_another_request_even_a_dry_run_cancels_the_rollback() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let mut cp = sim.machine("cp-1").await?;
+    let (config, _) = machine_config(sim.channel("cp-1").await?).await?;
+    let tried = config.replace("hostname: cp-1", "hostname: cp-one");
+    // Left alone, a TRY reverts after a minute.
+    let r = cp
+        .apply_configuration(apply(&tried, Mode::Try, false))
+        .await?;
+    let details = &r.into_inner().messages[0].mode_details;
+    assert_eq!(
+        details,
+        "Applied configuration without a reboot\nThe config is applied in 'try' mode and will be automatically reverted back in 1m0s"
+    );
+    assert_eq!(machine_config(sim.channel("cp-1").await?).await?.0, tried);
+    sim.clock.advance(S(61));
+    assert_eq!(machine_config(sim.channel("cp-1").await?).await?.0, config);
+    // A dry run inside the window makes the trial stay.
+    cp.apply_configuration(apply(&tried, Mode::Try, false))
+        .await?;
+    cp.apply_configuration(apply(&config, Mode::NoReboot, true))
+        .await?;
+    sim.clock.advance(S(61));
+    assert_eq!(machine_config(sim.channel("cp-1").await?).await?.0, tried);
+    Ok(())
+}
