@@ -609,7 +609,10 @@ impl Run<'_, '_> {
             });
             match id {
                 StageId::Talos => {
-                    for step in &stage.steps {
+                    let mut steps: Vec<&Step> = stage.steps.iter().collect();
+                    while !steps.is_empty() {
+                        let next = self.leader_last(&steps).await;
+                        let step = steps.remove(next);
                         self.batch(id, step, |n| self.talos_node(n)).await?;
                     }
                 }
@@ -661,6 +664,58 @@ impl Run<'_, '_> {
             self.say(Progress::StageFinished { stage: id, secs });
         }
         Ok(())
+    }
+
+    /// Which of the Talos steps left goes next: the first, unless it is the control plane
+    /// leading etcd and another control plane is still to go — then that one. The leader
+    /// goes last, so the others' reboots cost no election (its own reboot costs one, after
+    /// leadership is handed over). Judged from etcd each time (leadership moves); when etcd
+    /// cannot be read the plan's order stands.
+    async fn leader_last(&self, steps: &[&Step]) -> usize {
+        let one_cp = |s: &Step, nodes: &[crate::kube::LiveNode]| match s.nodes.as_slice() {
+            [n] => nodes
+                .iter()
+                .any(|l| &l.name == n && l.role == crate::releaseset::Role::Controlplane),
+            _ => false,
+        };
+        // A step an earlier run began (and did not finish) goes first, whoever leads now:
+        // starting another control plane beside it could take two down.
+        {
+            let stored = self.stored.lock().await;
+            let begun = steps.iter().position(|s| {
+                s.nodes.iter().any(|n| {
+                    stored
+                        .record
+                        .steps
+                        .get(&format!("talos/{n}"))
+                        .is_some_and(|m| m.finished_at.is_none())
+                })
+            });
+            if let Some(i) = begun {
+                return i;
+            }
+        }
+        let Ok(nodes) = self.engine.kube.nodes().await else {
+            return 0;
+        };
+        if !steps.first().is_some_and(|s| one_cp(s, &nodes)) {
+            return 0;
+        }
+        let Ok(view) =
+            crate::gate::live::observe_etcd_around(self.engine.talos, &nodes, None).await
+        else {
+            return 0;
+        };
+        let Some(leader) = view.leader().map(|m| m.hostname.clone()) else {
+            return 0;
+        };
+        if steps[0].nodes.first() != Some(&leader) {
+            return 0;
+        }
+        steps
+            .iter()
+            .position(|s| one_cp(s, &nodes) && s.nodes.first() != Some(&leader))
+            .unwrap_or(0)
     }
 
     /// The nodes of one step together: each finishes what it started even when another

@@ -310,3 +310,44 @@ async fn a_detached_longhorn_volume_is_at_rest_not_degraded() -> TestResult {
     assert_eq!(volume(&s)["status"]["robustness"], "unknown");
     Ok(())
 }
+
+/// Item 1: the control plane leading etcd goes last, whatever the plan's order, so the
+/// others' reboots cost no election.
+#[tokio::test]
+async fn the_etcd_leader_is_the_last_control_plane_to_upgrade() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    // Make cp-1, first in the plan, the leader.
+    s.twin.talos.with_model(|m| {
+        while let Some(leader) = m.etcd_leader().map(str::to_string) {
+            if leader == "cp-1" {
+                break;
+            }
+            let i = m.nodes().iter().position(|n| n.name == leader).unwrap_or(0);
+            if m.forfeit_leadership(i).is_err() {
+                break;
+            }
+        }
+    });
+    let leader = s
+        .twin
+        .talos
+        .with_model(|m| m.etcd_leader().map(str::to_string));
+    assert_eq!(leader.as_deref(), Some("cp-1"));
+    let (o, seen, lines) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "invariants broken: {seen:?}");
+    assert!(matches!(o, RunOutcome::Completed { .. }), "{o:?}");
+    let order: Vec<String> = lines
+        .all()
+        .iter()
+        .filter(|l| l.contains("upgrade to v1.12.9 requested"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .map(|n| n.trim_end_matches(':').to_string())
+        })
+        .filter(|n| n.starts_with("cp-"))
+        .collect();
+    assert_eq!(order.len(), 3, "{order:?}");
+    assert_eq!(order.last().map(String::as_str), Some("cp-1"), "{order:?}");
+    Ok(())
+}
