@@ -84,7 +84,7 @@ impl Run<'_, '_> {
         let deadline = started.plus(timeout);
         let addr = address(&node);
         let opts = around(&node);
-        if kubelet {
+        if kubelet && !self.in_place().await? {
             // A kubelet restart is a disruption like a reboot: the workloads move first,
             // and only once every volume they use has a healthy copy elsewhere.
             self.check_lock(stage, name).await?;

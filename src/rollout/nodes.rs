@@ -44,6 +44,33 @@ impl Run<'_, '_> {
         node.cordoned && node.cordoned_for.as_deref() == Some(self.rollout_id())
     }
 
+    /// A single-node cluster whose cluster.yaml accepts the downtime: its node is upgraded
+    /// in place, without cordon or drain.
+    pub(super) async fn in_place(&self) -> Flow<bool> {
+        if !self.engine.policy.accept_single_node_downtime {
+            return Ok(false);
+        }
+        Ok(self.live_nodes(StageId::Talos).await?.len() == 1)
+    }
+
+    /// On a single-node cluster the drain evicts everything with nowhere to go, ichor
+    /// included, and leaves the only node cordoned: refused before anything is touched,
+    /// unless cluster.yaml accepts the downtime.
+    pub(super) async fn single_node_accepted(&self, stage: StageId) -> Flow<()> {
+        let nodes = self.live_nodes(stage).await?;
+        if nodes.len() != 1 || self.engine.policy.accept_single_node_downtime {
+            return Ok(());
+        }
+        Err(self.pause(
+            stage,
+            nodes.first().map(|n| n.name.as_str()),
+            format!(
+                "{} is the cluster's only node: draining it evicts every pod with nowhere to go (ichor included) and upgrading it takes everything down, nothing was changed; set spec.rollout.acceptSingleNodeDowntime: true in cluster.yaml to upgrade it in place without a drain, accepting the downtime",
+                nodes.first().map_or("the node", |n| n.name.as_str())
+            ),
+        ))
+    }
+
     pub(super) async fn live_nodes(&self, stage: StageId) -> Flow<Vec<LiveNode>> {
         self.kube(stage, None, "list nodes", || self.engine.kube.nodes())
             .await
@@ -294,6 +321,7 @@ impl Run<'_, '_> {
             cordoned: live.as_ref().is_some_and(|n| n.cordoned),
             cordoned_by_ichor: live.as_ref().is_some_and(|n| self.ours(n)),
             pods_to_move: pods,
+            in_place: self.in_place().await?,
             unprotected_volumes: unprotected,
             attachments,
             degraded_volumes: degraded,

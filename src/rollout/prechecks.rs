@@ -13,10 +13,11 @@ impl Run<'_, '_> {
     /// recorded, and the rollout starts once it clears; a failure pauses with nothing
     /// changed. A rollout already begun (a step in the record) has passed this.
     pub(super) async fn before_start(&self) -> Flow<()> {
+        let stage = self.plan.stages.first().map_or(StageId::Talos, |s| s.id);
+        self.single_node_accepted(stage).await?;
         let Some(change) = self.change else {
             return Ok(());
         };
-        let stage = self.plan.stages.first().map_or(StageId::Talos, |s| s.id);
         if !self.stored.lock().await.record.steps.is_empty() {
             return Ok(());
         }

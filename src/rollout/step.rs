@@ -21,6 +21,10 @@ pub struct NodeObservation {
     pub cordoned_by_ichor: bool,
     /// Pods a drain would move are still on the node.
     pub pods_to_move: usize,
+    /// The cluster's only node, and cluster.yaml accepts its downtime
+    /// (`spec.rollout.acceptSingleNodeDowntime`): upgraded in place, never cordoned or
+    /// drained (its pods have nowhere to go).
+    pub in_place: bool,
     /// Volumes with a replica here and no healthy replica elsewhere: evicting their pods now
     /// could leave them without a copy (single-replica volumes are not listed; the plan says
     /// their workload is down for the duration).
@@ -200,6 +204,9 @@ pub fn talos_node(
             if !marker.pre_pulled {
                 return StepState::Act(Action::PrePull);
             }
+            if obs.in_place {
+                return StepState::Act(Action::Upgrade);
+            }
             if !obs.cordoned {
                 return StepState::Act(Action::Cordon);
             }
@@ -265,6 +272,7 @@ mod tests {
             cordoned,
             cordoned_by_ichor: cordoned,
             pods_to_move: pods,
+            in_place: false,
             unprotected_volumes: vec![],
             attachments: vec![],
             degraded_volumes: vec![],
@@ -272,6 +280,36 @@ mod tests {
     }
 
     const T: Duration = Duration::from_secs(1800);
+
+    #[test]
+    fn the_only_node_of_a_cluster_that_accepts_the_downtime_is_upgraded_in_place() {
+        let target = Version::parse("v1.12.9").unwrap();
+        let mut m = StepMarker {
+            started_at: Some(Timestamp(0)),
+            pre_pulled: true,
+            ..Default::default()
+        };
+        let mut o = obs(Some("v1.12.6"), Some("a"), true, false, 4);
+        o.in_place = true;
+        // Not cordoned, pods on it: straight to the upgrade.
+        assert_eq!(
+            talos_node(&target, &o, &m, Timestamp(1), T),
+            StepState::Act(Action::Upgrade)
+        );
+        m.upgrade_requested = true;
+        m.upgrade_confirmed = true;
+        m.boot_id_before = Some("a".into());
+        let back = NodeObservation {
+            talos: Some("v1.12.9".into()),
+            boot_id: Some("b".into()),
+            ..o
+        };
+        // Back on the target and never cordoned: done, nothing to give back.
+        assert_eq!(
+            talos_node(&target, &back, &m, Timestamp(2), T),
+            StepState::Done
+        );
+    }
 
     #[test]
     fn a_node_walks_through_the_steps_in_order() {

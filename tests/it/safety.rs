@@ -351,3 +351,69 @@ async fn the_etcd_leader_is_the_last_control_plane_to_upgrade() -> TestResult {
     assert_eq!(order.last().map(String::as_str), Some("cp-1"), "{order:?}");
     Ok(())
 }
+
+/// The homelab cut down to its first control plane, alone.
+fn one_node(text: &str) -> String {
+    let text = text.replace(
+        "endpoints: [10.0.10.11, 10.0.10.12, 10.0.10.13]",
+        "endpoints: [10.0.10.11]",
+    );
+    let cut = text
+        .find("name: cp-1")
+        .and_then(|i| text[i..].find('\n').map(|j| i + j + 1))
+        .unwrap_or(text.len());
+    text[..cut].to_string()
+}
+
+/// Item 5: a single-node cluster is refused before anything is touched, unless cluster.yaml
+/// accepts the downtime; then its node is upgraded in place — no cordon, no eviction — and
+/// the rollout completes.
+#[tokio::test]
+async fn a_single_node_cluster_is_refused_unless_its_downtime_is_accepted_then_upgraded_in_place(
+) -> TestResult {
+    let s = crate::rollout::setup_edited(TwinConfig::default(), &one_node).await?;
+    assert_eq!(s.twin.talos.observe().len(), 1);
+    let p = paused(run_once(&s, false).await?.0)?;
+    assert_eq!(p.node.as_deref(), Some("cp-1"), "{p:?}");
+    assert!(
+        p.reason.contains("only node") && p.reason.contains("acceptSingleNodeDowntime: true"),
+        "{}",
+        p.reason
+    );
+    assert_eq!(cordons(&s), Vec::<String>::new(), "nothing is cordoned");
+
+    let s = crate::rollout::setup_edited(TwinConfig::default(), &one_node).await?;
+    let movable = s.kube.pods_on("cp-1").await?.into_iter().filter(|p| !p.stays).count();
+    assert!(movable > 0, "workloads run on the only node");
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let mut engine = s.engine(&report);
+    engine.policy.accept_single_node_downtime = true;
+    let (o, seen) = crate::rollout::run_checked(&s, &engine, false).await?;
+    drop(engine);
+    assert!(seen.is_empty(), "invariants broken: {seen:?}");
+    assert!(
+        matches!(o, RunOutcome::Completed { .. }),
+        "{o:?}\n{:#?}",
+        lines.all()
+    );
+    assert_eq!(cordons(&s), Vec::<String>::new(), "never cordoned");
+    let evictions = s
+        .twin
+        .kube
+        .audit()
+        .entries()
+        .iter()
+        .filter(|e| e.subresource == "eviction")
+        .count();
+    assert_eq!(evictions, 0, "nothing evicted");
+    for o in s.twin.talos.observe() {
+        assert_eq!(o.talos_version, "v1.12.9");
+        assert!(
+            o.kubelet_version.ends_with("v1.33.7"),
+            "{}",
+            o.kubelet_version
+        );
+    }
+    Ok(())
+}

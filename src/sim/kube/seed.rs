@@ -428,8 +428,20 @@ impl KubeSeed {
         for crd in crds() {
             c.upsert_quiet(crd, now)?;
         }
+        // A cluster of control planes only schedules workloads on them: Talos registers a
+        // control plane without its NoSchedule taint when the machine configuration sets
+        // `cluster.allowSchedulingOnControlPlanes` (siderolabs/talos v1.13.9
+        // pkg/machinery/config/types/v1alpha1/v1alpha1_types.go), which such a cluster must
+        // set; that the twin's does is an assumption.
+        let schedulable_cps = self.nodes.iter().all(|n| n.role == Role::ControlPlane);
         for n in &self.nodes {
-            let node = c.upsert_quiet(node_object(n, now), now)?;
+            let mut object = node_object(n, now);
+            if schedulable_cps {
+                if let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) {
+                    spec.remove("taints");
+                }
+            }
+            let node = c.upsert_quiet(object, now)?;
             // The kubelet's heartbeat Lease.
             let t = super::model::micro_time(now);
             c.upsert_quiet(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
