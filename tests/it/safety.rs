@@ -383,7 +383,13 @@ async fn a_single_node_cluster_is_refused_unless_its_downtime_is_accepted_then_u
     assert_eq!(cordons(&s), Vec::<String>::new(), "nothing is cordoned");
 
     let s = crate::rollout::setup_edited(TwinConfig::default(), &one_node).await?;
-    let movable = s.kube.pods_on("cp-1").await?.into_iter().filter(|p| !p.stays).count();
+    let movable = s
+        .kube
+        .pods_on("cp-1")
+        .await?
+        .into_iter()
+        .filter(|p| !p.stays)
+        .count();
     assert!(movable > 0, "workloads run on the only node");
     let lines = Lines::default();
     let report = |p| lines.push(p);
@@ -415,5 +421,36 @@ async fn a_single_node_cluster_is_refused_unless_its_downtime_is_accepted_then_u
             o.kubelet_version
         );
     }
+    Ok(())
+}
+
+/// Item 8: a pause resumed long after the node timeout gives the step it left a fresh
+/// deadline: the resumed run finishes instead of failing the first settling state at once
+/// (the reboot it waits for, a volume detaching).
+#[tokio::test]
+async fn a_pause_resumed_after_the_node_timeout_gets_a_fresh_deadline() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let pdb = s.first_pdb()?;
+    s.post_faults(json!({ "pdbsNeverAllow": [pdb] })).await?;
+    let p = paused(run_once(&s, false).await?.0)?;
+    assert!(p.reason.contains("PodDisruptionBudget"), "{}", p.reason);
+    let node = p.node.clone().ok_or("the pause names its node")?;
+    // The owner looks two hours later (the node timeout is 45 minutes), fixes the budget
+    // and resumes.
+    s.twin.advance(Duration::from_secs(2 * 3600));
+    s.post_faults(json!({ "pdbsNeverAllow": [] })).await?;
+    let (o, seen, lines) = run_once(&s, true).await?;
+    assert!(seen.is_empty(), "invariants broken: {seen:?}");
+    assert!(
+        matches!(o, RunOutcome::Completed { .. }),
+        "{o:?}\n{:#?}",
+        lines.all()
+    );
+    assert!(
+        lines.any(&format!("talos {node}: on v1.12.9")),
+        "{:#?}",
+        lines.all()
+    );
+    crate::rollout::assert_finished(&s).await?;
     Ok(())
 }
