@@ -20,8 +20,8 @@ use crate::homelab;
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// What the fixture's main runs; each test moves it to the versions it needs.
-const MAIN_TALOS: &str = "v1.12.4";
-const MAIN_KUBERNETES: &str = "v1.30.14";
+const MAIN_TALOS: &str = "v1.12.6";
+const MAIN_KUBERNETES: &str = "v1.33.5";
 /// Supported by Talos 1.13 and 1.14 alike.
 const KUBERNETES: &str = "v1.34.2";
 
