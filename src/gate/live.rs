@@ -290,14 +290,16 @@ pub async fn observe_trap_nodes(talos: &TalosClient, nodes: &[LiveNode]) -> Vec<
                 },
             };
             let config = match talos.machine_config(&addr, opts).await {
-                Ok(mc) => crate::talos::machine_config::install_settings(&mc.yaml).map(|i| {
-                    TrapConfig {
+                Ok(mc) => {
+                    crate::talos::machine_config::install_settings(&mc.yaml).map(|i| TrapConfig {
                         grub_builds_cmdline: i.grub_builds_cmdline(),
-                        installer_image: i.installer_image.map(|(img, path)| (img, path.to_string())),
+                        installer_image: i
+                            .installer_image
+                            .map(|(img, path)| (img, path.to_string())),
                         extra_kernel_args: i.extra_kernel_args,
                         etcd_image: i.etcd_image,
-                    }
-                }),
+                    })
+                }
                 Err(e) => Err(s(e)),
             };
             let booted_with_uki = talos.booted_with_uki(&addr, opts).await.map_err(s);

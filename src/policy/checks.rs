@@ -1234,7 +1234,11 @@ pub fn extra_kernel_args(bump: &Bump, nodes: &[TrapNode]) -> Option<CheckItem> {
         let cfg = match &n.config {
             Ok(c) => c,
             Err(e) => {
-                unjudged.push(format!("{} (its machine configuration: {})", n.name, excerpt(e)));
+                unjudged.push(format!(
+                    "{} (its machine configuration: {})",
+                    n.name,
+                    excerpt(e)
+                ));
                 continue;
             }
         };
@@ -1249,13 +1253,21 @@ pub fn extra_kernel_args(bump: &Bump, nodes: &[TrapNode]) -> Option<CheckItem> {
         match &n.booted_with_uki {
             // systemd-boot boots the UKI's own command line; extraKernelArgs never applied.
             Ok(Some(true)) => {}
-            Ok(Some(false)) => grub.push(format!("{} (booted by GRUB; extraKernelArgs: {args})", n.name)),
-            Ok(None) | Err(_) => unknown_loader.push(format!("{} (extraKernelArgs: {args})", n.name)),
+            Ok(Some(false)) => grub.push(format!(
+                "{} (booted by GRUB; extraKernelArgs: {args})",
+                n.name
+            )),
+            Ok(None) | Err(_) => {
+                unknown_loader.push(format!("{} (extraKernelArgs: {args})", n.name))
+            }
         }
     }
     let mut parts = Vec::new();
     if !grub.is_empty() {
-        parts.push(format!("these nodes would reboot without their kernel arguments: {}", grub.join("; ")));
+        parts.push(format!(
+            "these nodes would reboot without their kernel arguments: {}",
+            grub.join("; ")
+        ));
     }
     if !unknown_loader.is_empty() {
         parts.push(format!(
@@ -1337,7 +1349,10 @@ pub fn etcd_version(bump: &Bump, p: &Policies, nodes: &[TrapNode]) -> Option<Che
     }
     let row = p.talos_row(t1.minor_version())?;
     let min = row.etcd_min.as_ref()?;
-    let source = row.etcd_source.clone().unwrap_or_else(|| row.source.clone());
+    let source = row
+        .etcd_source
+        .clone()
+        .unwrap_or_else(|| row.source.clone());
     let (id, title) = (
         "live/etcd-version",
         "etcd is recent enough for the target Talos",
@@ -1369,14 +1384,29 @@ pub fn etcd_version(bump: &Bump, p: &Policies, nodes: &[TrapNode]) -> Option<Che
                         n.name
                     )),
                     (None, Ok(_), Ok(t)) => {
-                        match p.talos_row(t.minor_version()).and_then(|r| r.etcd_default.as_ref()) {
-                            Some(d) if below(d) => old.push(format!("{} runs Talos {t}, whose default etcd is {d}", n.name)),
+                        match p
+                            .talos_row(t.minor_version())
+                            .and_then(|r| r.etcd_default.as_ref())
+                        {
+                            Some(d) if below(d) => old.push(format!(
+                                "{} runs Talos {t}, whose default etcd is {d}",
+                                n.name
+                            )),
                             Some(d) => fine.push(format!("{} {d} (Talos {t}'s default)", n.name)),
-                            None => unjudged.push(format!("{} ({why}; no default etcd known for Talos {t})", n.name)),
+                            None => unjudged.push(format!(
+                                "{} ({why}; no default etcd known for Talos {t})",
+                                n.name
+                            )),
                         }
                     }
-                    (None, Err(e), _) => unjudged.push(format!("{} ({why}; machine configuration: {})", n.name, excerpt(e))),
-                    (None, Ok(_), Err(e)) => unjudged.push(format!("{} ({why}; Talos version: {})", n.name, excerpt(e))),
+                    (None, Err(e), _) => unjudged.push(format!(
+                        "{} ({why}; machine configuration: {})",
+                        n.name,
+                        excerpt(e)
+                    )),
+                    (None, Ok(_), Err(e)) => {
+                        unjudged.push(format!("{} ({why}; Talos version: {})", n.name, excerpt(e)))
+                    }
                 }
             }
         }
@@ -1385,7 +1415,9 @@ pub fn etcd_version(bump: &Bump, p: &Policies, nodes: &[TrapNode]) -> Option<Che
         let default = p
             .talos_row(t0.minor_version())
             .and_then(|r| r.etcd_default.as_ref())
-            .map_or(String::new(), |d| format!(" (Talos {}'s default is {d})", t0.minor_version()));
+            .map_or(String::new(), |d| {
+                format!(" (Talos {}'s default is {d})", t0.minor_version())
+            });
         return Some(
             CheckItem::new(
                 id,
@@ -1423,9 +1455,14 @@ pub fn etcd_version(bump: &Bump, p: &Policies, nodes: &[TrapNode]) -> Option<Che
     }
     if fine.is_empty() {
         return Some(
-            CheckItem::new(id, title, Status::Wait, "no control plane found to judge etcd by")
-                .hint("check that the cluster's control planes are listed, then re-run the gate")
-                .source(source),
+            CheckItem::new(
+                id,
+                title,
+                Status::Wait,
+                "no control plane found to judge etcd by",
+            )
+            .hint("check that the cluster's control planes are listed, then re-run the gate")
+            .source(source),
         );
     }
     Some(
@@ -1522,7 +1559,10 @@ pub fn installer_images(
     if !unjudged.is_empty() || !unnamed.is_empty() {
         let mut why = Vec::new();
         if !unjudged.is_empty() {
-            why.push(format!("the configuration could not be read on {}", unjudged.join("; ")));
+            why.push(format!(
+                "the configuration could not be read on {}",
+                unjudged.join("; ")
+            ));
         }
         if !unnamed.is_empty() {
             why.push(format!(
@@ -2977,7 +3017,11 @@ mod tests {
         )
     }
 
-    fn with_args(mut n: TrapNode, grub_builds: bool, uki: Result<Option<bool>, String>) -> TrapNode {
+    fn with_args(
+        mut n: TrapNode,
+        grub_builds: bool,
+        uki: Result<Option<bool>, String>,
+    ) -> TrapNode {
         if let Ok(c) = &mut n.config {
             c.extra_kernel_args = vec!["console=ttyS1,115200".into(), "net.ifnames=0".into()];
             c.grub_builds_cmdline = grub_builds;
@@ -2995,7 +3039,11 @@ mod tests {
             // systemd-boot boots the UKI's own command line.
             with_args(trap("w-2", false, "v1.13.9"), true, Ok(Some(true))),
             // The boot loader is not reported: named, as "on GRUB nodes".
-            with_args(trap("w-3", false, "v1.13.9"), true, Err("not supported".into())),
+            with_args(
+                trap("w-3", false, "v1.13.9"),
+                true,
+                Err("not supported".into()),
+            ),
             // grubUseUKICmdline: true.
             with_args(trap("w-4", false, "v1.13.9"), false, Ok(Some(false))),
             // Already on the target: not upgraded by this change.
@@ -3005,21 +3053,39 @@ mod tests {
         assert_eq!(item.id, "live/extra-kernel-args");
         assert_eq!(item.status, Status::Warn, "{}", item.message);
         let m = &item.message;
-        assert!(m.contains("w-1 (booted by GRUB; extraKernelArgs: console=ttyS1,115200 net.ifnames=0)"), "{m}");
+        assert!(
+            m.contains("w-1 (booted by GRUB; extraKernelArgs: console=ttyS1,115200 net.ifnames=0)"),
+            "{m}"
+        );
         assert!(m.contains("on GRUB nodes") && m.contains("w-3"), "{m}");
         for quiet in ["w-2", "w-4", "w-5", "cp-1"] {
             assert!(!m.contains(quiet), "{quiet}: {m}");
         }
-        assert!(m.contains("internal/app/lifecycle/lifecycle.go@v1.13.9"), "{m}");
+        assert!(
+            m.contains("internal/app/lifecycle/lifecycle.go@v1.13.9"),
+            "{m}"
+        );
         let hint = item.hint.unwrap_or_default();
-        assert!(hint.contains("--legacy") && hint.contains("grubUseUKICmdline: true"), "{hint}");
+        assert!(
+            hint.contains("--legacy") && hint.contains("grubUseUKICmdline: true"),
+            "{hint}"
+        );
 
         // Onto 1.13 from 1.12: the legacy API passes them; the next upgrade will not.
         let b = talos_bump("v1.12.9", "v1.13.2");
-        let nodes = vec![with_args(trap("w-1", false, "v1.12.9"), true, Ok(Some(false)))];
+        let nodes = vec![with_args(
+            trap("w-1", false, "v1.12.9"),
+            true,
+            Ok(Some(false)),
+        )];
         let item = extra_kernel_args(&b, &nodes).unwrap();
         assert_eq!(item.status, Status::Pass, "{}", item.message);
-        assert!(item.message.contains("w-1 (Talos v1.12.9) keep theirs this time"), "{}", item.message);
+        assert!(
+            item.message
+                .contains("w-1 (Talos v1.12.9) keep theirs this time"),
+            "{}",
+            item.message
+        );
         // No Talos move, or a target before 1.13: nothing to judge.
         assert!(extra_kernel_args(&talos_bump("v1.13.9", "v1.13.9"), &nodes).is_none());
         assert!(extra_kernel_args(&talos_bump("v1.12.4", "v1.12.9"), &nodes).is_none());
@@ -3028,7 +3094,13 @@ mod tests {
         unread.config = Err("PermissionDenied: not authorized".into());
         let item = extra_kernel_args(&talos_bump("v1.13.9", "v1.13.10"), &[unread]).unwrap();
         assert_eq!(item.status, Status::Warn);
-        assert!(item.message.contains("could not be judged for w-9 (its machine configuration: PermissionDenied"), "{}", item.message);
+        assert!(
+            item.message.contains(
+                "could not be judged for w-9 (its machine configuration: PermissionDenied"
+            ),
+            "{}",
+            item.message
+        );
     }
 
     #[test]
@@ -3042,8 +3114,16 @@ mod tests {
         let item = etcd_version(&b, &p(), &healthy).unwrap();
         assert_eq!(item.id, "live/etcd-version");
         assert_eq!(item.status, Status::Pass, "{}", item.message);
-        assert!(item.message.contains("cp-1 3.6.9") && !item.message.contains("w-1"), "{}", item.message);
-        assert!(item.message.contains("hack/release.toml@v1.14.0-rc.1"), "{}", item.message);
+        assert!(
+            item.message.contains("cp-1 3.6.9") && !item.message.contains("w-1"),
+            "{}",
+            item.message
+        );
+        assert!(
+            item.message.contains("hack/release.toml@v1.14.0-rc.1"),
+            "{}",
+            item.message
+        );
 
         // A member on 3.5, and one whose configuration pins a 3.5 image.
         let mut old = healthy.clone();
@@ -3053,27 +3133,57 @@ mod tests {
         }
         let item = etcd_version(&b, &p(), &old).unwrap();
         assert_eq!(item.status, Status::Fail, "{}", item.message);
-        assert!(item.message.contains("cp-1 runs etcd 3.5.21"), "{}", item.message);
-        assert!(item.message.contains("cp-2 pins .cluster.etcd.image registry.k8s.io/etcd:v3.5.17"), "{}", item.message);
-        assert!(item.message.contains("only etcd 3.6 or later"), "{}", item.message);
+        assert!(
+            item.message.contains("cp-1 runs etcd 3.5.21"),
+            "{}",
+            item.message
+        );
+        assert!(
+            item.message
+                .contains("cp-2 pins .cluster.etcd.image registry.k8s.io/etcd:v3.5.17"),
+            "{}",
+            item.message
+        );
+        assert!(
+            item.message.contains("only etcd 3.6 or later"),
+            "{}",
+            item.message
+        );
         let hint = item.hint.unwrap_or_default();
-        assert!(hint.contains("while on Talos v1.13.9") && hint.contains("Talos 1.13's default is 3.6.9"), "{hint}");
+        assert!(
+            hint.contains("while on Talos v1.13.9")
+                && hint.contains("Talos 1.13's default is 3.6.9"),
+            "{hint}"
+        );
 
         // EtcdStatus unreadable: the pin, else the running release's default.
         let mut fallback = healthy.clone();
         fallback[0].etcd = Some(Err("Unavailable: node rebooting".into()));
         let item = etcd_version(&b, &p(), &fallback).unwrap();
         assert_eq!(item.status, Status::Pass, "{}", item.message);
-        assert!(item.message.contains("cp-1 3.6.9 (Talos v1.13.9's default)"), "{}", item.message);
+        assert!(
+            item.message
+                .contains("cp-1 3.6.9 (Talos v1.13.9's default)"),
+            "{}",
+            item.message
+        );
         fallback[0].talos = Ok(v("v1.10.7"));
         let item = etcd_version(&b, &p(), &fallback).unwrap();
         assert_eq!(item.status, Status::Fail, "{}", item.message);
-        assert!(item.message.contains("default etcd is 3.5.21"), "{}", item.message);
+        assert!(
+            item.message.contains("default etcd is 3.5.21"),
+            "{}",
+            item.message
+        );
         // Nothing to judge by: wait, never pass.
         fallback[0].config = Err("PermissionDenied: not authorized".into());
         let item = etcd_version(&b, &p(), &fallback).unwrap();
         assert_eq!(item.status, Status::Wait, "{}", item.message);
-        assert!(item.message.contains("cp-1 (EtcdStatus: Unavailable"), "{}", item.message);
+        assert!(
+            item.message.contains("cp-1 (EtcdStatus: Unavailable"),
+            "{}",
+            item.message
+        );
 
         // Only a move to a Talos with an etcd minimum is judged.
         assert!(etcd_version(&talos_bump("v1.12.9", "v1.13.2"), &p(), &old).is_none());
@@ -3087,25 +3197,50 @@ mod tests {
         let item = installer_images(&b, &p(), None, &ghcr).unwrap();
         assert_eq!(item.id, "live/installer-image");
         assert_eq!(item.status, Status::Warn, "{}", item.message);
-        assert!(item.message.contains("cp-1 (machine.install.image: ghcr.io/siderolabs/installer:v1.13.9)"), "{}", item.message);
-        assert!(item.message.contains("w-1") && item.message.contains("talos-1.14-no-ghcr-installer"), "{}", item.message);
+        assert!(
+            item.message
+                .contains("cp-1 (machine.install.image: ghcr.io/siderolabs/installer:v1.13.9)"),
+            "{}",
+            item.message
+        );
+        assert!(
+            item.message.contains("w-1") && item.message.contains("talos-1.14-no-ghcr-installer"),
+            "{}",
+            item.message
+        );
         assert!(item.hint.unwrap_or_default().contains("factory.talos.dev"));
 
         // A 1.14 configuration keeps it in UnattendedInstallConfig.
         let factory = "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.0";
         let mut multi = trap("w-2", false, "v1.14.0");
         if let Ok(c) = &mut multi.config {
-            c.installer_image = Some((factory.into(), "UnattendedInstallConfig.installer.image".into()));
+            c.installer_image = Some((
+                factory.into(),
+                "UnattendedInstallConfig.installer.image".into(),
+            ));
         }
         let item = installer_images(&b, &p(), None, &[multi.clone()]).unwrap();
         assert_eq!(item.status, Status::Pass, "{}", item.message);
-        assert!(item.message.contains("w-2 (UnattendedInstallConfig.installer.image: factory.talos.dev/"), "{}", item.message);
+        assert!(
+            item.message
+                .contains("w-2 (UnattendedInstallConfig.installer.image: factory.talos.dev/"),
+            "{}",
+            item.message
+        );
         if let Ok(c) = &mut multi.config {
-            c.installer_image = Some(("GHCR.io/siderolabs/installer:v1.14.0".into(), "UnattendedInstallConfig.installer.image".into()));
+            c.installer_image = Some((
+                "GHCR.io/siderolabs/installer:v1.14.0".into(),
+                "UnattendedInstallConfig.installer.image".into(),
+            ));
         }
         let item = installer_images(&b, &p(), None, &[multi.clone()]).unwrap();
         assert_eq!(item.status, Status::Warn, "{}", item.message);
-        assert!(item.message.contains("w-2 (UnattendedInstallConfig.installer.image: GHCR.io"), "{}", item.message);
+        assert!(
+            item.message
+                .contains("w-2 (UnattendedInstallConfig.installer.image: GHCR.io"),
+            "{}",
+            item.message
+        );
 
         // Unreadable or unnamed: could not be judged.
         let mut unnamed = trap("w-3", false, "v1.14.0");
@@ -3116,7 +3251,13 @@ mod tests {
         unread.config = Err("PermissionDenied: not authorized".into());
         let item = installer_images(&b, &p(), None, &[unnamed, unread]).unwrap();
         assert_eq!(item.status, Status::Warn, "{}", item.message);
-        assert!(item.message.contains("could not judge") && item.message.contains("w-3 name no installer image") && item.message.contains("w-4 (PermissionDenied"), "{}", item.message);
+        assert!(
+            item.message.contains("could not judge")
+                && item.message.contains("w-3 name no installer image")
+                && item.message.contains("w-4 (PermissionDenied"),
+            "{}",
+            item.message
+        );
 
         // cluster.yaml's image is the static note's to judge; before 1.14 nothing applies.
         assert!(installer_images(&b, &p(), Some("ghcr.io/siderolabs/installer"), &ghcr).is_none());

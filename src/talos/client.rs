@@ -1214,7 +1214,11 @@ impl TalosClient {
             .map(|s| s.protocol_version)
             .unwrap_or_default();
         if version.trim().is_empty() {
-            return Err(reply(node, "EtcdStatus", "no etcd version in the member status"));
+            return Err(reply(
+                node,
+                "EtcdStatus",
+                "no etcd version in the member status",
+            ));
         }
         Ok(crate::releaseset::excerpt(version.trim(), 60))
     }
@@ -1237,7 +1241,13 @@ impl TalosClient {
             booted_with_uki: bool,
         }
         let Some(res) = self
-            .get_resource(node, "runtime", "SecurityStates.talos.dev", "securitystate", opts)
+            .get_resource(
+                node,
+                "runtime",
+                "SecurityStates.talos.dev",
+                "securitystate",
+                opts,
+            )
             .await?
         else {
             return Ok(None);

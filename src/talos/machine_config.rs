@@ -405,7 +405,8 @@ pub fn install_settings(config: &str) -> Result<InstallSettings, String> {
         }
     }
     if out.installer_image.is_none() {
-        out.installer_image = text(&["machine", "install", "image"])?.map(|i| (i, INSTALL_IMAGE_PATH));
+        out.installer_image =
+            text(&["machine", "install", "image"])?.map(|i| (i, INSTALL_IMAGE_PATH));
     }
     out.extra_kernel_args = match at(&["machine", "install", "extraKernelArgs"]) {
         None => Vec::new(),
@@ -415,7 +416,10 @@ pub fn install_settings(config: &str) -> Result<InstallSettings, String> {
                 Value::String(s) => Ok(s.clone()),
                 Value::Number(n) => Ok(n.to_string()),
                 Value::Bool(b) => Ok(b.to_string()),
-                _ => Err("machine.install.extraKernelArgs holds a value that is not a string".to_string()),
+                _ => Err(
+                    "machine.install.extraKernelArgs holds a value that is not a string"
+                        .to_string(),
+                ),
             })
             .collect::<Result<_, _>>()?,
         Some(_) => return Err("machine.install.extraKernelArgs is not a list".into()),
@@ -542,7 +546,10 @@ cluster:
         let legacy = install_settings(LEGACY).unwrap();
         assert_eq!(
             legacy.installer_image,
-            Some(("ghcr.io/siderolabs/installer:v1.12.6".into(), INSTALL_IMAGE_PATH))
+            Some((
+                "ghcr.io/siderolabs/installer:v1.12.6".into(),
+                INSTALL_IMAGE_PATH
+            ))
         );
         assert!(legacy.extra_kernel_args.is_empty() && legacy.etcd_image.is_none());
         // Absent grubUseUKICmdline is false: GRUB builds the command line on the host.
@@ -555,7 +562,10 @@ cluster:
         let s = install_settings(&args).unwrap();
         assert_eq!(s.extra_kernel_args, ["console=ttyS1", "net.ifnames=0"]);
         assert!(s.grub_builds_cmdline());
-        assert_eq!(s.etcd_image.as_deref(), Some("registry.k8s.io/etcd:v3.5.17"));
+        assert_eq!(
+            s.etcd_image.as_deref(),
+            Some("registry.k8s.io/etcd:v3.5.17")
+        );
         let uki = LEGACY.replace("  install:\n", "  install:\n    grubUseUKICmdline: true\n");
         assert!(!install_settings(&uki).unwrap().grub_builds_cmdline());
 
@@ -565,23 +575,40 @@ cluster:
         let s = install_settings(multi).unwrap();
         assert_eq!(
             s.installer_image,
-            Some(("factory.talos.dev/metal-installer/abc:v1.14.0".into(), UNATTENDED_IMAGE_PATH))
+            Some((
+                "factory.talos.dev/metal-installer/abc:v1.14.0".into(),
+                UNATTENDED_IMAGE_PATH
+            ))
         );
         assert!(s.unattended_install && !s.grub_builds_cmdline());
-        let empty = multi.replace("  image: factory.talos.dev/metal-installer/abc:v1.14.0\n", "  image: \"\"\n");
+        let empty = multi.replace(
+            "  image: factory.talos.dev/metal-installer/abc:v1.14.0\n",
+            "  image: \"\"\n",
+        );
         assert_eq!(install_settings(&empty).unwrap().installer_image, None);
     }
 
     #[test]
     fn install_settings_of_the_wrong_shape_name_the_path() {
         let bad = |from: &str, to: &str| install_settings(&LEGACY.replace(from, to)).unwrap_err();
-        assert!(bad("  install:\n", "  install:\n    extraKernelArgs: console=ttyS1\n")
-            .contains("machine.install.extraKernelArgs is not a list"));
-        assert!(bad("  install:\n", "  install:\n    grubUseUKICmdline: maybe\n")
-            .contains("grubUseUKICmdline is not a boolean"));
-        assert!(bad("    image: ghcr.io/siderolabs/installer:v1.12.6\n", "    image: [a]\n")
-            .contains("machine.install.image is not a string"));
-        assert_eq!(install_settings("machine: {}\n").unwrap_err(), EditError::NoV1alpha1.to_string());
+        assert!(bad(
+            "  install:\n",
+            "  install:\n    extraKernelArgs: console=ttyS1\n"
+        )
+        .contains("machine.install.extraKernelArgs is not a list"));
+        assert!(
+            bad("  install:\n", "  install:\n    grubUseUKICmdline: maybe\n")
+                .contains("grubUseUKICmdline is not a boolean")
+        );
+        assert!(bad(
+            "    image: ghcr.io/siderolabs/installer:v1.12.6\n",
+            "    image: [a]\n"
+        )
+        .contains("machine.install.image is not a string"));
+        assert_eq!(
+            install_settings("machine: {}\n").unwrap_err(),
+            EditError::NoV1alpha1.to_string()
+        );
         assert!(install_settings("version: v1alpha1\n: [\n").is_err());
     }
 }

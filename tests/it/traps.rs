@@ -78,7 +78,8 @@ async fn start(talos: &str) -> Result<Live, Box<dyn std::error::Error>> {
 fn change(from: &str, to: &str, installer: bool) -> Result<Change, Box<dyn std::error::Error>> {
     let repo = ichor::git::Repo::open(homelab())?;
     let mut change = gate::load(&repo, "main", "main", None)?;
-    let text = serde_yaml::to_string(&change.base_release_set)?.replace(MAIN_KUBERNETES, KUBERNETES);
+    let text =
+        serde_yaml::to_string(&change.base_release_set)?.replace(MAIN_KUBERNETES, KUBERNETES);
     change.base_release_set = ReleaseSet::parse("base", &text.replace(MAIN_TALOS, from))?;
     change.head_release_set = ReleaseSet::parse("head", &text.replace(MAIN_TALOS, to))?;
     change.bump = Bump::between(&change.base_release_set, &change.head_release_set);
@@ -149,9 +150,13 @@ async fn a_grub_node_with_extra_kernel_args_is_named_before_a_lifecycle_upgrade(
             ],
         )?;
     }
-    l.twin.talos.with_model(|m| m.set_booted_with_uki("w-2", true));
+    l.twin
+        .talos
+        .with_model(|m| m.set_booted_with_uki("w-2", true));
     assert_eq!(
-        l.talos.booted_with_uki("10.0.10.22", CallOptions::default()).await?,
+        l.talos
+            .booted_with_uki("10.0.10.22", CallOptions::default())
+            .await?,
         Some(true)
     );
     let items = judge(&l, &to_1_14).await;
@@ -163,8 +168,14 @@ async fn a_grub_node_with_extra_kernel_args_is_named_before_a_lifecycle_upgrade(
         "{t}"
     );
     assert!(!t.contains("w-2") && !t.contains("cp-1"), "{t}");
-    assert!(t.contains("internal/app/lifecycle/lifecycle.go@v1.13.9"), "{t}");
-    assert!(t.contains("talosctl upgrade --legacy") && t.contains("grubUseUKICmdline: true"), "{t}");
+    assert!(
+        t.contains("internal/app/lifecycle/lifecycle.go@v1.13.9"),
+        "{t}"
+    );
+    assert!(
+        t.contains("talosctl upgrade --legacy") && t.contains("grubUseUKICmdline: true"),
+        "{t}"
+    );
     // A patch within 1.13 goes through LifecycleService too.
     let items = judge(&l, &change("v1.13.9", "v1.13.10", true)?).await;
     assert_eq!(item(&items, "live/extra-kernel-args").status, Status::Warn);
@@ -187,7 +198,12 @@ async fn kernel_args_on_a_1_12_node_survive_the_legacy_upgrade_onto_1_13() -> Te
     let items = judge(&l, &change("v1.12.9", "v1.13.2", true)?).await;
     let i = item(&items, "live/extra-kernel-args");
     assert_eq!(i.status, Status::Pass, "{}", text(i));
-    assert!(i.message.contains("w-3 (Talos v1.12.9) keep theirs this time"), "{}", i.message);
+    assert!(
+        i.message
+            .contains("w-3 (Talos v1.12.9) keep theirs this time"),
+        "{}",
+        i.message
+    );
     Ok(())
 }
 
@@ -201,7 +217,11 @@ async fn an_etcd_older_than_3_6_blocks_the_move_to_talos_1_14() -> TestResult {
     let items = judge(&l, &to_1_14).await;
     let i = item(&items, "live/etcd-version");
     assert_eq!(i.status, Status::Pass, "{}", text(i));
-    assert!(i.message.contains("cp-1 3.6.9") && i.message.contains("cp-3 3.6.9"), "{}", i.message);
+    assert!(
+        i.message.contains("cp-1 3.6.9") && i.message.contains("cp-3 3.6.9"),
+        "{}",
+        i.message
+    );
 
     configure(
         &l,
@@ -212,20 +232,34 @@ async fn an_etcd_older_than_3_6_blocks_the_move_to_talos_1_14() -> TestResult {
         )],
     )?;
     assert_eq!(
-        l.talos.etcd_server_version("10.0.10.12", CallOptions::default()).await?,
+        l.talos
+            .etcd_server_version("10.0.10.12", CallOptions::default())
+            .await?,
         "3.5.21"
     );
     let items = judge(&l, &to_1_14).await;
     let i = item(&items, "live/etcd-version");
     assert_eq!(i.status, Status::Fail, "{}", text(i));
     let t = text(i);
-    assert!(t.contains("cp-2 pins .cluster.etcd.image registry.k8s.io/etcd:v3.5.21"), "{t}");
+    assert!(
+        t.contains("cp-2 pins .cluster.etcd.image registry.k8s.io/etcd:v3.5.21"),
+        "{t}"
+    );
     assert!(!t.contains("cp-1") && !t.contains("cp-3"), "{t}");
-    assert!(t.contains("hack/release.toml@v1.14.0-rc.1 [notes.etcd]"), "{t}");
-    assert!(t.contains("while on Talos v1.13.9, move etcd to 3.6"), "{t}");
+    assert!(
+        t.contains("hack/release.toml@v1.14.0-rc.1 [notes.etcd]"),
+        "{t}"
+    );
+    assert!(
+        t.contains("while on Talos v1.13.9, move etcd to 3.6"),
+        "{t}"
+    );
     // Not a move to 1.14: nothing to judge.
     let items = judge(&l, &change("v1.13.9", "v1.13.10", true)?).await;
-    assert!(!items.iter().any(|i| i.id == "live/etcd-version"), "{items:#?}");
+    assert!(
+        !items.iter().any(|i| i.id == "live/etcd-version"),
+        "{items:#?}"
+    );
 
     // The static checklist warns about the HTTP port either way.
     let v = gate::verdict(&to_1_14);
@@ -235,7 +269,11 @@ async fn an_etcd_older_than_3_6_blocks_the_move_to_talos_1_14() -> TestResult {
         .find(|i| i.id == "talos-note/talos-1.14-etcd-http-port")
         .ok_or("no port note")?;
     assert_eq!(port.status, Status::Warn);
-    assert!(port.message.contains("2383") && port.message.contains("2379"), "{}", port.message);
+    assert!(
+        port.message.contains("2383") && port.message.contains("2379"),
+        "{}",
+        port.message
+    );
     Ok(())
 }
 
@@ -251,14 +289,19 @@ async fn the_installer_the_nodes_name_is_judged_when_cluster_yaml_names_none() -
     let t = text(i);
     for n in ["cp-1", "cp-2", "cp-3", "w-1", "w-2", "w-3"] {
         assert!(
-            t.contains(&format!("{n} (machine.install.image: ghcr.io/siderolabs/installer:v1.13.9)")),
+            t.contains(&format!(
+                "{n} (machine.install.image: ghcr.io/siderolabs/installer:v1.13.9)"
+            )),
             "{n}: {t}"
         );
     }
     assert!(t.contains("factory.talos.dev"), "{t}");
     // cluster.yaml names one: the static note judges that one instead.
     let items = judge(&l, &change("v1.13.9", "v1.14.1", true)?).await;
-    assert!(!items.iter().any(|i| i.id == "live/installer-image"), "{items:#?}");
+    assert!(
+        !items.iter().any(|i| i.id == "live/installer-image"),
+        "{items:#?}"
+    );
 
     drop(l);
     let l = start("v1.14.0").await?;
@@ -267,13 +310,18 @@ async fn the_installer_the_nodes_name_is_judged_when_cluster_yaml_names_none() -
     let i = item(&items, "live/installer-image");
     assert_eq!(i.status, Status::Pass, "{}", text(i));
     assert!(
-        i.message.contains("w-1 (UnattendedInstallConfig.installer.image: factory.talos.dev/metal-installer/"),
+        i.message.contains(
+            "w-1 (UnattendedInstallConfig.installer.image: factory.talos.dev/metal-installer/"
+        ),
         "{}",
         i.message
     );
     // An operator's ghcr image in the document is named where it lives.
     let (yaml, _) = {
-        let mc = l.talos.machine_config("10.0.10.21", CallOptions::default()).await?;
+        let mc = l
+            .talos
+            .machine_config("10.0.10.21", CallOptions::default())
+            .await?;
         (mc.yaml, mc.version)
     };
     let ghcr = yaml.replace(
@@ -294,7 +342,9 @@ async fn the_installer_the_nodes_name_is_judged_when_cluster_yaml_names_none() -
     let i = item(&items, "live/installer-image");
     assert_eq!(i.status, Status::Warn, "{}", text(i));
     assert!(
-        i.message.contains("w-1 (UnattendedInstallConfig.installer.image: ghcr.io/siderolabs/installer:v1.14.0)"),
+        i.message.contains(
+            "w-1 (UnattendedInstallConfig.installer.image: ghcr.io/siderolabs/installer:v1.14.0)"
+        ),
         "{}",
         i.message
     );

@@ -349,7 +349,9 @@ impl MachineConfig {
         }
         // siderolabs/talos pkg/machinery/config/types/runtime/unattended_install.go
         // (v1.14.0-rc.1) `V1Alpha1ConflictValidate`: the document replaces .machine.install.
-        if self.unattended_install().is_some() && v1.get("machine").and_then(|m| m.get("install")).is_some() {
+        if self.unattended_install().is_some()
+            && v1.get("machine").and_then(|m| m.get("install")).is_some()
+        {
             return Err(ConfigError::Invalid(
                 "UnattendedInstallConfig config is incompatible with v1alpha1 config (.machine.install)",
             ));
@@ -445,7 +447,9 @@ impl MachineConfig {
             out.push_str(&format!(
                 "  install:\n    disk: /dev/sda\n    image: ghcr.io/siderolabs/installer:{talos_version}\n"
             ));
-            if parse_version(talos_version).is_some_and(|(major, minor, _)| (major, minor) >= (1, 12)) {
+            if parse_version(talos_version)
+                .is_some_and(|(major, minor, _)| (major, minor) >= (1, 12))
+            {
                 out.push_str("    grubUseUKICmdline: true\n");
             }
         }
