@@ -351,3 +351,40 @@ async fn the_installer_the_nodes_name_is_judged_when_cluster_yaml_names_none() -
     assert!(!i.message.contains("w-2"), "{}", i.message);
     Ok(())
 }
+
+/// With a reader's certificate the machine configuration is out of reach (it is sensitive:
+/// admin only): the items that need it say they could not be judged and why, never pass;
+/// etcd is still judged from what each control plane's EtcdStatus reports.
+#[tokio::test]
+async fn an_unreadable_configuration_is_reported_as_not_judged() -> TestResult {
+    let l = start("v1.13.9").await?;
+    let reader = l.twin.talos.issue_client("reader", &["os:reader"])?;
+    let mut ctx = l.talos.context().clone();
+    ctx.crt_pem = reader.cert_pem;
+    ctx.key_pem = reader.key_pem;
+    let talos = TalosClient::new(ctx, l.twin.talos.clock().clone());
+    let change = change("v1.13.9", "v1.14.1", false)?;
+    let facts = live::observe(&l.kube, Some(&talos), &live::Subject::of(&change)).await;
+    let items = live::items(&change, &facts);
+    let i = item(&items, "live/extra-kernel-args");
+    assert_eq!(i.status, Status::Warn, "{}", text(i));
+    assert!(
+        i.message
+            .contains("could not be judged for cp-1 (its machine configuration: ")
+            && i.message.contains("not authorized"),
+        "{}",
+        i.message
+    );
+    let i = item(&items, "live/installer-image");
+    assert_eq!(i.status, Status::Warn, "{}", text(i));
+    assert!(
+        i.message.contains("could not judge")
+            && i.message.contains("w-3 (")
+            && i.message.contains("not authorized"),
+        "{}",
+        i.message
+    );
+    let i = item(&items, "live/etcd-version");
+    assert_eq!(i.status, Status::Pass, "{}", text(i));
+    Ok(())
+}
