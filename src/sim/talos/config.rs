@@ -858,4 +858,47 @@ mod tests {
         assert!(upgradeable_from("v1.8.0", "v1.10.0").is_ok());
         assert!(upgradeable_from("v1.14.0", "v1.12.0").is_err());
     }
+
+    #[test]
+    fn generated_install_sections_follow_the_contract_and_validation_follows_talos() {
+        let gen = |talos: &str, form| {
+            MachineConfig::generate("w-1", false, talos, "v1.33.1", "v1.33.1", form)
+        };
+        let v1_11 = gen("v1.11.5", ConfigForm::V1Alpha1);
+        assert!(v1_11.contains("image: ghcr.io/siderolabs/installer:v1.11.5"));
+        assert!(!v1_11.contains("grubUseUKICmdline"), "{v1_11}");
+        assert!(gen("v1.12.6", ConfigForm::V1Alpha1).contains("    grubUseUKICmdline: true\n"));
+        let multi = gen("v1.14.0", ConfigForm::MultiDoc);
+        let cfg = MachineConfig::parse(multi.as_bytes(), "v1.14.0").unwrap();
+        assert!(!multi.contains("  install:\n"), "{multi}");
+        assert_eq!(
+            cfg.installer_image(),
+            Some(format!("{FACTORY_INSTALLER}:v1.14.0"))
+        );
+        // Both forms of the install section at once, as Talos refuses it.
+        let both = multi.replace("machine:\n", "machine:\n  install:\n    disk: /dev/sda\n");
+        assert_eq!(
+            MachineConfig::parse(both.as_bytes(), "v1.14.0").unwrap_err().to_string(),
+            "UnattendedInstallConfig config is incompatible with v1alpha1 config (.machine.install)"
+        );
+        let args = gen("v1.13.2", ConfigForm::V1Alpha1).replace(
+            "    grubUseUKICmdline: true\n",
+            "    grubUseUKICmdline: true\n    extraKernelArgs: [console=ttyS1]\n",
+        );
+        assert_eq!(
+            MachineConfig::parse(args.as_bytes(), "v1.13.2")
+                .unwrap_err()
+                .to_string(),
+            "install.extraKernelArgs and install.grubUseUKICmdline can't be used together"
+        );
+        let pinned = gen("v1.13.2", ConfigForm::V1Alpha1).replace(
+            "cluster:\n",
+            "cluster:\n  etcd:\n    image: registry.k8s.io/etcd:v3.5.21\n",
+        );
+        let cfg = MachineConfig::parse(pinned.as_bytes(), "v1.13.2").unwrap();
+        assert_eq!(
+            cfg.etcd_image().as_deref(),
+            Some("registry.k8s.io/etcd:v3.5.21")
+        );
+    }
 }
