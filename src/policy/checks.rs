@@ -1271,7 +1271,7 @@ pub fn extra_kernel_args(bump: &Bump, nodes: &[TrapNode]) -> Option<CheckItem> {
     }
     if !unknown_loader.is_empty() {
         parts.push(format!(
-            "these nodes would, on GRUB nodes (their boot loader is not reported over the API): {}",
+            "these nodes would too if booted by GRUB, i.e. on GRUB nodes (the API does not report their boot loader): {}",
             unknown_loader.join("; ")
         ));
     }
