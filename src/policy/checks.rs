@@ -1305,7 +1305,7 @@ pub fn extra_kernel_args(bump: &Bump, nodes: &[TrapNode]) -> Option<CheckItem> {
             title,
             Status::Warn,
             format!(
-                "Talos {t1}: ichor upgrades nodes on Talos 1.13 or later through LifecycleService/Upgrade, which does not pass .machine.install.extraKernelArgs to the installer, and GRUB without .machine.install.grubUseUKICmdline builds the kernel command line from them ({LIFECYCLE_SOURCE}; cmd/installer/pkg/install/install.go@v1.13.9): {}{later}",
+                "Talos {t1}: ichor upgrades nodes on Talos 1.13 or later through LifecycleService/Upgrade, which does not pass .machine.install.extraKernelArgs to the installer, and GRUB without .machine.install.grubUseUKICmdline builds the kernel command line from them ({LIFECYCLE_SOURCE}; cmd/installer/pkg/install/install.go@v1.13.9; siderolabs/talos#13967): {}{later}",
                 parts.join("; ")
             ),
         )
