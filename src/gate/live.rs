@@ -321,7 +321,12 @@ pub async fn observe_trap_nodes(talos: &TalosClient, nodes: &[LiveNode]) -> Vec<
             }
         }
     };
-    futures_util::future::join_all(nodes.iter().map(one)).await
+    // A few nodes at a time: a large cluster's calls all travel through one endpoint.
+    use futures_util::StreamExt;
+    futures_util::stream::iter(nodes.iter().map(one))
+        .buffered(8)
+        .collect()
+        .await
 }
 
 async fn observe_etcd(talos: &TalosClient, nodes: &[LiveNode]) -> Result<EtcdView, String> {
