@@ -7,7 +7,7 @@
 
 use crate::kube::inventory::{ApplicationStatus, DeprecatedApi, LeaseHolder, LiveNode, LiveVolume};
 use crate::kube::{KubeClient, WorkloadStatus};
-use crate::policy::{self, CheckItem, Status};
+use crate::policy::{self, CheckItem, Status, TrapConfig, TrapNode};
 use crate::releaseset::{HandoverMode, MinorVersion, Node, Role, Version};
 use crate::talos::client::{CallOptions, EtcdMember, EtcdStatus, TalosClient};
 
@@ -33,6 +33,9 @@ pub struct LiveFacts {
     /// The hand-over's Argo CD Application, when a hand-over is configured.
     pub handover: Option<Result<Option<ApplicationStatus>, String>>,
     pub deprecated_apis: Result<Vec<DeprecatedApi>, String>,
+    /// What each node runs and how it is configured, for the Talos upgrade traps; `None`
+    /// without Talos access.
+    pub talos_nodes: Option<Result<Vec<TrapNode>, String>>,
 }
 
 /// etcd as the control planes report it.
@@ -249,6 +252,11 @@ pub async fn observe(
         (Some(_), Err(e)) => Some(Err(format!("no node list to find the control planes: {e}"))),
         (None, _) => None,
     };
+    let talos_nodes = match (talos, &nodes) {
+        (Some(t), Ok(ns)) => Some(Ok(observe_trap_nodes(t, ns).await)),
+        (Some(_), Err(e)) => Some(Err(format!("no node list to find the nodes: {e}"))),
+        (None, _) => None,
+    };
     LiveFacts {
         nodes,
         volumes,
@@ -257,7 +265,68 @@ pub async fn observe(
         cni,
         handover,
         deprecated_apis,
+        talos_nodes,
     }
+}
+
+/// Each node's running Talos, machine configuration, boot loader and (control planes) etcd,
+/// read over the Talos API; every fact carries its own error.
+pub async fn observe_trap_nodes(talos: &TalosClient, nodes: &[LiveNode]) -> Vec<TrapNode> {
+    let opts = CallOptions::default();
+    let one = |n: &LiveNode| {
+        let addr = n.internal_ip.clone().unwrap_or_else(|| n.name.clone());
+        let control_plane = n.role == Role::Controlplane;
+        let listed = n.talos.clone();
+        let name = n.name.clone();
+        async move {
+            let s = |e: crate::talos::TalosError| e.to_string();
+            // The Version reply is what decides ichor's upgrade API; the Node's osImage is
+            // the fallback when the node does not answer.
+            let talos_version = match talos.version(&addr, opts).await {
+                Ok(v) => Version::parse(&v.tag).map_err(|e| e.to_string()),
+                Err(e) => match listed.as_deref().map(Version::parse) {
+                    Some(Ok(v)) => Ok(v),
+                    _ => Err(s(e)),
+                },
+            };
+            let config = match talos.machine_config(&addr, opts).await {
+                Ok(mc) => {
+                    crate::talos::machine_config::install_settings(&mc.yaml).map(|i| TrapConfig {
+                        grub_builds_cmdline: i.grub_builds_cmdline(),
+                        installer_image: i
+                            .installer_image
+                            .map(|(img, path)| (img, path.to_string())),
+                        extra_kernel_args: i.extra_kernel_args,
+                        etcd_image: i.etcd_image,
+                    })
+                }
+                Err(e) => Err(s(e)),
+            };
+            let booted_with_uki = talos.booted_with_uki(&addr, opts).await.map_err(s);
+            let etcd = if control_plane {
+                Some(match talos.etcd_server_version(&addr, opts).await {
+                    Ok(v) => Version::parse(&v).map_err(|e| format!("etcd version `{v}`: {e}")),
+                    Err(e) => Err(s(e)),
+                })
+            } else {
+                None
+            };
+            TrapNode {
+                name,
+                control_plane,
+                talos: talos_version,
+                config,
+                booted_with_uki,
+                etcd,
+            }
+        }
+    };
+    // A few nodes at a time: a large cluster's calls all travel through one endpoint.
+    use futures_util::StreamExt;
+    futures_util::stream::iter(nodes.iter().map(one))
+        .buffered(8)
+        .collect()
+        .await
 }
 
 async fn observe_etcd(talos: &TalosClient, nodes: &[LiveNode]) -> Result<EtcdView, String> {
@@ -389,6 +458,44 @@ pub fn items(change: &Change, facts: &LiveFacts) -> Vec<CheckItem> {
                 "the nodes' versions",
                 &why,
             ));
+        }
+    }
+
+    // The Talos upgrade traps, from what each node runs and how it is configured.
+    if let Some(trap_nodes) = &facts.talos_nodes {
+        let installer = change
+            .cluster_doc
+            .as_ref()
+            .and_then(|d| d.spec.talos.installer_image.as_deref());
+        let judge = |nodes: &[TrapNode]| -> Vec<CheckItem> {
+            [
+                policy::extra_kernel_args(bump, nodes),
+                policy::etcd_version(bump, &change.policies, nodes),
+                policy::installer_images(bump, &change.policies, installer, nodes),
+            ]
+            .into_iter()
+            .flatten()
+            .collect()
+        };
+        match trap_nodes {
+            Ok(nodes) => out.extend(judge(nodes)),
+            // The items that apply to this change, each saying it could not be judged.
+            Err(e) => out.extend(judge(&[]).into_iter().map(|item| {
+                let status = if item.status == Status::Warn || item.status == Status::Pass {
+                    Status::Warn
+                } else {
+                    Status::Wait
+                };
+                CheckItem {
+                    status,
+                    message: format!(
+                        "could not be judged: cannot read the nodes: {}",
+                        crate::releaseset::excerpt(e, 300)
+                    ),
+                    hint: Some("check the credentials and that the cluster is reachable, then re-run the gate".into()),
+                    ..item
+                }
+            })),
         }
     }
 

@@ -1159,6 +1159,452 @@ pub fn kubelet_skew(bump: &Bump, p: &Policies, nodes: &[Node]) -> CheckItem {
     CheckItem::new(id, title, Status::Pass, msg).source(&p.skew.source)
 }
 
+// ---- Talos upgrade traps, judged from what each node runs and how it is configured ----
+
+/// What the gate read from one node for the Talos upgrade traps (`src/gate/live.rs` reads
+/// it over the Talos API). Each fact is a value or why it could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrapNode {
+    pub name: String,
+    pub control_plane: bool,
+    /// The Talos the node runs (its Version reply).
+    pub talos: Result<Version, String>,
+    /// What its active machine configuration says.
+    pub config: Result<TrapConfig, String>,
+    /// Whether it booted a UKI through systemd-boot; `Ok(None)`: the API does not say.
+    pub booted_with_uki: Result<Option<bool>, String>,
+    /// A control plane's running etcd (its EtcdStatus); `None` for a worker.
+    pub etcd: Option<Result<Version, String>>,
+}
+
+/// The parts of a node's machine configuration the traps need.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TrapConfig {
+    /// The installer image the configuration names, with the path that names it
+    /// (`UnattendedInstallConfig.installer.image` or `machine.install.image`).
+    pub installer_image: Option<(String, String)>,
+    pub extra_kernel_args: Vec<String>,
+    /// A GRUB boot builds its kernel command line on the host from `extraKernelArgs`:
+    /// `grubUseUKICmdline` false and no `UnattendedInstallConfig`.
+    pub grub_builds_cmdline: bool,
+    /// `.cluster.etcd.image`, when the configuration pins one.
+    pub etcd_image: Option<String>,
+}
+
+/// ichor upgrades a node through LifecycleService/Upgrade once the node *runs* Talos 1.13 or
+/// later, through the legacy MachineService/Upgrade before (src/talos/client.rs `UpgradeApi`;
+/// a 1.13 pre-release counts as 1.13).
+fn lifecycle_upgrade(running: &Version) -> bool {
+    (running.major(), running.minor()) >= (1, 13)
+}
+
+const LIFECYCLE_SOURCE: &str = "siderolabs/talos internal/app/lifecycle/lifecycle.go@v1.13.9";
+
+/// The `extraKernelArgs` trap: LifecycleService/Upgrade does not pass
+/// `.machine.install.extraKernelArgs` to the installer (lifecycle.go at v1.13.9 builds its
+/// options with `WithUpgrade` and `WithForce` only; the legacy sequence adds
+/// `WithExtraKernelArgs` from the config), and a GRUB install without `grubUseUKICmdline`
+/// builds the kernel command line from those options (cmd/installer/pkg/install/install.go).
+/// So a node ichor upgrades through LifecycleService, booted by GRUB, that keeps kernel
+/// arguments there reboots without them. `None` when the change does not upgrade Talos to
+/// 1.13 or later.
+pub fn extra_kernel_args(bump: &Bump, nodes: &[TrapNode]) -> Option<CheckItem> {
+    let (t0, t1) = (&bump.base.spec.talos, &bump.head.spec.talos);
+    if talos_release(t1) <= talos_release(t0) || !lifecycle_upgrade(t1) {
+        return None;
+    }
+    let (id, title) = (
+        "live/extra-kernel-args",
+        "Kernel arguments survive the Talos upgrade",
+    );
+    let (mut grub, mut unknown_loader, mut unjudged, mut legacy) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for n in nodes {
+        let running = match &n.talos {
+            Ok(v) => v,
+            Err(e) => {
+                unjudged.push(format!("{} (its Talos version: {})", n.name, excerpt(e)));
+                continue;
+            }
+        };
+        // A node already on the target is not upgraded by this change.
+        if talos_release(running) >= talos_release(t1) {
+            continue;
+        }
+        let cfg = match &n.config {
+            Ok(c) => c,
+            Err(e) => {
+                unjudged.push(format!(
+                    "{} (its machine configuration: {})",
+                    n.name,
+                    excerpt(e)
+                ));
+                continue;
+            }
+        };
+        if cfg.extra_kernel_args.is_empty() || !cfg.grub_builds_cmdline {
+            continue;
+        }
+        let args = cfg.extra_kernel_args.join(" ");
+        if !lifecycle_upgrade(running) {
+            legacy.push(format!("{} (Talos {running})", n.name));
+            continue;
+        }
+        match &n.booted_with_uki {
+            // systemd-boot boots the UKI's own command line; extraKernelArgs never applied.
+            Ok(Some(true)) => {}
+            Ok(Some(false)) => grub.push(format!(
+                "{} (booted by GRUB; extraKernelArgs: {args})",
+                n.name
+            )),
+            Ok(None) | Err(_) => {
+                unknown_loader.push(format!("{} (extraKernelArgs: {args})", n.name))
+            }
+        }
+    }
+    let mut parts = Vec::new();
+    if !grub.is_empty() {
+        parts.push(format!(
+            "these nodes would reboot without their kernel arguments: {}",
+            grub.join("; ")
+        ));
+    }
+    if !unknown_loader.is_empty() {
+        parts.push(format!(
+            "these nodes would too if booted by GRUB, i.e. on GRUB nodes (the API does not report their boot loader): {}",
+            unknown_loader.join("; ")
+        ));
+    }
+    if !unjudged.is_empty() {
+        parts.push(format!("could not be judged for {}", unjudged.join("; ")));
+    }
+    let later = if legacy.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; {} keep theirs this time (upgraded through the legacy MachineService/Upgrade, which passes them) but not in their next upgrade",
+            legacy.join(", ")
+        )
+    };
+    if parts.is_empty() {
+        return Some(
+            CheckItem::new(
+                id,
+                title,
+                Status::Pass,
+                format!(
+                    "no node ichor upgrades through LifecycleService/Upgrade keeps kernel arguments in .machine.install.extraKernelArgs with GRUB building its command line ({LIFECYCLE_SOURCE}){later}"
+                ),
+            )
+            .source(LIFECYCLE_SOURCE),
+        );
+    }
+    Some(
+        CheckItem::new(
+            id,
+            title,
+            Status::Warn,
+            format!(
+                "Talos {t1}: ichor upgrades nodes on Talos 1.13 or later through LifecycleService/Upgrade, which does not pass .machine.install.extraKernelArgs to the installer, and GRUB without .machine.install.grubUseUKICmdline builds the kernel command line from them ({LIFECYCLE_SOURCE}; cmd/installer/pkg/install/install.go@v1.13.9; siderolabs/talos#13967): {}{later}",
+                parts.join("; ")
+            ),
+        )
+        .hint("move the arguments into the boot image (an Image Factory schematic's extraKernelArgs, so the UKI carries them) and set .machine.install.grubUseUKICmdline: true, or upgrade these nodes yourself through the legacy MachineService/Upgrade (`talosctl upgrade --legacy`, deprecated, removed in Talos 1.18) before merging")
+        .source(LIFECYCLE_SOURCE),
+    )
+}
+
+fn excerpt(text: &str) -> String {
+    crate::releaseset::excerpt(text, 160)
+}
+
+/// The version an image's tag names (`registry.k8s.io/etcd:v3.5.17`, `…:3.6.4-0`).
+fn image_tag_version(image: &str) -> Option<Version> {
+    let no_digest = image.split('@').next().unwrap_or(image);
+    let (_, tag) = no_digest.rsplit_once(':')?;
+    if tag.contains('/') {
+        return None;
+    }
+    Version::parse(tag).ok()
+}
+
+/// An image reference without its tag and digest, for comparing repositories.
+fn image_repository(image: &str) -> &str {
+    let no_digest = image.split('@').next().unwrap_or(image);
+    match no_digest.rsplit_once(':') {
+        Some((repo, tag)) if !tag.contains('/') => repo,
+        _ => no_digest,
+    }
+}
+
+/// etcd for the target Talos: a control plane whose etcd is older than the target's
+/// `etcdMin` (policies/talos.yaml) blocks the move. Each control plane is judged from the
+/// etcd it runs (EtcdStatus); when that cannot be read, from the image its configuration
+/// pins (`.cluster.etcd.image`), else from its Talos release's default etcd. A pin below the
+/// minimum blocks too: Talos keeps running the pinned image after the upgrade.
+pub fn etcd_version(bump: &Bump, p: &Policies, nodes: &[TrapNode]) -> Option<CheckItem> {
+    let (t0, t1) = (&bump.base.spec.talos, &bump.head.spec.talos);
+    if talos_release(t1) <= talos_release(t0) {
+        return None;
+    }
+    let row = p.talos_row(t1.minor_version())?;
+    let min = row.etcd_min.as_ref()?;
+    let source = row
+        .etcd_source
+        .clone()
+        .unwrap_or_else(|| row.source.clone());
+    let (id, title) = (
+        "live/etcd-version",
+        "etcd is recent enough for the target Talos",
+    );
+    let below = |v: &Version| talos_release(v) < talos_release(min);
+    let (mut old, mut unjudged, mut fine) = (Vec::new(), Vec::new(), Vec::new());
+    for n in nodes.iter().filter(|n| n.control_plane) {
+        let pin = n.config.as_ref().ok().and_then(|c| c.etcd_image.clone());
+        let pinned = pin.as_deref().map(|i| (i, image_tag_version(i)));
+        if let Some((image, Some(v))) = &pinned {
+            if below(v) {
+                old.push(format!("{} pins .cluster.etcd.image {image}", n.name));
+                continue;
+            }
+        }
+        match &n.etcd {
+            Some(Ok(v)) if below(v) => old.push(format!("{} runs etcd {v}", n.name)),
+            Some(Ok(v)) => fine.push(format!("{} {v}", n.name)),
+            other => {
+                let why = match other {
+                    Some(Err(e)) => format!("EtcdStatus: {}", excerpt(e)),
+                    _ => "no EtcdStatus".to_string(),
+                };
+                // What it runs, as its configuration and release say.
+                match (&pinned, &n.config, &n.talos) {
+                    (Some((_, Some(v))), _, _) => fine.push(format!("{} {v} (pinned)", n.name)),
+                    (Some((image, None)), _, _) => unjudged.push(format!(
+                        "{} ({why}; .cluster.etcd.image {image} names no version)",
+                        n.name
+                    )),
+                    (None, Ok(_), Ok(t)) => {
+                        match p
+                            .talos_row(t.minor_version())
+                            .and_then(|r| r.etcd_default.as_ref())
+                        {
+                            Some(d) if below(d) => old.push(format!(
+                                "{} runs Talos {t}, whose default etcd is {d}",
+                                n.name
+                            )),
+                            Some(d) => fine.push(format!("{} {d} (Talos {t}'s default)", n.name)),
+                            None => unjudged.push(format!(
+                                "{} ({why}; no default etcd known for Talos {t})",
+                                n.name
+                            )),
+                        }
+                    }
+                    (None, Err(e), _) => unjudged.push(format!(
+                        "{} ({why}; machine configuration: {})",
+                        n.name,
+                        excerpt(e)
+                    )),
+                    (None, Ok(_), Err(e)) => {
+                        unjudged.push(format!("{} ({why}; Talos version: {})", n.name, excerpt(e)))
+                    }
+                }
+            }
+        }
+    }
+    if !old.is_empty() {
+        let default = p
+            .talos_row(t0.minor_version())
+            .and_then(|r| r.etcd_default.as_ref())
+            .map_or(String::new(), |d| {
+                format!(" (Talos {}'s default is {d})", t0.minor_version())
+            });
+        return Some(
+            CheckItem::new(
+                id,
+                title,
+                Status::Fail,
+                format!(
+                    "Talos {t1} runs only etcd {} or later ({source}): {}",
+                    min.minor_version(),
+                    old.join("; ")
+                ),
+            )
+            .hint(format!(
+                "while on Talos {t0}, move etcd to {}: set .cluster.etcd.image to an etcd {} image or remove the pin{default}, let every member restart healthy, then re-run the gate",
+                min.minor_version(),
+                min.minor_version()
+            ))
+            .source(source),
+        );
+    }
+    if !unjudged.is_empty() {
+        return Some(
+            CheckItem::new(
+                id,
+                title,
+                Status::Wait,
+                format!(
+                    "could not judge the etcd of {} against Talos {t1}'s minimum etcd {} ({source})",
+                    unjudged.join("; "),
+                    min.minor_version()
+                ),
+            )
+            .hint("check the credentials (reading the machine configuration needs os:admin) and that every control plane answers, then re-run the gate")
+            .source(source),
+        );
+    }
+    if fine.is_empty() {
+        return Some(
+            CheckItem::new(
+                id,
+                title,
+                Status::Wait,
+                "no control plane found to judge etcd by",
+            )
+            .hint("check that the cluster's control planes are listed, then re-run the gate")
+            .source(source),
+        );
+    }
+    Some(
+        CheckItem::new(
+            id,
+            title,
+            Status::Pass,
+            format!(
+                "etcd on every control plane is {} or later, as Talos {t1} needs ({source}): {}",
+                min.minor_version(),
+                fine.join(", ")
+            ),
+        )
+        .source(source),
+    )
+}
+
+/// The installer image for the target, as the nodes' configurations name it, when
+/// `cluster.yaml` names none (`spec.talos.installerImage`; the static note judges that one).
+/// Each Talos note with an `installerImage` that the bump meets applies to the image each
+/// node names: `UnattendedInstallConfig.installer.image` (Talos 1.14,
+/// pkg/machinery/config/types/runtime/unattended_install.go at v1.14.0-rc.1), else
+/// `.machine.install.image`. `None` when no such note applies.
+pub fn installer_images(
+    bump: &Bump,
+    p: &Policies,
+    cluster_installer: Option<&str>,
+    nodes: &[TrapNode],
+) -> Option<CheckItem> {
+    let (t0, t1) = (&bump.base.spec.talos, &bump.head.spec.talos);
+    if cluster_installer.is_some() || t1 <= t0 {
+        return None;
+    }
+    let same = |a: &str, b: &str| {
+        image_repository(a)
+            .trim_end_matches('/')
+            .eq_ignore_ascii_case(b.trim_end_matches('/'))
+    };
+    let notes: Vec<_> = p
+        .talos_notes
+        .iter()
+        .filter(|n| {
+            n.installer_image.is_some()
+                && n.crosses.as_ref().is_none_or(|x| {
+                    talos_release(t0) < talos_release(x) && talos_release(x) <= talos_release(t1)
+                })
+                && n.from.as_ref().is_none_or(|m| m.matches(t0))
+                && n.talos.as_ref().is_none_or(|m| m.matches(t1))
+        })
+        .collect();
+    if notes.is_empty() {
+        return None;
+    }
+    let (id, title) = (
+        "live/installer-image",
+        "The installer image the nodes name exists for the target",
+    );
+    let (mut unjudged, mut unnamed, mut named) = (Vec::new(), Vec::new(), Vec::new());
+    for n in nodes {
+        match &n.config {
+            Err(e) => unjudged.push(format!("{} ({})", n.name, excerpt(e))),
+            Ok(c) => match &c.installer_image {
+                None => unnamed.push(n.name.clone()),
+                Some((image, path)) => named.push((n.name.as_str(), image.as_str(), path.as_str())),
+            },
+        }
+    }
+    for note in &notes {
+        let want = note.installer_image.as_deref().unwrap_or_default();
+        let hit: Vec<String> = named
+            .iter()
+            .filter(|(_, image, _)| same(image, want))
+            .map(|(node, image, path)| format!("{node} ({path}: {image})"))
+            .collect();
+        if !hit.is_empty() {
+            return Some(
+                CheckItem::new(
+                    id,
+                    title,
+                    Status::Warn,
+                    format!(
+                        "Talos {t0} → {t1}, cluster.yaml names no spec.talos.installerImage, and these nodes' configurations name {want}, which note `{}` says does not exist for the target ({}): {}",
+                        note.id,
+                        note.source,
+                        hit.join("; ")
+                    ),
+                )
+                .hint(note.hint.clone().unwrap_or_else(|| "name an installer that exists for the target in cluster.yaml spec.talos.installerImage, then re-run the gate".into()))
+                .source(&note.source),
+            );
+        }
+    }
+    let sources: Vec<&str> = notes.iter().map(|n| n.source.as_str()).collect();
+    if !unjudged.is_empty() || !unnamed.is_empty() {
+        let mut why = Vec::new();
+        if !unjudged.is_empty() {
+            why.push(format!(
+                "the configuration could not be read on {}",
+                unjudged.join("; ")
+            ));
+        }
+        if !unnamed.is_empty() {
+            why.push(format!(
+                "{} name no installer image (neither UnattendedInstallConfig.installer.image nor .machine.install.image)",
+                unnamed.join(", ")
+            ));
+        }
+        return Some(
+            CheckItem::new(
+                id,
+                title,
+                Status::Warn,
+                format!(
+                    "could not judge the installer for Talos {t1} ({}): {}",
+                    sources.join("; "),
+                    why.join("; ")
+                ),
+            )
+            .hint("name the installer in cluster.yaml spec.talos.installerImage (an Image Factory installer, factory.talos.dev/<platform>-installer/<schematic>), then re-run the gate")
+            .source(sources.join("; ")),
+        );
+    }
+    let mut images: Vec<String> = named
+        .iter()
+        .map(|(node, image, path)| format!("{node} ({path}: {image})"))
+        .collect();
+    images.dedup();
+    Some(
+        CheckItem::new(
+            id,
+            title,
+            Status::Pass,
+            format!(
+                "the nodes' configurations name installers the notes for Talos {t1} do not rule out ({}): {}; cluster.yaml names no spec.talos.installerImage, and ichor installs the image named there",
+                sources.join("; "),
+                images.join("; ")
+            ),
+        )
+        .source(sources.join("; ")),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2327,29 +2773,44 @@ mod tests {
                 })
                 .collect()
         };
+        // The move onto 1.13 goes through the legacy MachineService/Upgrade, which passes
+        // extraKernelArgs; the moves from 1.13 on do not.
         assert_eq!(
             ids("v1.12.9", "v1.13.2", None),
-            [
-                "talos-note/talos-1.13-grub-extra-kernel-args",
-                "talos-note/talos-1.13-nvidia-runtimeclass"
-            ]
+            ["talos-note/talos-1.13-nvidia-runtimeclass"]
         );
-        assert!(ids("v1.13.0", "v1.13.2", None).is_empty());
-        // A pre-release host of 1.13.0 counts as 1.13.0: already across.
-        assert!(ids("v1.13.0-beta.0", "v1.13.2", None).is_empty());
-        assert!(ids("v1.12.9", "v1.12.11", None).is_empty());
-        let ghcr = Some("ghcr.io/siderolabs/installer");
         assert_eq!(
-            ids("v1.13.9", "v1.14.1", ghcr),
-            ["talos-note/talos-1.14-no-ghcr-installer"]
+            ids("v1.13.0", "v1.13.2", None),
+            ["talos-note/talos-1.13-grub-extra-kernel-args"]
         );
-        assert!(ids(
-            "v1.13.9",
-            "v1.14.1",
-            Some("factory.talos.dev/metal-installer/abc")
-        )
-        .is_empty());
-        assert!(ids("v1.13.9", "v1.14.1", None).is_empty());
+        // A pre-release host of 1.13.0 counts as 1.13.0: already across.
+        assert!(!ids("v1.13.0-beta.0", "v1.13.2", None)
+            .iter()
+            .any(|i| i.contains("nvidia")));
+        assert!(ids("v1.12.9", "v1.12.11", None).is_empty());
+        let on_1_14 = [
+            "talos-note/talos-1.13-grub-extra-kernel-args",
+            "talos-note/talos-1.14-etcd-3.6",
+            "talos-note/talos-1.14-etcd-http-port",
+        ];
+        let ghcr = Some("ghcr.io/siderolabs/installer");
+        let mut with_ghcr = on_1_14.to_vec();
+        with_ghcr.push("talos-note/talos-1.14-no-ghcr-installer");
+        assert_eq!(ids("v1.13.9", "v1.14.1", ghcr), with_ghcr);
+        assert_eq!(
+            ids(
+                "v1.13.9",
+                "v1.14.1",
+                Some("factory.talos.dev/metal-installer/abc")
+            ),
+            on_1_14
+        );
+        assert_eq!(ids("v1.13.9", "v1.14.1", None), on_1_14);
+        // Within 1.14 the etcd notes are behind.
+        assert_eq!(
+            ids("v1.14.0", "v1.14.1", None),
+            ["talos-note/talos-1.13-grub-extra-kernel-args"]
+        );
         assert!(!ids("v1.12.9", "v1.13.2", ghcr)
             .iter()
             .any(|i| i.contains("ghcr")));
@@ -2528,5 +2989,278 @@ mod tests {
             }
         }
         assert!(checked > 1000, "only {checked} hint versions checked");
+    }
+
+    fn trap(name: &str, control_plane: bool, talos: &str) -> TrapNode {
+        TrapNode {
+            name: name.into(),
+            control_plane,
+            talos: Ok(v(talos)),
+            config: Ok(TrapConfig {
+                installer_image: Some((
+                    format!("ghcr.io/siderolabs/installer:{talos}"),
+                    "machine.install.image".into(),
+                )),
+                extra_kernel_args: vec![],
+                grub_builds_cmdline: false,
+                etcd_image: None,
+            }),
+            booted_with_uki: Ok(Some(false)),
+            etcd: control_plane.then(|| Ok(v("3.6.9"))),
+        }
+    }
+
+    fn talos_bump(t0: &str, t1: &str) -> Bump {
+        bump(
+            rs(t0, "v1.34.2", "cilium@1.19.1", &[]),
+            rs(t1, "v1.34.2", "cilium@1.19.1", &[]),
+        )
+    }
+
+    fn with_args(
+        mut n: TrapNode,
+        grub_builds: bool,
+        uki: Result<Option<bool>, String>,
+    ) -> TrapNode {
+        if let Ok(c) = &mut n.config {
+            c.extra_kernel_args = vec!["console=ttyS1,115200".into(), "net.ifnames=0".into()];
+            c.grub_builds_cmdline = grub_builds;
+        }
+        n.booted_with_uki = uki;
+        n
+    }
+
+    #[test]
+    fn extra_kernel_args_warn_for_grub_nodes_upgraded_through_lifecycle_service() {
+        let b = talos_bump("v1.13.9", "v1.14.1");
+        let nodes = vec![
+            trap("cp-1", true, "v1.13.9"),
+            with_args(trap("w-1", false, "v1.13.9"), true, Ok(Some(false))),
+            // systemd-boot boots the UKI's own command line.
+            with_args(trap("w-2", false, "v1.13.9"), true, Ok(Some(true))),
+            // The boot loader is not reported: named, as "on GRUB nodes".
+            with_args(
+                trap("w-3", false, "v1.13.9"),
+                true,
+                Err("not supported".into()),
+            ),
+            // grubUseUKICmdline: true.
+            with_args(trap("w-4", false, "v1.13.9"), false, Ok(Some(false))),
+            // Already on the target: not upgraded by this change.
+            with_args(trap("w-5", false, "v1.14.1"), true, Ok(Some(false))),
+        ];
+        let item = extra_kernel_args(&b, &nodes).unwrap();
+        assert_eq!(item.id, "live/extra-kernel-args");
+        assert_eq!(item.status, Status::Warn, "{}", item.message);
+        let m = &item.message;
+        assert!(
+            m.contains("w-1 (booted by GRUB; extraKernelArgs: console=ttyS1,115200 net.ifnames=0)"),
+            "{m}"
+        );
+        assert!(m.contains("on GRUB nodes") && m.contains("w-3"), "{m}");
+        for quiet in ["w-2", "w-4", "w-5", "cp-1"] {
+            assert!(!m.contains(quiet), "{quiet}: {m}");
+        }
+        assert!(
+            m.contains("internal/app/lifecycle/lifecycle.go@v1.13.9"),
+            "{m}"
+        );
+        let hint = item.hint.unwrap_or_default();
+        assert!(
+            hint.contains("--legacy") && hint.contains("grubUseUKICmdline: true"),
+            "{hint}"
+        );
+
+        // Onto 1.13 from 1.12: the legacy API passes them; the next upgrade will not.
+        let b = talos_bump("v1.12.9", "v1.13.2");
+        let nodes = vec![with_args(
+            trap("w-1", false, "v1.12.9"),
+            true,
+            Ok(Some(false)),
+        )];
+        let item = extra_kernel_args(&b, &nodes).unwrap();
+        assert_eq!(item.status, Status::Pass, "{}", item.message);
+        assert!(
+            item.message
+                .contains("w-1 (Talos v1.12.9) keep theirs this time"),
+            "{}",
+            item.message
+        );
+        // No Talos move, or a target before 1.13: nothing to judge.
+        assert!(extra_kernel_args(&talos_bump("v1.13.9", "v1.13.9"), &nodes).is_none());
+        assert!(extra_kernel_args(&talos_bump("v1.12.4", "v1.12.9"), &nodes).is_none());
+        // A configuration that cannot be read is said so, never a pass.
+        let mut unread = trap("w-9", false, "v1.13.9");
+        unread.config = Err("PermissionDenied: not authorized".into());
+        let item = extra_kernel_args(&talos_bump("v1.13.9", "v1.13.10"), &[unread]).unwrap();
+        assert_eq!(item.status, Status::Warn);
+        assert!(
+            item.message.contains(
+                "could not be judged for w-9 (its machine configuration: PermissionDenied"
+            ),
+            "{}",
+            item.message
+        );
+    }
+
+    #[test]
+    fn etcd_older_than_3_6_blocks_talos_1_14_from_what_each_control_plane_runs() {
+        let b = talos_bump("v1.13.9", "v1.14.1");
+        let healthy = vec![
+            trap("cp-1", true, "v1.13.9"),
+            trap("cp-2", true, "v1.13.9"),
+            trap("w-1", false, "v1.13.9"),
+        ];
+        let item = etcd_version(&b, &p(), &healthy).unwrap();
+        assert_eq!(item.id, "live/etcd-version");
+        assert_eq!(item.status, Status::Pass, "{}", item.message);
+        assert!(
+            item.message.contains("cp-1 3.6.9") && !item.message.contains("w-1"),
+            "{}",
+            item.message
+        );
+        assert!(
+            item.message.contains("hack/release.toml@v1.14.0-rc.1"),
+            "{}",
+            item.message
+        );
+
+        // A member on 3.5, and one whose configuration pins a 3.5 image.
+        let mut old = healthy.clone();
+        old[0].etcd = Some(Ok(v("3.5.21")));
+        if let Ok(c) = &mut old[1].config {
+            c.etcd_image = Some("registry.k8s.io/etcd:v3.5.17@sha256:abc".into());
+        }
+        let item = etcd_version(&b, &p(), &old).unwrap();
+        assert_eq!(item.status, Status::Fail, "{}", item.message);
+        assert!(
+            item.message.contains("cp-1 runs etcd 3.5.21"),
+            "{}",
+            item.message
+        );
+        assert!(
+            item.message
+                .contains("cp-2 pins .cluster.etcd.image registry.k8s.io/etcd:v3.5.17"),
+            "{}",
+            item.message
+        );
+        assert!(
+            item.message.contains("only etcd 3.6 or later"),
+            "{}",
+            item.message
+        );
+        let hint = item.hint.unwrap_or_default();
+        assert!(
+            hint.contains("while on Talos v1.13.9")
+                && hint.contains("Talos 1.13's default is 3.6.9"),
+            "{hint}"
+        );
+
+        // EtcdStatus unreadable: the pin, else the running release's default.
+        let mut fallback = healthy.clone();
+        fallback[0].etcd = Some(Err("Unavailable: node rebooting".into()));
+        let item = etcd_version(&b, &p(), &fallback).unwrap();
+        assert_eq!(item.status, Status::Pass, "{}", item.message);
+        assert!(
+            item.message
+                .contains("cp-1 3.6.9 (Talos v1.13.9's default)"),
+            "{}",
+            item.message
+        );
+        fallback[0].talos = Ok(v("v1.10.7"));
+        let item = etcd_version(&b, &p(), &fallback).unwrap();
+        assert_eq!(item.status, Status::Fail, "{}", item.message);
+        assert!(
+            item.message.contains("default etcd is 3.5.21"),
+            "{}",
+            item.message
+        );
+        // Nothing to judge by: wait, never pass.
+        fallback[0].config = Err("PermissionDenied: not authorized".into());
+        let item = etcd_version(&b, &p(), &fallback).unwrap();
+        assert_eq!(item.status, Status::Wait, "{}", item.message);
+        assert!(
+            item.message.contains("cp-1 (EtcdStatus: Unavailable"),
+            "{}",
+            item.message
+        );
+
+        // Only a move to a Talos with an etcd minimum is judged.
+        assert!(etcd_version(&talos_bump("v1.12.9", "v1.13.2"), &p(), &old).is_none());
+        assert!(etcd_version(&talos_bump("v1.14.0", "v1.14.0"), &p(), &old).is_none());
+    }
+
+    #[test]
+    fn installer_images_the_nodes_name_are_judged_when_cluster_yaml_names_none() {
+        let b = talos_bump("v1.13.9", "v1.14.1");
+        let ghcr = vec![trap("cp-1", true, "v1.13.9"), trap("w-1", false, "v1.13.9")];
+        let item = installer_images(&b, &p(), None, &ghcr).unwrap();
+        assert_eq!(item.id, "live/installer-image");
+        assert_eq!(item.status, Status::Warn, "{}", item.message);
+        assert!(
+            item.message
+                .contains("cp-1 (machine.install.image: ghcr.io/siderolabs/installer:v1.13.9)"),
+            "{}",
+            item.message
+        );
+        assert!(
+            item.message.contains("w-1") && item.message.contains("talos-1.14-no-ghcr-installer"),
+            "{}",
+            item.message
+        );
+        assert!(item.hint.unwrap_or_default().contains("factory.talos.dev"));
+
+        // A 1.14 configuration keeps it in UnattendedInstallConfig.
+        let factory = "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.0";
+        let mut multi = trap("w-2", false, "v1.14.0");
+        if let Ok(c) = &mut multi.config {
+            c.installer_image = Some((
+                factory.into(),
+                "UnattendedInstallConfig.installer.image".into(),
+            ));
+        }
+        let item = installer_images(&b, &p(), None, &[multi.clone()]).unwrap();
+        assert_eq!(item.status, Status::Pass, "{}", item.message);
+        assert!(
+            item.message
+                .contains("w-2 (UnattendedInstallConfig.installer.image: factory.talos.dev/"),
+            "{}",
+            item.message
+        );
+        if let Ok(c) = &mut multi.config {
+            c.installer_image = Some((
+                "GHCR.io/siderolabs/installer:v1.14.0".into(),
+                "UnattendedInstallConfig.installer.image".into(),
+            ));
+        }
+        let item = installer_images(&b, &p(), None, &[multi.clone()]).unwrap();
+        assert_eq!(item.status, Status::Warn, "{}", item.message);
+        assert!(
+            item.message
+                .contains("w-2 (UnattendedInstallConfig.installer.image: GHCR.io"),
+            "{}",
+            item.message
+        );
+
+        // Unreadable or unnamed: could not be judged.
+        let mut unnamed = trap("w-3", false, "v1.14.0");
+        if let Ok(c) = &mut unnamed.config {
+            c.installer_image = None;
+        }
+        let mut unread = trap("w-4", false, "v1.13.9");
+        unread.config = Err("PermissionDenied: not authorized".into());
+        let item = installer_images(&b, &p(), None, &[unnamed, unread]).unwrap();
+        assert_eq!(item.status, Status::Warn, "{}", item.message);
+        assert!(
+            item.message.contains("could not judge")
+                && item.message.contains("w-3 name no installer image")
+                && item.message.contains("w-4 (PermissionDenied"),
+            "{}",
+            item.message
+        );
+
+        // cluster.yaml's image is the static note's to judge; before 1.14 nothing applies.
+        assert!(installer_images(&b, &p(), Some("ghcr.io/siderolabs/installer"), &ghcr).is_none());
+        assert!(installer_images(&talos_bump("v1.12.9", "v1.13.2"), &p(), None, &ghcr).is_none());
     }
 }

@@ -427,6 +427,17 @@ pub struct TalosRow {
     pub kubernetes: KubeRange,
     #[serde(default)]
     pub upgrade_from: Option<Version>,
+    /// The oldest etcd this Talos runs (`etcdMin`), from its release notes; a control plane
+    /// on an older etcd blocks a move to this minor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_min: Option<Version>,
+    /// The etcd a control plane of this minor runs when `cluster.etcd.image` pins none
+    /// (`etcdDefault`: `constants.DefaultEtcdVersion` at the minor's .0 tag).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_default: Option<Version>,
+    /// Where `etcdMin` and `etcdDefault` were read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_source: Option<String>,
     pub source: String,
     /// The day `source` was last read and the row checked against it.
     #[serde(default)]

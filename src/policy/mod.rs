@@ -7,6 +7,9 @@ mod checks;
 mod data;
 mod verdict;
 
-pub use checks::{evaluate, evaluate_with, kubelet_skew, nodes_talos, Context};
+pub use checks::{
+    etcd_version, evaluate, evaluate_with, extra_kernel_args, installer_images, kubelet_skew,
+    nodes_talos, Context, TrapConfig, TrapNode,
+};
 pub use data::*;
 pub use verdict::{CheckItem, Counts, Outcome, Status, Verdict};

@@ -1283,6 +1283,76 @@ impl TalosClient {
             .map_err(|_| reply(node, "cosi Get", "machine configuration is not UTF-8"))?;
         Ok(Some(MachineConfig { yaml, version }))
     }
+
+    /// The etcd server version a control plane runs, as its EtcdStatus reports it: Talos
+    /// fills `protocol_version` from etcd's own status reply, the server's version
+    /// (siderolabs/talos internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go
+    /// `EtcdStatus` at v1.13.9).
+    pub async fn etcd_server_version(
+        &self,
+        node: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<String, TalosError> {
+        let r = self
+            .call(node, "EtcdStatus", opts, |c| async move {
+                Self::machine(c)
+                    .etcd_status(self.request((), node, opts.deadline)?)
+                    .await
+            })
+            .await?
+            .into_inner();
+        let msg = first(r.messages, node, "EtcdStatus")?;
+        node_error(msg.metadata.as_ref(), node, "EtcdStatus")?;
+        let version = msg
+            .member_status
+            .map(|s| s.protocol_version)
+            .unwrap_or_default();
+        if version.trim().is_empty() {
+            return Err(reply(
+                node,
+                "EtcdStatus",
+                "no etcd version in the member status",
+            ));
+        }
+        Ok(crate::releaseset::excerpt(version.trim(), 60))
+    }
+
+    /// Whether the node booted a UKI through systemd-boot (`Some(true)`) or not — GRUB
+    /// (`Some(false)`), from COSI `runtime/SecurityStates.talos.dev/securitystate`
+    /// `bootedWithUKI`, which machined sets from the boot loader's EFI variables
+    /// (siderolabs/talos internal/app/machined/pkg/controllers/runtime/security_state.go,
+    /// pkg/machinery/resources/runtime/security_status.go at v1.13.9). `None`: the node has
+    /// no such resource.
+    pub async fn booted_with_uki(
+        &self,
+        node: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<Option<bool>, TalosError> {
+        /// `talos.resource.definitions.runtime.SecurityStateSpec`, the one field read.
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct SecurityStateSpec {
+            #[prost(bool, tag = "5")]
+            booted_with_uki: bool,
+        }
+        let Some(res) = self
+            .get_resource(
+                node,
+                "runtime",
+                "SecurityStates.talos.dev",
+                "securitystate",
+                opts,
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let spec = res
+            .spec
+            .ok_or_else(|| reply(node, "cosi Get", "security state without a spec"))?;
+        let decoded = SecurityStateSpec::decode(spec.proto_spec.as_slice())
+            .map_err(|e| reply(node, "cosi Get", &format!("security state spec: {e}")))?;
+        Ok(Some(decoded.booted_with_uki))
+    }
 }
 
 fn url_host(url: &str) -> Option<String> {

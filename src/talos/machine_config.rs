@@ -330,6 +330,109 @@ fn set(v: &mut Value, key: &str, value: Value) {
     }
 }
 
+/// What a node's configuration says about how Talos installs it, read for the gate's upgrade
+/// traps. Each field is where upstream keeps it:
+/// - the installer image: the `UnattendedInstallConfig` document's `installer.image` (Talos
+///   1.14, siderolabs/talos pkg/machinery/config/types/runtime/unattended_install.go at
+///   v1.14.0-rc.1), else `.machine.install.image` (v1alpha1_types.go `InstallConfig`);
+/// - `.machine.install.extraKernelArgs` and `.machine.install.grubUseUKICmdline` (absent is
+///   false: v1alpha1_provider.go `GrubUseUKICmdline` at v1.13.9; with an
+///   `UnattendedInstallConfig` the installer always uses the UKI command line,
+///   cmd/installer/cmd/installer/install.go at v1.14.0-rc.1);
+/// - `.cluster.etcd.image`, the etcd a control plane runs when it pins one
+///   (v1alpha1_etcdconfig.go `Image`: the release's default otherwise).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct InstallSettings {
+    /// The installer image the configuration names, and the path it is named at.
+    pub installer_image: Option<(String, &'static str)>,
+    pub extra_kernel_args: Vec<String>,
+    pub grub_use_uki_cmdline: bool,
+    /// The configuration has an `UnattendedInstallConfig` document.
+    pub unattended_install: bool,
+    pub etcd_image: Option<String>,
+}
+
+impl InstallSettings {
+    /// Whether a GRUB boot builds its kernel command line on the host from
+    /// `extraKernelArgs` (cmd/installer/pkg/install/install.go at v1.13.9: the legacy
+    /// command line is used only without `grubUseUKICmdline`).
+    pub fn grub_builds_cmdline(&self) -> bool {
+        !self.grub_use_uki_cmdline && !self.unattended_install
+    }
+}
+
+/// The `UnattendedInstallConfig` path of the installer image.
+pub const UNATTENDED_IMAGE_PATH: &str = "UnattendedInstallConfig.installer.image";
+/// The v1alpha1 path of the installer image.
+pub const INSTALL_IMAGE_PATH: &str = "machine.install.image";
+
+/// Read [`InstallSettings`] from a node's configuration. A value of the wrong shape is an
+/// error naming its path, never a guess.
+pub fn install_settings(config: &str) -> Result<InstallSettings, String> {
+    let docs = documents(config).map_err(|e| e.to_string())?;
+    let v1 = docs
+        .iter()
+        .find(|d| is_v1alpha1(d))
+        .ok_or_else(|| EditError::NoV1alpha1.to_string())?;
+    let at = |path: &[&str]| -> Option<&Value> {
+        let mut v = v1;
+        for k in path {
+            v = v.get(*k)?;
+        }
+        (!v.is_null()).then_some(v)
+    };
+    let text = |path: &[&str]| -> Result<Option<String>, String> {
+        match at(path) {
+            None => Ok(None),
+            Some(Value::String(s)) if s.trim().is_empty() => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.trim().to_string())),
+            Some(_) => Err(format!("{} is not a string", path.join("."))),
+        }
+    };
+    let mut out = InstallSettings::default();
+    let unattended = docs
+        .iter()
+        .find(|d| kind_of(d) == Some("UnattendedInstallConfig"));
+    if let Some(doc) = unattended {
+        out.unattended_install = true;
+        match doc.get("installer").and_then(|i| i.get("image")) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s.trim().is_empty() => {}
+            Some(Value::String(s)) => {
+                out.installer_image = Some((s.trim().to_string(), UNATTENDED_IMAGE_PATH))
+            }
+            Some(_) => return Err(format!("{UNATTENDED_IMAGE_PATH} is not a string")),
+        }
+    }
+    if out.installer_image.is_none() {
+        out.installer_image =
+            text(&["machine", "install", "image"])?.map(|i| (i, INSTALL_IMAGE_PATH));
+    }
+    out.extra_kernel_args = match at(&["machine", "install", "extraKernelArgs"]) {
+        None => Vec::new(),
+        Some(Value::Sequence(items)) => items
+            .iter()
+            .map(|i| match i {
+                Value::String(s) => Ok(s.clone()),
+                Value::Number(n) => Ok(n.to_string()),
+                Value::Bool(b) => Ok(b.to_string()),
+                _ => Err(
+                    "machine.install.extraKernelArgs holds a value that is not a string"
+                        .to_string(),
+                ),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err("machine.install.extraKernelArgs is not a list".into()),
+    };
+    out.grub_use_uki_cmdline = match at(&["machine", "install", "grubUseUKICmdline"]) {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err("machine.install.grubUseUKICmdline is not a boolean".into()),
+    };
+    out.etcd_image = text(&["cluster", "etcd", "image"])?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,5 +539,76 @@ cluster:
         assert_eq!(repository("r:5000/a/b:v1@sha256:x"), "r:5000/a/b");
         assert_eq!(repository("r:5000/a/b"), "r:5000/a/b");
         assert_eq!(repository("a/b:v1"), "a/b");
+    }
+
+    #[test]
+    fn install_settings_read_where_each_form_keeps_them() {
+        let legacy = install_settings(LEGACY).unwrap();
+        assert_eq!(
+            legacy.installer_image,
+            Some((
+                "ghcr.io/siderolabs/installer:v1.12.6".into(),
+                INSTALL_IMAGE_PATH
+            ))
+        );
+        assert!(legacy.extra_kernel_args.is_empty() && legacy.etcd_image.is_none());
+        // Absent grubUseUKICmdline is false: GRUB builds the command line on the host.
+        assert!(legacy.grub_builds_cmdline());
+
+        let args = LEGACY.replace(
+            "  install:\n",
+            "  install:\n    extraKernelArgs: [console=ttyS1, net.ifnames=0]\n    grubUseUKICmdline: false\n",
+        ) + "  etcd:\n    image: registry.k8s.io/etcd:v3.5.17\n";
+        let s = install_settings(&args).unwrap();
+        assert_eq!(s.extra_kernel_args, ["console=ttyS1", "net.ifnames=0"]);
+        assert!(s.grub_builds_cmdline());
+        assert_eq!(
+            s.etcd_image.as_deref(),
+            Some("registry.k8s.io/etcd:v3.5.17")
+        );
+        let uki = LEGACY.replace("  install:\n", "  install:\n    grubUseUKICmdline: true\n");
+        assert!(!install_settings(&uki).unwrap().grub_builds_cmdline());
+
+        // Talos 1.14: the UnattendedInstallConfig document names the installer, and with
+        // it the installer always uses the UKI command line.
+        let multi = "version: v1alpha1\nmachine:\n  type: worker\n---\napiVersion: v1alpha1\nkind: UnattendedInstallConfig\ninstaller:\n  image: factory.talos.dev/metal-installer/abc:v1.14.0\nprovisioning:\n  diskSelector:\n    match: disk.dev_path == \"/dev/sda\"\n";
+        let s = install_settings(multi).unwrap();
+        assert_eq!(
+            s.installer_image,
+            Some((
+                "factory.talos.dev/metal-installer/abc:v1.14.0".into(),
+                UNATTENDED_IMAGE_PATH
+            ))
+        );
+        assert!(s.unattended_install && !s.grub_builds_cmdline());
+        let empty = multi.replace(
+            "  image: factory.talos.dev/metal-installer/abc:v1.14.0\n",
+            "  image: \"\"\n",
+        );
+        assert_eq!(install_settings(&empty).unwrap().installer_image, None);
+    }
+
+    #[test]
+    fn install_settings_of_the_wrong_shape_name_the_path() {
+        let bad = |from: &str, to: &str| install_settings(&LEGACY.replace(from, to)).unwrap_err();
+        assert!(bad(
+            "  install:\n",
+            "  install:\n    extraKernelArgs: console=ttyS1\n"
+        )
+        .contains("machine.install.extraKernelArgs is not a list"));
+        assert!(
+            bad("  install:\n", "  install:\n    grubUseUKICmdline: maybe\n")
+                .contains("grubUseUKICmdline is not a boolean")
+        );
+        assert!(bad(
+            "    image: ghcr.io/siderolabs/installer:v1.12.6\n",
+            "    image: [a]\n"
+        )
+        .contains("machine.install.image is not a string"));
+        assert_eq!(
+            install_settings("machine: {}\n").unwrap_err(),
+            EditError::NoV1alpha1.to_string()
+        );
+        assert!(install_settings("version: v1alpha1\n: [\n").is_err());
     }
 }

@@ -25,6 +25,7 @@ mod sim_wire;
 mod talos_client;
 mod talos_truth;
 mod transport;
+mod traps;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -90,6 +90,11 @@ impl Component {
     }
 }
 
+/// The Image Factory installer the twin's 1.14-form configurations name (the schematic in
+/// upstream's `UnattendedInstallConfig` example, unattended_install.go at v1.14.0-rc.1).
+pub const FACTORY_INSTALLER: &str =
+    "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
+
 /// The largest machine configuration a node accepts. Talos' own bound is the 32 MiB gRPC
 /// message; real configurations, inline manifests included, stay within a few MiB.
 pub const MAX_CONFIG: usize = 8 << 20;
@@ -106,6 +111,9 @@ pub enum ConfigError {
     MissingV1Alpha1,
     #[error("{kind} document conflicts with v1alpha1 field {path}: set one or the other")]
     Conflict { kind: &'static str, path: String },
+    /// A rule of upstream's config validation, with upstream's message.
+    #[error("{0}")]
+    Invalid(&'static str),
     #[error("{component} image {image:?} has no :v<version> tag")]
     BadTag {
         component: &'static str,
@@ -339,6 +347,31 @@ impl MachineConfig {
                 });
             }
         }
+        // siderolabs/talos pkg/machinery/config/types/runtime/unattended_install.go
+        // (v1.14.0-rc.1) `V1Alpha1ConflictValidate`: the document replaces .machine.install.
+        if self.unattended_install().is_some()
+            && v1.get("machine").and_then(|m| m.get("install")).is_some()
+        {
+            return Err(ConfigError::Invalid(
+                "UnattendedInstallConfig config is incompatible with v1alpha1 config (.machine.install)",
+            ));
+        }
+        // v1alpha1_validation.go (v1.13.9): the UKI's command line leaves no room for
+        // arguments built on the host.
+        let install = v1.get("machine").and_then(|m| m.get("install"));
+        let extra = install
+            .and_then(|i| i.get("extraKernelArgs"))
+            .and_then(Value::as_sequence)
+            .is_some_and(|a| !a.is_empty());
+        let uki = install
+            .and_then(|i| i.get("grubUseUKICmdline"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        if extra && uki {
+            return Err(ConfigError::Invalid(
+                "install.extraKernelArgs and install.grubUseUKICmdline can't be used together",
+            ));
+        }
         let talos = parse_version(talos_version);
         for c in Component::ALL {
             let Some(image) = self.image(c) else { continue };
@@ -404,9 +437,22 @@ impl MachineConfig {
                 img(Component::Kubelet)
             ));
         }
-        out.push_str(&format!(
-            "  network:\n    hostname: {hostname}\n  install:\n    disk: /dev/sda\n    image: ghcr.io/siderolabs/installer:{talos_version}\n"
-        ));
+        out.push_str(&format!("  network:\n    hostname: {hostname}\n"));
+        // How `talosctl gen config` writes the install section: with a 1.12 or later
+        // contract it sets grubUseUKICmdline (pkg/machinery/config/generate/init.go and
+        // worker.go, `GrubUseUKICmdlineDefault` in config/contract.go, v1.13.9); with 1.14
+        // the UnattendedInstallConfig document replaces .machine.install (generate/init.go
+        // `unattendedInstallConfig`, v1.14.0-rc.1), below.
+        if form == ConfigForm::V1Alpha1 {
+            out.push_str(&format!(
+                "  install:\n    disk: /dev/sda\n    image: ghcr.io/siderolabs/installer:{talos_version}\n"
+            ));
+            if parse_version(talos_version)
+                .is_some_and(|(major, minor, _)| (major, minor) >= (1, 12))
+            {
+                out.push_str("    grubUseUKICmdline: true\n");
+            }
+        }
         out.push_str("cluster:\n");
         out.push_str("  clusterName: sim\n");
         out.push_str("  controlPlane:\n    endpoint: https://sim.local:6443\n");
@@ -431,8 +477,43 @@ impl MachineConfig {
                     img(c)
                 ));
             }
+            // The installer from the Image Factory (1.14 publishes no ghcr installer:
+            // hack/release.toml [notes.defaultInstaller], v1.14.0-rc.1), here the schematic
+            // of upstream's own example.
+            out.push_str(&format!(
+                "---\napiVersion: v1alpha1\nkind: UnattendedInstallConfig\ninstaller:\n  image: {FACTORY_INSTALLER}:{talos_version}\nprovisioning:\n  diskSelector:\n    match: disk.dev_path == \"/dev/sda\"\n  wipe: false\n"
+            ));
         }
         out
+    }
+
+    /// The `UnattendedInstallConfig` document (Talos 1.14), if the config has one.
+    pub fn unattended_install(&self) -> Option<&Value> {
+        self.docs
+            .iter()
+            .find(|d| d.get("kind").and_then(Value::as_str) == Some("UnattendedInstallConfig"))
+    }
+
+    /// The installer image the config names: `UnattendedInstallConfig.installer.image`,
+    /// else `.machine.install.image`.
+    pub fn installer_image(&self) -> Option<String> {
+        let named = |v: Option<&Value>| {
+            v.and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+        };
+        match self.unattended_install() {
+            Some(doc) => named(doc.get("installer").and_then(|i| i.get("image"))),
+            None => named(self.v1alpha1_value(&["machine", "install", "image"])),
+        }
+    }
+
+    /// The etcd image `.cluster.etcd.image` pins, if any.
+    pub fn etcd_image(&self) -> Option<String> {
+        self.v1alpha1_value(&["cluster", "etcd", "image"])
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
     }
 
     /// The exact bytes as submitted.
@@ -776,5 +857,48 @@ mod tests {
         assert!(upgradeable_from("v1.10.3", "v1.13.0").is_err());
         assert!(upgradeable_from("v1.8.0", "v1.10.0").is_ok());
         assert!(upgradeable_from("v1.14.0", "v1.12.0").is_err());
+    }
+
+    #[test]
+    fn generated_install_sections_follow_the_contract_and_validation_follows_talos() {
+        let gen = |talos: &str, form| {
+            MachineConfig::generate("w-1", false, talos, "v1.33.1", "v1.33.1", form)
+        };
+        let v1_11 = gen("v1.11.5", ConfigForm::V1Alpha1);
+        assert!(v1_11.contains("image: ghcr.io/siderolabs/installer:v1.11.5"));
+        assert!(!v1_11.contains("grubUseUKICmdline"), "{v1_11}");
+        assert!(gen("v1.12.6", ConfigForm::V1Alpha1).contains("    grubUseUKICmdline: true\n"));
+        let multi = gen("v1.14.0", ConfigForm::MultiDoc);
+        let cfg = MachineConfig::parse(multi.as_bytes(), "v1.14.0").unwrap();
+        assert!(!multi.contains("  install:\n"), "{multi}");
+        assert_eq!(
+            cfg.installer_image(),
+            Some(format!("{FACTORY_INSTALLER}:v1.14.0"))
+        );
+        // Both forms of the install section at once, as Talos refuses it.
+        let both = multi.replace("machine:\n", "machine:\n  install:\n    disk: /dev/sda\n");
+        assert_eq!(
+            MachineConfig::parse(both.as_bytes(), "v1.14.0").unwrap_err().to_string(),
+            "UnattendedInstallConfig config is incompatible with v1alpha1 config (.machine.install)"
+        );
+        let args = gen("v1.13.2", ConfigForm::V1Alpha1).replace(
+            "    grubUseUKICmdline: true\n",
+            "    grubUseUKICmdline: true\n    extraKernelArgs: [console=ttyS1]\n",
+        );
+        assert_eq!(
+            MachineConfig::parse(args.as_bytes(), "v1.13.2")
+                .unwrap_err()
+                .to_string(),
+            "install.extraKernelArgs and install.grubUseUKICmdline can't be used together"
+        );
+        let pinned = gen("v1.13.2", ConfigForm::V1Alpha1).replace(
+            "cluster:\n",
+            "cluster:\n  etcd:\n    image: registry.k8s.io/etcd:v3.5.21\n",
+        );
+        let cfg = MachineConfig::parse(pinned.as_bytes(), "v1.13.2").unwrap();
+        assert_eq!(
+            cfg.etcd_image().as_deref(),
+            Some("registry.k8s.io/etcd:v3.5.21")
+        );
     }
 }

@@ -266,6 +266,10 @@ pub struct Node {
     /// Changes whenever the event buffer is replaced (at boot), so streams know to end.
     pub events_epoch: u64,
     pub etcd_member_id: u64,
+    /// The node booted a UKI through systemd-boot (else GRUB, the twin's default), as
+    /// `runtime/SecurityStates.talos.dev` `bootedWithUKI` reports it (siderolabs/talos
+    /// internal/app/machined/pkg/controllers/runtime/security_state.go, v1.13.9).
+    pub booted_with_uki: bool,
     /// Bumped whenever the node goes down; scheduled work for an older value is dropped.
     boot_gen: u64,
     try_token: u64,
@@ -297,6 +301,18 @@ impl Node {
     /// Talos minor version (1.x).
     pub fn minor(&self) -> u64 {
         parse_version(&self.talos_version).map_or(0, |(_, m, _)| m)
+    }
+
+    /// The etcd version a control plane runs when its configuration pins
+    /// `.cluster.etcd.image` (upstream runs that image: v1alpha1_etcdconfig.go `Image`,
+    /// v1.13.9); `None` runs the release's default.
+    pub fn pinned_etcd_version(&self) -> Option<String> {
+        let image = self.config.etcd_image()?;
+        let no_digest = image.split('@').next().unwrap_or(&image);
+        let (_, tag) = no_digest.rsplit_once(':')?;
+        let tag = tag.strip_prefix('v').unwrap_or(tag);
+        let (major, minor, patch) = parse_version(tag)?;
+        Some(format!("{major}.{minor}.{patch}"))
     }
 
     pub fn static_pod(&self, c: Component) -> Option<&StaticPod> {
@@ -551,6 +567,7 @@ impl TalosCluster {
                 events: Vec::new(),
                 events_epoch: 0,
                 etcd_member_id: fnv1a(&spec.name),
+                booted_with_uki: false,
                 boot_gen: 0,
                 try_token: 0,
             });
@@ -1436,6 +1453,30 @@ impl TalosCluster {
             n.config.with_values(paths, &n.talos_version)?
         };
         Ok(())
+    }
+
+    /// `node` as installed with these dotted v1alpha1 `paths` set in its configuration
+    /// (`machine.install.extraKernelArgs`, `cluster.etcd.image`, …): active and on disk alike.
+    pub fn configure_node(
+        &mut self,
+        node: &str,
+        paths: &[(String, serde_yaml::Value)],
+    ) -> Result<(), ConfigError> {
+        let Some(i) = self.find(node) else {
+            return Ok(());
+        };
+        let n = &mut self.nodes[i];
+        n.config = n.config.with_values(paths, &n.talos_version)?;
+        n.persistent_config = n.config.clone();
+        n.config_version += 1;
+        Ok(())
+    }
+
+    /// Whether `node` booted a UKI through systemd-boot (else GRUB).
+    pub fn set_booted_with_uki(&mut self, node: &str, on: bool) {
+        if let Some(i) = self.find(node) {
+            self.nodes[i].booted_with_uki = on;
+        }
     }
 
     pub fn set_failing_image(&mut self, reference: &str, failing: bool) {

@@ -404,7 +404,9 @@ impl NodeApi {
                 m.check_etcd(node)?;
                 let n = m.node(node);
                 let (leader, errors) = m.etcd_status(node);
-                let version = etcd_version(n.minor());
+                // etcd runs the pinned image, else the release's default.
+                let pinned = n.pinned_etcd_version();
+                let version = pinned.as_deref().unwrap_or(etcd_version(n.minor()));
                 Ok(machine::EtcdMemberStatus {
                     protocol_version: version.to_string(),
                     db_size: 24 << 20,
@@ -828,6 +830,50 @@ fn version_resource(m: &TalosCluster, node: usize) -> cosi::Resource {
         spec: Some(cosi::Spec {
             yaml_spec: format!("version: {}\n", yaml_scalar(&tag)),
             proto_spec: VersionSpec { version: tag }.encode_to_vec(),
+        }),
+    }
+}
+
+const SECURITY_STATE_TYPE: &str = "SecurityStates.talos.dev";
+
+/// `talos.resource.definitions.runtime.SecurityStateSpec`, the field the twin models.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SecurityStateSpec {
+    #[prost(bool, tag = "5")]
+    booted_with_uki: bool,
+}
+
+/// `runtime/SecurityStates.talos.dev/securitystate` (non-sensitive): whether the node booted
+/// a UKI through systemd-boot (pkg/machinery/resources/runtime/security_status.go and
+/// internal/app/machined/pkg/controllers/runtime/security_state.go, v1.13.9; `bootedWithUKI`
+/// is omitted from the YAML when false).
+fn security_state_resource(m: &TalosCluster, node: usize) -> cosi::Resource {
+    let uki = m.node(node).booted_with_uki;
+    let at = timestamp(m.now());
+    cosi::Resource {
+        metadata: Some(cosi::Metadata {
+            namespace: "runtime".into(),
+            r#type: SECURITY_STATE_TYPE.into(),
+            id: "securitystate".into(),
+            version: "1".into(),
+            owner: "runtime.SecurityStateController".into(),
+            phase: "running".into(),
+            created: Some(at),
+            updated: Some(at),
+            finalizers: Vec::new(),
+            labels: Default::default(),
+            annotations: Default::default(),
+        }),
+        spec: Some(cosi::Spec {
+            yaml_spec: if uki {
+                "bootedWithUKI: true\n".into()
+            } else {
+                "{}\n".into()
+            },
+            proto_spec: SecurityStateSpec {
+                booted_with_uki: uki,
+            }
+            .encode_to_vec(),
         }),
     }
 }
@@ -1330,6 +1376,18 @@ impl cosi::state_server::State for NodeApi {
                     req.namespace, req.id
                 ))),
             };
+        }
+        if req.r#type == SECURITY_STATE_TYPE {
+            if req.namespace != "runtime" || req.id != "securitystate" {
+                return Err(Status::not_found(format!(
+                    "resource {SECURITY_STATE_TYPE}({}/{}@undefined) doesn't exist",
+                    req.namespace, req.id
+                )));
+            }
+            let resource = self.sync_with(|m| security_state_resource(m, node));
+            return Ok(Response::new(cosi::GetResponse {
+                resource: Some(resource),
+            }));
         }
         if req.r#type == MACHINE_STATUS_TYPE || req.r#type == VERSION_TYPE {
             let id = if req.r#type == VERSION_TYPE {
