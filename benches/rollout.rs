@@ -208,7 +208,7 @@ async fn run_engine(repo: &Path, head: &str) -> Result<Run, Error> {
     engine.policy = doc.spec.rollout.clone();
     engine.volumes = doc.spec.volumes.provider;
     if let Some(i) = &doc.spec.talos.installer_image {
-        engine.installer_image = i.clone();
+        engine.installer_image = Some(i.clone());
     }
     engine.report = Some(&report);
     let rs = &change.head_release_set.spec;

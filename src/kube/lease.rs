@@ -20,6 +20,14 @@ pub enum LockState {
     HeldBy { holder: String },
 }
 
+/// Leases as observed: `namespace/name` → (what the record said, when it was first seen
+/// saying it). client-go's leader election judges expiry the same way: from the local time
+/// the record last changed (`observedTime`), so clocks that disagree cannot make a live
+/// holder look expired (k8s.io/client-go tools/leaderelection/leaderelection.go at
+/// v0.33.0, `tryAcquireOrRenew`).
+pub(crate) type Observed =
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (String, Timestamp)>>>;
+
 /// How many times a conflicting write is re-read and retried before giving up.
 const CONFLICT_RETRIES: usize = 3;
 
@@ -53,8 +61,23 @@ fn parse_micro_time(text: &str) -> Option<Timestamp> {
 }
 
 impl KubeClient {
+    /// When `said` was first seen for the lease `key` (now, when it is new).
+    fn observed(&self, key: &str, said: String, now: Timestamp) -> Timestamp {
+        let Ok(mut m) = self.leases.lock() else {
+            return now;
+        };
+        match m.get(key) {
+            Some((was, since)) if *was == said => *since,
+            _ => {
+                m.insert(key.to_string(), (said, now));
+                now
+            }
+        }
+    }
+
     /// Take the lock `namespace/name` for `holder`, or renew it if `holder` has it. A lease
-    /// whose holder has not renewed within its duration is free to take.
+    /// whose holder has not renewed within its duration of this client seeing it so (the
+    /// holder's own clock is never trusted) is free to take.
     pub async fn acquire_lease(
         &self,
         namespace: &str,
@@ -98,12 +121,19 @@ impl KubeClient {
                         .holder_identity
                         .clone()
                         .filter(|h| !h.is_empty() && h != holder);
-                    let expired = renewed_at(l).is_none_or(|at| {
-                        let d = Duration::from_secs(
-                            spec.lease_duration_seconds.unwrap_or(0).max(0) as u64,
-                        );
-                        at.plus(d) < now
-                    });
+                    let d =
+                        Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
+                    // What the record says, down to its version: any write by the holder
+                    // (a renewal) makes it new.
+                    let said = format!(
+                        "{:?}|{:?}|{:?}|{:?}",
+                        spec.holder_identity,
+                        renewed_at(l),
+                        spec.lease_duration_seconds,
+                        l.metadata.resource_version
+                    );
+                    let seen_since = self.observed(&format!("{namespace}/{name}"), said, now);
+                    let expired = seen_since.plus(d) < now;
                     if let (Some(other), false) = (&theirs, expired) {
                         return Ok(LockState::HeldBy {
                             holder: other.clone(),

@@ -94,6 +94,9 @@ impl KubeError {
 #[derive(Clone)]
 pub struct KubeClient {
     pub(crate) client: kube::Client,
+    /// Each lease as last seen and when (on ichor's clock) it was first seen so: a lease
+    /// expires from the time of observation, never from the holder's clock.
+    pub(crate) leases: lease::Observed,
 }
 
 impl std::fmt::Debug for KubeClient {
@@ -131,7 +134,10 @@ impl KubeClient {
             path: kubeconfig.map_or("(inferred)".into(), |p| p.display().to_string()),
             message: e.to_string(),
         })?;
-        Ok(KubeClient { client })
+        Ok(KubeClient {
+            client,
+            leases: Default::default(),
+        })
     }
 
     /// From a kubeconfig held in memory (the admin kubeconfig Talos hands out through its
@@ -150,7 +156,10 @@ impl KubeClient {
             .map_err(|e| err(crate::releaseset::excerpt(&e.to_string(), 200)))?;
         config.default_retry = false;
         let client = kube::Client::try_from(config).map_err(|e| err(e.to_string()))?;
-        Ok(KubeClient { client })
+        Ok(KubeClient {
+            client,
+            leases: Default::default(),
+        })
     }
 
     /// Create the namespace if it does not exist (ichor's own `ichor-system`, for the lock

@@ -23,30 +23,22 @@ impl Rollout<'_> {
             .await
     }
 
-    /// Renew the lock until it is lost; then say who has it. A failing renewal is retried
-    /// every second; the engine stops acting well before the lease could expire unrenewed.
+    /// Renew the lock until someone else is seen holding it; then say who. A renewal that
+    /// fails because the API cannot be reached (a single control plane rebooting, a VIP
+    /// moving) is not a lost lock: it is retried, backing off, for as long as it takes.
+    /// Nothing disruptive happens meanwhile — every disruptive action renews the lock first
+    /// ([`Run::check_lock`]) — and once the API answers, a lease nobody took is renewed
+    /// (or taken again) and the rollout goes on.
     pub(super) async fn keep_lock(&self) -> String {
         let every = LOCK_DURATION / 4;
-        let margin = Duration::from_secs(15);
-        let mut renewed = self.clock.now();
         let mut wait = every;
         loop {
             self.clock.sleep(wait).await;
             match self.acquire().await {
-                Ok(LockState::Held) => {
-                    renewed = self.clock.now();
-                    wait = every;
-                }
+                Ok(LockState::Held) => wait = every,
                 Ok(LockState::HeldBy { holder }) => return holder,
-                Err(e) => {
-                    if self.clock.now().since(renewed) + margin >= LOCK_DURATION {
-                        return format!(
-                            "nobody (it could not be renewed for {}s: {e})",
-                            self.clock.now().since(renewed).as_secs()
-                        );
-                    }
-                    wait = Duration::from_secs(1);
-                }
+                // Asked again every second, as client-go's leader election retries.
+                Err(_) => wait = Duration::from_secs(1),
             }
         }
     }

@@ -183,8 +183,10 @@ pub struct Rollout<'a> {
     /// This engine's identity in the lock.
     pub holder: String,
     pub policy: RolloutPolicy,
-    /// The installer image without a tag (`cluster.yaml` `spec.talos.installerImage`).
-    pub installer_image: String,
+    /// The installer image without a tag (`cluster.yaml` `spec.talos.installerImage`); when
+    /// `None`, each node's own (its configuration names it: `UnattendedInstallConfig` from
+    /// Talos 1.14, else `.machine.install.image`).
+    pub installer_image: Option<String>,
     pub volumes: VolumeProvider,
     /// Looked at before each node starts: `Some(reason)` pauses the rollout there
     /// (`paused: true` in cluster.yaml, a `/ichor pause`).
@@ -211,7 +213,7 @@ impl<'a> Rollout<'a> {
             cluster: cluster.into(),
             holder: holder.into(),
             policy: RolloutPolicy::default(),
-            installer_image: "ghcr.io/siderolabs/installer".into(),
+            installer_image: None,
             volumes: VolumeProvider::None,
             pause_requested: None,
             report: None,
@@ -226,7 +228,7 @@ impl<'a> Rollout<'a> {
         self.policy = doc.spec.rollout.clone();
         self.volumes = doc.spec.volumes.provider;
         if let Some(i) = &doc.spec.talos.installer_image {
-            self.installer_image = i.clone();
+            self.installer_image = Some(i.clone());
         }
         self
     }
@@ -368,7 +370,9 @@ impl Rollout<'_> {
                 Ok(RunOutcome::Paused(p))
             }
             Err(Stop::LockLost(holder)) => {
-                // Someone else is in charge now: touch nothing, write nothing.
+                // Someone else is in charge now: touch nothing, write nothing (the record is
+                // theirs). Said as a refusal, so the controller tries again once the lock is
+                // free, and the record shows it then ("continued after the engine stopped").
                 let stage = run
                     .stored
                     .lock()
@@ -377,14 +381,9 @@ impl Rollout<'_> {
                     .stage
                     .clone()
                     .unwrap_or_default();
-                Ok(RunOutcome::Paused(Pause {
-                    stage,
-                    node: None,
-                    reason: format!(
-                        "the rollout lock was taken by {holder}; every action stopped at once"
-                    ),
-                    since: self.clock.now().rfc3339(),
-                }))
+                Ok(RunOutcome::Refused(format!(
+                    "the rollout lock was taken by {holder} during stage {stage}; every action stopped at once, and this rollout continues once the lock is free"
+                )))
             }
         }
     }

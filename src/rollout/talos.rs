@@ -35,7 +35,7 @@ impl Run<'_, '_> {
             self.begin(stage, &key, &node, &mut marker).await?;
             obs = self.observe(stage, &node, &marker).await?;
         }
-        let installer = format!("{}:{}", e.installer_image, target.tag());
+        let installer = self.installer(stage, &node).await?;
         let mut last_settling = String::new();
         loop {
             let state = step::talos_node(target, &obs, &marker, self.now(), timeout);
@@ -173,6 +173,43 @@ impl Run<'_, '_> {
             self.engine.talos.machine_stage(&address(node), around(node)).await,
             Ok(Some(stage)) if ["upgrading", "rebooting", "shutting down"].contains(&stage.as_str())
         )
+    }
+
+    /// The installer of the target for `node`: cluster.yaml's `spec.talos.installerImage`,
+    /// else the repository the node's own configuration names (an Image Factory schematic
+    /// carries its extensions; Talos 1.14 publishes no `ghcr.io/siderolabs/installer`, and a
+    /// 1.14 configuration keeps the image in `UnattendedInstallConfig`), tagged with the
+    /// target.
+    async fn installer(&self, stage: StageId, node: &LiveNode) -> Flow<String> {
+        let e = self.engine;
+        let tag = self.target.talos.tag();
+        if let Some(repo) = &e.installer_image {
+            return Ok(format!("{repo}:{tag}"));
+        }
+        let fail = |why: String| self.pause(stage, Some(&node.name), why);
+        let mc = e
+            .talos
+            .machine_config(&address(node), around(node))
+            .await
+            .map_err(|err| {
+                fail(format!(
+                    "cannot read which installer the node names (cluster.yaml names none): {err}"
+                ))
+            })?;
+        let settings = crate::talos::machine_config::install_settings(&mc.yaml).map_err(|err| {
+            fail(format!(
+                "cannot read which installer the node names (cluster.yaml names none): {err}"
+            ))
+        })?;
+        match settings.installer_image {
+            Some((image, _)) => Ok(format!(
+                "{}:{tag}",
+                crate::talos::machine_config::repository(&image)
+            )),
+            None => Err(fail(
+                "neither cluster.yaml (spec.talos.installerImage) nor the node's configuration names an installer image; set spec.talos.installerImage, then resume".into(),
+            )),
+        }
     }
 
     pub(super) async fn upgrade_api(&self, stage: StageId, node: &LiveNode) -> Flow<UpgradeApi> {

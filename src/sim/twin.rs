@@ -881,7 +881,20 @@ fn project_into(
     kube: &KubeTwin,
 ) {
     let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+    // The API is served while some control plane runs a Ready kube-apiserver (its static
+    // pod); a single control plane's reboot, or its apiserver's restart, is an outage.
+    let apiserver_up = observations.iter().any(|o| {
+        o.role == talos::Role::ControlPlane
+            && o.up
+            && o.static_pods
+                .iter()
+                .any(|p| p.component == talos::Component::ApiServer && p.ready)
+    });
     kube.with(|c, now| {
+        let any_cp = observations
+            .iter()
+            .any(|o| o.role == talos::Role::ControlPlane);
+        c.apiserver_down = any_cp && !apiserver_up;
         c.batch(now, |c| {
             for o in observations {
                 let upgrading = o.up && o.stage == talos::Stage::Upgrading;

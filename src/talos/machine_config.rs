@@ -132,7 +132,7 @@ fn kind_of(doc: &Value) -> Option<&str> {
 }
 
 /// The repository part of an image reference: no tag, no digest.
-fn repository(image: &str) -> &str {
+pub fn repository(image: &str) -> &str {
     let no_digest = image.split('@').next().unwrap_or(image);
     match no_digest.rsplit_once(':') {
         // A `:` after the last `/` is a tag; before it, a registry port.

@@ -570,6 +570,70 @@ async fn the_lock_has_one_holder_is_renewed_and_can_be_taken_once_expired() -> T
     Ok(())
 }
 
+/// Expiry is judged as client-go's leader election judges it: from when this client saw the
+/// lease change, never from the holder's clock. A holder whose clock runs an hour behind
+/// but who keeps renewing keeps the lock; once it stops, it is free a duration later.
+#[tokio::test]
+async fn a_lease_expires_by_the_time_it_was_seen_not_by_the_holders_clock() -> TestResult {
+    use ichor::kube::LockState;
+    let l = start(TwinConfig::default()).await?;
+    let raw = kube_client(&l).await?;
+    let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(raw.clone());
+    nss.create(
+        &Default::default(),
+        &serde_json::from_value(json!({"metadata": {"name": live::ICHOR_NAMESPACE}}))?,
+    )
+    .await?;
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(raw, live::ICHOR_NAMESPACE);
+    let clock = l.twin.talos.clock().clone();
+    let name = "ichor-rollout-homelab";
+    let d = Duration::from_secs(30);
+    // The other holder writes times an hour behind ichor's.
+    let renew = |n: u32| {
+        let behind = clock.now().as_millis().saturating_sub(3_600_000);
+        let t = ichor::clock::Timestamp::from_millis(behind + u64::from(n) * 1000).rfc3339();
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": name, "namespace": live::ICHOR_NAMESPACE},
+               "spec": {"holderIdentity": "skewed", "leaseDurationSeconds": 30,
+                        "acquireTime": t.replace('Z', ".000000Z"), "renewTime": t.replace('Z', ".000000Z")}})
+    };
+    leases
+        .create(&Default::default(), &serde_json::from_value(renew(0))?)
+        .await?;
+    for n in 1..4 {
+        assert_eq!(
+            l.kube
+                .acquire_lease(live::ICHOR_NAMESPACE, name, "ichor", d, clock.now())
+                .await?,
+            LockState::HeldBy {
+                holder: "skewed".into()
+            },
+            "renewal {n}: a live holder is never taken over"
+        );
+        l.twin.advance(Duration::from_secs(20));
+        let mut current = leases.get(name).await?;
+        let fresh: k8s_openapi::api::coordination::v1::Lease = serde_json::from_value(renew(n))?;
+        current.spec = fresh.spec;
+        leases.replace(name, &Default::default(), &current).await?;
+    }
+    // It stops renewing: seen unchanged for longer than its duration, it is free.
+    assert!(matches!(
+        l.kube
+            .acquire_lease(live::ICHOR_NAMESPACE, name, "ichor", d, clock.now())
+            .await?,
+        LockState::HeldBy { .. }
+    ));
+    l.twin.advance(Duration::from_secs(31));
+    assert_eq!(
+        l.kube
+            .acquire_lease(live::ICHOR_NAMESPACE, name, "ichor", d, clock.now())
+            .await?,
+        LockState::Held
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_blocked_eviction_is_retried_until_the_budget_allows_it() -> TestResult {
     let mut config = TwinConfig::default();

@@ -237,6 +237,15 @@ async fn answer(
     } else {
         path.split('/').collect()
     };
+    // With no kube-apiserver running there is nobody to answer: a load balancer in front of
+    // the control planes says 503 (the twin's own `/_twin` endpoints stay up).
+    if segs.first() != Some(&"_twin") && sh.lock().apiserver_down {
+        return respond(
+            503,
+            "text/plain; charset=utf-8",
+            "no kube-apiserver is running (every control plane is down or restarting it)\n",
+        );
+    }
     let public = matches!(
         segs.as_slice(),
         ["version"] | ["healthz"] | ["livez"] | ["readyz"]

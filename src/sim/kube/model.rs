@@ -121,6 +121,9 @@ pub struct Cluster {
     pub behaviour: Behaviour,
     pub faults: Faults,
     pub deprecated_apis: Vec<DeprecatedApi>,
+    /// No kube-apiserver runs: every control plane is down or restarting its apiserver
+    /// (set by the twin from the Talos side). The API then answers nothing but 503.
+    pub apiserver_down: bool,
     /// Pods waiting to start: (namespace, name) → when they were created.
     pending: BTreeMap<(String, String), Timestamp>,
     /// Longhorn volumes (namespace, name) → since when they are degraded.
@@ -333,6 +336,7 @@ impl Cluster {
             store: Store::new(behaviour.watch_history),
             behaviour,
             faults: Faults::default(),
+            apiserver_down: false,
             deprecated_apis: Vec::new(),
             pending: BTreeMap::new(),
             degraded_since: BTreeMap::new(),
