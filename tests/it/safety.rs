@@ -454,3 +454,45 @@ async fn a_pause_resumed_after_the_node_timeout_gets_a_fresh_deadline() -> TestR
     crate::rollout::assert_finished(&s).await?;
     Ok(())
 }
+
+/// Without `spec.talos.installerImage`, each node is upgraded with the installer repository
+/// its own configuration names (an Image Factory schematic keeps its extensions), tagged
+/// with the target — never a default it does not use.
+#[tokio::test]
+async fn without_an_installer_in_cluster_yaml_each_node_gets_the_one_it_names() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let factory = "factory.talos.dev/metal-installer/0123abcd";
+    let names: Vec<String> = s
+        .twin
+        .talos
+        .observe()
+        .iter()
+        .map(|o| o.name.clone())
+        .collect();
+    for n in &names {
+        let paths = vec![(
+            "machine.install.image".to_string(),
+            serde_yaml::Value::String(format!("{factory}:v1.12.6")),
+        )];
+        s.twin
+            .talos
+            .with_model(|m| m.configure_node(n, &paths))
+            .map_err(|e| e.to_string())?;
+    }
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let mut engine = s.engine(&report);
+    engine.installer_image = None;
+    let (o, seen) = crate::rollout::run_checked(&s, &engine, false).await?;
+    drop(engine);
+    assert!(seen.is_empty(), "invariants broken: {seen:?}");
+    assert!(matches!(o, RunOutcome::Completed { .. }), "{o:?}");
+    for n in &names {
+        assert!(
+            lines.any(&format!("talos {n}: pre-pulled {factory}:v1.12.9")),
+            "{n}: {:#?}",
+            lines.all()
+        );
+    }
+    Ok(())
+}
