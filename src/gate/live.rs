@@ -36,6 +36,8 @@ pub struct LiveFacts {
     /// What each node runs and how it is configured, for the Talos upgrade traps; `None`
     /// without Talos access.
     pub talos_nodes: Option<Result<Vec<TrapNode>, String>>,
+    /// The talosconfig's endpoints (`None` without Talos access).
+    pub talos_endpoints: Option<Vec<String>>,
 }
 
 /// etcd as the control planes report it.
@@ -266,6 +268,7 @@ pub async fn observe(
         handover,
         deprecated_apis,
         talos_nodes,
+        talos_endpoints: talos.map(|t| t.endpoints().iter().map(|e| e.to_string()).collect()),
     }
 }
 
@@ -393,6 +396,67 @@ pub fn live_nodes(facts: &LiveFacts) -> Option<Vec<Node>> {
         .collect()
 }
 
+/// A cluster of one node: refused unless cluster.yaml accepts the downtime (the rollout
+/// refuses it the same way).
+fn single_node_item(change: &Change, nodes: &[LiveNode]) -> Option<CheckItem> {
+    let [only] = nodes else {
+        return None;
+    };
+    let (id, title) = ("live/single-node", "A node can be drained elsewhere");
+    let accepted = change
+        .cluster_doc
+        .as_ref()
+        .is_some_and(|d| d.spec.rollout.accept_single_node_downtime);
+    Some(if accepted {
+        CheckItem::new(
+            id,
+            title,
+            Status::Warn,
+            format!("{} is the cluster's only node: it is upgraded in place, without a drain, and everything on it is down while it reboots (cluster.yaml accepts this)", only.name),
+        )
+        .source("live")
+    } else {
+        CheckItem::new(
+            id,
+            title,
+            Status::Fail,
+            format!("{} is the cluster's only node: draining it evicts every pod with nowhere to go (ichor included), and upgrading it takes everything down", only.name),
+        )
+        .hint("set spec.rollout.acceptSingleNodeDowntime: true in cluster.yaml to upgrade it in place without a drain, accepting the downtime, or add a node")
+        .source("live")
+    })
+}
+
+/// One talosconfig endpoint in front of several control planes (one address, or a VIP):
+/// while the node behind it reboots, the calls about it have nowhere else to go.
+fn endpoints_item(endpoints: &[String], nodes: &[LiveNode]) -> CheckItem {
+    let (id, title) = (
+        "live/talos-endpoints",
+        "The talosconfig reaches every control plane",
+    );
+    let cps = nodes
+        .iter()
+        .filter(|n| n.role == Role::Controlplane)
+        .count();
+    match endpoints {
+        [one] if cps > 1 => CheckItem::new(
+            id,
+            title,
+            Status::Warn,
+            format!("the talosconfig names a single endpoint ({one}) for {cps} control planes: while the control plane behind it reboots (or a VIP moves), ichor waits for it to answer again instead of watching through another"),
+        )
+        .hint("list every control plane's address under the context's endpoints (talosctl config endpoint IP1 IP2 IP3)")
+        .source("live"),
+        _ => CheckItem::new(
+            id,
+            title,
+            Status::Pass,
+            format!("{} endpoint(s) for {cps} control plane(s)", endpoints.len()),
+        )
+        .source("live"),
+    }
+}
+
 fn wait(id: &str, title: &str, what: &str, e: &str) -> CheckItem {
     CheckItem::new(
         id,
@@ -431,6 +495,17 @@ pub fn items(change: &Change, facts: &LiveFacts) -> Vec<CheckItem> {
     // etcd.
     if let Some(etcd) = &facts.etcd {
         out.push(etcd_item(etcd));
+    }
+
+    let rolls_nodes = bump.base.spec.talos != bump.head.spec.talos
+        || bump.base.spec.kubernetes != bump.head.spec.kubernetes;
+    if let (Ok(nodes), true) = (&facts.nodes, rolls_nodes) {
+        if let Some(item) = single_node_item(change, nodes) {
+            out.push(item);
+        }
+        if let Some(endpoints) = &facts.talos_endpoints {
+            out.push(endpoints_item(endpoints, nodes));
+        }
     }
 
     // Each node's running Talos and kubelet, as the static node items judge them.

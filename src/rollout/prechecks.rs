@@ -33,8 +33,13 @@ impl Run<'_, '_> {
             let items = crate::gate::live::items(change, &facts);
             let open: Vec<&crate::policy::CheckItem> = items
                 .iter()
-                // The lock is ours; the CNI is waited for before the apiservers.
-                .filter(|i| !i.id.ends_with("rollout-lock") && i.id != "live/cni-running")
+                // The lock is ours; the CNI is waited for before the apiservers; a single
+                // node was judged above, from the engine's own policy.
+                .filter(|i| {
+                    !i.id.ends_with("rollout-lock")
+                        && i.id != "live/cni-running"
+                        && i.id != "live/single-node"
+                })
                 .filter(|i| matches!(i.status, Status::Fail | Status::Wait))
                 .collect();
             let say = |s: Status| -> Vec<String> {
@@ -100,7 +105,7 @@ impl Run<'_, '_> {
             let blocking: Vec<&crate::policy::CheckItem> = items
                 .iter()
                 // The lock is ours; etcd was checked before each control plane.
-                .filter(|i| !i.id.ends_with("rollout-lock"))
+                .filter(|i| !i.id.ends_with("rollout-lock") && i.id != "live/single-node")
                 .filter(|i| matches!(i.status, Status::Fail | Status::Wait))
                 .collect();
             let cni_only = blocking.iter().all(|i| i.id == "live/cni-running");

@@ -496,3 +496,62 @@ async fn without_an_installer_in_cluster_yaml_each_node_gets_the_one_it_names() 
     }
     Ok(())
 }
+
+/// Before merge: the PR's checklist refuses a single-node cluster unless cluster.yaml accepts
+/// the downtime (item 5), and warns when the talosconfig names one endpoint for several
+/// control planes (issue 15, item 6).
+#[tokio::test]
+async fn the_gate_refuses_a_single_node_and_warns_about_a_single_endpoint() -> TestResult {
+    use ichor::gate::live;
+    use ichor::policy::Status;
+    let item =
+        |items: &[ichor::policy::CheckItem], id: &str| items.iter().find(|i| i.id == id).cloned();
+    let s = crate::rollout::setup_edited(TwinConfig::default(), &one_node).await?;
+    let subject = live::Subject::of(&s.change);
+    let facts = live::observe(&s.kube, Some(&s.talos), &subject).await;
+    let items = live::items(&s.change, &facts);
+    let single = item(&items, "live/single-node").ok_or("no single-node item")?;
+    assert_eq!(single.status, Status::Fail, "{single:?}");
+    assert!(
+        single
+            .hint
+            .as_deref()
+            .is_some_and(|h| h.contains("acceptSingleNodeDowntime: true")),
+        "{single:?}"
+    );
+    let mut change = s.change.clone();
+    if let Some(doc) = change.cluster_doc.as_mut() {
+        doc.spec.rollout.accept_single_node_downtime = true;
+    }
+    let items = live::items(&change, &facts);
+    assert_eq!(
+        item(&items, "live/single-node").map(|i| i.status),
+        Some(Status::Warn)
+    );
+    // One control plane behind its one endpoint: nothing better to list.
+    assert_eq!(
+        item(&items, "live/talos-endpoints").map(|i| i.status),
+        Some(Status::Pass)
+    );
+
+    // Three control planes behind one endpoint.
+    let s = setup(TwinConfig::default()).await?;
+    let mut ctx = s.talos.context().clone();
+    ctx.endpoints.truncate(1);
+    let one = ichor::talos::TalosClient::new(ctx, s.twin.talos.clock().clone());
+    let facts = live::observe(&s.kube, Some(&one), &live::Subject::of(&s.change)).await;
+    let items = live::items(&s.change, &facts);
+    let endpoints = item(&items, "live/talos-endpoints").ok_or("no endpoints item")?;
+    assert_eq!(endpoints.status, Status::Warn, "{endpoints:?}");
+    assert!(
+        endpoints.message.contains("single endpoint"),
+        "{endpoints:?}"
+    );
+    assert_eq!(item(&items, "live/single-node"), None);
+    let facts = live::observe(&s.kube, Some(&s.talos), &live::Subject::of(&s.change)).await;
+    assert_eq!(
+        item(&live::items(&s.change, &facts), "live/talos-endpoints").map(|i| i.status),
+        Some(Status::Pass)
+    );
+    Ok(())
+}
