@@ -548,8 +548,12 @@ impl Run<'_, '_> {
     }
 
     async fn store_marker(&self, stage: StageId, key: &str, m: &StepMarker) -> Flow<()> {
-        let rec = m.to_record();
+        let mut rec = m.to_record();
         self.write(stage, |r| {
+            // What a newer ichor wrote on this step stays.
+            if let Some(old) = r.steps.get(key) {
+                rec.extra = old.extra.clone();
+            }
             r.steps.insert(key.to_string(), rec);
         })
         .await

@@ -71,6 +71,9 @@ pub struct StepRecord {
     pub volumes: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<String>,
+    /// Fields a newer ichor wrote, kept as they are.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
 }
 
 /// Why the rollout stopped for a human.
@@ -141,6 +144,10 @@ pub struct RolloutRecord {
     pub history: Vec<HistoryEntry>,
     #[serde(default)]
     pub previous: Vec<Previous>,
+    /// Fields a newer ichor wrote, kept as they are: an older ichor resuming its rollout
+    /// must not drop what the newer one will need.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
 }
 
 impl RolloutRecord {
@@ -161,6 +168,7 @@ impl RolloutRecord {
             stages: Vec::new(),
             history: Vec::new(),
             previous: Vec::new(),
+            extra: BTreeMap::new(),
         }
     }
 
@@ -305,6 +313,21 @@ pub async fn load(kube: &KubeClient, cluster: &str) -> Result<Option<Stored>, Re
     if text.len() > MAX_RECORD_BYTES {
         return Err(unreadable(format!("{} bytes", text.len())));
     }
+    // The apiVersion first: a record from a newer ichor may not parse as this one's.
+    let version = serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|v| {
+            v.get("apiVersion")
+                .and_then(|a| a.as_str())
+                .map(str::to_string)
+        });
+    if let Some(v) = version.filter(|v| v != crate::gate::REPORT_API_VERSION) {
+        return Err(unreadable(format!(
+            "apiVersion {} is not this ichor's ({}): a newer ichor wrote it; run that version (or newer) to continue the rollout",
+            crate::releaseset::excerpt(&v, 40),
+            crate::gate::REPORT_API_VERSION
+        )));
+    }
     let record: RolloutRecord = serde_json::from_str(text)
         .map_err(|e| unreadable(crate::releaseset::excerpt(&e.to_string(), 200)))?;
     if record.kind != RECORD_KIND || record.cluster != cluster {
@@ -320,6 +343,37 @@ pub async fn load(kube: &KubeClient, cluster: &str) -> Result<Option<Stored>, Re
     }))
 }
 
+/// Shrink the record to well inside a ConfigMap, whatever the cluster's size, shedding what
+/// matters least first: history (oldest half at a time), then the detail of finished steps
+/// (a finished step needs only its times), then the earlier rollouts. Unfinished steps are
+/// never shed: they are what a restart resumes from. Returns the record as JSON.
+pub fn fit(record: &mut RolloutRecord) -> String {
+    let size = |r: &RolloutRecord| serde_json::to_string(r).unwrap_or_default();
+    let mut text = size(record);
+    let small = |t: &str| t.len() <= MAX_RECORD_BYTES / 2;
+    while !small(&text) && !record.history.is_empty() {
+        let half = record.history.len().div_ceil(2);
+        record.history.drain(..half);
+        text = size(record);
+    }
+    if !small(&text) {
+        for step in record
+            .steps
+            .values_mut()
+            .filter(|s| s.finished_at.is_some())
+        {
+            step.boot_id_before = None;
+            step.volumes.clear();
+        }
+        text = size(record);
+    }
+    if !small(&text) {
+        record.previous.clear();
+        text = size(record);
+    }
+    text
+}
+
 /// Write the record. The caller holds the lock, so a conflict means the ConfigMap was
 /// touched by hand: re-read its version and write again, once.
 pub async fn save(kube: &KubeClient, stored: &mut Stored) -> Result<(), RecordError> {
@@ -328,11 +382,8 @@ pub async fn save(kube: &KubeClient, stored: &mut Stored) -> Result<(), RecordEr
         name: name.clone(),
         why: e.to_string(),
     })?;
-    // Stay well inside a ConfigMap: shed history first.
-    while text.len() > MAX_RECORD_BYTES / 2 && !stored.record.history.is_empty() {
-        let half = stored.record.history.len().div_ceil(2);
-        stored.record.history.drain(..half);
-        text = serde_json::to_string(&stored.record).unwrap_or_default();
+    if text.len() > MAX_RECORD_BYTES / 2 {
+        text = fit(&mut stored.record);
     }
     let cm = |rv: Option<String>| ConfigMap {
         metadata: kube::api::ObjectMeta {
@@ -418,6 +469,46 @@ mod tests {
         // Re-entering a stage after a restart keeps its first start.
         r.enter_stage("talos", Timestamp(200_000));
         assert_eq!(r.stages.len(), 2);
+    }
+
+    #[test]
+    fn fields_a_newer_ichor_wrote_are_kept() {
+        let r = RolloutRecord::new("home", target("a"), "me", Timestamp(0));
+        let mut v = serde_json::to_value(&r).unwrap();
+        v["drainPlan"] = serde_json::json!({"order": ["w-1"]});
+        v["steps"] =
+            serde_json::json!({"talos/w-1": {"startedAt": "2026-01-01T00:00:00Z", "surge": 2}});
+        let back: RolloutRecord = serde_json::from_value(v).unwrap();
+        let again = serde_json::to_value(&back).unwrap();
+        assert_eq!(again["drainPlan"]["order"][0], "w-1");
+        assert_eq!(again["steps"]["talos/w-1"]["surge"], 2);
+    }
+
+    #[test]
+    fn a_record_of_any_cluster_size_fits_a_config_map() {
+        let mut r = RolloutRecord::new("home", target("a"), "me", Timestamp(0));
+        for i in 0..5000 {
+            // A batch in flight; everything before it finished.
+            let finished = i >= 5;
+            r.steps.insert(
+                format!("talos/node-{i:05}"),
+                StepRecord {
+                    started_at: Some(Timestamp(1000).rfc3339()),
+                    boot_id_before: Some(format!("{:0>36}", i)),
+                    volumes: (0..30).map(|v| format!("pvc-{i}-{v:0>40}")).collect(),
+                    finished_at: finished.then(|| Timestamp(2000).rfc3339()),
+                    ..StepRecord::default()
+                },
+            );
+            r.log(Timestamp(i), format!("line {i}"));
+        }
+        assert!(serde_json::to_string(&r).unwrap().len() > MAX_RECORD_BYTES);
+        let text = fit(&mut r);
+        assert!(text.len() <= MAX_RECORD_BYTES / 2, "{} bytes", text.len());
+        // Unfinished steps keep everything a restart resumes from.
+        let open = &r.steps["talos/node-00000"];
+        assert!(open.boot_id_before.is_some() && open.volumes.len() == 30);
+        assert_eq!(r.steps.len(), 5000);
     }
 
     #[test]

@@ -62,6 +62,7 @@ impl StepMarker {
             pre_pulled: self.pre_pulled,
             volumes: self.volumes.clone(),
             finished_at: None,
+            extra: Default::default(),
         }
     }
 

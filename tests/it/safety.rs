@@ -555,3 +555,35 @@ async fn the_gate_refuses_a_single_node_and_warns_about_a_single_endpoint() -> T
     );
     Ok(())
 }
+
+/// Item 16: a record a newer ichor wrote (another apiVersion) is not guessed at: the run
+/// stops naming it, before anything is touched.
+#[tokio::test]
+async fn a_record_from_a_newer_ichor_is_refused_by_its_api_version() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(s.raw.clone(), ichor::gate::live::ICHOR_NAMESPACE);
+    let record = json!({"apiVersion": "ichor.dev/v9", "kind": "RolloutRecord", "cluster": "homelab",
+                        "newShape": true});
+    cms.create(
+        &Default::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "ichor-rollout-homelab"},
+            "data": {"record.json": record.to_string()}
+        }))?,
+    )
+    .await?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let engine = s.engine(&report);
+    let e = match crate::rollout::run_checked(&s, &engine, false).await {
+        Err(e) => e.to_string(),
+        Ok(o) => return Err(format!("ran over a newer record: {o:?}").into()),
+    };
+    assert!(
+        e.contains("apiVersion ichor.dev/v9") && e.contains("a newer ichor wrote it"),
+        "{e}"
+    );
+    assert_eq!(cordons(&s), Vec::<String>::new());
+    Ok(())
+}
