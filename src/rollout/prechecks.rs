@@ -108,14 +108,14 @@ impl Run<'_, '_> {
                 .filter(|i| !i.id.ends_with("rollout-lock") && i.id != "live/single-node")
                 .filter(|i| matches!(i.status, Status::Fail | Status::Wait))
                 .collect();
-            let cni_only = blocking.iter().all(|i| i.id == "live/cni-running");
             let mut why: Vec<String> = blocking
                 .iter()
                 .map(|i| format!("{}: {}", i.id, i.message))
                 .collect();
-            // Only the CNI and add-ons are worth waiting for: they move by themselves
-            // (Argo CD, Flux); ichor never applies them.
-            let fail_now = !cni_only;
+            // A failure pauses at once; a wait (an etcd member catching up after its
+            // reboot, a node not Ready yet, the CNI or an add-on that Argo CD or Flux still
+            // moves — ichor never applies them) is waited for, up to the node timeout.
+            let fail_now = blocking.iter().any(|i| i.status == Status::Fail);
             if !fail_now {
                 why.extend(self.addons_behind(change).await?);
             }
@@ -140,7 +140,7 @@ impl Run<'_, '_> {
             self.waiting(
                 stage,
                 Some(format!(
-                    "the CNI or an add-on must move first ({})",
+                    "the Kubernetes stages start once the live pre-checks pass ({})",
                     why.join("; ")
                 )),
             )

@@ -46,11 +46,80 @@ impl Run<'_, '_> {
                 ),
             ));
         }
+        // What the plan promises besides versions: etcd whole again and every volume healthy,
+        // waited for within the node timeout (a member or a replica that just came back may
+        // need a moment), then a human looks.
+        let started = self.now();
+        let timeout = self.engine.policy.node_timeout.as_duration();
+        loop {
+            let sick = self.unhealthy(stage, &nodes).await?;
+            if sick.is_empty() {
+                break;
+            }
+            if self.now().since(started) >= timeout {
+                return Err(self.pause(
+                    stage,
+                    None,
+                    format!(
+                        "every node runs the target, but after {}s {}; check them, then resume",
+                        self.now().since(started).as_secs(),
+                        sick.join("; ")
+                    ),
+                ));
+            }
+            self.engine.clock.sleep(self.engine.observe_every).await;
+        }
         self.say(Progress::UnitDone {
             node: None,
             stage,
-            what: format!("every node on Talos {talos} and Kubernetes {k8s}, Ready"),
+            what: format!(
+                "every node on Talos {talos} and Kubernetes {k8s}, Ready; etcd and every volume healthy"
+            ),
         });
         Ok(())
+    }
+
+    /// What is not healthy yet: etcd members (from etcd's own list) and volumes.
+    async fn unhealthy(
+        &self,
+        stage: StageId,
+        nodes: &[crate::kube::LiveNode],
+    ) -> Flow<Vec<String>> {
+        let mut sick = Vec::new();
+        let any_cp = nodes
+            .iter()
+            .any(|n| n.role == crate::releaseset::Role::Controlplane);
+        if any_cp {
+            match crate::gate::live::observe_etcd_around(self.engine.talos, nodes, None).await {
+                Ok(view) => {
+                    let bad: Vec<String> = view
+                        .member_health()
+                        .into_iter()
+                        .filter_map(|(m, h)| match h {
+                            Err(e) => Some(format!("{} ({e})", m.hostname)),
+                            Ok(()) if m.is_learner => {
+                                Some(format!("{} (still a learner)", m.hostname))
+                            }
+                            Ok(()) => None,
+                        })
+                        .collect();
+                    if !bad.is_empty() {
+                        sick.push(format!("etcd members not healthy: {}", bad.join(", ")));
+                    }
+                }
+                Err(e) => sick.push(format!("etcd could not be read: {e}")),
+            }
+        }
+        let degraded: Vec<String> = self
+            .volumes(stage)
+            .await?
+            .into_iter()
+            .filter(|v| v.degraded())
+            .map(|v| v.name)
+            .collect();
+        if !degraded.is_empty() {
+            sick.push(format!("volumes not healthy: {}", degraded.join(", ")));
+        }
+        Ok(sick)
     }
 }

@@ -1285,7 +1285,7 @@ async fn a_cni_still_rolling_out_is_waited_for_before_the_apiservers() -> TestRe
     let lines = Lines::default();
     let notify = tokio::sync::Notify::new();
     let report = |p: Progress| {
-        if matches!(&p, Progress::Waiting(w) if w.contains("must move first")) {
+        if matches!(&p, Progress::Waiting(w) if w.contains("the Kubernetes stages start once")) {
             notify.notify_one();
         }
         lines.push(p);

@@ -587,3 +587,80 @@ async fn a_record_from_a_newer_ichor_is_refused_by_its_api_version() -> TestResu
     assert_eq!(cordons(&s), Vec::<String>::new());
     Ok(())
 }
+
+/// Item 10: "done" is done: the final verify waits for etcd (judged from its members) and
+/// every volume to be healthy, not only for the nodes' versions, and pauses naming what is
+/// not.
+#[tokio::test]
+async fn the_final_verify_waits_for_etcd_and_pauses_naming_a_member_still_unhealthy() -> TestResult
+{
+    let s = setup(TwinConfig::default()).await?;
+    let lines = Lines::default();
+    let notify = tokio::sync::Notify::new();
+    let report = |p: Progress| {
+        if p.to_string() == "stage: verify" {
+            notify.notify_one();
+        }
+        lines.push(p);
+    };
+    let engine = s.engine(&report);
+    let side = async {
+        notify.notified().await;
+        s.post_faults(json!({ "etcdUnhealthy": ["cp-2"] })).await
+    };
+    let (o, injected) = run_alongside(&s, &engine, side).await?;
+    drop(engine);
+    injected.ok_or("the verify stage never started")??;
+    let p = paused(o)?;
+    assert_eq!(p.stage, "verify", "{p:?}");
+    assert!(
+        p.reason.contains("etcd members not healthy") && p.reason.contains("cp-2"),
+        "{}",
+        p.reason
+    );
+    // Healed, then resumed: done.
+    s.post_faults(json!({ "etcdUnhealthy": [] })).await?;
+    let (o, seen, _) = run_once(&s, true).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    assert!(matches!(o, RunOutcome::Completed { .. }), "{o:?}");
+    Ok(())
+}
+
+/// Item 10: before the Kubernetes stages, an etcd member that is not healthy yet is waited
+/// for (reported), not a pause; the rollout goes on once it is.
+#[tokio::test]
+async fn before_kubernetes_an_etcd_wait_waits_and_the_rollout_goes_on() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let lines = Lines::default();
+    let notify = tokio::sync::Notify::new();
+    let report = |p: Progress| {
+        if p.to_string().starts_with("stage talos done") {
+            notify.notify_one();
+        }
+        lines.push(p);
+    };
+    let engine = s.engine(&report);
+    let side = async {
+        notify.notified().await;
+        s.post_faults(json!({ "etcdUnhealthy": ["cp-2"] })).await?;
+        s.twin.talos.clock().sleep(Duration::from_secs(180)).await;
+        s.post_faults(json!({ "etcdUnhealthy": [] })).await
+    };
+    let (o, healed) = run_alongside(&s, &engine, side).await?;
+    drop(engine);
+    healed.ok_or("the Talos stage never finished")??;
+    assert!(
+        matches!(o, RunOutcome::Completed { .. }),
+        "{o:?}\n{:#?}",
+        lines.all()
+    );
+    assert!(
+        lines.all().iter().any(
+            |l| l.starts_with("waiting: the Kubernetes stages start once")
+                && l.contains("live/etcd")
+        ),
+        "{:#?}",
+        lines.all()
+    );
+    Ok(())
+}
