@@ -106,11 +106,17 @@ pub struct WorkloadStatus {
     pub images: Vec<String>,
     /// The first container image's tag, when it is a version.
     pub version: Option<String>,
+    /// The status describes the current spec (`status.observedGeneration` has caught up
+    /// with `metadata.generation`): until then its counts are the old template's.
+    pub observed: bool,
 }
 
 impl WorkloadStatus {
+    /// As `kubectl rollout status` judges it (kubernetes/kubectl pkg/polymorphichelpers/
+    /// rollout_status.go at v0.33.0): the status observed the current generation, and every
+    /// scheduled pod is updated and ready.
     pub fn rolled_out(&self) -> bool {
-        self.updated >= self.desired && self.ready >= self.desired
+        self.observed && self.updated >= self.desired && self.ready >= self.desired
     }
 }
 
@@ -407,6 +413,7 @@ impl KubeClient {
             .map_err(|e| KubeError::from_kube(format!("get daemonset {namespace}/{name}"), e))?;
         Ok(ds.map(|ds| {
             let images = containers(ds.spec.as_ref().and_then(|s| s.template.spec.as_ref()));
+            let generation = ds.metadata.generation;
             let st = ds.status.unwrap_or_default();
             workload(
                 namespace,
@@ -415,6 +422,8 @@ impl KubeClient {
                 st.updated_number_scheduled.unwrap_or(0),
                 st.number_ready,
                 images,
+                generation,
+                st.observed_generation,
             )
         }))
     }
@@ -432,6 +441,7 @@ impl KubeClient {
         Ok(d.map(|d| {
             let desired = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
             let images = containers(d.spec.as_ref().and_then(|s| s.template.spec.as_ref()));
+            let generation = d.metadata.generation;
             let st = d.status.unwrap_or_default();
             workload(
                 namespace,
@@ -440,6 +450,8 @@ impl KubeClient {
                 st.updated_replicas.unwrap_or(0),
                 st.ready_replicas.unwrap_or(0),
                 images,
+                generation,
+                st.observed_generation,
             )
         }))
     }
@@ -535,6 +547,7 @@ fn containers(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<String>
     .unwrap_or_default()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn workload(
     ns: &str,
     name: &str,
@@ -542,6 +555,8 @@ fn workload(
     updated: i32,
     ready: i32,
     images: Vec<String>,
+    generation: Option<i64>,
+    observed_generation: Option<i64>,
 ) -> WorkloadStatus {
     let version = images
         .first()
@@ -556,6 +571,7 @@ fn workload(
         ready,
         images,
         version,
+        observed: observed_generation.unwrap_or(0) >= generation.unwrap_or(0),
     }
 }
 

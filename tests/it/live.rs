@@ -731,3 +731,49 @@ async fn a_kubelet_two_minors_behind_the_target_is_refused_not_jumped() -> TestR
     assert!(msg.contains("w-1 (v1.32.9, 2 minors)"), "{msg}");
     Ok(())
 }
+
+/// A DaemonSet is rolled out only once its status observed the current generation: right
+/// after a spec change the counts still describe the old template (the twin's controller
+/// writes the new generation's status a moment later, as kube-controller-manager does).
+#[tokio::test]
+async fn a_daemonset_is_not_rolled_out_until_its_status_observed_the_new_generation() -> TestResult
+{
+    let l = start(TwinConfig::default()).await?;
+    let before = l
+        .kube
+        .daemonset("kube-system", "cilium")
+        .await?
+        .ok_or("no cilium")?;
+    assert!(before.rolled_out(), "{before:?}");
+    let dss: kube::Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        kube::Api::namespaced(kube_client(&l).await?, "kube-system");
+    dss.patch(
+        "cilium",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+            {"name": "cilium", "image": "quay.io/cilium/cilium:v1.18.9"}]}}}})),
+    )
+    .await?;
+    let raw = dss.get("cilium").await?;
+    let stale = raw.status.as_ref().and_then(|s| s.observed_generation);
+    assert!(
+        stale < raw.metadata.generation,
+        "the status lags its generation: {stale:?} vs {:?}",
+        raw.metadata.generation
+    );
+    let now = l
+        .kube
+        .daemonset("kube-system", "cilium")
+        .await?
+        .ok_or("no cilium")?;
+    assert!(!now.observed && !now.rolled_out(), "{now:?}");
+    // Once the controller has caught up and the pods moved, it is rolled out again.
+    l.twin.advance(Duration::from_secs(600));
+    let later = l
+        .kube
+        .daemonset("kube-system", "cilium")
+        .await?
+        .ok_or("no cilium")?;
+    assert!(later.observed, "{later:?}");
+    Ok(())
+}

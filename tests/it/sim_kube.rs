@@ -385,6 +385,13 @@ async fn kubectl_prints_the_other_kinds_and_follows_a_daemonset_rollout() {
         t.with(|c, _| c.get("daemonsets", "kube-system", "kube-proxy"))
             .unwrap_or_default()
     };
+    // The status describes the new generation a moment after the spec.
+    assert_ne!(
+        ds()["status"]["observedGeneration"],
+        ds()["metadata"]["generation"]
+    );
+    t.clock().advance(Duration::from_secs(2));
+    t.sync();
     assert_eq!(
         ds()["status"]["updatedNumberScheduled"],
         1,
@@ -2284,9 +2291,14 @@ async fn the_bootstrap_manifest_sync_rolls_kube_proxy_node_by_node_over_http() {
         .filter_map(|f| f["manager"].as_str())
         .collect();
     assert!(managers.contains(&"talos"), "{managers:?}");
-    // One node at a time: one pod replaced, three old ones still Ready.
+    // One node at a time: one pod replaced, three old ones still Ready — said by the status
+    // once it has observed the new generation, a moment after the spec.
     let generation = ds.body["metadata"]["generation"].clone();
     assert_eq!(generation, 2, "a new template is a new generation");
+    assert_eq!(ds.body["status"]["observedGeneration"], 1);
+    t.clock().advance(Duration::from_secs(2));
+    t.sync();
+    let ds = api.get(path).await;
     assert_eq!(ds.body["status"]["observedGeneration"], generation);
     assert_eq!(status(&ds), (1, 3, 1));
     for step in 2..=4 {
@@ -2311,6 +2323,8 @@ async fn the_bootstrap_manifest_sync_rolls_kube_proxy_node_by_node_over_http() {
     assert_eq!(widened.code, 200, "{}", widened.text);
     let newer = "registry.k8s.io/kube-proxy:v1.35.1";
     assert_eq!(sync(newer).await, 200);
+    t.clock().advance(Duration::from_secs(2));
+    t.sync();
     assert_eq!(status(&api.get(path).await), (2, 2, 2));
     t.clock().advance(Duration::from_secs(10));
     t.sync();

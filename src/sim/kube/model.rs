@@ -36,6 +36,12 @@ pub struct Behaviour {
     /// ask for any `spec.replicas` (the apiserver allows 2^31-1); creating them all at once
     /// would take the twin's memory with it.
     pub max_replicas: u64,
+    /// From a DaemonSet's spec change until its controller writes a status for the new
+    /// generation: until then `status.observedGeneration` is the old one and the counts are
+    /// the old template's (what a client reading right after its patch sees;
+    /// pkg/controller/daemon/daemon_controller.go `updateDaemonSetStatus` at v1.33.0 writes
+    /// `observedGeneration` with the counts).
+    pub status_lag: Duration,
     /// kube-controller-manager's `--node-monitor-grace-period` (40 s): how long a node that
     /// stopped posting status still shows Ready.
     pub node_monitor_grace: Duration,
@@ -53,6 +59,7 @@ impl Default for Behaviour {
             watch_history: 10_000,
             pod_termination: Duration::from_secs(30),
             max_replicas: MAX_REPLICAS,
+            status_lag: Duration::from_secs(2),
             node_monitor_grace: Duration::from_secs(40),
             unreachable_toleration: Duration::from_secs(300),
         }
@@ -149,6 +156,8 @@ pub struct Cluster {
     next_pod_start: Option<Timestamp>,
     /// Inside [`Cluster::batch`]: mutations skip the controllers until the batch ends.
     deferred: bool,
+    /// DaemonSets (namespace, name, generation) whose new generation's status is due then.
+    status_due: BTreeMap<(String, String, u64), Timestamp>,
 }
 
 fn rt(plural: &str) -> &'static ResourceType {
@@ -348,6 +357,7 @@ impl Cluster {
             now,
             settled_at: None,
             statuses_at: None,
+            status_due: BTreeMap::new(),
             next_due: None,
             next_pod_start: None,
             deferred: false,
@@ -1141,6 +1151,9 @@ impl Cluster {
             self.terminating.remove(&(ns, name));
         }
         self.node_lifecycle(now);
+        if self.status_due.values().any(|t| *t <= now) {
+            self.statuses_at = None;
+        }
         // The controllers run until they change nothing more (a few passes: deployments →
         // replicasets → pods); status, which no controller reads, is computed once after.
         // Each pass looks only at the owners whose pods or specs changed since the last one.
@@ -1180,8 +1193,10 @@ impl Cluster {
         let gone_due = self.terminating.values().copied();
         let resync_due = self.resync_due.values().copied();
         let detach_due = self.detach_due.values().copied();
+        let status_due = self.status_due.values().copied();
         self.next_due = pod_due
             .into_iter()
+            .chain(status_due)
             .chain(rebuild_due)
             .chain(gone_due)
             .chain(resync_due)
@@ -2088,7 +2103,7 @@ impl Cluster {
     }
 
     /// Status of PDBs, ReplicaSets, Deployments, StatefulSets and DaemonSets from the pods.
-    fn statuses(&mut self, _now: Timestamp, dirty: &Dirty) {
+    fn statuses(&mut self, now: Timestamp, dirty: &Dirty) {
         let store = &self.store;
         let owned = |ns: &str, kind: &str, name: &str| store.pods_owned_by(ns, kind, name);
         let updated = |ps: &[&Value], owner: &Value| {
@@ -2172,6 +2187,27 @@ impl Cluster {
         for ds in self.store.all("daemonsets") {
             if !dirty.owner(namespace_of(&ds), "DaemonSet", name_of(&ds)) {
                 continue;
+            }
+            // A new generation's status comes a moment after its spec.
+            let generation = ds
+                .at("/metadata/generation")
+                .and_then(Value::as_u64)
+                .unwrap_or(1);
+            let observed = ds.at("/status/observedGeneration").and_then(Value::as_u64);
+            if observed.is_some_and(|o| o < generation) {
+                let key = (
+                    namespace_of(&ds).to_string(),
+                    name_of(&ds).to_string(),
+                    generation,
+                );
+                let due = *self
+                    .status_due
+                    .entry(key.clone())
+                    .or_insert(now.plus(self.behaviour.status_lag));
+                if now < due {
+                    continue;
+                }
+                self.status_due.remove(&key);
             }
             let ps = owned(namespace_of(&ds), "DaemonSet", name_of(&ds));
             let ready = ps.iter().filter(|p| is_ready(p)).count();
