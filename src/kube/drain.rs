@@ -78,6 +78,13 @@ pub enum EvictOutcome {
     },
     /// The pod no longer exists.
     Gone,
+    /// A 429 without a budget as its cause: API Priority and Fairness throttling the
+    /// request, not a PodDisruptionBudget. Asked again after the server's `Retry-After`.
+    Throttled { retry_after_secs: u64 },
+    /// The pod matches more than one PodDisruptionBudget: the Eviction API answers 500 and
+    /// never evicts it (kubernetes/kubernetes pkg/registry/core/pod/storage/eviction.go at
+    /// v1.33.0). No wait fixes that; the budgets are named.
+    MultipleBudgets { budgets: Vec<String> },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -87,6 +94,9 @@ pub enum DrainOutcome {
     Drained { evicted: Vec<String> },
     /// Pods `kubectl drain` would refuse, each with why; nothing was evicted.
     Refused { pods: Vec<(String, String)> },
+    /// A pod more than one PodDisruptionBudget selects: the Eviction API refuses it for
+    /// good; stop for a human at once.
+    MultipleBudgets { pod: String, budgets: Vec<String> },
     /// The drain timeout passed with pods still blocked: stop for a human.
     Blocked {
         pod: String,
@@ -261,21 +271,68 @@ impl KubeClient {
         };
         match api.evict(&pod.name, &params).await {
             Ok(_) => Ok(EvictOutcome::Evicted),
+            // A budget's 429 carries it as its cause (eviction.go `createTooManyRequestsError`
+            // with a `DisruptionBudget` cause); any other 429 is the server throttling.
             Err(kube::Error::Api(s)) if s.code == 429 => {
                 let cause = s
                     .details
                     .as_ref()
                     .and_then(|d| d.causes.iter().find(|c| c.reason == "DisruptionBudget"))
                     .map(|c| c.message.clone());
-                let budget = cause.as_deref().and_then(budget_name);
-                Ok(EvictOutcome::Blocked {
-                    budget,
-                    message: crate::releaseset::excerpt(&cause.unwrap_or(s.message.clone()), 300),
+                match cause {
+                    Some(cause) => Ok(EvictOutcome::Blocked {
+                        budget: budget_name(&cause),
+                        message: crate::releaseset::excerpt(&cause, 300),
+                    }),
+                    None => Ok(EvictOutcome::Throttled {
+                        retry_after_secs: s
+                            .details
+                            .as_ref()
+                            .map(|d| u64::from(d.retry_after_seconds))
+                            .filter(|r| *r > 0)
+                            .unwrap_or(1)
+                            .min(60),
+                    }),
+                }
+            }
+            Err(kube::Error::Api(s))
+                if s.code == 500 && s.message.contains("more than one PodDisruptionBudget") =>
+            {
+                Ok(EvictOutcome::MultipleBudgets {
+                    budgets: self.budgets_of(pod).await?,
                 })
             }
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(EvictOutcome::Gone),
             Err(e) => Err(KubeError::from_kube(format!("evict pod {pod}"), e)),
         }
+    }
+
+    /// The PodDisruptionBudgets of `pod`'s namespace whose selector matches its labels
+    /// (`matchLabels` and `matchExpressions`, as the Eviction API selects them).
+    pub async fn budgets_of(&self, pod: &PodRef) -> Result<Vec<String>, KubeError> {
+        use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+        let what = || format!("budgets of pod {pod}");
+        let p = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace)
+            .get_opt(&pod.name)
+            .await
+            .map_err(|e| KubeError::from_kube(what(), e))?;
+        let labels = p.and_then(|p| p.metadata.labels).unwrap_or_default();
+        let pdbs = Api::<PodDisruptionBudget>::namespaced(self.client.clone(), &pod.namespace)
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| KubeError::from_kube(what(), e))?;
+        Ok(pdbs
+            .items
+            .iter()
+            .filter(|b| {
+                b.spec
+                    .as_ref()
+                    .and_then(|s| s.selector.as_ref())
+                    .is_some_and(|sel| selects(sel, &labels))
+            })
+            .filter_map(|b| b.metadata.name.clone())
+            .map(|n| format!("{}/{n}", pod.namespace))
+            .collect())
     }
 
     /// Evict every pod on `node` that a drain moves, retrying blocked ones with backoff
@@ -318,6 +375,7 @@ impl KubeClient {
                 return Ok(DrainOutcome::Drained { evicted });
             }
             let mut blocked = None;
+            let mut throttled = 0;
             for p in pods.iter().filter(|p| !p.terminating) {
                 match self.evict(p).await? {
                     EvictOutcome::Evicted => {
@@ -328,6 +386,15 @@ impl KubeClient {
                     EvictOutcome::Gone => {}
                     EvictOutcome::Blocked { budget, message } => {
                         blocked.get_or_insert((p.to_string(), budget, message));
+                    }
+                    EvictOutcome::Throttled { retry_after_secs } => {
+                        throttled = throttled.max(retry_after_secs);
+                    }
+                    EvictOutcome::MultipleBudgets { budgets } => {
+                        return Ok(DrainOutcome::MultipleBudgets {
+                            pod: p.to_string(),
+                            budgets,
+                        });
                     }
                 }
             }
@@ -357,6 +424,9 @@ impl KubeClient {
                 let w = backoff;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 w
+            } else if throttled > 0 {
+                // The server asked to be left alone this long; no budget is involved.
+                Duration::from_secs(throttled)
             } else {
                 // Only terminating pods left: their grace periods run on the cluster's clock.
                 Duration::from_secs(2)
@@ -366,9 +436,66 @@ impl KubeClient {
     }
 }
 
+/// Whether a label selector selects `labels`: every `matchLabels` pair and every
+/// `matchExpressions` requirement (In, NotIn, Exists, DoesNotExist) holds; an empty
+/// selector selects everything (policy/v1 PodDisruptionBudget semantics).
+fn selects(
+    sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let pairs = sel
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let exprs = sel.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.as_deref().unwrap_or_default();
+        let have = labels.get(&e.key);
+        match e.operator.as_str() {
+            "In" => have.is_some_and(|v| values.contains(v)),
+            "NotIn" => have.is_none_or(|v| !values.contains(v)),
+            "Exists" => have.is_some(),
+            "DoesNotExist" => have.is_none(),
+            _ => false,
+        }
+    });
+    pairs && exprs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_selector_selects_by_labels_and_expressions() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+        let labels: std::collections::BTreeMap<String, String> = [
+            ("app".to_string(), "web".to_string()),
+            ("tier".to_string(), "front".to_string()),
+        ]
+        .into();
+        let sel = |v: serde_json::Value| -> LabelSelector { serde_json::from_value(v).unwrap() };
+        assert!(selects(
+            &sel(serde_json::json!({"matchLabels": {"app": "web"}})),
+            &labels
+        ));
+        assert!(!selects(
+            &sel(serde_json::json!({"matchLabels": {"app": "db"}})),
+            &labels
+        ));
+        assert!(selects(
+            &sel(serde_json::json!({"matchExpressions": [
+            {"key": "tier", "operator": "In", "values": ["front", "edge"]},
+            {"key": "canary", "operator": "DoesNotExist"}]})),
+            &labels
+        ));
+        assert!(!selects(
+            &sel(serde_json::json!({"matchExpressions": [
+            {"key": "app", "operator": "NotIn", "values": ["web"]}]})),
+            &labels
+        ));
+        assert!(selects(&sel(serde_json::json!({})), &labels));
+    }
 
     #[test]
     fn the_budget_is_named_from_the_cause() {

@@ -422,6 +422,14 @@ impl Run<'_, '_> {
                 )));
                 Ok(())
             }
+            DrainOutcome::MultipleBudgets { pod, budgets } => Err(self.pause(
+                stage,
+                Some(name),
+                format!(
+                    "{pod} is selected by more than one PodDisruptionBudget ({}): the Eviction API never evicts such a pod, and ichor never deletes or forces one — make one budget cover it, then resume",
+                    if budgets.is_empty() { "the API did not say which".to_string() } else { budgets.join(", ") }
+                ),
+            )),
             DrainOutcome::Blocked {
                 pod,
                 budget,

@@ -664,3 +664,45 @@ async fn before_kubernetes_an_etcd_wait_waits_and_the_rollout_goes_on() -> TestR
     );
     Ok(())
 }
+
+/// Item 11: a pod two PodDisruptionBudgets select is never evicted (the Eviction API answers
+/// 500): named at once with its budgets, not retried as an outage until "the Kubernetes API
+/// kept failing".
+#[tokio::test]
+async fn a_pod_under_two_budgets_pauses_at_once_naming_them() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let first = s.first_pdb()?;
+    let (ns, name) = first.split_once('/').ok_or("namespace/name")?;
+    let pdbs: kube::Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        kube::Api::namespaced(s.raw.clone(), ns);
+    let existing = pdbs.get(name).await?;
+    let selector = existing
+        .spec
+        .as_ref()
+        .and_then(|sp| sp.selector.clone())
+        .ok_or("the budget has a selector")?;
+    pdbs.create(
+        &Default::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "second-budget", "namespace": ns},
+            "spec": {"maxUnavailable": 1, "selector": serde_json::to_value(&selector)?}
+        }))?,
+    )
+    .await?;
+    let before = s.twin.talos.clock().now();
+    let p = paused(run_once(&s, false).await?.0)?;
+    assert!(
+        p.reason.contains("more than one PodDisruptionBudget")
+            && p.reason.contains(&first)
+            && p.reason.contains(&format!("{ns}/second-budget")),
+        "{}",
+        p.reason
+    );
+    let took = s.twin.talos.clock().now().since(before);
+    assert!(
+        !p.reason.contains("kept failing"),
+        "{} (after {took:?})",
+        p.reason
+    );
+    Ok(())
+}
