@@ -185,6 +185,43 @@ pub async fn decide(
         }
         Err(e) => return Err(e.into()),
     };
+    // ichor never downgrades: a merge (a revert, say) that moves Talos or Kubernetes back
+    // starts nothing, and says so on the commit.
+    let backwards: Vec<String> = change
+        .bump
+        .changes
+        .iter()
+        .filter(|c| {
+            matches!(
+                c.component,
+                crate::releaseset::ComponentId::Talos | crate::releaseset::ComponentId::Kubernetes
+            ) && c.kind == crate::releaseset::ChangeKind::Downgrade
+        })
+        .map(|c| {
+            let v = |v: &Option<crate::releaseset::Version>| {
+                v.as_ref().map_or("?".to_string(), |v| v.to_string())
+            };
+            format!("{} {} → {}", c.component, v(&c.from), v(&c.to))
+        })
+        .collect();
+    if !backwards.is_empty() {
+        let why = format!(
+            "ichor never downgrades: this commit moves {} on {}; nothing was started — merge the newer versions back (or downgrade by hand, outside ichor)",
+            backwards.join(" and "),
+            cluster.name
+        );
+        ctx.reporters
+            .ack(
+                None,
+                Some(tip),
+                Some(&cluster.name),
+                "rollout",
+                "ichor",
+                &why,
+            )
+            .await?;
+        return Ok(Some(why));
+    }
     // Add-ons and the CNI are deployed by the GitOps tool; ichor rolls Talos and Kubernetes.
     let moves = change.bump.talos_moves() || change.bump.kubernetes_moves();
     if !moves && !resume && !retry {

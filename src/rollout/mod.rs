@@ -307,10 +307,36 @@ impl Rollout<'_> {
                 }
                 s
             }
-            Some(s) => Stored {
-                record: s.record.succeed(target.to_ref(), &self.holder, now),
-                resource_version: s.resource_version,
-            },
+            Some(s) => {
+                // A newer target replaces a paused rollout, never silently: the new record
+                // says what it superseded and why that one had stopped.
+                let superseded = (s.record.state == RecordState::Paused).then(|| {
+                    format!(
+                        "supersedes the rollout to {} (Talos {}, Kubernetes {}), paused in {}: {}",
+                        crate::releaseset::excerpt(&s.record.target.commit, 12),
+                        s.record.target.talos,
+                        s.record.target.kubernetes,
+                        s.record
+                            .pause
+                            .as_ref()
+                            .map_or("?".to_string(), |p| match &p.node {
+                                Some(n) => format!("{} at {n}", p.stage),
+                                None => p.stage.clone(),
+                            }),
+                        s.record.pause.as_ref().map_or(String::new(), |p| {
+                            crate::releaseset::excerpt(&p.reason, 300)
+                        })
+                    )
+                });
+                let mut record = s.record.succeed(target.to_ref(), &self.holder, now);
+                if let Some(line) = superseded {
+                    record.log(now, line);
+                }
+                Stored {
+                    record,
+                    resource_version: s.resource_version,
+                }
+            }
             None => Stored {
                 record: RolloutRecord::new(&self.cluster, target.to_ref(), &self.holder, now),
                 resource_version: None,
@@ -328,7 +354,7 @@ impl Rollout<'_> {
             r.state = RecordState::Running;
             r.pause = None;
             r.waiting = None;
-            if r.history.is_empty() {
+            if !r.history.iter().any(|h| h.message.starts_with("started: ")) {
                 r.log(now, format!("started: {}", plan.summary));
             }
         })

@@ -159,6 +159,64 @@ async fn git_only_gates_branches_rolls_out_the_merge_and_writes_notes() -> TestR
     Ok(())
 }
 
+/// Issue 16 item 14: a merge that moves Talos or Kubernetes backwards (a revert) starts
+/// nothing — ichor never downgrades — and says so on the commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revert_that_would_downgrade_starts_nothing_and_says_so() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let dir = tempfile::tempdir()?;
+    let origin = origin(dir.path())?;
+    let cfg = git_only_config(&s, &origin, &dir.path().join("ichor"))?;
+    let running = controller::start(cfg, s.twin.talos.clock().clone()).await?;
+    let repo = git2::Repository::open_bare(&origin)?;
+    let main = oid(&repo, "main")?;
+    let good = oid(&repo, "renovate/talos")?;
+    repo.reference("refs/heads/main", good, true, "merge renovate/talos")?;
+    until(&s, &running, "the rollout to complete", || {
+        note_has(&origin, good, RecordKind::Rollout, "completed")
+    })
+    .await?;
+    // The revert: main's old tree on top of the merge.
+    let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
+    let old_tree = repo.find_commit(main)?.tree()?;
+    let merged = repo.find_commit(good)?;
+    let revert = repo.commit(
+        Some("refs/heads/main"),
+        &sig,
+        &sig,
+        "Revert \"update talos group\"\n",
+        &old_tree,
+        &[&merged],
+    )?;
+    running
+        .ctx
+        .events
+        .send(controller::Event::Reconcile)
+        .await?;
+    until(&s, &running, "the refusal on the revert", || {
+        git2::Repository::open_bare(&origin)
+            .ok()
+            .and_then(|r| notes::read(&r, revert).ok())
+            .is_some_and(|recs| {
+                recs.iter().any(|n| {
+                    n.kind == RecordKind::Ack
+                        && n.detail
+                            .as_deref()
+                            .is_some_and(|d| d.contains("ichor never downgrades"))
+                })
+            })
+    })
+    .await?;
+    // Nothing moved back.
+    let want = s.change.head_release_set.spec.talos.to_string();
+    for n in s.kube.nodes().await? {
+        assert_eq!(n.talos.as_deref(), Some(want.as_str()), "{} moved", n.name);
+        assert!(!n.cordoned, "{} cordoned", n.name);
+    }
+    running.shutdown().await;
+    Ok(())
+}
+
 // ----- with GitHub (the emulator) -----
 
 use ichor::sim::github::{

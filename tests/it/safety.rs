@@ -706,3 +706,51 @@ async fn a_pod_under_two_budgets_pauses_at_once_naming_them() -> TestResult {
     );
     Ok(())
 }
+
+/// Item 14: a newer merge does not silently replace a paused rollout: the new record says
+/// what it superseded and why that one had stopped.
+#[tokio::test]
+async fn a_newer_target_over_a_paused_rollout_says_what_it_superseded() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let installer = format!(
+        "{}:v1.12.9",
+        s.doc().spec.talos.installer_image.clone().ok_or("image")?
+    );
+    s.post_faults(json!({ "failingImages": [installer] }))
+        .await?;
+    let first = paused(run_once(&s, false).await?.0)?;
+    s.post_faults(json!({ "failingImages": [] })).await?;
+    let mut newer = s.target();
+    newer.commit = "0123456789abcdef0123456789abcdef01234567".into();
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let engine = s.engine(&report);
+    let o = tokio::select! {
+        r = engine.run(&s.plan, &newer, Some(&s.change), false) => r?,
+        _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!("the driver never ends"),
+    };
+    drop(engine);
+    assert!(matches!(o, RunOutcome::Completed { .. }), "{o:?}");
+    let rec = s.record().await?;
+    let old = &s.target().commit[..12];
+    let line = rec
+        .history
+        .iter()
+        .find(|h| h.message.starts_with("supersedes the rollout to"))
+        .ok_or_else(|| format!("no supersede line in {:#?}", rec.history))?;
+    assert!(
+        line.message.contains(old) && line.message.contains("pre-pulling"),
+        "{} (paused: {})",
+        line.message,
+        first.reason
+    );
+    assert!(rec
+        .history
+        .iter()
+        .any(|h| h.message.starts_with("started: ")));
+    assert_eq!(
+        rec.previous.first().map(|p| p.state),
+        Some(ichor::rollout::record::RecordState::Paused)
+    );
+    Ok(())
+}
