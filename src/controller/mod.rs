@@ -208,6 +208,9 @@ pub struct ClusterRuntime {
     pub rollout: Mutex<Option<JoinHandle<()>>>,
     /// The branch tip this cluster's rollouts were last decided for.
     pub decided_tip: Mutex<Option<String>>,
+    /// A newer tip would move a version back from the running rollout's target: the engine
+    /// stops at its next safe point with this reason (ichor never downgrades).
+    pub backwards: Mutex<Option<String>>,
 }
 
 impl ClusterRuntime {
@@ -461,6 +464,7 @@ pub async fn connect(
             stopping: AtomicBool::new(false),
             rollout: Mutex::new(None),
             decided_tip: Mutex::new(None),
+            backwards: Mutex::new(None),
         }));
     }
     let notes = (!cfg.uses_github() || cfg.notes).then(|| {

@@ -63,6 +63,15 @@ pub async fn on_branch(ctx: &Arc<Ctx>) -> Result<(), Error> {
             }
         }
         if cluster.rolling() {
+            let path = format!("clusters/{}/release-set.yaml", cluster.name);
+            let at_tip = repo
+                .resolve(&tip)
+                .ok()
+                .and_then(|rev| repo.read_file(&rev, &path).ok().flatten())
+                .and_then(|text| crate::releaseset::ReleaseSet::parse(&path, &text).ok());
+            if let Some(rs) = at_tip {
+                stop_if_backwards(ctx, cluster, &rs, &tip).await?;
+            }
             continue;
         }
         if lock(&cluster.decided_tip).as_deref() == Some(tip.as_str()) {
@@ -75,6 +84,66 @@ pub async fn on_branch(ctx: &Arc<Ctx>) -> Result<(), Error> {
         *lock(&cluster.decided_tip) = Some(tip.clone());
     }
     Ok(())
+}
+
+/// While a rollout runs, a newer tip whose release set has a lower Talos or Kubernetes than
+/// its target (a revert) must not wait for the rollout to end and then be refused: the
+/// rollout stops at its next safe point, and says why on the tip.
+async fn stop_if_backwards(
+    ctx: &Arc<Ctx>,
+    cluster: &Arc<ClusterRuntime>,
+    rs: &crate::releaseset::ReleaseSet,
+    tip: &str,
+) -> Result<(), Error> {
+    if lock(&cluster.backwards).is_some() {
+        return Ok(());
+    }
+    let Some(kube) = &cluster.kube else {
+        return Ok(());
+    };
+    let Ok(Some(stored)) = record::load(kube, &cluster.name).await else {
+        return Ok(());
+    };
+    let target = &stored.record.target;
+    if target.commit == tip || stored.record.state != RecordState::Running {
+        return Ok(());
+    }
+    let lower = |now: &str, running: &str| match (
+        crate::releaseset::Version::parse(now),
+        crate::releaseset::Version::parse(running),
+    ) {
+        (Ok(a), Ok(b)) => a < b,
+        _ => false,
+    };
+    let mut back = Vec::new();
+    if lower(&rs.spec.talos.to_string(), &target.talos) {
+        back.push(format!("Talos {} → {}", target.talos, rs.spec.talos));
+    }
+    if lower(&rs.spec.kubernetes.to_string(), &target.kubernetes) {
+        back.push(format!(
+            "Kubernetes {} → {}",
+            target.kubernetes, rs.spec.kubernetes
+        ));
+    }
+    if back.is_empty() {
+        return Ok(());
+    }
+    let why = format!(
+        "ichor never downgrades: the branch moved to {}, which would move {} back from the running rollout's target; the rollout stops at its next safe point — merge the newer versions back, then /ichor retry",
+        crate::releaseset::excerpt(tip, 12),
+        back.join(" and ")
+    );
+    *lock(&cluster.backwards) = Some(why.clone());
+    ctx.reporters
+        .ack(
+            None,
+            Some(tip),
+            Some(&cluster.name),
+            "rollout",
+            "ichor",
+            &why,
+        )
+        .await
 }
 
 /// The newest first-parent ancestor of `tip` whose Talos or Kubernetes differs from the
@@ -251,6 +320,7 @@ pub async fn decide(
 
 /// Start the rollout task for `change`.
 pub fn start(ctx: &Arc<Ctx>, cluster: &Arc<ClusterRuntime>, change: Change, resume: bool) {
+    *lock(&cluster.backwards) = None;
     let task = tokio::spawn(run(ctx.clone(), cluster.clone(), change, resume));
     *lock(&cluster.rollout) = Some(task);
 }
@@ -517,6 +587,9 @@ async fn execute(
     let pause_requested = || -> Option<String> {
         if cluster.stopping.load(Ordering::Relaxed) {
             return Some(SHUTDOWN_REASON.to_string());
+        }
+        if let Some(why) = lock(&cluster.backwards).clone() {
+            return Some(why);
         }
         if let Some(by) = lock(&cluster.paused_by).clone() {
             return Some(format!(

@@ -217,6 +217,62 @@ async fn a_revert_that_would_downgrade_starts_nothing_and_says_so() -> TestResul
     Ok(())
 }
 
+/// Issue 16 item 14: a revert that lands while the rollout runs stops it at its next safe
+/// point, saying why, instead of letting it finish and then refusing the revert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revert_during_a_rollout_stops_it_at_the_next_safe_point() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let dir = tempfile::tempdir()?;
+    let origin = origin(dir.path())?;
+    let cfg = git_only_config(&s, &origin, &dir.path().join("ichor"))?;
+    let running = controller::start(cfg, s.twin.talos.clock().clone()).await?;
+    let repo = git2::Repository::open_bare(&origin)?;
+    let main = oid(&repo, "main")?;
+    let good = oid(&repo, "renovate/talos")?;
+    repo.reference("refs/heads/main", good, true, "merge renovate/talos")?;
+    until(&s, &running, "the rollout to start", || {
+        note_has(&origin, good, RecordKind::Rollout, "running")
+    })
+    .await?;
+    let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
+    let old_tree = repo.find_commit(main)?.tree()?;
+    let merged = repo.find_commit(good)?;
+    let revert = repo.commit(
+        Some("refs/heads/main"),
+        &sig,
+        &sig,
+        "Revert \"update talos group\"\n",
+        &old_tree,
+        &[&merged],
+    )?;
+    running
+        .ctx
+        .events
+        .send(controller::Event::Reconcile)
+        .await?;
+    until(&s, &running, "the rollout to pause on the revert", || {
+        git2::Repository::open_bare(&origin)
+            .ok()
+            .and_then(|r| notes::read(&r, good).ok())
+            .is_some_and(|recs| {
+                recs.iter().any(|n| {
+                    n.kind == RecordKind::Rollout
+                        && n.state == "paused"
+                        && format!("{:?}", n).contains("ichor never downgrades")
+                })
+            })
+    })
+    .await?;
+    assert!(
+        notes::read(&repo, revert)?
+            .iter()
+            .any(|n| n.kind == RecordKind::Ack),
+        "the revert is answered on its commit"
+    );
+    running.shutdown().await;
+    Ok(())
+}
+
 // ----- with GitHub (the emulator) -----
 
 use ichor::sim::github::{
