@@ -403,15 +403,32 @@ impl KubeClient {
                 // Still blocked by a budget, or still terminating past the timeout: a human
                 // decides; ichor never deletes or forces.
                 let (pod, budget, message) = blocked.unwrap_or_else(|| {
-                    let p = pods
-                        .iter()
-                        .find(|p| p.terminating)
-                        .map_or_else(String::new, |p| p.to_string());
-                    (
-                        p,
-                        None,
-                        "still terminating after the drain timeout".to_string(),
-                    )
+                    // No budget in the way: pods still terminating, or pods a controller put
+                    // back on the node after their eviction. Named, either way.
+                    let named = |term: bool| -> Vec<String> {
+                        pods.iter()
+                            .filter(|p| p.terminating == term)
+                            .take(5)
+                            .map(|p| p.to_string())
+                            .collect()
+                    };
+                    let (terminating, back) = (named(true), named(false));
+                    let mut why = Vec::new();
+                    if !terminating.is_empty() {
+                        why.push(format!("still terminating: {}", terminating.join(", ")));
+                    }
+                    if !back.is_empty() {
+                        why.push(format!(
+                            "recreated on the node after their eviction (a controller that ignores the cordon, or a pod that tolerates it): {}",
+                            back.join(", ")
+                        ));
+                    }
+                    let first = terminating
+                        .first()
+                        .or(back.first())
+                        .cloned()
+                        .unwrap_or_default();
+                    (first, None, format!("after the drain timeout, {}", why.join("; ")))
                 });
                 return Ok(DrainOutcome::Blocked {
                     pod,

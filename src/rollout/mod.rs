@@ -234,6 +234,9 @@ impl<'a> Rollout<'a> {
     }
 }
 
+/// What a node of a batch says when it did not begin because a sibling stopped.
+const SIBLING_STOPPED: &str = "did not begin: a node of its batch stopped";
+
 /// Why the stages stopped before the end.
 enum Stop {
     Pause(Pause),
@@ -349,6 +352,7 @@ impl Rollout<'_> {
             plan,
             stored: Mutex::new(stored),
             active: Mutex::new(Default::default()),
+            halted: std::sync::Mutex::new(None),
         };
         run.update(|r| {
             r.state = RecordState::Running;
@@ -498,6 +502,9 @@ struct Run<'r, 'a> {
     /// Nodes begun in this run and not finished: down, draining or about to be. Held while
     /// a node decides whether it may start, so two nodes of a batch decide one at a time.
     active: Mutex<std::collections::BTreeSet<String>>,
+    /// A node of the running batch paused, and why: its siblings that have not begun do not
+    /// begin (those already under way finish what they started).
+    halted: std::sync::Mutex<Option<String>>,
 }
 
 impl Run<'_, '_> {
@@ -754,17 +761,44 @@ impl Run<'_, '_> {
         F: Fn(&'s str) -> Fut,
         Fut: Future<Output = Flow<()>> + 's,
     {
-        let results = join_all(step.nodes.iter().map(|n| f(n.as_str()))).await;
+        let results = join_all(step.nodes.iter().map(|n| {
+            let node = f(n.as_str());
+            async move {
+                let r = node.await;
+                if let Err(Stop::Pause(p)) = &r {
+                    if let Ok(mut h) = self.halted.lock() {
+                        h.get_or_insert_with(|| {
+                            format!(
+                                "{} paused: {}",
+                                n,
+                                crate::releaseset::excerpt(&p.reason, 200)
+                            )
+                        });
+                    }
+                }
+                r
+            }
+        }))
+        .await;
+        if let Ok(mut h) = self.halted.lock() {
+            *h = None;
+        }
         let mut first = None;
+        let mut held_back = None;
         for r in results {
             match r {
                 Ok(()) => {}
                 Err(Stop::LockLost(h)) => return Err(Stop::LockLost(h)),
+                // The root cause wins over a sibling that only did not begin because of it.
+                Err(Stop::Pause(p)) if p.reason.contains(SIBLING_STOPPED) => {
+                    held_back.get_or_insert(Stop::Pause(p));
+                }
                 Err(p) => {
                     first.get_or_insert(p);
                 }
             }
         }
+        let first = first.or(held_back);
         match first {
             Some(p) => Err(p),
             None => {

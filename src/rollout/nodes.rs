@@ -105,6 +105,14 @@ impl Run<'_, '_> {
             if let Some(why) = self.engine.pause_requested.and_then(|f| f()) {
                 return Err(self.pause(stage, Some(node), why));
             }
+            let sibling = self.halted.lock().ok().and_then(|h| h.clone());
+            if let Some(why) = sibling {
+                return Err(self.pause(
+                    stage,
+                    Some(node),
+                    format!("{node} {} ({why})", super::SIBLING_STOPPED),
+                ));
+            }
             let now = self.now();
             if let window::WindowState::Closed { opens_at } =
                 window::state(&self.engine.policy.maintenance_windows, now)
