@@ -134,6 +134,16 @@ async fn stop_if_backwards(
         back.join(" and ")
     );
     *lock(&cluster.backwards) = Some(why.clone());
+    say_on_commit(ctx, cluster, tip, &why).await
+}
+
+/// ichor's own word on a commit of the protected branch (a note, and the PR when known).
+async fn say_on_commit(
+    ctx: &Arc<Ctx>,
+    cluster: &ClusterRuntime,
+    tip: &str,
+    text: &str,
+) -> Result<(), Error> {
     ctx.reporters
         .ack(
             None,
@@ -141,7 +151,7 @@ async fn stop_if_backwards(
             Some(&cluster.name),
             "rollout",
             "ichor",
-            &why,
+            text,
         )
         .await
 }
@@ -279,16 +289,7 @@ pub async fn decide(
             backwards.join(" and "),
             cluster.name
         );
-        ctx.reporters
-            .ack(
-                None,
-                Some(tip),
-                Some(&cluster.name),
-                "rollout",
-                "ichor",
-                &why,
-            )
-            .await?;
+        say_on_commit(ctx, cluster, tip, &why).await?;
         return Ok(Some(why));
     }
     // Add-ons and the CNI are deployed by the GitOps tool; ichor rolls Talos and Kubernetes.

@@ -159,27 +159,33 @@ async fn git_only_gates_branches_rolls_out_the_merge_and_writes_notes() -> TestR
     Ok(())
 }
 
-/// Issue 16 item 14: a merge that moves Talos or Kubernetes backwards (a revert) starts
-/// nothing — ichor never downgrades — and says so on the commit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_revert_that_would_downgrade_starts_nothing_and_says_so() -> TestResult {
+/// The homelab's Talos PR merged on disk, with `ichor run` in Git-only mode watching:
+/// (twin, controller, origin, main before the merge, the merge).
+async fn merged_on_disk(
+    dir: &Path,
+) -> Result<(Setup, Running, PathBuf, git2::Oid, git2::Oid), Error> {
     let s = setup(TwinConfig::default()).await?;
-    let dir = tempfile::tempdir()?;
-    let origin = origin(dir.path())?;
-    let cfg = git_only_config(&s, &origin, &dir.path().join("ichor"))?;
+    let origin = origin(dir)?;
+    let cfg = git_only_config(&s, &origin, &dir.join("ichor"))?;
     let running = controller::start(cfg, s.twin.talos.clock().clone()).await?;
     let repo = git2::Repository::open_bare(&origin)?;
     let main = oid(&repo, "main")?;
     let good = oid(&repo, "renovate/talos")?;
     repo.reference("refs/heads/main", good, true, "merge renovate/talos")?;
-    until(&s, &running, "the rollout to complete", || {
-        note_has(&origin, good, RecordKind::Rollout, "completed")
-    })
-    .await?;
-    // The revert: main's old tree on top of the merge.
+    Ok((s, running, origin, main, good))
+}
+
+/// A revert of `merged` onto main (main's old tree `before` on top of it), and the loop told.
+async fn revert(
+    running: &Running,
+    origin: &Path,
+    before: git2::Oid,
+    merged: git2::Oid,
+) -> Result<git2::Oid, Error> {
+    let repo = git2::Repository::open_bare(origin)?;
     let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
-    let old_tree = repo.find_commit(main)?.tree()?;
-    let merged = repo.find_commit(good)?;
+    let old_tree = repo.find_commit(before)?.tree()?;
+    let merged = repo.find_commit(merged)?;
     let revert = repo.commit(
         Some("refs/heads/main"),
         &sig,
@@ -193,18 +199,33 @@ async fn a_revert_that_would_downgrade_starts_nothing_and_says_so() -> TestResul
         .events
         .send(controller::Event::Reconcile)
         .await?;
+    Ok(revert)
+}
+
+/// Whether a note of `kind` on `commit` says `words` anywhere.
+fn note_says(origin: &Path, commit: git2::Oid, kind: RecordKind, words: &str) -> bool {
+    git2::Repository::open_bare(origin)
+        .ok()
+        .and_then(|r| notes::read(&r, commit).ok())
+        .is_some_and(|recs| {
+            recs.iter()
+                .any(|n| n.kind == kind && format!("{n:?}").contains(words))
+        })
+}
+
+/// Issue 16 item 14: a merge that moves Talos or Kubernetes backwards (a revert) starts
+/// nothing — ichor never downgrades — and says so on the commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revert_that_would_downgrade_starts_nothing_and_says_so() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (s, running, origin, main, good) = merged_on_disk(dir.path()).await?;
+    until(&s, &running, "the rollout to complete", || {
+        note_has(&origin, good, RecordKind::Rollout, "completed")
+    })
+    .await?;
+    let revert = revert(&running, &origin, main, good).await?;
     until(&s, &running, "the refusal on the revert", || {
-        git2::Repository::open_bare(&origin)
-            .ok()
-            .and_then(|r| notes::read(&r, revert).ok())
-            .is_some_and(|recs| {
-                recs.iter().any(|n| {
-                    n.kind == RecordKind::Ack
-                        && n.detail
-                            .as_deref()
-                            .is_some_and(|d| d.contains("ichor never downgrades"))
-                })
-            })
+        note_says(&origin, revert, RecordKind::Ack, "ichor never downgrades")
     })
     .await?;
     // Nothing moved back.
@@ -221,52 +242,20 @@ async fn a_revert_that_would_downgrade_starts_nothing_and_says_so() -> TestResul
 /// point, saying why, instead of letting it finish and then refusing the revert.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revert_during_a_rollout_stops_it_at_the_next_safe_point() -> TestResult {
-    let s = setup(TwinConfig::default()).await?;
     let dir = tempfile::tempdir()?;
-    let origin = origin(dir.path())?;
-    let cfg = git_only_config(&s, &origin, &dir.path().join("ichor"))?;
-    let running = controller::start(cfg, s.twin.talos.clock().clone()).await?;
-    let repo = git2::Repository::open_bare(&origin)?;
-    let main = oid(&repo, "main")?;
-    let good = oid(&repo, "renovate/talos")?;
-    repo.reference("refs/heads/main", good, true, "merge renovate/talos")?;
+    let (s, running, origin, main, good) = merged_on_disk(dir.path()).await?;
     until(&s, &running, "the rollout to start", || {
         note_has(&origin, good, RecordKind::Rollout, "running")
     })
     .await?;
-    let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
-    let old_tree = repo.find_commit(main)?.tree()?;
-    let merged = repo.find_commit(good)?;
-    let revert = repo.commit(
-        Some("refs/heads/main"),
-        &sig,
-        &sig,
-        "Revert \"update talos group\"\n",
-        &old_tree,
-        &[&merged],
-    )?;
-    running
-        .ctx
-        .events
-        .send(controller::Event::Reconcile)
-        .await?;
+    let revert = revert(&running, &origin, main, good).await?;
     until(&s, &running, "the rollout to pause on the revert", || {
-        git2::Repository::open_bare(&origin)
-            .ok()
-            .and_then(|r| notes::read(&r, good).ok())
-            .is_some_and(|recs| {
-                recs.iter().any(|n| {
-                    n.kind == RecordKind::Rollout
-                        && n.state == "paused"
-                        && format!("{:?}", n).contains("ichor never downgrades")
-                })
-            })
+        note_has(&origin, good, RecordKind::Rollout, "paused")
+            && note_says(&origin, good, RecordKind::Rollout, "ichor never downgrades")
     })
     .await?;
     assert!(
-        notes::read(&repo, revert)?
-            .iter()
-            .any(|n| n.kind == RecordKind::Ack),
+        note_says(&origin, revert, RecordKind::Ack, "ichor never downgrades"),
         "the revert is answered on its commit"
     );
     running.shutdown().await;
