@@ -255,7 +255,10 @@ pub async fn observe(
         (None, _) => None,
     };
     let talos_nodes = match (talos, &nodes) {
-        (Some(t), Ok(ns)) => Some(Ok(observe_trap_nodes(t, ns).await)),
+        (Some(t), Ok(ns)) => {
+            let view = etcd.as_ref().and_then(|e| e.as_ref().ok());
+            Some(Ok(observe_trap_nodes(t, ns, view).await))
+        }
         (Some(_), Err(e)) => Some(Err(format!("no node list to find the nodes: {e}"))),
         (None, _) => None,
     };
@@ -273,14 +276,25 @@ pub async fn observe(
 }
 
 /// Each node's running Talos, machine configuration, boot loader and (control planes) etcd,
-/// read over the Talos API; every fact carries its own error.
-pub async fn observe_trap_nodes(talos: &TalosClient, nodes: &[LiveNode]) -> Vec<TrapNode> {
+/// read over the Talos API; every fact carries its own error. A control plane's etcd
+/// version comes from `etcd`'s statuses when they were read already.
+pub async fn observe_trap_nodes(
+    talos: &TalosClient,
+    nodes: &[LiveNode],
+    etcd: Option<&EtcdView>,
+) -> Vec<TrapNode> {
     let opts = CallOptions::default();
     let one = |n: &LiveNode| {
         let addr = n.internal_ip.clone().unwrap_or_else(|| n.name.clone());
         let control_plane = n.role == Role::Controlplane;
         let listed = n.talos.clone();
         let name = n.name.clone();
+        let known = etcd.and_then(|v| {
+            v.statuses
+                .iter()
+                .find(|(cp, _)| *cp == n.name)
+                .map(|(_, st)| st.clone())
+        });
         async move {
             let s = |e: crate::talos::TalosError| e.to_string();
             // The Version reply is what decides ichor's upgrade API; the Node's osImage is
@@ -307,10 +321,14 @@ pub async fn observe_trap_nodes(talos: &TalosClient, nodes: &[LiveNode]) -> Vec<
             };
             let booted_with_uki = talos.booted_with_uki(&addr, opts).await.map_err(s);
             let etcd = if control_plane {
-                Some(match talos.etcd_server_version(&addr, opts).await {
-                    Ok(v) => Version::parse(&v).map_err(|e| format!("etcd version `{v}`: {e}")),
-                    Err(e) => Err(s(e)),
-                })
+                let status = match known {
+                    Some(st) => st,
+                    None => talos.etcd_status(&addr, opts).await.map_err(s),
+                };
+                Some(status.and_then(|st| match st.version.as_str() {
+                    "" => Err("no etcd version in the member status".to_string()),
+                    v => Version::parse(v).map_err(|e| format!("etcd version `{v}`: {e}")),
+                }))
             } else {
                 None
             };
@@ -1169,6 +1187,7 @@ mod tests {
             leader: 1,
             is_learner: false,
             errors: vec![],
+            version: String::new(),
         };
         let one = EtcdView {
             members: vec![member(1, "cp-1", false)],
@@ -1213,6 +1232,7 @@ mod tests {
             leader: 1,
             is_learner: false,
             errors: vec![],
+            version: String::new(),
         };
         // Four members, three machines: with one of them down, 2 of 4 is no quorum.
         let view = EtcdView {

@@ -50,7 +50,12 @@ impl Run<'_, '_> {
         if !self.engine.policy.accept_single_node_downtime {
             return Ok(false);
         }
-        Ok(self.live_nodes(StageId::Talos).await?.len() == 1)
+        Ok(self.in_place_among(&self.live_nodes(StageId::Talos).await?))
+    }
+
+    /// [`Self::in_place`] judged from a node list already read.
+    fn in_place_among(&self, nodes: &[LiveNode]) -> bool {
+        self.engine.policy.accept_single_node_downtime && nodes.len() == 1
     }
 
     /// On a single-node cluster the drain evicts everything with nowhere to go, ichor
@@ -275,11 +280,9 @@ impl Run<'_, '_> {
             },
             None => None,
         };
-        let live = self
-            .live_nodes(stage)
-            .await?
-            .into_iter()
-            .find(|n| n.name == node.name);
+        let nodes = self.live_nodes(stage).await?;
+        let in_place = self.in_place_among(&nodes);
+        let live = nodes.into_iter().find(|n| n.name == node.name);
         let name = node.name.as_str();
         let pods = self
             .kube(stage, Some(name), "list the node's pods", || {
@@ -329,7 +332,7 @@ impl Run<'_, '_> {
             cordoned: live.as_ref().is_some_and(|n| n.cordoned),
             cordoned_by_ichor: live.as_ref().is_some_and(|n| self.ours(n)),
             pods_to_move: pods,
-            in_place: self.in_place().await?,
+            in_place,
             unprotected_volumes: unprotected,
             attachments,
             degraded_volumes: degraded,

@@ -256,6 +256,10 @@ pub struct EtcdStatus {
     pub leader: u64,
     pub is_learner: bool,
     pub errors: Vec<String>,
+    /// The etcd server's version: Talos fills `protocol_version` from etcd's own status
+    /// reply (siderolabs/talos internal/app/machined/internal/server/v1alpha1/
+    /// v1alpha1_server.go `EtcdStatus` at v1.13.9). Empty when the node did not say.
+    pub version: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -742,6 +746,7 @@ impl TalosClient {
             leader: s.leader,
             is_learner: s.is_learner,
             errors: s.errors,
+            version: crate::releaseset::excerpt(s.protocol_version.trim(), 60),
         })
     }
 
@@ -1282,39 +1287,6 @@ impl TalosClient {
         let yaml = String::from_utf8(decoded.yaml_marshalled)
             .map_err(|_| reply(node, "cosi Get", "machine configuration is not UTF-8"))?;
         Ok(Some(MachineConfig { yaml, version }))
-    }
-
-    /// The etcd server version a control plane runs, as its EtcdStatus reports it: Talos
-    /// fills `protocol_version` from etcd's own status reply, the server's version
-    /// (siderolabs/talos internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go
-    /// `EtcdStatus` at v1.13.9).
-    pub async fn etcd_server_version(
-        &self,
-        node: &str,
-        opts: CallOptions<'_>,
-    ) -> Result<String, TalosError> {
-        let r = self
-            .call(node, "EtcdStatus", opts, |c| async move {
-                Self::machine(c)
-                    .etcd_status(self.request((), node, opts.deadline)?)
-                    .await
-            })
-            .await?
-            .into_inner();
-        let msg = first(r.messages, node, "EtcdStatus")?;
-        node_error(msg.metadata.as_ref(), node, "EtcdStatus")?;
-        let version = msg
-            .member_status
-            .map(|s| s.protocol_version)
-            .unwrap_or_default();
-        if version.trim().is_empty() {
-            return Err(reply(
-                node,
-                "EtcdStatus",
-                "no etcd version in the member status",
-            ));
-        }
-        Ok(crate::releaseset::excerpt(version.trim(), 60))
     }
 
     /// Whether the node booted a UKI through systemd-boot (`Some(true)`) or not — GRUB

@@ -233,8 +233,9 @@ async fn an_etcd_older_than_3_6_blocks_the_move_to_talos_1_14() -> TestResult {
     )?;
     assert_eq!(
         l.talos
-            .etcd_server_version("10.0.10.12", CallOptions::default())
-            .await?,
+            .etcd_status("10.0.10.12", CallOptions::default())
+            .await?
+            .version,
         "3.5.21"
     );
     let items = judge(&l, &to_1_14).await;

@@ -798,6 +798,30 @@ fn manifest_resources(m: &TalosCluster, node: usize) -> Vec<cosi::Resource> {
         .collect()
 }
 
+/// The metadata of a `runtime` resource a machined controller owns, created and updated
+/// `at` (the twin makes them afresh on each read).
+fn runtime_metadata(
+    kind: &str,
+    id: &str,
+    version: &str,
+    owner: &str,
+    at: prost_types::Timestamp,
+) -> cosi::Metadata {
+    cosi::Metadata {
+        namespace: "runtime".into(),
+        r#type: kind.into(),
+        id: id.into(),
+        version: version.into(),
+        owner: owner.into(),
+        phase: "running".into(),
+        created: Some(at),
+        updated: Some(at),
+        finalizers: Vec::new(),
+        labels: Default::default(),
+        annotations: Default::default(),
+    }
+}
+
 const VERSION_TYPE: &str = "Versions.runtime.talos.dev";
 
 /// `talos.resource.definitions.runtime.VersionSpec`.
@@ -814,19 +838,13 @@ fn version_resource(m: &TalosCluster, node: usize) -> cosi::Resource {
     let tag = m.node(node).talos_version.clone();
     let at = timestamp(m.now());
     cosi::Resource {
-        metadata: Some(cosi::Metadata {
-            namespace: "runtime".into(),
-            r#type: VERSION_TYPE.into(),
-            id: "version".into(),
-            version: "1".into(),
-            owner: "runtime.VersionController".into(),
-            phase: "running".into(),
-            created: Some(at),
-            updated: Some(at),
-            finalizers: Vec::new(),
-            labels: Default::default(),
-            annotations: Default::default(),
-        }),
+        metadata: Some(runtime_metadata(
+            VERSION_TYPE,
+            "version",
+            "1",
+            "runtime.VersionController",
+            at,
+        )),
         spec: Some(cosi::Spec {
             yaml_spec: format!("version: {}\n", yaml_scalar(&tag)),
             proto_spec: VersionSpec { version: tag }.encode_to_vec(),
@@ -851,19 +869,13 @@ fn security_state_resource(m: &TalosCluster, node: usize) -> cosi::Resource {
     let uki = m.node(node).booted_with_uki;
     let at = timestamp(m.now());
     cosi::Resource {
-        metadata: Some(cosi::Metadata {
-            namespace: "runtime".into(),
-            r#type: SECURITY_STATE_TYPE.into(),
-            id: "securitystate".into(),
-            version: "1".into(),
-            owner: "runtime.SecurityStateController".into(),
-            phase: "running".into(),
-            created: Some(at),
-            updated: Some(at),
-            finalizers: Vec::new(),
-            labels: Default::default(),
-            annotations: Default::default(),
-        }),
+        metadata: Some(runtime_metadata(
+            SECURITY_STATE_TYPE,
+            "securitystate",
+            "1",
+            "runtime.SecurityStateController",
+            at,
+        )),
         spec: Some(cosi::Spec {
             yaml_spec: if uki {
                 "bootedWithUKI: true\n".into()
@@ -898,19 +910,13 @@ fn machine_status_resource(m: &TalosCluster, node: usize) -> cosi::Resource {
     };
     let at = timestamp(m.now());
     cosi::Resource {
-        metadata: Some(cosi::Metadata {
-            namespace: "runtime".into(),
-            r#type: MACHINE_STATUS_TYPE.into(),
-            id: "machine".into(),
-            version: n.config_version.to_string(),
-            owner: "runtime.MachineStatusController".into(),
-            phase: "running".into(),
-            created: Some(at),
-            updated: Some(at),
-            finalizers: Vec::new(),
-            labels: Default::default(),
-            annotations: Default::default(),
-        }),
+        metadata: Some(runtime_metadata(
+            MACHINE_STATUS_TYPE,
+            "machine",
+            &n.config_version.to_string(),
+            "runtime.MachineStatusController",
+            at,
+        )),
         spec: Some(cosi::Spec {
             proto_spec: Vec::new(),
             yaml_spec: format!(
