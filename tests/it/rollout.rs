@@ -896,7 +896,7 @@ async fn killed_at_every_step_boundary_and_mid_step_it_still_finishes_safely() -
     let mut points: BTreeSet<String> = BTreeSet::new();
     let mut kills = 0usize;
     let known: RefCell<BTreeSet<String>> = RefCell::new(BTreeSet::new());
-    let outcome = loop {
+    let (outcome, last_said) = loop {
         let said = Mutex::new(Vec::<String>::new());
         let notify = tokio::sync::Notify::new();
         let report = |p: Progress| {
@@ -957,7 +957,7 @@ async fn killed_at_every_step_boundary_and_mid_step_it_still_finishes_safely() -
             .cloned();
         known.borrow_mut().extend(said.iter().cloned());
         match r {
-            Some(r) => break r?,
+            Some(r) => break (r?, said),
             None => {
                 kills += 1;
                 let last = last_fresh
@@ -976,7 +976,8 @@ async fn killed_at_every_step_boundary_and_mid_step_it_still_finishes_safely() -
     assert!(seen.is_empty(), "invariants broken: {seen:?}");
     assert!(
         matches!(outcome, RunOutcome::Completed { .. }),
-        "{outcome:?}"
+        "after {kills} kills: {outcome:?}\nthe last run said:\n{}",
+        last_said.join("\n")
     );
     eprintln!("{kills} kills at {} distinct points", points.len());
     assert!(
