@@ -162,7 +162,7 @@ pub fn talos_node(
         None => {
             if timed_out {
                 StepState::Failed(format!(
-                    "the node has not answered the Talos API for {}s after its upgrade began (node timeout {}s): it may not have come back",
+                    "the node has not answered the Talos API for {}s after its upgrade began (node timeout {}s): it may not have come back; /ichor retry cannot bring it back — reach its console or power-cycle it, and once its Talos API answers, /ichor retry carries on",
                     elapsed.as_secs(),
                     node_timeout.as_secs()
                 ))
@@ -182,7 +182,7 @@ pub fn talos_node(
                 matches!((&marker.boot_id_before, &obs.boot_id), (Some(b), Some(n)) if b != n);
             if marker.upgrade_requested && rebooted {
                 return StepState::Failed(format!(
-                    "the node rebooted but reports Talos {}, not {target}: the installer did not take",
+                    "the node rebooted but reports Talos {}, not {target}: the installer did not take and Talos booted its previous installation (A/B fallback); /ichor retry would only see the same boot — fix the cause (the installer image, its extensions or kernel arguments) in a commit, or upgrade the node by hand; once it reports {target}, /ichor retry carries on",
                     obs.talos.as_deref().unwrap_or("?")
                 ));
             }
@@ -194,7 +194,7 @@ pub fn talos_node(
             if marker.upgrade_requested {
                 return if timed_out {
                     StepState::Failed(format!(
-                        "the upgrade was requested {}s ago and the node has not rebooted (node timeout {}s)",
+                        "the upgrade was requested {}s ago and the node has not rebooted (node timeout {}s): its installer may be stuck; /ichor retry waits again without asking again — look at the node (`talosctl -n <node> dmesg`), upgrade or reboot it by hand; once it reports {target}, /ichor retry carries on",
                         elapsed.as_secs(),
                         node_timeout.as_secs()
                     ))
@@ -310,6 +310,45 @@ mod tests {
             talos_node(&target, &back, &m, Timestamp(2), T),
             StepState::Done
         );
+    }
+
+    #[test]
+    fn failures_retry_cannot_fix_say_what_will() {
+        let target = Version::parse("v1.12.9").unwrap();
+        let m = StepMarker {
+            started_at: Some(Timestamp(0)),
+            boot_id_before: Some("a".into()),
+            pre_pulled: true,
+            upgrade_requested: true,
+            upgrade_confirmed: true,
+            ..Default::default()
+        };
+        let late = Timestamp(0).plus(T + Duration::from_secs(1));
+        let says = |o: &NodeObservation, at: Timestamp| match talos_node(&target, o, &m, at, T) {
+            StepState::Failed(why) => why,
+            other => panic!("expected a failure, got {other:?}"),
+        };
+        // A/B fallback: a new boot on the old version.
+        let fell_back = says(
+            &obs(Some("v1.12.6"), Some("b"), true, true, 0),
+            Timestamp(1),
+        );
+        assert!(fell_back.contains("A/B fallback"), "{fell_back}");
+        assert!(
+            fell_back.contains("/ichor retry would only see"),
+            "{fell_back}"
+        );
+        assert!(fell_back.contains("once it reports v1.12.9"), "{fell_back}");
+        // Never rebooted: the same boot past the node timeout.
+        let stuck = says(&obs(Some("v1.12.6"), Some("a"), true, true, 0), late);
+        assert!(
+            stuck.contains("waits again without asking again"),
+            "{stuck}"
+        );
+        assert!(stuck.contains("once it reports v1.12.9"), "{stuck}");
+        // Never came back: silent past the node timeout.
+        let gone = says(&obs(None, None, false, true, 0), late);
+        assert!(gone.contains("/ichor retry cannot bring it back"), "{gone}");
     }
 
     #[test]

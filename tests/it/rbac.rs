@@ -88,10 +88,20 @@ async fn deployed(s: &Setup, dir: &Path) -> Result<PathBuf, Error> {
     ] {
         assert!(applied.contains(object), "{applied}");
     }
+    // A day, not the TokenRequest default of an hour: the rollout's simulated time runs past
+    // an hour on a loaded machine, and a token in a kubeconfig is not refreshed (in the
+    // cluster the kubelet refreshes the projected token file ichor reads).
     let token = kubectl(
         admin,
         &cache,
-        &["create", "token", "ichor", "-n", "ichor-system"],
+        &[
+            "create",
+            "token",
+            "ichor",
+            "-n",
+            "ichor-system",
+            "--duration=24h",
+        ],
         None,
     )
     .await?;
