@@ -249,10 +249,13 @@ fn main() -> ExitCode {
     let controller = matches!(cli.command, Command::Run { .. });
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| if controller { "info" } else { "warn" }.into());
+    // Colours only for a person at a terminal, never into a pipe or a log file.
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(terminal)
         .with_writer(std::io::stderr);
-    if controller && !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+    if controller && !terminal {
         fmt.json().init();
     } else {
         fmt.init();

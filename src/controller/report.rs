@@ -69,7 +69,7 @@ pub fn rollout_state(section: &RolloutSection) -> StatusState {
     use comment::RolloutState::*;
     match section.state {
         Queued(_) | Running { .. } => StatusState::Pending,
-        Paused { .. } | Refused(_) => StatusState::Failure,
+        Paused { .. } | Refused(_) | Superseded(_) => StatusState::Failure,
         Completed { .. } => StatusState::Success,
     }
 }
@@ -154,11 +154,14 @@ impl Reporters {
             comment::RolloutState::Running { .. } => "running",
             comment::RolloutState::Paused { .. } => "paused",
             comment::RolloutState::Refused(_) => "refused",
+            comment::RolloutState::Superseded(_) => "superseded",
             comment::RolloutState::Completed { .. } => "completed",
         };
         let detail = match &r.section.state {
             comment::RolloutState::Paused { reason, .. } => Some(reason.clone()),
-            comment::RolloutState::Refused(why) => Some(why.clone()),
+            comment::RolloutState::Refused(why) | comment::RolloutState::Superseded(why) => {
+                Some(why.clone())
+            }
             _ => None,
         };
         let record = NoteRecord {

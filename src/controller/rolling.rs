@@ -602,6 +602,48 @@ async fn execute(
             .load(Ordering::Relaxed)
             .then(|| format!("{GIT_PAUSE_REASON}; set it to false to continue"))
     };
+    // A newer merge never replaces a paused rollout silently: both PRs say so (once the
+    // pre-flight gate let this one start, so a refused merge supersedes nothing).
+    if let Some((old, paused)) = superseded_rollout(cluster, &rep.commit, resume).await {
+        let old_pr = find_pull(ctx, &old).await;
+        let of_pr = |pr: Option<u64>| pr.map(|n| format!(" (PR #{n})")).unwrap_or_default();
+        let short = |c: &str| crate::releaseset::excerpt(c, 12);
+        rep.line(format!(
+            "supersedes the rollout of {}{}, {paused}; this one carries on from where that one stopped",
+            short(&old),
+            of_pr(old_pr)
+        ));
+        rep.send().await;
+        let sticky = match old_pr {
+            Some(n) => ctx
+                .state
+                .lock()
+                .await
+                .stickies
+                .get(&(n, cluster.name.clone()))
+                .cloned(),
+            None => None,
+        };
+        Reporting {
+            ctx: ctx.clone(),
+            cluster: cluster.name.clone(),
+            commit: old.clone(),
+            pr: old_pr,
+            sticky,
+            several: rep.several,
+            section: Mutex::new(RolloutSection {
+                commit: old.clone(),
+                state: RolloutState::Superseded(format!(
+                    "by the rollout of {}{}, merged while this one was {paused}",
+                    short(&rep.commit),
+                    of_pr(rep.pr)
+                )),
+                lines: vec![],
+            }),
+        }
+        .send()
+        .await;
+    }
     let outcome = {
         let mut engine = Rollout::new(kube, talos, ctx.clock.clone(), &cluster.name, &ctx.identity)
             .for_cluster(&doc);
@@ -636,6 +678,37 @@ async fn execute(
         ),
         RunOutcome::Refused(why) => (RolloutState::Queued(why), "locked"),
     })
+}
+
+/// The paused rollout of another commit that a new (not resumed) rollout of `commit` takes
+/// over: that commit, and where and why it paused.
+async fn superseded_rollout(
+    cluster: &ClusterRuntime,
+    commit: &str,
+    resume: bool,
+) -> Option<(String, String)> {
+    if resume {
+        return None;
+    }
+    let kube = cluster.kube.as_ref()?;
+    let stored = record::load(kube, &cluster.name).await.ok()??;
+    let r = &stored.record;
+    if r.state != RecordState::Paused || r.target.commit == commit {
+        return None;
+    }
+    let paused = match &r.pause {
+        Some(p) => format!(
+            "paused in {}{}: {}",
+            p.stage,
+            p.node
+                .as_deref()
+                .map(|n| format!(" at {n}"))
+                .unwrap_or_default(),
+            crate::releaseset::excerpt(&p.reason, 300)
+        ),
+        None => "paused".to_string(),
+    };
+    Some((r.target.commit.clone(), paused))
 }
 
 /// Whether `cluster`'s last rollout is paused for a human, and at which commit.

@@ -93,6 +93,8 @@ pub enum RolloutState {
     },
     /// The pre-flight (live) gate refused after merge: nothing was changed.
     Refused(String),
+    /// Paused, then a newer merge took over from where this one stopped.
+    Superseded(String),
     Completed {
         summary: String,
     },
@@ -114,6 +116,7 @@ impl RolloutState {
                     .unwrap_or_default()
             ),
             RolloutState::Refused(why) => format!("refused: {why}"),
+            RolloutState::Superseded(by) => format!("superseded: {by}"),
             RolloutState::Completed { summary } => format!("done: {summary}"),
         })
     }
@@ -201,6 +204,10 @@ fn render_rollout(cluster: &str, r: &RolloutSection) -> String {
         RolloutState::Refused(why) => out.push_str(&format!(
             "> [!WARNING]\n> **Not rolled out**: {}\n>\n> Nothing on the cluster was changed.\n\n",
             md(why)
+        )),
+        RolloutState::Superseded(by) => out.push_str(&format!(
+            "⏭️ **Superseded**: {}\n\nThis rollout stopped where it paused; the newer one carries on from there.\n\n",
+            md(by)
         )),
         RolloutState::Completed { summary } => {
             out.push_str(&format!("✅ **Done**: {}\n\n", md(summary)))

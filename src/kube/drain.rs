@@ -351,9 +351,12 @@ impl KubeClient {
         let deadline = started.plus(timeout);
         let mut evicted: Vec<String> = Vec::new();
         let mut backoff = BACKOFF_FIRST;
-        let refused: Vec<(String, String)> = self
-            .pods_on(node)
-            .await?
+        let first = self.pods_on(node).await?;
+        // What was on the node when the drain began: anything else found later was put
+        // back after an eviction.
+        let initial: std::collections::HashSet<String> =
+            first.iter().map(|p| p.to_string()).collect();
+        let refused: Vec<(String, String)> = first
             .iter()
             .filter_map(|p| {
                 options
@@ -405,14 +408,15 @@ impl KubeClient {
                 let (pod, budget, message) = blocked.unwrap_or_else(|| {
                     // No budget in the way: pods still terminating, or pods a controller put
                     // back on the node after their eviction. Named, either way.
-                    let named = |term: bool| -> Vec<String> {
+                    let named = |back: bool| -> Vec<String> {
                         pods.iter()
-                            .filter(|p| p.terminating == term)
+                            .filter(|p| !initial.contains(&p.to_string()) == back)
+                            .filter(|p| back || p.terminating)
                             .take(5)
                             .map(|p| p.to_string())
                             .collect()
                     };
-                    let (terminating, back) = (named(true), named(false));
+                    let (terminating, back) = (named(false), named(true));
                     let mut why = Vec::new();
                     if !terminating.is_empty() {
                         why.push(format!("still terminating: {}", terminating.join(", ")));

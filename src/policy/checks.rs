@@ -1189,6 +1189,9 @@ pub struct TrapConfig {
     pub grub_builds_cmdline: bool,
     /// `.cluster.etcd.image`, when the configuration pins one.
     pub etcd_image: Option<String>,
+    /// The configuration deploys kube-proxy (`cluster.proxy.disabled` is not true, or
+    /// `KubeProxyConfig.enabled` is not false).
+    pub kube_proxy_enabled: bool,
 }
 
 /// ichor upgrades a node through LifecycleService/Upgrade once the node *runs* Talos 1.13 or
@@ -1335,6 +1338,79 @@ fn image_repository(image: &str) -> &str {
         Some((repo, tag)) if !tag.contains('/') => repo,
         _ => no_digest,
     }
+}
+
+/// Whether kube-proxy is where cluster.yaml says it is. The plan rolls kube-proxy unless
+/// `spec.cni.replacesKubeProxy`; Talos deploys it (renders its DaemonSet among the bootstrap
+/// manifests) unless the control planes' configuration disables it (`cluster.proxy.disabled`,
+/// `KubeProxyConfig.enabled`: pkg/machinery/config/types/v1alpha1/v1alpha1_types.go@v1.13.9).
+/// A CNI said to replace kube-proxy while Talos still deploys it leaves kube-proxy on the old
+/// version and both programming Services: a failure. The other way round the kube-proxy step
+/// finds nothing to roll: a warning. Only for a change that moves Kubernetes.
+pub fn kube_proxy(bump: &Bump, replaces: bool, nodes: &[TrapNode]) -> Option<CheckItem> {
+    let (k0, k1) = (&bump.base.spec.kubernetes, &bump.head.spec.kubernetes);
+    if k1 <= k0 {
+        return None;
+    }
+    let (id, title) = (
+        "live/kube-proxy",
+        "kube-proxy is deployed as cluster.yaml says",
+    );
+    const SOURCE: &str =
+        "siderolabs/talos pkg/machinery/config/types/v1alpha1/v1alpha1_types.go@v1.13.9";
+    let (mut deployed, mut disabled, mut unjudged) = (Vec::new(), Vec::new(), Vec::new());
+    for n in nodes.iter().filter(|n| n.control_plane) {
+        match &n.config {
+            Ok(c) if c.kube_proxy_enabled => deployed.push(n.name.as_str()),
+            Ok(_) => disabled.push(n.name.as_str()),
+            Err(e) => unjudged.push(format!("{} ({})", n.name, excerpt(e))),
+        }
+    }
+    let item =
+        |status: Status, message: String| CheckItem::new(id, title, status, message).source(SOURCE);
+    if replaces && !deployed.is_empty() {
+        return Some(
+            item(
+                Status::Fail,
+                format!(
+                    "cluster.yaml says spec.cni.replacesKubeProxy: true, so ichor would not move kube-proxy, but the machine configuration of {} deploys it (cluster.proxy.disabled is not true): kube-proxy would stay on Kubernetes {k0}",
+                    deployed.join(", ")
+                ),
+            )
+            .hint("disable kube-proxy on the control planes (cluster.proxy.disabled: true, or KubeProxyConfig enabled: false) or set spec.cni.replacesKubeProxy: false in cluster.yaml"),
+        );
+    }
+    if !unjudged.is_empty() {
+        return Some(
+            item(
+                Status::Wait,
+                format!(
+                    "cannot tell whether Talos deploys kube-proxy: could not read the machine configuration of {}",
+                    unjudged.join("; ")
+                ),
+            )
+            .hint("check the talosconfig (reading the machine configuration needs os:admin) and that the control planes answer"),
+        );
+    }
+    if !replaces && !disabled.is_empty() {
+        return Some(
+            item(
+                Status::Warn,
+                format!(
+                    "the machine configuration of {} disables kube-proxy, but cluster.yaml does not say spec.cni.replacesKubeProxy: the plan's kube-proxy step will find nothing to roll there",
+                    disabled.join(", ")
+                ),
+            )
+            .hint("set spec.cni.replacesKubeProxy: true in cluster.yaml when the CNI replaces kube-proxy"),
+        );
+    }
+    let message = if replaces {
+        "the CNI replaces kube-proxy and no control plane's configuration deploys it".to_string()
+    } else {
+        "every control plane's configuration deploys kube-proxy, which ichor moves with Kubernetes"
+            .to_string()
+    };
+    Some(item(Status::Pass, message))
 }
 
 /// etcd for the target Talos: a control plane whose etcd is older than the target's
@@ -2991,6 +3067,45 @@ mod tests {
         assert!(checked > 1000, "only {checked} hint versions checked");
     }
 
+    #[test]
+    fn kube_proxy_is_judged_from_the_control_planes_configuration() {
+        let bump = Bump::between(
+            &rs("1.11.5", "1.33.5", "cilium@1.18.4", &[]),
+            &rs("1.11.5", "1.34.1", "cilium@1.18.4", &[]),
+        );
+        let with = |enabled: bool| {
+            let mut n = trap("cp-1", true, "1.11.5");
+            if let Ok(c) = &mut n.config {
+                c.kube_proxy_enabled = enabled;
+            }
+            n
+        };
+        let worker = {
+            let mut n = trap("w-1", false, "1.11.5");
+            n.config = Err("not read".into());
+            n
+        };
+        let judged = |replaces: bool, nodes: &[TrapNode]| {
+            let i = kube_proxy(&bump, replaces, nodes).expect("a Kubernetes bump is judged");
+            (i.status, i.message)
+        };
+        assert_eq!(judged(false, &[with(true), worker.clone()]).0, Status::Pass);
+        assert_eq!(judged(true, &[with(false), worker.clone()]).0, Status::Pass);
+        let (s, m) = judged(true, &[with(true)]);
+        assert_eq!(s, Status::Fail, "{m}");
+        assert!(m.contains("cp-1") && m.contains("1.33.5"), "{m}");
+        assert_eq!(judged(false, &[with(false)]).0, Status::Warn);
+        let mut unread = with(true);
+        unread.config = Err("PermissionDenied".into());
+        assert_eq!(judged(false, &[unread]).0, Status::Wait);
+        // Talos-only bumps do not move kube-proxy.
+        let talos_only = Bump::between(
+            &rs("1.11.5", "1.33.5", "cilium@1.18.4", &[]),
+            &rs("1.11.6", "1.33.5", "cilium@1.18.4", &[]),
+        );
+        assert!(kube_proxy(&talos_only, true, &[with(true)]).is_none());
+    }
+
     fn trap(name: &str, control_plane: bool, talos: &str) -> TrapNode {
         TrapNode {
             name: name.into(),
@@ -3004,6 +3119,7 @@ mod tests {
                 extra_kernel_args: vec![],
                 grub_builds_cmdline: false,
                 etcd_image: None,
+                kube_proxy_enabled: true,
             }),
             booted_with_uki: Ok(Some(false)),
             etcd: control_plane.then(|| Ok(v("3.6.9"))),

@@ -8,8 +8,8 @@ mod data;
 mod verdict;
 
 pub use checks::{
-    etcd_version, evaluate, evaluate_with, extra_kernel_args, installer_images, kubelet_skew,
-    nodes_talos, Context, TrapConfig, TrapNode,
+    etcd_version, evaluate, evaluate_with, extra_kernel_args, installer_images, kube_proxy,
+    kubelet_skew, nodes_talos, Context, TrapConfig, TrapNode,
 };
 pub use data::*;
 pub use verdict::{CheckItem, Counts, Outcome, Status, Verdict};

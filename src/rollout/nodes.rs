@@ -45,15 +45,7 @@ impl Run<'_, '_> {
     }
 
     /// A single-node cluster whose cluster.yaml accepts the downtime: its node is upgraded
-    /// in place, without cordon or drain.
-    pub(super) async fn in_place(&self) -> Flow<bool> {
-        if !self.engine.policy.accept_single_node_downtime {
-            return Ok(false);
-        }
-        Ok(self.in_place_among(&self.live_nodes(StageId::Talos).await?))
-    }
-
-    /// [`Self::in_place`] judged from a node list already read.
+    /// in place, without cordon or drain (judged from a node list already read).
     fn in_place_among(&self, nodes: &[LiveNode]) -> bool {
         self.engine.policy.accept_single_node_downtime && nodes.len() == 1
     }
@@ -211,18 +203,24 @@ impl Run<'_, '_> {
             .map(|n| n.name.as_str())
             .collect();
         let volumes = self.volumes(stage).await?;
+        // Never two holders of one volume down: another replica on a node that is out
+        // (a batch peer included, never counted as "elsewhere") holds this node.
         let exposed: Vec<String> = volumes
             .iter()
             .filter(|v| !v.single_replica && v.nodes.contains(&node.name))
-            .filter(|v| {
-                let others: Vec<&String> = v.nodes.iter().filter(|n| **n != node.name).collect();
-                !others.is_empty() && others.iter().all(|n| down.contains(n.as_str()))
+            .filter_map(|v| {
+                let out: Vec<&str> = v
+                    .nodes
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|n| *n != node.name && down.contains(n))
+                    .collect();
+                (!out.is_empty()).then(|| format!("{} (also on {})", v.name, out.join(", ")))
             })
-            .map(|v| v.name.clone())
             .collect();
         if !exposed.is_empty() {
             return Ok(Some(format!(
-                "{} waits: {} would have every replica on a node that is down, cordoned or upgrading",
+                "{} waits: {} would have a second replica on a node that is down, cordoned or upgrading",
                 node.name,
                 super::step::plural_list("volume", &exposed)
             )));
@@ -449,12 +447,14 @@ impl Run<'_, '_> {
             } => Err(self.pause(
                 stage,
                 Some(name),
-                format!(
-                    "the drain waited {waited_secs}s on {pod}{}: {message}; ichor never deletes or forces a pod — let the budget allow it (scale up, or fix the unhealthy replica), then resume",
-                    budget
-                        .map(|b| format!(" (PodDisruptionBudget {b})"))
-                        .unwrap_or_default()
-                ),
+                match budget {
+                    Some(b) => format!(
+                        "the drain waited {waited_secs}s on {pod} (PodDisruptionBudget {b}): {message}; ichor never deletes or forces a pod — let the budget allow it (scale up, or fix the unhealthy replica), then resume"
+                    ),
+                    None => format!(
+                        "the drain waited {waited_secs}s on {pod}: {message}; ichor never deletes or forces a pod — stop what puts pods back on the cordoned node (a toleration of node.kubernetes.io/unschedulable, a node pinning) or let them finish terminating, then resume"
+                    ),
+                },
             )),
         }
     }

@@ -87,10 +87,12 @@ pub enum Action {
     Uncordon,
 }
 
+/// Every step's one shape: what to do next, from what is observed now. `A` is the step's
+/// own actions ([`Action`] for a Talos node).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StepState {
+pub enum StepState<A = Action> {
     Done,
-    Act(Action),
+    Act(A),
     /// Waiting for the node to get somewhere by itself; the text says where.
     Settling(String),
     /// Stop for a human: what was observed, for how long, what would unblock it.

@@ -597,6 +597,12 @@ impl Twin {
             None => None,
         };
         let talos = Arc::new(TalosTwin::start(clock.clone(), nodes, state_dir, topts).await?);
+        // The machines are configured as the cluster folder says the CNI runs.
+        if folder.cluster.spec.cni.replaces_kube_proxy {
+            talos
+                .with_model(|m| m.disable_kube_proxy())
+                .map_err(|e| SimError::Spec(format!("spec.cni.replacesKubeProxy: {e}")))?;
+        }
         if !f.staged_config.is_empty() {
             let staged = f.staged_config.clone();
             talos

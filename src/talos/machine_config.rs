@@ -433,6 +433,34 @@ pub fn install_settings(config: &str) -> Result<InstallSettings, String> {
     Ok(out)
 }
 
+/// Whether the configuration deploys kube-proxy: the v1alpha1 `cluster.proxy.disabled`
+/// (pkg/machinery/config/types/v1alpha1/v1alpha1_types.go `ProxyConfig.Disabled`, default
+/// false) or, in the multi-document form, `KubeProxyConfig.enabled` (default true). Talos
+/// renders the kube-proxy DaemonSet among the bootstrap manifests only when it is deployed.
+pub fn kube_proxy_enabled(config: &str) -> Result<bool, String> {
+    let docs = documents(config).map_err(|e| e.to_string())?;
+    if let Some(doc) = docs.iter().find(|d| kind_of(d) == Some("KubeProxyConfig")) {
+        return match doc.get("enabled") {
+            None | Some(Value::Null) => Ok(true),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err("KubeProxyConfig.enabled is not a boolean".into()),
+        };
+    }
+    let v1 = docs
+        .iter()
+        .find(|d| is_v1alpha1(d))
+        .ok_or_else(|| EditError::NoV1alpha1.to_string())?;
+    match v1
+        .get("cluster")
+        .and_then(|c| c.get("proxy"))
+        .and_then(|p| p.get("disabled"))
+    {
+        None | Some(Value::Null) => Ok(true),
+        Some(Value::Bool(b)) => Ok(!*b),
+        Some(_) => Err("cluster.proxy.disabled is not a boolean".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -489,6 +517,21 @@ cluster:
         assert!(
             e.yaml.contains("installer:v1.12.6"),
             "the installer is not a component image"
+        );
+    }
+
+    #[test]
+    fn kube_proxy_is_deployed_unless_the_configuration_says_otherwise() {
+        assert_eq!(kube_proxy_enabled(LEGACY), Ok(true));
+        let off = LEGACY.replace("  proxy:\n", "  proxy:\n    disabled: true\n");
+        assert_eq!(kube_proxy_enabled(&off), Ok(false));
+        let odd = LEGACY.replace("  proxy:\n", "  proxy:\n    disabled: maybe\n");
+        assert!(kube_proxy_enabled(&odd).is_err_and(|e| e.contains("cluster.proxy.disabled")));
+        let multi = "version: v1alpha1\nmachine:\n  type: controlplane\n---\napiVersion: v1alpha1\nkind: KubeProxyConfig\nimage: registry.k8s.io/kube-proxy:v1.33.5\n";
+        assert_eq!(kube_proxy_enabled(multi), Ok(true));
+        assert_eq!(
+            kube_proxy_enabled(&format!("{multi}enabled: false\n")),
+            Ok(false)
         );
     }
 

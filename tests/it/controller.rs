@@ -278,6 +278,8 @@ pub struct Hub {
     pub s: Setup,
     pub gh: GithubTwin,
     pub dir: tempfile::TempDir,
+    /// The emulator's repository on disk.
+    pub origin: PathBuf,
 }
 
 impl Hub {
@@ -290,7 +292,7 @@ impl Hub {
             GithubTwinConfig {
                 repos: vec![RepoSpec {
                     full_name: REPO.into(),
-                    path: origin,
+                    path: origin.clone(),
                     default_branch: "main".into(),
                 }],
                 ..GithubTwinConfig::default()
@@ -299,7 +301,7 @@ impl Hub {
         .await?;
         std::fs::write(dir.path().join("token"), format!("{}\n", gh.token()))?;
         std::fs::write(dir.path().join("secret"), SECRET)?;
-        Ok(Hub { s, gh, dir })
+        Ok(Hub { s, gh, dir, origin })
     }
 
     pub fn config(&self, name: &str) -> Result<Config, Error> {
@@ -566,6 +568,88 @@ async fn a_merge_rolls_out_a_pause_shows_its_cause_and_retry_resumes_it() -> Tes
     assert!(m
         .render()
         .contains("ichor_rollout_stage_seconds_count{stage=\"talos\"}"));
+    running.shutdown().await;
+    Ok(())
+}
+
+/// Item 14 of the safety issue: a newer merge over a paused rollout is acknowledged on both
+/// PRs. The first PR's comment and its merge commit's status say it was superseded and by
+/// what; the second PR's comment says what it took over, where that one had paused and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_merge_over_a_paused_rollout_is_acknowledged_on_both_prs() -> TestResult {
+    let hub = Hub::start().await?;
+    let pdb_name = hub.s.first_pdb()?;
+    hub.s
+        .post_faults(serde_json::json!({"pdbsNeverAllow": [pdb_name]}))
+        .await?;
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the gate", || {
+        is(
+            &hub.status(&pr.head_sha, "ichor/gate"),
+            StatusState::Success,
+        )
+    })
+    .await?;
+    let merge = hub.gh.merge_pull_request(REPO, pr.number, "mara").await?;
+    until(&hub.s, &running, "the pause", || {
+        hub.sticky(pr.number).join("").contains("**Paused**")
+    })
+    .await?;
+
+    // Renovate's next Talos patch, on top of the paused merge, merged too.
+    let next = "renovate/talos-next";
+    {
+        let repo = git2::Repository::open_bare(&hub.origin)?;
+        let base = repo.find_commit(git2::Oid::from_str(&merge)?)?;
+        let path = "clusters/homelab/release-set.yaml";
+        let entry = base.tree()?.get_path(Path::new(path))?;
+        let text = std::str::from_utf8(repo.find_blob(entry.id())?.content())?
+            .replace("talos: v1.12.9", "talos: v1.12.10");
+        assert!(text.contains("talos: v1.12.10"), "{text}");
+        let blob = repo.blob(text.as_bytes())?;
+        let mut b = git2::build::TreeUpdateBuilder::new();
+        b.upsert(path, blob, git2::FileMode::Blob);
+        let tree = repo.find_tree(b.create_updated(&repo, &base.tree()?)?)?;
+        let sig = git2::Signature::now("renovate", "bot@renovateapp.com")?;
+        repo.commit(
+            Some(&format!("refs/heads/{next}")),
+            &sig,
+            &sig,
+            "fix(deps): update talos ( v1.12.9 → v1.12.10 )\n",
+            &tree,
+            &[&base],
+        )?;
+    }
+    let pr2 = hub.open(next).await?;
+    let merge2 = hub.gh.merge_pull_request(REPO, pr2.number, "mara").await?;
+    until(&hub.s, &running, "both acknowledgements", || {
+        hub.sticky(pr.number).join("").contains("**Superseded**")
+            && hub
+                .sticky(pr2.number)
+                .join("")
+                .contains("supersedes the rollout of")
+    })
+    .await?;
+    let old = hub.sticky(pr.number).join("");
+    let short2 = merge2.get(..12).ok_or("a short sha")?;
+    assert!(
+        old.contains(short2) && old.contains(&format!("PR #{}", pr2.number)),
+        "{old}"
+    );
+    let status = hub.status(&merge, "ichor/rollout").ok_or("no status")?;
+    assert!(
+        status
+            .description
+            .as_deref()
+            .is_some_and(|d| d.starts_with("superseded: ")),
+        "{status:?}"
+    );
+    let new = hub.sticky(pr2.number).join("");
+    assert!(
+        new.contains(&format!("PR #{}", pr.number)) && new.contains("PodDisruptionBudget"),
+        "{new}"
+    );
     running.shutdown().await;
     Ok(())
 }

@@ -777,3 +777,80 @@ async fn a_daemonset_is_not_rolled_out_until_its_status_observed_the_new_generat
     assert!(later.observed, "{later:?}");
     Ok(())
 }
+
+/// ADR 0057 pre-check 5: a failed `/metrics` scrape is recorded as Unknown, a warning, never
+/// a wait. The identity here may read every object but no non-resource URL, so the twin's RBAC
+/// answers the scrape with the apiserver's 403, as a real cluster does for a Role without
+/// `nonResourceURLs: [/metrics]`.
+#[tokio::test]
+async fn an_unreadable_metrics_endpoint_is_unknown_a_warning_never_a_wait() -> TestResult {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use kube::api::{Api, PostParams};
+
+    let l = start(TwinConfig::default()).await?;
+    let admin = kube_client(&l).await?;
+    let pp = PostParams::default();
+    let sa: ServiceAccount = serde_json::from_value(json!({
+        "metadata": {"name": "reader", "namespace": "default"}
+    }))?;
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
+    sas.create(&pp, &sa).await?;
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "reader"},
+        "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]}]
+    }))?;
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&pp, &role)
+        .await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": "default"}]
+    }))?;
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&pp, &binding)
+        .await?;
+    let token = sas
+        .create_token_request(
+            "reader",
+            &pp,
+            &TokenRequest {
+                spec: TokenRequestSpec {
+                    expiration_seconds: Some(86_400),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await?
+        .status
+        .ok_or("a TokenRequest answers with a status")?
+        .token;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("reader.kubeconfig");
+    std::fs::write(
+        &path,
+        std::fs::read_to_string(l.twin.kubeconfig())?.replace(l.twin.kube.token(), &token),
+    )?;
+    let kube = KubeClient::connect(Some(&path)).await?;
+    assert!(
+        kube.deprecated_apis().await.is_err(),
+        "the twin must refuse /metrics to an identity without the non-resource URL"
+    );
+
+    let repo = ichor::git::Repo::open(homelab())?;
+    let change = gate::load(&repo, "main", "renovate/cilium-1.18.x", None)?;
+    let facts = live::observe(&kube, Some(&l.talos), &live::Subject::of(&change)).await;
+    let items = live::items(&change, &facts);
+    let (s, msg) = status_of(&items, "live/removed-apis");
+    assert_eq!(s, Status::Warn, "{msg}");
+    assert!(
+        msg.contains("Unknown") && msg.contains("forbidden") && msg.contains("/metrics"),
+        "{msg}"
+    );
+    // The rest of what that identity reads still passes: the scrape alone is unknown.
+    assert_eq!(status_of(&items, "live/nodes-ready").0, Status::Pass);
+    Ok(())
+}

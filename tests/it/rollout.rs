@@ -1327,7 +1327,10 @@ async fn a_cni_still_rolling_out_is_waited_for_before_the_apiservers() -> TestRe
 /// The homelab rollout on a cluster that keeps kube-proxy (the CNI does not replace it),
 /// planned from the live nodes.
 async fn setup_keeping_kube_proxy() -> Result<Setup, Error> {
-    let mut s = setup(TwinConfig::default()).await?;
+    let mut s = setup_edited(TwinConfig::default(), &|c| {
+        c.replace("replacesKubeProxy: true", "replacesKubeProxy: false")
+    })
+    .await?;
     if let Some(doc) = s.change.cluster_doc.as_mut() {
         doc.spec.cni.replaces_kube_proxy = false;
     }

@@ -784,3 +784,184 @@ async fn a_failing_node_stops_the_siblings_of_its_batch_that_have_not_begun() ->
     assert!(!lines.any("talos w-2: cordoned"), "{:#?}", lines.all());
     Ok(())
 }
+
+/// Item 16: `replacesKubeProxy` is checked against the control planes' configuration. The
+/// homelab says its CNI replaces kube-proxy; a control plane whose configuration still deploys
+/// it would keep kube-proxy on the old Kubernetes (ichor skips that step), so the rollout
+/// refuses before anything moves, naming the node and both settings.
+#[tokio::test]
+async fn a_control_plane_that_still_deploys_kube_proxy_stops_the_rollout_before_it_starts(
+) -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    s.twin.talos.with_model(|m| {
+        m.configure_node(
+            "cp-2",
+            &[(
+                "cluster.proxy.disabled".to_string(),
+                serde_yaml::Value::Bool(false),
+            )],
+        )
+    })?;
+    let (outcome, seen, _) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    let p = paused(outcome)?;
+    assert!(
+        p.reason.contains("live/kube-proxy")
+            && p.reason.contains("cp-2")
+            && p.reason.contains("replacesKubeProxy")
+            && !p.reason.contains("cp-1"),
+        "{}",
+        p.reason
+    );
+    assert_eq!(cordons(&s), Vec::<String>::new(), "nothing is cordoned");
+    for o in s.twin.talos.observe() {
+        assert_eq!(o.talos_version, "v1.12.6", "{} moved", o.name);
+    }
+    Ok(())
+}
+
+/// Item 16: a drain that times out on pods put back on the node names them. A Deployment
+/// pinned to w-2 that tolerates the cordon's taint (the scheduler lets it back onto the
+/// cordoned node, as upstream's NodeUnschedulable plugin does) is recreated there after every
+/// eviction; ichor neither forces nor loops forever: the drain timeout pauses, naming the pod
+/// and why.
+#[tokio::test]
+async fn a_drain_that_times_out_on_recreated_pods_names_them() -> TestResult {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let s = setup(TwinConfig::default()).await?;
+    let stubborn: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "stubborn", "namespace": "default"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "stubborn"}},
+            "template": {
+                "metadata": {"labels": {"app": "stubborn"}},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": "w-2"},
+                    "tolerations": [{
+                        "key": "node.kubernetes.io/unschedulable",
+                        "operator": "Exists",
+                        "effect": "NoSchedule"
+                    }],
+                    "containers": [{"name": "app", "image": "registry.example/stubborn:1"}]
+                }
+            }
+        }
+    }))?;
+    kube::Api::<Deployment>::namespaced(s.raw.clone(), "default")
+        .create(&kube::api::PostParams::default(), &stubborn)
+        .await?;
+    s.twin.advance(Duration::from_secs(30));
+    let (outcome, seen, lines) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    let p = paused(outcome)?;
+    assert_eq!(p.node.as_deref(), Some("w-2"), "{p:?}\n{:#?}", lines.all());
+    assert!(
+        p.reason
+            .contains("recreated on the node after their eviction")
+            && p.reason.contains("default/stubborn-"),
+        "{}",
+        p.reason
+    );
+    // Nothing was forced: w-2 never went down, and it is still on the old Talos.
+    let w2 = s
+        .twin
+        .talos
+        .observe()
+        .into_iter()
+        .find(|o| o.name == "w-2")
+        .ok_or("no w-2")?;
+    assert!(w2.up && w2.talos_version == "v1.12.6", "{w2:?}");
+    Ok(())
+}
+
+/// Item 3: "never two holders of one volume down" is checked live before each node starts,
+/// and a peer of the same batch is never counted as "elsewhere". w-3 holds no volume when the
+/// plan is made (`maxUnavailable: 2`), so the plan batches it with another worker; then a
+/// volume appears with three replicas, two of them on exactly those two. The second of them to start
+/// waits until the first is back, whatever the plan said, and the twin never sees two
+/// holders of a volume down.
+#[tokio::test]
+async fn a_volume_created_after_planning_holds_a_batch_peer_live() -> TestResult {
+    let mut s = crate::rollout::setup_edited(TwinConfig::default(), &|c| {
+        c.replace(
+            "address: 10.0.10.23\n        volumes: [pvc-postgres, pvc-media, pvc-home-assistant]",
+            "address: 10.0.10.23\n        volumes: []",
+        )
+    })
+    .await?;
+    // The policy the engine runs with, and the plan from the live placement.
+    if let Some(doc) = s.change.cluster_doc.as_mut() {
+        doc.spec.rollout.max_unavailable = std::num::NonZeroU32::new(2).ok_or("two")?;
+    }
+    let live_nodes = ichor::gate::live::live_nodes(
+        &ichor::gate::live::observe(
+            &s.kube,
+            Some(&s.talos),
+            &ichor::gate::live::Subject::of(&s.change),
+        )
+        .await,
+    )
+    .ok_or("no live nodes")?;
+    s.plan = ichor::gate::plan_with(
+        &s.change,
+        &ichor::plan::PlanOptions::default(),
+        Some(&live_nodes),
+    )?;
+    let peer = s
+        .plan
+        .stages
+        .iter()
+        .flat_map(|st| &st.steps)
+        .find(|st| st.nodes.len() == 2 && st.nodes.contains(&"w-3".to_string()))
+        .and_then(|st| st.nodes.iter().find(|n| *n != "w-3").cloned())
+        .ok_or_else(|| format!("the plan batches w-3 with nobody: {:#?}", s.plan.stages))?;
+    // The third replica on the worker that stays up meanwhile: "every other replica down"
+    // never holds, only "never two holders down" does.
+    let third = if peer == "w-1" { "w-2" } else { "w-1" };
+    s.twin
+        .kube
+        .with(|c, now| -> Result<(), ichor::sim::kube::ApiError> {
+            c.upsert(
+                json!({
+                    "apiVersion": "longhorn.io/v1beta2", "kind": "Volume",
+                    "metadata": {"name": "pvc-late", "namespace": "longhorn-system"},
+                    "spec": {"numberOfReplicas": 3, "size": "1073741824", "frontend": "blockdev", "nodeID": ""},
+                    "status": {"state": "detached", "robustness": "unknown"},
+                }),
+                now,
+            )?;
+            for (r, node) in [
+                ("pvc-late-r-1", peer.as_str()),
+                ("pvc-late-r-2", "w-3"),
+                ("pvc-late-r-3", third),
+            ] {
+                c.upsert(
+                    ichor::sim::kube::model::replica_object(
+                        "longhorn-system",
+                        "pvc-late",
+                        r,
+                        node,
+                        now,
+                    ),
+                    now,
+                )?;
+            }
+            Ok(())
+        })?;
+    s.twin.advance(Duration::from_secs(5));
+    let (outcome, seen, lines) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "invariants broken: {seen:?}");
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}\n{:#?}",
+        lines.all()
+    );
+    assert!(
+        lines.any("volume pvc-late (also on ")
+            && lines.any("would have a second replica on a node that is down"),
+        "{:#?}",
+        lines.all()
+    );
+    Ok(())
+}

@@ -1162,7 +1162,7 @@ impl Cluster {
         for _ in 0..6 {
             let before = self.store.resource_version();
             let dirty = self.dirty_since(since);
-            self.deployments();
+            self.deployments(now);
             self.replica_sets(now, &dirty);
             self.stateful_sets(now, &dirty);
             self.daemon_sets(now, &dirty);
@@ -1289,6 +1289,8 @@ impl Cluster {
                 name: name_of(n).to_string(),
                 ready: is_ready(n),
                 schedulable: Self::schedulable(n),
+                cordoned_only: Self::cordoned_only(n),
+                labels: n.at("/metadata/labels").cloned().unwrap_or(Value::Null),
                 control_plane: is_control_plane(n),
                 ip: internal_ip(n).unwrap_or_default(),
                 ready_since: ready_since(n),
@@ -1307,6 +1309,17 @@ impl Cluster {
                     .any(|t| t.get("effect").and_then(Value::as_str) == Some("NoSchedule"))
             });
         is_ready(node) && !cordoned && !tainted
+    }
+
+    /// Ready and without a NoSchedule taint, but cordoned: only a pod that tolerates the
+    /// `node.kubernetes.io/unschedulable` taint goes there.
+    fn cordoned_only(node: &Value) -> bool {
+        let cordoned = node.at("/spec/unschedulable").and_then(Value::as_bool) == Some(true);
+        let mut uncordoned = node.clone();
+        if let Some(spec) = uncordoned.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.remove("unschedulable");
+        }
+        cordoned && Self::schedulable(&uncordoned)
     }
 
     fn new_pod(
@@ -1356,18 +1369,58 @@ impl Cluster {
 
     /// Deployments own one ReplicaSet each: its scale and pod template follow the
     /// Deployment's (the twin updates the ReplicaSet in place instead of creating a new one).
-    fn deployments(&mut self) {
+    fn deployments(&mut self, now: Timestamp) {
         for d in self.store.all("deployments") {
             let ns = namespace_of(&d).to_string();
             let want = replicas_of(&d, self.behaviour.max_replicas);
             let template = d.at("/spec/template").cloned().unwrap_or(json!({}));
+            let owned = |rs: &Value| {
+                controller_of(rs).is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d))
+            };
+            // A Deployment created through the API gets its ReplicaSet, named and labelled
+            // with the template's hash (pkg/controller/deployment/sync.go `getNewReplicaSet`,
+            // kubernetes v1.33.5); seeded ones come with theirs.
+            let has_rs = self
+                .store
+                .list(
+                    "replicasets",
+                    Some(&ns),
+                    &LabelSelector::default(),
+                    &FieldSelector::default(),
+                )
+                .iter()
+                .any(owned);
+            if !has_rs {
+                let hash = template_hash(&d);
+                let mut labels = template
+                    .at("/metadata/labels")
+                    .cloned()
+                    .unwrap_or(json!({}));
+                if let Some(m) = labels.as_object_mut() {
+                    m.insert("pod-template-hash".into(), json!(hash));
+                }
+                let mut rs_template = template.clone();
+                set_path(
+                    &mut rs_template,
+                    &["metadata", "labels", "pod-template-hash"],
+                    json!(hash),
+                );
+                let rs = json!({
+                    "apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "metadata": {"name": format!("{}-{hash}", name_of(&d)), "namespace": ns,
+                                 "labels": labels, "ownerReferences": [owner_ref(&d)]},
+                    "spec": {"replicas": want, "selector": {"matchLabels": labels}, "template": rs_template},
+                });
+                let _ = self.store.create(rt("replicasets"), &ns, rs, now);
+                continue;
+            }
             for rs in self.store.list(
                 "replicasets",
                 Some(&ns),
                 &LabelSelector::default(),
                 &FieldSelector::default(),
             ) {
-                if !controller_of(&rs).is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d)) {
+                if !owned(&rs) {
                     continue;
                 }
                 // The ReplicaSet's template carries pod-template-hash on top of the Deployment's.
@@ -1663,7 +1716,13 @@ impl Cluster {
                     // Spread: fewest pods of the same owner, then fewest pods, then name.
                     let best = nodes
                         .iter()
-                        .filter(|n| n.schedulable)
+                        // A cordon keeps out only pods that do not tolerate it (the
+                        // scheduler's NodeUnschedulable plugin: pkg/scheduler/framework/
+                        // plugins/nodeunschedulable/node_unschedulable.go at v1.33.5).
+                        .filter(|n| {
+                            n.schedulable || (n.cordoned_only && tolerates_unschedulable(&pod))
+                        })
+                        .filter(|n| selects_node(&pod, &n.labels))
                         .filter(|n| pinned.as_deref().is_none_or(|p| p == n.name))
                         .min_by_key(|n| {
                             (
@@ -2373,12 +2432,46 @@ struct PodBrief {
     terminating: bool,
 }
 
+/// Whether the pod tolerates `node.kubernetes.io/unschedulable:NoSchedule`, the taint a
+/// cordon stands for: a toleration of that key (or of every key, `operator: Exists` without
+/// one) whose effect is empty or NoSchedule (k8s.io/api core/v1 toleration.go
+/// `ToleratesTaint`, at v0.33.5).
+fn tolerates_unschedulable(pod: &Value) -> bool {
+    pod.at("/spec/tolerations")
+        .and_then(Value::as_array)
+        .is_some_and(|ts| {
+            ts.iter().any(|t| {
+                let s = |k: &str| t.get(k).and_then(Value::as_str).unwrap_or("");
+                let effect_ok = matches!(s("effect"), "" | "NoSchedule");
+                let exists = s("operator") == "Exists";
+                let key_ok = match s("key") {
+                    "" => exists,
+                    "node.kubernetes.io/unschedulable" => exists || s("value").is_empty(),
+                    _ => false,
+                };
+                effect_ok && key_ok
+            })
+        })
+}
+
+/// Whether every label of the pod's `spec.nodeSelector` is on the node (the scheduler's
+/// NodeAffinity plugin: pkg/scheduler/framework/plugins/nodeaffinity/node_affinity.go at
+/// v1.33.5, nodeSelector part).
+fn selects_node(pod: &Value, labels: &Value) -> bool {
+    pod.at("/spec/nodeSelector")
+        .and_then(Value::as_object)
+        .is_none_or(|sel| sel.iter().all(|(k, v)| labels.get(k) == Some(v)))
+}
+
 /// What the scheduler and Longhorn need to know about a node.
 #[derive(Debug, Clone)]
 struct NodeBrief {
     name: String,
     ready: bool,
     schedulable: bool,
+    /// Schedulable but for its cordon.
+    cordoned_only: bool,
+    labels: Value,
     control_plane: bool,
     ip: String,
     ready_since: Timestamp,

@@ -516,7 +516,38 @@ impl MachineConfig {
             .map(str::to_string)
     }
 
-    /// The exact bytes as submitted.
+    /// The documents, in order.
+    pub fn docs(&self) -> &[Value] {
+        &self.docs
+    }
+
+    /// This configuration with kube-proxy not deployed, as `talosctl gen config` writes it for
+    /// a CNI that replaces kube-proxy: `KubeProxyConfig.enabled: false` in the multi-document
+    /// form, else `cluster.proxy.disabled: true` (pkg/machinery/config/types/v1alpha1/
+    /// v1alpha1_types.go `ProxyConfig.Disabled`; setting both is a validation error upstream).
+    pub fn without_kube_proxy(&self, talos_version: &str) -> Result<MachineConfig, ConfigError> {
+        let proxy_doc = self
+            .docs
+            .iter()
+            .position(|d| d.get("kind").and_then(Value::as_str) == Some("KubeProxyConfig"));
+        let Some(i) = proxy_doc else {
+            return self.with_values(
+                &[("cluster.proxy.disabled".to_string(), Value::Bool(true))],
+                talos_version,
+            );
+        };
+        let mut docs = self.docs.clone();
+        if let Value::Mapping(m) = &mut docs[i] {
+            m.insert(Value::String("enabled".into()), Value::Bool(false));
+        }
+        let text = docs
+            .iter()
+            .map(|d| serde_yaml::to_string(d).map_err(|e| ConfigError::Parse(e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?
+            .join("---\n");
+        MachineConfig::parse(text.as_bytes(), talos_version)
+    }
+
     /// This configuration with dotted v1alpha1 `paths` set (the `stagedConfig` fault).
     pub fn with_values(
         &self,
@@ -556,6 +587,7 @@ impl MachineConfig {
         MachineConfig::parse(text.as_bytes(), talos_version)
     }
 
+    /// The exact bytes as submitted.
     pub fn raw(&self) -> &[u8] {
         &self.raw
     }

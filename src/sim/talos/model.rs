@@ -1472,6 +1472,15 @@ impl TalosCluster {
         Ok(())
     }
 
+    /// Every node configured without kube-proxy (the CNI replaces it), active and on disk.
+    pub fn disable_kube_proxy(&mut self) -> Result<(), ConfigError> {
+        for n in &mut self.nodes {
+            n.config = n.config.without_kube_proxy(&n.talos_version)?;
+            n.persistent_config = n.config.clone();
+        }
+        Ok(())
+    }
+
     /// Whether `node` booted a UKI through systemd-boot (else GRUB).
     pub fn set_booted_with_uki(&mut self, node: &str, on: bool) {
         if let Some(i) = self.find(node) {

@@ -705,8 +705,8 @@ pub const DEFAULT_COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.12.1
 /// The bootstrap manifests a control-plane node renders (`controlplane/Manifests`), ids in
 /// Talos's style, each a YAML sequence of objects (upstream's `ManifestSpec.MarshalYAML`
 /// renders the bare item list; the resource is non-sensitive). Workers render none. kube-proxy and CoreDNS
-/// follow the active config and drop out when `cluster.proxy.disabled` /
-/// `cluster.coreDNS.disabled` are set.
+/// follow the active config and drop out when `cluster.proxy.disabled` (or
+/// `KubeProxyConfig.enabled: false`) / `cluster.coreDNS.disabled` are set.
 fn manifests(m: &TalosCluster, node: usize) -> Vec<(&'static str, String)> {
     let n = m.node(node);
     if !n.is_control_plane() {
@@ -722,7 +722,12 @@ fn manifests(m: &TalosCluster, node: usize) -> Vec<(&'static str, String)> {
         "00-kubelet-bootstrapping-token",
         "- apiVersion: v1\n  kind: Secret\n  metadata:\n    name: bootstrap-token-ichor0\n    namespace: kube-system\n  type: bootstrap.kubernetes.io/token\n  stringData:\n    token-id: ichor0\n    usage-bootstrap-authentication: \"true\"\n".to_string(),
     )];
-    if !disabled("proxy") {
+    // The multi-document form says it in `KubeProxyConfig.enabled` (default true).
+    let proxy_doc_off = n.config.docs().iter().any(|d| {
+        d.get("kind").and_then(serde_yaml::Value::as_str) == Some("KubeProxyConfig")
+            && d.get("enabled").and_then(serde_yaml::Value::as_bool) == Some(false)
+    });
+    if !disabled("proxy") && !proxy_doc_off {
         let image = n.config.image(Component::Proxy).unwrap_or_else(|| {
             format!(
                 "{}:{}",
