@@ -247,8 +247,16 @@ fn main() -> ExitCode {
     // Diagnostics go to stderr; RUST_LOG (e.g. `RUST_LOG=ichor=debug`) turns them up. The
     // controller logs at info, as JSON lines when nobody watches a terminal.
     let controller = matches!(cli.command, Command::Run { .. });
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| if controller { "info" } else { "warn" }.into());
+    // kube-rs logs every failed connection as an error of its own; ichor reports each
+    // failure itself, once and with what it was doing, so kube-rs's lines are off.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        if controller {
+            "info,kube_client=off"
+        } else {
+            "warn,kube_client=off"
+        }
+        .into()
+    });
     // Colours only for a person at a terminal, never into a pipe or a log file.
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let fmt = tracing_subscriber::fmt()
@@ -800,6 +808,18 @@ impl Live {
             .enable_all()
             .build()?;
         let kube = runtime.block_on(ichor::kube::KubeClient::connect(Some(kubeconfig)))?;
+        // An unreachable cluster is said once, plainly; its live items then wait.
+        if let Err(e) = runtime.block_on(kube.reachable()) {
+            let cause = match &e {
+                ichor::kube::KubeError::Unreachable { detail, .. } => detail.clone(),
+                other => other.to_string(),
+            };
+            eprintln!(
+                "warning: cannot reach the Kubernetes API server {}: {}",
+                ichor::escape::terminal(kube.server()),
+                ichor::escape::terminal(&cause)
+            );
+        }
         let talos = match &access.talosconfig {
             Some(path) => {
                 let ctx = ichor::talos::config::load(path, None)?;

@@ -410,7 +410,7 @@ impl KubeClient {
                     // back on the node after their eviction. Named, either way.
                     let named = |back: bool| -> Vec<String> {
                         pods.iter()
-                            .filter(|p| !initial.contains(&p.to_string()) == back)
+                            .filter(|p| initial.contains(&p.to_string()) != back)
                             .filter(|p| back || p.terminating)
                             .take(5)
                             .map(|p| p.to_string())

@@ -84,16 +84,46 @@ impl KubeError {
             },
             other => KubeError::Unreachable {
                 what,
-                detail: crate::releaseset::excerpt(&other.to_string(), 300),
+                detail: crate::releaseset::excerpt(&with_cause(&other), 300),
             },
         }
     }
+}
+
+/// An error with its innermost cause, which is what a person can act on: kube-rs says
+/// "client error (Connect)", the OS under it "Connection refused (os error 111)".
+fn with_cause(e: &dyn std::error::Error) -> String {
+    let top = e.to_string();
+    let mut cause = e.source();
+    let mut last = None;
+    while let Some(c) = cause {
+        last = Some(c.to_string());
+        cause = c.source();
+    }
+    match last {
+        Some(inner) if !top.contains(&inner) => format!("{top}: {inner}"),
+        _ => top,
+    }
+}
+
+/// The API server's URL as a person may see it: scheme, host, port and path, never
+/// userinfo.
+fn server_of(uri: &http::Uri) -> String {
+    let host = uri.host().unwrap_or("?");
+    let port = uri.port_u16().map(|p| format!(":{p}")).unwrap_or_default();
+    let path = uri.path().trim_end_matches('/');
+    format!(
+        "{}://{host}{port}{path}",
+        uri.scheme_str().unwrap_or("https")
+    )
 }
 
 /// A connection to one cluster's API server.
 #[derive(Clone)]
 pub struct KubeClient {
     pub(crate) client: kube::Client,
+    /// The API server, for messages.
+    server: String,
     /// Each lease as last seen and when (on ichor's clock) it was first seen so: a lease
     /// expires from the time of observation, never from the holder's clock.
     pub(crate) leases: lease::Observed,
@@ -130,12 +160,14 @@ impl KubeClient {
         // clock: ichor decides about retries itself.
         let mut config = config;
         config.default_retry = false;
+        let server = server_of(&config.cluster_url);
         let client = kube::Client::try_from(config).map_err(|e| KubeError::Config {
             path: kubeconfig.map_or("(inferred)".into(), |p| p.display().to_string()),
             message: e.to_string(),
         })?;
         Ok(KubeClient {
             client,
+            server,
             leases: Default::default(),
         })
     }
@@ -155,11 +187,30 @@ impl KubeClient {
             .await
             .map_err(|e| err(crate::releaseset::excerpt(&e.to_string(), 200)))?;
         config.default_retry = false;
+        let server = server_of(&config.cluster_url);
         let client = kube::Client::try_from(config).map_err(|e| err(e.to_string()))?;
         Ok(KubeClient {
             client,
+            server,
             leases: Default::default(),
         })
+    }
+
+    /// The API server this client talks to (no credentials in it).
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// Whether the API server answers at all: `Err` only when it cannot be reached (an
+    /// answer, even a refusal, is an answer).
+    pub async fn reachable(&self) -> Result<(), KubeError> {
+        match self.client.apiserver_version().await {
+            Ok(_) | Err(kube::Error::Api(_)) => Ok(()),
+            Err(e) => Err(KubeError::from_kube(
+                format!("get {}/version", self.server),
+                e,
+            )),
+        }
     }
 
     /// Create the namespace if it does not exist (ichor's own `ichor-system`, for the lock

@@ -709,6 +709,21 @@ async fn an_unreachable_cluster_exits_3_from_the_command_line() -> TestResult {
     .await?;
     assert_eq!(o.status.code(), Some(3), "{}{}", stdout(&o), stderr(&o));
     assert!(stdout(&o).contains("WAITING"), "{}", stdout(&o));
+    // One line on stderr naming the API server and the OS's error; no library log lines,
+    // no terminal colours into a pipe.
+    let err = stderr(&o);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0]
+            .starts_with("warning: cannot reach the Kubernetes API server https://127.0.0.1:1:")
+            && lines[0].contains("Connection refused"),
+        "{err}"
+    );
+    assert!(
+        !err.contains('\u{1b}') && !stdout(&o).contains('\u{1b}'),
+        "{err}"
+    );
     Ok(())
 }
 
