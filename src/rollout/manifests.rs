@@ -1,14 +1,71 @@
 //! Stage 2c: kube-proxy on every control plane (unless the CNI replaces it), the bootstrap
-//! manifests applied as Talos's field manager, then kube-proxy's DaemonSet rolled out.
+//! manifests applied as Talos's field manager, then kube-proxy's DaemonSet rolled out. Like
+//! every step, [`manifests_step`] decides the next move from what is observed now;
+//! [`Run::proxy_and_manifests`] observes, acts and observes again.
+
+use std::time::Duration;
 
 use super::nodes::address;
+use super::step::StepState;
 use super::{Flow, Progress, Run, PULL_DEADLINE};
-use crate::kube::LiveNode;
+use crate::kube::{LiveNode, WorkloadStatus};
 use crate::plan::{StageId, Step, StepKind};
 use crate::releaseset::Role;
 use crate::talos::client::{CallOptions, ImageNamespace};
 use crate::talos::machine_config::{set_images, Component};
 use crate::talos::proto::machine::apply_configuration_request::Mode as ApplyMode;
+
+/// What the engine sees of stage (c).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestsObservation {
+    /// Control planes whose configuration does not name the target kube-proxy image yet.
+    pub proxy_behind: Vec<String>,
+    /// The manifests were applied in this run, after every kube-proxy switch. Not
+    /// remembered: a restarted engine applies them again, which changes nothing.
+    pub synced: bool,
+    /// kube-proxy's DaemonSet when the step rolls kube-proxy (inner `None`: the cluster has
+    /// none); `None` when the CNI replaces it.
+    pub kube_proxy: Option<Option<WorkloadStatus>>,
+}
+
+/// Stage (c)'s actions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ManifestsAction {
+    /// The image-only edit of one control plane's kube-proxy image.
+    SwitchProxy(String),
+    Sync,
+}
+
+/// The next move of stage (c) towards `tag`, `waited` into the step.
+pub fn manifests_step(
+    tag: &str,
+    obs: &ManifestsObservation,
+    waited: Duration,
+    node_timeout: Duration,
+) -> StepState<ManifestsAction> {
+    if let Some(cp) = obs.proxy_behind.first() {
+        return StepState::Act(ManifestsAction::SwitchProxy(cp.clone()));
+    }
+    if !obs.synced {
+        return StepState::Act(ManifestsAction::Sync);
+    }
+    match &obs.kube_proxy {
+        None | Some(None) => StepState::Done,
+        Some(Some(w)) if w.version.as_deref() == Some(tag) && w.rolled_out() => StepState::Done,
+        Some(Some(w)) if waited >= node_timeout => StepState::Failed(format!(
+            "kube-proxy has not rolled out on {tag} after {}s: {}/{} updated, {} ready, image {}",
+            waited.as_secs(),
+            w.updated,
+            w.desired,
+            w.ready,
+            w.images.join(", ")
+        )),
+        Some(Some(w)) => StepState::Settling(format!(
+            "waiting for kube-proxy to roll out on {tag} ({}/{} updated, {} ready)",
+            w.updated, w.desired, w.ready
+        )),
+    }
+}
 
 impl Run<'_, '_> {
     /// (c): kube-proxy on every control plane (unless the CNI replaces it), then the
@@ -37,92 +94,207 @@ impl Run<'_, '_> {
         }
         let started = marker.started_at.unwrap_or_else(|| self.now());
         let proxy = step.kind == StepKind::KubeProxyAndManifests;
-        if proxy {
-            for cp in &cps {
-                let addr = address(cp);
-                let opts = CallOptions::default();
-                let mc = e.talos.machine_config(&addr, opts).await.map_err(|err| {
-                    self.pause(
-                        stage,
-                        Some(&cp.name),
-                        format!("cannot read the machine configuration: {err}"),
-                    )
-                })?;
-                self.no_pending_config(stage, &cp.name, &addr, &mc, opts)
-                    .await?;
-                let edit = set_images(&mc.yaml, &tag, &[Component::Proxy]).map_err(|err| {
-                    self.pause(
-                        stage,
-                        Some(&cp.name),
-                        format!("the image-only edit is refused: {err}"),
-                    )
-                })?;
-                if edit.is_noop() {
-                    continue;
-                }
-                let api = self.upgrade_api(stage, cp).await?;
-                for (_, _, image) in &edit.images {
-                    e.talos
-                        .pull_image(
-                            &addr,
-                            image,
-                            ImageNamespace::Cri,
-                            api,
-                            CallOptions {
-                                deadline: PULL_DEADLINE,
-                                ..opts
-                            },
-                        )
-                        .await
-                        .map_err(|err| {
-                            self.pause(
-                                stage,
-                                Some(&cp.name),
-                                format!("pre-pulling {image} failed, nothing was switched: {err}"),
-                            )
-                        })?;
-                }
-                for dry in [true, false] {
-                    if !dry {
-                        self.check_lock(stage, &cp.name).await?;
+        let timeout = e.policy.node_timeout.as_duration();
+        let mut synced = false;
+        let mut switched = std::collections::BTreeSet::new();
+        let mut last_settling = String::new();
+        loop {
+            let obs = self.observe_manifests(stage, &cps, proxy, synced).await?;
+            match manifests_step(&tag, &obs, self.now().since(started), timeout) {
+                StepState::Done => {
+                    if obs.kube_proxy == Some(None) {
+                        self.say(Progress::Note("kube-proxy: no DaemonSet kube-system/kube-proxy in the cluster; nothing to roll".into()));
                     }
-                    let bound = CallOptions {
-                        deadline: if dry {
-                            opts.deadline
-                        } else {
-                            super::APPLY_DEADLINE
-                        },
-                        ..opts
+                    break;
+                }
+                StepState::Failed(why) => return Err(self.pause(stage, None, why)),
+                StepState::Settling(w) => {
+                    if w != last_settling {
+                        self.say(Progress::Note(w.clone()));
+                        last_settling = w;
+                    }
+                    e.clock.sleep(e.observe_every).await;
+                }
+                StepState::Act(ManifestsAction::SwitchProxy(name)) => {
+                    let Some(cp) = cps.iter().find(|c| c.name == name) else {
+                        return Err(self.pause(
+                            stage,
+                            Some(&name),
+                            "the control plane is gone from the cluster",
+                        ));
                     };
-                    let applied = e
-                        .talos
-                        .apply_configuration(&addr, &edit.yaml, ApplyMode::NoReboot, dry, bound)
-                        .await
-                        .map_err(|err| {
-                            self.pause(
-                                stage,
-                                Some(&cp.name),
-                                format!(
-                                    "{} the kube-proxy image edit failed: {err}",
-                                    if dry { "the dry run of" } else { "applying" }
-                                ),
-                            )
-                        })?;
-                    if dry {
-                        self.dry_run_verdict(stage, &cp.name, &applied.details, &edit)?;
+                    // Applied once per run: a configuration that still names the old image
+                    // afterwards is for a human, not a loop.
+                    if !switched.insert(name.clone()) {
+                        return Err(self.pause(
+                            stage,
+                            Some(&name),
+                            format!("the configuration still names another kube-proxy image than {tag} after its NO_REBOOT apply was accepted; check the node's machine configuration, then resume"),
+                        ));
                     }
+                    self.switch_proxy(stage, cp).await?;
                 }
-                self.say(Progress::Note(format!(
-                    "kube-proxy image on {}: {tag}",
-                    cp.name
-                )));
+                StepState::Act(ManifestsAction::Sync) => {
+                    self.sync_manifests(stage, &cps).await?;
+                    synced = true;
+                }
             }
         }
+        self.finish_marker(stage, &key).await?;
+        self.say(Progress::UnitDone {
+            node: None,
+            stage,
+            what: if proxy {
+                format!("kube-proxy on {tag} and the bootstrap manifests in sync")
+            } else {
+                "bootstrap manifests in sync".into()
+            },
+        });
+        Ok(())
+    }
+
+    /// What [`manifests_step`] decides from, as it is now.
+    async fn observe_manifests(
+        &self,
+        stage: StageId,
+        cps: &[LiveNode],
+        proxy: bool,
+        synced: bool,
+    ) -> Flow<ManifestsObservation> {
+        let e = self.engine;
+        let tag = self.target.kubernetes.tag();
+        let mut proxy_behind = Vec::new();
+        if proxy {
+            for cp in cps {
+                let mc = e
+                    .talos
+                    .machine_config(&address(cp), CallOptions::default())
+                    .await
+                    .map_err(|err| {
+                        self.pause(
+                            stage,
+                            Some(&cp.name),
+                            format!("cannot read the machine configuration: {err}"),
+                        )
+                    })?;
+                // An edit Talos would refuse counts as behind: the switch names the refusal.
+                if !set_images(&mc.yaml, &tag, &[Component::Proxy]).is_ok_and(|e| e.is_noop()) {
+                    proxy_behind.push(cp.name.clone());
+                }
+            }
+        }
+        // Read only once it matters: after the sync, with every control plane switched.
+        let kube_proxy = if proxy && synced && proxy_behind.is_empty() {
+            Some(
+                self.kube(stage, None, "get the kube-proxy DaemonSet", || {
+                    e.kube.daemonset("kube-system", "kube-proxy")
+                })
+                .await?,
+            )
+        } else {
+            None
+        };
+        Ok(ManifestsObservation {
+            proxy_behind,
+            synced,
+            kube_proxy,
+        })
+    }
+
+    /// kube-proxy's image-only edit on one control plane: pre-pulled, dry-run, applied
+    /// with NO_REBOOT.
+    async fn switch_proxy(&self, stage: StageId, cp: &LiveNode) -> Flow<()> {
+        let e = self.engine;
+        let tag = self.target.kubernetes.tag();
+        let addr = address(cp);
+        let opts = CallOptions::default();
+        let mc = e.talos.machine_config(&addr, opts).await.map_err(|err| {
+            self.pause(
+                stage,
+                Some(&cp.name),
+                format!("cannot read the machine configuration: {err}"),
+            )
+        })?;
+        self.no_pending_config(stage, &cp.name, &addr, &mc, opts)
+            .await?;
+        let edit = set_images(&mc.yaml, &tag, &[Component::Proxy]).map_err(|err| {
+            self.pause(
+                stage,
+                Some(&cp.name),
+                format!("the image-only edit is refused: {err}"),
+            )
+        })?;
+        if edit.is_noop() {
+            return Ok(());
+        }
+        let api = self.upgrade_api(stage, cp).await?;
+        for (_, _, image) in &edit.images {
+            e.talos
+                .pull_image(
+                    &addr,
+                    image,
+                    ImageNamespace::Cri,
+                    api,
+                    CallOptions {
+                        deadline: PULL_DEADLINE,
+                        ..opts
+                    },
+                )
+                .await
+                .map_err(|err| {
+                    self.pause(
+                        stage,
+                        Some(&cp.name),
+                        format!("pre-pulling {image} failed, nothing was switched: {err}"),
+                    )
+                })?;
+        }
+        for dry in [true, false] {
+            if !dry {
+                self.check_lock(stage, &cp.name).await?;
+            }
+            let bound = CallOptions {
+                deadline: if dry {
+                    opts.deadline
+                } else {
+                    super::APPLY_DEADLINE
+                },
+                ..opts
+            };
+            let applied = e
+                .talos
+                .apply_configuration(&addr, &edit.yaml, ApplyMode::NoReboot, dry, bound)
+                .await
+                .map_err(|err| {
+                    self.pause(
+                        stage,
+                        Some(&cp.name),
+                        format!(
+                            "{} the kube-proxy image edit failed: {err}",
+                            if dry { "the dry run of" } else { "applying" }
+                        ),
+                    )
+                })?;
+            if dry {
+                self.dry_run_verdict(stage, &cp.name, &applied.details, &edit)?;
+            }
+        }
+        self.say(Progress::Note(format!(
+            "kube-proxy image on {}: {tag}",
+            cp.name
+        )));
+        Ok(())
+    }
+
+    /// The manifests as a control plane renders them, applied with the admin kubeconfig it
+    /// issues.
+    async fn sync_manifests(&self, stage: StageId, cps: &[LiveNode]) -> Flow<()> {
+        let e = self.engine;
         // The manifests as a control plane renders them now (any one: they are the same),
         // and the admin kubeconfig that control plane issues: the sync runs as Talos's
         // admin (ADR 0057), never as ichor's ServiceAccount, which may not write them.
         let mut source = Err("no control plane".to_string());
-        for cp in &cps {
+        for cp in cps {
             let addr = address(cp);
             let got = async {
                 let m = e
@@ -188,52 +360,54 @@ impl Run<'_, '_> {
                 format!(" ({})", changed.join(", "))
             }
         )));
-        if proxy {
-            let timeout = e.policy.node_timeout.as_duration();
-            loop {
-                let ds = self
-                    .kube(stage, None, "get the kube-proxy DaemonSet", || {
-                        e.kube.daemonset("kube-system", "kube-proxy")
-                    })
-                    .await?;
-                match ds {
-                    None => {
-                        self.say(Progress::Note("kube-proxy: no DaemonSet kube-system/kube-proxy in the cluster; nothing to roll".into()));
-                        break;
-                    }
-                    Some(w) if w.version.as_deref() == Some(tag.as_str()) && w.rolled_out() => {
-                        break
-                    }
-                    Some(w) => {
-                        if self.now().since(started) >= timeout {
-                            return Err(self.pause(
-                                stage,
-                                None,
-                                format!(
-                                    "kube-proxy has not rolled out on {tag} after {}s: {}/{} updated, {} ready, image {}",
-                                    self.now().since(started).as_secs(),
-                                    w.updated,
-                                    w.desired,
-                                    w.ready,
-                                    w.images.join(", ")
-                                ),
-                            ));
-                        }
-                    }
-                }
-                e.clock.sleep(e.observe_every).await;
-            }
-        }
-        self.finish_marker(stage, &key).await?;
-        self.say(Progress::UnitDone {
-            node: None,
-            stage,
-            what: if proxy {
-                format!("kube-proxy on {tag} and the bootstrap manifests in sync")
-            } else {
-                "bootstrap manifests in sync".into()
-            },
-        });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ds(version: &str, updated: i32, ready: i32) -> WorkloadStatus {
+        WorkloadStatus {
+            namespace: "kube-system".into(),
+            name: "kube-proxy".into(),
+            desired: 3,
+            updated,
+            ready,
+            images: vec![format!("registry.k8s.io/kube-proxy:{version}")],
+            version: Some(version.into()),
+            observed: true,
+        }
+    }
+
+    #[test]
+    fn switch_every_control_plane_then_sync_then_wait_for_the_roll_out() {
+        let t = Duration::from_secs(600);
+        let next = |obs: &ManifestsObservation, waited: u64| {
+            manifests_step("v1.34.2", obs, Duration::from_secs(waited), t)
+        };
+        let mut obs = ManifestsObservation {
+            proxy_behind: vec!["cp-2".into(), "cp-3".into()],
+            synced: false,
+            kube_proxy: None,
+        };
+        assert_eq!(
+            next(&obs, 0),
+            StepState::Act(ManifestsAction::SwitchProxy("cp-2".into()))
+        );
+        obs.proxy_behind.clear();
+        assert_eq!(next(&obs, 1), StepState::Act(ManifestsAction::Sync));
+        obs.synced = true;
+        obs.kube_proxy = Some(Some(ds("v1.34.2", 1, 3)));
+        assert!(matches!(next(&obs, 2), StepState::Settling(w) if w.contains("1/3 updated")));
+        assert!(matches!(next(&obs, 600), StepState::Failed(w) if w.contains("600s")));
+        obs.kube_proxy = Some(Some(ds("v1.34.2", 3, 3)));
+        assert_eq!(next(&obs, 3), StepState::Done);
+        // No DaemonSet to roll, or a CNI that replaces kube-proxy: done once synced.
+        obs.kube_proxy = Some(None);
+        assert_eq!(next(&obs, 3), StepState::Done);
+        obs.kube_proxy = None;
+        assert_eq!(next(&obs, 3), StepState::Done);
     }
 }
