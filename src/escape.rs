@@ -131,6 +131,34 @@ pub fn md_text(s: &str) -> String {
     out
 }
 
+/// Text of ichor's own with `code` spans marked by backticks, for Markdown: each span
+/// becomes inline code ([`md_code`]), the rest is escaped ([`md_text`]), so what ichor
+/// means as code shows as code and nothing inside either part is read as Markdown. A
+/// backtick left without its pair is shown as one.
+pub fn md_with_code(s: &str) -> String {
+    let parts: Vec<&str> = s.split('`').collect();
+    let paired = parts.len() % 2 == 1;
+    let mut out = String::with_capacity(s.len() + 8);
+    for (i, part) in parts.iter().enumerate() {
+        let last = i + 1 == parts.len();
+        if i % 2 == 1 && (paired || !last) {
+            out.push_str(&md_code(part));
+        } else {
+            if i % 2 == 1 {
+                out.push_str("\\`");
+            }
+            if i == 0 {
+                out.push_str(&md_text(part));
+            } else {
+                // Mid-line: what opens a block at a line's start means nothing here.
+                let t = md_text(&format!("x{part}"));
+                out.push_str(t.strip_prefix('x').unwrap_or(&t));
+            }
+        }
+    }
+    out
+}
+
 /// For Markdown inline code, including the backticks: the fence is longer than any run of
 /// backticks inside, so nothing closes it early. Not for table cells (use [`md_text`]:
 /// GitHub splits cells on `|` even inside code).
@@ -356,6 +384,24 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn own_code_spans_stay_code_and_the_rest_is_text() {
+        assert_eq!(
+            md_with_code("paused; no rollout starts until `/ichor resume`."),
+            "paused; no rollout starts until `/ichor resume`."
+        );
+        // Cluster-supplied text between the spans is still only text.
+        let out = md_with_code("cluster <b>@team</b>: set `paused: false` [x](y)");
+        assert!(
+            out.contains("&lt;b&gt;@&#8288;team") && out.contains("`paused: false`"),
+            "{out}"
+        );
+        assert!(out.contains("\\[x\\](y)"), "{out}");
+        // An unpaired backtick is shown, not opened.
+        assert_eq!(md_with_code("a ` b"), "a \\` b");
+        assert_eq!(md_with_code("`a` and `b"), "`a` and \\`b");
     }
 
     #[test]

@@ -8,13 +8,61 @@ use crate::forge::command::{self, Command, Verb};
 
 use super::{lock, rolling, ClusterRuntime, Ctx, Error, Event};
 
+/// A comment older than this is not taken as a command: a delivery captured and replayed
+/// later (the signature covers the body, not when it was sent) runs nothing. GitHub sends a
+/// delivery within seconds; a redelivery of an old one is refused too, on purpose.
+pub const MAX_COMMAND_AGE: std::time::Duration = std::time::Duration::from_secs(5 * 60);
+
+/// How long a "no write access" answer stands for the same person.
+const NO_WRITE_REMEMBERED: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Comment ids already handled: a command runs once per comment, however often its
+/// delivery comes. Bounded: the oldest ids go first (by then [`MAX_COMMAND_AGE`] refuses
+/// their comments anyway).
+#[derive(Default)]
+pub struct SeenComments {
+    order: std::collections::VecDeque<u64>,
+    ids: std::collections::HashSet<u64>,
+}
+
+impl SeenComments {
+    const CAP: usize = 10_000;
+
+    /// Whether `id` is new; remembered from now on.
+    pub fn first_time(&mut self, id: u64) -> bool {
+        if !self.ids.insert(id) {
+            return false;
+        }
+        self.order.push_back(id);
+        while self.order.len() > Self::CAP {
+            if let Some(old) = self.order.pop_front() {
+                self.ids.remove(&old);
+            }
+        }
+        true
+    }
+}
+
+/// A PR comment as the webhook told it.
+pub struct Comment<'a> {
+    pub number: u64,
+    pub id: u64,
+    pub created_at: Option<crate::clock::Timestamp>,
+    pub author: &'a str,
+    pub body: &'a str,
+}
+
+fn count(ctx: &Ctx, verb: &str, result: &str) {
+    ctx.metrics.inc(
+        "ichor_commands_total",
+        "Commands, by verb and result.",
+        &[("verb", verb), ("result", result)],
+    );
+}
+
 /// A PR comment arrived.
-pub async fn on_comment(
-    ctx: &Arc<Ctx>,
-    number: u64,
-    author: &str,
-    body: &str,
-) -> Result<(), Error> {
+pub async fn on_comment(ctx: &Arc<Ctx>, c: &Comment<'_>) -> Result<(), Error> {
+    let (number, author, body) = (c.number, c.author, c.body);
     let Some(gh) = &ctx.github else {
         return Ok(());
     };
@@ -24,6 +72,30 @@ pub async fn on_comment(
     let Some(parsed) = command::parse(body) else {
         return Ok(());
     };
+    // Replays run nothing and get no reply: the same comment again, or one too old.
+    if !ctx.state.lock().await.seen_comments.first_time(c.id) {
+        tracing::info!(
+            pr = number,
+            comment = c.id,
+            "a command comment seen before: not run again"
+        );
+        count(ctx, "unknown", "replayed");
+        return Ok(());
+    }
+    let now = ctx.clock.now();
+    let fresh = c
+        .created_at
+        .is_some_and(|at| now.since(at) <= MAX_COMMAND_AGE);
+    if !fresh {
+        tracing::warn!(
+            pr = number,
+            comment = c.id,
+            "a command comment older than {}s (or undated): not run",
+            MAX_COMMAND_AGE.as_secs()
+        );
+        count(ctx, "unknown", "stale");
+        return Ok(());
+    }
     let line = command::command_line(body).unwrap_or("/ichor").to_string();
     let cmd = match parsed {
         Ok(c) => c,
@@ -36,13 +108,28 @@ pub async fn on_comment(
             return reply(ctx, number, None, &line, author, &why).await;
         }
     };
-    let permission = gh.permission(author).await?;
-    if !permission.can_write() {
-        ctx.metrics.inc(
-            "ichor_commands_total",
-            "Commands, by verb and result.",
-            &[("verb", cmd.verb.as_str()), ("result", "refused")],
-        );
+    // A refusal is remembered a minute, so a flood from one person costs GitHub one
+    // lookup, not one per comment; write access is always asked afresh.
+    let refused_lately = ctx
+        .state
+        .lock()
+        .await
+        .no_write
+        .get(author)
+        .is_some_and(|at| now.since(*at) < NO_WRITE_REMEMBERED);
+    let can_write = !refused_lately && gh.permission(author).await?.can_write();
+    if !can_write {
+        let mut st = ctx.state.lock().await;
+        // Bounded by the minute it is kept: what is older goes.
+        st.no_write
+            .retain(|_, at| now.since(*at) < NO_WRITE_REMEMBERED);
+        st.no_write.insert(author.to_string(), now);
+        drop(st);
+        count(ctx, cmd.verb.as_str(), "refused");
+        // Told once per PR: anyone can comment, and every reply is a write to GitHub.
+        if !ctx.state.lock().await.refusal_told.insert(number) {
+            return Ok(());
+        }
         return reply(
             ctx,
             number,
@@ -152,8 +239,26 @@ async fn run(ctx: &Arc<Ctx>, pr: Option<u64>, cmd: &Command, by: &str) -> Result
     match cmd.verb {
         Verb::Plan => match pr {
             Some(n) => {
-                super::gating::gate_pull_number(ctx, n, true).await?;
-                said.push("judged the head again; the comment above is up to date.".to_string());
+                use super::gating::Judged;
+                // Say what was done, not what was hoped for.
+                said.push(match super::gating::gate_pull_number(ctx, n, true).await {
+                    Ok(Judged::Posted { clusters, untouched }) if clusters.is_empty() => format!(
+                        "nothing to judge: this PR changes none of the clusters ichor gates here{}.",
+                        if untouched.is_empty() { String::new() } else { format!(" ({} left as they are)", untouched.join(", ")) }
+                    ),
+                    Ok(Judged::Posted { clusters, .. }) => format!(
+                        "judged the head again for {}; the comment above is up to date.",
+                        clusters.join(", ")
+                    ),
+                    Ok(Judged::Unchanged) => "the head was judged already; the comment above is up to date.".into(),
+                    Ok(Judged::Stale) => "a newer head arrived meanwhile; it is judged next.".into(),
+                    Ok(Judged::Closed) => "this PR is closed: nothing was judged.".into(),
+                    Ok(Judged::NoForge) => "nothing was judged: ichor has no GitHub access here.".into(),
+                    Err(Error::Forge(crate::forge::github::ForgeError::NotFound { .. })) => {
+                        "GitHub knows no such PR: nothing was judged.".into()
+                    }
+                    Err(e) => return Err(e),
+                });
             }
             None => {
                 let _ = ctx.events.try_send(Event::Reconcile);

@@ -99,13 +99,13 @@ fn branches(ctx: &Ctx) -> Result<Vec<Candidate>, Error> {
 }
 
 /// Gate PR `number` at its current head (read from the API: a webhook's head may be old).
-pub async fn gate_pull_number(ctx: &Arc<Ctx>, number: u64, force: bool) -> Result<(), Error> {
+pub async fn gate_pull_number(ctx: &Arc<Ctx>, number: u64, force: bool) -> Result<Judged, Error> {
     let Some(gh) = &ctx.github else {
-        return Ok(());
+        return Ok(Judged::NoForge);
     };
     let pull = gh.pull(number).await?;
     if !pull.open {
-        return Ok(());
+        return Ok(Judged::Closed);
     }
     ctx.state
         .lock()
@@ -115,8 +115,26 @@ pub async fn gate_pull_number(ctx: &Arc<Ctx>, number: u64, force: bool) -> Resul
     gate(ctx, &Candidate::of_pull(&pull), force).await
 }
 
+/// What a gate run did with one head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Judged {
+    /// Verdicts posted for these clusters; `untouched` got "nothing to judge".
+    Posted {
+        clusters: Vec<String>,
+        untouched: Vec<String>,
+    },
+    /// This head and base were judged already (not forced).
+    Unchanged,
+    /// A newer head came meanwhile: nothing was posted for this one.
+    Stale,
+    /// The PR is closed (or merged): nothing is judged.
+    Closed,
+    /// Nothing to talk to (Git-only mode).
+    NoForge,
+}
+
 /// Judge one head for every configured cluster it touches and report each.
-pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<(), Error> {
+pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<Judged, Error> {
     let repo = ctx.repo()?;
     let head_oid = git2::Oid::from_str(&c.head)?;
     if repo.git2().find_commit(head_oid).is_err() {
@@ -134,7 +152,7 @@ pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<(), Erro
     {
         let st = ctx.state.lock().await;
         if !force && st.judged.get(&c.key) == Some(&(c.head.clone(), base_tip.to_string())) {
-            return Ok(());
+            return Ok(Judged::Unchanged);
         }
     }
     // Judge what the merge would change: the head against where it left the base.
@@ -196,7 +214,7 @@ pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<(), Erro
                 "PR heads superseded by a newer head before they were judged.",
                 &[],
             );
-            return Ok(());
+            return Ok(Judged::Stale);
         }
     }
     // A merge group (no PR) needs its required status as much as a PR's head does.
@@ -252,7 +270,10 @@ pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<(), Erro
     let mut st = ctx.state.lock().await;
     st.judged
         .insert(c.key.clone(), (c.head.clone(), base_tip.to_string()));
-    Ok(())
+    Ok(Judged::Posted {
+        clusters: reports.iter().map(|r| r.cluster.clone()).collect(),
+        untouched,
+    })
 }
 
 fn invalid(c: &Candidate, cluster: &str, error: &str, several: bool) -> GateReport {

@@ -174,6 +174,8 @@ fn take(ctx: &Ctx, event: &str, content_type: Option<&str>, body: &[u8]) -> Resp
         },
         WebhookEvent::IssueComment(c) if ours(&c.repo) && c.is_pull_request => Event::Comment {
             number: c.number,
+            comment_id: c.comment_id,
+            created_at: c.created_at,
             author: c.author,
             body: c.body,
         },

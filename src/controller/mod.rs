@@ -139,6 +139,10 @@ pub enum Event {
     /// A PR comment (webhook `issue_comment`).
     Comment {
         number: u64,
+        /// GitHub's id of the comment: a command runs once per comment, whatever the
+        /// delivery id says (a captured delivery replays with a fresh one).
+        comment_id: u64,
+        created_at: Option<crate::clock::Timestamp>,
         author: String,
         body: String,
     },
@@ -241,6 +245,13 @@ pub struct LoopState {
     /// Each PR's head as GitHub's API last reported it (never a webhook's, which may be
     /// old or lost): a verdict judged for another head meanwhile is dropped.
     pub latest_head: HashMap<u64, String>,
+    /// Comments whose command ran (or was refused), by GitHub's comment id.
+    pub seen_comments: commands::SeenComments,
+    /// PRs where someone without write access was told once that ichor takes commands
+    /// only from people with it.
+    pub refusal_told: std::collections::HashSet<u64>,
+    /// People GitHub last said have no write access, and when (kept a minute).
+    pub no_write: HashMap<String, crate::clock::Timestamp>,
 }
 
 /// Everything the handlers share (kube-rs' `Context`).
@@ -789,7 +800,9 @@ pub async fn handle(ctx: &Arc<Ctx>, event: Event) -> Result<(), Error> {
         // a lost one, so the head judged is the one the API reports.
         Event::PullUpdated { number, .. } => {
             ctx.sync().await?;
-            gating::gate_pull_number(ctx, number, false).await
+            gating::gate_pull_number(ctx, number, false)
+                .await
+                .map(|_| ())
         }
         Event::PullClosed { number } => {
             let mut st = ctx.state.lock().await;
@@ -814,13 +827,24 @@ pub async fn handle(ctx: &Arc<Ctx>, event: Event) -> Result<(), Error> {
                 base_ref,
                 from_fork: false,
             };
-            gating::gate(ctx, &c, false).await
+            gating::gate(ctx, &c, false).await.map(|_| ())
         }
         Event::Comment {
             number,
+            comment_id,
+            created_at,
             author,
             body,
-        } => commands::on_comment(ctx, number, &author, &body).await,
+        } => {
+            let c = commands::Comment {
+                number,
+                id: comment_id,
+                created_at,
+                author: &author,
+                body: &body,
+            };
+            commands::on_comment(ctx, &c).await
+        }
     }
 }
 
@@ -867,6 +891,8 @@ mod tests {
             Event::Reconcile,
             Event::Comment {
                 number: 1,
+                comment_id: 7,
+                created_at: None,
                 author: "u".into(),
                 body: "/ichor plan".into(),
             },

@@ -229,11 +229,13 @@ fn render_rollout(cluster: &str, r: &RolloutSection) -> String {
 
 /// The reply to a command, posted where it was given.
 pub fn acknowledgement(user: &str, command: &str, what: &str) -> String {
+    // Escaped once each, for where it stands: the command as inline code, ichor's own
+    // sentence with its `code` spans kept as code.
     format!(
-        "@{} `{}`: {}",
+        "@{} {}: {}",
         escape::md_text(escape::clip(user, 40)).trim_start_matches('\\'),
-        escape::md_text(escape::clip(command, 80)),
-        escape::md_text(what)
+        escape::md_code(escape::clip(command, 80)),
+        escape::md_with_code(what)
     )
 }
 
@@ -241,6 +243,20 @@ pub fn acknowledgement(user: &str, command: &str, what: &str) -> String {
 mod tests {
     use super::*;
     use crate::policy::CheckItem;
+
+    #[test]
+    fn a_reply_is_escaped_once_for_where_each_part_stands() {
+        let out = acknowledgement(
+            "mara",
+            "/ichor plan `x` @team",
+            "homelab: paused; no rollout starts until `/ichor resume`.",
+        );
+        assert_eq!(
+            out,
+            "@mara ``/ichor plan `x` @team``: homelab: paused; no rollout starts until `/ichor resume`."
+        );
+        assert!(!out.contains("&#8288;") && !out.contains("\\`"), "{out}");
+    }
 
     #[test]
     fn descriptions_fit_and_say_the_one_thing() {

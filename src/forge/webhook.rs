@@ -170,6 +170,8 @@ pub struct CommentEvent {
     pub number: u64,
     pub is_pull_request: bool,
     pub comment_id: u64,
+    /// When the comment was written (`None` when the payload does not say or cannot be read).
+    pub created_at: Option<crate::clock::Timestamp>,
     pub author: String,
     pub body: String,
 }
@@ -225,6 +227,9 @@ struct Comment {
     id: u64,
     user: User,
     body: Option<String>,
+    /// RFC 3339, as GitHub writes it (`issue-comment.created_at` in the webhook schema).
+    #[serde(default)]
+    created_at: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -402,6 +407,11 @@ pub fn parse(event: &str, body: &[u8]) -> Result<WebhookEvent, Refusal> {
                 number: p.issue.number,
                 is_pull_request: p.issue.pull_request.is_some(),
                 comment_id: p.comment.id,
+                created_at: p
+                    .comment
+                    .created_at
+                    .as_deref()
+                    .and_then(crate::clock::Timestamp::parse_rfc3339),
                 author: p.comment.user.login,
                 body: p.comment.body.unwrap_or_default(),
             }))

@@ -654,6 +654,127 @@ async fn a_newer_merge_over_a_paused_rollout_is_acknowledged_on_both_prs() -> Te
     Ok(())
 }
 
+/// Issue 17 item 10: a command runs once per comment. The same signed delivery replayed
+/// with a fresh delivery id, and a signed comment older than a few minutes, run nothing and
+/// get no reply; someone without write access is told once per PR, however often they ask.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_cannot_be_replayed_and_a_flood_gets_one_reply() -> TestResult {
+    let hub = Hub::start().await?;
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the gate", || {
+        hub.status(&pr.head_sha, "ichor/gate").is_some()
+    })
+    .await?;
+    hub.gh.add_collaborator(REPO, "mara", "write")?;
+    hub.gh
+        .comment(REPO, pr.number, "/ichor pause", "mara")
+        .await?;
+    let acked = "no rollout starts until `/ichor resume`";
+    until(&hub.s, &running, "the pause's reply", || {
+        hub.replies(pr.number, acked) == 1
+    })
+    .await?;
+    let delivery = hub
+        .gh
+        .deliveries()
+        .into_iter()
+        .rev()
+        .find(|d| {
+            d.event == "issue_comment"
+                && serde_json::from_str::<serde_json::Value>(&d.body)
+                    .is_ok_and(|v| v["comment"]["user"]["login"] == "mara")
+        })
+        .ok_or("no delivery of mara's comment")?;
+    assert_eq!(delivery.content_type, ichor::sim::github::ContentType::Json);
+    let m = &running.ctx.metrics;
+    let result = |r: &str| {
+        m.value(
+            "ichor_commands_total",
+            &[("verb", "unknown"), ("result", r)],
+        )
+    };
+
+    // The captured delivery again, signature and all, under a fresh delivery id.
+    let sig = ichor::forge::webhook::sign(SECRET.as_bytes(), delivery.body.as_bytes());
+    let posted = post_event(&running, "issue_comment", "replay-1", &sig, &delivery.body).await?;
+    assert_eq!(posted, 202);
+    until(&hub.s, &running, "the replay counted", || {
+        result("replayed") == 1.0
+    })
+    .await?;
+
+    // A new comment id, written ten minutes ago: too old to be a command now.
+    let mut old: serde_json::Value = serde_json::from_str(&delivery.body)?;
+    let now = hub.s.twin.talos.clock().now();
+    let then =
+        ichor::clock::Timestamp::from_millis(now.as_millis().saturating_sub(600_000)).rfc3339();
+    old["comment"]["id"] = serde_json::json!(987_654_321u64);
+    old["comment"]["created_at"] = serde_json::json!(then);
+    let body = old.to_string();
+    let sig = ichor::forge::webhook::sign(SECRET.as_bytes(), body.as_bytes());
+    assert_eq!(
+        post_event(&running, "issue_comment", "replay-2", &sig, &body).await?,
+        202
+    );
+    until(&hub.s, &running, "the stale comment counted", || {
+        result("stale") == 1.0
+    })
+    .await?;
+    assert_eq!(hub.replies(pr.number, acked), 1, "nothing ran twice");
+
+    // Someone without write access, three times: one reply.
+    for _ in 0..3 {
+        hub.gh
+            .comment(REPO, pr.number, "/ichor resume", "mallory")
+            .await?;
+    }
+    until(&hub.s, &running, "the refusals", || {
+        m.value(
+            "ichor_commands_total",
+            &[("verb", "resume"), ("result", "refused")],
+        ) == 3.0
+    })
+    .await?;
+    assert_eq!(hub.replies(pr.number, "only people with write access"), 1);
+
+    // `/ichor plan` says what it did, for which cluster.
+    hub.gh
+        .comment(REPO, pr.number, "/ichor plan", "mara")
+        .await?;
+    until(&hub.s, &running, "the plan's reply", || {
+        hub.replies(pr.number, "judged the head again for homelab") == 1
+    })
+    .await?;
+    running.shutdown().await;
+    Ok(())
+}
+
+/// A signed delivery of `event`, as GitHub posts one.
+async fn post_event(
+    running: &Running,
+    event: &str,
+    delivery: &str,
+    signature: &str,
+    body: &str,
+) -> Result<u16, Error> {
+    use http_body_util::BodyExt;
+    let req = http::Request::post(format!("http://{}/webhook", running.webhook_addr))
+        .header("x-github-event", event)
+        .header("x-github-delivery", delivery)
+        .header("x-hub-signature-256", signature)
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(axum::body::Bytes::from(
+            body.to_string(),
+        )))?;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let resp = client.request(req).await?;
+    let status = resp.status().as_u16();
+    let _ = resp.into_body().collect().await;
+    Ok(status)
+}
+
 async fn post_webhook(
     running: &Running,
     signature: Option<String>,
