@@ -165,6 +165,23 @@ async fn a_request_head_that_never_ends_is_cut_off() -> TestResult {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_past_its_bound_is_answered_431() -> TestResult {
+    let front = Front::start().await?;
+    let running = front.run(Limits::default()).await?;
+    let mut big = TcpStream::connect(webhook_addr(&running)?).await?;
+    // Exactly the bound, and not yet a whole head: the server reads all of it (so it closes
+    // without a reset) and has no room for more.
+    let mut head = b"POST /webhook HTTP/1.1\r\nHost: ichor\r\nX-Padding: ".to_vec();
+    head.resize(controller::http::MAX_HEAD_BYTES, b'x');
+    big.write_all(&head).await?;
+    let got = text(&until_closed(&mut big).await?);
+    assert!(got.starts_with("HTTP/1.1 431"), "{got}");
+    assert_eq!(connections(&running, "webhook", "bad_request"), 1.0);
+    running.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_alive_connection_that_idles_is_closed() -> TestResult {
     let front = Front::start().await?;
     let running = front.run(short()).await?;
@@ -191,9 +208,10 @@ async fn a_stalled_body_is_answered_408_counted_and_cut_off() -> TestResult {
     let front = Front::start().await?;
     let running = front.run(short()).await?;
     let mut stalled = TcpStream::connect(webhook_addr(&running)?).await?;
+    // As much as a body may be, declared; a few bytes of it sent.
     stalled
         .write_all(
-            b"POST /webhook HTTP/1.1\r\nHost: ichor\r\nX-GitHub-Event: push\r\nX-GitHub-Delivery: stalled-1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"ref\":\"r",
+            format!("POST /webhook HTTP/1.1\r\nHost: ichor\r\nX-GitHub-Event: push\r\nX-GitHub-Delivery: stalled-1\r\nContent-Type: application/json\r\nContent-Length: {MAX_BODY_BYTES}\r\n\r\n{{\"ref\":\"r").as_bytes(),
         )
         .await?;
     let got = text(&until_closed(&mut stalled).await?);
