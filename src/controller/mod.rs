@@ -264,8 +264,8 @@ pub struct Ctx {
     pub limits: http::Limits,
     /// The webhook bodies being read, before their signatures are checked.
     pub body_reads: http::BodyReads,
-    /// Counts handled batches and rollout reports: tests and the demo wait on it instead
-    /// of sleeping.
+    /// Counts handled batches, rollout reports and webhook bodies starting and ending to
+    /// be read: tests and the demo wait on it instead of sleeping.
     pub activity: watch::Sender<u64>,
 }
 
