@@ -145,7 +145,7 @@ async fn bench(prs: usize) -> Result<(), Error> {
     let rss_before = rss_mib();
     let running = controller::start(Config::parse("bench", &text)?, clock.clone()).await?;
     gh.set_webhook(Some(WebhookTarget {
-        url: format!("http://{}/webhook", running.webhook_addr),
+        url: running.webhook_url().ok_or("no webhook listener")?,
         secret: SECRET.into(),
     }));
     // The first reconcile fetches the whole history once.
@@ -249,7 +249,7 @@ async fn bench(prs: usize) -> Result<(), Error> {
             r#"{{"action":"created","issue":{{"number":1,"pull_request":{{}}}},"comment":{{"id":{i},"user":{{"login":"someone"}},"body":"looks good {i}"}},"repository":{{"full_name":"{REPO}"}}}}"#
         )
     };
-    let url = format!("http://{}/webhook", running.webhook_addr);
+    let url = running.webhook_url().ok_or("no webhook listener")?;
     let t0 = Instant::now();
     let mut senders = Vec::new();
     for s in 0..8usize {

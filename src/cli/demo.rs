@@ -193,8 +193,11 @@ async fn the_loop(repo: &Path, fixture: &ichor::sim::fixture::Fixture) -> anyhow
     );
     let cfg = Config::parse("demo config", &config)?;
     let running = controller::start(cfg, clock.clone()).await?;
+    let webhook_url = running
+        .webhook_url()
+        .ok_or_else(|| anyhow::anyhow!("the demo's controller has no webhook listener"))?;
     gh.set_webhook(Some(WebhookTarget {
-        url: format!("http://{}/webhook", running.webhook_addr),
+        url: webhook_url.clone(),
         secret,
     }));
     let stage = Stage {
@@ -203,9 +206,9 @@ async fn the_loop(repo: &Path, fixture: &ichor::sim::fixture::Fixture) -> anyhow
         running: &running,
     };
     super::print(&format!(
-        "\n━━ The loop: the twin runs the homelab cluster (Talos and Kubernetes APIs on loopback), the\n   GitHub emulator serves {REPO} at {}, and `ichor run` watches both\n   (webhooks to http://{}/webhook, metrics at http://{}/metrics)\n",
+        "\n━━ The loop: the twin runs the homelab cluster (Talos and Kubernetes APIs on loopback), the\n   GitHub emulator serves {REPO} at {}, and `ichor run` watches both\n   (webhooks to {}, metrics at http://{}/metrics)\n",
         gh.base_url(),
-        running.webhook_addr,
+        webhook_url,
         running.metrics_addr
     ))?;
 

@@ -18,8 +18,19 @@ pub fn run(config: &Path, check_only: bool) -> anyhow::Result<ExitCode> {
         }
     };
     if check_only {
+        // Without a webhook secret nothing listens on `listen`: say so here as at the start.
+        let webhooks = if cfg.webhook.is_some() {
+            format!("webhooks on {}", cfg.listen)
+        } else if !cfg.uses_github() {
+            "no webhook listener".to_string()
+        } else {
+            format!(
+                "no webhook secret: no webhook listener, polls every {}",
+                cfg.poll_interval
+            )
+        };
         println!(
-            "{}: valid ({} cluster{}, {} mode)",
+            "{}: valid ({} cluster{}, {} mode; {webhooks})",
             config.display(),
             cfg.clusters.len(),
             if cfg.clusters.len() == 1 { "" } else { "s" },

@@ -304,12 +304,6 @@ impl Config {
             if self.github_repository().is_none() {
                 return Err(at("repository:", "github.repository: expected owner/name (it cannot be read from repository.url, which is not on github.com)".into()));
             }
-            if self.webhook.is_none() {
-                tracing::info!(
-                    "no webhook secret configured: ichor polls every {}",
-                    self.poll_interval
-                );
-            }
         }
         if let Some(w) = &self.webhook {
             if w.secret_file.is_none() && w.secret_env.is_none() {

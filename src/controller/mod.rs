@@ -271,8 +271,12 @@ pub struct Ctx {
     pub events: mpsc::Sender<Event>,
     pub ready: AtomicBool,
     pub dedupe: Mutex<crate::forge::webhook::Dedupe>,
-    /// Counts handled batches and rollout reports: tests and the demo wait on it instead
-    /// of sleeping.
+    /// What the listeners allow (the defaults but in tests).
+    pub limits: http::Limits,
+    /// The webhook bodies being read, before their signatures are checked.
+    pub body_reads: http::BodyReads,
+    /// Counts handled batches, rollout reports and webhook bodies starting and ending to
+    /// be read: tests and the demo wait on it instead of sleeping.
     pub activity: watch::Sender<u64>,
 }
 
@@ -376,6 +380,7 @@ pub async fn connect(
     cfg: Config,
     clock: Clock,
     events: mpsc::Sender<Event>,
+    limits: http::Limits,
 ) -> Result<Arc<Ctx>, Error> {
     let identity = cfg
         .leader_election
@@ -509,6 +514,8 @@ pub async fn connect(
         events,
         ready: AtomicBool::new(false),
         dedupe: Mutex::new(Default::default()),
+        limits,
+        body_reads: http::BodyReads::new(limits.webhook_in_flight),
         activity: watch::channel(0).0,
     }))
 }
@@ -553,7 +560,8 @@ fn git_credentials(cfg: &Config) -> Result<Credentials, Error> {
 /// A running controller: its HTTP addresses, its context, and how to stop it.
 pub struct Running {
     pub ctx: Arc<Ctx>,
-    pub webhook_addr: SocketAddr,
+    /// `None` without a webhook secret: then nothing listens on `listen`.
+    pub webhook_addr: Option<SocketAddr>,
     pub metrics_addr: SocketAddr,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -561,6 +569,11 @@ pub struct Running {
 }
 
 impl Running {
+    /// `http://<addr>/webhook`, when a webhook listener is bound.
+    pub fn webhook_url(&self) -> Option<String> {
+        self.webhook_addr.map(|a| format!("http://{a}/webhook"))
+    }
+
     /// Wait until `cond` holds, checking after each thing the controller does, while
     /// `drive` moves a simulated clock (the twin's driver; `std::future::pending()` on a
     /// real one). False when `bound` of real time passes first: only a hang gets there.
@@ -621,35 +634,68 @@ impl Running {
 
 /// Start the controller: connect, bind the listeners, start the loop and the sources.
 pub async fn start(cfg: Config, clock: Clock) -> Result<Running, Error> {
+    start_with(cfg, clock, http::Limits::default()).await
+}
+
+/// [`start`] with other listener limits (tests and benches: short timeouts, small caps).
+pub async fn start_with(cfg: Config, clock: Clock, limits: http::Limits) -> Result<Running, Error> {
     let poll = cfg.poll_interval.as_duration();
     let local_path = match cfg.source() {
         config::Source::Path(p) => Some(p),
         config::Source::Remote(_) => None,
     };
     let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
-    let ctx = connect(cfg, clock.clone(), tx.clone()).await?;
+    let ctx = connect(cfg, clock.clone(), tx.clone(), limits).await?;
     let (stop, stopped) = watch::channel(false);
-    let webhook_listener = tokio::net::TcpListener::bind(ctx.cfg.listen)
-        .await
-        .map_err(|e| Error::Other(format!("listen {}: {e}", ctx.cfg.listen)))?;
+    // Without a secret every delivery would be refused: nothing listens at all, so the
+    // port is not there to attack.
+    let webhook_listener = match &ctx.webhook_secret {
+        Some(_) => Some(
+            tokio::net::TcpListener::bind(ctx.cfg.listen)
+                .await
+                .map_err(|e| Error::Other(format!("listen {}: {e}", ctx.cfg.listen)))?,
+        ),
+        None => {
+            tracing::info!(
+                "no webhook secret configured: no webhook listener; ichor polls every {}",
+                ctx.cfg.poll_interval
+            );
+            None
+        }
+    };
     let metrics_listener = tokio::net::TcpListener::bind(ctx.cfg.metrics_listen)
         .await
         .map_err(|e| Error::Other(format!("metricsListen {}: {e}", ctx.cfg.metrics_listen)))?;
-    let webhook_addr = webhook_listener
-        .local_addr()
-        .map_err(|e| Error::Other(e.to_string()))?;
+    let webhook_addr = match &webhook_listener {
+        Some(l) => Some(l.local_addr().map_err(|e| Error::Other(e.to_string()))?),
+        None => None,
+    };
     let metrics_addr = metrics_listener
         .local_addr()
         .map_err(|e| Error::Other(e.to_string()))?;
     let mut tasks = Vec::new();
-    tasks.push(tokio::spawn(http::serve(
-        webhook_listener,
-        http::webhook_router(ctx.clone()),
-        stopped.clone(),
-    )));
+    if let Some(listener) = webhook_listener {
+        tasks.push(tokio::spawn(http::serve(
+            listener,
+            http::webhook_router(ctx.clone()),
+            http::Listener {
+                name: "webhook",
+                max_connections: limits.webhook_connections,
+                header_timeout: limits.header_timeout,
+            },
+            ctx.metrics.clone(),
+            stopped.clone(),
+        )));
+    }
     tasks.push(tokio::spawn(http::serve(
         metrics_listener,
         http::ops_router(ctx.clone()),
+        http::Listener {
+            name: "ops",
+            max_connections: limits.ops_connections,
+            header_timeout: limits.header_timeout,
+        },
+        ctx.metrics.clone(),
         stopped.clone(),
     )));
     // Git-only on disk: refs moving wake the loop at once.
@@ -691,7 +737,8 @@ pub async fn start(cfg: Config, clock: Clock) -> Result<Running, Error> {
     }
     tasks.push(tokio::spawn(run_loop(ctx.clone(), rx, poll, stopped)));
     let _ = tx.send(Event::Reconcile).await;
-    tracing::info!(%webhook_addr, %metrics_addr, identity = %ctx.identity, "ichor run started");
+    let webhook = webhook_addr.map_or_else(|| "none".to_string(), |a| a.to_string());
+    tracing::info!(webhook_addr = %webhook, %metrics_addr, identity = %ctx.identity, "ichor run started");
     Ok(Running {
         ctx,
         webhook_addr,

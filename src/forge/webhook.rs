@@ -37,6 +37,15 @@ pub enum Refusal {
     BadPayload { event: String, message: String },
     #[error("Content-Type is neither application/json nor application/x-www-form-urlencoded (the two a GitHub webhook sends)")]
     UnsupportedContentType,
+    /// The body did not arrive within the listener's body deadline.
+    #[error("the body did not arrive in time (GitHub sends a delivery in well under 10 s)")]
+    SlowBody,
+    /// The sender stopped or broke the body off.
+    #[error("the body could not be read to its end")]
+    UnreadableBody,
+    /// As many bodies as the listener reads at once are being read.
+    #[error("too many deliveries are being read at once; the next reconcile catches up")]
+    Busy,
 }
 
 impl Refusal {
@@ -49,6 +58,9 @@ impl Refusal {
             Refusal::MissingEvent | Refusal::BadDelivery => "bad_headers",
             Refusal::BadPayload { .. } => "bad_payload",
             Refusal::UnsupportedContentType => "bad_content_type",
+            Refusal::SlowBody => "slow_body",
+            Refusal::UnreadableBody => "bad_body",
+            Refusal::Busy => "busy",
         }
     }
 }

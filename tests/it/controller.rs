@@ -336,7 +336,7 @@ impl Hub {
         let running =
             controller::start(self.config(name)?, self.s.twin.talos.clock().clone()).await?;
         self.gh.set_webhook(Some(WebhookTarget {
-            url: format!("http://{}/webhook", running.webhook_addr),
+            url: running.webhook_url().ok_or("no webhook listener")?,
             secret: SECRET.into(),
         }));
         Ok(running)
@@ -781,7 +781,7 @@ async fn post_webhook(
     body: &str,
 ) -> Result<u16, Error> {
     use http_body_util::BodyExt;
-    let mut req = http::Request::post(format!("http://{}/webhook", running.webhook_addr))
+    let mut req = http::Request::post(running.webhook_url().ok_or("no webhook listener")?)
         .header("x-github-event", "pull_request")
         .header("x-github-delivery", "forged-1")
         .header("content-type", "application/json");
