@@ -759,7 +759,7 @@ async fn post_event(
     body: &str,
 ) -> Result<u16, Error> {
     use http_body_util::BodyExt;
-    let req = http::Request::post(format!("http://{}/webhook", running.webhook_addr))
+    let req = http::Request::post(running.webhook_url().ok_or("no webhook listener")?)
         .header("x-github-event", event)
         .header("x-github-delivery", delivery)
         .header("x-hub-signature-256", signature)
