@@ -31,7 +31,9 @@ fn clipped(s: &str, max: usize) -> (&str, bool) {
 /// Characters that change how text is shown rather than being shown: C0/C1 controls (ESC
 /// starts ANSI sequences, CSI is U+009B), line and paragraph separators, bidirectional
 /// overrides and isolates (which reorder what a reader sees), zero-width characters.
-fn is_invisible(c: char) -> bool {
+/// Control characters, bidi overrides and isolates, zero-width and other invisible
+/// format characters: what can make text read differently from what it says.
+pub fn is_invisible(c: char) -> bool {
     c.is_control()
         || matches!(c,
             '\u{061c}'

@@ -38,6 +38,9 @@ impl Candidate {
     }
 }
 
+/// Git-only mode reads at most this many branches per reconcile.
+const MAX_BRANCHES_READ: usize = 5_000;
+
 /// Gate every open PR (Git-only: every branch but the protected one) whose head is new.
 pub async fn gate_open(ctx: &Arc<Ctx>) -> Result<(), Error> {
     let candidates = match &ctx.github {
@@ -48,13 +51,13 @@ pub async fn gate_open(ctx: &Arc<Ctx>) -> Result<(), Error> {
                 st.latest_head.insert(p.number, p.head_sha.clone());
             }
             drop(st);
-            pulls
-                .iter()
-                .take(MAX_OPEN_PULLS)
-                .map(Candidate::of_pull)
-                .collect::<Vec<_>>()
+            pulls.iter().map(Candidate::of_pull).collect::<Vec<_>>()
         }
         None => branches(ctx)?,
+    };
+    let candidates = {
+        let st = ctx.state.lock().await;
+        fair_order(candidates, &st.judged, MAX_OPEN_PULLS)
     };
     let mut limited = None;
     for c in candidates {
@@ -68,6 +71,19 @@ pub async fn gate_open(ctx: &Arc<Ctx>) -> Result<(), Error> {
     }
     // A rate limit brings the reconcile back once it is over.
     limited.map_or(Ok(()), Err)
+}
+
+/// At most `max` candidates, those whose head was never judged first (in the order given),
+/// then the rest: past the bound, a new head is never starved by the same old ones.
+pub fn fair_order(
+    candidates: Vec<Candidate>,
+    judged: &std::collections::HashMap<String, (String, String)>,
+    max: usize,
+) -> Vec<Candidate> {
+    let (fresh, seen): (Vec<Candidate>, Vec<Candidate>) = candidates
+        .into_iter()
+        .partition(|c| judged.get(&c.key).is_none_or(|(h, _)| *h != c.head));
+    fresh.into_iter().chain(seen).take(max).collect()
 }
 
 /// Git-only mode: each branch but the protected one is a change to judge.
@@ -91,7 +107,8 @@ fn branches(ctx: &Ctx) -> Result<Vec<Candidate>, Error> {
             base_ref: protected.clone(),
             from_fork: false,
         });
-        if out.len() >= MAX_OPEN_PULLS {
+        // Bounded while reading; [`fair_order`] then picks the ones to judge.
+        if out.len() >= MAX_BRANCHES_READ {
             break;
         }
     }
@@ -162,7 +179,20 @@ pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<Judged, 
         .unwrap_or(base_tip)
         .to_string();
     let started = ctx.clock.now();
-    let review = gate::review(&repo, &base, &c.head, None);
+    // Only this instance's clusters are read (another's folders are never parsed), and
+    // off the event loop: parsing and judging is CPU and git work, and the loop must stay
+    // free for other PRs and a maintainer's `/ichor pause`.
+    let review = {
+        let mirror = ctx.mirror_dir.clone();
+        let among: Vec<String> = ctx.clusters.iter().map(|c| c.name.clone()).collect();
+        let (base, head) = (base.clone(), c.head.clone());
+        tokio::task::spawn_blocking(move || -> Result<gate::Review, gate::GateError> {
+            let repo = crate::git::Repo::open(&mirror)?;
+            gate::review_among(&repo, &base, &head, None, Some(&among))
+        })
+        .await
+        .map_err(|e| Error::Other(format!("the gate's task failed: {e}")))?
+    };
     let several = super::several_clusters(&repo, &base);
     let mut reports = Vec::new();
     let mut untouched = Vec::new();
@@ -398,5 +428,46 @@ async fn judge(
             rollout: None,
         },
         several,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(key: &str, head: &str) -> Candidate {
+        Candidate {
+            key: key.into(),
+            pr: key.parse().ok(),
+            branch: format!("b-{key}"),
+            head: head.into(),
+            base_ref: "main".into(),
+            from_fork: false,
+        }
+    }
+
+    #[test]
+    fn new_heads_come_first_so_none_is_starved_past_the_bound() {
+        let mut judged = std::collections::HashMap::new();
+        for i in 0..3 {
+            judged.insert(i.to_string(), (format!("h{i}"), "base".to_string()));
+        }
+        // 0..3 judged at their heads, 3 new, 1 moved to a new head.
+        let cands = vec![
+            cand("0", "h0"),
+            cand("1", "h1-new"),
+            cand("2", "h2"),
+            cand("3", "h3"),
+        ];
+        let keys: Vec<String> = fair_order(cands.clone(), &judged, 2)
+            .into_iter()
+            .map(|c| c.key)
+            .collect();
+        assert_eq!(keys, ["1", "3"]);
+        let all: Vec<String> = fair_order(cands, &judged, 10)
+            .into_iter()
+            .map(|c| c.key)
+            .collect();
+        assert_eq!(all, ["1", "3", "0", "2"]);
     }
 }

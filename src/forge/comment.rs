@@ -41,9 +41,11 @@ pub fn rollout_context(cluster: &str, several: bool) -> String {
 
 /// At most 140 characters, cut on a character boundary with `…`; one line.
 pub fn description(s: &str) -> String {
+    // One line, and no bidi override or zero-width character: GitHub shows a status
+    // description as it is.
     let one_line: String = s
         .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| if escape::is_invisible(c) { ' ' } else { c })
         .collect();
     if one_line.chars().count() <= MAX_DESCRIPTION_CHARS {
         return one_line;
@@ -243,6 +245,12 @@ pub fn acknowledgement(user: &str, command: &str, what: &str) -> String {
 mod tests {
     use super::*;
     use crate::policy::CheckItem;
+
+    #[test]
+    fn descriptions_carry_no_bidi_or_invisible_characters() {
+        let d = description("blocked: cilium\u{202e}91.1\u{2066} needs\u{200b} x\ny");
+        assert_eq!(d, "blocked: cilium 91.1  needs  x y");
+    }
 
     #[test]
     fn a_reply_is_escaped_once_for_where_each_part_stands() {

@@ -43,7 +43,13 @@ pub enum GateError {
     },
     #[error(transparent)]
     Plan(#[from] PlanError),
+    #[error("the change touches {count} cluster folders; ichor judges at most {max} in one change: split it, or judge one with --cluster")]
+    TooManyClusters { count: usize, max: usize },
 }
+
+/// The most cluster folders one change may touch: each is parsed and judged, so a PR adding
+/// a thousand would cost every gate minutes and gigabytes. Past it, a clear refusal.
+pub const MAX_CLUSTERS_PER_CHANGE: usize = 50;
 
 fn available_list(names: &[String]) -> String {
     if names.is_empty() {
@@ -322,6 +328,18 @@ pub fn review(
     head: &str,
     cluster: Option<&str>,
 ) -> Result<Review, GateError> {
+    review_among(repo, base, head, cluster, None)
+}
+
+/// [`review`] of only the clusters named in `among` (`None`: every one): the clusters a
+/// controller is configured for, so a PR's other folders are never parsed.
+pub fn review_among(
+    repo: &Repo,
+    base: &str,
+    head: &str,
+    cluster: Option<&str>,
+    among: Option<&[String]>,
+) -> Result<Review, GateError> {
     let head = repo.resolve(head)?;
     let base = repo.resolve(base)?;
     let state = policy_state(repo, &base, &head)?;
@@ -333,6 +351,9 @@ pub fn review(
             all.extend(head_names.iter().cloned());
             all.sort();
             all.dedup();
+            if let Some(among) = among {
+                all.retain(|n| among.contains(n));
+            }
             let mut touched = Vec::new();
             for n in all {
                 let (rs, cl) = paths(&n);
@@ -344,6 +365,12 @@ pub fn review(
                 if differs(&rs) || differs(&cl) {
                     touched.push(n);
                 }
+            }
+            if touched.len() > MAX_CLUSTERS_PER_CHANGE {
+                return Err(GateError::TooManyClusters {
+                    count: touched.len(),
+                    max: MAX_CLUSTERS_PER_CHANGE,
+                });
             }
             touched
         }

@@ -221,7 +221,8 @@ fn to_json(r: &NoteRecord) -> String {
 fn replace_controls(s: &str, keep_newlines: bool) -> String {
     s.chars()
         .map(|c| {
-            if c.is_control() && !(keep_newlines && (c == '\n' || c == '\t')) {
+            // Bidi controls and zero-width characters too: a note reads as it says.
+            if crate::escape::is_invisible(c) && !(keep_newlines && (c == '\n' || c == '\t')) {
                 ' '
             } else {
                 c
@@ -994,6 +995,22 @@ mod tests {
         );
         assert!(!line.contains("node"));
         assert_eq!(parse_line(&line).unwrap(), record());
+    }
+
+    #[test]
+    fn bidi_controls_never_reach_a_note() {
+        let mut r = NoteRecord::new(
+            RecordKind::Gate,
+            Timestamp::from_millis(0),
+            "failure",
+            "blocked: \u{202e}gnihton\u{2069} \u{200b}x",
+        );
+        r.detail = Some("line one\nline \u{2067}two".into());
+        let line = r.to_line();
+        for c in ['\u{202e}', '\u{2069}', '\u{200b}', '\u{2067}'] {
+            assert!(!line.contains(c), "{line:?}");
+        }
+        assert!(line.contains("line one\\nline  two"), "{line}");
     }
 
     #[test]

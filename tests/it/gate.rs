@@ -613,3 +613,44 @@ fn is_empty(p: &Path) -> bool {
         .map(|mut e| e.next().is_none())
         .unwrap_or(false)
 }
+
+/// Issue 17 item 9: a change may touch at most `MAX_CLUSTERS_PER_CHANGE` cluster folders —
+/// past it, `ichor check` refuses clearly rather than parse them all; a controller reads only
+/// the clusters it is configured for, so another's broken (or thousand) folders cost it
+/// nothing and never block its own cluster.
+#[test]
+fn a_change_touching_too_many_cluster_folders_is_refused_and_others_are_never_parsed() {
+    let r = home();
+    let n = ichor::gate::MAX_CLUSTERS_PER_CHANGE + 1;
+    let names: Vec<String> = (0..n).map(|i| format!("extra-{i}")).collect();
+    let paths: Vec<String> = names
+        .iter()
+        .map(|c| format!("clusters/{c}/release-set.yaml"))
+        .collect();
+    let mut files: Vec<(&str, Option<Entry>)> = paths
+        .iter()
+        // Not even YAML: parsed, each would be an error section.
+        .map(|p| (p.as_str(), Some(file("{{{ not yaml"))))
+        .collect();
+    let bumped = RS.replace("v1.33.5", "v1.33.7");
+    files.push(("clusters/home/release-set.yaml", Some(file(&bumped))));
+    r.branch("flood", files);
+
+    let o = r.check("flood", &[]);
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("touches {} cluster folders", n + 1))
+            && err.contains(&format!("at most {}", n - 1)),
+        "{err}"
+    );
+
+    // As a controller configured for `home` sees it: only `home` is read and judged.
+    let repo = ichor::git::Repo::open(r.dir.path()).expect("open");
+    let review =
+        ichor::gate::review_among(&repo, "main", "flood", None, Some(&["home".to_string()]))
+            .expect("judged");
+    let clusters: Vec<Option<String>> = review.sections.iter().map(|s| s.cluster.clone()).collect();
+    assert_eq!(clusters, [Some("home".to_string())]);
+    assert!(review.sections.iter().all(|s| s.result.is_ok()));
+}
