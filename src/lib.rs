@@ -17,4 +17,5 @@ pub mod releaseset;
 pub mod rollout;
 pub mod secret;
 pub mod sim;
+pub mod state;
 pub mod talos;

@@ -17,6 +17,13 @@ pub fn run(config: &Path, check_only: bool) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_INVALID));
         }
     };
+    for w in cfg.warnings() {
+        if check_only {
+            eprintln!("warning: {}", ichor::escape::terminal(&w));
+        } else {
+            tracing::warn!("{w}");
+        }
+    }
     if check_only {
         // Without a webhook secret nothing listens on `listen`: say so here as at the start.
         let webhooks = if cfg.webhook.is_some() {

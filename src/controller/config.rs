@@ -172,9 +172,82 @@ pub enum Source {
 impl Config {
     pub fn load(path: &Path) -> Result<Config, DocumentError> {
         let file = path.display().to_string();
+        // Sized before it is read: a configuration is a page of YAML.
+        let size = std::fs::metadata(path)
+            .map_err(|e| DocumentError::new(&file, format!("cannot read: {e}")))?
+            .len();
+        if size > MAX_CONFIG_BYTES {
+            return Err(DocumentError::new(
+                &file,
+                format!("is {size} bytes; a configuration is at most {MAX_CONFIG_BYTES}"),
+            ));
+        }
         let text = std::fs::read_to_string(path)
             .map_err(|e| DocumentError::new(&file, format!("cannot read: {e}")))?;
         Config::parse(&file, &text)
+    }
+
+    /// What is allowed but unwise, for `--check` and the start: secret files anyone on the
+    /// machine can read, a webhook secret short enough to guess. Never quotes a secret.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut files: Vec<(&str, &Path)> = Vec::new();
+        if let Some(g) = &self.credentials.github {
+            files.extend(
+                g.token_file
+                    .as_deref()
+                    .map(|f| ("credentials.github.tokenFile", f)),
+            );
+            files.extend(
+                g.private_key_file
+                    .as_deref()
+                    .map(|f| ("credentials.github.privateKeyFile", f)),
+            );
+        }
+        if let Some(g) = &self.credentials.git {
+            files.extend(
+                g.token_file
+                    .as_deref()
+                    .map(|f| ("credentials.git.tokenFile", f)),
+            );
+            files.extend(
+                g.ssh_key_file
+                    .as_deref()
+                    .map(|f| ("credentials.git.sshKeyFile", f)),
+            );
+        }
+        if let Some(w) = &self.webhook {
+            files.extend(w.secret_file.as_deref().map(|f| ("webhook.secretFile", f)));
+        }
+        #[cfg(unix)]
+        for (key, f) in &files {
+            use std::os::unix::fs::PermissionsExt;
+            if let Ok(meta) = std::fs::metadata(f) {
+                let mode = meta.permissions().mode() & 0o777;
+                if mode & 0o004 != 0 {
+                    out.push(format!(
+                        "{key} {}: readable by everyone on this machine (mode {mode:04o}); chmod 600 it (in Kubernetes, a defaultMode such as 0440 on the Secret volume, as deploy/deployment.yaml sets)",
+                        f.display()
+                    ));
+                }
+            }
+        }
+        if let Some(w) = &self.webhook {
+            let secret = match (&w.secret_file, &w.secret_env) {
+                (Some(f), _) => crate::secret::Secret::from_file(f).ok(),
+                (None, Some(e)) => crate::secret::Secret::from_env(e).ok(),
+                (None, None) => None,
+            };
+            if let Some(s) = secret {
+                if s.expose().len() < MIN_WEBHOOK_SECRET_BYTES {
+                    out.push(format!(
+                        "webhook: the secret is {} bytes; use at least {MIN_WEBHOOK_SECRET_BYTES} random bytes (e.g. `openssl rand -hex 32`): anyone who guesses it can forge deliveries",
+                        s.expose().len()
+                    ));
+                }
+            }
+        }
+        out
     }
 
     pub fn parse(file: &str, text: &str) -> Result<Config, DocumentError> {
@@ -212,10 +285,17 @@ impl Config {
                         format!("repository.url `{}`: expected https://…, ssh://… or user@host:path", redact_url(url)),
                     ));
                 }
-                if url_has_password(url) {
+                if url_has_password(url) || (url.starts_with("http") && url_has_userinfo(url)) {
                     return Err(at(
                         "url:",
-                        "repository.url carries a password; put it in credentials.git.tokenFile instead (a URL is logged, a secret must not be)".into(),
+                        "repository.url carries credentials; put the token in credentials.git.tokenFile instead (a URL is logged, a secret must not be)".into(),
+                    ));
+                }
+                // Whoever sits on the path could hand ichor any "protected branch" to roll out.
+                if url.starts_with("http://") && !is_loopback_http(url) {
+                    return Err(at(
+                        "url:",
+                        format!("repository.url `{}`: plain http lets anyone on the path change what ichor rolls out; use https:// or ssh:// (plain http only on loopback)", redact_url(url)),
                     ));
                 }
             }
@@ -320,6 +400,15 @@ impl Config {
             }
         }
         if let Some(g) = &self.github {
+            if url_has_userinfo(&g.api_url) {
+                return Err(at(
+                    "apiUrl:",
+                    format!(
+                        "github.apiUrl `{}`: carries credentials; give the token in credentials.github instead",
+                        redact_url(&g.api_url)
+                    ),
+                ));
+            }
             if !(g.api_url.starts_with("https://") || is_loopback_http(&g.api_url)) {
                 return Err(at(
                     "apiUrl:",
@@ -420,6 +509,19 @@ fn cluster_line(text: &str, nth: usize) -> Option<(usize, usize)> {
         .map(|(i, l)| (i + 1, l.len() - l.trim_start().len() + 1))
 }
 
+/// The most bytes a configuration file may have.
+pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
+/// A webhook secret shorter than this is warned about.
+pub const MIN_WEBHOOK_SECRET_BYTES: usize = 16;
+
+fn url_has_userinfo(url: &str) -> bool {
+    let Some((_, rest)) = url.split_once("://") else {
+        return false;
+    };
+    rest.split('/').next().unwrap_or("").contains('@')
+}
+
 fn url_has_password(url: &str) -> bool {
     let Some((_, rest)) = url.split_once("://") else {
         return false;
@@ -484,9 +586,75 @@ mod tests {
             err("repository:\n  path: /srv/lab.git\nclusters:\n  - name: Lab_1\n    act: false\n");
         assert!(e.contains("DNS label"), "{e}");
         let e = err("repository:\n  url: https://x:hunter2@github.com/a/b.git\nclusters:\n  - name: lab\n    act: false\n");
-        assert!(e.contains("password") && !e.contains("hunter2"), "{e}");
+        assert!(e.contains("credentials") && !e.contains("hunter2"), "{e}");
         let e = err("repository:\n  path: /srv/lab.git\nclusters:\n  - name: lab\n    act: false\npollInterval: 1s\n");
         assert!(e.starts_with("c.yaml:6:"), "{e}");
+    }
+
+    #[test]
+    fn credentials_in_urls_and_plain_http_remotes_are_refused() {
+        let e = err("repository:\n  url: https://ghp_0123456789abcdef@github.com/a/b.git\nclusters:\n  - name: lab\n    act: false\n");
+        assert!(
+            e.contains("carries credentials") && !e.contains("ghp_"),
+            "{e}"
+        );
+        let e = err("repository:\n  url: http://git.example.com/a/b.git\nclusters:\n  - name: lab\n    act: false\n");
+        assert!(
+            e.starts_with("c.yaml:2:") && e.contains("plain http"),
+            "{e}"
+        );
+        let ok = "repository:\n  url: http://127.0.0.1:9/a/b.git\nclusters:\n  - name: lab\n    act: false\n";
+        assert!(Config::parse("c.yaml", ok).is_ok());
+        let e = err(&format!(
+            "{GOOD}\ngithub:\n  repository: OWNER/homelab\n  apiUrl: https://u:p@ghe.example.com/api/v3\n"
+        ));
+        assert!(
+            e.contains("apiUrl") && e.contains("carries credentials") && !e.contains("u:p"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn secrets_anyone_can_read_and_short_webhook_secrets_are_warned() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "short\n").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let text = GOOD.replace("/etc/ichor/webhook/secret", &secret.display().to_string());
+        let c = Config::parse("c.yaml", &text).unwrap();
+        let w = c.warnings();
+        assert!(
+            w.iter()
+                .any(|w| w.starts_with("webhook.secretFile") && w.contains("0644")),
+            "{w:?}"
+        );
+        assert!(
+            w.iter().any(|w| w.contains("the secret is 5 bytes")),
+            "{w:?}"
+        );
+        assert!(
+            w.iter().all(|w| !w.contains("short")),
+            "never the secret: {w:?}"
+        );
+        std::fs::write(&secret, "0123456789abcdef0123").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(Config::parse("c.yaml", &text)
+            .unwrap()
+            .warnings()
+            .is_empty());
+    }
+
+    #[test]
+    fn a_config_file_is_sized_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big.yaml");
+        std::fs::write(&big, vec![b'#'; MAX_CONFIG_BYTES as usize + 1]).unwrap();
+        let e = Config::load(&big).unwrap_err().to_string();
+        assert!(
+            e.contains("big.yaml") && e.contains("at most 1048576"),
+            "{e}"
+        );
     }
 
     #[test]

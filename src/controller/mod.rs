@@ -389,7 +389,7 @@ pub async fn connect(
         .or_else(|| std::env::var("ICHOR_POD_NAME").ok())
         .unwrap_or_else(crate::rollout::host_identity);
     let identity = format!("ichor-run/{identity}");
-    crate::sim::state::prepare_dir(&cfg.state_dir)
+    crate::state::prepare_dir(&cfg.state_dir)
         .map_err(|e| Error::Other(format!("stateDir {}: {e}", cfg.state_dir.display())))?;
     let mirror_dir = cfg.state_dir.join("mirror.git");
     let mirror = Mirror::open(&mirror_dir)?;
