@@ -246,6 +246,11 @@ enum Credentials {
 
 struct Inner {
     http: Octocrab,
+    /// The API's base URL, without a trailing slash: a redirect is followed only within it.
+    api_url: String,
+    /// The repository moved (renamed or transferred): `/repos/{repo}` → where GitHub's
+    /// redirect said it is now (`/repositories/{id}`), learnt from the first redirect.
+    moved: Mutex<Option<(String, String)>>,
     clock: Clock,
     repo: String,
     login: String,
@@ -635,6 +640,8 @@ impl GithubClient {
         let mut client = GithubClient {
             inner: Arc::new(Inner {
                 http,
+                api_url: api_url.to_string(),
+                moved: Mutex::new(None),
                 clock,
                 repo: config.repo,
                 login: String::new(),
@@ -1108,8 +1115,16 @@ impl GithubClient {
         let inner = &self.inner;
         let mut failures = 0u32;
         let mut waits = 0u32;
+        let mut redirects = 0u32;
         let mut token_renewed = false;
         let write = method != Method::GET;
+        // Once GitHub said the repository moved, its calls go straight to where it is.
+        let mut path = match &*lock(&inner.moved) {
+            Some((old, new)) if path.starts_with(old.as_str()) => {
+                format!("{new}{}", &path[old.len()..])
+            }
+            _ => path,
+        };
         loop {
             // A limit met earlier holds this call too: nothing is sent until it is over.
             if let Some(until) = self.held(write) {
@@ -1178,6 +1193,45 @@ impl GithubClient {
                     }
                 }
                 return Ok(answer);
+            }
+            if status.is_redirection() && status != StatusCode::NOT_MODIFIED {
+                // A renamed or transferred repository answers 301 (GET) or 307 (the rest);
+                // followed within this API only, never to another origin with the token.
+                redirects += 1;
+                let location = answer
+                    .headers
+                    .get(http::header::LOCATION)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                let within = location
+                    .strip_prefix(inner.api_url.as_str())
+                    .filter(|rest| rest.starts_with('/'));
+                let Some(rest) = within.filter(|_| redirects <= MAX_REDIRECTS) else {
+                    return Err(ForgeError::Api {
+                        what: what.to_string(),
+                        status: status.as_u16(),
+                        message: format!(
+                            "redirected to {}: not followed (another origin, or more than {MAX_REDIRECTS} redirects)",
+                            crate::escape::clip(&crate::controller::config::redact_url(location), 200)
+                        ),
+                    });
+                };
+                let old = format!("/repos/{}", inner.repo);
+                if let Some(suffix) = path.strip_prefix(old.as_str()) {
+                    if let Some(new) = rest.strip_suffix(suffix).filter(|n| !n.is_empty()) {
+                        let mut moved = lock(&inner.moved);
+                        if moved.is_none() {
+                            tracing::warn!(
+                                repository = %inner.repo,
+                                now_at = %new,
+                                "GitHub says the repository moved (renamed or transferred); following its redirects — update github.repository"
+                            );
+                            *moved = Some((old.clone(), new.to_string()));
+                        }
+                    }
+                }
+                path = rest.to_string();
+                continue;
             }
             let strikes = inner.strikes.load(Ordering::Relaxed);
             if let Some((wait, scope)) = rate_limit_wait(&answer, inner.clock.now(), write, strikes)
@@ -1304,6 +1358,9 @@ impl GithubClient {
         })
     }
 }
+
+/// Redirects followed for one call.
+const MAX_REDIRECTS: u32 = 3;
 
 /// 1 s, 2 s, 4 s, … after the first, second, third failure.
 fn backoff(failures: u32) -> Duration {

@@ -812,3 +812,38 @@ async fn the_twin_checks_jwt_times_and_token_scope_as_github_does() -> TestResul
     );
     Ok(())
 }
+
+/// Issue 17 item 4: a renamed or transferred repository answers its old name with GitHub's
+/// redirect (301 for a GET, 307 for a write, `Location: …/repositories/{id}/…`). The client
+/// follows it within the API, keeps the method and body, and goes straight to the new place
+/// afterwards.
+#[tokio::test]
+async fn a_renamed_repository_is_followed_through_githubs_redirects() -> TestResult {
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, GithubTwinConfig::default()).await?;
+    let client = connect(&twin, &clock).await?;
+    let sha = fx.bump.to_string();
+    twin.rename_repo(REPO, "home/ops-renamed")?;
+
+    // A write: 307 keeps the POST and its body.
+    assert!(
+        client
+            .set_status(&sha, "ichor/gate", StatusState::Pending, "evaluating", None)
+            .await?
+    );
+    let posted = twin.statuses("home/ops-renamed", &sha)?;
+    assert_eq!(posted.len(), 1);
+    assert_eq!(posted[0].description.as_deref(), Some("evaluating"));
+    // A read after the move is learnt goes to `/repositories/{id}` at once: one answer,
+    // no redirect in between.
+    let before = client.stats().requests;
+    client.open_pulls().await?;
+    assert_eq!(client.stats().requests - before, 1);
+    // A fresh client meets the 301 on its first read and follows it.
+    let fresh = connect(&twin, &clock).await?;
+    let before = fresh.stats().requests;
+    fresh.open_pulls().await?;
+    assert_eq!(fresh.stats().requests - before, 2, "a 301, then the answer");
+    Ok(())
+}

@@ -119,7 +119,7 @@ type ApiResult = Result<Response, ApiError>;
 type S = State<Arc<Shared>>;
 
 pub fn router(shared: Arc<Shared>) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/rate_limit", get(rate_limit))
         .route("/user", get(current_user))
         .route("/app", get(get_app))
@@ -159,7 +159,76 @@ pub fn router(shared: Arc<Shared>) -> Router {
         // GitHub answers an unsupported method on a known path with 404 too.
         .method_not_allowed_fallback(|| async { ApiError::not_found() })
         .layer(middleware::from_fn_with_state(shared.clone(), gate))
-        .with_state(shared)
+        .with_state(shared.clone());
+    // Outside the routes, so a rewritten path is routed afresh.
+    Router::new()
+        .fallback_service(routes)
+        .layer(middleware::from_fn_with_state(shared, moved))
+}
+
+/// A renamed or transferred repository, before routing: its old name answers 301 (GET) or
+/// 307 (the rest, so the method and body are kept) with `Location: …/repositories/{id}/…`,
+/// and that path serves the repository under its new name (github/rest-api-description,
+/// components/responses/moved_permanently; GitHub's docs, "Follow redirects").
+async fn moved(State(shared): S, mut req: Request, next: Next) -> Response {
+    let segs: Vec<String> = req.uri().path().split('/').map(str::to_string).collect();
+    if let [_, first, owner, name, ..] = segs.as_slice() {
+        if first == "repos" {
+            if let Some(id) = shared.moved_repo(&format!("{owner}/{name}")) {
+                let rest = segs[4..].join("/");
+                let query = req
+                    .uri()
+                    .query()
+                    .map(|q| format!("?{q}"))
+                    .unwrap_or_default();
+                let to = format!(
+                    "{}/repositories/{id}{}{query}",
+                    shared.base,
+                    if rest.is_empty() {
+                        String::new()
+                    } else {
+                        format!("/{rest}")
+                    }
+                );
+                let status = if req.method() == Method::GET {
+                    StatusCode::MOVED_PERMANENTLY
+                } else {
+                    StatusCode::TEMPORARY_REDIRECT
+                };
+                let body = serde_json::json!({
+                    "message": "Moved Permanently",
+                    "url": to,
+                    "documentation_url": "https://docs.github.com/v3/#http-redirects"
+                });
+                return (
+                    status,
+                    [(axum::http::header::LOCATION, to)],
+                    axum::Json(body),
+                )
+                    .into_response();
+            }
+        }
+        if first == "repositories" {
+            let full = owner
+                .parse::<u64>()
+                .ok()
+                .and_then(|id| shared.repo_by_id(id));
+            if let Some(full) = full {
+                let rest = segs[3..].join("/");
+                let query = req
+                    .uri()
+                    .query()
+                    .map(|q| format!("?{q}"))
+                    .unwrap_or_default();
+                let pq = format!("/repos/{full}/{rest}{query}");
+                let pq = pq.replace("//", "/");
+                if let Ok(uri) = pq.parse::<axum::http::Uri>() {
+                    *req.uri_mut() = uri;
+                }
+            }
+        }
+    }
+    next.run(req).await
 }
 
 /// Every request passes here: injected faults first (they come from GitHub's edge), then

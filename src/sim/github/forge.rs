@@ -110,6 +110,8 @@ impl RateWindow {
 pub struct Forge {
     pub repos: BTreeMap<String, RepoState>,
     ids: Ids,
+    /// Lower-cased old full names of renamed or transferred repositories → their id.
+    pub renamed: BTreeMap<String, u64>,
 }
 
 /// Ids are unique across repositories, as on GitHub.
@@ -229,6 +231,7 @@ impl Shared {
             login,
             hook_id: 400_000_001,
             forge: Mutex::new(Forge {
+                renamed: BTreeMap::new(),
                 repos: map,
                 ids: Ids {
                     next_pull_id: 2_000_000_001,
@@ -498,6 +501,39 @@ impl Shared {
         self.delivered.subscribe()
     }
 
+    /// Rename (or transfer) a repository, as GitHub does: the old name then answers with a
+    /// redirect to `/repositories/{id}`, and everything else uses the new name.
+    pub fn rename_repo(&self, old: &str, new: &str) -> Result<(), GithubError> {
+        let mut forge = self.forge();
+        let mut state = forge
+            .repos
+            .remove(&old.to_lowercase())
+            .ok_or_else(|| GithubError::UnknownRepo(old.to_string()))?;
+        state.spec.full_name = new.to_string();
+        forge.renamed.insert(old.to_lowercase(), state.id);
+        forge.repos.insert(new.to_lowercase(), state);
+        Ok(())
+    }
+
+    /// Where a request for `owner/name` goes: `Moved(id)` when that name was renamed away,
+    /// `Name(full name)` for `/repositories/{id}`.
+    pub fn moved_repo(&self, full_name: &str) -> Option<u64> {
+        let forge = self.forge();
+        if forge.repos.contains_key(&full_name.to_lowercase()) {
+            return None;
+        }
+        forge.renamed.get(&full_name.to_lowercase()).copied()
+    }
+
+    /// The current full name of the repository with this id.
+    pub fn repo_by_id(&self, id: u64) -> Option<String> {
+        self.forge()
+            .repos
+            .values()
+            .find(|r| r.id == id)
+            .map(|r| r.spec.full_name.clone())
+    }
+
     // ----- reads -----
 
     /// Run `f` on a repository's state and its git repository, after refreshing the live
@@ -508,7 +544,7 @@ impl Shared {
         f: impl FnOnce(&mut RepoState, &Repository, &mut Ids) -> Result<T, GithubError>,
     ) -> Result<T, GithubError> {
         let mut forge = self.forge();
-        let Forge { repos, ids } = &mut *forge;
+        let Forge { repos, ids, .. } = &mut *forge;
         let state = repos
             .get_mut(&full_name.to_lowercase())
             .ok_or_else(|| GithubError::UnknownRepo(full_name.to_string()))?;

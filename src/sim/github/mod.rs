@@ -344,6 +344,12 @@ impl GithubTwin {
     }
 
     /// The next `n` webhooks are dropped (logged, never sent).
+    /// Rename or transfer `old` to `new` (`owner/name`): the API answers the old name with
+    /// GitHub's redirect to `/repositories/{id}`.
+    pub fn rename_repo(&self, old: &str, new: &str) -> Result<(), GithubError> {
+        self.shared.rename_repo(old, new)
+    }
+
     pub fn drop_next_webhooks(&self, n: u32) {
         lock(&self.shared.faults).dropped_webhooks = n;
     }
