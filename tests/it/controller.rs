@@ -491,10 +491,12 @@ async fn a_pr_gets_its_gate_and_one_comment_and_each_new_head_is_judged_afresh()
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_merge_rolls_out_a_pause_shows_its_cause_and_retry_resumes_it() -> TestResult {
+/// `ichor run` with the homelab's Talos PR gated green and merged, its rollout paused on
+/// the cluster's one PodDisruptionBudget, which never allows a disruption for now:
+/// (hub, controller, the PR, its merge commit).
+async fn merged_and_paused(
+) -> Result<(Hub, Running, ichor::sim::github::PullRequest, String), Error> {
     let hub = Hub::start().await?;
-    // The cluster's one PodDisruptionBudget never allows a disruption, for now.
     let pdb_name = hub.s.first_pdb()?;
     hub.s
         .post_faults(serde_json::json!({"pdbsNeverAllow": [pdb_name]}))
@@ -514,6 +516,12 @@ async fn a_merge_rolls_out_a_pause_shows_its_cause_and_retry_resumes_it() -> Tes
             && hub.sticky(pr.number).join("").contains("**Paused**")
     })
     .await?;
+    Ok((hub, running, pr, merge))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_rolls_out_a_pause_shows_its_cause_and_retry_resumes_it() -> TestResult {
+    let (hub, running, pr, merge) = merged_and_paused().await?;
     let status = hub.status(&merge, "ichor/rollout").ok_or("no status")?;
     assert!(status
         .description
@@ -577,25 +585,7 @@ async fn a_merge_rolls_out_a_pause_shows_its_cause_and_retry_resumes_it() -> Tes
 /// what; the second PR's comment says what it took over, where that one had paused and why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_merge_over_a_paused_rollout_is_acknowledged_on_both_prs() -> TestResult {
-    let hub = Hub::start().await?;
-    let pdb_name = hub.s.first_pdb()?;
-    hub.s
-        .post_faults(serde_json::json!({"pdbsNeverAllow": [pdb_name]}))
-        .await?;
-    let running = hub.run("a").await?;
-    let pr = hub.open(GOOD).await?;
-    until(&hub.s, &running, "the gate", || {
-        is(
-            &hub.status(&pr.head_sha, "ichor/gate"),
-            StatusState::Success,
-        )
-    })
-    .await?;
-    let merge = hub.gh.merge_pull_request(REPO, pr.number, "mara").await?;
-    until(&hub.s, &running, "the pause", || {
-        hub.sticky(pr.number).join("").contains("**Paused**")
-    })
-    .await?;
+    let (hub, running, pr, merge) = merged_and_paused().await?;
 
     // Renovate's next Talos patch, on top of the paused merge, merged too.
     let next = "renovate/talos-next";

@@ -1687,23 +1687,7 @@ async fn a_single_replica_volume_is_named_as_down_for_the_duration_and_not_waite
 {
     let s = setup(TwinConfig::default()).await?;
     // One more Longhorn volume, with its only replica on w-2.
-    s.twin.kube.with(|c, now| -> Result<(), ichor::sim::kube::ApiError> {
-        c.upsert(
-            json!({
-                "apiVersion": "longhorn.io/v1beta2", "kind": "Volume",
-                "metadata": {"name": "pvc-scratch", "namespace": "longhorn-system"},
-                "spec": {"numberOfReplicas": 1, "size": "1073741824", "frontend": "blockdev", "nodeID": ""},
-                "status": {"state": "detached", "robustness": "unknown"},
-            }),
-            now,
-        )?;
-        c.upsert(
-            ichor::sim::kube::model::replica_object("longhorn-system", "pvc-scratch", "pvc-scratch-r-1", "w-2", now),
-            now,
-        )?;
-        Ok(())
-    })?;
-    s.twin.advance(Duration::from_secs(5));
+    add_longhorn_volume(&s, "pvc-scratch", &["w-2"])?;
     let (outcome, seen, lines) = run_once(&s, false).await?;
     assert!(seen.is_empty(), "{seen:?}");
     assert!(
@@ -1716,6 +1700,39 @@ async fn a_single_replica_volume_is_named_as_down_for_the_duration_and_not_waite
         "{:#?}",
         lines.all()
     );
+    Ok(())
+}
+
+/// A Longhorn volume nothing mounts yet (detached), with one replica on each of `nodes`,
+/// made after the set-up (and its plan); the twin settles for a moment after.
+pub fn add_longhorn_volume(s: &Setup, name: &str, nodes: &[&str]) -> Result<(), Error> {
+    s.twin
+        .kube
+        .with(|c, now| -> Result<(), ichor::sim::kube::ApiError> {
+            c.upsert(
+                json!({
+                    "apiVersion": "longhorn.io/v1beta2", "kind": "Volume",
+                    "metadata": {"name": name, "namespace": "longhorn-system"},
+                    "spec": {"numberOfReplicas": nodes.len(), "size": "1073741824", "frontend": "blockdev", "nodeID": ""},
+                    "status": {"state": "detached", "robustness": "unknown"},
+                }),
+                now,
+            )?;
+            for (i, node) in nodes.iter().enumerate() {
+                c.upsert(
+                    ichor::sim::kube::model::replica_object(
+                        "longhorn-system",
+                        name,
+                        &format!("{name}-r-{}", i + 1),
+                        node,
+                        now,
+                    ),
+                    now,
+                )?;
+            }
+            Ok(())
+        })?;
+    s.twin.advance(Duration::from_secs(5));
     Ok(())
 }
 

@@ -919,37 +919,7 @@ async fn a_volume_created_after_planning_holds_a_batch_peer_live() -> TestResult
     // The third replica on the worker that stays up meanwhile: "every other replica down"
     // never holds, only "never two holders down" does.
     let third = if peer == "w-1" { "w-2" } else { "w-1" };
-    s.twin
-        .kube
-        .with(|c, now| -> Result<(), ichor::sim::kube::ApiError> {
-            c.upsert(
-                json!({
-                    "apiVersion": "longhorn.io/v1beta2", "kind": "Volume",
-                    "metadata": {"name": "pvc-late", "namespace": "longhorn-system"},
-                    "spec": {"numberOfReplicas": 3, "size": "1073741824", "frontend": "blockdev", "nodeID": ""},
-                    "status": {"state": "detached", "robustness": "unknown"},
-                }),
-                now,
-            )?;
-            for (r, node) in [
-                ("pvc-late-r-1", peer.as_str()),
-                ("pvc-late-r-2", "w-3"),
-                ("pvc-late-r-3", third),
-            ] {
-                c.upsert(
-                    ichor::sim::kube::model::replica_object(
-                        "longhorn-system",
-                        "pvc-late",
-                        r,
-                        node,
-                        now,
-                    ),
-                    now,
-                )?;
-            }
-            Ok(())
-        })?;
-    s.twin.advance(Duration::from_secs(5));
+    crate::rollout::add_longhorn_volume(&s, "pvc-late", &[peer.as_str(), "w-3", third])?;
     let (outcome, seen, lines) = run_once(&s, false).await?;
     assert!(seen.is_empty(), "invariants broken: {seen:?}");
     assert!(

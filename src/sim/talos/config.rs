@@ -540,6 +540,11 @@ impl MachineConfig {
         if let Value::Mapping(m) = &mut docs[i] {
             m.insert(Value::String("enabled".into()), Value::Bool(false));
         }
+        Self::from_docs(&docs, talos_version)
+    }
+
+    /// The configuration these documents make, as Talos would read it back.
+    fn from_docs(docs: &[Value], talos_version: &str) -> Result<MachineConfig, ConfigError> {
         let text = docs
             .iter()
             .map(|d| serde_yaml::to_string(d).map_err(|e| ConfigError::Parse(e.to_string())))
@@ -579,12 +584,7 @@ impl MachineConfig {
                     .or_insert_with(|| Value::Mapping(Default::default()));
             }
         }
-        let text = docs
-            .iter()
-            .map(|d| serde_yaml::to_string(d).map_err(|e| ConfigError::Parse(e.to_string())))
-            .collect::<Result<Vec<_>, _>>()?
-            .join("---\n");
-        MachineConfig::parse(text.as_bytes(), talos_version)
+        Self::from_docs(&docs, talos_version)
     }
 
     /// The exact bytes as submitted.
