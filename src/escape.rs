@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 /// The most characters of one string any rendering prints; longer strings are cut with `…`.
 /// Generous for any real message, small enough that a hostile name cannot blow up a PR
-/// comment (GitHub caps a comment at 65,536 characters).
+/// comment (GitHub caps a comment at 262,144 bytes).
 pub const MAX_CHARS: usize = 1000;
 
 /// Mermaid draws task names inside or beside a bar: keep them short.

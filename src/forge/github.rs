@@ -31,8 +31,9 @@ use crate::secret::Secret;
 pub const MAX_DESCRIPTION_CHARS: usize = 140;
 /// GitHub's effective cap on a status context.
 pub const MAX_CONTEXT_CHARS: usize = 255;
-/// GitHub's cap on an issue comment body, in characters.
-pub const MAX_COMMENT_CHARS: usize = 65_536;
+/// GitHub's cap on an issue comment body: 262,144 UTF-8 bytes (its 422 says "maximum is
+/// 65536 characters", which holds only for 4-byte characters; measured in bytes).
+pub const MAX_COMMENT_BYTES: usize = 262_144;
 /// The most comment pages read when looking for the sticky comment (100 per page).
 pub const MAX_COMMENT_PAGES: u32 = 50;
 /// The most pages of open pull requests read (100 per page).
@@ -53,7 +54,7 @@ pub const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_CACHE_ENTRIES: usize = 4096;
 
 const COMMENT_TRUNCATION_NOTE: &str =
-    "\n\n… (truncated: this report is longer than GitHub's 65,536-character comment limit)";
+    "\n\n… (truncated: this report is longer than GitHub's comment limit of 262,144 bytes)";
 
 pub struct GithubConfig {
     /// `https://api.github.com`, a GitHub Enterprise `https://host/api/v3`, or the emulator.
@@ -508,26 +509,38 @@ fn check_marker(marker: &str) -> Result<(), ForgeError> {
     }
 }
 
-/// The sticky comment's body: the marker kept, at most GitHub's 65,536 characters (cut
-/// with a note saying so).
+/// The sticky comment's body: the marker kept, at most GitHub's 262,144 bytes (cut on a
+/// character boundary, with a note saying so).
 pub fn sticky_body(marker: &str, body: &str) -> String {
     let full = if body.contains(marker) {
         body.to_string()
     } else {
         format!("{marker}\n{body}")
     };
-    if full.chars().count() <= MAX_COMMENT_CHARS {
+    if full.len() <= MAX_COMMENT_BYTES {
         return full;
     }
-    let note_len = COMMENT_TRUNCATION_NOTE.chars().count();
-    let mut cut: String = full.chars().take(MAX_COMMENT_CHARS - note_len).collect();
+    let room = MAX_COMMENT_BYTES - COMMENT_TRUNCATION_NOTE.len();
+    let mut cut = head_bytes(&full, room).to_string();
     if !cut.contains(marker) {
         // The marker sat past the cut: put it first so the comment is still ours.
-        let room = MAX_COMMENT_CHARS - note_len - marker.chars().count() - 1;
-        cut = format!("{marker}\n{}", full.chars().take(room).collect::<String>());
+        let room = room - marker.len() - 1;
+        cut = format!("{marker}\n{}", head_bytes(&full, room));
     }
     cut.push_str(COMMENT_TRUNCATION_NOTE);
     cut
+}
+
+/// The longest start of `s` of at most `max` bytes that ends on a character boundary.
+fn head_bytes(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// GitHub's message from an error body, bounded and on one line.
@@ -893,9 +906,9 @@ impl GithubClient {
 
     /// A new comment on `pr` (the body capped at GitHub's limit). Returns its id.
     pub async fn post_comment(&self, pr: u64, body: &str) -> Result<u64, ForgeError> {
-        let body = if body.chars().count() > MAX_COMMENT_CHARS {
-            let note_len = COMMENT_TRUNCATION_NOTE.chars().count();
-            let mut cut: String = body.chars().take(MAX_COMMENT_CHARS - note_len).collect();
+        let body = if body.len() > MAX_COMMENT_BYTES {
+            let mut cut =
+                head_bytes(body, MAX_COMMENT_BYTES - COMMENT_TRUNCATION_NOTE.len()).to_string();
             cut.push_str(COMMENT_TRUNCATION_NOTE);
             cut
         } else {
@@ -1398,11 +1411,16 @@ mod tests {
         let m = "<!-- ichor:lab -->";
         assert_eq!(sticky_body(m, "hello"), format!("{m}\nhello"));
         assert_eq!(sticky_body(m, &format!("x {m} y")), format!("x {m} y"));
-        let huge = format!("{}{m}", "z".repeat(70_000));
+        let huge = format!("{}{m}", "z".repeat(300_000));
         let cut = sticky_body(m, &huge);
-        assert_eq!(cut.chars().count(), MAX_COMMENT_CHARS);
+        assert_eq!(cut.len(), MAX_COMMENT_BYTES);
+        // Many characters fit below the bytes: nothing is cut for 70,000 ASCII ones.
+        assert!(!sticky_body(m, &"z".repeat(70_000)).contains("truncated"));
+        // Cut on a character boundary: 4-byte characters never split.
+        let emoji = sticky_body(m, &"🌈".repeat(70_000));
+        assert!(emoji.len() <= MAX_COMMENT_BYTES && emoji.ends_with("bytes)"));
         assert!(cut.starts_with(m), "the marker survives the cut");
-        assert!(cut.ends_with("comment limit)"));
+        assert!(cut.ends_with("262,144 bytes)"));
         assert!(check_marker(m).is_ok());
         for bad in ["", "ichor", "<!---->", "<!-- a -- b -->", "<!-- x"] {
             assert!(check_marker(bad).is_err(), "{bad}");

@@ -564,6 +564,37 @@ async fn statuses_validate_list_and_combine() -> TestResult {
     Ok(())
 }
 
+/// GitHub's comment limit is in bytes: 262,144 UTF-8 bytes are stored, one more is a 422
+/// whose message (GitHub's own) still speaks of 65,536 characters.
+#[tokio::test]
+async fn comment_bodies_are_limited_to_262144_bytes() -> TestResult {
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = GithubTwin::start(clock.clone(), vec![RepoSpec::new(REPO, &fx.path)], None).await?;
+    let api = Api::new(&twin);
+    twin.open_pull_request(REPO, BUMP, "main", "bump", "", RENOVATE_LOGIN)
+        .await?;
+    let post = |body: String| {
+        let api = &api;
+        async move {
+            api.call(
+                Method::POST,
+                "/repos/home/ops/issues/1/comments",
+                Some(json!({ "body": body })),
+            )
+            .await
+        }
+    };
+    assert_eq!(post("x".repeat(262_144)).await?.status, StatusCode::CREATED);
+    assert_eq!(post("🌈".repeat(65_536)).await?.status, StatusCode::CREATED);
+    let refused = post(format!("{}x", "🌈".repeat(65_536))).await?;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(refused.json["errors"][0]["message"]
+        .as_str()
+        .is_some_and(|m| m == "Body is too long (maximum is 65536 characters)"));
+    Ok(())
+}
+
 #[tokio::test]
 async fn comments_create_list_get_and_update_with_patch_and_post() -> TestResult {
     let fx = fixture()?;
