@@ -175,9 +175,11 @@ pub fn verify_jwt<'a>(
     Ok(app)
 }
 
-/// A fresh `ghs_` token.
+/// A fresh `ghs_` token, longer than the 40 characters of today's: GitHub reserves the
+/// right to lengthen them (github/docs, "About authentication to GitHub", token formats),
+/// so a client must not assume a length. 76 characters here.
 pub fn new_token() -> String {
-    let bytes: [u8; 18] = rand::random();
+    let bytes: [u8; 36] = rand::random();
     format!("ghs_{}", hex::encode(bytes))
 }
 
