@@ -530,3 +530,78 @@ async fn a_command_quoted_in_a_code_block_or_a_comment_does_nothing() -> TestRes
     running.shutdown().await;
     Ok(())
 }
+
+// ----- the emulator delivers what GitHub delivers -----
+
+/// `labeled` is delivered and ignored (a label changes nothing ichor judges); a PR closed
+/// and `reopened` after its base moved is judged again, against the new base.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_label_is_ignored_and_a_reopened_pr_is_judged_against_its_new_base() -> TestResult {
+    let hub = Hub::start().await?;
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the gate", || {
+        has(&hub, &pr.head_sha, StatusState::Success)
+    })
+    .await?;
+    let m = &running.ctx.metrics;
+    let deliveries = |result: &str| {
+        m.value(
+            "ichor_webhook_deliveries_total",
+            &[("result", result), ("reason", "pull_request")],
+        )
+    };
+    let ignored = deliveries("ignored");
+    hub.gh
+        .label_pull_request(REPO, pr.number, "dependencies", RENOVATE_LOGIN)
+        .await?;
+    until(&hub.s, &running, "the label's delivery", || {
+        deliveries("ignored") == ignored + 1.0
+    })
+    .await?;
+
+    hub.gh
+        .close_pull_request(REPO, pr.number, RENOVATE_LOGIN)
+        .await?;
+    // While it is closed, main moves on (a README edit: nothing to judge differently, but
+    // a new base all the same).
+    {
+        let repo = git2::Repository::open_bare(&hub.origin)?;
+        let main = repo.find_reference("refs/heads/main")?.peel_to_commit()?;
+        let blob = repo.blob(b"# homelab\n\nedited while the PR was closed\n")?;
+        let mut b = git2::build::TreeUpdateBuilder::new();
+        b.upsert("README.md", blob, git2::FileMode::Blob);
+        let tree = repo.find_tree(b.create_updated(&repo, &main.tree()?)?)?;
+        let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
+        repo.commit(
+            Some("refs/heads/main"),
+            &sig,
+            &sig,
+            "docs\n",
+            &tree,
+            &[&main],
+        )?;
+    }
+    let gates = m.total("ichor_gates_total");
+    let accepted = deliveries("accepted");
+    hub.gh
+        .reopen_pull_request(REPO, pr.number, RENOVATE_LOGIN)
+        .await?;
+    until(&hub.s, &running, "the reopened PR judged again", || {
+        deliveries("accepted") > accepted && m.total("ichor_gates_total") > gates
+    })
+    .await?;
+    assert!(has(&hub, &pr.head_sha, StatusState::Success));
+    let reopened = hub
+        .gh
+        .deliveries()
+        .into_iter()
+        .rev()
+        .find(|d| d.action.as_deref() == Some("reopened"))
+        .ok_or("no reopened delivery")?;
+    let payload: serde_json::Value = serde_json::from_str(&reopened.body)?;
+    assert_eq!(payload["pull_request"]["state"], "open");
+    assert_eq!(payload["action"], "reopened");
+    running.shutdown().await;
+    Ok(())
+}

@@ -1125,6 +1125,62 @@ impl Shared {
         Ok(ticket)
     }
 
+    /// Reopen a closed (not merged) PR: `pull_request.reopened`. A merged PR cannot be
+    /// reopened (GitHub answers 422).
+    pub fn reopen_pull(
+        &self,
+        full_name: &str,
+        number: u64,
+        user: &str,
+    ) -> Result<Ticket, GithubError> {
+        let now = self.clock.now();
+        let ((), ticket) = self.with_repo_events(full_name, |state, repo, _| {
+            let idx = pull_index(state, full_name, number)?;
+            let pr = &mut state.pulls[idx];
+            if pr.state == PullState::Open {
+                return Ok(((), Vec::new()));
+            }
+            if pr.merged_at.is_some() {
+                return Err(GithubError::Validation {
+                    resource: "PullRequest",
+                    field: "state",
+                    code: "invalid",
+                    message: "state cannot be changed. The pull request cannot be reopened because it has been merged.".into(),
+                });
+            }
+            pr.state = PullState::Open;
+            pr.closed_at = None;
+            pr.updated_at = now;
+            let pr = pr.clone();
+            let event = self.pull_event(state, repo, &pr, "reopened", user, json!({}));
+            Ok(((), vec![event]))
+        })?;
+        Ok(ticket)
+    }
+
+    /// A label added to a PR: `pull_request.labeled`, with the `label` object beside the PR
+    /// (webhook payload schema `webhook-pull-request-labeled`).
+    pub fn label_pull(
+        &self,
+        full_name: &str,
+        number: u64,
+        label: &str,
+        user: &str,
+    ) -> Result<Ticket, GithubError> {
+        let ((), ticket) = self.with_repo_events(full_name, |state, repo, _| {
+            let idx = pull_index(state, full_name, number)?;
+            let pr = state.pulls[idx].clone();
+            let extra = json!({"label": {
+                "id": 208_045_946u64, "node_id": "MDU6TGFiZWwyMDgwNDU5NDY=",
+                "url": format!("{}/repos/{full_name}/labels/{label}", self.base),
+                "name": label, "description": null, "color": "ededed", "default": false,
+            }});
+            let event = self.pull_event(state, repo, &pr, "labeled", user, extra);
+            Ok(((), vec![event]))
+        })?;
+        Ok(ticket)
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn create_status(
         &self,

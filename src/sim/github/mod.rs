@@ -471,6 +471,31 @@ impl GithubTwin {
         Ok(())
     }
 
+    /// Reopen a closed PR (`pull_request.reopened`).
+    pub async fn reopen_pull_request(
+        &self,
+        repo: &str,
+        number: u64,
+        user: &str,
+    ) -> Result<(), GithubError> {
+        let ticket = self.shared.reopen_pull(repo, number, user)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(())
+    }
+
+    /// Add a label to a PR (`pull_request.labeled`).
+    pub async fn label_pull_request(
+        &self,
+        repo: &str,
+        number: u64,
+        label: &str,
+        user: &str,
+    ) -> Result<(), GithubError> {
+        let ticket = self.shared.label_pull(repo, number, label, user)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(())
+    }
+
     /// Commit `files` on `branch` of `fork_owner`'s fork of `repo` (made from the default
     /// branch when new); a PR from it hears `synchronize`. Returns the new commit's sha.
     pub async fn push_fork_commit(
