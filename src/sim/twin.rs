@@ -32,7 +32,7 @@ use crate::sim::github::{GithubTwin, RepoSpec};
 use crate::sim::kube::{self, KubeSeed, KubeTwin};
 use crate::sim::net::NetLimits;
 use crate::sim::state::{self, StateError};
-use crate::sim::talos::{self, ConfigForm, NodeObservation, NodeSpec, TalosTwin, TalosTwinOptions};
+use crate::sim::talos::{self, ConfigForm, NodeSpec, TalosTwin, TalosTwinOptions};
 use crate::sim::yaml;
 
 #[derive(Debug, thiserror::Error)]
@@ -653,7 +653,7 @@ impl Twin {
         tokio::spawn(async move {
             while changes.changed().await.is_ok() {
                 wakeups.fetch_add(1, Ordering::Relaxed);
-                project_into(&seen, &talos.observe(), &kube);
+                project_into(&seen, &talos, &kube);
             }
         })
     }
@@ -670,7 +670,7 @@ impl Twin {
     /// Carry the Talos side's current state into Kubernetes.
     pub fn project(&self) {
         self.talos.sync();
-        project_into(&self.seen, &self.talos.observe(), &self.kube);
+        project_into(&self.seen, &self.talos, &self.kube);
     }
 
     /// Manual clock: move time forward by `d`, stopping at every moment either side has
@@ -881,12 +881,12 @@ fn place(c: &mut kube::Cluster, now: Timestamp, holders: &BTreeMap<String, Vec<S
     }
 }
 
-fn project_into(
-    seen: &Mutex<BTreeMap<String, Seen>>,
-    observations: &[NodeObservation],
-    kube: &KubeTwin,
-) {
+fn project_into(seen: &Mutex<BTreeMap<String, Seen>>, talos: &TalosTwin, kube: &KubeTwin) {
     let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+    // Observed under the lock: the background projector and `advance` never write an
+    // older view of the machines over a newer one (a rebooted node Ready again).
+    let observations = talos.observe();
+    let observations = observations.as_slice();
     // The API is served while some control plane runs a Ready kube-apiserver (its static
     // pod); a single control plane's reboot, or its apiserver's restart, is an outage.
     let apiserver_up = observations.iter().any(|o| {
