@@ -809,16 +809,8 @@ impl Live {
             .build()?;
         let kube = runtime.block_on(ichor::kube::KubeClient::connect(Some(kubeconfig)))?;
         // An unreachable cluster is said once, plainly; its live items then wait.
-        if let Err(e) = runtime.block_on(kube.reachable()) {
-            let cause = match &e {
-                ichor::kube::KubeError::Unreachable { detail, .. } => detail.clone(),
-                other => other.to_string(),
-            };
-            eprintln!(
-                "warning: cannot reach the Kubernetes API server {}: {}",
-                ichor::escape::terminal(kube.server()),
-                ichor::escape::terminal(&cause)
-            );
+        if let Some(line) = runtime.block_on(kube.unreachable()) {
+            eprintln!("warning: {}", ichor::escape::terminal(&line));
         }
         let talos = match &access.talosconfig {
             Some(path) => {

@@ -184,13 +184,10 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
         let facts = gate::live::observe(&kube, Some(&talos), &subject).await;
         if let Err(e) = &facts.nodes {
             // One line: the API server and the OS's own words when it cannot be reached.
-            let why = match kube.reachable().await {
-                Err(ichor::kube::KubeError::Unreachable { detail, .. }) => format!(
-                    "cannot reach the Kubernetes API server {}: {detail}",
-                    kube.server()
-                ),
-                _ => format!("the cluster's nodes could not be read: {e}"),
-            };
+            let why = kube
+                .unreachable()
+                .await
+                .unwrap_or_else(|| format!("the cluster's nodes could not be read: {e}"));
             eprintln!("error: {}", ichor::escape::terminal(&why));
             return Ok(ExitCode::from(EXIT_UNREACHABLE));
         }

@@ -196,20 +196,21 @@ impl KubeClient {
         })
     }
 
-    /// The API server this client talks to (no credentials in it).
-    pub fn server(&self) -> &str {
-        &self.server
-    }
-
-    /// Whether the API server answers at all: `Err` only when it cannot be reached (an
-    /// answer, even a refusal, is an answer).
-    pub async fn reachable(&self) -> Result<(), KubeError> {
+    /// `None` when the API server answers at all (an answer, even a refusal, is an
+    /// answer); else the one line that says so: the server and the innermost cause.
+    pub async fn unreachable(&self) -> Option<String> {
         match self.client.apiserver_version().await {
-            Ok(_) | Err(kube::Error::Api(_)) => Ok(()),
-            Err(e) => Err(KubeError::from_kube(
-                format!("get {}/version", self.server),
-                e,
-            )),
+            Ok(_) | Err(kube::Error::Api(_)) => None,
+            Err(e) => {
+                let detail = match KubeError::from_kube("get /version", e) {
+                    KubeError::Unreachable { detail, .. } => detail,
+                    other => other.to_string(),
+                };
+                Some(format!(
+                    "cannot reach the Kubernetes API server {}: {detail}",
+                    self.server
+                ))
+            }
         }
     }
 

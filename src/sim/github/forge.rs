@@ -1108,51 +1108,56 @@ impl Shared {
         number: u64,
         user: &str,
     ) -> Result<Ticket, GithubError> {
-        let now = self.clock.now();
-        let ((), ticket) = self.with_repo_events(full_name, |state, repo, _| {
-            let idx = pull_index(state, full_name, number)?;
-            if state.pulls[idx].state == PullState::Closed {
-                return Ok(((), Vec::new()));
-            }
-            let pr = &mut state.pulls[idx];
-            pr.state = PullState::Closed;
-            pr.closed_at = Some(now);
-            pr.updated_at = now;
-            let pr = pr.clone();
-            let event = self.pull_event(state, repo, &pr, "closed", user, json!({}));
-            Ok(((), vec![event]))
-        })?;
-        Ok(ticket)
+        self.set_pull_state(full_name, number, user, PullState::Closed)
     }
 
     /// Reopen a closed (not merged) PR: `pull_request.reopened`. A merged PR cannot be
-    /// reopened (GitHub answers 422).
+    /// reopened: GitHub answers 422 with `state` "cannot be changed" (the rest of this
+    /// message is the emulator's wording).
     pub fn reopen_pull(
         &self,
         full_name: &str,
         number: u64,
         user: &str,
     ) -> Result<Ticket, GithubError> {
+        self.set_pull_state(full_name, number, user, PullState::Open)
+    }
+
+    /// Close or reopen a PR, with its `closed` / `reopened` delivery; nothing when it is
+    /// in that state already.
+    fn set_pull_state(
+        &self,
+        full_name: &str,
+        number: u64,
+        user: &str,
+        to: PullState,
+    ) -> Result<Ticket, GithubError> {
         let now = self.clock.now();
         let ((), ticket) = self.with_repo_events(full_name, |state, repo, _| {
             let idx = pull_index(state, full_name, number)?;
             let pr = &mut state.pulls[idx];
-            if pr.state == PullState::Open {
+            if pr.state == to {
                 return Ok(((), Vec::new()));
             }
-            if pr.merged_at.is_some() {
-                return Err(GithubError::Validation {
-                    resource: "PullRequest",
-                    field: "state",
-                    code: "invalid",
-                    message: "state cannot be changed. The pull request cannot be reopened because it has been merged.".into(),
-                });
-            }
-            pr.state = PullState::Open;
-            pr.closed_at = None;
+            let action = if to == PullState::Open {
+                if pr.merged_at.is_some() {
+                    return Err(GithubError::Validation {
+                        resource: "PullRequest",
+                        field: "state",
+                        code: "invalid",
+                        message: "state cannot be changed. The pull request cannot be reopened because it has been merged.".into(),
+                    });
+                }
+                pr.closed_at = None;
+                "reopened"
+            } else {
+                pr.closed_at = Some(now);
+                "closed"
+            };
+            pr.state = to;
             pr.updated_at = now;
             let pr = pr.clone();
-            let event = self.pull_event(state, repo, &pr, "reopened", user, json!({}));
+            let event = self.pull_event(state, repo, &pr, action, user, json!({}));
             Ok(((), vec![event]))
         })?;
         Ok(ticket)
