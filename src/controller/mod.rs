@@ -266,6 +266,8 @@ pub struct Ctx {
     pub webhook_secret: Option<Secret>,
     pub clusters: Vec<Arc<ClusterRuntime>>,
     pub reporters: Reporters,
+    /// Git-only commands handled, and the key of this controller's acks.
+    pub ledger: commands::CommandLedger,
     pub metrics: Arc<Metrics>,
     pub state: tokio::sync::Mutex<LoopState>,
     pub events: mpsc::Sender<Event>,
@@ -483,11 +485,14 @@ pub async fn connect(
             backwards: Mutex::new(None),
         }));
     }
+    let ledger = commands::CommandLedger::open(&cfg.state_dir)?;
     let notes = (!cfg.uses_github() || cfg.notes).then(|| {
         Arc::new(report::NotesSink {
             mirror: mirror_dir.clone(),
             remote: remote.clone(),
             lock: tokio::sync::Mutex::new(()),
+            key: ledger.key.clone(),
+            unpublished: Mutex::new(None),
         })
     });
     // The loop never sleeps out a rate limit: its calls answer at once, and the work is
@@ -509,6 +514,7 @@ pub async fn connect(
         webhook_secret,
         clusters,
         reporters,
+        ledger,
         metrics: Arc::new(Metrics::default()),
         state: tokio::sync::Mutex::new(LoopState::default()),
         events,
@@ -906,7 +912,7 @@ pub async fn reconcile(ctx: &Arc<Ctx>) -> Result<(), Error> {
     if ctx.github.is_none() {
         commands::git_commands(ctx).await?;
     }
-    Ok(())
+    ctx.reporters.publish_notes().await
 }
 
 /// The clusters a repository revision holds, and whether there are several.
