@@ -907,6 +907,12 @@ pub async fn reconcile(ctx: &Arc<Ctx>) -> Result<(), Error> {
     ctx.metrics
         .inc("ichor_reconciles_total", "Reconciles run.", &[]);
     ctx.sync().await?;
+    if let Some(gh) = ctx.github.as_ref().filter(|g| g.repository_id().is_none()) {
+        // Once, so webhooks of the repository renamed or transferred are still known by id.
+        if let Err(e) = gh.learn_repository_id().await {
+            tracing::debug!(error = %e, "the repository's id is not known yet");
+        }
+    }
     gating::gate_open(ctx).await?;
     rolling::on_branch(ctx).await?;
     if ctx.github.is_none() {

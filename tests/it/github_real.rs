@@ -16,6 +16,7 @@ type Error = Box<dyn std::error::Error>;
 
 const REPO: &str = "acme/homelab";
 const GOOD: &str = "renovate/talos";
+const BAD: &str = "renovate/ghcr.io-siderolabs-kubelet-1.x";
 const SECRET: &str = "webhook-secret-do-not-print";
 
 fn has(hub: &Hub, sha: &str, state: StatusState) -> bool {
@@ -602,6 +603,188 @@ async fn a_label_is_ignored_and_a_reopened_pr_is_judged_against_its_new_base() -
     let payload: serde_json::Value = serde_json::from_str(&reopened.body)?;
     assert_eq!(payload["pull_request"]["state"], "open");
     assert_eq!(payload["action"], "reopened");
+    running.shutdown().await;
+    Ok(())
+}
+
+// ----- 4: renamed or transferred repositories -----
+
+/// Issue 17 item 4: after a rename, GitHub's webhooks carry the new name; ichor, still
+/// configured with the old one, knows them by the repository's id (which a rename keeps),
+/// fetches through the old clone URL's redirect, and judges the reopened PR again. A
+/// delivery naming another repository id is still not ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_of_a_renamed_repository_are_known_by_its_id() -> TestResult {
+    let hub = Hub::start().await?;
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the gate and the repository's id", || {
+        has(&hub, &pr.head_sha, StatusState::Success)
+            && running
+                .ctx
+                .github
+                .as_ref()
+                .is_some_and(|g| g.repository_id().is_some())
+    })
+    .await?;
+    const NEW: &str = "acme/homelab-renamed";
+    hub.gh.rename_repo(REPO, NEW)?;
+    let m = &running.ctx.metrics;
+    let count = |result: &str, reason: &str| {
+        m.value(
+            "ichor_webhook_deliveries_total",
+            &[("result", result), ("reason", reason)],
+        )
+    };
+    let accepted = count("accepted", "pull_request");
+    hub.gh
+        .close_pull_request(NEW, pr.number, RENOVATE_LOGIN)
+        .await?;
+    until(
+        &hub.s,
+        &running,
+        "the close, under the new name, accepted",
+        || count("accepted", "pull_request") == accepted + 1.0,
+    )
+    .await?;
+    let closed = hub
+        .gh
+        .deliveries()
+        .into_iter()
+        .rev()
+        .find(|d| d.action.as_deref() == Some("closed"))
+        .ok_or("no closed delivery")?;
+    let mut payload: serde_json::Value = serde_json::from_str(&closed.body)?;
+    assert_eq!(payload["repository"]["full_name"], NEW);
+
+    let gates = m.total("ichor_gates_total");
+    hub.gh
+        .reopen_pull_request(NEW, pr.number, RENOVATE_LOGIN)
+        .await?;
+    until(&hub.s, &running, "the reopened PR judged again", || {
+        m.total("ichor_gates_total") > gates
+    })
+    .await?;
+
+    // Another repository, whatever it is called, stays another repository.
+    let others = count("ignored", "another repository");
+    payload["repository"]["id"] = serde_json::json!(987_654_321u64);
+    payload["repository"]["full_name"] = "acme/elsewhere".into();
+    let status = deliver(
+        &running,
+        "pull_request",
+        "another-repo-1",
+        "application/json",
+        &payload.to_string(),
+    )
+    .await?;
+    assert_eq!(status, 202);
+    assert_eq!(count("ignored", "another repository"), others + 1.0);
+    running.shutdown().await;
+    Ok(())
+}
+
+// ----- the emulator delivers `edited` and `ready_for_review` -----
+
+/// A PR pointed at another base (`pull_request.edited` with `changes.base`) is judged against
+/// the new base's tip; a draft marked ready (`pull_request.ready_for_review`) is taken. The
+/// payloads carry what octokit/webhooks' schemas say they carry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_base_change_is_judged_against_the_new_base_and_a_draft_taken_when_ready() -> TestResult {
+    let hub = Hub::start().await?;
+    // `release`: main and one more commit, so its tip differs from main's.
+    let release_tip = {
+        let repo = git2::Repository::open_bare(&hub.origin)?;
+        let main = repo.find_reference("refs/heads/main")?.peel_to_commit()?;
+        let blob = repo.blob(b"# homelab\n\nthe release line\n")?;
+        let mut b = git2::build::TreeUpdateBuilder::new();
+        b.upsert("README.md", blob, git2::FileMode::Blob);
+        let tree = repo.find_tree(b.create_updated(&repo, &main.tree()?)?)?;
+        let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
+        repo.commit(
+            Some("refs/heads/release"),
+            &sig,
+            &sig,
+            "release\n",
+            &tree,
+            &[&main],
+        )?
+        .to_string()
+    };
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    let judged_base = |number: u64| {
+        running
+            .ctx
+            .state
+            .try_lock()
+            .ok()
+            .and_then(|st| st.judged.get(&number.to_string()).map(|(_, b)| b.clone()))
+    };
+    until(&hub.s, &running, "the gate", || {
+        has(&hub, &pr.head_sha, StatusState::Success)
+    })
+    .await?;
+    assert_ne!(
+        judged_base(pr.number).as_deref(),
+        Some(release_tip.as_str())
+    );
+
+    let edited = hub
+        .gh
+        .change_pull_base(REPO, pr.number, "release", RENOVATE_LOGIN)
+        .await?;
+    assert_eq!(edited.base_ref, "release");
+    until(&hub.s, &running, "the PR judged against release", || {
+        judged_base(pr.number).as_deref() == Some(release_tip.as_str())
+    })
+    .await?;
+    let delivery = hub
+        .gh
+        .deliveries()
+        .into_iter()
+        .rev()
+        .find(|d| d.action.as_deref() == Some("edited"))
+        .ok_or("no edited delivery")?;
+    let payload: serde_json::Value = serde_json::from_str(&delivery.body)?;
+    assert_eq!(payload["changes"]["base"]["ref"]["from"], "main");
+    assert_eq!(payload["pull_request"]["base"]["ref"], "release");
+    assert_eq!(payload["pull_request"]["base"]["sha"], release_tip.as_str());
+    // A base that does not exist is GitHub's 422, and nothing is delivered.
+    let n = hub.gh.deliveries().len();
+    assert!(hub
+        .gh
+        .change_pull_base(REPO, pr.number, "no-such-branch", RENOVATE_LOGIN)
+        .await
+        .is_err());
+    assert_eq!(hub.gh.deliveries().len(), n);
+
+    // A draft, then ready for review.
+    let draft = hub
+        .gh
+        .open_draft_pull_request(REPO, BAD, "main", "Renovate update (draft)", RENOVATE_LOGIN)
+        .await?;
+    until(&hub.s, &running, "the draft's gate", || {
+        has(&hub, &draft.head_sha, StatusState::Failure)
+    })
+    .await?;
+    let accepted = deliveries(&running, "accepted", "pull_request");
+    hub.gh
+        .mark_ready_for_review(REPO, draft.number, RENOVATE_LOGIN)
+        .await?;
+    until(&hub.s, &running, "ready_for_review taken", || {
+        deliveries(&running, "accepted", "pull_request") == accepted + 1.0
+    })
+    .await?;
+    let ready = hub
+        .gh
+        .deliveries()
+        .into_iter()
+        .rev()
+        .find(|d| d.action.as_deref() == Some("ready_for_review"))
+        .ok_or("no ready_for_review delivery")?;
+    let payload: serde_json::Value = serde_json::from_str(&ready.body)?;
+    assert_eq!(payload["pull_request"]["draft"], false);
     running.shutdown().await;
     Ok(())
 }
