@@ -788,3 +788,369 @@ async fn a_base_change_is_judged_against_the_new_base_and_a_draft_taken_when_rea
     running.shutdown().await;
     Ok(())
 }
+
+// ----- payloads, field for field -----
+
+/// Required keys, from octokit/webhooks `payload-schemas/api.github.com/` (the schemas
+/// GitHub's deliveries are checked against there): `common/repository.schema.json`.
+const REPOSITORY: &[&str] = &[
+    "id",
+    "node_id",
+    "name",
+    "full_name",
+    "private",
+    "owner",
+    "html_url",
+    "description",
+    "fork",
+    "url",
+    "forks_url",
+    "keys_url",
+    "collaborators_url",
+    "teams_url",
+    "hooks_url",
+    "issue_events_url",
+    "events_url",
+    "assignees_url",
+    "branches_url",
+    "tags_url",
+    "blobs_url",
+    "git_tags_url",
+    "git_refs_url",
+    "trees_url",
+    "statuses_url",
+    "languages_url",
+    "stargazers_url",
+    "contributors_url",
+    "subscribers_url",
+    "subscription_url",
+    "commits_url",
+    "git_commits_url",
+    "comments_url",
+    "issue_comment_url",
+    "contents_url",
+    "compare_url",
+    "merges_url",
+    "archive_url",
+    "downloads_url",
+    "issues_url",
+    "pulls_url",
+    "milestones_url",
+    "notifications_url",
+    "labels_url",
+    "releases_url",
+    "deployments_url",
+    "created_at",
+    "updated_at",
+    "pushed_at",
+    "git_url",
+    "ssh_url",
+    "clone_url",
+    "svn_url",
+    "homepage",
+    "size",
+    "stargazers_count",
+    "watchers_count",
+    "language",
+    "has_issues",
+    "has_projects",
+    "has_downloads",
+    "has_wiki",
+    "has_pages",
+    "forks_count",
+    "mirror_url",
+    "archived",
+    "open_issues_count",
+    "license",
+    "forks",
+    "open_issues",
+    "watchers",
+    "default_branch",
+    "is_template",
+    "web_commit_signoff_required",
+    "topics",
+    "visibility",
+    "custom_properties",
+];
+/// `common/pull-request.schema.json`.
+const PULL_REQUEST: &[&str] = &[
+    "url",
+    "id",
+    "node_id",
+    "html_url",
+    "diff_url",
+    "patch_url",
+    "issue_url",
+    "number",
+    "state",
+    "locked",
+    "title",
+    "user",
+    "body",
+    "created_at",
+    "updated_at",
+    "closed_at",
+    "merged_at",
+    "merge_commit_sha",
+    "assignee",
+    "assignees",
+    "requested_reviewers",
+    "requested_teams",
+    "labels",
+    "milestone",
+    "commits_url",
+    "review_comments_url",
+    "review_comment_url",
+    "comments_url",
+    "statuses_url",
+    "head",
+    "base",
+    "_links",
+    "author_association",
+    "auto_merge",
+    "active_lock_reason",
+    "draft",
+    "merged",
+    "mergeable",
+    "rebaseable",
+    "mergeable_state",
+    "merged_by",
+    "comments",
+    "review_comments",
+    "maintainer_can_modify",
+    "commits",
+    "additions",
+    "deletions",
+    "changed_files",
+];
+/// `common/user.schema.json`.
+const USER: &[&str] = &[
+    "login",
+    "id",
+    "node_id",
+    "avatar_url",
+    "gravatar_id",
+    "url",
+    "html_url",
+    "followers_url",
+    "following_url",
+    "gists_url",
+    "starred_url",
+    "subscriptions_url",
+    "organizations_url",
+    "repos_url",
+    "events_url",
+    "received_events_url",
+    "type",
+    "site_admin",
+];
+/// `common/issue-comment.schema.json`.
+const COMMENT: &[&str] = &[
+    "url",
+    "html_url",
+    "issue_url",
+    "id",
+    "node_id",
+    "user",
+    "created_at",
+    "updated_at",
+    "author_association",
+    "performed_via_github_app",
+    "body",
+    "reactions",
+];
+
+fn missing(value: &serde_json::Value, at: &str, keys: &[&str], out: &mut Vec<String>) {
+    match value.as_object() {
+        Some(obj) => out.extend(
+            keys.iter()
+                .filter(|k| !obj.contains_key(**k))
+                .map(|k| format!("{at}.{k}")),
+        ),
+        None => out.push(format!("{at} is not an object")),
+    }
+}
+
+/// Every delivery the emulator makes in a PR's life has every key GitHub's published
+/// schemas require, the ones ichor never reads included: a client tested against thinner
+/// payloads could depend on a field's absence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_delivery_has_the_fields_githubs_schemas_require() -> TestResult {
+    let hub = Hub::start().await?;
+    {
+        let repo = git2::Repository::open_bare(&hub.origin)?;
+        let main = repo.find_reference("refs/heads/main")?.peel_to_commit()?;
+        let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
+        repo.commit(
+            Some("refs/heads/release"),
+            &sig,
+            &sig,
+            "release\n",
+            &main.tree()?,
+            &[&main],
+        )?;
+    }
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    hub.gh
+        .push_commit(REPO, GOOD, &[("NOTES.md", "x\n")], "notes", RENOVATE_LOGIN)
+        .await?;
+    hub.gh
+        .label_pull_request(REPO, pr.number, "dependencies", RENOVATE_LOGIN)
+        .await?;
+    hub.gh
+        .change_pull_base(REPO, pr.number, "release", RENOVATE_LOGIN)
+        .await?;
+    hub.gh
+        .comment(REPO, pr.number, "/ichor plan", "mara")
+        .await?;
+    hub.gh
+        .close_pull_request(REPO, pr.number, RENOVATE_LOGIN)
+        .await?;
+    hub.gh
+        .reopen_pull_request(REPO, pr.number, RENOVATE_LOGIN)
+        .await?;
+    let draft = hub
+        .gh
+        .open_draft_pull_request(REPO, BAD, "main", "draft", RENOVATE_LOGIN)
+        .await?;
+    hub.gh
+        .mark_ready_for_review(REPO, draft.number, RENOVATE_LOGIN)
+        .await?;
+    hub.gh.queue_merge_group(REPO, draft.number, "mara").await?;
+    hub.gh.merge_pull_request(REPO, pr.number, "mara").await?;
+
+    let mut seen = std::collections::BTreeSet::new();
+    let mut gaps = Vec::new();
+    for d in hub.gh.deliveries() {
+        let p: serde_json::Value = serde_json::from_str(&d.body)?;
+        let name = format!("{}.{}", d.event, d.action.clone().unwrap_or_default());
+        seen.insert(name.clone());
+        let top: &[&str] = match d.event.as_str() {
+            "pull_request" if d.action.as_deref() == Some("edited") => &[
+                "action",
+                "changes",
+                "number",
+                "pull_request",
+                "repository",
+                "sender",
+            ],
+            "pull_request" => &["action", "number", "pull_request", "repository", "sender"],
+            "push" => &[
+                "ref",
+                "before",
+                "after",
+                "created",
+                "deleted",
+                "forced",
+                "base_ref",
+                "compare",
+                "commits",
+                "head_commit",
+                "repository",
+                "pusher",
+                "sender",
+            ],
+            "issue_comment" => &["action", "issue", "comment", "repository", "sender"],
+            "merge_group" => &["action", "merge_group", "repository", "sender"],
+            other => return Err(format!("an unexpected {other} delivery").into()),
+        };
+        missing(&p, &name, top, &mut gaps);
+        missing(
+            &p["repository"],
+            &format!("{name}.repository"),
+            REPOSITORY,
+            &mut gaps,
+        );
+        missing(
+            &p["repository"]["owner"],
+            &format!("{name}.repository.owner"),
+            USER,
+            &mut gaps,
+        );
+        missing(&p["sender"], &format!("{name}.sender"), USER, &mut gaps);
+        if d.event == "pull_request" {
+            let pull = &p["pull_request"];
+            missing(
+                pull,
+                &format!("{name}.pull_request"),
+                PULL_REQUEST,
+                &mut gaps,
+            );
+            missing(
+                &pull["user"],
+                &format!("{name}.pull_request.user"),
+                USER,
+                &mut gaps,
+            );
+            for end in ["head", "base"] {
+                let at = format!("{name}.pull_request.{end}");
+                missing(
+                    &pull[end],
+                    &at,
+                    &["label", "ref", "sha", "user", "repo"],
+                    &mut gaps,
+                );
+                missing(
+                    &pull[end]["repo"],
+                    &format!("{at}.repo"),
+                    REPOSITORY,
+                    &mut gaps,
+                );
+            }
+        }
+        if d.event == "issue_comment" {
+            missing(
+                &p["comment"],
+                &format!("{name}.comment"),
+                COMMENT,
+                &mut gaps,
+            );
+            missing(
+                &p["issue"],
+                &format!("{name}.issue"),
+                &["reactions", "pull_request"],
+                &mut gaps,
+            );
+        }
+        if d.event == "merge_group" {
+            missing(
+                &p["merge_group"],
+                &format!("{name}.merge_group"),
+                &[
+                    "head_sha",
+                    "head_ref",
+                    "base_ref",
+                    "base_sha",
+                    "head_commit",
+                ],
+                &mut gaps,
+            );
+        }
+        if d.event == "push" {
+            // A push's repository times are epoch seconds (the schema's `oneOf` integer).
+            assert!(
+                p["repository"]["created_at"].is_u64(),
+                "{name}: {}",
+                p["repository"]["created_at"]
+            );
+        }
+    }
+    assert!(gaps.is_empty(), "missing: {gaps:#?}");
+    for want in [
+        "pull_request.opened",
+        "pull_request.synchronize",
+        "pull_request.labeled",
+        "pull_request.edited",
+        "pull_request.closed",
+        "pull_request.reopened",
+        "pull_request.ready_for_review",
+        "push.",
+        "issue_comment.created",
+        "merge_group.checks_requested",
+    ] {
+        assert!(seen.contains(want), "no {want} delivery: {seen:?}");
+    }
+    running.shutdown().await;
+    Ok(())
+}

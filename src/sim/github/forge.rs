@@ -225,6 +225,7 @@ impl Shared {
                 RepoState {
                     id: 700_000_000 + i as u64 + 1,
                     spec,
+                    created_at: clock.now(),
                     pulls: Vec::new(),
                     statuses: BTreeMap::new(),
                     comments: Vec::new(),
@@ -771,7 +772,7 @@ impl Shared {
             action: None,
             repo: state.spec.full_name.clone(),
             repo_id: state.id,
-            payload: json::with_envelope(push, &self.base, state, pusher),
+            payload: json::with_push_envelope(push, &self.base, state, pusher),
         }];
         let after_s = after.to_string();
         for i in 0..state.pulls.len() {
