@@ -161,7 +161,7 @@ impl Reporters {
             comment::RolloutState::Paused { stage, node, .. } => {
                 (Some(stage.clone()), node.clone())
             }
-            comment::RolloutState::Running { stage } => (Some(stage.clone()), None),
+            comment::RolloutState::Running { stage, .. } => (Some(stage.clone()), None),
             _ => (None, None),
         };
         let word = match &r.section.state {

@@ -757,6 +757,22 @@ async fn a_merge_rolls_out_a_pause_shows_its_cause_and_retry_resumes_it() -> Tes
     assert_eq!(hub.replies(pr.number, "resuming the rollout"), 1);
     let body = hub.sticky(pr.number).join("");
     assert!(body.contains("✅ **Done**"), "{body}");
+    // Issue 19 item 4: while it ran, the status said how far it was and when it should end,
+    // and the count moved.
+    let etas: Vec<String> = hub
+        .gh
+        .statuses(REPO, &merge)?
+        .into_iter()
+        .filter(|s| s.context == "ichor/rollout")
+        .filter_map(|s| s.description)
+        .filter(|d| d.contains(" done, ends ≈ "))
+        .collect();
+    assert!(etas.len() >= 2, "{etas:?}");
+    assert!(
+        etas.iter()
+            .any(|d| d.contains("rolling out: ") && !d.contains("(0/")),
+        "{etas:?}"
+    );
     let want = hub.s.change.head_release_set.spec.kubernetes.to_string();
     let nodes = hub.s.kube.nodes().await?;
     assert!(nodes

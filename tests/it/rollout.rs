@@ -1523,6 +1523,13 @@ async fn ichor_rollout_killed_three_times_is_continued_by_the_next_run() -> Test
     assert!(seen.is_empty(), "invariants broken: {seen:?}");
     let last = outputs.last().cloned().unwrap_or_default();
     assert!(last.contains("Done in"), "{last}");
+    // Issue 19 item 4: each node done says how far and when it should end; the summary puts
+    // each stage beside its estimate.
+    assert!(
+        last.contains(" done, ends ≈ ") && last.contains(" UTC)"),
+        "{last}"
+    );
+    assert!(last.contains("(planned "), "{last}");
     for o in twin.talos.observe() {
         assert_eq!(o.talos_version, "v1.12.9", "{}", o.name);
         assert!(o.kubelet_version.ends_with("v1.33.7"), "{}", o.name);
