@@ -1468,6 +1468,7 @@ async fn ichor_rollout_killed_three_times_is_continued_by_the_next_run() -> Test
             &|r| r.stage.as_deref() == Some("kubelet"),
         ];
         let mut kills = 0;
+        let mut etas = Vec::new();
         for when in kill_when {
             let mut child = spawn(&clock)?;
             loop {
@@ -1477,7 +1478,8 @@ async fn ichor_rollout_killed_three_times_is_continued_by_the_next_run() -> Test
                     );
                 }
                 let rec = record::load(&kube, "homelab").await.ok().flatten();
-                if rec.is_some_and(|s| when(&s.record)) {
+                if let Some(s) = rec.as_ref().filter(|s| when(&s.record)) {
+                    etas.push(s.record.eta.clone());
                     child.kill()?;
                     child.wait()?;
                     kills += 1;
@@ -1499,7 +1501,7 @@ async fn ichor_rollout_killed_three_times_is_continued_by_the_next_run() -> Test
                 String::from_utf8_lossy(&out.stderr)
             ));
             if code == Some(0) {
-                return Ok((kills, outputs));
+                return Ok((kills, outputs, etas));
             }
             if code != Some(3) {
                 break;
@@ -1515,8 +1517,14 @@ async fn ichor_rollout_killed_three_times_is_continued_by_the_next_run() -> Test
         },
         checker
     );
-    let (kills, outputs) = result?;
+    let (kills, outputs, etas) = result?;
     assert_eq!(kills, 3);
+    // The record carries the live ETA while it runs (`ichor status` shows it); by the
+    // kubelets, the third run has finished nodes of its own.
+    let done: Vec<usize> = etas.iter().flatten().map(|e| e.done).collect();
+    assert_eq!(done.len(), 3, "{etas:?}");
+    assert!(done[2] > 0, "{etas:?}");
+    assert!(etas.iter().flatten().all(|e| e.done < e.total), "{etas:?}");
     let mut seen = seen;
     seen.sort();
     seen.dedup();
