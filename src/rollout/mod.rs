@@ -664,6 +664,7 @@ impl Run<'_, '_> {
             });
             match id {
                 StageId::Talos => {
+                    self.pre_pull_ahead(&stage.steps).await?;
                     let mut steps: Vec<&Step> = stage.steps.iter().collect();
                     while !steps.is_empty() {
                         let next = self.leader_last(&steps).await;
@@ -743,7 +744,7 @@ impl Run<'_, '_> {
                         .record
                         .steps
                         .get(&format!("talos/{n}"))
-                        .is_some_and(|m| m.finished_at.is_none())
+                        .is_some_and(|m| m.started_at.is_some() && m.finished_at.is_none())
                 })
             });
             if let Some(i) = begun {

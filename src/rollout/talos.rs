@@ -11,7 +11,98 @@ use crate::plan::StageId;
 use crate::releaseset::Role;
 use crate::talos::client::{CallOptions, ImageNamespace, MachineConfig, UpgradeApi};
 
+/// How many nodes pull their installer at once before the Talos stage: enough to take the
+/// pulls off the critical path, few enough not to flood a registry or the nodes' uplinks.
+const PRE_PULL_AHEAD: usize = 4;
+
 impl Run<'_, '_> {
+    /// Before any node goes down: the installer pulled on every node still to upgrade, a few
+    /// at a time, so no node's turn waits on its pull (the pull moves nothing; each is
+    /// recorded as `prePulled` in the node's step, which has not begun). A pull that fails
+    /// here is only said: the node's own step pulls again, and pauses on a failure before
+    /// anything is disrupted.
+    pub(super) async fn pre_pull_ahead(&self, steps: &[crate::plan::Step]) -> Flow<()> {
+        use futures_util::stream::{self, StreamExt};
+        let stage = StageId::Talos;
+        let e = self.engine;
+        let target = &self.target.talos;
+        let nodes: Vec<&str> = steps
+            .iter()
+            .flat_map(|s| s.nodes.iter().map(String::as_str))
+            .collect();
+        let mut todo = Vec::new();
+        for name in nodes {
+            let m = self.marker(&format!("talos/{name}")).await;
+            if !m.pre_pulled && m.started_at.is_none() {
+                todo.push(name.to_string());
+            }
+        }
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let live = self.live_nodes(stage).await?;
+        let results: Vec<Flow<Option<String>>> = stream::iter(todo)
+            .map(|name: String| {
+                let live = &live;
+                async move {
+                    let Some(node) = live.iter().find(|n| n.name == name) else {
+                        return Ok(None); // the node's own step says it is gone
+                    };
+                    let addr = address(node);
+                    let Ok(v) = e.talos.version(&addr, around(node)).await else {
+                        return Ok(None);
+                    };
+                    if crate::releaseset::Version::parse(&v.tag).ok().as_ref() == Some(target) {
+                        return Ok(None);
+                    }
+                    let installer = match self.installer(stage, node).await {
+                        Ok(i) => i,
+                        Err(_) => return Ok(None), // said by the node's own step
+                    };
+                    let key = format!("talos/{name}");
+                    match e
+                        .talos
+                        .pull_image(&addr, &installer, ImageNamespace::System, v.upgrade_api, pulling(node))
+                        .await
+                    {
+                        Ok(_) => {
+                            let mut m = self.marker(&key).await;
+                            if m.started_at.is_none() {
+                                m.pre_pulled = true;
+                                self.store_marker(stage, &key, &m).await?;
+                            }
+                            self.say(Progress::Note(format!(
+                                "talos {name}: pre-pulled {installer} ahead of its turn"
+                            )));
+                            Ok(Some(name))
+                        }
+                        Err(err) => {
+                            self.say(Progress::Note(format!(
+                                "talos {name}: pre-pulling {installer} ahead failed ({err}); its own step pulls again"
+                            )));
+                            Ok(None)
+                        }
+                    }
+                }
+            })
+            .buffer_unordered(PRE_PULL_AHEAD)
+            .collect()
+            .await;
+        let mut pulled = 0;
+        for r in results {
+            if r?.is_some() {
+                pulled += 1;
+            }
+        }
+        if pulled > 0 {
+            self.say(Progress::Note(format!(
+                "the installer is pulled ahead on {pulled} {}, {PRE_PULL_AHEAD} at a time",
+                if pulled == 1 { "node" } else { "nodes" }
+            )));
+        }
+        Ok(())
+    }
+
     /// Drive one node to the target Talos.
     pub(super) async fn talos_node(&self, name: &str) -> Flow<()> {
         let stage = StageId::Talos;

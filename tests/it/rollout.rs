@@ -501,6 +501,18 @@ async fn the_grouped_bump_rolls_talos_then_kubernetes_without_breaking_an_invari
     }
     assert!(leader_first.is_some());
     assert!(pos(&format!("talos {}: on", cps[2])) < pos("talos w-1: cordoned"));
+    // Issue 19 item 2: the installer is pulled on every node before the first goes down, so
+    // no node's turn waits on its pull.
+    let first_cordon = pos(": cordoned");
+    for o in s.twin.talos.observe() {
+        let i = pos(&format!("talos {}: pre-pulled", o.name));
+        assert!(
+            i < first_cordon && all[i].ends_with("ahead of its turn"),
+            "{}",
+            all[i]
+        );
+    }
+    assert!(lines.any("the installer is pulled ahead on"), "{all:#?}");
     assert!(pos("kube-apiserver cp-3: on") < pos("kubelet cp-1: on"));
     assert!(pos("kubelet cp-3: on") < pos("kubelet w-1: on"));
     assert!(pos("bootstrap manifests") < pos("kubelet cp-1: on"));
@@ -1463,8 +1475,17 @@ async fn ichor_rollout_killed_three_times_is_continued_by_the_next_run() -> Test
         // Kill once each of these is in the record: mid control planes, mid workers, mid
         // kubelets.
         let kill_when: [&dyn Fn(&record::RolloutRecord) -> bool; 3] = [
-            &|r| r.steps.contains_key("talos/cp-2"),
-            &|r| r.steps.contains_key("talos/w-2"),
+            // Begun, not only pulled ahead.
+            &|r| {
+                r.steps
+                    .get("talos/cp-2")
+                    .is_some_and(|s| s.started_at.is_some())
+            },
+            &|r| {
+                r.steps
+                    .get("talos/w-2")
+                    .is_some_and(|s| s.started_at.is_some())
+            },
             &|r| r.stage.as_deref() == Some("kubelet"),
         ];
         let mut kills = 0;
