@@ -107,6 +107,9 @@ pub enum ConfigError {
     TooLarge { len: usize },
     #[error("unknown keys found during decoding: {0}")]
     UnknownKeys(String),
+    /// A test named a node the twin does not have (a typo would otherwise pass unseen).
+    #[error("the twin has no node {0:?}")]
+    NoSuchNode(String),
     #[error("config is missing the v1alpha1 document (version: v1alpha1)")]
     MissingV1Alpha1,
     #[error("{kind} document conflicts with v1alpha1 field {path}: set one or the other")]

@@ -1463,7 +1463,7 @@ impl TalosCluster {
         paths: &[(String, serde_yaml::Value)],
     ) -> Result<(), ConfigError> {
         let Some(i) = self.find(node) else {
-            return Ok(());
+            return Err(ConfigError::NoSuchNode(node.to_string()));
         };
         let n = &mut self.nodes[i];
         n.config = n.config.with_values(paths, &n.talos_version)?;
