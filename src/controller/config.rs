@@ -65,6 +65,10 @@ pub struct ClusterConfig {
     /// `false`: gate only, never roll out.
     #[serde(default = "yes")]
     pub act: bool,
+    /// A bearer token for the Prometheus the cluster's health checks query (a file; the
+    /// repository never carries it).
+    #[serde(default)]
+    pub prometheus_token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -17,6 +17,7 @@
 //! with its root cause, and nodes ichor cordoned that are healthy go back into service.
 
 mod components;
+pub mod health;
 mod lock;
 mod manifests;
 mod nodes;
@@ -121,6 +122,11 @@ pub enum Progress {
     Note(String),
     /// The rollout waits on something outside it (a window, a hold, the CNI).
     Waiting(String),
+    /// A health check began failing at a gate (`spec.healthChecks`).
+    HealthCheckFailing {
+        name: String,
+        value: String,
+    },
 }
 
 impl std::fmt::Display for Progress {
@@ -136,6 +142,9 @@ impl std::fmt::Display for Progress {
             ),
             Progress::Note(s) => f.write_str(s),
             Progress::Waiting(s) => write!(f, "waiting: {s}"),
+            Progress::HealthCheckFailing { name, value } => {
+                write!(f, "health check {name} failing: {value}")
+            }
         }
     }
 }
@@ -194,6 +203,10 @@ pub struct Rollout<'a> {
     pub report: Option<&'a (dyn Fn(Progress) + Sync)>,
     /// How often a settling node is observed again.
     pub observe_every: Duration,
+    /// `spec.healthChecks` of the cluster (crate::health), judged at the gates.
+    pub health_checks: Vec<crate::health::HealthCheck>,
+    /// The bearer token for a Prometheus behind auth (the controller's config).
+    pub prometheus_token: Option<crate::secret::Secret>,
     /// One renewal at a time: the nodes of a batch check the lock together.
     renewing: Mutex<()>,
 }
@@ -218,6 +231,8 @@ impl<'a> Rollout<'a> {
             pause_requested: None,
             report: None,
             observe_every: Duration::from_secs(5),
+            health_checks: Vec::new(),
+            prometheus_token: None,
             renewing: Mutex::new(()),
         }
     }
@@ -226,6 +241,7 @@ impl<'a> Rollout<'a> {
     /// provider, installer image.
     pub fn for_cluster(mut self, doc: &crate::releaseset::Cluster) -> Self {
         self.policy = doc.spec.rollout.clone();
+        self.health_checks = doc.spec.health_checks.clone();
         self.volumes = doc.spec.volumes.provider;
         if let Some(i) = &doc.spec.talos.installer_image {
             self.installer_image = Some(i.clone());
@@ -302,6 +318,9 @@ impl Rollout<'_> {
                             if step.started_at.is_some() && step.finished_at.is_none() {
                                 step.started_at = Some(now.rfc3339());
                             }
+                        }
+                        if let Some(g) = s.record.health.gate.as_mut() {
+                            g.started_at = now.rfc3339();
                         }
                         s.record.log(now, "resumed")
                     }
@@ -628,6 +647,16 @@ impl Run<'_, '_> {
 
     async fn stages(&self) -> Flow<()> {
         self.before_start().await?;
+        self.health_before().await?;
+        // The `between` health gate follows every disruptive step but the last.
+        let total: usize = self
+            .plan
+            .stages
+            .iter()
+            .filter(|s| s.id != StageId::Verify)
+            .map(|s| s.steps.len())
+            .sum();
+        let mut done = 0;
         for stage in &self.plan.stages {
             let id = stage.id;
             let units: u64 = stage
@@ -650,6 +679,7 @@ impl Run<'_, '_> {
                         let next = self.leader_last(&steps).await;
                         let step = steps.remove(next);
                         self.batch(id, step, |n| self.talos_node(n)).await?;
+                        self.health_between(id, step, &mut done, total).await?;
                     }
                 }
                 StageId::KubeApiserver => {
@@ -657,6 +687,7 @@ impl Run<'_, '_> {
                     for step in &stage.steps {
                         self.batch(id, step, |n| self.component(id, n, &[Component::ApiServer]))
                             .await?;
+                        self.health_between(id, step, &mut done, total).await?;
                     }
                 }
                 StageId::KubeControllerManagerScheduler => {
@@ -669,20 +700,26 @@ impl Run<'_, '_> {
                             )
                         })
                         .await?;
+                        self.health_between(id, step, &mut done, total).await?;
                     }
                 }
                 StageId::KubeProxyManifests => {
                     for step in &stage.steps {
                         self.proxy_and_manifests(step).await?;
+                        self.health_between(id, step, &mut done, total).await?;
                     }
                 }
                 StageId::Kubelet => {
                     for step in &stage.steps {
                         self.batch(id, step, |n| self.component(id, n, &[Component::Kubelet]))
                             .await?;
+                        self.health_between(id, step, &mut done, total).await?;
                     }
                 }
-                StageId::Verify => self.verify().await?,
+                StageId::Verify => {
+                    self.verify().await?;
+                    self.health_after(id).await?;
+                }
             }
             let now = self.now();
             self.write(id, |r| r.finish_stage(stage_key(id), now))

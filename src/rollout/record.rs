@@ -76,6 +76,53 @@ pub struct StepRecord {
     pub extra: BTreeMap<String, serde_json::Value>,
 }
 
+/// The health checks as the rollout last read them.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthRecord {
+    /// The gate being waited at, when one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<HealthGate>,
+    /// Each check's last state, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub checks: BTreeMap<String, CheckRecord>,
+}
+
+impl HealthRecord {
+    pub fn is_empty(&self) -> bool {
+        self.gate.is_none() && self.checks.is_empty()
+    }
+}
+
+/// One gate: which (`before`, `between/talos/2`, `after`), where, and since when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthGate {
+    pub key: String,
+    pub phase: String,
+    /// Where in the rollout, in words (`after w-1`).
+    pub at: String,
+    pub started_at: String,
+}
+
+/// One check's last reading.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckRecord {
+    /// The gate it was read at: before, between, after.
+    pub phase: String,
+    /// holds, settling (passing, not yet for stableFor) or failing.
+    pub state: String,
+    pub value: String,
+    #[serde(default)]
+    pub read: String,
+    /// Since when it has been in this state.
+    pub since: String,
+    /// Since when it has passed without a break (what `stableFor` counts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passing_since: Option<String>,
+}
+
 /// Why the rollout stopped for a human.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -144,6 +191,9 @@ pub struct RolloutRecord {
     pub history: Vec<HistoryEntry>,
     #[serde(default)]
     pub previous: Vec<Previous>,
+    /// The health checks' last readings and the gate waited at (`spec.healthChecks`).
+    #[serde(default, skip_serializing_if = "HealthRecord::is_empty")]
+    pub health: HealthRecord,
     /// Fields a newer ichor wrote, kept as they are: an older ichor resuming its rollout
     /// must not drop what the newer one will need.
     #[serde(flatten)]
@@ -168,6 +218,7 @@ impl RolloutRecord {
             stages: Vec::new(),
             history: Vec::new(),
             previous: Vec::new(),
+            health: HealthRecord::default(),
             extra: BTreeMap::new(),
         }
     }
@@ -257,6 +308,14 @@ impl RolloutRecord {
                 p.stage,
                 p.node.as_deref().map(|n| format!(" at {n}")).unwrap_or_default(),
                 crate::escape::terminal(&p.reason)
+            ));
+        }
+        for (name, c) in &self.health.checks {
+            out.push_str(&format!(
+                "  health check {name} ({}): {}, last value {}\n",
+                c.phase,
+                c.state,
+                crate::escape::terminal(&c.value)
             ));
         }
         for (stage, secs) in self.stage_secs() {

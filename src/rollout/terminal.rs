@@ -99,7 +99,7 @@ impl Terminal {
                 }
                 self.line(&p.to_string());
             }
-            Progress::Note(_) => self.line(&p.to_string()),
+            Progress::Note(_) | Progress::HealthCheckFailing { .. } => self.line(&p.to_string()),
         }
     }
 

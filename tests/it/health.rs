@@ -1,0 +1,548 @@
+//! Health checks (`spec.healthChecks`) end to end: CEL over objects made with real
+//! `kubectl apply` in the twin, PromQL against a real Prometheus scraping the twin's
+//! `/_twin/metrics`, and the rollout's `between` gate pausing and resuming on them.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use ichor::clock::{Clock, Timestamp};
+use ichor::health::{HealthCheck, Reading};
+use ichor::rollout::health::read_check;
+use ichor::rollout::RunOutcome;
+use ichor::sim::twin::TwinConfig;
+use serde_json::{json, Value};
+
+use crate::rollout::{paused, run_alongside, setup, Lines, Setup};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+type Error = Box<dyn std::error::Error>;
+
+/// Real kubectl against the twin, `input` on its stdin; on a blocking thread, so the twin
+/// keeps answering meanwhile.
+async fn kubectl(s: &Setup, args: &[&str], input: Option<&str>) -> Result<String, Error> {
+    let kubeconfig = s.twin.kubeconfig().to_path_buf();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let input = input.map(str::to_string);
+    tokio::task::spawn_blocking(move || -> Result<String, String> {
+        let cache = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let mut cmd = Command::new("kubectl");
+        cmd.arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--cache-dir")
+            .arg(cache.path())
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+        if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+            use std::io::Write;
+            stdin
+                .write_all(text.as_bytes())
+                .map_err(|e| e.to_string())?;
+        }
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if out.status.success() {
+            Ok(text)
+        } else {
+            Err(format!("kubectl {}: {text}", args.join(" ")))
+        }
+    })
+    .await?
+    .map_err(Into::into)
+}
+
+const CNPG: &str = r#"apiVersion: postgresql.cnpg.io/v1
+kind: Cluster
+metadata:
+  name: main
+  namespace: ichor-system
+  labels: {app: pg}
+spec:
+  instances: 3
+"#;
+
+fn config_map(ok: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: db-state\n  namespace: ichor-system\n  labels: {{app: pg}}\ndata:\n  ok: \"{ok}\"\n"
+    )
+}
+
+fn cnpg_status(ready: u32) -> String {
+    json!({"status": {"readyInstances": ready, "phase": "Cluster in healthy state"}}).to_string()
+}
+
+/// One check from its YAML entry, through the real parser (so it is valid as written).
+fn check(entry: &str) -> Result<HealthCheck, Error> {
+    let text = format!(
+        "apiVersion: ichor.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: homelab\nspec:\n  healthChecks:\n{entry}"
+    );
+    let doc = ichor::releaseset::Cluster::parse("cluster.yaml", &text)?;
+    Ok(doc.spec.health_checks[0].clone())
+}
+
+fn kubernetes_check(target: &str, expression: &str) -> Result<HealthCheck, Error> {
+    check(&format!(
+        "    - name: t\n      kubernetes:\n{target}        expression: '{expression}'\n"
+    ))
+}
+
+const CNPG_MAIN: &str = "        apiVersion: postgresql.cnpg.io/v1\n        kind: Cluster\n        namespace: ichor-system\n        name: main\n";
+const READY_ALL: &str = "object.status.readyInstances == object.spec.instances";
+
+async fn read(s: &Setup, c: &HealthCheck) -> Reading {
+    read_check(&s.kube, None, c, s.twin.talos.clock().now()).await
+}
+
+#[tokio::test]
+async fn cel_reads_a_cnpg_cluster_and_a_config_map_made_with_kubectl() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let out = kubectl(&s, &["apply", "-f", "-"], Some(CNPG)).await?;
+    assert!(
+        out.contains("cluster.postgresql.cnpg.io/main created"),
+        "{out}"
+    );
+    let out = kubectl(
+        &s,
+        &["get", "clusters.postgresql.cnpg.io", "-n", "ichor-system"],
+        None,
+    )
+    .await?;
+    assert!(out.contains("main"), "{out}");
+    kubectl(&s, &["apply", "-f", "-"], Some(&config_map("true"))).await?;
+    let ready = kubernetes_check(CNPG_MAIN, READY_ALL)?;
+
+    // No status yet: the field is missing, which is an error of the expression, not a pass.
+    let r = read(&s, &ready).await;
+    assert!(!r.pass && r.value.starts_with("error:"), "{r:?}");
+    let guarded = kubernetes_check(
+        CNPG_MAIN,
+        "has(object.status) && has(object.status.readyInstances) && object.status.readyInstances == object.spec.instances",
+    )?;
+    assert_eq!(read(&s, &guarded).await.value, "false");
+
+    // The operator reports two of three ready, then three (the status subresource).
+    for (n, want) in [(2, false), (3, true)] {
+        kubectl(
+            &s,
+            &[
+                "patch",
+                "clusters.postgresql.cnpg.io",
+                "main",
+                "-n",
+                "ichor-system",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &cnpg_status(n),
+            ],
+            None,
+        )
+        .await?;
+        let r = read(&s, &ready).await;
+        assert_eq!(r.pass, want, "{n} ready: {r:?}");
+        assert!(
+            r.read.contains("ichor-system/main")
+                && r.read.contains(&format!("\"readyInstances\":{n}")),
+            "{r:?}"
+        );
+    }
+
+    // A ConfigMap by label selector: every match must pass.
+    let by_label = kubernetes_check(
+        "        apiVersion: v1\n        kind: ConfigMap\n        namespace: ichor-system\n        labelSelector: app=pg\n",
+        "object.data.ok == \"true\"",
+    )?;
+    assert!(read(&s, &by_label).await.pass);
+    kubectl(&s, &["apply", "-f", "-"], Some(&config_map("false"))).await?;
+    let r = read(&s, &by_label).await;
+    assert_eq!(r.value, "false", "{r:?}");
+
+    // Missing: no such object, and no such kind.
+    let missing = kubernetes_check(
+        "        apiVersion: v1\n        kind: ConfigMap\n        namespace: ichor-system\n        name: nope\n",
+        "true",
+    )?;
+    assert_eq!(read(&s, &missing).await.value, "no such object");
+    let no_kind = kubernetes_check(
+        "        apiVersion: example.com/v1\n        kind: Widget\n        name: w\n",
+        "true",
+    )?;
+    let r = read(&s, &no_kind).await;
+    assert!(!r.pass && r.value.contains("not served"), "{r:?}");
+
+    // Only a bool passes.
+    let number = kubernetes_check(CNPG_MAIN, "object.status.readyInstances")?;
+    let r = read(&s, &number).await;
+    assert!(r.value.contains("gave a int, not a bool"), "{r:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_flapping_object_counts_only_after_holding_for_stable_for() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    kubectl(&s, &["apply", "-f", "-"], Some(&config_map("true"))).await?;
+    let c = check(
+        "    - name: flappy\n      stableFor: 1m\n      kubernetes:\n        apiVersion: v1\n        kind: ConfigMap\n        namespace: ichor-system\n        name: db-state\n        expression: 'object.data.ok == \"true\"'\n",
+    )?;
+    let clock = s.twin.talos.clock().clone();
+    let mut since = None;
+    let mut verdict = |r: &Reading, now: Timestamp| {
+        ichor::health::judge_stability(r, &mut since, c.stable_for.as_duration(), now)
+    };
+    use ichor::health::Verdict;
+    let r = read(&s, &c).await;
+    assert!(matches!(verdict(&r, clock.now()), Verdict::Settling(_)));
+    s.twin.advance(Duration::from_secs(40));
+    // It flaps: false for a moment, then true again.
+    kubectl(&s, &["apply", "-f", "-"], Some(&config_map("false"))).await?;
+    let r = read(&s, &c).await;
+    assert_eq!(verdict(&r, clock.now()), Verdict::Fails);
+    kubectl(&s, &["apply", "-f", "-"], Some(&config_map("true"))).await?;
+    let r = read(&s, &c).await;
+    assert_eq!(
+        verdict(&r, clock.now()),
+        Verdict::Settling(Duration::from_secs(60)),
+        "a flap starts stableFor over"
+    );
+    s.twin.advance(Duration::from_secs(30));
+    let r = read(&s, &c).await;
+    assert!(matches!(verdict(&r, clock.now()), Verdict::Settling(_)));
+    s.twin.advance(Duration::from_secs(30));
+    let r = read(&s, &c).await;
+    assert_eq!(verdict(&r, clock.now()), Verdict::Holds);
+    Ok(())
+}
+
+#[test]
+fn a_bad_expression_is_an_error_of_cluster_yaml_with_its_line() {
+    let text = "apiVersion: ichor.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: homelab\nspec:\n  healthChecks:\n    - name: postgres-ready\n      kubernetes:\n        apiVersion: postgresql.cnpg.io/v1\n        kind: Cluster\n        namespace: db\n        name: main\n        expression: 'object.status.readyInstances =='\n";
+    let e = ichor::releaseset::Cluster::parse("clusters/homelab/cluster.yaml", text)
+        .expect_err("refused");
+    let shown = e.to_string();
+    assert!(
+        shown.starts_with("clusters/homelab/cluster.yaml:13:"),
+        "{shown}"
+    );
+    assert!(shown.contains("does not compile"), "{shown}");
+}
+
+// ---- Prometheus ----------------------------------------------------------------------
+
+/// A real Prometheus on loopback, scraping the twin every second; stopped on drop.
+struct Prometheus {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn prometheus_binary() -> Result<PathBuf, Error> {
+    if let Ok(p) = std::env::var("ICHOR_PROMETHEUS") {
+        return Ok(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("prometheus"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| "no prometheus on PATH and ICHOR_PROMETHEUS unset: `apt-get install prometheus` (.ci/run does)".into())
+}
+
+fn free_port() -> Result<u16, Error> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+async fn start_prometheus(s: &Setup) -> Result<Prometheus, Error> {
+    let dir = tempfile::tempdir()?;
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &s.twin.kube.ca_pem)?;
+    let token = dir.path().join("token");
+    std::fs::write(&token, s.twin.kube.token())?;
+    let target = s.twin.kube.url.trim_start_matches("https://").to_string();
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: twin\n    scheme: https\n    metrics_path: /_twin/metrics\n    authorization:\n      credentials_file: {}\n    tls_config:\n      ca_file: {}\n    static_configs:\n      - targets: ['{target}']\n",
+        token.display(),
+        ca.display()
+    );
+    let config_file = dir.path().join("prometheus.yml");
+    std::fs::write(&config_file, config)?;
+    let port = free_port()?;
+    let log = std::fs::File::create(dir.path().join("prometheus.log"))?;
+    let child = Command::new(prometheus_binary()?)
+        .arg(format!("--config.file={}", config_file.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()?;
+    let p = Prometheus {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+        _dir: dir,
+    };
+    // Ready once it has scraped the twin: `up` answers 1 (an observable condition).
+    wait_for(&p, "up{job=\"twin\"} == 1").await?;
+    Ok(p)
+}
+
+/// Poll the query API until `query` has a sample (bounded: 60 tries, 0.5 s apart, real
+/// time, since Prometheus scrapes on the wall clock).
+async fn wait_for(p: &Prometheus, query: &str) -> Result<(), Error> {
+    for _ in 0..60 {
+        if let Ok(a) = ichor::prometheus::query(&p.url, query, None, Duration::from_secs(2)).await {
+            let r = ichor::health::judge_prometheus(a.status, &a.body, Clock::system().now(), None);
+            if r.pass {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let log = std::fs::read_to_string(p._dir.path().join("prometheus.log")).unwrap_or_default();
+    Err(format!(
+        "Prometheus never answered `{query}`; its log ends:\n{}",
+        log.lines().rev().take(15).collect::<Vec<_>>().join("\n")
+    )
+    .into())
+}
+
+async fn set_gauge(s: &Setup, name: &str, value: Value) -> TestResult {
+    let req = http::Request::post("/_twin/gauges")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&json!({"name": name, "value": value}))?)?;
+    s.raw.request_text(req).await?;
+    Ok(())
+}
+
+fn prometheus_check(url: &str, query: &str, max_age: Option<&str>) -> Result<HealthCheck, Error> {
+    check(&format!(
+        "    - name: p\n      prometheus:\n        url: {url}\n        query: '{query}'\n{}",
+        max_age
+            .map(|a| format!("        maxSampleAge: {a}\n"))
+            .unwrap_or_default()
+    ))
+}
+
+async fn ask(s: &Setup, c: &HealthCheck, now: Timestamp) -> Reading {
+    read_check(&s.kube, None, c, now).await
+}
+
+#[tokio::test]
+async fn promql_is_judged_from_a_real_prometheus_scraping_the_twin() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    set_gauge(&s, "ceph_health_status", json!(0)).await?;
+    let p = start_prometheus(&s).await?;
+    wait_for(&p, "ichor_twin_gauge{name=\"ceph_health_status\"}").await?;
+    let wall = || Clock::system().now();
+
+    // Pass: at least one sample.
+    let ceph_ok = prometheus_check(
+        &p.url,
+        "ichor_twin_gauge{name=\"ceph_health_status\"} == 0",
+        Some("2m"),
+    )?;
+    let r = ask(&s, &ceph_ok, wall()).await;
+    assert!(r.pass, "{r:?}");
+    assert_eq!(r.value, "1 sample");
+
+    // The twin's state as kube-state-metrics and Longhorn export it.
+    let nodes = s.kube.nodes().await?.len();
+    let ready = prometheus_check(
+        &p.url,
+        "kube_node_status_condition{condition=\"Ready\",status=\"true\"} == 1",
+        None,
+    )?;
+    let r = ask(&s, &ready, wall()).await;
+    assert_eq!(r.value, format!("{nodes} samples"), "{r:?}");
+    let healthy = prometheus_check(&p.url, "longhorn_volume_robustness == 1", None)?;
+    assert!(ask(&s, &healthy, wall()).await.pass);
+
+    // Fail: the gauge moves, Prometheus scrapes it, the result is empty.
+    set_gauge(&s, "ceph_health_status", json!(1)).await?;
+    wait_for(&p, "ichor_twin_gauge{name=\"ceph_health_status\"} == 1").await?;
+    let r = ask(&s, &ceph_ok, wall()).await;
+    assert!(!r.pass);
+    assert_eq!(r.value, "0 samples");
+
+    // Stale: Prometheus stamps its answer with its wall clock; ichor's clock is 10 min on.
+    let any = prometheus_check(
+        &p.url,
+        "ichor_twin_gauge{name=\"ceph_health_status\"}",
+        Some("2m"),
+    )?;
+    assert!(ask(&s, &any, wall()).await.pass);
+    let r = ask(&s, &any, wall().plus(Duration::from_secs(600))).await;
+    assert!(!r.pass && r.value.starts_with("stale:"), "{r:?}");
+
+    // A query Prometheus cannot parse: its 400 bad_data, said as such.
+    let bad = prometheus_check(&p.url, "sum(ichor_twin_gauge", None)?;
+    let r = ask(&s, &bad, wall()).await;
+    assert!(!r.pass);
+    assert!(r.value.starts_with("query error bad_data:"), "{r:?}");
+
+    // Nobody listening: said, not hung.
+    let port = free_port()?;
+    let gone = prometheus_check(&format!("http://127.0.0.1:{port}"), "up", None)?;
+    let r = ask(&s, &gone, wall()).await;
+    assert!(!r.pass && r.value.contains("did not answer"), "{r:?}");
+    Ok(())
+}
+
+// ---- the rollout's gate -----------------------------------------------------------------
+
+/// One `between` check on the ConfigMap `db-state`, as cluster.yaml gives it.
+fn between_check(timeout: &str) -> Result<HealthCheck, Error> {
+    check(&format!(
+        "    - name: db-ready\n      when: [between]\n      timeout: {timeout}\n      kubernetes:\n        apiVersion: v1\n        kind: ConfigMap\n        namespace: ichor-system\n        name: db-state\n        expression: 'object.data.ok == \"true\"'\n"
+    ))
+}
+
+/// Wait (on the twin's clock) until some node runs the target Talos.
+async fn first_node_upgraded(s: &Setup) {
+    let clock = s.twin.talos.clock().clone();
+    loop {
+        if s.twin
+            .talos
+            .observe()
+            .iter()
+            .any(|o| o.talos_version == "v1.12.9")
+        {
+            return;
+        }
+        clock.sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Wait (on the twin's clock) until the record says the rollout waits on `needle`.
+async fn record_waits_on(s: &Setup, needle: &str) -> Result<String, Error> {
+    let clock = s.twin.talos.clock().clone();
+    loop {
+        if let Ok(r) = s.record().await {
+            if let Some(w) = r.waiting.filter(|w| w.contains(needle)) {
+                return Ok(w);
+            }
+        }
+        clock.sleep(Duration::from_secs(1)).await;
+    }
+}
+
+fn upgraded(s: &Setup) -> usize {
+    s.twin
+        .talos
+        .observe()
+        .iter()
+        .filter(|o| o.talos_version == "v1.12.9")
+        .count()
+}
+
+#[tokio::test]
+async fn a_failing_check_between_nodes_is_waited_on_and_the_rollout_resumes_by_itself() -> TestResult
+{
+    let s = setup(TwinConfig::default()).await?;
+    kubectl(&s, &["apply", "-f", "-"], Some(&config_map("true"))).await?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let mut engine = s.engine(&report);
+    engine.health_checks = vec![between_check("10m")?];
+    let side = async {
+        first_node_upgraded(&s).await;
+        kubectl(&s, &["apply", "-f", "-"], Some(&config_map("false"))).await?;
+        let waited = record_waits_on(&s, "health check `db-ready`").await?;
+        let upgraded_while_waiting = upgraded(&s);
+        // Fixed within the timeout: the rollout carries on by itself.
+        kubectl(&s, &["apply", "-f", "-"], Some(&config_map("true"))).await?;
+        Ok::<_, Error>((waited, upgraded_while_waiting))
+    };
+    let (outcome, side) = run_alongside(&s, &engine, side).await?;
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}"
+    );
+    let (waited, upgraded_while_waiting) = side.ok_or("the side task did not finish")??;
+    assert!(
+        waited.contains("after ") && waited.contains("false"),
+        "{waited}"
+    );
+    let total = s.twin.talos.observe().len();
+    assert!(
+        upgraded_while_waiting < total,
+        "no node started while the check failed ({upgraded_while_waiting} of {total} upgraded)"
+    );
+    assert!(
+        lines.any("health check db-ready failing: false"),
+        "{:?}",
+        lines.all()
+    );
+    let rec = s.record().await?;
+    assert_eq!(rec.health.checks["db-ready"].state, "holds");
+    assert!(rec.health.gate.is_none());
+    crate::rollout::assert_finished(&s).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_check_that_stays_failing_pauses_the_rollout_naming_it_and_its_value() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    kubectl(&s, &["apply", "-f", "-"], Some(&config_map("true"))).await?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let mut engine = s.engine(&report);
+    engine.health_checks = vec![between_check("2m")?];
+    let side = async {
+        first_node_upgraded(&s).await;
+        kubectl(&s, &["apply", "-f", "-"], Some(&config_map("false"))).await
+    };
+    let (outcome, _) = run_alongside(&s, &engine, side).await?;
+    let p = paused(outcome)?;
+    assert!(
+        p.reason.contains("health check `db-ready` (between)"),
+        "{}",
+        p.reason
+    );
+    assert!(p.reason.contains("last value false"), "{}", p.reason);
+    assert!(
+        p.reason.contains("v1 ConfigMap ichor-system/db-state"),
+        "{}",
+        p.reason
+    );
+    let before = upgraded(&s);
+    assert!(before < s.twin.talos.observe().len());
+    let rec = s.record().await?;
+    assert_eq!(rec.health.checks["db-ready"].state, "failing");
+    let status = rec.render_text();
+    assert!(
+        status.contains("health check db-ready (between): failing, last value false"),
+        "{status}"
+    );
+
+    // Fixed, then resumed: the gate passes and the rollout finishes.
+    kubectl(&s, &["apply", "-f", "-"], Some(&config_map("true"))).await?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let mut engine = s.engine(&report);
+    engine.health_checks = vec![between_check("2m")?];
+    let (outcome, seen) = crate::rollout::run_checked(&s, &engine, true).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}"
+    );
+    crate::rollout::assert_finished(&s).await?;
+    Ok(())
+}
