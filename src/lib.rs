@@ -12,6 +12,7 @@ pub mod gate;
 pub mod git;
 pub mod health;
 pub mod kube;
+pub mod outbound;
 pub mod plan;
 pub mod policy;
 pub mod prometheus;

@@ -11,6 +11,10 @@ use serde::Deserialize;
 use crate::releaseset::HumanDuration;
 use crate::releaseset::{locate, DocumentError};
 
+/// Notifications (its own file; declared here to keep the controller's module list as is).
+#[path = "notify.rs"]
+pub mod notify;
+
 /// The shortest poll interval accepted: GitHub's rate limit and a remote's patience.
 pub const MIN_POLL_SECS: u64 = 10;
 /// At most this many clusters per instance.
@@ -41,6 +45,10 @@ pub struct Config {
     pub notes: bool,
     #[serde(default)]
     pub leader_election: LeaderElection,
+    /// Where rollout events are sent (notify.rs); the URLs are secrets, from files or the
+    /// environment.
+    #[serde(default)]
+    pub notifications: Option<notify::NotificationsConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -170,6 +170,32 @@ pub fn gate_state(
     }
 }
 
+/// The `before` checks as live items of the PR's checklist: a failing one makes the gate
+/// wait, naming it (the rollout's own `before` gate adds `stableFor` and the timeout).
+pub fn live_items(readings: &[(HealthCheck, Reading)]) -> Vec<crate::policy::CheckItem> {
+    use crate::policy::{CheckItem, Status};
+    readings
+        .iter()
+        .map(|(c, r)| {
+            let id = format!("live/health/{}", c.name);
+            let title = format!("Health check {} passes", c.name);
+            let what = if r.read.is_empty() {
+                c.subject()
+            } else {
+                format!("{}: {}", c.subject(), r.read)
+            };
+            let message = crate::releaseset::excerpt(&format!("{}; read {what}", r.value), 400);
+            if r.pass {
+                CheckItem::new(&id, &title, Status::Pass, message).source("live")
+            } else {
+                CheckItem::new(&id, &title, Status::Wait, message)
+                    .hint("the rollout starts once it passes (spec.healthChecks, when: before); the gate re-evaluates")
+                    .source("live")
+            }
+        })
+        .collect()
+}
+
 impl Run<'_, '_> {
     /// The `before` gate: once, before anything is touched (a begun rollout has passed it).
     pub(super) async fn health_before(&self) -> Flow<()> {
@@ -282,6 +308,17 @@ impl Run<'_, '_> {
                 .await?;
             for (name, value) in newly_failing {
                 self.say(Progress::HealthCheckFailing { name, value });
+            }
+            if !matches!(state, StepState::Settling(_)) {
+                // Each check's state and last value, for the PR's comment and the log.
+                let states: Vec<String> = readings
+                    .iter()
+                    .map(|(c, r, v)| format!("{} {} ({})", c.name, state_of(v), r.value))
+                    .collect();
+                self.say(Progress::Note(format!(
+                    "health checks {at}: {}",
+                    states.join(", ")
+                )));
             }
             match state {
                 StepState::Done => {

@@ -127,6 +127,21 @@ pub enum Progress {
         name: String,
         value: String,
     },
+    /// A turn of the rollout's life, said once as it happens (for notifications).
+    Event(Lifecycle),
+}
+
+/// The turns of a rollout people are told of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// The first run for this target; the plan's estimate in seconds.
+    Started {
+        estimate_secs: u64,
+    },
+    /// A paused rollout resumed.
+    Resumed,
+    Paused(Pause),
+    Completed,
 }
 
 impl std::fmt::Display for Progress {
@@ -145,6 +160,10 @@ impl std::fmt::Display for Progress {
             Progress::HealthCheckFailing { name, value } => {
                 write!(f, "health check {name} failing: {value}")
             }
+            Progress::Event(Lifecycle::Started { .. }) => f.write_str("rollout started"),
+            Progress::Event(Lifecycle::Resumed) => f.write_str("rollout resumed"),
+            Progress::Event(Lifecycle::Paused(p)) => write!(f, "rollout paused: {}", p.reason),
+            Progress::Event(Lifecycle::Completed) => f.write_str("rollout completed"),
         }
     }
 }
@@ -300,6 +319,24 @@ impl Rollout<'_> {
                 return Err(e.into());
             }
         };
+        // What people are told of: a first start, or a resume of a pause.
+        let event = match &stored {
+            Some(s) if s.record.target.commit == target.commit => (resume
+                && s.record.state == RecordState::Paused)
+                .then_some(Lifecycle::Resumed)
+                .or_else(|| {
+                    (!s.record
+                        .history
+                        .iter()
+                        .any(|h| h.message.starts_with("started: ")))
+                    .then_some(Lifecycle::Started {
+                        estimate_secs: plan.estimate_secs,
+                    })
+                }),
+            _ => Some(Lifecycle::Started {
+                estimate_secs: plan.estimate_secs,
+            }),
+        };
         let stored = match stored {
             Some(mut s) if s.record.target.commit == target.commit => {
                 if s.record.state == RecordState::Paused && !resume {
@@ -383,6 +420,9 @@ impl Rollout<'_> {
         })
         .await
         .map_err(RolloutError::from)?;
+        if let Some(e) = event {
+            self.say(Progress::Event(e));
+        }
 
         let outcome = tokio::select! {
             r = run.stages() => r,
@@ -398,6 +438,7 @@ impl Rollout<'_> {
                     r.log(now, "completed");
                 })
                 .await?;
+                self.say(Progress::Event(Lifecycle::Completed));
                 self.release_lock().await;
                 let stages = run.stored.lock().await.record.stage_secs();
                 Ok(RunOutcome::Completed { stages })
@@ -416,6 +457,7 @@ impl Rollout<'_> {
                     })
                     .await;
                 self.release_lock().await;
+                self.say(Progress::Event(Lifecycle::Paused(p.clone())));
                 Ok(RunOutcome::Paused(p))
             }
             Err(Stop::LockLost(holder)) => {

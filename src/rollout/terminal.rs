@@ -99,7 +99,9 @@ impl Terminal {
                 }
                 self.line(&p.to_string());
             }
-            Progress::Note(_) | Progress::HealthCheckFailing { .. } => self.line(&p.to_string()),
+            Progress::Note(_) | Progress::HealthCheckFailing { .. } | Progress::Event(_) => {
+                self.line(&p.to_string())
+            }
         }
     }
 

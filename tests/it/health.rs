@@ -546,3 +546,189 @@ async fn a_check_that_stays_failing_pauses_the_rollout_naming_it_and_its_value()
     crate::rollout::assert_finished(&s).await?;
     Ok(())
 }
+
+// ---- notifications ----------------------------------------------------------------------
+
+/// A receiver on loopback: every request's path and body, the first one refused with 500
+/// (so a retry is exercised).
+#[derive(Clone, Default)]
+struct Receiver {
+    got: std::sync::Arc<std::sync::Mutex<Vec<(String, u16, String)>>>,
+}
+
+impl Receiver {
+    async fn start(&self) -> Result<std::net::SocketAddr, Error> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let got = self.got.clone();
+        let app = axum::Router::new().fallback(move |uri: axum::http::Uri, body: String| {
+            let got = got.clone();
+            async move {
+                let mut g = got.lock().unwrap_or_else(|e| e.into_inner());
+                let code = if g.is_empty() { 500 } else { 200 };
+                g.push((uri.path().to_string(), code, body));
+                axum::http::StatusCode::from_u16(code).unwrap_or(axum::http::StatusCode::OK)
+            }
+        });
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(addr)
+    }
+
+    /// The bodies accepted at paths starting with `prefix`.
+    fn accepted(&self, prefix: &str) -> Vec<String> {
+        self.got
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(p, code, _)| p.starts_with(prefix) && *code == 200)
+            .map(|(_, _, b)| b.clone())
+            .collect()
+    }
+
+    fn all_bodies(&self) -> Vec<String> {
+        self.got
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(_, _, b)| b.clone())
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn a_receiver_gets_each_rollout_event_once_and_no_secret() -> TestResult {
+    use ichor::controller::config::notify::{self, Destination, NotificationsConfig};
+    use ichor::controller::metrics::Metrics;
+    let s = setup(TwinConfig::default()).await?;
+    kubectl(&s, &["apply", "-f", "-"], Some(&config_map("true"))).await?;
+    let receiver = Receiver::default();
+    let addr = receiver.start().await?;
+    // The URLs carry their secret in the path, as Slack's do.
+    let secret = "T0KEN-3f9a7c1e5b";
+    let dir = tempfile::tempdir()?;
+    let hook = dir.path().join("webhook-url");
+    std::fs::write(&hook, format!("http://{addr}/hook/{secret}\n"))?;
+    let slack = dir.path().join("slack-url");
+    std::fs::write(&slack, format!("http://{addr}/slack/{secret}"))?;
+    let cfg = NotificationsConfig {
+        webhook: Some(Destination {
+            url_file: Some(hook),
+            url_env: None,
+        }),
+        slack: Some(Destination {
+            url_file: Some(slack),
+            url_env: None,
+        }),
+    };
+    let metrics = std::sync::Arc::new(Metrics::default());
+    let clock = s.twin.talos.clock().clone();
+    let commit = s.target().commit;
+    let report = |p: ichor::rollout::Progress| {
+        if let Some(e) = notify::event_of(&p, "homelab", &commit, Some(7), clock.now()) {
+            notify::send_with(&cfg, &metrics, &clock, e);
+        }
+    };
+
+    // The check fails after the first node and stays failing: started, failing, paused.
+    let mut engine = s.engine(&report);
+    engine.health_checks = vec![between_check("2m")?];
+    let side = async {
+        first_node_upgraded(&s).await;
+        kubectl(&s, &["apply", "-f", "-"], Some(&config_map("false"))).await
+    };
+    let (outcome, _) = run_alongside(&s, &engine, side).await?;
+    paused(outcome)?;
+    drop(engine);
+    // Fixed and resumed: resumed, completed.
+    kubectl(&s, &["apply", "-f", "-"], Some(&config_map("true"))).await?;
+    let mut engine = s.engine(&report);
+    engine.health_checks = vec![between_check("2m")?];
+    let (outcome, _) = crate::rollout::run_checked(&s, &engine, true).await?;
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}"
+    );
+    drop(engine);
+
+    // Deliveries are their own tasks: wait for them (bounded), moving the clock for retries.
+    let want = [
+        "rollout.started",
+        "healthcheck.failing",
+        "rollout.paused",
+        "rollout.resumed",
+        "rollout.completed",
+    ];
+    for _ in 0..400 {
+        if receiver.accepted("/hook/").len() >= want.len()
+            && receiver.accepted("/slack/").len() >= want.len()
+        {
+            break;
+        }
+        s.twin.advance(Duration::from_secs(1));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let events: Vec<Value> = receiver
+        .accepted("/hook/")
+        .iter()
+        .map(|b| serde_json::from_str(b))
+        .collect::<Result<_, _>>()?;
+    let names: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+    assert_eq!(names, want, "{events:#?}");
+    for e in &events {
+        assert_eq!(e["cluster"], "homelab");
+        assert_eq!(e["commit"], commit.as_str());
+        assert_eq!(e["pr"], 7);
+    }
+    let paused_event = &events[2];
+    assert_eq!(paused_event["stage"], "talos");
+    assert!(paused_event["cause"]
+        .as_str()
+        .unwrap_or("")
+        .contains("health check `db-ready`"));
+    assert!(paused_event["resume"]
+        .as_str()
+        .unwrap_or("")
+        .contains("/ichor retry"));
+    assert!(events[0]["eta"].is_string(), "{}", events[0]);
+    assert!(events[1]["cause"]
+        .as_str()
+        .unwrap_or("")
+        .contains("db-ready"));
+
+    let texts: Vec<String> = receiver
+        .accepted("/slack/")
+        .iter()
+        .map(|b| {
+            serde_json::from_str::<Value>(b).map(|v| v["text"].as_str().unwrap_or("").to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    assert_eq!(texts.len(), want.len(), "{texts:#?}");
+    assert!(
+        texts[0].starts_with("ichor: homelab: rollout started"),
+        "{}",
+        texts[0]
+    );
+    assert!(
+        texts[2].contains("rollout paused in talos") && texts[2].contains("To resume:"),
+        "{}",
+        texts[2]
+    );
+
+    // No secret in any body: not the URLs' token, not the cluster's.
+    for b in receiver.all_bodies() {
+        assert!(!b.contains(secret), "{b}");
+        assert!(!b.contains(s.twin.kube.token()), "{b}");
+    }
+    // The refused first try was retried: every event sent, none failed.
+    let value = |kind: &str, result: &str| {
+        metrics.value(
+            "ichor_notifications_total",
+            &[("kind", kind), ("result", result)],
+        )
+    };
+    assert_eq!(value("webhook", "sent") + value("slack", "sent"), 10.0);
+    assert_eq!(value("webhook", "failed") + value("slack", "failed"), 0.0);
+    Ok(())
+}
