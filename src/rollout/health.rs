@@ -121,6 +121,12 @@ async fn evaluate_bounded(expression: String, objects: Vec<serde_json::Value>) -
     }
 }
 
+/// Prometheus answered 400 bad_data: the query does not parse (or its parameters are
+/// wrong), which no amount of waiting changes.
+fn is_unparsable(r: &Reading) -> bool {
+    r.value.starts_with("query error bad_data:")
+}
+
 /// The gate's state for one check this round.
 fn state_of(v: &Verdict) -> &'static str {
     match v {
@@ -144,6 +150,16 @@ pub fn gate_state(
         let timeout = c.timeout_or(node_timeout);
         match v {
             Verdict::Holds => continue,
+            // A query Prometheus cannot parse never passes: an error of cluster.yaml, now.
+            _ if is_unparsable(r) => {
+                return StepState::Failed(format!(
+                    "health check `{}` ({}): Prometheus cannot parse spec.healthChecks[name={}].prometheus.query in cluster.yaml: {}; fix the query in a commit, then resume",
+                    c.name,
+                    phase.key(),
+                    c.name,
+                    r.value
+                ));
+            }
             _ if elapsed >= timeout => {
                 return StepState::Failed(format!(
                     "health check `{}` ({}) has not held for {}s (timeout {}s): last value {}; it read {}: {}; fix what it watches (the rollout resumes by itself within the timeout only), then resume",
@@ -187,6 +203,10 @@ pub fn live_items(readings: &[(HealthCheck, Reading)]) -> Vec<crate::policy::Che
             let message = crate::releaseset::excerpt(&format!("{}; read {what}", r.value), 400);
             if r.pass {
                 CheckItem::new(&id, &title, Status::Pass, message).source("live")
+            } else if is_unparsable(r) {
+                CheckItem::new(&id, &title, Status::Fail, message)
+                    .hint(format!("an error of cluster.yaml: Prometheus cannot parse spec.healthChecks[name={}].prometheus.query; fix the query", c.name))
+                    .source("live")
             } else {
                 CheckItem::new(&id, &title, Status::Wait, message)
                     .hint("the rollout starts once it passes (spec.healthChecks, when: before); the gate re-evaluates")

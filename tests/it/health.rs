@@ -732,3 +732,67 @@ async fn a_receiver_gets_each_rollout_event_once_and_no_secret() -> TestResult {
     assert_eq!(value("webhook", "failed") + value("slack", "failed"), 0.0);
     Ok(())
 }
+
+#[tokio::test]
+async fn the_before_checks_are_live_items_of_the_gate() -> TestResult {
+    use ichor::gate::live;
+    use ichor::policy::Status;
+    let mut s = setup(TwinConfig::default()).await?;
+    kubectl(&s, &["apply", "-f", "-"], Some(&config_map("false"))).await?;
+    let doc = s.change.cluster_doc.as_mut().ok_or("a cluster.yaml")?;
+    let mut before = between_check("10m")?;
+    before.when = vec![ichor::health::Phase::Before];
+    // A `between`-only check is not a live item.
+    doc.spec.health_checks = vec![before, between_check("10m")?];
+    doc.spec.health_checks[1].name = "only-between".into();
+    let items = |facts: &live::LiveFacts| -> Vec<ichor::policy::CheckItem> {
+        live::items(&s.change, facts)
+            .into_iter()
+            .filter(|i| i.id.starts_with("live/health/"))
+            .collect()
+    };
+    let facts = live::observe(&s.kube, Some(&s.talos), &live::Subject::of(&s.change)).await;
+    let open = items(&facts);
+    assert_eq!(open.len(), 1, "{open:#?}");
+    assert_eq!(open[0].id, "live/health/db-ready");
+    assert_eq!(
+        open[0].status,
+        Status::Wait,
+        "a failing check makes the gate wait"
+    );
+    assert!(
+        open[0]
+            .message
+            .starts_with("false; read v1 ConfigMap ichor-system/db-state"),
+        "{}",
+        open[0].message
+    );
+    kubectl(&s, &["apply", "-f", "-"], Some(&config_map("true"))).await?;
+    let facts = live::observe(&s.kube, Some(&s.talos), &live::Subject::of(&s.change)).await;
+    assert_eq!(items(&facts)[0].status, Status::Pass);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_query_prometheus_cannot_parse_pauses_at_once_as_an_error_of_cluster_yaml() -> TestResult
+{
+    let s = setup(TwinConfig::default()).await?;
+    let p = start_prometheus(&s).await?;
+    let mut bad = prometheus_check(&p.url, "sum(ichor_twin_gauge", None)?;
+    bad.when = vec![ichor::health::Phase::Before];
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let mut engine = s.engine(&report);
+    engine.health_checks = vec![bad];
+    let (outcome, _) = crate::rollout::run_checked(&s, &engine, false).await?;
+    let pause = paused(outcome)?;
+    assert!(
+        pause.reason.contains("Prometheus cannot parse"),
+        "{}",
+        pause.reason
+    );
+    assert!(pause.reason.contains("bad_data"), "{}", pause.reason);
+    // Nothing was touched.
+    assert_eq!(upgraded(&s), 0);
+    Ok(())
+}
