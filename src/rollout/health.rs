@@ -242,7 +242,16 @@ impl Run<'_, '_> {
         total: usize,
     ) -> Flow<()> {
         *done += 1;
-        if *done >= total {
+        let any = self
+            .engine
+            .health_checks
+            .iter()
+            .any(|c| c.applies(Phase::Between));
+        if *done >= total || !any {
+            return Ok(());
+        }
+        let passed = self.stored.lock().await.record.health.between_passed;
+        if (*done as u64) <= passed {
             return Ok(());
         }
         let after = if step.nodes.is_empty() {
@@ -256,7 +265,9 @@ impl Run<'_, '_> {
             format!("between/{}/{}", stage_key(stage), done),
             &format!("after {after}"),
         )
-        .await
+        .await?;
+        let n = *done as u64;
+        self.write(stage, |r| r.health.between_passed = n).await
     }
 
     pub(super) async fn health_after(&self, stage: StageId) -> Flow<()> {

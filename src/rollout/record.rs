@@ -86,11 +86,19 @@ pub struct HealthRecord {
     /// Each check's last state, by name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub checks: BTreeMap<String, CheckRecord>,
+    /// How many `between` gates this rollout has passed: a restarted engine going through
+    /// the steps already done does not judge their gates again.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub between_passed: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl HealthRecord {
     pub fn is_empty(&self) -> bool {
-        self.gate.is_none() && self.checks.is_empty()
+        self.gate.is_none() && self.checks.is_empty() && self.between_passed == 0
     }
 }
 

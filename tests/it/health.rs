@@ -796,3 +796,46 @@ async fn a_query_prometheus_cannot_parse_pauses_at_once_as_an_error_of_cluster_y
     assert_eq!(upgraded(&s), 0);
     Ok(())
 }
+
+#[tokio::test]
+async fn an_engine_restarted_mid_gate_resumes_the_same_gate_and_deadline() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    kubectl(&s, &["apply", "-f", "-"], Some(&config_map("true"))).await?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let mut engine = s.engine(&report);
+    engine.health_checks = vec![between_check("4m")?];
+    let target = s.target();
+    let side = async {
+        first_node_upgraded(&s).await;
+        kubectl(&s, &["apply", "-f", "-"], Some(&config_map("false"))).await?;
+        record_waits_on(&s, "health check `db-ready`").await
+    };
+    // The engine is killed (its future dropped) while it waits at the gate.
+    tokio::select! {
+        r = engine.run(&s.plan, &target, Some(&s.change), false) => return Err(format!("the rollout ended first: {r:?}").into()),
+        w = side => { w?; }
+        _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!("the driver never ends"),
+    }
+    drop(engine);
+    let rec = s.record().await?;
+    let gate = rec.health.gate.clone().ok_or("the record keeps the gate")?;
+    assert!(gate.key.starts_with("between/talos/"), "{gate:?}");
+    let started = Timestamp::parse_rfc3339(&gate.started_at).ok_or("a start")?;
+    // Down for a minute, then started again (not a resume: the record says running).
+    s.twin.advance(Duration::from_secs(60));
+    let mut engine = s.engine(&report);
+    engine.health_checks = vec![between_check("4m")?];
+    let (outcome, seen) = crate::rollout::run_checked(&s, &engine, false).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    let p = paused(outcome)?;
+    assert!(p.reason.contains("health check `db-ready`"), "{}", p.reason);
+    let since = Timestamp::parse_rfc3339(&p.since).ok_or("a pause time")?;
+    let waited = since.since(started);
+    assert!(
+        waited >= Duration::from_secs(240) && waited < Duration::from_secs(240 + 60),
+        "the gate kept its deadline across the restart: paused {}s after it began",
+        waited.as_secs()
+    );
+    Ok(())
+}
