@@ -272,6 +272,9 @@ impl Config {
         let at = |needle: &str, message: String| {
             DocumentError::at(file, locate(text, needle, 0), message)
         };
+        if let Some(n) = &self.notifications {
+            n.validate().map_err(|m| at("notifications:", m))?;
+        }
         let r = &self.repository;
         match (&r.url, &r.path) {
             (Some(_), Some(_)) => {

@@ -58,6 +58,22 @@ pub struct Destination {
     pub url_env: Option<String>,
 }
 
+impl NotificationsConfig {
+    /// Each destination names exactly one source for its URL.
+    pub fn validate(&self) -> Result<(), String> {
+        for (key, d) in [("webhook", &self.webhook), ("slack", &self.slack)] {
+            if let Some(d) = d {
+                if d.url_file.is_some() == d.url_env.is_some() {
+                    return Err(format!(
+                        "notifications.{key}: give exactly one of urlFile or urlEnv (the URL is a secret: never in this file)"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Destination {
     fn url(&self) -> Result<Secret, String> {
         match (&self.url_file, &self.url_env) {
@@ -295,6 +311,27 @@ mod tests {
     use super::*;
     use crate::clock::Timestamp;
     use crate::rollout::record::Pause;
+
+    #[test]
+    fn the_config_names_where_each_url_comes_from() {
+        let base = "repository:\n  path: /srv/repo\nclusters:\n  - name: homelab\n    prometheusTokenFile: /etc/ichor/prom-token\n    act: false\n";
+        let ok = format!("{base}notifications:\n  webhook:\n    urlFile: /etc/ichor/hook\n  slack:\n    urlEnv: ICHOR_SLACK_URL\n");
+        let c = crate::controller::config::Config::parse("ichor.yaml", &ok).unwrap();
+        let n = c.notifications.unwrap();
+        assert!(n.webhook.unwrap().url_file.is_some());
+        assert_eq!(n.slack.unwrap().url_env.as_deref(), Some("ICHOR_SLACK_URL"));
+        assert!(c.clusters[0].prometheus_token_file.is_some());
+        let both = format!("{base}notifications:\n  webhook:\n    urlFile: /a\n    urlEnv: B\n");
+        let e = crate::controller::config::Config::parse("ichor.yaml", &both).unwrap_err();
+        assert!(
+            e.to_string().contains("exactly one of urlFile or urlEnv"),
+            "{e}"
+        );
+        assert_eq!(e.line, Some(7));
+        let inline =
+            format!("{base}notifications:\n  slack:\n    url: https://hooks.slack.com/x\n");
+        assert!(crate::controller::config::Config::parse("ichor.yaml", &inline).is_err());
+    }
 
     #[test]
     fn events_carry_what_a_person_needs() {
