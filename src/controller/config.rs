@@ -231,6 +231,16 @@ impl Config {
         if let Some(w) = &self.webhook {
             files.extend(w.secret_file.as_deref().map(|f| ("webhook.secretFile", f)));
         }
+        if let Some(n) = &self.notifications {
+            files.extend(n.secret_files());
+        }
+        for c in &self.clusters {
+            files.extend(
+                c.prometheus_token_file
+                    .as_deref()
+                    .map(|f| ("clusters[].prometheusTokenFile", f)),
+            );
+        }
         #[cfg(unix)]
         for (key, f) in &files {
             use std::os::unix::fs::PermissionsExt;

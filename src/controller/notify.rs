@@ -59,6 +59,18 @@ pub struct Destination {
 }
 
 impl NotificationsConfig {
+    /// The files holding the URLs, for the config's warnings (a URL file anyone can read).
+    pub fn secret_files(&self) -> Vec<(&'static str, &std::path::Path)> {
+        let mut out = Vec::new();
+        if let Some(f) = self.webhook.as_ref().and_then(|d| d.url_file.as_deref()) {
+            out.push(("notifications.webhook.urlFile", f));
+        }
+        if let Some(f) = self.slack.as_ref().and_then(|d| d.url_file.as_deref()) {
+            out.push(("notifications.slack.urlFile", f));
+        }
+        out
+    }
+
     /// Each destination names exactly one source for its URL.
     pub fn validate(&self) -> Result<(), String> {
         for (key, d) in [("webhook", &self.webhook), ("slack", &self.slack)] {
