@@ -319,6 +319,9 @@ impl Rollout<'_> {
                 return Err(e.into());
             }
         };
+        // A re-run of a completed rollout (a verify) is not news when it completes again.
+        let was_completed = matches!(&stored, Some(s) if s.record.target.commit == target.commit
+            && s.record.state == RecordState::Completed);
         // What people are told of: a first start, or a resume of a pause.
         let event = match &stored {
             Some(s) if s.record.target.commit == target.commit => (resume
@@ -438,7 +441,9 @@ impl Rollout<'_> {
                     r.log(now, "completed");
                 })
                 .await?;
-                self.say(Progress::Event(Lifecycle::Completed));
+                if !was_completed {
+                    self.say(Progress::Event(Lifecycle::Completed));
+                }
                 self.release_lock().await;
                 let stages = run.stored.lock().await.record.stage_secs();
                 Ok(RunOutcome::Completed { stages })

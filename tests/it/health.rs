@@ -839,3 +839,95 @@ async fn an_engine_restarted_mid_gate_resumes_the_same_gate_and_deadline() -> Te
     );
     Ok(())
 }
+
+/// `ichor run` (Git-only, the main branch moved on disk) with a webhook and a Slack URL in
+/// its config: the receiver gets the rollout's start and completion, once each, and the
+/// failed first try is retried; `/metrics` counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ichor_run_notifies_the_start_and_the_end_of_a_rollout() -> TestResult {
+    use ichor::controller::{self, Config};
+    let s = setup(TwinConfig::default()).await?;
+    let receiver = Receiver::default();
+    let addr = receiver.start().await?;
+    let dir = tempfile::tempdir()?;
+    let origin = crate::controller::origin(dir.path())?;
+    let secret = "T0KEN-9c2e4b6a8d";
+    let hook = dir.path().join("webhook-url");
+    std::fs::write(&hook, format!("http://{addr}/hook/{secret}"))?;
+    let slack = dir.path().join("slack-url");
+    std::fs::write(&slack, format!("http://{addr}/slack/{secret}"))?;
+    let text = format!(
+        "repository:\n  path: {}\n  branch: main\nclusters:\n  - name: homelab\n    kubeconfig: {}\n    talosconfig: {}\npollInterval: 10m\nlisten: 127.0.0.1:0\nmetricsListen: 127.0.0.1:0\nstateDir: {}\nnotifications:\n  webhook:\n    urlFile: {}\n  slack:\n    urlFile: {}\n",
+        origin.display(),
+        s.twin.kubeconfig().display(),
+        s.twin.talosconfig().display(),
+        dir.path().join("ichor").display(),
+        hook.display(),
+        slack.display(),
+    );
+    let cfg = Config::parse("test-config.yaml", &text)?;
+    let running = controller::start(cfg, s.twin.talos.clock().clone()).await?;
+    let repo = git2::Repository::open_bare(&origin)?;
+    let good = crate::controller::oid(&repo, "renovate/talos")?;
+    repo.reference("refs/heads/main", good, true, "merge renovate/talos")?;
+    let done = || {
+        let names = |prefix: &str| -> Vec<String> {
+            receiver
+                .accepted(prefix)
+                .iter()
+                .filter_map(|b| serde_json::from_str::<Value>(b).ok())
+                .map(|v| {
+                    v["event"]
+                        .as_str()
+                        .or(v["text"].as_str())
+                        .unwrap_or("")
+                        .to_string()
+                })
+                .collect()
+        };
+        let sent = |kind: &str| {
+            running.ctx.metrics.value(
+                "ichor_notifications_total",
+                &[("kind", kind), ("result", "sent")],
+            )
+        };
+        names("/hook/").iter().any(|e| e == "rollout.completed")
+            && names("/slack/")
+                .iter()
+                .any(|t| t.contains("rollout completed"))
+            && sent("webhook") + sent("slack") >= 4.0
+    };
+    crate::controller::until(&s, &running, "the rollout's notifications", done).await?;
+    let events: Vec<String> = receiver
+        .accepted("/hook/")
+        .iter()
+        .filter_map(|b| serde_json::from_str::<Value>(b).ok())
+        .filter_map(|v| v["event"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(
+        events,
+        ["rollout.started", "rollout.completed"],
+        "{events:?}"
+    );
+    let first: Value = serde_json::from_str(&receiver.accepted("/hook/")[0])?;
+    assert_eq!(first["commit"], good.to_string());
+    assert!(first["eta"].is_string(), "{first}");
+    for b in receiver.all_bodies() {
+        assert!(
+            !b.contains(secret) && !b.contains(s.twin.kube.token()),
+            "{b}"
+        );
+    }
+    let m = &running.ctx.metrics;
+    let sent = m.value(
+        "ichor_notifications_total",
+        &[("kind", "webhook"), ("result", "sent")],
+    ) + m.value(
+        "ichor_notifications_total",
+        &[("kind", "slack"), ("result", "sent")],
+    );
+    assert_eq!(sent, 4.0);
+    assert!(m.render().contains("ichor_notifications_total{"));
+    running.shutdown().await;
+    Ok(())
+}
