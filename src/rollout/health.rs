@@ -11,7 +11,6 @@
 //! as a resumed step does).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::record::{CheckRecord, HealthGate};
@@ -25,9 +24,10 @@ use crate::plan::{StageId, Step};
 /// bounds of `crate::health` keep it far below this; this is the backstop.
 const CEL_BUDGET: Duration = Duration::from_secs(2);
 
-/// One CEL evaluation at a time: an evaluation past its budget cannot be stopped (it runs
-/// on a blocking thread), so at most one can be left running.
-static CEL_BUSY: AtomicBool = AtomicBool::new(false);
+/// Evaluations at once: one past its budget cannot be stopped (it runs on a blocking
+/// thread) and keeps its slot until it ends, so at most this many can be left running.
+const CEL_SLOTS: usize = 4;
+static CEL_RUNNING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(CEL_SLOTS);
 
 /// Read one check now: its objects through `crate::kube`, or Prometheus's answer.
 pub async fn read_check(
@@ -88,29 +88,28 @@ pub async fn read_check(
     Reading::fail("error: the check has neither kubernetes nor prometheus", "")
 }
 
-/// CEL on a blocking thread under [`CEL_BUDGET`], one at a time.
+/// CEL on a blocking thread under [`CEL_BUDGET`], in one of [`CEL_SLOTS`] slots.
 async fn evaluate_bounded(expression: String, objects: Vec<serde_json::Value>) -> Reading {
-    if CEL_BUSY.swap(true, Ordering::AcqRel) {
-        return Reading::fail(
-            "error: an earlier CEL evaluation is still running past its budget",
-            "",
-        );
-    }
+    let slot = match tokio::time::timeout(CEL_BUDGET, CEL_RUNNING.acquire()).await {
+        Ok(Ok(slot)) => slot,
+        _ => {
+            return Reading::fail(
+                "error: every CEL evaluation slot is held by evaluations past their budget",
+                "",
+            )
+        }
+    };
     let task = tokio::task::spawn_blocking(move || {
-        let r = match health::compile(&expression) {
+        // Held until the evaluation ends, however long past the budget that is.
+        let _slot = slot;
+        match health::compile(&expression) {
             Ok(p) => health::evaluate(&p, &objects),
             Err(e) => Reading::fail(format!("error: {}", e.message), ""),
-        };
-        CEL_BUSY.store(false, Ordering::Release);
-        r
+        }
     });
     match tokio::time::timeout(CEL_BUDGET, task).await {
         Ok(Ok(r)) => r,
-        Ok(Err(_)) => {
-            CEL_BUSY.store(false, Ordering::Release);
-            Reading::fail("error: the CEL evaluation failed", "")
-        }
-        // Still running: CEL_BUSY stays set until it ends.
+        Ok(Err(_)) => Reading::fail("error: the CEL evaluation failed", ""),
         Err(_) => Reading::fail(
             format!(
                 "error: the CEL evaluation took longer than {}s",
@@ -318,10 +317,8 @@ impl Run<'_, '_> {
         };
         self.write(stage, |r| r.health.gate = Some(gate)).await?;
         loop {
-            if phase == Phase::Between {
-                if let Some(why) = e.pause_requested.and_then(|f| f()) {
-                    return Err(self.pause(stage, None, why));
-                }
+            if let Some(why) = e.pause_requested.and_then(|f| f()) {
+                return Err(self.pause(stage, None, why));
             }
             let now = self.now();
             let mut readings = Vec::new();
