@@ -931,3 +931,42 @@ async fn ichor_run_notifies_the_start_and_the_end_of_a_rollout() -> TestResult {
     running.shutdown().await;
     Ok(())
 }
+
+/// A Prometheus behind auth (a proxy in front of it): the token from the controller's config
+/// goes in the Authorization header, and nowhere in what ichor reports.
+#[tokio::test]
+async fn the_prometheus_token_is_sent_as_a_bearer_and_never_reported() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let token = "prom-tok-5d1e";
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let app = axum::Router::new().route(
+        "/api/v1/query",
+        axum::routing::get(move |headers: axum::http::HeaderMap| async move {
+            let ok = headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                == Some("Bearer prom-tok-5d1e");
+            let now = Clock::system().now().as_millis() as f64 / 1000.0;
+            if ok {
+                (
+                    axum::http::StatusCode::OK,
+                    json!({"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [now, "1"]}]}}).to_string(),
+                )
+            } else {
+                (axum::http::StatusCode::UNAUTHORIZED, "Unauthorized\n".to_string())
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let c = prometheus_check(&format!("http://{addr}"), "up", Some("1m"))?;
+    let secret = ichor::secret::Secret::new(token);
+    let r = read_check(&s.kube, Some(&secret), &c, Clock::system().now()).await;
+    assert!(r.pass, "{r:?}");
+    let r = read_check(&s.kube, None, &c, Clock::system().now()).await;
+    assert!(!r.pass && r.value.contains("HTTP 401"), "{r:?}");
+    assert!(!format!("{r:?}").contains(token));
+    Ok(())
+}
