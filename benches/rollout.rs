@@ -11,6 +11,8 @@
 //! 2. Engine wall-clock overhead per node step, against the twin alone ticking through the
 //!    same simulated span in the same increments.
 //! 3. Peak resident memory of the real `ichor rollout` against `ichor sim` with 500 nodes.
+//! 4. The live ETA (`ichor::plan::eta`): its predicted end read at 25 %, 50 % and 75 % of
+//!    the makespan, against the actual end, as a share of the makespan.
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
@@ -184,6 +186,8 @@ struct Run {
     ticks: Vec<Duration>,
     /// Runs that stopped on the engine's own lock and were started again.
     restarts: usize,
+    /// (when, the predicted end) after each node done, in simulated time since the start.
+    etas: Vec<(Duration, Duration)>,
 }
 
 /// The engine as `ichor rollout` sets it up, run to its end while the driver moves the
@@ -199,7 +203,19 @@ async fn run_engine(repo: &Path, head: &str) -> Result<Run, Error> {
     let plan = gate::plan_with(&change, &PlanOptions::default(), Some(&nodes))?;
     let doc = change.cluster_doc.clone().ok_or("no cluster.yaml")?;
     let lines = Mutex::new(Vec::<String>::new());
+    let start = clock.now();
+    let eta = Mutex::new(ichor::plan::eta::Eta::new(&plan, start));
+    let etas = Mutex::new(Vec::new());
     let report = |p: Progress| {
+        let now = clock.now();
+        if let (Ok(mut e), Ok(mut seen)) = (eta.lock(), etas.lock()) {
+            match &p {
+                Progress::UnitDone { stage, node, .. } => e.unit_done(*stage, node.as_deref(), now),
+                Progress::StageFinished { stage, .. } => e.stage_done(*stage, now),
+                _ => {}
+            }
+            seen.push((now.since(start), e.estimate(now).end.since(start)));
+        }
         if let Ok(mut l) = lines.lock() {
             l.push(p.to_string());
         }
@@ -222,7 +238,6 @@ async fn run_engine(repo: &Path, head: &str) -> Result<Run, Error> {
         kubernetes: rs.kubernetes.clone(),
     };
     let ticks = RefCell::new(Vec::new());
-    let start = clock.now();
     let mut last = start;
     let mut restarts = 0;
     let t0 = Instant::now();
@@ -267,7 +282,31 @@ async fn run_engine(repo: &Path, head: &str) -> Result<Run, Error> {
         wall,
         ticks: ticks.into_inner(),
         restarts,
+        etas: etas.into_inner().unwrap_or_default(),
     })
+}
+
+/// Figure 4 for one bump: |predicted end − actual end| ÷ makespan, as the ETA stood at 25 %,
+/// 50 % and 75 % of the rollout.
+fn report_eta(name: &str, run: &Run) {
+    let total = run.makespan.as_secs_f64().max(1.0);
+    let mut parts = Vec::new();
+    for share in [0.25, 0.5, 0.75] {
+        let at = Duration::from_secs_f64(total * share);
+        let predicted = run
+            .etas
+            .iter()
+            .take_while(|(when, _)| *when <= at)
+            .last()
+            .map(|(_, end)| *end)
+            .unwrap_or(Duration::from_secs(run.plan.estimate_secs));
+        let error = (predicted.as_secs_f64() - total).abs() / total;
+        parts.push(format!("{:.0} %: {:.1} %", share * 100.0, error * 100.0));
+    }
+    println!(
+        "summary: {name}: ETA error (|predicted end − actual end| ÷ makespan) at {}",
+        parts.join(", ")
+    );
 }
 
 /// Durations in simulated seconds of the record's steps, per stage (`talos`,
@@ -629,6 +668,7 @@ fn main() {
             match run_engine(dir.path(), head).await {
                 Ok(run) => {
                     report_makespan(name, &run);
+                    report_eta(name, &run);
                     if let Err(e) = report_overhead(name, dir.path(), &run).await {
                         println!("summary: {name}: the twin alone failed: {e}");
                     }

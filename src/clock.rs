@@ -43,11 +43,26 @@ impl Timestamp {
         let (y, mo, d) = civil_from_days(days as i64);
         format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}Z")
     }
+    /// RFC 3339 in UTC with millisecond precision, e.g. `2026-11-30T07:12:06.042Z`.
+    pub fn rfc3339_millis(self) -> String {
+        let seconds = Timestamp(self.0 / 1000 * 1000).rfc3339();
+        format!("{}.{:03}Z", &seconds[..19], self.0 % 1000)
+    }
 }
 
 impl Timestamp {
-    /// Parse `YYYY-MM-DDTHH:MM:SSZ` (UTC, the form [`Timestamp::rfc3339`] prints).
+    /// Parse `YYYY-MM-DDTHH:MM:SSZ` or `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC, the forms
+    /// [`Timestamp::rfc3339`] and [`Timestamp::rfc3339_millis`] print).
     pub fn parse_rfc3339(text: &str) -> Option<Timestamp> {
+        if let Some(head) = text.get(..19).filter(|_| text.len() == 24) {
+            let frac = text.get(19..24)?.as_bytes();
+            if frac[0] != b'.' || frac[4] != b'Z' || !frac[1..4].iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            let ms: u64 = text.get(20..23)?.parse().ok()?;
+            let whole = Timestamp::parse_rfc3339(&format!("{head}Z"))?;
+            return Some(Timestamp(whole.0 + ms));
+        }
         let b = text.as_bytes();
         if b.len() != 20
             || b[4] != b'-'
@@ -387,6 +402,16 @@ mod tests {
     #[test]
     fn timestamp_formats_as_rfc3339() {
         assert_eq!(Timestamp(0).rfc3339(), "1970-01-01T00:00:00Z");
+        let t = Timestamp(1_767_225_600_042);
+        assert_eq!(t.rfc3339_millis(), "2026-01-01T00:00:00.042Z");
+        assert_eq!(Timestamp::parse_rfc3339(&t.rfc3339_millis()), Some(t));
+        for bad in [
+            "2026-01-01T00:00:00.04Z",
+            "2026-01-01T00:00:00,042Z",
+            "2026-01-01T00:00:00.04xZ",
+        ] {
+            assert_eq!(Timestamp::parse_rfc3339(bad), None, "{bad}");
+        }
         assert_eq!(
             Timestamp(1_767_225_600_000).rfc3339(),
             "2026-01-01T00:00:00Z"

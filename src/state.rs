@@ -172,6 +172,29 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
     written
 }
 
+/// Reads a file ichor wrote with [`write_private`]: `None` when it does not exist. A symbolic
+/// link, or a file over `max` bytes, is refused (never followed, never loaded).
+pub fn read_private(path: &Path, max: u64) -> Result<Option<Vec<u8>>, StateError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Err(StateError::Symlink(path.to_path_buf())),
+        Ok(m) if !m.is_file() => Err(StateError::Io {
+            path: path.to_path_buf(),
+            what: "cannot read",
+            source: std::io::Error::other("not a regular file"),
+        }),
+        Ok(m) if m.len() > max => Err(StateError::Io {
+            path: path.to_path_buf(),
+            what: "cannot read",
+            source: std::io::Error::other(format!("{} bytes; ichor wrote at most {max}", m.len())),
+        }),
+        Ok(_) => std::fs::read(path)
+            .map(Some)
+            .map_err(io(path, "cannot read")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io(path, "cannot inspect")(e)),
+    }
+}
+
 /// Creates `path`, which must not exist, with mode 0600, and writes `bytes` to disk.
 fn write_new(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
     let mut opts = std::fs::OpenOptions::new();

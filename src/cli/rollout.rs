@@ -236,7 +236,7 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
             talos: rs.talos.clone(),
             kubernetes: rs.kubernetes.clone(),
         };
-        let view = Terminal::new(clock.clone(), tty);
+        let view = Terminal::new(clock.clone(), tty).with_plan(&plan);
         let report = |p| view.report(p);
         let paused_in_git = doc.spec.rollout.paused;
         let pause_requested = move || {
@@ -271,8 +271,19 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
         match outcome {
             Ok(RunOutcome::Completed { stages }) => {
                 println!("\nDone in {took}: every node runs Talos {} and Kubernetes {}.", target.talos, target.kubernetes);
+                // Each stage against the plan's estimate for it.
                 for (stage, secs) in stages {
-                    println!("  {stage:<34} {}", ichor::releaseset::HumanDuration::from_secs(secs));
+                    let planned: u64 = plan
+                        .stages
+                        .iter()
+                        .filter(|s| ichor::rollout::stage_key(s.id) == stage)
+                        .flat_map(|s| s.steps.iter().map(|st| st.duration_secs))
+                        .sum();
+                    println!(
+                        "  {stage:<34} {:<10} (planned {})",
+                        ichor::releaseset::HumanDuration::from_secs(secs).to_string(),
+                        ichor::releaseset::HumanDuration::from_secs(planned)
+                    );
                 }
                 let notes: Vec<String> = plan.notes.iter().chain(plan.warnings.iter()).cloned().collect();
                 for n in notes {

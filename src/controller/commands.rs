@@ -2,7 +2,10 @@
 //! users with write access, or, in Git-only mode, commits on `refs/ichor/commands`. Every
 //! command is acknowledged where it was given; a refusal says why, politely.
 
-use std::sync::Arc;
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use crate::git::notes;
 
 use crate::forge::command::{self, Command, Verb};
 
@@ -308,13 +311,133 @@ async fn run(ctx: &Arc<Ctx>, pr: Option<u64>, cmd: &Command, by: &str) -> Result
     Ok(said.join(" "))
 }
 
-/// Git-only mode: each unacknowledged commit on `refs/ichor/commands` is a command.
+/// Git-only commands this controller handled, kept in its state dir (not in the shared
+/// notes, where anyone who can push could add or push out an `ack`), and the key that
+/// seals its acks.
+pub struct CommandLedger {
+    pub key: notes::AckKey,
+    path: std::path::PathBuf,
+    inner: Mutex<LedgerState>,
+}
+
+struct LedgerState {
+    done: BTreeSet<git2::Oid>,
+    /// Oldest first, to keep the newest [`CommandLedger::KEEP`].
+    order: VecDeque<git2::Oid>,
+    /// No ledger was on disk at the start: acks already in the notes count once.
+    fresh: bool,
+}
+
+impl CommandLedger {
+    /// More than one walk's worth ([`notes::MAX_COMMAND_WALK`]), so nothing walked is forgotten.
+    const KEEP: usize = 10 * notes::MAX_COMMAND_WALK;
+    const KEY_FILE: &'static str = "ack.key";
+    const LEDGER_FILE: &'static str = "commands-handled";
+
+    /// The ledger in `state_dir`, with its key (created on first use, mode 0600).
+    pub fn open(state_dir: &std::path::Path) -> Result<CommandLedger, Error> {
+        let err = |e: crate::state::StateError| Error::Other(e.to_string());
+        let key_path = state_dir.join(Self::KEY_FILE);
+        let key = match crate::state::read_private(&key_path, 1024).map_err(err)? {
+            Some(bytes) => {
+                let text = String::from_utf8_lossy(&bytes);
+                let raw = hex::decode(text.trim())
+                    .ok()
+                    .and_then(|b| <[u8; 32]>::try_from(b).ok());
+                match raw {
+                    Some(raw) => notes::AckKey::new(raw),
+                    None => {
+                        return Err(Error::Other(format!(
+                            "{}: not the 64 hex digits ichor writes; delete it to let ichor make a new key (commands already acknowledged in the notes then count once)",
+                            key_path.display()
+                        )))
+                    }
+                }
+            }
+            None => {
+                let key = notes::AckKey::random();
+                crate::state::write_private(
+                    &key_path,
+                    format!("{}\n", hex::encode(key.bytes())).as_bytes(),
+                )
+                .map_err(err)?;
+                key
+            }
+        };
+        let path = state_dir.join(Self::LEDGER_FILE);
+        let (order, fresh) =
+            match crate::state::read_private(&path, 64 * Self::KEEP as u64).map_err(err)? {
+                Some(bytes) => (
+                    String::from_utf8_lossy(&bytes)
+                        .lines()
+                        .filter_map(|l| git2::Oid::from_str(l.trim()).ok())
+                        .collect::<VecDeque<_>>(),
+                    false,
+                ),
+                None => (VecDeque::new(), true),
+            };
+        Ok(CommandLedger {
+            key,
+            path,
+            inner: Mutex::new(LedgerState {
+                done: order.iter().copied().collect(),
+                order,
+                fresh,
+            }),
+        })
+    }
+
+    /// Remember `oids` as handled, on disk before anything is acknowledged.
+    fn record(&self, oids: impl IntoIterator<Item = git2::Oid>) -> Result<(), Error> {
+        let text = {
+            let mut st = lock(&self.inner);
+            for oid in oids {
+                if st.done.insert(oid) {
+                    st.order.push_back(oid);
+                }
+            }
+            while st.order.len() > Self::KEEP {
+                if let Some(old) = st.order.pop_front() {
+                    st.done.remove(&old);
+                }
+            }
+            st.fresh = false;
+            st.order
+                .iter()
+                .map(|o| format!("{o}\n"))
+                .collect::<String>()
+        };
+        crate::state::write_private(&self.path, text.as_bytes())
+            .map_err(|e| Error::Other(e.to_string()))
+    }
+}
+
+/// Git-only mode: each commit on `refs/ichor/commands` this controller has not handled is a
+/// command. All are acknowledged in one push.
 pub async fn git_commands(ctx: &Arc<Ctx>) -> Result<(), Error> {
-    let pending = {
+    let ledger = &ctx.ledger;
+    let found = {
         let repo = ctx.repo()?;
-        crate::git::notes::pending_commands(repo.git2(), crate::git::notes::MAX_COMMAND_WALK)?
+        let st = lock(&ledger.inner);
+        notes::pending_commands(
+            repo.git2(),
+            notes::Handled {
+                key: &ledger.key,
+                done: &st.done,
+                trust_every_ack: st.fresh,
+            },
+            notes::MAX_COMMAND_WALK,
+        )?
     };
-    for c in pending {
+    for oid in &found.forged {
+        tracing::warn!(command = %oid, "a command on refs/ichor/commands has an ack this controller did not write; ichor runs it");
+    }
+    if !found.acknowledged.is_empty() || lock(&ledger.inner).fresh {
+        ledger.record(found.acknowledged.iter().copied())?;
+    }
+    let mut acks = Vec::new();
+    let mut failed = None;
+    for c in found.commands {
         let by = if c.author_email.is_empty() {
             c.author_name.clone()
         } else {
@@ -325,11 +448,25 @@ pub async fn git_commands(ctx: &Arc<Ctx>) -> Result<(), Error> {
             None => "not an ichor command (the first line should start with `/ichor`); ignored."
                 .to_string(),
             Some(Err(why)) => why,
-            Some(Ok(cmd)) => run(ctx, None, &cmd, &by).await?,
+            Some(Ok(cmd)) => match run(ctx, None, &cmd, &by).await {
+                Ok(text) => text,
+                Err(e) => {
+                    // Not handled: it runs again next time; those before it are acknowledged.
+                    failed = Some(e);
+                    break;
+                }
+            },
         };
-        ctx.reporters
-            .ack(None, Some(&oid), None, &c.line, &by, &text)
-            .await?;
+        // Handled from now on, whatever becomes of the notes.
+        ledger.record([c.oid])?;
+        acks.push(super::report::Ack {
+            commit: oid,
+            cluster: None,
+            command: c.line.clone(),
+            by,
+            text,
+        });
     }
-    Ok(())
+    ctx.reporters.ack_commits(acks).await?;
+    failed.map_or(Ok(()), Err)
 }

@@ -434,33 +434,40 @@ fn take(ctx: &Ctx, event: &str, content_type: Option<&str>, body: &[u8]) -> Resp
         Err(r) => return refuse(ctx, &r),
     };
     let label = event_label(event);
-    let ours = |repo: &str| {
+    let ours = |repo: &str, id: Option<u64>| {
         ctx.github
             .as_ref()
-            .is_some_and(|g| g.repo().eq_ignore_ascii_case(repo))
+            .is_some_and(|g| g.is_this_repository(repo, id))
     };
     let queued = match parsed {
         WebhookEvent::Ping => return accepted(ctx, "accepted", "ping"),
         WebhookEvent::Ignored(_) => return accepted(ctx, "ignored", label),
-        WebhookEvent::PullRequest(p) if ours(&p.repo) => match p.action {
+        WebhookEvent::PullRequest(p) if ours(&p.repo, p.repo_id) => match p.action {
             PullAction::Updated => Event::PullUpdated {
                 number: p.number,
                 head_sha: p.head_sha,
             },
             PullAction::Closed => Event::PullClosed { number: p.number },
         },
-        WebhookEvent::Push { repo, git_ref, .. } if ours(&repo) => Event::Pushed {
+        WebhookEvent::Push {
+            repo,
+            repo_id,
+            git_ref,
+            ..
+        } if ours(&repo, repo_id) => Event::Pushed {
             branch: git_ref.trim_start_matches("refs/heads/").to_string(),
         },
-        WebhookEvent::IssueComment(c) if ours(&c.repo) && c.is_pull_request => Event::Comment {
-            number: c.number,
-            comment_id: c.comment_id,
-            created_at: c.created_at,
-            author: c.author,
-            body: c.body,
-        },
+        WebhookEvent::IssueComment(c) if ours(&c.repo, c.repo_id) && c.is_pull_request => {
+            Event::Comment {
+                number: c.number,
+                comment_id: c.comment_id,
+                created_at: c.created_at,
+                author: c.author,
+                body: c.body,
+            }
+        }
         WebhookEvent::IssueComment(_) => return accepted(ctx, "ignored", "issue_comment"),
-        WebhookEvent::MergeGroup(g) if ours(&g.repo) => Event::MergeGroup {
+        WebhookEvent::MergeGroup(g) if ours(&g.repo, g.repo_id) => Event::MergeGroup {
             head_sha: g.head_sha,
             head_ref: g.head_ref.trim_start_matches("refs/heads/").to_string(),
             base_ref: g.base_ref.trim_start_matches("refs/heads/").to_string(),

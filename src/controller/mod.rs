@@ -266,6 +266,8 @@ pub struct Ctx {
     pub webhook_secret: Option<Secret>,
     pub clusters: Vec<Arc<ClusterRuntime>>,
     pub reporters: Reporters,
+    /// Git-only commands handled, and the key of this controller's acks.
+    pub ledger: commands::CommandLedger,
     pub metrics: Arc<Metrics>,
     pub state: tokio::sync::Mutex<LoopState>,
     pub events: mpsc::Sender<Event>,
@@ -483,11 +485,14 @@ pub async fn connect(
             backwards: Mutex::new(None),
         }));
     }
+    let ledger = commands::CommandLedger::open(&cfg.state_dir)?;
     let notes = (!cfg.uses_github() || cfg.notes).then(|| {
         Arc::new(report::NotesSink {
             mirror: mirror_dir.clone(),
             remote: remote.clone(),
             lock: tokio::sync::Mutex::new(()),
+            key: ledger.key.clone(),
+            unpublished: Mutex::new(None),
         })
     });
     // The loop never sleeps out a rate limit: its calls answer at once, and the work is
@@ -509,6 +514,7 @@ pub async fn connect(
         webhook_secret,
         clusters,
         reporters,
+        ledger,
         metrics: Arc::new(Metrics::default()),
         state: tokio::sync::Mutex::new(LoopState::default()),
         events,
@@ -901,12 +907,18 @@ pub async fn reconcile(ctx: &Arc<Ctx>) -> Result<(), Error> {
     ctx.metrics
         .inc("ichor_reconciles_total", "Reconciles run.", &[]);
     ctx.sync().await?;
+    if let Some(gh) = ctx.github.as_ref().filter(|g| g.repository_id().is_none()) {
+        // Once, so webhooks of the repository renamed or transferred are still known by id.
+        if let Err(e) = gh.learn_repository_id().await {
+            tracing::debug!(error = %e, "the repository's id is not known yet");
+        }
+    }
     gating::gate_open(ctx).await?;
     rolling::on_branch(ctx).await?;
     if ctx.github.is_none() {
         commands::git_commands(ctx).await?;
     }
-    Ok(())
+    ctx.reporters.publish_notes().await
 }
 
 /// The clusters a repository revision holds, and whether there are several.

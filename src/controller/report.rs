@@ -47,6 +47,21 @@ pub struct NotesSink {
     pub remote: Remote,
     /// One writer at a time within this process; others are merged on push.
     pub lock: tokio::sync::Mutex<()>,
+    /// Seals ichor's `ack` records (see [`notes::AckKey`]).
+    pub key: notes::AckKey,
+    /// Why the last push failed, while the mirror holds records the remote lacks: they go
+    /// with the next push ([`Reporters::publish_notes`] tries on every reconcile).
+    pub unpublished: std::sync::Mutex<Option<String>>,
+}
+
+/// A Git-only command's acknowledgement: an `ack` record on its commit.
+#[derive(Debug, Clone)]
+pub struct Ack {
+    pub commit: String,
+    pub cluster: Option<String>,
+    pub command: String,
+    pub by: String,
+    pub text: String,
 }
 
 #[derive(Clone)]
@@ -146,7 +161,7 @@ impl Reporters {
             comment::RolloutState::Paused { stage, node, .. } => {
                 (Some(stage.clone()), node.clone())
             }
-            comment::RolloutState::Running { stage } => (Some(stage.clone()), None),
+            comment::RolloutState::Running { stage, .. } => (Some(stage.clone()), None),
             _ => (None, None),
         };
         let word = match &r.section.state {
@@ -191,38 +206,94 @@ impl Reporters {
                 .await?;
         }
         if let Some(commit) = commit {
-            let record = NoteRecord {
+            self.ack_commits(vec![Ack {
+                commit: commit.to_string(),
                 cluster: cluster.map(str::to_string),
-                command: Some(command.to_string()),
-                by: Some(by.to_string()),
-                detail: Some(text.to_string()),
-                ..NoteRecord::new(
-                    RecordKind::Ack,
-                    self.clock.now(),
-                    "success",
-                    &comment::description(text),
-                )
-            };
-            self.note(commit, record).await?;
+                command: command.to_string(),
+                by: by.to_string(),
+                text: text.to_string(),
+            }])
+            .await?;
         }
         Ok(())
     }
 
+    /// Acknowledge Git-only commands: an `ack` record on each command's commit, all
+    /// published in one push.
+    pub async fn ack_commits(&self, acks: Vec<Ack>) -> Result<(), Error> {
+        let now = self.clock.now();
+        let records = acks
+            .into_iter()
+            .map(|a| {
+                let record = NoteRecord {
+                    cluster: a.cluster,
+                    command: Some(a.command),
+                    by: Some(a.by),
+                    detail: Some(a.text.clone()),
+                    ..NoteRecord::new(
+                        RecordKind::Ack,
+                        now,
+                        "success",
+                        &comment::description(&a.text),
+                    )
+                };
+                (a.commit, record)
+            })
+            .collect();
+        self.notes(records).await
+    }
+
     async fn note(&self, commit: &str, record: NoteRecord) -> Result<(), Error> {
+        self.notes(vec![(commit.to_string(), record)]).await
+    }
+
+    /// Push the notes when an earlier push failed; nothing to do otherwise.
+    pub async fn publish_notes(&self) -> Result<(), Error> {
+        match &self.notes {
+            Some(sink) if super::lock(&sink.unpublished).is_some() => self.notes(vec![]).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Append `records` to their commits' notes in the mirror (acks sealed), then publish
+    /// once. A push that fails is not the caller's failure: the records stay in the mirror
+    /// and go with the next push, and the reason is logged when it changes.
+    async fn notes(&self, records: Vec<(String, NoteRecord)>) -> Result<(), Error> {
         let Some(sink) = self.notes.clone() else {
             return Ok(());
         };
-        let commit = commit.to_string();
         let _one = sink.lock.lock().await;
-        let sink2 = sink.clone();
         let secs = (self.clock.now().as_millis() / 1000) as i64;
+        let sink = sink.clone();
         tokio::task::spawn_blocking(move || -> Result<(), Error> {
-            let repo = git2::Repository::open_bare(&sink2.mirror)?;
-            let oid = git2::Oid::from_str(&commit)?;
+            let repo = git2::Repository::open_bare(&sink.mirror)?;
             let sig = git2::Signature::new("ichor", "ichor@localhost", &git2::Time::new(secs, 0))?;
-            if notes::append(&repo, oid, &[record], &sig)? {
-                let remote = sink2.remote.clone();
-                notes::push(&repo, &remote.url, &|| remote::callbacks(&remote), 5)?;
+            let mut changed = false;
+            for (commit, mut record) in records {
+                let oid = git2::Oid::from_str(&commit)?;
+                if record.kind == RecordKind::Ack {
+                    sink.key.seal(oid, &mut record);
+                }
+                changed |= notes::append(&repo, oid, &[record], &sig)?;
+            }
+            let mut unpublished = super::lock(&sink.unpublished);
+            if !changed && unpublished.is_none() {
+                return Ok(());
+            }
+            let remote = sink.remote.clone();
+            match notes::push(&repo, &remote.url, &|| remote::callbacks(&remote), 5) {
+                Ok(_) => {
+                    if unpublished.take().is_some() {
+                        tracing::info!("ichor's notes are published again");
+                    }
+                }
+                Err(e) => {
+                    let why = e.to_string();
+                    if unpublished.as_deref() != Some(why.as_str()) {
+                        tracing::warn!(error = %why, "ichor's notes could not be published; they stay in its mirror and go with the next push");
+                    }
+                    *unpublished = Some(why);
+                }
             }
             Ok(())
         })

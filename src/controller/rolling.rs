@@ -521,8 +521,10 @@ async fn execute(
         let rep = rep.clone();
         let ctx = ctx.clone();
         let cluster = cluster.clone();
+        let mut eta = crate::plan::eta::Eta::new(&plan, ctx.clock.now());
         tokio::spawn(async move {
             let mut step_started = ctx.clock.now();
+            let mut stage_title = String::new();
             while let Some(first) = rx.recv().await {
                 let mut batch = vec![first];
                 while let Ok(p) = rx.try_recv() {
@@ -531,18 +533,28 @@ async fn execute(
                 for p in batch {
                     match &p {
                         Progress::StageStarted { title, .. } => {
+                            stage_title = title.clone();
                             rep.set(RolloutState::Running {
                                 stage: title.clone(),
+                                eta: Some(eta.estimate(ctx.clock.now()).short()),
                             });
                             step_started = ctx.clock.now();
                         }
-                        Progress::StageFinished { stage, secs } => ctx.metrics.observe(
-                            "ichor_rollout_stage_seconds",
-                            "Rollout stage durations.",
-                            &[("stage", crate::rollout::stage_key(*stage))],
-                            *secs as f64,
-                        ),
+                        Progress::StageFinished { stage, secs } => {
+                            eta.stage_done(*stage, ctx.clock.now());
+                            ctx.metrics.observe(
+                                "ichor_rollout_stage_seconds",
+                                "Rollout stage durations.",
+                                &[("stage", crate::rollout::stage_key(*stage))],
+                                *secs as f64,
+                            )
+                        }
                         Progress::UnitDone { stage, what, node } => {
+                            eta.unit_done(*stage, node.as_deref(), ctx.clock.now());
+                            rep.set(RolloutState::Running {
+                                stage: stage_title.clone(),
+                                eta: Some(eta.estimate(ctx.clock.now()).short()),
+                            });
                             if let (Some(node), Some(kube)) = (node, &cluster.kube) {
                                 let reason = match stage {
                                     crate::plan::StageId::Talos => "TalosUpgraded",

@@ -87,6 +87,8 @@ pub enum RolloutState {
     Queued(String),
     Running {
         stage: String,
+        /// How far it is and when it should end ("23/60 done, ends ≈ 14:20 UTC"), once known.
+        eta: Option<String>,
     },
     Paused {
         stage: String,
@@ -106,7 +108,10 @@ impl RolloutState {
     pub fn status_description(&self) -> String {
         description(&match self {
             RolloutState::Queued(why) => format!("queued: {why}"),
-            RolloutState::Running { stage } => format!("rolling out: {stage}"),
+            RolloutState::Running { stage, eta } => match eta {
+                Some(eta) => format!("rolling out: {stage} ({eta})"),
+                None => format!("rolling out: {stage}"),
+            },
             RolloutState::Paused {
                 stage,
                 node,
@@ -186,8 +191,11 @@ fn render_rollout(cluster: &str, r: &RolloutSection) -> String {
     );
     match &r.state {
         RolloutState::Queued(why) => out.push_str(&format!("⏳ **Queued**: {}\n\n", md(why))),
-        RolloutState::Running { stage } => {
-            out.push_str(&format!("🔄 **Rolling out**: {}\n\n", md(stage)))
+        RolloutState::Running { stage, eta } => {
+            out.push_str(&format!("🔄 **Rolling out**: {}\n\n", md(stage)));
+            if let Some(eta) = eta {
+                out.push_str(&format!("{}\n\n", md(eta)));
+            }
         }
         RolloutState::Paused {
             stage,

@@ -269,6 +269,11 @@ struct Inner {
     held_until: Mutex<[Option<Timestamp>; 2]>,
     /// Secondary limits met in a row without a success in between (the backoff doubles).
     strikes: std::sync::atomic::AtomicU32,
+    /// The repository's id, once learnt: webhooks of a renamed or transferred repository
+    /// carry its new name but the same id.
+    repo_id: Mutex<Option<u64>>,
+    /// Whether the log has said once that webhooks name the repository otherwise.
+    rename_told: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -317,6 +322,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Deserialize)]
 struct UserJson {
     login: String,
+}
+
+#[derive(Deserialize)]
+struct RepoIdJson {
+    id: u64,
+    full_name: String,
 }
 
 #[derive(Deserialize)]
@@ -667,6 +678,8 @@ impl GithubClient {
                 not_modified: AtomicU64::new(0),
                 held_until: Mutex::new([None, None]),
                 strikes: std::sync::atomic::AtomicU32::new(0),
+                repo_id: Mutex::new(None),
+                rename_told: std::sync::atomic::AtomicBool::new(false),
             }),
             patient: true,
         };
@@ -735,6 +748,58 @@ impl GithubClient {
 
     pub fn repo(&self) -> &str {
         &self.inner.repo
+    }
+
+    /// The repository's id, when known (see [`GithubClient::learn_repository_id`]).
+    pub fn repository_id(&self) -> Option<u64> {
+        *lock(&self.inner.repo_id)
+    }
+
+    /// Ask GitHub for the repository's id (`GET /repos/{owner}/{repo}`, following a rename's
+    /// redirect), once: later calls answer from memory.
+    pub async fn learn_repository_id(&self) -> Result<u64, ForgeError> {
+        if let Some(id) = self.repository_id() {
+            return Ok(id);
+        }
+        let what = "GET /repos/{owner}/{repo}";
+        let answer = self
+            .call(
+                Method::GET,
+                format!("/repos/{}", self.inner.repo),
+                None,
+                false,
+                what,
+            )
+            .await?;
+        let repo = answer.json::<RepoIdJson>(what)?;
+        if !repo.full_name.eq_ignore_ascii_case(&self.inner.repo) {
+            self.told_renamed(&repo.full_name);
+        }
+        *lock(&self.inner.repo_id) = Some(repo.id);
+        Ok(repo.id)
+    }
+
+    /// Whether a webhook's `repository` is the configured one: by name, or, for a renamed
+    /// or transferred repository (whose webhooks carry the new name), by its id.
+    pub fn is_this_repository(&self, full_name: &str, id: Option<u64>) -> bool {
+        if full_name.eq_ignore_ascii_case(&self.inner.repo) {
+            return true;
+        }
+        let same = id.is_some() && id == self.repository_id();
+        if same {
+            self.told_renamed(full_name);
+        }
+        same
+    }
+
+    fn told_renamed(&self, now: &str) {
+        if !self.inner.rename_told.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                repository = %self.inner.repo,
+                now_named = %crate::escape::clip(now, 200),
+                "GitHub names the repository otherwise now (renamed or transferred); ichor follows it by its id — update github.repository"
+            );
+        }
     }
 
     pub fn stats(&self) -> ClientStats {

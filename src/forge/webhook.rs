@@ -130,6 +130,7 @@ pub enum WebhookEvent {
     PullRequest(PullRequestEvent),
     Push {
         repo: String,
+        repo_id: Option<u64>,
         /// `refs/heads/main`
         git_ref: String,
         before: String,
@@ -146,6 +147,7 @@ pub enum WebhookEvent {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PullRequestEvent {
     pub repo: String,
+    pub repo_id: Option<u64>,
     pub action: PullAction,
     pub number: u64,
     pub head_sha: String,
@@ -168,6 +170,7 @@ pub enum PullAction {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MergeGroupEvent {
     pub repo: String,
+    pub repo_id: Option<u64>,
     /// The merge group's commit: where GitHub waits for the required statuses.
     pub head_sha: String,
     /// `refs/heads/gh-readonly-queue/<base>/pr-<n>-<sha>`
@@ -179,6 +182,7 @@ pub struct MergeGroupEvent {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommentEvent {
     pub repo: String,
+    pub repo_id: Option<u64>,
     pub number: u64,
     pub is_pull_request: bool,
     pub comment_id: u64,
@@ -191,6 +195,9 @@ pub struct CommentEvent {
 #[derive(Deserialize)]
 struct Repository {
     full_name: String,
+    /// Stays when the repository is renamed or transferred; `full_name` does not.
+    #[serde(default)]
+    id: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -381,6 +388,7 @@ pub fn parse(event: &str, body: &[u8]) -> Result<WebhookEvent, Refusal> {
                 None => true,
             };
             Ok(WebhookEvent::PullRequest(PullRequestEvent {
+                repo_id: p.repository.id,
                 repo: p.repository.full_name,
                 action,
                 number: p.number,
@@ -399,6 +407,7 @@ pub fn parse(event: &str, body: &[u8]) -> Result<WebhookEvent, Refusal> {
                 return Err(bad("push.before/after are not 40-digit shas".into()));
             }
             Ok(WebhookEvent::Push {
+                repo_id: p.repository.id,
                 repo: p.repository.full_name,
                 git_ref: p.git_ref,
                 before: p.before,
@@ -415,6 +424,7 @@ pub fn parse(event: &str, body: &[u8]) -> Result<WebhookEvent, Refusal> {
                 )));
             }
             Ok(WebhookEvent::IssueComment(CommentEvent {
+                repo_id: p.repository.id,
                 repo: p.repository.full_name,
                 number: p.issue.number,
                 is_pull_request: p.issue.pull_request.is_some(),
@@ -446,6 +456,7 @@ pub fn parse(event: &str, body: &[u8]) -> Result<WebhookEvent, Refusal> {
                 return Err(bad("merge_group refs are not under refs/heads/".into()));
             }
             Ok(WebhookEvent::MergeGroup(MergeGroupEvent {
+                repo_id: p.repository.id,
                 repo: p.repository.full_name,
                 head_sha: g.head_sha,
                 head_ref: g.head_ref,

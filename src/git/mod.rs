@@ -52,6 +52,12 @@ pub enum GitError {
     BadNoteRecord { message: String },
     #[error("a notes tree annotates {count} objects or more; ichor merges at most {} (refs/notes/ichor should hold one note per PR head and merge commit)", notes::MAX_NOTED_OBJECTS)]
     TooManyNotes { count: usize },
+    #[error("{place}: {refname} points at a {kind}, not a commit; git keeps notes and commands only in commits, so ichor leaves it alone and its records stay in its own copy until the ref is a commit again or deleted (git push <remote> :{refname})")]
+    RefNotACommit {
+        place: String,
+        refname: String,
+        kind: String,
+    },
     #[error("cannot {action} ichor's notes at {url}: {message}")]
     NotesRemote {
         url: String,

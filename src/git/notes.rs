@@ -11,14 +11,20 @@
 //!
 //! Commands without a forge: each commit on [`COMMANDS_REF`] carries one command in the
 //! first line of its message (`/ichor retry homelab`); ichor acknowledges one by appending an
-//! `ack` record to that commit's note. See docs/git-only.md.
+//! `ack` record to that commit's note. Anyone who can push the notes can write an `ack`
+//! line, so an ack counts only when it carries a MAC of this controller's [`AckKey`]
+//! (bound to the command's commit, the cluster and the command), and the controller keeps
+//! which commands it handled in its own state dir, not in the shared notes. See
+//! docs/git-only.md.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
 use git2::{AutotagOption, ErrorCode, FetchOptions, ObjectType, Oid, PushOptions, Repository};
+use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use super::GitError;
 use crate::clock::Timestamp;
@@ -37,8 +43,10 @@ pub const MAX_LINE_BYTES: usize = 4096;
 pub const MAX_NOTE_LINES: usize = 1000;
 /// The most bytes a note keeps; past it the oldest (by `at`) go.
 pub const MAX_NOTE_BYTES: usize = 256 * 1024;
-/// A note blob larger than this is not loaded at all (it cannot be one ichor wrote).
-pub const MAX_NOTE_BLOB_BYTES: usize = 16 * 1024 * 1024;
+/// A note blob larger than this is not loaded at all, by a read or by a merge: ichor's own
+/// notes are at most [`MAX_NOTE_BYTES`], and the union of two of them at most twice that, so
+/// anything larger was written by someone else and would only slow every later write.
+pub const MAX_NOTE_BLOB_BYTES: usize = 4 * MAX_NOTE_BYTES;
 /// A record's summary, as a GitHub status description.
 pub const MAX_SUMMARY_CHARS: usize = 140;
 /// A record's detail.
@@ -49,8 +57,8 @@ pub const MAX_FIELD_CHARS: usize = 200;
 pub const MAX_COMMAND_LINE_CHARS: usize = 200;
 /// The most objects one notes tree may annotate for ichor to merge it.
 pub const MAX_NOTED_OBJECTS: usize = 100_000;
-/// The most commits of [`COMMANDS_REF`] ichor walks.
-pub const MAX_COMMAND_WALK: usize = 1000;
+/// The most commits of [`COMMANDS_REF`] ichor walks in one reconcile: the newest ones.
+pub const MAX_COMMAND_WALK: usize = 100;
 /// The most fetch-merge-push rounds of one [`push`].
 pub const MAX_PUSH_ATTEMPTS: u32 = 20;
 
@@ -124,6 +132,10 @@ pub struct NoteRecord {
     /// Longer text (a pause's root cause), at most [`MAX_DETAIL_BYTES`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// On an `ack`: `<key id>.<HMAC-SHA256>` from the controller's [`AckKey`], binding the
+    /// ack to its command commit, cluster and command (see [`AckKey::seal`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
 }
 
 /// Why a note line is not an ichor record.
@@ -149,7 +161,7 @@ impl NoteRecord {
     /// A record with no optional fields; set those on the result.
     pub fn new(kind: RecordKind, at: Timestamp, state: &str, summary: &str) -> NoteRecord {
         NoteRecord {
-            at: at.rfc3339(),
+            at: at.rfc3339_millis(),
             kind,
             cluster: None,
             state: state.to_string(),
@@ -161,6 +173,7 @@ impl NoteRecord {
             command: None,
             by: None,
             detail: None,
+            mac: None,
         }
     }
 
@@ -204,12 +217,86 @@ impl NoteRecord {
                 .detail
                 .as_deref()
                 .map(|d| clip_bytes(&replace_controls(d, true), detail_bytes)),
+            mac: self.mac.as_deref().map(|m| one_line(m, 100)),
         }
     }
 
     /// The record's time, when `at` is well formed.
     pub fn time(&self) -> Option<Timestamp> {
         Timestamp::parse_rfc3339(&self.at)
+    }
+}
+
+/// The secret that makes this controller's acks its own: an HMAC-SHA256 key, kept in the
+/// controller's state dir (never in the repository, never logged).
+#[derive(Clone)]
+pub struct AckKey([u8; 32]);
+
+impl std::fmt::Debug for AckKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AckKey({})", self.id())
+    }
+}
+
+impl AckKey {
+    pub fn new(bytes: [u8; 32]) -> AckKey {
+        AckKey(bytes)
+    }
+
+    pub fn random() -> AckKey {
+        AckKey(rand::random())
+    }
+
+    pub fn bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Names the controller in its MACs: 8 hex digits of a hash of the key (not the key).
+    pub fn id(&self) -> String {
+        let mut h = Sha256::new();
+        h.update(b"ichor ack key id\n");
+        h.update(self.0);
+        hex::encode(&h.finalize()[..4])
+    }
+
+    fn mac_of(&self, commit: Oid, record: &NoteRecord) -> Hmac<Sha256> {
+        // A key of any length is accepted by HMAC; 32 bytes always are.
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0)
+            .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
+        for part in [
+            "ichor ack v1",
+            &commit.to_string(),
+            record.cluster.as_deref().unwrap_or(""),
+            record.command.as_deref().unwrap_or(""),
+            &self.id(),
+        ] {
+            mac.update(part.as_bytes());
+            mac.update(b"\0");
+        }
+        mac
+    }
+
+    /// Sets `record.mac`, computed over what the record's line will hold (fields clipped as
+    /// [`NoteRecord::to_line`] clips them), so the MAC read back verifies.
+    pub fn seal(&self, commit: Oid, record: &mut NoteRecord) {
+        record.mac = None;
+        let written = parse_line(&record.to_line()).unwrap_or_else(|_| record.clone());
+        let tag = self.mac_of(commit, &written).finalize().into_bytes();
+        record.mac = Some(format!("{}.{}", self.id(), hex::encode(tag)));
+    }
+
+    /// Whether `record` is an `ack` this key sealed for `commit`.
+    pub fn verifies(&self, commit: Oid, record: &NoteRecord) -> bool {
+        if record.kind != RecordKind::Ack {
+            return false;
+        }
+        let Some((id, tag)) = record.mac.as_deref().and_then(|m| m.split_once('.')) else {
+            return false;
+        };
+        let Ok(tag) = hex::decode(tag) else {
+            return false;
+        };
+        id == self.id() && self.mac_of(commit, record).verify_slice(&tag).is_ok()
     }
 }
 
@@ -386,10 +473,23 @@ fn blob_lines(repo: &Repository, blob: Oid) -> Result<Lines, GitError> {
     })
 }
 
-/// The commit a notes ref points at, if the ref exists.
+/// The commit a notes ref points at, if the ref exists. A ref that points at something
+/// else (a blob, a tree) is named in the error: git itself keeps notes only in commits.
 fn tip(repo: &Repository, refname: &str) -> Result<Option<Oid>, GitError> {
     match repo.find_reference(refname) {
-        Ok(r) => Ok(Some(r.peel_to_commit()?.id())),
+        Ok(r) => match r.peel_to_commit() {
+            Ok(c) => Ok(Some(c.id())),
+            Err(_) => Err(GitError::RefNotACommit {
+                place: "the repository".into(),
+                refname: refname.to_string(),
+                kind: r
+                    .peel(ObjectType::Any)
+                    .ok()
+                    .and_then(|o| o.kind())
+                    .map_or("object of unknown kind", |k| k.str())
+                    .to_string(),
+            }),
+        },
         Err(e) if e.code() == ErrorCode::NotFound => Ok(None),
         Err(e) => Err(e.into()),
     }
@@ -477,14 +577,35 @@ fn warn_skipped(commit: Oid, note: &Note) {
 /// Add `records` to the note on `commit` under [`NOTES_REF`], as `cat_sort_uniq` would
 /// (existing lines and the new ones, sorted, duplicates removed). Returns whether the note
 /// changed. A note over its bounds loses its oldest lines, with a warning.
+///
+/// Lines sort by `at`, so records written within the same instant as the note's newest (or
+/// as each other) would read in another order than they were written: a new record less
+/// than a second older than the newest before it gets an `at` one millisecond after it.
 pub fn append(
     repo: &Repository,
     commit: Oid,
     records: &[NoteRecord],
     author: &git2::Signature,
 ) -> Result<bool, GitError> {
-    let mut new_lines = Vec::with_capacity(records.len());
+    let (old_blob, old) = note_lines(repo, commit)?;
+    let mut newest = old
+        .lines
+        .iter()
+        .filter_map(|l| parse_line(l).ok()?.time())
+        .max();
+    let mut new_lines: Vec<String> = Vec::with_capacity(records.len());
     for record in records {
+        let mut record = record.clone();
+        let as_given = record.to_line();
+        if old.lines.contains(&as_given) || new_lines.contains(&as_given) {
+            continue; // already there: appending is idempotent
+        }
+        if let (Some(at), Some(last)) = (record.time(), newest) {
+            if at <= last && last.since(at) < std::time::Duration::from_secs(1) {
+                record.at = Timestamp::from_millis(last.as_millis() + 1).rfc3339_millis();
+            }
+        }
+        newest = record.time().max(newest);
         let line = record.to_line();
         // Never write a line ichor itself would refuse to read.
         parse_line(&line).map_err(|e| GitError::BadNoteRecord {
@@ -492,7 +613,6 @@ pub fn append(
         })?;
         new_lines.push(line);
     }
-    let (old_blob, old) = note_lines(repo, commit)?;
     if let Some(size) = old.oversized {
         tracing::warn!(%commit, size, "the ichor note is too large to read; ichor replaces it");
     }
@@ -748,7 +868,18 @@ pub fn fetch_merge(
             Err(e) => return Err(remote_error(url, "fetch", e)),
         }
     }
-    let Some(theirs) = tip(repo, REMOTE_NOTES_REF)? else {
+    let theirs = match tip(repo, REMOTE_NOTES_REF) {
+        Err(GitError::RefNotACommit { kind, .. }) => {
+            // Not notes anyone can read or merge: named, and left alone (never forced over).
+            return Err(GitError::RefNotACommit {
+                place: redacted(url),
+                refname: NOTES_REF.into(),
+                kind,
+            });
+        }
+        other => other?,
+    };
+    let Some(theirs) = theirs else {
         return Ok(FetchOutcome {
             remote: None,
             changed: false,
@@ -928,12 +1059,41 @@ fn first_line(bytes: &[u8], max: usize) -> String {
     clip_chars(&replace_controls(text.trim(), false), max)
 }
 
-/// Commands on [`COMMANDS_REF`] (commits whose first line starts with `/ichor`) whose note
-/// has no `ack` record, oldest first. Walks the first-parent history from the tip, at most
-/// `limit` commits (and [`MAX_COMMAND_WALK`]).
-pub fn pending_commands(repo: &Repository, limit: usize) -> Result<Vec<CommandCommit>, GitError> {
+/// What counts as a command already handled.
+#[derive(Debug, Clone, Copy)]
+pub struct Handled<'a> {
+    /// Acks this key sealed count.
+    pub key: &'a AckKey,
+    /// The commands this controller handled, from its own state dir.
+    pub done: &'a BTreeSet<Oid>,
+    /// A fresh state dir: the key that sealed the acks already in the notes is gone, so any
+    /// ack present now counts (once; the caller records them in `done`).
+    pub trust_every_ack: bool,
+}
+
+/// The commands of [`COMMANDS_REF`] not yet handled, and what the walk learnt.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PendingCommands {
+    /// Oldest first.
+    pub commands: Vec<CommandCommit>,
+    /// Commands found acknowledged (by this key, or any ack under `trust_every_ack`) that
+    /// are not in `done` yet.
+    pub acknowledged: Vec<Oid>,
+    /// Commands with an `ack` line this controller did not write: they run all the same.
+    pub forged: Vec<Oid>,
+}
+
+/// Commands on [`COMMANDS_REF`] (commits whose first line starts with `/ichor`) not yet
+/// [`Handled`], oldest first. Walks the first-parent history from the tip, at most `limit`
+/// commits (and [`MAX_COMMAND_WALK`]): the newest ones.
+pub fn pending_commands(
+    repo: &Repository,
+    handled: Handled<'_>,
+    limit: usize,
+) -> Result<PendingCommands, GitError> {
+    let mut out = PendingCommands::default();
     let Some(commands) = tip(repo, COMMANDS_REF)? else {
-        return Ok(vec![]);
+        return Ok(out);
     };
     let notes = tip(repo, NOTES_REF)?;
     let mut walk = repo.revwalk()?;
@@ -942,14 +1102,26 @@ pub fn pending_commands(repo: &Repository, limit: usize) -> Result<Vec<CommandCo
     let mut pending = Vec::new();
     for oid in walk.take(limit.min(MAX_COMMAND_WALK)) {
         let oid = oid?;
+        if handled.done.contains(&oid) {
+            continue;
+        }
         if let Some(notes) = notes {
             if let Some(blob) = find_note_blob(repo, notes, oid)? {
-                let acked = blob_lines(repo, blob)?
+                let acks: Vec<NoteRecord> = blob_lines(repo, blob)?
                     .lines
                     .iter()
-                    .any(|l| parse_line(l).is_ok_and(|r| r.kind == RecordKind::Ack));
-                if acked {
+                    .filter_map(|l| parse_line(l).ok())
+                    .filter(|r| r.kind == RecordKind::Ack)
+                    .collect();
+                let trusted = acks
+                    .iter()
+                    .any(|r| handled.trust_every_ack || handled.key.verifies(oid, r));
+                if trusted {
+                    out.acknowledged.push(oid);
                     continue;
+                }
+                if !acks.is_empty() {
+                    out.forged.push(oid);
                 }
             }
         }
@@ -967,7 +1139,8 @@ pub fn pending_commands(repo: &Repository, limit: usize) -> Result<Vec<CommandCo
         });
     }
     pending.reverse();
-    Ok(pending)
+    out.commands = pending;
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -990,7 +1163,9 @@ mod tests {
     fn a_line_round_trips_with_at_first_and_absent_options_left_out() {
         let line = record().to_line();
         assert!(
-            line.starts_with(r#"{"at":"2026-11-30T07:12:06Z","kind":"gate","cluster":"homelab""#),
+            line.starts_with(
+                r#"{"at":"2026-11-30T07:12:06.000Z","kind":"gate","cluster":"homelab""#
+            ),
             "{line}"
         );
         assert!(!line.contains("node"));
@@ -1082,6 +1257,33 @@ mod tests {
         );
         let (again, _) = bound(half.into_iter().chain(all.iter().cloned()).collect());
         assert_eq!(again, kept);
+    }
+
+    #[test]
+    fn an_ack_verifies_only_for_its_commit_cluster_command_and_key() {
+        let key = AckKey::new([7; 32]);
+        let commit = Oid::from_str("3f9c2d1e8a7b6c5d4e3f2a1b0c9d8e7f6a5b4c3d").unwrap();
+        let mut ack = NoteRecord::new(RecordKind::Ack, Timestamp::from_millis(0), "success", "ok");
+        ack.cluster = Some("homelab".into());
+        ack.command = Some("/ichor pause homelab".into());
+        key.seal(commit, &mut ack);
+        let back = parse_line(&ack.to_line()).unwrap();
+        assert!(key.verifies(commit, &back));
+        assert!(back.mac.as_deref().unwrap().starts_with(&key.id()));
+        let other = Oid::from_str("0000000000000000000000000000000000000001").unwrap();
+        assert!(!key.verifies(other, &back));
+        let mut moved = back.clone();
+        moved.command = Some("/ichor resume homelab".into());
+        assert!(!key.verifies(commit, &moved));
+        let mut elsewhere = back.clone();
+        elsewhere.cluster = Some("prod".into());
+        assert!(!key.verifies(commit, &elsewhere));
+        assert!(!AckKey::new([8; 32]).verifies(commit, &back));
+        let mut gate = back.clone();
+        gate.kind = RecordKind::Gate;
+        assert!(!key.verifies(commit, &gate));
+        // The key itself is never printed.
+        assert!(!format!("{key:?}").contains("0707"));
     }
 
     #[test]

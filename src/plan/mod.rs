@@ -8,6 +8,7 @@
 //! bootstrap manifests, (d) kubelets, control planes then workers; then a final verification.
 
 mod batch;
+pub mod eta;
 mod render;
 
 use std::collections::HashMap;
@@ -568,6 +569,45 @@ pub fn plan(
         notes,
         warnings,
     })
+}
+
+/// Plans for other modules' unit tests.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::*;
+
+    /// Talos on two workers, one after the other, 300 s each.
+    pub fn two_worker_plan() -> Plan {
+        let step = |n: &str, start| Step {
+            id: format!("talos/{n}"),
+            kind: StepKind::TalosUpgrade,
+            nodes: vec![n.to_string()],
+            description: n.to_string(),
+            start_secs: start,
+            duration_secs: 300,
+        };
+        Plan {
+            cluster: "c".into(),
+            summary: String::new(),
+            control_planes: 0,
+            workers: 2,
+            stages: vec![Stage {
+                id: StageId::Talos,
+                title: "Talos".into(),
+                steps: vec![step("w-1", 0), step("w-2", 300)],
+            }],
+            worker_batches: BatchReport {
+                max_unavailable: 1,
+                count: 2,
+                lower_bound: 2,
+                volume_aware: false,
+            },
+            estimate_secs: 600,
+            pairings: vec![],
+            notes: vec![],
+            warnings: vec![],
+        }
+    }
 }
 
 #[cfg(test)]

@@ -412,6 +412,7 @@ impl Rollout<'_> {
             stored: Mutex::new(stored),
             active: Mutex::new(Default::default()),
             halted: std::sync::Mutex::new(None),
+            eta: std::sync::Mutex::new(crate::plan::eta::Eta::new(plan, now)),
         };
         run.update(|r| {
             r.state = RecordState::Running;
@@ -571,6 +572,8 @@ struct Run<'r, 'a> {
     /// A node of the running batch paused, and why: its siblings that have not begun do not
     /// begin (those already under way finish what they started).
     halted: std::sync::Mutex<Option<String>>,
+    /// The live ETA of this run, written into the record with every write.
+    eta: std::sync::Mutex<crate::plan::eta::Eta>,
 }
 
 impl Run<'_, '_> {
@@ -579,6 +582,16 @@ impl Run<'_, '_> {
     }
 
     fn say(&self, p: Progress) {
+        if let Ok(mut eta) = self.eta.lock() {
+            let now = self.now();
+            match &p {
+                Progress::UnitDone { stage, node, .. } => {
+                    eta.unit_done(*stage, node.as_deref(), now)
+                }
+                Progress::StageFinished { stage, .. } => eta.stage_done(*stage, now),
+                _ => {}
+            }
+        }
         self.engine.say(p)
     }
 
@@ -611,6 +624,12 @@ impl Run<'_, '_> {
     async fn update(&self, f: impl FnOnce(&mut RolloutRecord)) -> Result<(), record::RecordError> {
         let mut s = self.stored.lock().await;
         f(&mut s.record);
+        s.record.eta = match (s.record.state, self.eta.lock()) {
+            (RecordState::Running, Ok(eta)) => {
+                Some(record::RecordEta::of(&eta.estimate(self.now())))
+            }
+            _ => None,
+        };
         s.record.updated_at = self.now().rfc3339();
         s.record.holder = self.engine.holder.clone();
         let mut backoff = Backoff::new(&self.engine.clock);

@@ -160,6 +160,27 @@ pub struct HistoryEntry {
     pub message: String,
 }
 
+/// The live ETA as the record keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordEta {
+    /// Nodes (or syncs) done, and in all.
+    pub done: usize,
+    pub total: usize,
+    /// RFC 3339.
+    pub ends_at: String,
+}
+
+impl RecordEta {
+    pub fn of(e: &crate::plan::eta::Estimate) -> RecordEta {
+        RecordEta {
+            done: e.done,
+            total: e.total,
+            ends_at: e.end.rfc3339(),
+        }
+    }
+}
+
 /// An earlier rollout, in one line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -202,6 +223,9 @@ pub struct RolloutRecord {
     /// The health checks' last readings and the gate waited at (`spec.healthChecks`).
     #[serde(default, skip_serializing_if = "HealthRecord::is_empty")]
     pub health: HealthRecord,
+    /// While running: how far the rollout is and when it should end (the live ETA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta: Option<RecordEta>,
     /// Fields a newer ichor wrote, kept as they are: an older ichor resuming its rollout
     /// must not drop what the newer one will need.
     #[serde(flatten)]
@@ -227,6 +251,7 @@ impl RolloutRecord {
             history: Vec::new(),
             previous: Vec::new(),
             health: HealthRecord::default(),
+            eta: None,
             extra: BTreeMap::new(),
         }
     }
@@ -306,6 +331,12 @@ impl RolloutRecord {
             "\n  started {}, last update {} by {}\n",
             self.started_at, self.updated_at, self.holder
         ));
+        if let Some(e) = &self.eta {
+            out.push_str(&format!(
+                "  {}/{} done, ends ≈ {}\n",
+                e.done, e.total, e.ends_at
+            ));
+        }
         if let Some(w) = &self.waiting {
             out.push_str(&format!("  waiting: {}\n", crate::escape::terminal(w)));
         }

@@ -9,7 +9,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::{stage_key, Progress};
 use crate::clock::{Clock, Timestamp};
-use crate::plan::StageId;
+use crate::plan::eta::Eta;
+use crate::plan::{Plan, StageId};
 
 pub struct Terminal {
     clock: Clock,
@@ -18,6 +19,8 @@ pub struct Terminal {
     current: Mutex<Option<(StageId, ProgressBar)>>,
     /// Everything said, as printed (for the summary and for tests).
     lines: Mutex<Vec<String>>,
+    /// The live ETA, when the plan is known.
+    eta: Mutex<Option<Eta>>,
 }
 
 impl Terminal {
@@ -30,7 +33,30 @@ impl Terminal {
             bars: tty.then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr())),
             current: Mutex::new(None),
             lines: Mutex::new(Vec::new()),
+            eta: Mutex::new(None),
         }
+    }
+
+    /// With a live ETA for `plan`: each node done says how far the rollout is and when it
+    /// should end.
+    pub fn with_plan(self, plan: &Plan) -> Self {
+        if let Ok(mut e) = self.eta.lock() {
+            *e = Some(Eta::new(plan, self.start));
+        }
+        self
+    }
+
+    /// Feed the ETA; what it now says, if there is one.
+    fn eta(&self, p: &Progress) -> Option<String> {
+        let now = self.clock.now();
+        let mut guard = self.eta.lock().ok()?;
+        let eta = guard.as_mut()?;
+        match p {
+            Progress::UnitDone { stage, node, .. } => eta.unit_done(*stage, node.as_deref(), now),
+            Progress::StageFinished { stage, .. } => eta.stage_done(*stage, now),
+            _ => {}
+        }
+        Some(eta.estimate(now).short())
     }
 
     fn stamp(&self) -> String {
@@ -74,14 +100,22 @@ impl Terminal {
                 self.line(&p.to_string());
             }
             Progress::UnitDone { .. } => {
+                let eta = self.eta(&p);
                 if let Ok(c) = self.current.lock() {
                     if let Some((_, bar)) = c.as_ref() {
                         bar.inc(1);
+                        if let Some(eta) = &eta {
+                            bar.set_message(eta.clone());
+                        }
                     }
                 }
-                self.line(&p.to_string());
+                match eta {
+                    Some(eta) => self.line(&format!("{p} ({eta})")),
+                    None => self.line(&p.to_string()),
+                }
             }
             Progress::StageFinished { .. } => {
+                let _ = self.eta(&p);
                 if let Ok(mut c) = self.current.lock() {
                     if let Some((_, bar)) = c.take() {
                         bar.finish_with_message("done");
@@ -132,5 +166,21 @@ mod tests {
         assert_eq!(lines.len(), 1);
         assert!(lines[0].starts_with("+01:02:05  "), "{}", lines[0]);
         assert!(!lines[0].contains('\u{1b}'), "{}", lines[0]);
+    }
+
+    #[test]
+    fn with_a_plan_each_node_done_says_how_far_and_when_it_ends() {
+        let clock = Clock::manual();
+        let plan = crate::plan::tests_support::two_worker_plan();
+        let t = Terminal::new(clock.clone(), false).with_plan(&plan);
+        clock.advance(std::time::Duration::from_secs(600));
+        t.report(Progress::UnitDone {
+            stage: StageId::Talos,
+            what: "w-1 runs Talos v1.12.6".into(),
+            node: Some("w-1".into()),
+        });
+        let lines = t.lines();
+        assert!(lines[0].ends_with(" UTC)"), "{}", lines[0]);
+        assert!(lines[0].contains("(1/2 done, ends ≈ "), "{}", lines[0]);
     }
 }

@@ -159,6 +159,200 @@ async fn git_only_gates_branches_rolls_out_the_merge_and_writes_notes() -> TestR
     Ok(())
 }
 
+/// Commands on `refs/ichor/commands`, on top of what is there; the ref moves once, after
+/// the last, so a reconcile sees all or none.
+fn give_commands(repo: &git2::Repository, lines: &[&str]) -> Result<Vec<git2::Oid>, Error> {
+    let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
+    let mut parent = repo
+        .find_reference(notes::COMMANDS_REF)
+        .ok()
+        .and_then(|r| r.peel_to_commit().ok());
+    let tree = repo.find_tree(repo.treebuilder(None)?.write()?)?;
+    let mut oids = Vec::new();
+    for line in lines {
+        let parents: Vec<&git2::Commit> = parent.iter().collect();
+        let oid = repo.commit(None, &sig, &sig, line, &tree, &parents)?;
+        parent = Some(repo.find_commit(oid)?);
+        oids.push(oid);
+    }
+    Ok(oids)
+}
+
+fn publish_commands(repo: &git2::Repository, oids: &[git2::Oid]) -> Result<(), Error> {
+    if let Some(last) = oids.last() {
+        repo.reference(notes::COMMANDS_REF, *last, true, "commands")?;
+    }
+    Ok(())
+}
+
+fn give_command(repo: &git2::Repository, line: &str) -> Result<git2::Oid, Error> {
+    let oids = give_commands(repo, &[line])?;
+    publish_commands(repo, &oids)?;
+    Ok(oids[0])
+}
+
+/// The `ack` records on `commit` in the origin's notes.
+fn acks(origin: &Path, commit: git2::Oid) -> Vec<notes::NoteRecord> {
+    git2::Repository::open_bare(origin)
+        .ok()
+        .and_then(|r| notes::read(&r, commit).ok())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| n.kind == RecordKind::Ack)
+        .collect()
+}
+
+/// Issue 17 item 11: an `ack` line anyone can push does not suppress a command; the acks of
+/// one reconcile go in one push; a `refs/notes/ichor` that is not a commit is named and the
+/// commands still run once, their acks published once the ref is fixed; a restart, with
+/// its state dir or without, runs nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_only_acks_cannot_be_forged_and_a_broken_notes_ref_stops_nothing() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let dir = tempfile::tempdir()?;
+    let origin = origin(dir.path())?;
+    let repo = git2::Repository::open_bare(&origin)?;
+    // Count the pushes that move the origin's notes (a bare repository keeps no reflog
+    // unless asked).
+    repo.config()?.set_str("core.logAllRefUpdates", "always")?;
+    let pushes = || -> usize {
+        git2::Repository::open_bare(&origin)
+            .and_then(|r| r.reflog(notes::NOTES_REF))
+            .map(|log| {
+                log.iter()
+                    .filter(|e| e.message().ok().flatten() == Some("ichor: notes"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let state = dir.path().join("ichor");
+    let running = controller::start(
+        git_only_config(&s, &origin, &state)?,
+        s.twin.talos.clock().clone(),
+    )
+    .await?;
+    let good = oid(&repo, "renovate/talos")?;
+    until(&s, &running, "the gate's note", || {
+        note_has(&origin, good, RecordKind::Gate, "success")
+    })
+    .await?;
+
+    // Three commands; someone who can push the notes acks the middle one first.
+    let cmds = give_commands(
+        &repo,
+        &[
+            "/ichor plan",
+            "/ichor pause homelab",
+            "/ichor resume homelab",
+        ],
+    )?;
+    let sig = git2::Signature::now("Eve", "eve@example.org")?;
+    let mut forged = notes::NoteRecord::new(
+        RecordKind::Ack,
+        ichor::clock::Clock::manual().now(),
+        "success",
+        "nothing to see",
+    );
+    forged.command = Some("/ichor pause homelab".into());
+    forged.mac = Some("00000000.00".into());
+    notes::append(&repo, cmds[1], &[forged], &sig)?;
+    let before = pushes();
+    publish_commands(&repo, &cmds)?;
+    running
+        .ctx
+        .events
+        .send(controller::Event::Reconcile)
+        .await?;
+    until(&s, &running, "ichor's acks of all three", || {
+        cmds.iter().all(|c| {
+            acks(&origin, *c)
+                .iter()
+                .any(|a| a.summary != "nothing to see")
+        })
+    })
+    .await?;
+    let paused = acks(&origin, cmds[1]);
+    assert!(
+        paused.iter().any(
+            |a| a.detail.as_deref().is_some_and(|d| d.contains("homelab"))
+                && a.mac.as_deref().is_some_and(|m| m.len() == 8 + 1 + 64)
+        ),
+        "the pause ran and ichor sealed its ack: {paused:?}"
+    );
+    assert_eq!(pushes() - before, 1, "three acks, one push");
+
+    // refs/notes/ichor on the origin now names a blob.
+    let blob = repo.blob(b"not notes\n")?;
+    let notes_tip = repo.refname_to_id(notes::NOTES_REF)?;
+    repo.reference(notes::NOTES_REF, blob, true, "broken by hand")?;
+    let late = give_command(&repo, "/ichor plan")?;
+    running
+        .ctx
+        .events
+        .send(controller::Event::Reconcile)
+        .await?;
+    until(
+        &s,
+        &running,
+        "the command handled while its ack cannot be published",
+        || {
+            running.ctx.reporters.notes.as_ref().is_some_and(|n| {
+                n.unpublished.lock().is_ok_and(|why| {
+                    why.as_deref().is_some_and(|w| {
+                        w.contains("refs/notes/ichor points at a blob, not a commit")
+                    })
+                })
+            })
+        },
+    )
+    .await?;
+    assert_eq!(
+        repo.refname_to_id(notes::NOTES_REF)?,
+        blob,
+        "never forced over"
+    );
+    // Fixed by hand: the next reconcile publishes what waited.
+    repo.reference(notes::NOTES_REF, notes_tip, true, "fixed by hand")?;
+    running
+        .ctx
+        .events
+        .send(controller::Event::Reconcile)
+        .await?;
+    until(&s, &running, "the late command's ack published", || {
+        acks(&origin, late).len() == 1
+    })
+    .await?;
+    running.shutdown().await;
+
+    // Restarted with its state dir, and then without one: nothing runs twice.
+    for state in [state.clone(), dir.path().join("fresh")] {
+        let running = controller::start(
+            git_only_config(&s, &origin, &state)?,
+            s.twin.talos.clock().clone(),
+        )
+        .await?;
+        let probe = give_command(&repo, "/ichor plan")?;
+        running
+            .ctx
+            .events
+            .send(controller::Event::Reconcile)
+            .await?;
+        until(&s, &running, "the probe's ack", || {
+            !acks(&origin, probe).is_empty()
+        })
+        .await?;
+        for c in cmds.iter().chain([&late]) {
+            let ichors = acks(&origin, *c)
+                .into_iter()
+                .filter(|a| a.summary != "nothing to see")
+                .count();
+            assert_eq!(ichors, 1, "{c} acknowledged {ichors} times");
+        }
+        running.shutdown().await;
+    }
+    Ok(())
+}
+
 /// The homelab's Talos PR merged on disk, with `ichor run` in Git-only mode watching:
 /// (twin, controller, origin, main before the merge, the merge).
 async fn merged_on_disk(
@@ -563,6 +757,22 @@ async fn a_merge_rolls_out_a_pause_shows_its_cause_and_retry_resumes_it() -> Tes
     assert_eq!(hub.replies(pr.number, "resuming the rollout"), 1);
     let body = hub.sticky(pr.number).join("");
     assert!(body.contains("✅ **Done**"), "{body}");
+    // Issue 19 item 4: while it ran, the status said how far it was and when it should end,
+    // and the count moved.
+    let etas: Vec<String> = hub
+        .gh
+        .statuses(REPO, &merge)?
+        .into_iter()
+        .filter(|s| s.context == "ichor/rollout")
+        .filter_map(|s| s.description)
+        .filter(|d| d.contains(" done, ends ≈ "))
+        .collect();
+    assert!(etas.len() >= 2, "{etas:?}");
+    assert!(
+        etas.iter()
+            .any(|d| d.contains("rolling out: ") && !d.contains("(0/")),
+        "{etas:?}"
+    );
     let want = hub.s.change.head_release_set.spec.kubernetes.to_string();
     let nodes = hub.s.kube.nodes().await?;
     assert!(nodes

@@ -16,6 +16,7 @@ type Error = Box<dyn std::error::Error>;
 
 const REPO: &str = "acme/homelab";
 const GOOD: &str = "renovate/talos";
+const BAD: &str = "renovate/ghcr.io-siderolabs-kubelet-1.x";
 const SECRET: &str = "webhook-secret-do-not-print";
 
 fn has(hub: &Hub, sha: &str, state: StatusState) -> bool {
@@ -602,6 +603,554 @@ async fn a_label_is_ignored_and_a_reopened_pr_is_judged_against_its_new_base() -
     let payload: serde_json::Value = serde_json::from_str(&reopened.body)?;
     assert_eq!(payload["pull_request"]["state"], "open");
     assert_eq!(payload["action"], "reopened");
+    running.shutdown().await;
+    Ok(())
+}
+
+// ----- 4: renamed or transferred repositories -----
+
+/// Issue 17 item 4: after a rename, GitHub's webhooks carry the new name; ichor, still
+/// configured with the old one, knows them by the repository's id (which a rename keeps),
+/// fetches through the old clone URL's redirect, and judges the reopened PR again. A
+/// delivery naming another repository id is still not ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_of_a_renamed_repository_are_known_by_its_id() -> TestResult {
+    let hub = Hub::start().await?;
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the gate and the repository's id", || {
+        has(&hub, &pr.head_sha, StatusState::Success)
+            && running
+                .ctx
+                .github
+                .as_ref()
+                .is_some_and(|g| g.repository_id().is_some())
+    })
+    .await?;
+    const NEW: &str = "acme/homelab-renamed";
+    hub.gh.rename_repo(REPO, NEW)?;
+    let m = &running.ctx.metrics;
+    let count = |result: &str, reason: &str| {
+        m.value(
+            "ichor_webhook_deliveries_total",
+            &[("result", result), ("reason", reason)],
+        )
+    };
+    let accepted = count("accepted", "pull_request");
+    hub.gh
+        .close_pull_request(NEW, pr.number, RENOVATE_LOGIN)
+        .await?;
+    until(
+        &hub.s,
+        &running,
+        "the close, under the new name, accepted",
+        || count("accepted", "pull_request") == accepted + 1.0,
+    )
+    .await?;
+    let closed = hub
+        .gh
+        .deliveries()
+        .into_iter()
+        .rev()
+        .find(|d| d.action.as_deref() == Some("closed"))
+        .ok_or("no closed delivery")?;
+    let mut payload: serde_json::Value = serde_json::from_str(&closed.body)?;
+    assert_eq!(payload["repository"]["full_name"], NEW);
+
+    let gates = m.total("ichor_gates_total");
+    hub.gh
+        .reopen_pull_request(NEW, pr.number, RENOVATE_LOGIN)
+        .await?;
+    until(&hub.s, &running, "the reopened PR judged again", || {
+        m.total("ichor_gates_total") > gates
+    })
+    .await?;
+
+    // Another repository, whatever it is called, stays another repository.
+    let others = count("ignored", "another repository");
+    payload["repository"]["id"] = serde_json::json!(987_654_321u64);
+    payload["repository"]["full_name"] = "acme/elsewhere".into();
+    let status = deliver(
+        &running,
+        "pull_request",
+        "another-repo-1",
+        "application/json",
+        &payload.to_string(),
+    )
+    .await?;
+    assert_eq!(status, 202);
+    assert_eq!(count("ignored", "another repository"), others + 1.0);
+    running.shutdown().await;
+    Ok(())
+}
+
+// ----- the emulator delivers `edited` and `ready_for_review` -----
+
+/// A PR pointed at another base (`pull_request.edited` with `changes.base`) is judged against
+/// the new base's tip; a draft marked ready (`pull_request.ready_for_review`) is taken. The
+/// payloads carry what octokit/webhooks' schemas say they carry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_base_change_is_judged_against_the_new_base_and_a_draft_taken_when_ready() -> TestResult {
+    let hub = Hub::start().await?;
+    // `release`: main and one more commit, so its tip differs from main's.
+    let release_tip = {
+        let repo = git2::Repository::open_bare(&hub.origin)?;
+        let main = repo.find_reference("refs/heads/main")?.peel_to_commit()?;
+        let blob = repo.blob(b"# homelab\n\nthe release line\n")?;
+        let mut b = git2::build::TreeUpdateBuilder::new();
+        b.upsert("README.md", blob, git2::FileMode::Blob);
+        let tree = repo.find_tree(b.create_updated(&repo, &main.tree()?)?)?;
+        let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
+        repo.commit(
+            Some("refs/heads/release"),
+            &sig,
+            &sig,
+            "release\n",
+            &tree,
+            &[&main],
+        )?
+        .to_string()
+    };
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    let judged_base = |number: u64| {
+        running
+            .ctx
+            .state
+            .try_lock()
+            .ok()
+            .and_then(|st| st.judged.get(&number.to_string()).map(|(_, b)| b.clone()))
+    };
+    until(&hub.s, &running, "the gate", || {
+        has(&hub, &pr.head_sha, StatusState::Success)
+    })
+    .await?;
+    assert_ne!(
+        judged_base(pr.number).as_deref(),
+        Some(release_tip.as_str())
+    );
+
+    let edited = hub
+        .gh
+        .change_pull_base(REPO, pr.number, "release", RENOVATE_LOGIN)
+        .await?;
+    assert_eq!(edited.base_ref, "release");
+    until(&hub.s, &running, "the PR judged against release", || {
+        judged_base(pr.number).as_deref() == Some(release_tip.as_str())
+    })
+    .await?;
+    let delivery = hub
+        .gh
+        .deliveries()
+        .into_iter()
+        .rev()
+        .find(|d| d.action.as_deref() == Some("edited"))
+        .ok_or("no edited delivery")?;
+    let payload: serde_json::Value = serde_json::from_str(&delivery.body)?;
+    assert_eq!(payload["changes"]["base"]["ref"]["from"], "main");
+    assert_eq!(payload["pull_request"]["base"]["ref"], "release");
+    assert_eq!(payload["pull_request"]["base"]["sha"], release_tip.as_str());
+    // A base that does not exist is GitHub's 422, and nothing is delivered.
+    let n = hub.gh.deliveries().len();
+    assert!(hub
+        .gh
+        .change_pull_base(REPO, pr.number, "no-such-branch", RENOVATE_LOGIN)
+        .await
+        .is_err());
+    assert_eq!(hub.gh.deliveries().len(), n);
+
+    // A draft, then ready for review.
+    let draft = hub
+        .gh
+        .open_draft_pull_request(REPO, BAD, "main", "Renovate update (draft)", RENOVATE_LOGIN)
+        .await?;
+    until(&hub.s, &running, "the draft's gate", || {
+        has(&hub, &draft.head_sha, StatusState::Failure)
+    })
+    .await?;
+    let accepted = deliveries(&running, "accepted", "pull_request");
+    hub.gh
+        .mark_ready_for_review(REPO, draft.number, RENOVATE_LOGIN)
+        .await?;
+    until(&hub.s, &running, "ready_for_review taken", || {
+        deliveries(&running, "accepted", "pull_request") == accepted + 1.0
+    })
+    .await?;
+    let ready = hub
+        .gh
+        .deliveries()
+        .into_iter()
+        .rev()
+        .find(|d| d.action.as_deref() == Some("ready_for_review"))
+        .ok_or("no ready_for_review delivery")?;
+    let payload: serde_json::Value = serde_json::from_str(&ready.body)?;
+    assert_eq!(payload["pull_request"]["draft"], false);
+    running.shutdown().await;
+    Ok(())
+}
+
+// ----- payloads, field for field -----
+
+/// Required keys, from octokit/webhooks `payload-schemas/api.github.com/` (the schemas
+/// GitHub's deliveries are checked against there): `common/repository.schema.json`.
+const REPOSITORY: &[&str] = &[
+    "id",
+    "node_id",
+    "name",
+    "full_name",
+    "private",
+    "owner",
+    "html_url",
+    "description",
+    "fork",
+    "url",
+    "forks_url",
+    "keys_url",
+    "collaborators_url",
+    "teams_url",
+    "hooks_url",
+    "issue_events_url",
+    "events_url",
+    "assignees_url",
+    "branches_url",
+    "tags_url",
+    "blobs_url",
+    "git_tags_url",
+    "git_refs_url",
+    "trees_url",
+    "statuses_url",
+    "languages_url",
+    "stargazers_url",
+    "contributors_url",
+    "subscribers_url",
+    "subscription_url",
+    "commits_url",
+    "git_commits_url",
+    "comments_url",
+    "issue_comment_url",
+    "contents_url",
+    "compare_url",
+    "merges_url",
+    "archive_url",
+    "downloads_url",
+    "issues_url",
+    "pulls_url",
+    "milestones_url",
+    "notifications_url",
+    "labels_url",
+    "releases_url",
+    "deployments_url",
+    "created_at",
+    "updated_at",
+    "pushed_at",
+    "git_url",
+    "ssh_url",
+    "clone_url",
+    "svn_url",
+    "homepage",
+    "size",
+    "stargazers_count",
+    "watchers_count",
+    "language",
+    "has_issues",
+    "has_projects",
+    "has_downloads",
+    "has_wiki",
+    "has_pages",
+    "forks_count",
+    "mirror_url",
+    "archived",
+    "open_issues_count",
+    "license",
+    "forks",
+    "open_issues",
+    "watchers",
+    "default_branch",
+    "is_template",
+    "web_commit_signoff_required",
+    "topics",
+    "visibility",
+    "custom_properties",
+];
+/// `common/pull-request.schema.json`.
+const PULL_REQUEST: &[&str] = &[
+    "url",
+    "id",
+    "node_id",
+    "html_url",
+    "diff_url",
+    "patch_url",
+    "issue_url",
+    "number",
+    "state",
+    "locked",
+    "title",
+    "user",
+    "body",
+    "created_at",
+    "updated_at",
+    "closed_at",
+    "merged_at",
+    "merge_commit_sha",
+    "assignee",
+    "assignees",
+    "requested_reviewers",
+    "requested_teams",
+    "labels",
+    "milestone",
+    "commits_url",
+    "review_comments_url",
+    "review_comment_url",
+    "comments_url",
+    "statuses_url",
+    "head",
+    "base",
+    "_links",
+    "author_association",
+    "auto_merge",
+    "active_lock_reason",
+    "draft",
+    "merged",
+    "mergeable",
+    "rebaseable",
+    "mergeable_state",
+    "merged_by",
+    "comments",
+    "review_comments",
+    "maintainer_can_modify",
+    "commits",
+    "additions",
+    "deletions",
+    "changed_files",
+];
+/// `common/user.schema.json`.
+const USER: &[&str] = &[
+    "login",
+    "id",
+    "node_id",
+    "avatar_url",
+    "gravatar_id",
+    "url",
+    "html_url",
+    "followers_url",
+    "following_url",
+    "gists_url",
+    "starred_url",
+    "subscriptions_url",
+    "organizations_url",
+    "repos_url",
+    "events_url",
+    "received_events_url",
+    "type",
+    "site_admin",
+];
+/// `common/issue-comment.schema.json`.
+const COMMENT: &[&str] = &[
+    "url",
+    "html_url",
+    "issue_url",
+    "id",
+    "node_id",
+    "user",
+    "created_at",
+    "updated_at",
+    "author_association",
+    "performed_via_github_app",
+    "body",
+    "reactions",
+];
+
+fn missing(value: &serde_json::Value, at: &str, keys: &[&str], out: &mut Vec<String>) {
+    match value.as_object() {
+        Some(obj) => out.extend(
+            keys.iter()
+                .filter(|k| !obj.contains_key(**k))
+                .map(|k| format!("{at}.{k}")),
+        ),
+        None => out.push(format!("{at} is not an object")),
+    }
+}
+
+/// Every delivery the emulator makes in a PR's life has every key GitHub's published
+/// schemas require, the ones ichor never reads included: a client tested against thinner
+/// payloads could depend on a field's absence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_delivery_has_the_fields_githubs_schemas_require() -> TestResult {
+    let hub = Hub::start().await?;
+    {
+        let repo = git2::Repository::open_bare(&hub.origin)?;
+        let main = repo.find_reference("refs/heads/main")?.peel_to_commit()?;
+        let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
+        repo.commit(
+            Some("refs/heads/release"),
+            &sig,
+            &sig,
+            "release\n",
+            &main.tree()?,
+            &[&main],
+        )?;
+    }
+    let running = hub.run("a").await?;
+    let pr = hub.open(GOOD).await?;
+    hub.gh
+        .push_commit(REPO, GOOD, &[("NOTES.md", "x\n")], "notes", RENOVATE_LOGIN)
+        .await?;
+    hub.gh
+        .label_pull_request(REPO, pr.number, "dependencies", RENOVATE_LOGIN)
+        .await?;
+    hub.gh
+        .change_pull_base(REPO, pr.number, "release", RENOVATE_LOGIN)
+        .await?;
+    hub.gh
+        .comment(REPO, pr.number, "/ichor plan", "mara")
+        .await?;
+    hub.gh
+        .close_pull_request(REPO, pr.number, RENOVATE_LOGIN)
+        .await?;
+    hub.gh
+        .reopen_pull_request(REPO, pr.number, RENOVATE_LOGIN)
+        .await?;
+    let draft = hub
+        .gh
+        .open_draft_pull_request(REPO, BAD, "main", "draft", RENOVATE_LOGIN)
+        .await?;
+    hub.gh
+        .mark_ready_for_review(REPO, draft.number, RENOVATE_LOGIN)
+        .await?;
+    hub.gh.queue_merge_group(REPO, draft.number, "mara").await?;
+    hub.gh.merge_pull_request(REPO, pr.number, "mara").await?;
+
+    let mut seen = std::collections::BTreeSet::new();
+    let mut gaps = Vec::new();
+    for d in hub.gh.deliveries() {
+        let p: serde_json::Value = serde_json::from_str(&d.body)?;
+        let name = format!("{}.{}", d.event, d.action.clone().unwrap_or_default());
+        seen.insert(name.clone());
+        let top: &[&str] = match d.event.as_str() {
+            "pull_request" if d.action.as_deref() == Some("edited") => &[
+                "action",
+                "changes",
+                "number",
+                "pull_request",
+                "repository",
+                "sender",
+            ],
+            "pull_request" => &["action", "number", "pull_request", "repository", "sender"],
+            "push" => &[
+                "ref",
+                "before",
+                "after",
+                "created",
+                "deleted",
+                "forced",
+                "base_ref",
+                "compare",
+                "commits",
+                "head_commit",
+                "repository",
+                "pusher",
+                "sender",
+            ],
+            "issue_comment" => &["action", "issue", "comment", "repository", "sender"],
+            "merge_group" => &["action", "merge_group", "repository", "sender"],
+            other => return Err(format!("an unexpected {other} delivery").into()),
+        };
+        missing(&p, &name, top, &mut gaps);
+        missing(
+            &p["repository"],
+            &format!("{name}.repository"),
+            REPOSITORY,
+            &mut gaps,
+        );
+        missing(
+            &p["repository"]["owner"],
+            &format!("{name}.repository.owner"),
+            USER,
+            &mut gaps,
+        );
+        missing(&p["sender"], &format!("{name}.sender"), USER, &mut gaps);
+        if d.event == "pull_request" {
+            let pull = &p["pull_request"];
+            missing(
+                pull,
+                &format!("{name}.pull_request"),
+                PULL_REQUEST,
+                &mut gaps,
+            );
+            missing(
+                &pull["user"],
+                &format!("{name}.pull_request.user"),
+                USER,
+                &mut gaps,
+            );
+            for end in ["head", "base"] {
+                let at = format!("{name}.pull_request.{end}");
+                missing(
+                    &pull[end],
+                    &at,
+                    &["label", "ref", "sha", "user", "repo"],
+                    &mut gaps,
+                );
+                missing(
+                    &pull[end]["repo"],
+                    &format!("{at}.repo"),
+                    REPOSITORY,
+                    &mut gaps,
+                );
+            }
+        }
+        if d.event == "issue_comment" {
+            missing(
+                &p["comment"],
+                &format!("{name}.comment"),
+                COMMENT,
+                &mut gaps,
+            );
+            missing(
+                &p["issue"],
+                &format!("{name}.issue"),
+                &["reactions", "pull_request"],
+                &mut gaps,
+            );
+        }
+        if d.event == "merge_group" {
+            missing(
+                &p["merge_group"],
+                &format!("{name}.merge_group"),
+                &[
+                    "head_sha",
+                    "head_ref",
+                    "base_ref",
+                    "base_sha",
+                    "head_commit",
+                ],
+                &mut gaps,
+            );
+        }
+        if d.event == "push" {
+            // A push's repository times are epoch seconds (the schema's `oneOf` integer).
+            assert!(
+                p["repository"]["created_at"].is_u64(),
+                "{name}: {}",
+                p["repository"]["created_at"]
+            );
+        }
+    }
+    assert!(gaps.is_empty(), "missing: {gaps:#?}");
+    for want in [
+        "pull_request.opened",
+        "pull_request.synchronize",
+        "pull_request.labeled",
+        "pull_request.edited",
+        "pull_request.closed",
+        "pull_request.reopened",
+        "pull_request.ready_for_review",
+        "push.",
+        "issue_comment.created",
+        "merge_group.checks_requested",
+    ] {
+        assert!(seen.contains(want), "no {want} delivery: {seen:?}");
+    }
     running.shutdown().await;
     Ok(())
 }

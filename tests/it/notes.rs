@@ -458,13 +458,13 @@ fn a_hostile_note_is_bounded_and_reported() {
             .unwrap();
     };
 
-    // A 10 MiB line, garbage, an unknown kind, and one good line.
+    // A 10 KiB line, garbage, an unknown kind, and one good line.
     let unknown = good.to_line().replace("\"gate\"", "\"deploy\"");
     write(
         c1,
         &format!(
             "{}\n{}\nnot json\n\u{7f}\u{1}\n{unknown}\n",
-            "x".repeat(10 << 20),
+            "x".repeat(10 << 10),
             good.to_line()
         ),
     );
@@ -476,8 +476,8 @@ fn a_hostile_note_is_bounded_and_reported() {
         .to_string()
         .contains("unknown kind `deploy`"));
 
-    // 100k valid lines: the newest MAX_NOTE_LINES are kept.
-    let many: String = (0..100_000u64)
+    // 5,000 valid lines: the newest MAX_NOTE_LINES are kept.
+    let many: String = (0..5_000u64)
         .map(|i| {
             format!(
                 "{}\n",
@@ -488,10 +488,10 @@ fn a_hostile_note_is_bounded_and_reported() {
     write(c2, &many);
     let note = notes::read_note(&repo, c2).unwrap();
     assert_eq!(note.records.len(), notes::MAX_NOTE_LINES);
-    assert_eq!(note.dropped_lines, 100_000 - notes::MAX_NOTE_LINES);
+    assert_eq!(note.dropped_lines, 5_000 - notes::MAX_NOTE_LINES);
     assert_eq!(
         note.records[0].summary,
-        format!("{}", 100_000 - notes::MAX_NOTE_LINES)
+        format!("{}", 5_000 - notes::MAX_NOTE_LINES)
     );
 
     // Appending to it writes a note within the bounds, keeping the newest lines.
@@ -553,7 +553,16 @@ fn pending_commands_are_the_unacknowledged_ones_oldest_first() {
     git(work, &["push", "origin", "HEAD:refs/ichor/commands"]);
 
     let origin = Repository::open_bare(&origin).unwrap();
-    let all = notes::pending_commands(&origin, 100).unwrap();
+    let key = notes::AckKey::random();
+    let none = BTreeSet::new();
+    let strict = |done| notes::Handled {
+        key: &key,
+        done,
+        trust_every_ack: false,
+    };
+    let pending =
+        |h: notes::Handled<'_>, limit| notes::pending_commands(&origin, h, limit).unwrap();
+    let all = pending(strict(&none), 100).commands;
     // The commands only: the commits of main below them are not commands.
     let lines: Vec<&str> = all.iter().map(|c| c.line.as_str()).collect();
     assert_eq!(
@@ -572,34 +581,134 @@ fn pending_commands_are_the_unacknowledged_ones_oldest_first() {
         ("Op", "op@example.org")
     );
 
-    // Acknowledge the retry: it is no longer pending; a non-ack record does not count.
+    // ichor acknowledges the retry: its sealed ack makes it handled.
     let retry = all[1].oid;
     let mut ack = record(RecordKind::Ack, 50, "retrying homelab");
     ack.command = Some(all[1].line.clone());
-    notes::append(&origin, retry, &[ack], &sig()).unwrap();
+    key.seal(retry, &mut ack);
+    notes::append(&origin, retry, &[ack.clone()], &sig()).unwrap();
+    // Anyone who can push the notes writes acks for the pause: unsealed, sealed by another
+    // controller's key, and ichor's own MAC copied from the retry's ack. None counts.
+    let pause = all[2].oid;
+    let mut plain = record(RecordKind::Ack, 51, "done");
+    plain.command = Some(all[2].line.clone());
+    let mut other = plain.clone();
+    notes::AckKey::random().seal(pause, &mut other);
+    let mut copied = plain.clone();
+    copied.mac = ack.mac.clone();
+    copied.command = ack.command.clone();
     notes::append(
         &origin,
-        all[2].oid,
-        &[record(RecordKind::Command, 51, "seen")],
+        pause,
+        &[
+            plain,
+            other,
+            copied,
+            record(RecordKind::Command, 52, "seen"),
+        ],
         &sig(),
     )
     .unwrap();
-    let pending: Vec<Oid> = notes::pending_commands(&origin, 100)
-        .unwrap()
-        .iter()
-        .map(|c| c.oid)
-        .collect();
-    assert_eq!(pending.len(), 3);
-    assert!(!pending.contains(&retry));
-    assert!(pending.contains(&all[2].oid));
+    let found = pending(strict(&none), 100);
+    let oids: Vec<Oid> = found.commands.iter().map(|c| c.oid).collect();
+    assert_eq!(oids.len(), 3);
+    assert!(!oids.contains(&retry));
+    assert!(oids.contains(&pause), "a forged ack suppressed the pause");
+    assert_eq!(found.acknowledged, vec![retry]);
+    assert_eq!(found.forged, vec![pause]);
+    // A fresh state dir trusts every ack already there (the old key is gone).
+    let fresh = pending(
+        notes::Handled {
+            key: &key,
+            done: &none,
+            trust_every_ack: true,
+        },
+        100,
+    );
+    assert_eq!(fresh.commands.len(), 2);
+    // What the state dir says was handled is handled, whatever the notes say.
+    let done: BTreeSet<Oid> = [all[0].oid].into();
+    assert_eq!(pending(strict(&done), 100).commands.len(), 2);
     // The limit counts commits walked from the tip.
-    let newest: Vec<Oid> = notes::pending_commands(&origin, 2)
-        .unwrap()
+    let newest: Vec<Oid> = pending(strict(&none), 2)
+        .commands
         .iter()
         .map(|c| c.oid)
         .collect();
     assert_eq!(newest, vec![all[2].oid, all[3].oid]);
     // No command ref: nothing pending.
     let empty = Repository::init(dir.path().join("empty")).unwrap();
-    assert!(notes::pending_commands(&empty, 100).unwrap().is_empty());
+    assert!(notes::pending_commands(&empty, strict(&none), 100)
+        .unwrap()
+        .commands
+        .is_empty());
+}
+
+/// Issue 17 item 11: records written in the same instant read back in the order they were
+/// written (the clock of a test, or two writes within a millisecond, gives them equal `at`).
+#[test]
+fn records_written_in_the_same_instant_keep_their_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(dir.path()).unwrap();
+    let c1 = commit(&repo, "one");
+    // "running" sorts after "paused" by its text; written first, it must read first.
+    let mut first = record(RecordKind::Rollout, 7, "running: w-2");
+    first.state = "running".into();
+    let mut second = record(RecordKind::Rollout, 7, "paused: w-2");
+    second.state = "paused".into();
+    notes::append(&repo, c1, std::slice::from_ref(&first), &sig()).unwrap();
+    notes::append(&repo, c1, std::slice::from_ref(&second), &sig()).unwrap();
+    // And two more in one call, also in the same instant.
+    let mut third = record(RecordKind::Rollout, 7, "resumed");
+    third.state = "running".into();
+    let mut fourth = record(RecordKind::Ack, 7, "acknowledged");
+    fourth.state = "success".into();
+    notes::append(&repo, c1, &[third, fourth], &sig()).unwrap();
+    let read: Vec<String> = notes::read(&repo, c1)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.summary)
+        .collect();
+    assert_eq!(
+        read,
+        ["running: w-2", "paused: w-2", "resumed", "acknowledged"]
+    );
+    // Sub-second `at`, and appending the first again changes nothing.
+    assert!(notes::read(&repo, c1).unwrap()[1].at.ends_with(".001Z"));
+    assert!(!notes::append(&repo, c1, &[first], &sig()).unwrap());
+}
+
+/// Issue 17 item 11: a note far larger than ichor writes, pushed by someone else, is never
+/// loaded by a merge: the merged note keeps ichor's side, and the big blob is not read.
+#[test]
+fn a_merge_never_loads_a_note_larger_than_ichor_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(dir.path()).unwrap();
+    let c1 = commit(&repo, "1");
+    let ours = record(RecordKind::Gate, 1, "ours");
+    notes::append(&repo, c1, std::slice::from_ref(&ours), &sig()).unwrap();
+    let base = repo.refname_to_id(NOTES_REF).unwrap();
+    // Theirs: 2 MiB of well-formed records on the same commit (16 MiB was read before).
+    let big: String = (0..20_000u64)
+        .map(|i| {
+            format!(
+                "{}\n",
+                record(RecordKind::Rollout, 100 + i, &"r".repeat(60)).to_line()
+            )
+        })
+        .collect();
+    assert!(big.len() > notes::MAX_NOTE_BLOB_BYTES, "{}", big.len());
+    repo.reference(NOTES_REF, base, true, "test").unwrap();
+    repo.note(&sig(), &sig(), Some(NOTES_REF), c1, &big, true)
+        .unwrap();
+    let theirs = repo.refname_to_id(NOTES_REF).unwrap();
+    // Ours moves on from the base too.
+    repo.reference(NOTES_REF, base, true, "test").unwrap();
+    let later = record(RecordKind::Gate, 2, "ours, later");
+    notes::append(&repo, c1, std::slice::from_ref(&later), &sig()).unwrap();
+
+    notes::merge(&repo, theirs).unwrap();
+    let merged = notes::read_note(&repo, c1).unwrap();
+    assert_eq!(merged.records, vec![ours, later]);
+    assert_eq!(notes::MAX_NOTE_BLOB_BYTES, 4 * notes::MAX_NOTE_BYTES);
 }

@@ -1468,6 +1468,7 @@ async fn ichor_rollout_killed_three_times_is_continued_by_the_next_run() -> Test
             &|r| r.stage.as_deref() == Some("kubelet"),
         ];
         let mut kills = 0;
+        let mut etas = Vec::new();
         for when in kill_when {
             let mut child = spawn(&clock)?;
             loop {
@@ -1477,7 +1478,8 @@ async fn ichor_rollout_killed_three_times_is_continued_by_the_next_run() -> Test
                     );
                 }
                 let rec = record::load(&kube, "homelab").await.ok().flatten();
-                if rec.is_some_and(|s| when(&s.record)) {
+                if let Some(s) = rec.as_ref().filter(|s| when(&s.record)) {
+                    etas.push(s.record.eta.clone());
                     child.kill()?;
                     child.wait()?;
                     kills += 1;
@@ -1499,7 +1501,7 @@ async fn ichor_rollout_killed_three_times_is_continued_by_the_next_run() -> Test
                 String::from_utf8_lossy(&out.stderr)
             ));
             if code == Some(0) {
-                return Ok((kills, outputs));
+                return Ok((kills, outputs, etas));
             }
             if code != Some(3) {
                 break;
@@ -1515,14 +1517,27 @@ async fn ichor_rollout_killed_three_times_is_continued_by_the_next_run() -> Test
         },
         checker
     );
-    let (kills, outputs) = result?;
+    let (kills, outputs, etas) = result?;
     assert_eq!(kills, 3);
+    // The record carries the live ETA while it runs (`ichor status` shows it); by the
+    // kubelets, the third run has finished nodes of its own.
+    let done: Vec<usize> = etas.iter().flatten().map(|e| e.done).collect();
+    assert_eq!(done.len(), 3, "{etas:?}");
+    assert!(done[2] > 0, "{etas:?}");
+    assert!(etas.iter().flatten().all(|e| e.done < e.total), "{etas:?}");
     let mut seen = seen;
     seen.sort();
     seen.dedup();
     assert!(seen.is_empty(), "invariants broken: {seen:?}");
     let last = outputs.last().cloned().unwrap_or_default();
     assert!(last.contains("Done in"), "{last}");
+    // Issue 19 item 4: each node done says how far and when it should end; the summary puts
+    // each stage beside its estimate.
+    assert!(
+        last.contains(" done, ends ≈ ") && last.contains(" UTC)"),
+        "{last}"
+    );
+    assert!(last.contains("(planned "), "{last}");
     for o in twin.talos.observe() {
         assert_eq!(o.talos_version, "v1.12.9", "{}", o.name);
         assert!(o.kubelet_version.ends_with("v1.33.7"), "{}", o.name);

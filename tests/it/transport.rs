@@ -72,6 +72,53 @@ fn fetch_error(r: Result<Vec<RefMove>, GitError>) -> String {
 
 // ----- smart HTTP (the GitHub emulator) -----
 
+/// Issue 17 item 4: a renamed repository's old clone URL goes on working as GitHub keeps it
+/// working, through a redirect on the same host that ichor's fetch follows with its token;
+/// pushing the notes through the old URL too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_from_a_renamed_repositorys_old_url_follows_it() -> TestResult {
+    let state = tempfile::tempdir()?;
+    let served = private_clone(homelab(), state.path(), REPO)?;
+    let twin = GithubTwin::start(Clock::manual(), vec![RepoSpec::new(REPO, &served)], None).await?;
+    let remote = Remote {
+        url: twin.clone_url(REPO),
+        credentials: Credentials::Token {
+            user: "x-access-token".into(),
+            token: Secret::new(twin.token()),
+        },
+        known_hosts: None,
+    };
+    let mirror_dir = state.path().join("mirror.git");
+    let (dir, r) = (mirror_dir.clone(), remote.clone());
+    assert!(!blocking(move || Mirror::open(&dir)?.fetch_all(&r))
+        .await?
+        .is_empty());
+
+    twin.rename_repo(REPO, "home/ops-renamed")?;
+    let sha = twin
+        .push_commit(
+            "home/ops-renamed",
+            "main",
+            &[("NOTES.md", "after\n")],
+            "after",
+            "ops",
+        )
+        .await?;
+    let (dir, r) = (mirror_dir.clone(), remote.clone());
+    let moves = blocking(move || Mirror::open(&dir)?.fetch_all(&r)).await?;
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    assert_eq!(moves[0].new, Some(Oid::from_str(&sha)?));
+    // A name nobody had is still not found.
+    let gone = Remote {
+        url: twin.clone_url("home/never-was"),
+        ..remote.clone()
+    };
+    let dir = mirror_dir.clone();
+    let e = fetch_error(blocking(move || Mirror::open(&dir)?.fetch_all(&gone)).await);
+    assert!(e.contains("404") || e.contains("not found"), "{e}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smart_http_fetch_reports_moved_refs_and_refuses_bad_tokens() -> TestResult {
     let state = tempfile::tempdir()?;

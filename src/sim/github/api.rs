@@ -137,7 +137,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
             "/repos/{owner}/{repo}/pulls",
             get(list_pulls).post(create_pull),
         )
-        .route("/repos/{owner}/{repo}/pulls/{number}", get(get_pull))
+        .route(
+            "/repos/{owner}/{repo}/pulls/{number}",
+            get(get_pull).patch(update_pull),
+        )
         .route(
             "/repos/{owner}/{repo}/pulls/{number}/merge",
             put(merge_pull).get(is_merged),
@@ -689,6 +692,62 @@ async fn create_pull(
         Ok(json::pull_request(&shared.base, state, &pr, Some(&detail)))
     })?;
     Ok(ok(StatusCode::CREATED, v))
+}
+
+#[derive(Deserialize, Default)]
+struct UpdatePull {
+    title: Option<String>,
+    body: Option<String>,
+    base: Option<String>,
+    state: Option<String>,
+}
+
+/// `PATCH /repos/{owner}/{repo}/pulls/{pull_number}` (`pulls/update`): title, body, base
+/// and state (`open`/`closed`).
+async fn update_pull(
+    State(shared): S,
+    Extension(caller): Extension<Caller>,
+    Path((owner, repo, number)): Path<(String, String, u64)>,
+    body: Bytes,
+) -> ApiResult {
+    let req: UpdatePull = parse_json(&body)?;
+    if let Some(other) = req
+        .state
+        .as_deref()
+        .filter(|s| !matches!(*s, "open" | "closed"))
+    {
+        return Err(GithubError::Validation {
+            resource: "PullRequest",
+            field: "state",
+            code: "invalid",
+            message: format!("state must be open or closed, not {other}"),
+        }
+        .into());
+    }
+    let name = full_name(&owner, &repo);
+    let edit = crate::sim::github::forge::PullEdit {
+        title: req.title,
+        body: req.body,
+        base: req.base,
+    };
+    let (mut pr, _ticket) = shared.edit_pull(&name, number, &edit, caller.login())?;
+    match req.state.as_deref() {
+        None => {}
+        Some("closed") => {
+            shared.close_pull(&name, number, caller.login())?;
+        }
+        Some(_) => {
+            shared.reopen_pull(&name, number, caller.login())?;
+        }
+    }
+    let v = shared.with_repo(&name, |state, repo, _| {
+        if let Some(now) = state.pulls.iter().find(|p| p.number == number) {
+            pr = now.clone();
+        }
+        let detail = Shared::pull_detail(state, repo, &pr);
+        Ok(json::pull_request(&shared.base, state, &pr, Some(&detail)))
+    })?;
+    Ok(ok(StatusCode::OK, v))
 }
 
 #[derive(Deserialize, Default)]

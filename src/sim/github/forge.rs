@@ -132,6 +132,15 @@ pub struct MergeRequest {
     pub commit_message: Option<String>,
 }
 
+/// What `PATCH /pulls/{n}` changes (the fields ichor cares about; `state` goes through
+/// close and reopen).
+#[derive(Clone, Debug, Default)]
+pub struct PullEdit {
+    pub title: Option<String>,
+    pub body: Option<String>,
+    pub base: Option<String>,
+}
+
 pub struct Shared {
     pub clock: Clock,
     pub base: String,
@@ -216,6 +225,7 @@ impl Shared {
                 RepoState {
                     id: 700_000_000 + i as u64 + 1,
                     spec,
+                    created_at: clock.now(),
                     pulls: Vec::new(),
                     statuses: BTreeMap::new(),
                     comments: Vec::new(),
@@ -762,7 +772,7 @@ impl Shared {
             action: None,
             repo: state.spec.full_name.clone(),
             repo_id: state.id,
-            payload: json::with_envelope(push, &self.base, state, pusher),
+            payload: json::with_push_envelope(push, &self.base, state, pusher),
         }];
         let after_s = after.to_string();
         for i in 0..state.pulls.len() {
@@ -1158,6 +1168,113 @@ impl Shared {
             pr.updated_at = now;
             let pr = pr.clone();
             let event = self.pull_event(state, repo, &pr, action, user, json!({}));
+            Ok(((), vec![event]))
+        })?;
+        Ok(ticket)
+    }
+
+    /// `PATCH /repos/{owner}/{repo}/pulls/{number}` (operation `pulls/update` in
+    /// github/rest-api-description): a new title, body or base branch. One
+    /// `pull_request.edited` delivery carries `changes` with what each field was
+    /// (`changes.title.from`, `changes.body.from`, `changes.base.ref.from` and
+    /// `changes.base.sha.from`, octokit/webhooks `webhook-pull-request-edited`); nothing
+    /// changed, nothing delivered. A base that does not exist is GitHub's 422 `invalid` on
+    /// `base`, "Proposed base branch '…' is invalid" (as GitHub answered in
+    /// spacedentist/spr#175); a base the head is already in, or a closed PR's base, is a 422
+    /// too, in the emulator's own words.
+    pub fn edit_pull(
+        &self,
+        full_name: &str,
+        number: u64,
+        edit: &PullEdit,
+        user: &str,
+    ) -> Result<(PullRequest, Ticket), GithubError> {
+        let now = self.clock.now();
+        let invalid = |field: &'static str, message: String| GithubError::Validation {
+            resource: "PullRequest",
+            field,
+            code: "invalid",
+            message,
+        };
+        if let Some(base) = edit.base.as_deref().filter(|b| !git::is_valid_branch(b)) {
+            return Err(invalid(
+                "base",
+                format!("base {base:?} is not a valid branch name"),
+            ));
+        }
+        self.with_repo_events(full_name, |state, repo, _| {
+            let idx = pull_index(state, full_name, number)?;
+            let mut pr = state.pulls[idx].clone();
+            let mut changes = serde_json::Map::new();
+            if let Some(title) = edit.title.as_deref().filter(|t| *t != pr.title) {
+                if title.trim().is_empty() {
+                    return Err(GithubError::Validation {
+                        resource: "PullRequest",
+                        field: "title",
+                        code: "missing_field",
+                        message: "title is missing".into(),
+                    });
+                }
+                changes.insert("title".into(), json!({"from": pr.title}));
+                pr.title = title.to_string();
+            }
+            if let Some(body) = edit.body.as_deref().filter(|b| Some(*b) != pr.body.as_deref()) {
+                changes.insert("body".into(), json!({"from": pr.body.clone().unwrap_or_default()}));
+                pr.body = Some(body.to_string());
+            }
+            if let Some(base) = edit.base.as_deref().filter(|b| *b != pr.base_ref) {
+                if pr.state != PullState::Open {
+                    return Err(invalid("base", "Cannot change the base branch of a closed pull request.".into()));
+                }
+                let base_tip = git::branch_tip(repo, base)
+                    .map_err(git_err("read base branch"))?
+                    .ok_or_else(|| invalid("base", format!("Proposed base branch '{base}' is invalid")))?;
+                let head_tip = git::ref_tip(repo, &pr.head_refname())
+                    .map_err(git_err("read head branch"))?
+                    .ok_or_else(|| invalid("head", "the head branch is gone".into()))?;
+                if git::is_ancestor(repo, head_tip, base_tip) {
+                    return Err(GithubError::Validation {
+                        resource: "PullRequest",
+                        field: "base",
+                        code: "custom",
+                        message: format!("There are no new commits between base branch '{base}' and head branch '{}'.", pr.head_ref),
+                    });
+                }
+                changes.insert(
+                    "base".into(),
+                    json!({"ref": {"from": pr.base_ref}, "sha": {"from": pr.base_sha}}),
+                );
+                pr.base_ref = base.to_string();
+                pr.base_sha = base_tip.to_string();
+            }
+            if changes.is_empty() {
+                return Ok((pr, Vec::new()));
+            }
+            pr.updated_at = now;
+            state.pulls[idx] = pr.clone();
+            let event = self.pull_event(state, repo, &pr, "edited", user, json!({"changes": changes}));
+            Ok((pr, vec![event]))
+        })
+    }
+
+    /// A draft PR marked ready for review: `pull_request.ready_for_review` (GitHub does
+    /// this through GraphQL's `markPullRequestReadyForReview`; the REST API cannot).
+    pub fn mark_ready(
+        &self,
+        full_name: &str,
+        number: u64,
+        user: &str,
+    ) -> Result<Ticket, GithubError> {
+        let now = self.clock.now();
+        let ((), ticket) = self.with_repo_events(full_name, |state, repo, _| {
+            let idx = pull_index(state, full_name, number)?;
+            if !state.pulls[idx].draft {
+                return Ok(((), Vec::new()));
+            }
+            state.pulls[idx].draft = false;
+            state.pulls[idx].updated_at = now;
+            let pr = state.pulls[idx].clone();
+            let event = self.pull_event(state, repo, &pr, "ready_for_review", user, json!({}));
             Ok(((), vec![event]))
         })?;
         Ok(ticket)

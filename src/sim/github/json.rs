@@ -62,10 +62,138 @@ pub fn repo_url(base: &str, repo: &RepoState) -> String {
     format!("{base}/repos/{}", repo.spec.full_name)
 }
 
-/// The repository object. No `created_at`/`pushed_at`: push payloads carry those as epoch
-/// integers and other payloads as strings, and clients model only one of the two.
+/// The repository object, every field `common/repository.schema.json` in octokit/webhooks
+/// requires (the REST API's `full-repository` holds the same ones). Times are strings here;
+/// a `push` payload carries `created_at` and `pushed_at` as epoch seconds instead
+/// ([`push_envelope`]).
 pub fn repository(base: &str, repo: &RepoState) -> Value {
     let url = repo_url(base, repo);
+    let mut v = repository_core(base, repo, &url);
+    let created = ts(repo.created_at);
+    if let Some(obj) = v.as_object_mut() {
+        let name = &repo.spec.full_name;
+        let host = base
+            .split_once("://")
+            .map_or(base, |(_, rest)| rest)
+            .split('/')
+            .next()
+            .unwrap_or("")
+            .to_string();
+        for (key, value) in [
+            ("forks_url", json!(format!("{url}/forks"))),
+            ("keys_url", json!(format!("{url}/keys{{/key_id}}"))),
+            (
+                "collaborators_url",
+                json!(format!("{url}/collaborators{{/collaborator}}")),
+            ),
+            ("teams_url", json!(format!("{url}/teams"))),
+            ("hooks_url", json!(format!("{url}/hooks"))),
+            (
+                "issue_events_url",
+                json!(format!("{url}/issues/events{{/number}}")),
+            ),
+            ("events_url", json!(format!("{url}/events"))),
+            ("assignees_url", json!(format!("{url}/assignees{{/user}}"))),
+            ("branches_url", json!(format!("{url}/branches{{/branch}}"))),
+            ("tags_url", json!(format!("{url}/tags"))),
+            ("blobs_url", json!(format!("{url}/git/blobs{{/sha}}"))),
+            ("git_tags_url", json!(format!("{url}/git/tags{{/sha}}"))),
+            ("git_refs_url", json!(format!("{url}/git/refs{{/sha}}"))),
+            ("trees_url", json!(format!("{url}/git/trees{{/sha}}"))),
+            ("languages_url", json!(format!("{url}/languages"))),
+            ("stargazers_url", json!(format!("{url}/stargazers"))),
+            ("contributors_url", json!(format!("{url}/contributors"))),
+            ("subscribers_url", json!(format!("{url}/subscribers"))),
+            ("subscription_url", json!(format!("{url}/subscription"))),
+            (
+                "git_commits_url",
+                json!(format!("{url}/git/commits{{/sha}}")),
+            ),
+            ("contents_url", json!(format!("{url}/contents/{{+path}}"))),
+            (
+                "compare_url",
+                json!(format!("{url}/compare/{{base}}...{{head}}")),
+            ),
+            ("merges_url", json!(format!("{url}/merges"))),
+            (
+                "archive_url",
+                json!(format!("{url}/{{archive_format}}{{/ref}}")),
+            ),
+            ("downloads_url", json!(format!("{url}/downloads"))),
+            ("issues_url", json!(format!("{url}/issues{{/number}}"))),
+            (
+                "milestones_url",
+                json!(format!("{url}/milestones{{/number}}")),
+            ),
+            (
+                "notifications_url",
+                json!(format!("{url}/notifications{{?since,all,participating}}")),
+            ),
+            ("labels_url", json!(format!("{url}/labels{{/name}}"))),
+            ("releases_url", json!(format!("{url}/releases{{/id}}"))),
+            ("deployments_url", json!(format!("{url}/deployments"))),
+            ("created_at", created.clone()),
+            ("updated_at", created.clone()),
+            ("pushed_at", created),
+            ("ssh_url", json!(format!("git@{host}:{name}.git"))),
+            ("svn_url", json!(format!("{base}/{name}"))),
+            ("homepage", Value::Null),
+            ("mirror_url", Value::Null),
+            ("language", Value::Null),
+            ("license", Value::Null),
+            ("size", json!(0)),
+            ("stargazers_count", json!(0)),
+            ("watchers_count", json!(0)),
+            ("watchers", json!(0)),
+            ("forks_count", json!(0)),
+            ("forks", json!(0)),
+            (
+                "open_issues_count",
+                json!(repo
+                    .pulls
+                    .iter()
+                    .filter(|p| p.state == crate::sim::github::model::PullState::Open)
+                    .count()),
+            ),
+            (
+                "open_issues",
+                json!(repo
+                    .pulls
+                    .iter()
+                    .filter(|p| p.state == crate::sim::github::model::PullState::Open)
+                    .count()),
+            ),
+            ("has_issues", json!(true)),
+            ("has_projects", json!(false)),
+            ("has_downloads", json!(false)),
+            ("has_wiki", json!(false)),
+            ("has_pages", json!(false)),
+            ("has_discussions", json!(false)),
+            ("is_template", json!(false)),
+            ("web_commit_signoff_required", json!(false)),
+            ("allow_forking", json!(true)),
+            ("topics", json!([])),
+            ("custom_properties", json!({})),
+        ] {
+            obj.insert(key.into(), value);
+        }
+    }
+    v
+}
+
+/// A `push` payload's repository: `created_at` and `pushed_at` in epoch seconds, as GitHub
+/// sends them there (`oneOf` integer or date-time string in the schema).
+pub fn push_repository(base: &str, repo: &RepoState) -> Value {
+    let mut v = repository(base, repo);
+    if let Some(obj) = v.as_object_mut() {
+        let secs = json!(repo.created_at.as_millis() / 1000);
+        obj.insert("created_at".into(), secs.clone());
+        obj.insert("pushed_at".into(), secs);
+    }
+    v
+}
+
+fn repository_core(base: &str, repo: &RepoState, url: &str) -> Value {
     json!({
         "id": repo.id,
         "node_id": node_id("R", repo.id),
@@ -301,6 +429,7 @@ pub fn issue_for_pull(base: &str, repo: &RepoState, pr: &PullRequest, comments: 
         "author_association": association(repo, &pr.user),
         "active_lock_reason": Value::Null,
         "body": pr.body,
+        "reactions": reactions(&format!("{rurl}/issues/{}/reactions", pr.number)),
         "pull_request": {
             "url": format!("{rurl}/pulls/{}", pr.number),
             "html_url": html,
@@ -324,6 +453,16 @@ pub fn comment(base: &str, repo: &RepoState, c: &IssueComment) -> Value {
         "created_at": ts(c.created_at),
         "updated_at": ts(c.updated_at),
         "author_association": association(repo, &c.user),
+        "performed_via_github_app": Value::Null,
+        "reactions": reactions(&format!("{rurl}/issues/comments/{}/reactions", c.id)),
+    })
+}
+
+/// No reactions: the `reactions` rollup the schema requires on issues and comments.
+fn reactions(url: &str) -> Value {
+    json!({
+        "url": url, "total_count": 0, "+1": 0, "-1": 0, "laugh": 0, "confused": 0,
+        "heart": 0, "hooray": 0, "eyes": 0, "rocket": 0,
     })
 }
 
@@ -420,6 +559,15 @@ pub fn with_envelope(mut payload: Value, base: &str, repo: &RepoState, sender: &
     if let Some(obj) = payload.as_object_mut() {
         obj.insert("repository".into(), repository(base, repo));
         obj.insert("sender".into(), user(base, sender));
+    }
+    payload
+}
+
+/// [`with_envelope`] for a `push`, whose repository carries epoch-second times.
+pub fn with_push_envelope(payload: Value, base: &str, repo: &RepoState, sender: &str) -> Value {
+    let mut payload = with_envelope(payload, base, repo, sender);
+    if let Some(obj) = payload.as_object_mut() {
+        obj.insert("repository".into(), push_repository(base, repo));
     }
     payload
 }

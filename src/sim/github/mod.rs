@@ -483,6 +483,52 @@ impl GithubTwin {
         Ok(())
     }
 
+    /// Open a draft PR (`pull_request.opened` with `draft: true`).
+    pub async fn open_draft_pull_request(
+        &self,
+        repo: &str,
+        head: &str,
+        base: &str,
+        title: &str,
+        author: &str,
+    ) -> Result<PullRequest, GithubError> {
+        let (pr, ticket) = self
+            .shared
+            .create_pull(repo, head, base, title, None, author, true)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(pr)
+    }
+
+    /// Mark a draft ready for review (`pull_request.ready_for_review`).
+    pub async fn mark_ready_for_review(
+        &self,
+        repo: &str,
+        number: u64,
+        user: &str,
+    ) -> Result<(), GithubError> {
+        let ticket = self.shared.mark_ready(repo, number, user)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(())
+    }
+
+    /// Point a PR at another base branch (`PATCH /pulls/{n}` with `base`;
+    /// `pull_request.edited` with `changes.base`).
+    pub async fn change_pull_base(
+        &self,
+        repo: &str,
+        number: u64,
+        base: &str,
+        user: &str,
+    ) -> Result<PullRequest, GithubError> {
+        let edit = forge::PullEdit {
+            base: Some(base.to_string()),
+            ..Default::default()
+        };
+        let (pr, ticket) = self.shared.edit_pull(repo, number, &edit, user)?;
+        self.shared.wait_delivered(ticket).await;
+        Ok(pr)
+    }
+
     /// Add a label to a PR (`pull_request.labeled`).
     pub async fn label_pull_request(
         &self,

@@ -191,6 +191,8 @@ pub struct IssueComment {
 pub struct RepoState {
     pub id: u64,
     pub spec: RepoSpec,
+    /// When the emulator took the repository in: its `created_at`, `updated_at`, `pushed_at`.
+    pub created_at: crate::clock::Timestamp,
     pub pulls: Vec<PullRequest>,
     /// Per commit sha, oldest first.
     pub statuses: BTreeMap<String, Vec<CommitStatus>>,

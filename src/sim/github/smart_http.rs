@@ -89,6 +89,31 @@ async fn serve(
         .get(&full)
         .map(|state| state.spec.path.clone());
     let Some(path) = path else {
+        // A renamed or transferred repository: git traffic to the old name goes on working
+        // ("git clone, git fetch, or git push operations targeting the previous location
+        // will continue to function", GitHub's "Renaming a repository"). The emulator does
+        // it as GitHub's web and API do, with a 301 to the new place on the same host.
+        if let Some(now) = shared
+            .moved_repo(&full)
+            .and_then(|id| shared.repo_by_id(id))
+        {
+            let rest = req
+                .uri()
+                .path()
+                .strip_prefix(&format!("/{owner}/{repo}"))
+                .unwrap_or("");
+            let query = req
+                .uri()
+                .query()
+                .map(|q| format!("?{q}"))
+                .unwrap_or_default();
+            let mut resp = plain(StatusCode::MOVED_PERMANENTLY, "Moved Permanently");
+            if let Ok(v) = HeaderValue::from_str(&format!("{}/{now}.git{rest}{query}", shared.base))
+            {
+                resp.headers_mut().insert("location", v);
+            }
+            return resp;
+        }
         return plain(StatusCode::NOT_FOUND, "Repository not found.");
     };
 
