@@ -111,6 +111,9 @@ enum Command {
         /// With --time-scale: where the simulated clock starts (e.g. the twin's start).
         #[arg(long, value_name = "RFC3339", hide = true)]
         clock_start: Option<String>,
+        /// A bearer token (a file) for the Prometheus of cluster.yaml's health checks.
+        #[arg(long, value_name = "PATH")]
+        prometheus_token_file: Option<PathBuf>,
     },
     /// Run the twin: a simulated Talos cluster served over the real Talos API (mutual TLS)
     /// and Kubernetes API, built from a cluster folder, until interrupted.
@@ -330,6 +333,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ichor_node,
             time_scale,
             clock_start,
+            prometheus_token_file,
         } => rollout_cmd::rollout(rollout_cmd::Args {
             repo,
             rev,
@@ -343,6 +347,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ichor_node,
             time_scale,
             clock_start,
+            prometheus_token_file,
         }),
         Command::Run { config, check } => run_cmd::run(&config, check),
         Command::Policies { command } => policies(command),

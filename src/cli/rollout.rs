@@ -29,6 +29,7 @@ pub struct Args {
     pub ichor_node: Option<String>,
     pub time_scale: Option<f64>,
     pub clock_start: Option<String>,
+    pub prometheus_token_file: Option<PathBuf>,
 }
 
 pub const EXIT_BLOCKED: u8 = 1;
@@ -247,6 +248,11 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
             .for_cluster(&doc);
         engine.report = Some(&report);
         engine.pause_requested = Some(&pause_requested);
+        if let Some(f) = &a.prometheus_token_file {
+            engine.prometheus_token = Some(ichor::secret::Secret::from_file(f).map_err(|e| {
+                anyhow::anyhow!("--prometheus-token-file: {e}")
+            })?);
+        }
         let started = clock.now();
         let outcome = tokio::select! {
             r = engine.run(&plan, &target, Some(&change), a.resume) => Some(r),

@@ -11,6 +11,10 @@ use serde::Deserialize;
 use crate::releaseset::HumanDuration;
 use crate::releaseset::{locate, DocumentError};
 
+/// Notifications (its own file; declared here to keep the controller's module list as is).
+#[path = "notify.rs"]
+pub mod notify;
+
 /// The shortest poll interval accepted: GitHub's rate limit and a remote's patience.
 pub const MIN_POLL_SECS: u64 = 10;
 /// At most this many clusters per instance.
@@ -41,6 +45,10 @@ pub struct Config {
     pub notes: bool,
     #[serde(default)]
     pub leader_election: LeaderElection,
+    /// Where rollout events are sent (notify.rs); the URLs are secrets, from files or the
+    /// environment.
+    #[serde(default)]
+    pub notifications: Option<notify::NotificationsConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -65,6 +73,10 @@ pub struct ClusterConfig {
     /// `false`: gate only, never roll out.
     #[serde(default = "yes")]
     pub act: bool,
+    /// A bearer token for the Prometheus the cluster's health checks query (a file; the
+    /// repository never carries it).
+    #[serde(default)]
+    pub prometheus_token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -219,6 +231,16 @@ impl Config {
         if let Some(w) = &self.webhook {
             files.extend(w.secret_file.as_deref().map(|f| ("webhook.secretFile", f)));
         }
+        if let Some(n) = &self.notifications {
+            files.extend(n.secret_files());
+        }
+        for c in &self.clusters {
+            files.extend(
+                c.prometheus_token_file
+                    .as_deref()
+                    .map(|f| ("clusters[].prometheusTokenFile", f)),
+            );
+        }
         #[cfg(unix)]
         for (key, f) in &files {
             use std::os::unix::fs::PermissionsExt;
@@ -260,6 +282,9 @@ impl Config {
         let at = |needle: &str, message: String| {
             DocumentError::at(file, locate(text, needle, 0), message)
         };
+        if let Some(n) = &self.notifications {
+            n.validate().map_err(|m| at("notifications:", m))?;
+        }
         let r = &self.repository;
         match (&r.url, &r.path) {
             (Some(_), Some(_)) => {

@@ -13,6 +13,7 @@ use crate::policy::{Outcome, Status};
 use crate::rollout::record::{self, RecordState};
 use crate::rollout::{Progress, Rollout, RunOutcome, Target};
 
+use super::config::notify;
 use super::{lock, ClusterRuntime, Ctx, Error, RolloutReport, SHUTDOWN_REASON};
 
 /// The protected branch's tip, looked at for every cluster ichor acts on.
@@ -584,6 +585,11 @@ async fn execute(
                         }
                         _ => {}
                     }
+                    if let Some(e) =
+                        notify::event_of(&p, &cluster.name, &rep.commit, rep.pr, ctx.clock.now())
+                    {
+                        notify::send(&ctx, e);
+                    }
                     rep.line(format!(
                         "{} {}",
                         ctx.clock.now().rfc3339().get(11..16).unwrap_or(""),
@@ -661,10 +667,18 @@ async fn execute(
             .for_cluster(&doc);
         engine.report = Some(&report);
         engine.pause_requested = Some(&pause_requested);
+        engine.prometheus_token = notify::prometheus_token(ctx, &cluster.name);
         engine.run(&plan, &target, Some(change), resume).await
     };
     drop(report);
     let _ = progress.await;
+    if let Err(e) = &outcome {
+        let why = e.to_string();
+        notify::send(
+            ctx,
+            notify::failed(&cluster.name, &rep.commit, rep.pr, &why, ctx.clock.now()),
+        );
+    }
     Ok(match outcome.map_err(|e| Error::Other(e.to_string()))? {
         RunOutcome::Completed { stages } => {
             let total: u64 = stages.iter().map(|(_, s)| s).sum();

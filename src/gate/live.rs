@@ -38,6 +38,8 @@ pub struct LiveFacts {
     pub talos_nodes: Option<Result<Vec<TrapNode>, String>>,
     /// The talosconfig's endpoints (`None` without Talos access).
     pub talos_endpoints: Option<Vec<String>>,
+    /// Each `before` health check of cluster.yaml and what it read now.
+    pub health: Vec<(crate::health::HealthCheck, crate::health::Reading)>,
 }
 
 /// etcd as the control planes report it.
@@ -183,6 +185,8 @@ pub struct Subject {
     pub volumes: crate::releaseset::VolumeProvider,
     /// `Some(None)`: a hand-over is configured without an Application.
     pub handover: Option<Option<crate::releaseset::ObjectRef>>,
+    /// The `before` health checks (`spec.healthChecks`), read as live items.
+    pub health_checks: Vec<crate::health::HealthCheck>,
 }
 
 impl Subject {
@@ -199,6 +203,18 @@ impl Subject {
                 let h = &c.spec.cni.handover;
                 (h.mode != HandoverMode::Disabled).then(|| h.argocd_application.clone())
             }),
+            health_checks: change
+                .cluster_doc
+                .as_ref()
+                .map(|c| {
+                    c.spec
+                        .health_checks
+                        .iter()
+                        .filter(|h| h.applies(crate::health::Phase::Before))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default(),
         }
     }
 }
@@ -262,7 +278,15 @@ pub async fn observe(
         (Some(_), Err(e)) => Some(Err(format!("no node list to find the nodes: {e}"))),
         (None, _) => None,
     };
+    // Prometheus stamps its answers with wall time: the gate judges them on the wall clock.
+    let mut health = Vec::new();
+    for c in &subject.health_checks {
+        let now = crate::clock::Clock::system().now();
+        let r = crate::rollout::health::read_check(kube, None, c, now).await;
+        health.push((c.clone(), r));
+    }
     LiveFacts {
+        health,
         nodes,
         volumes,
         etcd,
@@ -495,6 +519,7 @@ pub fn items(change: &Change, facts: &LiveFacts) -> Vec<CheckItem> {
     let bump = &change.bump;
     let target_k8s = bump.head.spec.kubernetes.minor_version();
     let mut out = Vec::new();
+    out.extend(crate::rollout::health::live_items(&facts.health));
 
     // Nodes Ready.
     let (id, title) = ("live/nodes-ready", "Every node is Ready");

@@ -10,6 +10,7 @@ pub mod events;
 pub mod inventory;
 pub mod lease;
 pub mod manifests;
+pub mod objects;
 
 use std::path::Path;
 

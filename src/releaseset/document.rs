@@ -251,6 +251,10 @@ pub struct ClusterSpec {
     /// Nodes as the user describes them, for planning without cluster access.
     #[serde(default)]
     pub inventory: Option<Inventory>,
+    /// The owner's definition of healthy, judged before, between and after the disruptive
+    /// steps (crate::health).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub health_checks: Vec<crate::health::HealthCheck>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -586,6 +590,7 @@ impl Cluster {
         if let Some(inv) = &spec.inventory {
             validate_inventory(file, text, inv)?;
         }
+        crate::health::validate(file, text, &spec.health_checks)?;
         Ok(())
     }
 

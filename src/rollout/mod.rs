@@ -17,6 +17,7 @@
 //! with its root cause, and nodes ichor cordoned that are healthy go back into service.
 
 mod components;
+pub mod health;
 mod lock;
 mod manifests;
 mod nodes;
@@ -121,6 +122,26 @@ pub enum Progress {
     Note(String),
     /// The rollout waits on something outside it (a window, a hold, the CNI).
     Waiting(String),
+    /// A health check began failing at a gate (`spec.healthChecks`).
+    HealthCheckFailing {
+        name: String,
+        value: String,
+    },
+    /// A turn of the rollout's life, said once as it happens (for notifications).
+    Event(Lifecycle),
+}
+
+/// The turns of a rollout people are told of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// The first run for this target; the plan's estimate in seconds.
+    Started {
+        estimate_secs: u64,
+    },
+    /// A paused rollout resumed.
+    Resumed,
+    Paused(Pause),
+    Completed,
 }
 
 impl std::fmt::Display for Progress {
@@ -136,6 +157,13 @@ impl std::fmt::Display for Progress {
             ),
             Progress::Note(s) => f.write_str(s),
             Progress::Waiting(s) => write!(f, "waiting: {s}"),
+            Progress::HealthCheckFailing { name, value } => {
+                write!(f, "health check {name} failing: {value}")
+            }
+            Progress::Event(Lifecycle::Started { .. }) => f.write_str("rollout started"),
+            Progress::Event(Lifecycle::Resumed) => f.write_str("rollout resumed"),
+            Progress::Event(Lifecycle::Paused(p)) => write!(f, "rollout paused: {}", p.reason),
+            Progress::Event(Lifecycle::Completed) => f.write_str("rollout completed"),
         }
     }
 }
@@ -194,6 +222,10 @@ pub struct Rollout<'a> {
     pub report: Option<&'a (dyn Fn(Progress) + Sync)>,
     /// How often a settling node is observed again.
     pub observe_every: Duration,
+    /// `spec.healthChecks` of the cluster (crate::health), judged at the gates.
+    pub health_checks: Vec<crate::health::HealthCheck>,
+    /// The bearer token for a Prometheus behind auth (the controller's config).
+    pub prometheus_token: Option<crate::secret::Secret>,
     /// One renewal at a time: the nodes of a batch check the lock together.
     renewing: Mutex<()>,
 }
@@ -218,6 +250,8 @@ impl<'a> Rollout<'a> {
             pause_requested: None,
             report: None,
             observe_every: Duration::from_secs(5),
+            health_checks: Vec::new(),
+            prometheus_token: None,
             renewing: Mutex::new(()),
         }
     }
@@ -226,6 +260,7 @@ impl<'a> Rollout<'a> {
     /// provider, installer image.
     pub fn for_cluster(mut self, doc: &crate::releaseset::Cluster) -> Self {
         self.policy = doc.spec.rollout.clone();
+        self.health_checks = doc.spec.health_checks.clone();
         self.volumes = doc.spec.volumes.provider;
         if let Some(i) = &doc.spec.talos.installer_image {
             self.installer_image = Some(i.clone());
@@ -284,6 +319,27 @@ impl Rollout<'_> {
                 return Err(e.into());
             }
         };
+        // A re-run of a completed rollout (a verify) is not news when it completes again.
+        let was_completed = matches!(&stored, Some(s) if s.record.target.commit == target.commit
+            && s.record.state == RecordState::Completed);
+        // What people are told of: a first start, or a resume of a pause.
+        let event = match &stored {
+            Some(s) if s.record.target.commit == target.commit => (resume
+                && s.record.state == RecordState::Paused)
+                .then_some(Lifecycle::Resumed)
+                .or_else(|| {
+                    (!s.record
+                        .history
+                        .iter()
+                        .any(|h| h.message.starts_with("started: ")))
+                    .then_some(Lifecycle::Started {
+                        estimate_secs: plan.estimate_secs,
+                    })
+                }),
+            _ => Some(Lifecycle::Started {
+                estimate_secs: plan.estimate_secs,
+            }),
+        };
         let stored = match stored {
             Some(mut s) if s.record.target.commit == target.commit => {
                 if s.record.state == RecordState::Paused && !resume {
@@ -302,6 +358,9 @@ impl Rollout<'_> {
                             if step.started_at.is_some() && step.finished_at.is_none() {
                                 step.started_at = Some(now.rfc3339());
                             }
+                        }
+                        if let Some(g) = s.record.health.gate.as_mut() {
+                            g.started_at = now.rfc3339();
                         }
                         s.record.log(now, "resumed")
                     }
@@ -365,6 +424,9 @@ impl Rollout<'_> {
         })
         .await
         .map_err(RolloutError::from)?;
+        if let Some(e) = event {
+            self.say(Progress::Event(e));
+        }
 
         let outcome = tokio::select! {
             r = run.stages() => r,
@@ -380,6 +442,9 @@ impl Rollout<'_> {
                     r.log(now, "completed");
                 })
                 .await?;
+                if !was_completed {
+                    self.say(Progress::Event(Lifecycle::Completed));
+                }
                 self.release_lock().await;
                 let stages = run.stored.lock().await.record.stage_secs();
                 Ok(RunOutcome::Completed { stages })
@@ -398,6 +463,7 @@ impl Rollout<'_> {
                     })
                     .await;
                 self.release_lock().await;
+                self.say(Progress::Event(Lifecycle::Paused(p.clone())));
                 Ok(RunOutcome::Paused(p))
             }
             Err(Stop::LockLost(holder)) => {
@@ -647,6 +713,16 @@ impl Run<'_, '_> {
 
     async fn stages(&self) -> Flow<()> {
         self.before_start().await?;
+        self.health_before().await?;
+        // The `between` health gate follows every disruptive step but the last.
+        let total: usize = self
+            .plan
+            .stages
+            .iter()
+            .filter(|s| s.id != StageId::Verify)
+            .map(|s| s.steps.len())
+            .sum();
+        let mut done = 0;
         for stage in &self.plan.stages {
             let id = stage.id;
             let units: u64 = stage
@@ -670,6 +746,7 @@ impl Run<'_, '_> {
                         let next = self.leader_last(&steps).await;
                         let step = steps.remove(next);
                         self.batch(id, step, |n| self.talos_node(n)).await?;
+                        self.health_between(id, step, &mut done, total).await?;
                     }
                 }
                 StageId::KubeApiserver => {
@@ -677,6 +754,7 @@ impl Run<'_, '_> {
                     for step in &stage.steps {
                         self.batch(id, step, |n| self.component(id, n, &[Component::ApiServer]))
                             .await?;
+                        self.health_between(id, step, &mut done, total).await?;
                     }
                 }
                 StageId::KubeControllerManagerScheduler => {
@@ -689,20 +767,26 @@ impl Run<'_, '_> {
                             )
                         })
                         .await?;
+                        self.health_between(id, step, &mut done, total).await?;
                     }
                 }
                 StageId::KubeProxyManifests => {
                     for step in &stage.steps {
                         self.proxy_and_manifests(step).await?;
+                        self.health_between(id, step, &mut done, total).await?;
                     }
                 }
                 StageId::Kubelet => {
                     for step in &stage.steps {
                         self.batch(id, step, |n| self.component(id, n, &[Component::Kubelet]))
                             .await?;
+                        self.health_between(id, step, &mut done, total).await?;
                     }
                 }
-                StageId::Verify => self.verify().await?,
+                StageId::Verify => {
+                    self.verify().await?;
+                    self.health_after(id).await?;
+                }
             }
             let now = self.now();
             self.write(id, |r| r.finish_stage(stage_key(id), now))

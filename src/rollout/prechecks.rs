@@ -36,7 +36,9 @@ impl Run<'_, '_> {
                 // The lock is ours; the CNI is waited for before the apiservers; a single
                 // node was judged above, from the engine's own policy.
                 .filter(|i| {
-                    !i.id.ends_with("rollout-lock")
+                    // The `before` health checks are the rollout's own gate (stableFor, timeout).
+                    !i.id.starts_with("live/health/")
+                        && !i.id.ends_with("rollout-lock")
                         && i.id != "live/cni-running"
                         && i.id != "live/single-node"
                 })

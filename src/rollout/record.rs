@@ -76,6 +76,61 @@ pub struct StepRecord {
     pub extra: BTreeMap<String, serde_json::Value>,
 }
 
+/// The health checks as the rollout last read them.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthRecord {
+    /// The gate being waited at, when one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<HealthGate>,
+    /// Each check's last state, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub checks: BTreeMap<String, CheckRecord>,
+    /// How many `between` gates this rollout has passed: a restarted engine going through
+    /// the steps already done does not judge their gates again.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub between_passed: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl HealthRecord {
+    pub fn is_empty(&self) -> bool {
+        self.gate.is_none() && self.checks.is_empty() && self.between_passed == 0
+    }
+}
+
+/// One gate: which (`before`, `between/talos/2`, `after`), where, and since when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthGate {
+    pub key: String,
+    pub phase: String,
+    /// Where in the rollout, in words (`after w-1`).
+    pub at: String,
+    pub started_at: String,
+}
+
+/// One check's last reading.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckRecord {
+    /// The gate it was read at: before, between, after.
+    pub phase: String,
+    /// holds, settling (passing, not yet for stableFor) or failing.
+    pub state: String,
+    pub value: String,
+    #[serde(default)]
+    pub read: String,
+    /// Since when it has been in this state.
+    pub since: String,
+    /// Since when it has passed without a break (what `stableFor` counts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passing_since: Option<String>,
+}
+
 /// Why the rollout stopped for a human.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -165,6 +220,9 @@ pub struct RolloutRecord {
     pub history: Vec<HistoryEntry>,
     #[serde(default)]
     pub previous: Vec<Previous>,
+    /// The health checks' last readings and the gate waited at (`spec.healthChecks`).
+    #[serde(default, skip_serializing_if = "HealthRecord::is_empty")]
+    pub health: HealthRecord,
     /// While running: how far the rollout is and when it should end (the live ETA).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eta: Option<RecordEta>,
@@ -192,6 +250,7 @@ impl RolloutRecord {
             stages: Vec::new(),
             history: Vec::new(),
             previous: Vec::new(),
+            health: HealthRecord::default(),
             eta: None,
             extra: BTreeMap::new(),
         }
@@ -288,6 +347,14 @@ impl RolloutRecord {
                 p.stage,
                 p.node.as_deref().map(|n| format!(" at {n}")).unwrap_or_default(),
                 crate::escape::terminal(&p.reason)
+            ));
+        }
+        for (name, c) in &self.health.checks {
+            out.push_str(&format!(
+                "  health check {name} ({}): {}, last value {}\n",
+                c.phase,
+                c.state,
+                crate::escape::terminal(&c.value)
             ));
         }
         for (stage, secs) in self.stage_secs() {

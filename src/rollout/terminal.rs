@@ -133,7 +133,9 @@ impl Terminal {
                 }
                 self.line(&p.to_string());
             }
-            Progress::Note(_) => self.line(&p.to_string()),
+            Progress::Note(_) | Progress::HealthCheckFailing { .. } | Progress::Event(_) => {
+                self.line(&p.to_string())
+            }
         }
     }
 

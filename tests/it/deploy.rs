@@ -720,6 +720,7 @@ async fn every_request_the_client_sends_is_granted_by_access() -> TestResult {
         cni: None,
         volumes: ichor::releaseset::VolumeProvider::LocalPath,
         handover: None,
+        health_checks: vec![],
     };
     live::observe(&kube, Some(&talos), &any).await;
 

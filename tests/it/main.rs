@@ -6,6 +6,7 @@ mod deploy;
 mod forge_github;
 mod gate;
 mod github_real;
+mod health;
 mod listener;
 mod live;
 mod notes;

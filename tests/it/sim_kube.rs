@@ -1205,7 +1205,8 @@ async fn errors_are_status_objects_and_the_token_is_required() {
     let crds = api
         .get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
         .await;
-    assert_eq!(crds.body["items"].as_array().map(Vec::len), Some(3));
+    // Longhorn's Volume and Replica, Argo CD's Application, CloudNativePG's Cluster.
+    assert_eq!(crds.body["items"].as_array().map(Vec::len), Some(4));
 }
 
 // ---- faults --------------------------------------------------------------------------------

@@ -46,6 +46,8 @@ pub struct Shared {
     pub audit: super::audit::Audit,
     /// ServiceAccount tokens issued by TokenRequest (the admin token is `token`).
     pub tokens: Mutex<super::rbac::Tokens>,
+    /// The gauges tests set through `POST /_twin/gauges` (served at `/_twin/metrics`).
+    pub gauges: Mutex<std::collections::BTreeMap<String, f64>>,
 }
 
 /// The apiserver's request body limit (kube-apiserver `--max-request-body-bytes`'s 3 MiB
@@ -341,6 +343,21 @@ async fn answer(
             resource(&sh, g, v, rest, &method, &q, &headers, &body, user.as_ref()).await
         }
         ["_twin", "faults"] if method == Method::POST => faults(&sh, &headers, &body),
+        ["_twin", "metrics"] if method == Method::GET => {
+            let gauges = sh.gauges.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let text = super::metrics::exposition(&sh.lock(), &gauges);
+            respond(200, "text/plain; version=0.0.4; charset=utf-8", text)
+        }
+        ["_twin", "gauges"] if method == Method::POST => {
+            let r = super::metrics::set(
+                &mut sh.gauges.lock().unwrap_or_else(|e| e.into_inner()),
+                &body,
+            );
+            match r {
+                Ok(()) => ok_json(200, &json!({"ok": true})),
+                Err(why) => err(&ApiError::bad_request(why)),
+            }
+        }
         ["openapi", "v3"] => ok_json(200, &openapi_index()),
         ["openapi", "v3", "api", "v1"] => ok_json(200, &openapi_group_version("", "v1")),
         ["openapi", "v3", "apis", g, v] if groups().contains(&(*g, *v)) => {

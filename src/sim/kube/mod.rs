@@ -36,6 +36,7 @@
 pub mod apply;
 pub mod audit;
 pub mod http;
+pub mod metrics;
 pub mod model;
 pub mod patch;
 pub mod rbac;
@@ -134,6 +135,7 @@ impl KubeTwin {
             driver_wakeups: AtomicU64::new(0),
             audit: Default::default(),
             tokens: Default::default(),
+            gauges: Default::default(),
         });
         let url = format!("https://{addr}");
         let kubeconfig = state_dir.join("kubeconfig");

@@ -39,7 +39,10 @@ impl ResourceType {
     }
     /// A custom resource, described by a CRD in the store.
     pub fn is_custom(&self) -> bool {
-        matches!(self.group, "longhorn.io" | "argoproj.io")
+        matches!(
+            self.group,
+            "longhorn.io" | "argoproj.io" | "postgresql.cnpg.io"
+        )
     }
 }
 
@@ -313,6 +316,19 @@ pub const RESOURCES: &[ResourceType] = &[
         "Replica",
         true,
         &["lhr"],
+        &["status"],
+    ),
+    // CloudNativePG's Cluster, as its operator's CRD installs it (cloudnative-pg
+    // config/crd/bases/postgresql.cnpg.io_clusters.yaml): served like every custom
+    // resource, with a status subresource. A health check's CEL reads it.
+    rt(
+        "postgresql.cnpg.io",
+        "v1",
+        "clusters",
+        "cluster",
+        "Cluster",
+        true,
+        &[],
         &["status"],
     ),
     rt(

@@ -891,6 +891,14 @@ pub fn crds() -> Vec<Value> {
             &["lhr"],
         ),
         crd(
+            "postgresql.cnpg.io",
+            "v1",
+            "clusters",
+            "cluster",
+            "Cluster",
+            &[],
+        ),
+        crd(
             "argoproj.io",
             "v1alpha1",
             "applications",
