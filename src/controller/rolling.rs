@@ -404,6 +404,10 @@ impl Reporting {
         lock(&self.section).state = state;
     }
 
+    fn checks(&self, checks: Vec<crate::forge::comment::CheckLine>) {
+        lock(&self.section).checks = checks;
+    }
+
     fn line(&self, l: String) {
         let mut s = lock(&self.section);
         s.lines.push(l);
@@ -435,6 +439,7 @@ async fn run(ctx: Arc<Ctx>, cluster: Arc<ClusterRuntime>, change: Change, resume
             commit: commit.clone(),
             state: RolloutState::Queued("the pre-flight gate runs against the live cluster".into()),
             lines: vec![],
+            checks: vec![],
         }),
     });
     rep.send().await;
@@ -540,6 +545,7 @@ async fn execute(
                             });
                             step_started = ctx.clock.now();
                         }
+                        Progress::HealthChecks(checks) => rep.checks(checks.clone()),
                         Progress::StageFinished { stage, secs } => {
                             eta.stage_done(*stage, ctx.clock.now());
                             ctx.metrics.observe(
@@ -657,6 +663,7 @@ async fn execute(
                     of_pr(rep.pr)
                 )),
                 lines: vec![],
+                checks: vec![],
             }),
         }
         .send()

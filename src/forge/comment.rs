@@ -136,6 +136,19 @@ pub struct RolloutSection {
     pub state: RolloutState,
     /// Progress lines, oldest first (the last [`MAX_PROGRESS_LINES`] are shown).
     pub lines: Vec<String>,
+    /// The cluster's health checks as last read (`spec.healthChecks`), by name.
+    pub checks: Vec<CheckLine>,
+}
+
+/// One health check as the comment shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckLine {
+    pub name: String,
+    /// The gate it was read at: before, between, after.
+    pub gate: String,
+    /// holds, settling or failing.
+    pub state: String,
+    pub value: String,
 }
 
 /// Everything one sticky comment shows.
@@ -222,6 +235,24 @@ fn render_rollout(cluster: &str, r: &RolloutSection) -> String {
         RolloutState::Completed { summary } => {
             out.push_str(&format!("✅ **Done**: {}\n\n", md(summary)))
         }
+    }
+    if !r.checks.is_empty() {
+        out.push_str("| health check | gate | state | last value |\n|---|---|---|---|\n");
+        for c in &r.checks {
+            let icon = match c.state.as_str() {
+                "holds" => "✅",
+                "failing" => "❌",
+                _ => "⏳",
+            };
+            out.push_str(&format!(
+                "| {} | {} | {icon} {} | {} |\n",
+                escape::md_code(&c.name),
+                md(&c.gate),
+                md(&c.state),
+                md(&crate::releaseset::excerpt(&c.value, 160))
+            ));
+        }
+        out.push('\n');
     }
     if !r.lines.is_empty() {
         out.push_str("<details><summary>Progress</summary>\n\n");
@@ -324,6 +355,20 @@ mod tests {
                     reason: "PDB <b>web</b> allows no disruption".into(),
                 },
                 lines: (0..40).map(|i| format!("line {i}")).collect(),
+                checks: vec![
+                    CheckLine {
+                        name: "postgres-ready".into(),
+                        gate: "between".into(),
+                        state: "failing".into(),
+                        value: "false | <b>2 of 3</b>".into(),
+                    },
+                    CheckLine {
+                        name: "ceph-ok".into(),
+                        gate: "between".into(),
+                        state: "holds".into(),
+                        value: "1 sample".into(),
+                    },
+                ],
             }),
         };
         let text = render(&s);
@@ -332,5 +377,16 @@ mod tests {
         assert!(!text.contains("<b>web</b>"));
         assert!(text.contains("15 earlier lines"));
         assert!(text.contains("line 39") && !text.contains("line 14\n"));
+        // Each health check with its gate, state and last value, escaped for a table cell.
+        assert!(
+            text.contains(
+                "| `postgres-ready` | between | ❌ failing | false \\| &lt;b&gt;2 of 3&lt;/b&gt; |"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("| `ceph-ok` | between | ✅ holds | 1 sample |"),
+            "{text}"
+        );
     }
 }

@@ -408,7 +408,17 @@ impl Run<'_, '_> {
             }
         }
         if changed {
+            let lines = next
+                .iter()
+                .map(|(name, c)| crate::forge::comment::CheckLine {
+                    name: name.clone(),
+                    gate: c.phase.clone(),
+                    state: c.state.clone(),
+                    value: c.value.clone(),
+                })
+                .collect();
             self.write(stage, |r| r.health.checks = next).await?;
+            self.say(Progress::HealthChecks(lines));
         }
         Ok(failing)
     }

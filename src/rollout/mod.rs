@@ -122,6 +122,8 @@ pub enum Progress {
     Note(String),
     /// The rollout waits on something outside it (a window, a hold, the CNI).
     Waiting(String),
+    /// Every health check of the gate as just read, when one changed (`spec.healthChecks`).
+    HealthChecks(Vec<crate::forge::comment::CheckLine>),
     /// A health check began failing at a gate (`spec.healthChecks`).
     HealthCheckFailing {
         name: String,
@@ -157,6 +159,15 @@ impl std::fmt::Display for Progress {
             ),
             Progress::Note(s) => f.write_str(s),
             Progress::Waiting(s) => write!(f, "waiting: {s}"),
+            Progress::HealthChecks(checks) => write!(
+                f,
+                "health checks: {}",
+                checks
+                    .iter()
+                    .map(|c| format!("{} {}", c.name, c.state))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             Progress::HealthCheckFailing { name, value } => {
                 write!(f, "health check {name} failing: {value}")
             }

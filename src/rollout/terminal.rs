@@ -133,6 +133,8 @@ impl Terminal {
                 }
                 self.line(&p.to_string());
             }
+            // The table is for the PR's comment; a terminal has the notes of each gate.
+            Progress::HealthChecks(_) => {}
             Progress::Note(_) | Progress::HealthCheckFailing { .. } | Progress::Event(_) => {
                 self.line(&p.to_string())
             }

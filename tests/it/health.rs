@@ -970,3 +970,77 @@ async fn the_prometheus_token_is_sent_as_a_bearer_and_never_reported() -> TestRe
     assert!(!format!("{r:?}").contains(token));
     Ok(())
 }
+
+/// Issue 18 item 4, over GitHub: the sticky comment of the merged PR lists each health check
+/// with its gate, state and last value, as the rollout read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sticky_comment_lists_each_health_check_with_its_state_and_value() -> TestResult {
+    use ichor::sim::github::{StatusState, RENOVATE_LOGIN};
+    let hub = crate::controller::Hub::start().await?;
+    // main's cluster.yaml gains a check on a ConfigMap the rollout reads between nodes.
+    {
+        let repo = git2::Repository::open_bare(&hub.origin)?;
+        let main = repo.find_reference("refs/heads/main")?.peel_to_commit()?;
+        let path = "clusters/homelab/cluster.yaml";
+        let old = main
+            .tree()?
+            .get_path(std::path::Path::new(path))?
+            .to_object(&repo)?;
+        let text = String::from_utf8(old.peel_to_blob()?.content().to_vec())?;
+        let check = "spec:\n  healthChecks:\n    - name: app-health\n      when: [between]\n      kubernetes:\n        apiVersion: v1\n        kind: ConfigMap\n        namespace: default\n        name: app-health\n        expression: 'object.data.ok == \"yes\"'\n";
+        let text = text.replacen("spec:\n", check, 1);
+        let blob = repo.blob(text.as_bytes())?;
+        let mut b = git2::build::TreeUpdateBuilder::new();
+        b.upsert(path, blob, git2::FileMode::Blob);
+        let tree = repo.find_tree(b.create_updated(&repo, &main.tree()?)?)?;
+        let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
+        repo.commit(
+            Some("refs/heads/main"),
+            &sig,
+            &sig,
+            "health check\n",
+            &tree,
+            &[&main],
+        )?;
+    }
+    kubectl(
+        &hub.s,
+        &["apply", "-f", "-"],
+        Some("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app-health\n  namespace: default\ndata:\n  ok: \"yes\"\n"),
+    )
+    .await?;
+    let running = hub.run("a").await?;
+    let pr = hub
+        .gh
+        .open_pull_request(
+            "acme/homelab",
+            "renovate/talos",
+            "main",
+            "update talos",
+            "Renovate update",
+            RENOVATE_LOGIN,
+        )
+        .await?;
+    crate::controller::until(&hub.s, &running, "the gate", || {
+        hub.status(&pr.head_sha, "ichor/gate")
+            .is_some_and(|s| s.state == StatusState::Success)
+    })
+    .await?;
+    let merge = hub
+        .gh
+        .merge_pull_request("acme/homelab", pr.number, "mara")
+        .await?;
+    crate::controller::until(&hub.s, &running, "the rollout's end", || {
+        hub.status(&merge, "ichor/rollout")
+            .is_some_and(|s| s.state == StatusState::Success)
+    })
+    .await?;
+    let body = hub.sticky(pr.number).join("");
+    assert!(
+        body.contains("| health check | gate | state | last value |")
+            && body.contains("| `app-health` | between | ✅ holds | "),
+        "{body}"
+    );
+    running.shutdown().await;
+    Ok(())
+}
