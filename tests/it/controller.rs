@@ -801,24 +801,19 @@ async fn a_newer_merge_over_a_paused_rollout_is_acknowledged_on_both_prs() -> Te
     let next = "renovate/talos-next";
     {
         let repo = git2::Repository::open_bare(&hub.origin)?;
-        let base = repo.find_commit(git2::Oid::from_str(&merge)?)?;
-        let path = "clusters/homelab/release-set.yaml";
-        let entry = base.tree()?.get_path(Path::new(path))?;
-        let text = std::str::from_utf8(repo.find_blob(entry.id())?.content())?
-            .replace("talos: v1.12.9", "talos: v1.12.10");
-        assert!(text.contains("talos: v1.12.10"), "{text}");
-        let blob = repo.blob(text.as_bytes())?;
-        let mut b = git2::build::TreeUpdateBuilder::new();
-        b.upsert(path, blob, git2::FileMode::Blob);
-        let tree = repo.find_tree(b.create_updated(&repo, &base.tree()?)?)?;
-        let sig = git2::Signature::now("renovate", "bot@renovateapp.com")?;
-        repo.commit(
-            Some(&format!("refs/heads/{next}")),
-            &sig,
-            &sig,
+        commit_edit(
+            &repo,
+            &merge,
+            &format!("refs/heads/{next}"),
+            "clusters/homelab/release-set.yaml",
+            |text| {
+                let text = text
+                    .unwrap_or_default()
+                    .replace("talos: v1.12.9", "talos: v1.12.10");
+                assert!(text.contains("talos: v1.12.10"), "{text}");
+                text
+            },
             "fix(deps): update talos ( v1.12.9 → v1.12.10 )\n",
-            &tree,
-            &[&base],
         )?;
     }
     let pr2 = hub.open(next).await?;
@@ -1187,6 +1182,33 @@ async fn ichor_run_logs_json_never_a_secret_and_stops_cleanly_on_sigterm() -> Te
 }
 
 /// Commit `edit` (find → replace in `path`) on main of a bare repository, as a push would.
+/// A commit on top of `from` (a revision) that sets `path` to what `edit` makes of its
+/// text (`None`: the file is new), moving `to` (a ref) there, as a push would.
+pub fn commit_edit(
+    repo: &git2::Repository,
+    from: &str,
+    to: &str,
+    path: &str,
+    edit: impl FnOnce(Option<&str>) -> String,
+    message: &str,
+) -> Result<git2::Oid, Error> {
+    let base = repo.revparse_single(from)?.peel_to_commit()?;
+    let old = match base.tree()?.get_path(Path::new(path)) {
+        Ok(entry) => Some(String::from_utf8(
+            repo.find_blob(entry.id())?.content().to_vec(),
+        )?),
+        Err(_) => None,
+    };
+    let new = repo.blob(edit(old.as_deref()).as_bytes())?;
+    let mut b = git2::build::TreeUpdateBuilder::new();
+    b.upsert(path, new, git2::FileMode::Blob);
+    let tree = repo.find_tree(b.create_updated(repo, &base.tree()?)?)?;
+    let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
+    let c = repo.commit(None, &sig, &sig, message, &tree, &[&base])?;
+    repo.reference(to, c, true, message)?;
+    Ok(c)
+}
+
 fn commit_on_main(
     repo: &git2::Repository,
     path: &str,
@@ -1194,18 +1216,18 @@ fn commit_on_main(
     replace: &str,
     message: &str,
 ) -> Result<git2::Oid, Error> {
-    let main = repo.find_commit(oid(repo, "main")?)?;
-    let blob = main.tree()?.get_path(Path::new(path))?.to_object(repo)?;
-    let text = std::str::from_utf8(blob.as_blob().ok_or("not a blob")?.content())?;
-    assert!(text.contains(find), "{path} has no {find:?}");
-    let new = repo.blob(text.replacen(find, replace, 1).as_bytes())?;
-    let mut b = git2::build::TreeUpdateBuilder::new();
-    b.upsert(path, new, git2::FileMode::Blob);
-    let tree = repo.find_tree(b.create_updated(repo, &main.tree()?)?)?;
-    let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
-    let c = repo.commit(None, &sig, &sig, message, &tree, &[&main])?;
-    repo.reference("refs/heads/main", c, true, message)?;
-    Ok(c)
+    commit_edit(
+        repo,
+        "main",
+        "refs/heads/main",
+        path,
+        |text| {
+            let text = text.unwrap_or_default();
+            assert!(text.contains(find), "{path} has no {find:?}");
+            text.replacen(find, replace, 1)
+        },
+        message,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

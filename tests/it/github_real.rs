@@ -566,23 +566,14 @@ async fn a_label_is_ignored_and_a_reopened_pr_is_judged_against_its_new_base() -
         .await?;
     // While it is closed, main moves on (a README edit: nothing to judge differently, but
     // a new base all the same).
-    {
-        let repo = git2::Repository::open_bare(&hub.origin)?;
-        let main = repo.find_reference("refs/heads/main")?.peel_to_commit()?;
-        let blob = repo.blob(b"# homelab\n\nedited while the PR was closed\n")?;
-        let mut b = git2::build::TreeUpdateBuilder::new();
-        b.upsert("README.md", blob, git2::FileMode::Blob);
-        let tree = repo.find_tree(b.create_updated(&repo, &main.tree()?)?)?;
-        let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
-        repo.commit(
-            Some("refs/heads/main"),
-            &sig,
-            &sig,
-            "docs\n",
-            &tree,
-            &[&main],
-        )?;
-    }
+    crate::controller::commit_edit(
+        &git2::Repository::open_bare(&hub.origin)?,
+        "main",
+        "refs/heads/main",
+        "README.md",
+        |_| "# homelab\n\nedited while the PR was closed\n".into(),
+        "docs\n",
+    )?;
     let gates = m.total("ichor_gates_total");
     let accepted = deliveries("accepted");
     hub.gh
@@ -693,24 +684,16 @@ async fn webhooks_of_a_renamed_repository_are_known_by_its_id() -> TestResult {
 async fn a_base_change_is_judged_against_the_new_base_and_a_draft_taken_when_ready() -> TestResult {
     let hub = Hub::start().await?;
     // `release`: main and one more commit, so its tip differs from main's.
-    let release_tip = {
-        let repo = git2::Repository::open_bare(&hub.origin)?;
-        let main = repo.find_reference("refs/heads/main")?.peel_to_commit()?;
-        let blob = repo.blob(b"# homelab\n\nthe release line\n")?;
-        let mut b = git2::build::TreeUpdateBuilder::new();
-        b.upsert("README.md", blob, git2::FileMode::Blob);
-        let tree = repo.find_tree(b.create_updated(&repo, &main.tree()?)?)?;
-        let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
-        repo.commit(
-            Some("refs/heads/release"),
-            &sig,
-            &sig,
-            "release\n",
-            &tree,
-            &[&main],
-        )?
-        .to_string()
-    };
+    let release_tip = crate::controller::commit_edit(
+        &git2::Repository::open_bare(&hub.origin)?,
+        "main",
+        "refs/heads/release",
+        "README.md",
+        |_| "# homelab\n\nthe release line\n".into(),
+        "release\n",
+    )?
+    .to_string();
+
     let running = hub.run("a").await?;
     let pr = hub.open(GOOD).await?;
     let judged_base = |number: u64| {

@@ -971,6 +971,9 @@ async fn the_prometheus_token_is_sent_as_a_bearer_and_never_reported() -> TestRe
     Ok(())
 }
 
+/// A check on a ConfigMap, read between nodes, as it goes under `spec:`.
+const CHECK: &str = "spec:\n  healthChecks:\n    - name: app-health\n      when: [between]\n      kubernetes:\n        apiVersion: v1\n        kind: ConfigMap\n        namespace: default\n        name: app-health\n        expression: 'object.data.ok == \"yes\"'\n";
+
 /// Issue 18 item 4, over GitHub: the sticky comment of the merged PR lists each health check
 /// with its gate, state and last value, as the rollout read it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -978,31 +981,14 @@ async fn the_sticky_comment_lists_each_health_check_with_its_state_and_value() -
     use ichor::sim::github::{StatusState, RENOVATE_LOGIN};
     let hub = crate::controller::Hub::start().await?;
     // main's cluster.yaml gains a check on a ConfigMap the rollout reads between nodes.
-    {
-        let repo = git2::Repository::open_bare(&hub.origin)?;
-        let main = repo.find_reference("refs/heads/main")?.peel_to_commit()?;
-        let path = "clusters/homelab/cluster.yaml";
-        let old = main
-            .tree()?
-            .get_path(std::path::Path::new(path))?
-            .to_object(&repo)?;
-        let text = String::from_utf8(old.peel_to_blob()?.content().to_vec())?;
-        let check = "spec:\n  healthChecks:\n    - name: app-health\n      when: [between]\n      kubernetes:\n        apiVersion: v1\n        kind: ConfigMap\n        namespace: default\n        name: app-health\n        expression: 'object.data.ok == \"yes\"'\n";
-        let text = text.replacen("spec:\n", check, 1);
-        let blob = repo.blob(text.as_bytes())?;
-        let mut b = git2::build::TreeUpdateBuilder::new();
-        b.upsert(path, blob, git2::FileMode::Blob);
-        let tree = repo.find_tree(b.create_updated(&repo, &main.tree()?)?)?;
-        let sig = git2::Signature::now("Mara", "mara@homelab.example")?;
-        repo.commit(
-            Some("refs/heads/main"),
-            &sig,
-            &sig,
-            "health check\n",
-            &tree,
-            &[&main],
-        )?;
-    }
+    crate::controller::commit_edit(
+        &git2::Repository::open_bare(&hub.origin)?,
+        "main",
+        "refs/heads/main",
+        "clusters/homelab/cluster.yaml",
+        |text| text.unwrap_or_default().replacen("spec:\n", CHECK, 1),
+        "health check\n",
+    )?;
     kubectl(
         &hub.s,
         &["apply", "-f", "-"],

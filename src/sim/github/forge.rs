@@ -132,6 +132,16 @@ pub struct MergeRequest {
     pub commit_message: Option<String>,
 }
 
+/// GitHub's 422 for a pull request field that is not valid.
+fn invalid(field: &'static str, message: String) -> GithubError {
+    GithubError::Validation {
+        resource: "PullRequest",
+        field,
+        code: "invalid",
+        message,
+    }
+}
+
 /// What `PATCH /pulls/{n}` changes (the fields ichor cares about; `state` goes through
 /// close and reopen).
 #[derive(Clone, Debug, Default)]
@@ -628,12 +638,6 @@ impl Shared {
         draft: bool,
     ) -> Result<(PullRequest, Ticket), GithubError> {
         let now = self.clock.now();
-        let invalid = |field: &'static str, message: String| GithubError::Validation {
-            resource: "PullRequest",
-            field,
-            code: "invalid",
-            message,
-        };
         // `owner:branch` names a branch of the repository or of a fork; the twin has no
         // forks, so the owner must be the repository's.
         let (owner, head) = match head.split_once(':') {
@@ -1190,12 +1194,6 @@ impl Shared {
         user: &str,
     ) -> Result<(PullRequest, Ticket), GithubError> {
         let now = self.clock.now();
-        let invalid = |field: &'static str, message: String| GithubError::Validation {
-            resource: "PullRequest",
-            field,
-            code: "invalid",
-            message,
-        };
         if let Some(base) = edit.base.as_deref().filter(|b| !git::is_valid_branch(b)) {
             return Err(invalid(
                 "base",
