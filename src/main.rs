@@ -111,9 +111,6 @@ enum Command {
         /// With --time-scale: where the simulated clock starts (e.g. the twin's start).
         #[arg(long, value_name = "RFC3339", hide = true)]
         clock_start: Option<String>,
-        /// A bearer token (a file) for the Prometheus of cluster.yaml's health checks.
-        #[arg(long, value_name = "PATH")]
-        prometheus_token_file: Option<PathBuf>,
     },
     /// Run the twin: a simulated Talos cluster served over the real Talos API (mutual TLS)
     /// and Kubernetes API, built from a cluster folder, until interrupted.
@@ -202,6 +199,9 @@ struct Access {
     /// A talosconfig for the cluster (read as talosctl reads it).
     #[arg(long, value_name = "PATH", env = "TALOSCONFIG")]
     talosconfig: Option<PathBuf>,
+    /// A bearer token (a file) for the Prometheus of cluster.yaml's health checks.
+    #[arg(long, value_name = "PATH")]
+    prometheus_token_file: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -333,7 +333,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ichor_node,
             time_scale,
             clock_start,
-            prometheus_token_file,
         } => rollout_cmd::rollout(rollout_cmd::Args {
             repo,
             rev,
@@ -347,7 +346,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ichor_node,
             time_scale,
             clock_start,
-            prometheus_token_file,
+            prometheus_token_file: access.prometheus_token_file,
         }),
         Command::Run { config, check } => run_cmd::run(&config, check),
         Command::Policies { command } => policies(command),
@@ -798,6 +797,8 @@ struct Live {
     runtime: tokio::runtime::Runtime,
     kube: ichor::kube::KubeClient,
     talos: Option<ichor::talos::TalosClient>,
+    /// For the `before` health checks' Prometheus (`--prometheus-token-file`).
+    prometheus_token: Option<ichor::secret::Secret>,
 }
 
 impl Live {
@@ -827,10 +828,18 @@ impl Live {
             }
             None => None,
         };
+        let prometheus_token = match &access.prometheus_token_file {
+            Some(f) => Some(
+                ichor::secret::Secret::from_file(f)
+                    .map_err(|e| anyhow::anyhow!("--prometheus-token-file: {e}"))?,
+            ),
+            None => None,
+        };
         Ok(Some(Live {
             runtime,
             kube,
             talos,
+            prometheus_token,
         }))
     }
 
@@ -854,7 +863,8 @@ impl Live {
         for s in &mut review.sections {
             let Ok(j) = &mut s.result else { continue };
             let Some(change) = &j.change else { continue };
-            let subject = gate::live::Subject::of(change);
+            let subject = gate::live::Subject::of(change)
+                .with_prometheus_token(self.prometheus_token.clone());
             let facts = self.runtime.block_on(gate::live::observe(
                 &self.kube,
                 self.talos.as_ref(),
@@ -895,7 +905,8 @@ fn status(
     if let Some(path) = repo {
         let repo = Repo::open(path)?;
         let change = gate::load(&repo, rev, rev, cluster)?;
-        subject = gate::live::Subject::of(&change);
+        subject =
+            gate::live::Subject::of(&change).with_prometheus_token(live.prometheus_token.clone());
     } else if let Some(c) = cluster {
         subject.cluster = c.to_string();
     }

@@ -181,7 +181,14 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
         let talos = ichor::talos::TalosClient::new(ctx, clock.clone());
 
         // The live gate first.
-        let subject = gate::live::Subject::of(&change);
+        let prometheus_token = match &a.prometheus_token_file {
+            Some(f) => Some(ichor::secret::Secret::from_file(f).map_err(|e| {
+                anyhow::anyhow!("--prometheus-token-file: {e}")
+            })?),
+            None => None,
+        };
+        let subject =
+            gate::live::Subject::of(&change).with_prometheus_token(prometheus_token.clone());
         let facts = gate::live::observe(&kube, Some(&talos), &subject).await;
         if let Err(e) = &facts.nodes {
             // One line: the API server and the OS's own words when it cannot be reached.
@@ -248,11 +255,7 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
             .for_cluster(&doc);
         engine.report = Some(&report);
         engine.pause_requested = Some(&pause_requested);
-        if let Some(f) = &a.prometheus_token_file {
-            engine.prometheus_token = Some(ichor::secret::Secret::from_file(f).map_err(|e| {
-                anyhow::anyhow!("--prometheus-token-file: {e}")
-            })?);
-        }
+        engine.prometheus_token = prometheus_token;
         let started = clock.now();
         let outcome = tokio::select! {
             r = engine.run(&plan, &target, Some(&change), a.resume) => Some(r),

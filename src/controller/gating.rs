@@ -363,7 +363,9 @@ async fn judge(
     if let Some(change) = &judged.change {
         match &cluster.kube {
             Some(kube) => {
-                let subject = gate::live::Subject::of(change);
+                let subject = gate::live::Subject::of(change).with_prometheus_token(
+                    super::config::notify::prometheus_token(ctx, &cluster.name),
+                );
                 let facts = gate::live::observe(kube, cluster.talos.as_deref(), &subject).await;
                 let items: Vec<CheckItem> = gate::live::items(change, &facts)
                     .into_iter()

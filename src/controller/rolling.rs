@@ -498,7 +498,8 @@ async fn execute(
             change.cluster
         ))
     })?;
-    let subject = gate::live::Subject::of(change);
+    let subject = gate::live::Subject::of(change)
+        .with_prometheus_token(notify::prometheus_token(ctx, &cluster.name));
     let facts = gate::live::observe(kube, Some(talos), &subject).await;
     let mut verdict = gate::verdict(change);
     verdict.extend(gate::live::items_for_holder(change, &facts, &ctx.identity));

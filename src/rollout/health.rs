@@ -219,7 +219,7 @@ impl Run<'_, '_> {
     /// The `before` gate: once, before anything is touched (a begun rollout has passed it).
     pub(super) async fn health_before(&self) -> Flow<()> {
         let stage = self.plan.stages.first().map_or(StageId::Talos, |s| s.id);
-        if !self.stored.lock().await.record.steps.is_empty() {
+        if self.begun().await {
             return Ok(());
         }
         self.health_gate(

@@ -592,6 +592,18 @@ impl Run<'_, '_> {
         self.engine.clock.now()
     }
 
+    /// Whether a step of this rollout has begun (an installer only pulled ahead has not:
+    /// it disrupted nothing).
+    async fn begun(&self) -> bool {
+        self.stored
+            .lock()
+            .await
+            .record
+            .steps
+            .values()
+            .any(|s| s.started_at.is_some())
+    }
+
     fn say(&self, p: Progress) {
         if let Ok(mut eta) = self.eta.lock() {
             let now = self.now();

@@ -18,11 +18,12 @@ impl Run<'_, '_> {
         let Some(change) = self.change else {
             return Ok(());
         };
-        if !self.stored.lock().await.record.steps.is_empty() {
+        if self.begun().await {
             return Ok(());
         }
         let e = self.engine;
-        let subject = crate::gate::live::Subject::of(change);
+        let subject = crate::gate::live::Subject::of(change)
+            .with_prometheus_token(e.prometheus_token.clone());
         let start = self.now();
         let timeout = e.policy.node_timeout.as_duration();
         loop {
@@ -98,7 +99,8 @@ impl Run<'_, '_> {
             return Ok(());
         };
         let e = self.engine;
-        let subject = crate::gate::live::Subject::of(change);
+        let subject = crate::gate::live::Subject::of(change)
+            .with_prometheus_token(e.prometheus_token.clone());
         let start = self.now();
         let timeout = e.policy.node_timeout.as_duration();
         loop {

@@ -968,6 +968,24 @@ async fn the_prometheus_token_is_sent_as_a_bearer_and_never_reported() -> TestRe
     let r = read_check(&s.kube, None, &c, Clock::system().now()).await;
     assert!(!r.pass && r.value.contains("HTTP 401"), "{r:?}");
     assert!(!format!("{r:?}").contains(token));
+    // The gate's live item reads with the token too (the controller's config, or
+    // `--prometheus-token-file`), so a `before` check behind auth does not wait forever.
+    let subject = |t: Option<ichor::secret::Secret>| {
+        ichor::gate::live::Subject {
+            cluster: "homelab".into(),
+            cni: None,
+            volumes: Default::default(),
+            handover: None,
+            health_checks: vec![c.clone()],
+            prometheus_token: None,
+        }
+        .with_prometheus_token(t)
+    };
+    for (t, pass) in [(Some(secret.clone()), true), (None, false)] {
+        let facts = ichor::gate::live::observe(&s.kube, None, &subject(t)).await;
+        let (_, r) = facts.health.first().ok_or("no reading")?;
+        assert_eq!(r.pass, pass, "{r:?}");
+    }
     Ok(())
 }
 
