@@ -204,17 +204,11 @@ async fn run_engine(repo: &Path, head: &str) -> Result<Run, Error> {
     let doc = change.cluster_doc.clone().ok_or("no cluster.yaml")?;
     let lines = Mutex::new(Vec::<String>::new());
     let start = clock.now();
-    let eta = Mutex::new(ichor::plan::eta::Eta::new(&plan, start));
     let etas = Mutex::new(Vec::new());
     let report = |p: Progress| {
-        let now = clock.now();
-        if let (Ok(mut e), Ok(mut seen)) = (eta.lock(), etas.lock()) {
-            match &p {
-                Progress::UnitDone { stage, node, .. } => e.unit_done(*stage, node.as_deref(), now),
-                Progress::StageFinished { stage, .. } => e.stage_done(*stage, now),
-                _ => {}
-            }
-            seen.push((now.since(start), e.estimate(now).end.since(start)));
+        // The engine's own live ETA, as the status and the comment show it.
+        if let (Progress::Eta(e), Ok(mut seen)) = (&p, etas.lock()) {
+            seen.push((clock.now().since(start), e.end.since(start)));
         }
         if let Ok(mut l) = lines.lock() {
             l.push(p.to_string());

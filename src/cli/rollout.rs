@@ -243,7 +243,7 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
             talos: rs.talos.clone(),
             kubernetes: rs.kubernetes.clone(),
         };
-        let view = Terminal::new(clock.clone(), tty).with_plan(&plan);
+        let view = Terminal::new(clock.clone(), tty);
         let report = |p| view.report(p);
         let paused_in_git = doc.spec.rollout.paused;
         let pause_requested = move || {

@@ -527,7 +527,10 @@ async fn execute(
         let rep = rep.clone();
         let ctx = ctx.clone();
         let cluster = cluster.clone();
-        let mut eta = crate::plan::eta::Eta::new(&plan, ctx.clock.now());
+        // Until the engine's first estimate: the plan's own.
+        let mut eta = crate::plan::eta::Eta::new(&plan, ctx.clock.now())
+            .estimate(ctx.clock.now())
+            .short();
         tokio::spawn(async move {
             let mut step_started = ctx.clock.now();
             let mut stage_title = String::new();
@@ -542,26 +545,28 @@ async fn execute(
                             stage_title = title.clone();
                             rep.set(RolloutState::Running {
                                 stage: title.clone(),
-                                eta: Some(eta.estimate(ctx.clock.now()).short()),
+                                eta: Some(eta.clone()),
                             });
                             step_started = ctx.clock.now();
                         }
-                        Progress::HealthChecks(checks) => rep.checks(checks.clone()),
-                        Progress::StageFinished { stage, secs } => {
-                            eta.stage_done(*stage, ctx.clock.now());
-                            ctx.metrics.observe(
-                                "ichor_rollout_stage_seconds",
-                                "Rollout stage durations.",
-                                &[("stage", crate::rollout::stage_key(*stage))],
-                                *secs as f64,
-                            )
-                        }
-                        Progress::UnitDone { stage, what, node } => {
-                            eta.unit_done(*stage, node.as_deref(), ctx.clock.now());
+                        // The engine's estimate (it knows what earlier runs finished).
+                        Progress::Eta(e) => {
+                            eta = e.short();
                             rep.set(RolloutState::Running {
                                 stage: stage_title.clone(),
-                                eta: Some(eta.estimate(ctx.clock.now()).short()),
+                                eta: Some(eta.clone()),
                             });
+                            // Not a line of its own: the next one is what it follows from.
+                            continue;
+                        }
+                        Progress::HealthChecks(checks) => rep.checks(checks.clone()),
+                        Progress::StageFinished { stage, secs } => ctx.metrics.observe(
+                            "ichor_rollout_stage_seconds",
+                            "Rollout stage durations.",
+                            &[("stage", crate::rollout::stage_key(*stage))],
+                            *secs as f64,
+                        ),
+                        Progress::UnitDone { stage, what, node } => {
                             if let (Some(node), Some(kube)) = (node, &cluster.kube) {
                                 let reason = match stage {
                                     crate::plan::StageId::Talos => "TalosUpgraded",

@@ -26,6 +26,8 @@ struct Tracked {
     waiting: BTreeSet<String>,
     unit: bool,
     done_at: Option<Timestamp>,
+    /// Finished by an earlier run (a resume): counted as done, not in the pace.
+    earlier: bool,
     /// Nodes of the step in all (for the "n of m" count).
     nodes: usize,
 }
@@ -65,6 +67,7 @@ impl Eta {
                     waiting: s.nodes.iter().cloned().collect(),
                     unit: s.nodes.is_empty(),
                     done_at: None,
+                    earlier: false,
                     nodes: s.nodes.len().max(1),
                 })
             })
@@ -85,6 +88,16 @@ impl Eta {
     /// A node of `stage` finished at `at` (`None`: the stage's one unit without a node, such
     /// as the manifest sync). Unknown nodes are ignored.
     pub fn unit_done(&mut self, stage: StageId, node: Option<&str>, at: Timestamp) {
+        self.mark(stage, node, at, false);
+    }
+
+    /// A node (or sync) an earlier run of this rollout finished: done, but its time says
+    /// nothing about this run's pace.
+    pub fn already_done(&mut self, stage: StageId, node: Option<&str>) {
+        self.mark(stage, node, self.started, true);
+    }
+
+    fn mark(&mut self, stage: StageId, node: Option<&str>, at: Timestamp, earlier: bool) {
         let step = self.steps.iter_mut().find(|s| {
             s.stage == stage
                 && s.done_at.is_none()
@@ -101,6 +114,7 @@ impl Eta {
         }
         if step.unit || step.waiting.is_empty() {
             step.done_at = Some(at);
+            step.earlier = earlier;
         }
     }
 
@@ -128,10 +142,15 @@ impl Eta {
         let planned_done: u64 = self
             .steps
             .iter()
-            .filter(|s| s.done_at.is_some())
+            .filter(|s| s.done_at.is_some() && !s.earlier)
             .map(|s| s.planned_secs)
             .sum();
-        let last_done = self.steps.iter().filter_map(|s| s.done_at).max();
+        let last_done = self
+            .steps
+            .iter()
+            .filter(|s| !s.earlier)
+            .filter_map(|s| s.done_at)
+            .max();
         let (pace, observed) = match last_done {
             Some(at) if planned_done > 0 => {
                 let actual = at.since(self.started).as_secs_f64();
@@ -284,6 +303,21 @@ mod tests {
             e.short(),
             format!("6/6 done, ends ≈ {} UTC", &at(2000).rfc3339()[11..16])
         );
+    }
+
+    #[test]
+    fn a_resumed_rollout_counts_what_an_earlier_run_did_but_not_in_its_pace() {
+        let mut eta = Eta::new(&plan(), at(5000));
+        eta.already_done(StageId::Talos, Some("cp-1"));
+        let e = eta.estimate(at(5000));
+        assert_eq!((e.done, e.observed), (1, false));
+        assert_eq!(e.remaining, Duration::from_secs(700));
+        // This run's own first batch sets the pace: 300 planned in 600.
+        eta.unit_done(StageId::Talos, Some("w-1"), at(5600));
+        eta.unit_done(StageId::Talos, Some("w-2"), at(5600));
+        let e = eta.estimate(at(5600));
+        assert_eq!((e.done, e.observed), (3, true));
+        assert_eq!(e.remaining, Duration::from_secs(800));
     }
 
     #[test]

@@ -122,6 +122,9 @@ pub enum Progress {
     Note(String),
     /// The rollout waits on something outside it (a window, a hold, the CNI).
     Waiting(String),
+    /// The live ETA after a node (or sync) or a stage finished; said just before that
+    /// `UnitDone`/`StageFinished`, so a reader can print the two together.
+    Eta(crate::plan::eta::Estimate),
     /// Every health check of the gate as just read, when one changed (`spec.healthChecks`).
     HealthChecks(Vec<crate::forge::comment::CheckLine>),
     /// A health check began failing at a gate (`spec.healthChecks`).
@@ -159,6 +162,7 @@ impl std::fmt::Display for Progress {
             ),
             Progress::Note(s) => f.write_str(s),
             Progress::Waiting(s) => write!(f, "waiting: {s}"),
+            Progress::Eta(e) => write!(f, "{}", e.short()),
             Progress::HealthChecks(checks) => write!(
                 f,
                 "health checks: {}",
@@ -415,6 +419,26 @@ impl Rollout<'_> {
                 resource_version: None,
             },
         };
+        // What an earlier run of this rollout finished counts as done, not in the pace.
+        let mut eta = crate::plan::eta::Eta::new(plan, now);
+        for (key, step) in &stored.record.steps {
+            if step.finished_at.is_none() {
+                continue;
+            }
+            let (prefix, node) = match key.split_once('/') {
+                Some((p, n)) => (p, Some(n)),
+                None => (key.as_str(), None),
+            };
+            let stage = match prefix {
+                "talos" => StageId::Talos,
+                "kube-apiserver" => StageId::KubeApiserver,
+                "kube-controller-manager" => StageId::KubeControllerManagerScheduler,
+                "kube-proxy" | "manifests" => StageId::KubeProxyManifests,
+                "kubelet" => StageId::Kubelet,
+                _ => continue,
+            };
+            eta.already_done(stage, node);
+        }
         let run = Run {
             engine: self,
             target,
@@ -423,7 +447,7 @@ impl Rollout<'_> {
             stored: Mutex::new(stored),
             active: Mutex::new(Default::default()),
             halted: std::sync::Mutex::new(None),
-            eta: std::sync::Mutex::new(crate::plan::eta::Eta::new(plan, now)),
+            eta: std::sync::Mutex::new(eta),
         };
         run.update(|r| {
             r.state = RecordState::Running;
@@ -605,15 +629,19 @@ impl Run<'_, '_> {
     }
 
     fn say(&self, p: Progress) {
-        if let Ok(mut eta) = self.eta.lock() {
+        let estimate = self.eta.lock().ok().and_then(|mut eta| {
             let now = self.now();
             match &p {
                 Progress::UnitDone { stage, node, .. } => {
                     eta.unit_done(*stage, node.as_deref(), now)
                 }
                 Progress::StageFinished { stage, .. } => eta.stage_done(*stage, now),
-                _ => {}
+                _ => return None,
             }
+            Some(eta.estimate(now))
+        });
+        if let Some(e) = estimate {
+            self.engine.say(Progress::Eta(e));
         }
         self.engine.say(p)
     }

@@ -9,8 +9,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::{stage_key, Progress};
 use crate::clock::{Clock, Timestamp};
-use crate::plan::eta::Eta;
-use crate::plan::{Plan, StageId};
+use crate::plan::StageId;
 
 pub struct Terminal {
     clock: Clock,
@@ -19,8 +18,8 @@ pub struct Terminal {
     current: Mutex<Option<(StageId, ProgressBar)>>,
     /// Everything said, as printed (for the summary and for tests).
     lines: Mutex<Vec<String>>,
-    /// The live ETA, when the plan is known.
-    eta: Mutex<Option<Eta>>,
+    /// The engine's last ETA, printed with the node it follows from.
+    eta: Mutex<Option<String>>,
 }
 
 impl Terminal {
@@ -37,26 +36,9 @@ impl Terminal {
         }
     }
 
-    /// With a live ETA for `plan`: each node done says how far the rollout is and when it
-    /// should end.
-    pub fn with_plan(self, plan: &Plan) -> Self {
-        if let Ok(mut e) = self.eta.lock() {
-            *e = Some(Eta::new(plan, self.start));
-        }
-        self
-    }
-
-    /// Feed the ETA; what it now says, if there is one.
-    fn eta(&self, p: &Progress) -> Option<String> {
-        let now = self.clock.now();
-        let mut guard = self.eta.lock().ok()?;
-        let eta = guard.as_mut()?;
-        match p {
-            Progress::UnitDone { stage, node, .. } => eta.unit_done(*stage, node.as_deref(), now),
-            Progress::StageFinished { stage, .. } => eta.stage_done(*stage, now),
-            _ => {}
-        }
-        Some(eta.estimate(now).short())
+    /// The ETA the engine said last, taken (each is printed once).
+    fn eta(&self) -> Option<String> {
+        self.eta.lock().ok()?.take()
     }
 
     fn stamp(&self) -> String {
@@ -99,8 +81,13 @@ impl Terminal {
                 }
                 self.line(&p.to_string());
             }
+            Progress::Eta(e) => {
+                if let Ok(mut last) = self.eta.lock() {
+                    *last = Some(e.short());
+                }
+            }
             Progress::UnitDone { .. } => {
-                let eta = self.eta(&p);
+                let eta = self.eta();
                 if let Ok(c) = self.current.lock() {
                     if let Some((_, bar)) = c.as_ref() {
                         bar.inc(1);
@@ -115,7 +102,7 @@ impl Terminal {
                 }
             }
             Progress::StageFinished { .. } => {
-                let _ = self.eta(&p);
+                let _ = self.eta();
                 if let Ok(mut c) = self.current.lock() {
                     if let Some((_, bar)) = c.take() {
                         bar.finish_with_message("done");
@@ -174,8 +161,11 @@ mod tests {
     fn with_a_plan_each_node_done_says_how_far_and_when_it_ends() {
         let clock = Clock::manual();
         let plan = crate::plan::tests_support::two_worker_plan();
-        let t = Terminal::new(clock.clone(), false).with_plan(&plan);
+        let t = Terminal::new(clock.clone(), false);
+        let mut eta = crate::plan::eta::Eta::new(&plan, clock.now());
         clock.advance(std::time::Duration::from_secs(600));
+        eta.unit_done(StageId::Talos, Some("w-1"), clock.now());
+        t.report(Progress::Eta(eta.estimate(clock.now())));
         t.report(Progress::UnitDone {
             stage: StageId::Talos,
             what: "w-1 runs Talos v1.12.6".into(),
