@@ -4,10 +4,13 @@
 //! 1. Makespan: 3 control planes + 57 workers, 19 Longhorn volumes of 3 replicas on 3
 //!    different workers, `maxUnavailable: 5`, no maintenance window; a Talos-only bump
 //!    (v1.12.6 → v1.12.9) and a grouped Talos + Kubernetes bump (v1.33.5 → v1.33.7), run by
-//!    the engine to completion on the twin's manual clock. The makespan is compared with the
-//!    constraint lower bound (control planes one at a time, then the fewest worker batches
-//!    any arrangement could use, each as long as the median node step) and with rolling one
-//!    node at a time.
+//!    the engine to completion on the twin's manual clock; and the grouped bump on a
+//!    500-node fleet (3 + 497). The makespan is compared with the constraint lower bound
+//!    (control planes one at a time, then the fewest worker batches any arrangement could
+//!    use, each as long as the median node step, per stage), with the one-disruption-per-node
+//!    bound (the same rounds once, each as long as the median node step that reboots it),
+//!    and with rolling one node at a time; drains per worker are counted from the engine's
+//!    cordons.
 //! 2. Engine wall-clock overhead per node step, against the twin alone ticking through the
 //!    same simulated span in the same increments.
 //! 3. Peak resident memory of the real `ichor rollout` against `ichor sim` with 500 nodes.
@@ -188,6 +191,8 @@ struct Run {
     restarts: usize,
     /// (when, the predicted end) after each node done, in simulated time since the start.
     etas: Vec<(Duration, Duration)>,
+    /// Every line the engine said.
+    lines: Vec<String>,
 }
 
 /// The engine as `ichor rollout` sets it up, run to its end while the driver moves the
@@ -269,6 +274,7 @@ async fn run_engine(repo: &Path, head: &str) -> Result<Run, Error> {
         .ok_or("no rollout record")?
         .record;
     s.twin.shutdown().await;
+    let lines = lines.into_inner().unwrap_or_default();
     Ok(Run {
         plan,
         record,
@@ -277,6 +283,7 @@ async fn run_engine(repo: &Path, head: &str) -> Result<Run, Error> {
         ticks: ticks.into_inner(),
         restarts,
         etas: etas.into_inner().unwrap_or_default(),
+        lines,
     })
 }
 
@@ -357,6 +364,32 @@ fn report_makespan(name: &str, run: &Run) {
         );
     }
     let makespan = run.makespan.as_secs();
+    // The physical limit: one disruption per node — control planes one at a time, then the
+    // fewest worker rounds any arrangement could use, each as long as the median node step
+    // that reboots it (Talos, or the one-drain worker step).
+    let steps = step_secs(&run.record);
+    let reboot = |stage: &str| {
+        steps
+            .iter()
+            .find(|(s, _, _)| s == stage)
+            .map(|(_, d, _)| median(d.clone()))
+    };
+    let node_step = reboot("worker").or_else(|| reboot("talos")).unwrap_or(0);
+    let one_disruption = (run.plan.control_planes as u64 + b.lower_bound as u64)
+        * reboot("talos").unwrap_or(node_step).max(node_step);
+    // Drains per worker: the cordons the engine said, over the workers.
+    let cordons = run
+        .lines
+        .iter()
+        .filter(|l| l.contains(" w-") && l.ends_with(": cordoned"))
+        .count();
+    println!(
+        "summary: {name}: makespan / one-disruption-per-node bound = {:.2} ({} / {}); drains per worker = {:.2}",
+        makespan as f64 / one_disruption.max(1) as f64,
+        secs(run.makespan),
+        secs(Duration::from_secs(one_disruption)),
+        cordons as f64 / run.plan.workers.max(1) as f64
+    );
     if run.restarts > 0 {
         println!(
             "  note: the engine stopped {} times on its own lock (\"the rollout lock was taken by {HOLDER}\": concurrent renewals of the Lease conflict) and was started again at once; the makespan includes those restarts",
@@ -651,27 +684,38 @@ fn main() {
     runtime.block_on(async {
         let dir = tempfile::tempdir().expect("tempdir");
         repo(dir.path(), 57).expect("repository");
-        // `ICHOR_BENCH_ONLY=memory` runs figure 3 alone.
-        let only_memory = std::env::var("ICHOR_BENCH_ONLY").is_ok_and(|v| v == "memory");
-        let runs: &[(&str, &str)] = if only_memory {
-            &[]
-        } else {
-            &[("talos-only", TALOS_BUMP), ("grouped", GROUPED_BUMP)]
-        };
-        for &(name, head) in runs {
-            match run_engine(dir.path(), head).await {
+        let fleet = tempfile::tempdir().expect("tempdir");
+        repo(fleet.path(), 497).expect("repository");
+        // `ICHOR_BENCH_ONLY=memory` runs figure 3 alone, `=60` the 60-node fleet alone.
+        let only = std::env::var("ICHOR_BENCH_ONLY").unwrap_or_default();
+        let runs: Vec<(&str, &Path, &str)> = [
+            ("talos-only", dir.path(), TALOS_BUMP),
+            ("grouped", dir.path(), GROUPED_BUMP),
+            ("grouped 500", fleet.path(), GROUPED_BUMP),
+        ]
+        .into_iter()
+        .filter(|(name, _, _)| match only.as_str() {
+            "" => true,
+            "60" => !name.ends_with("500"),
+            _ => false,
+        })
+        .collect();
+        for (name, dir, head) in runs {
+            match run_engine(dir, head).await {
                 Ok(run) => {
                     report_makespan(name, &run);
                     report_eta(name, &run);
-                    if let Err(e) = report_overhead(name, dir.path(), &run).await {
+                    if let Err(e) = report_overhead(name, dir, &run).await {
                         println!("summary: {name}: the twin alone failed: {e}");
                     }
                 }
                 Err(e) => println!("summary: {name}: {e}"),
             }
         }
-        if let Err(e) = report_memory().await {
-            println!("summary: ichor rollout memory: {e}");
+        if only.is_empty() || only == "memory" {
+            if let Err(e) = report_memory().await {
+                println!("summary: ichor rollout memory: {e}");
+            }
         }
     });
 }

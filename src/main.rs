@@ -64,6 +64,10 @@ enum Command {
         /// The node running ichor; its batch goes last. Must be a node of the inventory.
         #[arg(long, value_name = "NODE")]
         ichor_node: Option<String>,
+        /// Keep the two-pass order for a bump moving Talos and Kubernetes: each worker
+        /// drained for Talos, then again for its kubelet (default: drained once for both).
+        #[arg(long)]
+        two_pass: bool,
         /// Show the plan even when the gate blocks the change (it is still not run).
         #[arg(long)]
         allow_blocked: bool,
@@ -105,6 +109,10 @@ enum Command {
         /// The node running ichor; it goes last.
         #[arg(long, value_name = "NODE", env = "ICHOR_NODE_NAME")]
         ichor_node: Option<String>,
+        /// Keep the two-pass order for a bump moving Talos and Kubernetes: each worker
+        /// drained for Talos, then again for its kubelet (default: drained once for both).
+        #[arg(long)]
+        two_pass: bool,
         /// Simulated seconds per wall-clock second, to rehearse against `ichor sim --speed N`.
         #[arg(long, value_name = "N", hide = true)]
         time_scale: Option<f64>,
@@ -304,8 +312,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             access,
             output,
             ichor_node,
+            two_pass,
             allow_blocked,
-        } => plan(&target, &access, output, ichor_node, allow_blocked),
+        } => plan(
+            &target,
+            &access,
+            output,
+            ichor_node,
+            two_pass,
+            allow_blocked,
+        ),
         Command::Status {
             access,
             repo,
@@ -331,6 +347,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             resume,
             yes,
             ichor_node,
+            two_pass,
             time_scale,
             clock_start,
         } => rollout_cmd::rollout(rollout_cmd::Args {
@@ -344,6 +361,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             resume,
             yes,
             ichor_node,
+            two_pass,
             time_scale,
             clock_start,
             prometheus_token_file: access.prometheus_token_file,
@@ -517,6 +535,7 @@ fn plan(
     access: &Access,
     output: PlanOutput,
     ichor_node: Option<String>,
+    two_pass: bool,
     allow_blocked: bool,
 ) -> anyhow::Result<ExitCode> {
     let mut review = review(target)?;
@@ -597,6 +616,8 @@ fn plan(
             ichor_node: ichor_node
                 .clone()
                 .filter(|n| has_node(change, n) || !node_somewhere),
+            two_pass,
+            ..PlanOptions::default()
         };
         let nodes = live_nodes.as_ref().and_then(|n| n.as_deref());
         match gate::plan_with(change, &opts, nodes) {

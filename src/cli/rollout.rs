@@ -27,6 +27,8 @@ pub struct Args {
     pub resume: bool,
     pub yes: bool,
     pub ichor_node: Option<String>,
+    /// Keep the two-pass order (`--two-pass`).
+    pub two_pass: bool,
     pub time_scale: Option<f64>,
     pub clock_start: Option<String>,
     pub prometheus_token_file: Option<PathBuf>,
@@ -210,6 +212,8 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
         let nodes = gate::live::live_nodes(&facts);
         let opts = PlanOptions {
             ichor_node: a.ichor_node.clone(),
+            two_pass: a.two_pass,
+            ..PlanOptions::default()
         };
         let plan = gate::plan_with(&change, &opts, nodes.as_deref())?;
         print!("\n{}", plan.render_text());

@@ -401,6 +401,7 @@ async fn judge(
     }
     let opts = PlanOptions {
         ichor_node: std::env::var("ICHOR_NODE_NAME").ok(),
+        ..PlanOptions::default()
     };
     let plan = match &judged.change {
         Some(change) => match gate::plan_with(change, &opts, live_nodes.as_deref()) {

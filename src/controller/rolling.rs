@@ -514,6 +514,7 @@ async fn execute(
     }
     let opts = PlanOptions {
         ichor_node: std::env::var("ICHOR_NODE_NAME").ok(),
+        ..PlanOptions::default()
     };
     let plan = gate::plan_with(change, &opts, gate::live::live_nodes(&facts).as_deref())?;
     let rs = &change.head_release_set.spec;
@@ -571,6 +572,7 @@ async fn execute(
                                 let reason = match stage {
                                     crate::plan::StageId::Talos => "TalosUpgraded",
                                     crate::plan::StageId::Kubelet => "KubeletUpgraded",
+                                    crate::plan::StageId::Workers => "WorkerUpgraded",
                                     _ => "ControlPlaneUpgraded",
                                 };
                                 if let Err(e) = kube

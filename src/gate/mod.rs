@@ -605,6 +605,14 @@ pub fn plan_with(
     opts: &PlanOptions,
     live: Option<&[Node]>,
 ) -> Result<Plan, GateError> {
+    // The mixed-pair rule of the one-drain order reads the compatibility the gate judges by.
+    let with_rows;
+    let opts = if opts.kubernetes_by_talos.is_empty() {
+        with_rows = opts.clone().with_policies(&change.policies);
+        &with_rows
+    } else {
+        opts
+    };
     if let Some(nodes) = live {
         let spec = change
             .cluster_doc

@@ -258,6 +258,7 @@ mod tests {
             pairings: vec![],
             notes: vec![],
             warnings: vec![],
+            ichor_node: None,
         }
     }
 

@@ -6,6 +6,13 @@
 //! batches; then Kubernetes: (a) kube-apiserver on each control plane, (b) controller-manager
 //! and scheduler on each control plane, (c) kube-proxy (unless the CNI replaces it) and the
 //! bootstrap manifests, (d) kubelets, control planes then workers; then a final verification.
+//!
+//! A bump that moves Talos and Kubernetes drains each worker once instead of twice: Talos
+//! moves on the control planes only, the Kubernetes stages follow, and then each worker
+//! switches its kubelet and upgrades Talos in one window ([`StageId::Workers`]). That order
+//! has a worker run its old Talos with the new kubelet for a moment, so it is taken only
+//! when that pair is supported; otherwise (or with `--two-pass`, `spec.rollout.twoPass`) the
+//! order above stands.
 
 mod batch;
 pub mod eta;
@@ -16,7 +23,10 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::escape;
-use crate::releaseset::{Bump, ClusterSpec, HumanDuration, Node, Role, Version, VolumeProvider};
+use crate::policy::KubeRange;
+use crate::releaseset::{
+    Bump, ClusterSpec, HumanDuration, MinorVersion, Node, Role, Version, VolumeProvider,
+};
 
 pub use batch::{plan_batches, Batches, Placeable};
 
@@ -28,6 +38,8 @@ pub enum StageId {
     KubeControllerManagerScheduler,
     KubeProxyManifests,
     Kubelet,
+    /// Each worker once: its kubelet and its Talos in one drain (a bump moving both).
+    Workers,
     Verify,
 }
 
@@ -43,6 +55,9 @@ pub enum StepKind {
     Manifests,
     /// Cordon, drain, switch the kubelet image, wait for Ready and the version, uncordon.
     Kubelet,
+    /// Cordon, drain, switch the kubelet image (NO_REBOOT), upgrade Talos, reboot, wait for
+    /// the new boot Ready on both versions, uncordon: one drain for both.
+    Worker,
     Verify,
 }
 
@@ -96,6 +111,10 @@ pub struct Plan {
     /// What the rollout will cost that a reader must know before merging (the Kubernetes
     /// API going down with a single control plane…).
     pub warnings: Vec<String>,
+    /// The node running ichor, when the plan has it: the engine starts it after every other
+    /// node of its stage, so ichor is evicted at the very end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ichor_node: Option<String>,
 }
 
 impl Plan {
@@ -126,6 +145,67 @@ pub struct Pairing {
 pub struct PlanOptions {
     /// The node running ichor: its batch goes last, so ichor is evicted at the very end.
     pub ichor_node: Option<String>,
+    /// Keep the two-pass order (`--two-pass`): every worker drained for Talos, then again
+    /// for its kubelet.
+    pub two_pass: bool,
+    /// The Kubernetes minors each Talos minor supports (the policies' `talos` rows): the
+    /// one-drain order needs every worker's current Talos to run the target kubelet. Empty:
+    /// not known, so the two-pass order.
+    pub kubernetes_by_talos: Vec<(MinorVersion, KubeRange)>,
+}
+
+impl PlanOptions {
+    /// With the Talos rows of `policies` for the mixed-pair rule.
+    pub fn with_policies(mut self, policies: &crate::policy::Policies) -> Self {
+        self.kubernetes_by_talos = policies
+            .talos
+            .iter()
+            .map(|r| (r.version, r.kubernetes))
+            .collect();
+        self
+    }
+}
+
+/// Why a bump that moves Talos and Kubernetes keeps the two-pass order, or `None` when
+/// each worker can be drained once: every worker that moves both would run its current
+/// Talos with the target kubelet between the kubelet switch and the reboot, and that pair
+/// must be supported.
+fn two_pass_reason(
+    opts: &PlanOptions,
+    spec: &ClusterSpec,
+    workers: &[&Node],
+    k8s: &Version,
+) -> Option<String> {
+    if opts.two_pass {
+        return Some("the two-pass order was asked for (--two-pass)".into());
+    }
+    if spec.rollout.two_pass {
+        return Some("the two-pass order was asked for (spec.rollout.twoPass)".into());
+    }
+    let mut seen: Vec<MinorVersion> = Vec::new();
+    for n in workers {
+        let m = n.talos.minor_version();
+        if seen.contains(&m) {
+            continue;
+        }
+        seen.push(m);
+        match opts.kubernetes_by_talos.iter().find(|(t, _)| *t == m) {
+            Some((_, range)) if range.contains(k8s.minor_version()) => {}
+            Some((_, range)) => {
+                return Some(format!(
+                    "a worker would run Talos {} with the kubelet {k8s} between its kubelet switch and its reboot, and Talos {m} supports Kubernetes {range} only",
+                    n.talos
+                ))
+            }
+            None => {
+                return Some(format!(
+                    "no compatibility data tells whether Talos {m} (which {} runs) supports the kubelet {k8s}",
+                    escape::terminal(&n.name)
+                ))
+            }
+        }
+    }
+    None
 }
 
 /// Why no plan can be made.
@@ -226,6 +306,15 @@ fn from_to(
     }
 }
 
+/// `v1.12.6 → v1.13.0` when the nodes agree on where they come from, else `→ v1.13.0`.
+fn versions(members: &[&Node], from: impl Fn(&Node) -> &Version, to: &Version) -> String {
+    let first = members.first().map(|n| from(n).original());
+    match first {
+        Some(v) if members.iter().all(|n| from(n).original() == v) => format!("{v} → {to}"),
+        _ => format!("→ {to}"),
+    }
+}
+
 fn only<'a>(nodes: &[&'a Node], keep: impl Fn(&Node) -> bool) -> Vec<&'a Node> {
     nodes.iter().copied().filter(|n| keep(n)).collect()
 }
@@ -317,6 +406,24 @@ pub fn plan(
             if at_target == 1 { "is" } else { "are" },
         ));
     }
+    let k8s = &bump.head.spec.kubernetes;
+    let stale = |n: &Node| &n.kubelet != k8s;
+    // Each worker drained once for Talos and its kubelet, when the mixed pair allows it.
+    let moves_both = only(&workers, |n| behind(n) && stale(n));
+    let one_drain = bump.kubernetes_moves()
+        && !moves_both.is_empty()
+        && match two_pass_reason(opts, spec, &moves_both, k8s) {
+            None => {
+                notes.push("each worker is drained once: its kubelet switch and its Talos upgrade share one window, after every control plane runs the target".into());
+                true
+            }
+            Some(why) => {
+                notes.push(format!(
+                    "each worker is drained twice, for Talos and again for its kubelet: {why}"
+                ));
+                false
+            }
+        };
     // What guards a control plane's reboot depends on how many etcd members there are: with
     // three or more, one can go while the rest keep quorum; with fewer, nothing can.
     let cp_guard = match cps.len() {
@@ -338,7 +445,7 @@ pub fn plan(
                 est.talos_node,
             ));
         }
-        let b = batch(&talos_workers);
+        let b = batch(if one_drain { &[] } else { &talos_workers });
         report.count = b.batches.len();
         report.lower_bound = b.lower_bound;
         for (i, members) in b.batches.into_iter().enumerate() {
@@ -354,14 +461,22 @@ pub fn plan(
                 est.talos_node,
             ));
         }
-        stages.push(Stage {
-            id: StageId::Talos,
-            title: format!("Talos {} → {talos}", bump.base.spec.talos),
-            steps,
-        });
+        if !steps.is_empty() {
+            stages.push(Stage {
+                id: StageId::Talos,
+                title: if one_drain {
+                    format!(
+                        "Talos {} → {talos} on the control planes",
+                        bump.base.spec.talos
+                    )
+                } else {
+                    format!("Talos {} → {talos}", bump.base.spec.talos)
+                },
+                steps,
+            });
+        }
     }
 
-    let k8s = &bump.head.spec.kubernetes;
     if bump.kubernetes_moves() {
         let from = &bump.base.spec.kubernetes;
         let per_cp = |t: &mut Timeline, prefix: &str, kind, what: &str, d| -> Vec<Step> {
@@ -429,8 +544,8 @@ pub fn plan(
             steps: vec![step],
         });
 
-        let stale = |n: &Node| &n.kubelet != k8s;
         let (kcps, kworkers) = (only(&cps, stale), only(&workers, stale));
+        let kworkers = if one_drain { Vec::new() } else { kworkers };
         let mut steps = Vec::new();
         for n in &kcps {
             steps.push(t.step(
@@ -463,7 +578,42 @@ pub fn plan(
         if !steps.is_empty() {
             stages.push(Stage {
                 id: StageId::Kubelet,
-                title: format!("kubelets {from} → {k8s}, control planes then workers"),
+                title: if one_drain {
+                    format!("kubelets {from} → {k8s} on the control planes")
+                } else {
+                    format!("kubelets {from} → {k8s}, control planes then workers")
+                },
+                steps,
+            });
+        }
+        if one_drain {
+            let members = only(&workers, |n| behind(n) || stale(n));
+            let b = batch(&members);
+            report.count = b.batches.len();
+            report.lower_bound = b.lower_bound;
+            let mut steps = Vec::new();
+            for (i, names) in b.batches.into_iter().enumerate() {
+                let ms = members_of(&names);
+                steps.push(t.step(
+                    format!("worker/workers-{}", i + 1),
+                    StepKind::Worker,
+                    names.clone(),
+                    format!(
+                        "{} {}: Talos {} and kubelet {}, one drain",
+                        plural("worker", names.len()),
+                        names.join(", "),
+                        versions(&ms, |n| &n.talos, talos),
+                        versions(&ms, |n| &n.kubelet, k8s),
+                    ),
+                    est.talos_node,
+                ));
+            }
+            stages.push(Stage {
+                id: StageId::Workers,
+                title: format!(
+                    "workers, each drained once: Talos {} → {talos} and kubelet {from} → {k8s}",
+                    bump.base.spec.talos
+                ),
                 steps,
             });
         }
@@ -551,9 +701,25 @@ pub fn plan(
                 talos: pairings[pairings.len() - 1].talos.clone(),
                 kubernetes: k8s.clone(),
             },
+            // A worker between its kubelet switch and its reboot, then after it.
+            StageId::Workers => {
+                let mixed = Pairing {
+                    talos: bump.base.spec.talos.clone(),
+                    kubernetes: k8s.clone(),
+                };
+                if !pairings.contains(&mixed) {
+                    pairings.push(mixed);
+                }
+                Pairing {
+                    talos: talos.clone(),
+                    kubernetes: k8s.clone(),
+                }
+            }
             _ => continue,
         };
-        if pairings.last() != Some(&next) {
+        // Each pair once, where a node first runs it (in the one-drain order the control
+        // planes reach the target pair before the workers' mixed one).
+        if !pairings.contains(&next) {
             pairings.push(next);
         }
     }
@@ -568,6 +734,10 @@ pub fn plan(
         pairings,
         notes,
         warnings,
+        ichor_node: opts
+            .ichor_node
+            .clone()
+            .filter(|me| nodes.iter().any(|n| &n.name == me)),
     })
 }
 
@@ -606,6 +776,7 @@ pub(crate) mod tests_support {
             pairings: vec![],
             notes: vec![],
             warnings: vec![],
+            ichor_node: None,
         }
     }
 }
@@ -640,6 +811,144 @@ mod tests {
             &PlanOptions::default(),
         )
         .unwrap()
+    }
+
+    fn build_with(base: &ReleaseSet, head: &ReleaseSet, c: &Cluster, opts: &PlanOptions) -> Plan {
+        let nodes = c.spec.inventory.as_ref().unwrap().resolve(base);
+        plan("t", &Bump::between(base, head), &c.spec, &nodes, opts).unwrap()
+    }
+
+    #[test]
+    fn a_grouped_bump_drains_each_worker_once_unless_a_mixed_pair_is_unsupported() {
+        let policies = crate::policy::Policies::shipped().unwrap();
+        let opts = PlanOptions::default().with_policies(&policies);
+        let c = cluster("  rollout: {maxUnavailable: 2}\n");
+        let p = build_with(
+            &rs("v1.12.6", "v1.33.5"),
+            &rs("v1.12.9", "v1.34.1"),
+            &c,
+            &opts,
+        );
+        let stages: Vec<StageId> = p.stages.iter().map(|s| s.id).collect();
+        assert_eq!(
+            stages,
+            [
+                StageId::Talos,
+                StageId::KubeApiserver,
+                StageId::KubeControllerManagerScheduler,
+                StageId::KubeProxyManifests,
+                StageId::Kubelet,
+                StageId::Workers,
+                StageId::Verify
+            ]
+        );
+        // Talos and the kubelet stage on the control planes only; every worker once, after.
+        let nodes_of = |id: StageId| -> Vec<String> {
+            let mut n: Vec<String> = p
+                .stages
+                .iter()
+                .filter(|s| s.id == id)
+                .flat_map(|s| s.steps.iter().flat_map(|st| st.nodes.clone()))
+                .collect();
+            n.sort();
+            n
+        };
+        assert_eq!(nodes_of(StageId::Talos), ["cp-1", "cp-2", "cp-3"]);
+        assert_eq!(nodes_of(StageId::Kubelet), ["cp-1", "cp-2", "cp-3"]);
+        assert_eq!(nodes_of(StageId::Workers), ["w-1", "w-2", "w-3", "w-4"]);
+        assert!(p.stages[5].steps.iter().all(|s| s.kind == StepKind::Worker
+            && s.id.starts_with("worker/workers-")
+            && s.nodes.len() <= 2));
+        // The mixed pair a worker runs between its kubelet switch and its reboot is listed.
+        let pairs: Vec<String> = p
+            .pairings
+            .iter()
+            .map(|x| format!("{}+{}", x.talos, x.kubernetes))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                "v1.12.6+v1.33.5",
+                "v1.12.9+v1.33.5",
+                "v1.12.9+v1.34.1",
+                "v1.12.6+v1.34.1"
+            ]
+        );
+        assert!(
+            p.notes.iter().any(|n| n.contains("drained once")),
+            "{:?}",
+            p.notes
+        );
+        assert!(p.render_markdown().contains("one drain"));
+        // Talos 1.12 supports Kubernetes up to 1.35: a worker cannot run its kubelet 1.36
+        // before its reboot, so each is drained twice, and the plan says why.
+        let p = build_with(
+            &rs("v1.12.6", "v1.35.2"),
+            &rs("v1.13.9", "v1.36.1"),
+            &c,
+            &opts,
+        );
+        let stages: Vec<StageId> = p.stages.iter().map(|s| s.id).collect();
+        assert!(!stages.contains(&StageId::Workers), "{stages:?}");
+        assert_eq!(
+            p.stages[0]
+                .steps
+                .iter()
+                .flat_map(|s| s.nodes.clone())
+                .count(),
+            7
+        );
+        assert!(
+            p.notes.iter().any(
+                |n| n.contains("drained twice") && n.contains("Talos 1.12 supports Kubernetes")
+            ),
+            "{:?}",
+            p.notes
+        );
+        // Asked for: two passes.
+        let two = PlanOptions {
+            two_pass: true,
+            ..opts.clone()
+        };
+        let p = build_with(
+            &rs("v1.12.6", "v1.33.5"),
+            &rs("v1.12.9", "v1.34.1"),
+            &c,
+            &two,
+        );
+        assert!(p.stages.iter().all(|s| s.id != StageId::Workers));
+        assert!(
+            p.notes.iter().any(|n| n.contains("--two-pass")),
+            "{:?}",
+            p.notes
+        );
+        let c2 = cluster("  rollout: {maxUnavailable: 2, twoPass: true}\n");
+        let p = build_with(
+            &rs("v1.12.6", "v1.33.5"),
+            &rs("v1.12.9", "v1.34.1"),
+            &c2,
+            &opts,
+        );
+        assert!(
+            p.notes.iter().any(|n| n.contains("spec.rollout.twoPass")),
+            "{:?}",
+            p.notes
+        );
+        // A Talos-only or Kubernetes-only bump is as before.
+        let p = build_with(
+            &rs("v1.12.6", "v1.33.5"),
+            &rs("v1.12.9", "v1.33.5"),
+            &c,
+            &opts,
+        );
+        assert!(p.stages.iter().all(|s| s.id != StageId::Workers));
+        let p = build_with(
+            &rs("v1.12.9", "v1.33.5"),
+            &rs("v1.12.9", "v1.34.1"),
+            &c,
+            &opts,
+        );
+        assert!(p.stages.iter().all(|s| s.id != StageId::Workers));
     }
 
     #[test]
@@ -887,6 +1196,7 @@ mod tests {
         let nodes = c.spec.inventory.as_ref().unwrap().resolve(&base);
         let opts = |n: &str| PlanOptions {
             ichor_node: Some(n.to_string()),
+            ..PlanOptions::default()
         };
         let err = plan(
             "t",

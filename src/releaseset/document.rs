@@ -337,6 +337,11 @@ pub struct RolloutPolicy {
     /// node is upgraded without a drain).
     #[serde(default)]
     pub accept_single_node_downtime: bool,
+    /// Keep the two-pass order for a bump that moves Talos and Kubernetes: every node's
+    /// Talos first, then the Kubernetes stages with each worker drained again for its
+    /// kubelet. By default each worker is drained once for both (docs/rollout.md).
+    #[serde(default)]
+    pub two_pass: bool,
 }
 
 /// The drain's opt-ins, named after `kubectl drain`'s flags (kubernetes/kubectl
@@ -366,6 +371,7 @@ impl Default for RolloutPolicy {
             paused: false,
             drain: DrainPolicy::default(),
             accept_single_node_downtime: false,
+            two_pass: false,
         }
     }
 }

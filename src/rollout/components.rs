@@ -255,7 +255,7 @@ impl Run<'_, '_> {
 
     /// The image-only edit of the node's configuration: pre-pulled, dry-run (Talos's own
     /// diff must name only the image fields), then applied with NO_REBOOT.
-    async fn switch(
+    pub(super) async fn switch(
         &self,
         stage: StageId,
         node: &LiveNode,
@@ -350,6 +350,7 @@ mod tests {
             unprotected_volumes: unprotected.iter().map(|s| s.to_string()).collect(),
             attachments: vec![],
             degraded_volumes: vec![],
+            kubelet: "v1.33.5".into(),
         }
     }
 

@@ -18,7 +18,7 @@ use super::step::StepState;
 use super::{stage_key, Flow, Progress, Run};
 use crate::clock::Timestamp;
 use crate::health::{self, HealthCheck, Phase, Reading, Verdict};
-use crate::plan::{StageId, Step};
+use crate::plan::StageId;
 
 /// The time budget of one CEL evaluation (all the objects of one check), real time: the
 /// bounds of `crate::health` keep it far below this; this is the backstop.
@@ -236,7 +236,7 @@ impl Run<'_, '_> {
     pub(super) async fn health_between(
         &self,
         stage: StageId,
-        step: &Step,
+        after: &str,
         done: &mut usize,
         total: usize,
     ) -> Flow<()> {
@@ -253,11 +253,6 @@ impl Run<'_, '_> {
         if (*done as u64) <= passed {
             return Ok(());
         }
-        let after = if step.nodes.is_empty() {
-            step.description.clone()
-        } else {
-            step.nodes.join(", ")
-        };
         self.health_gate(
             Phase::Between,
             stage,

@@ -21,6 +21,7 @@ pub mod health;
 mod lock;
 mod manifests;
 mod nodes;
+mod pool;
 mod prechecks;
 pub mod record;
 pub mod step;
@@ -213,7 +214,20 @@ pub fn stage_key(id: StageId) -> &'static str {
         StageId::KubeControllerManagerScheduler => "kube-controller-manager-scheduler",
         StageId::KubeProxyManifests => "kube-proxy-manifests",
         StageId::Kubelet => "kubelet",
+        StageId::Workers => "workers",
         StageId::Verify => "verify",
+    }
+}
+
+/// The record's key prefix of a node's step in `stage` (`talos/w-1`, `worker/w-1`,
+/// `kubelet/w-1`), and the word its lines start with.
+pub(super) fn step_prefix(stage: StageId) -> &'static str {
+    match stage {
+        StageId::Workers => "worker",
+        StageId::Kubelet => "kubelet",
+        StageId::KubeApiserver => "kube-apiserver",
+        StageId::KubeControllerManagerScheduler => "kube-controller-manager",
+        _ => "talos",
     }
 }
 
@@ -435,6 +449,7 @@ impl Rollout<'_> {
                 "kube-controller-manager" => StageId::KubeControllerManagerScheduler,
                 "kube-proxy" | "manifests" => StageId::KubeProxyManifests,
                 "kubelet" => StageId::Kubelet,
+                "worker" => StageId::Workers,
                 _ => continue,
             };
             eta.already_done(stage, node);
@@ -448,6 +463,7 @@ impl Rollout<'_> {
             active: Mutex::new(Default::default()),
             halted: std::sync::Mutex::new(None),
             eta: std::sync::Mutex::new(eta),
+            gating: Default::default(),
         };
         run.update(|r| {
             r.state = RecordState::Running;
@@ -609,6 +625,8 @@ struct Run<'r, 'a> {
     halted: std::sync::Mutex<Option<String>>,
     /// The live ETA of this run, written into the record with every write.
     eta: std::sync::Mutex<crate::plan::eta::Eta>,
+    /// `between` health gates open now: no worker starts while one is.
+    gating: std::sync::atomic::AtomicUsize,
 }
 
 impl Run<'_, '_> {
@@ -762,18 +780,47 @@ impl Run<'_, '_> {
         Ok(())
     }
 
+    /// The stages, with the installers pulled ahead alongside (a pull disrupts nothing;
+    /// it ends with the stages, wherever it got).
     async fn stages(&self) -> Flow<()> {
         self.before_start().await?;
         self.health_before().await?;
-        // The `between` health gate follows every disruptive step but the last.
+        let stages = self.stages_in_order();
+        let pulls = async {
+            for stage in self
+                .plan
+                .stages
+                .iter()
+                .filter(|s| matches!(s.id, StageId::Talos | StageId::Workers))
+            {
+                // A record that cannot be written stops the stages too; said there.
+                if self.pre_pull_ahead(stage.id, &stage.steps).await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::pin!(stages, pulls);
+        let mut pulled = false;
+        loop {
+            tokio::select! {
+                r = &mut stages => return r,
+                _ = &mut pulls, if !pulled => pulled = true,
+            }
+        }
+    }
+
+    async fn stages_in_order(&self) -> Flow<()> {
+        // The `between` health gate follows every disruptive unit but the last: a step, or
+        // a worker of a pooled stage.
         let total: usize = self
             .plan
             .stages
             .iter()
             .filter(|s| s.id != StageId::Verify)
-            .map(|s| s.steps.len())
+            .flat_map(|s| s.steps.iter())
+            .map(|s| if pool::pooled(s) { s.nodes.len() } else { 1 })
             .sum();
-        let mut done = 0;
+        let gates = Mutex::new(0usize);
         for stage in &self.plan.stages {
             let id = stage.id;
             let units: u64 = stage
@@ -789,27 +836,42 @@ impl Run<'_, '_> {
                 title: stage.title.clone(),
                 units,
             });
+            // Worker batches go through the pool: no barrier between them.
+            let (workers, mut steps): (Vec<&Step>, Vec<&Step>) =
+                stage.steps.iter().partition(|s| pool::pooled(s));
+            let between = |step: &Step| {
+                let after = if step.nodes.is_empty() {
+                    step.description.clone()
+                } else {
+                    step.nodes.join(", ")
+                };
+                let gates = &gates;
+                async move {
+                    let mut done = gates.lock().await;
+                    self.health_between(id, &after, &mut done, total).await
+                }
+            };
             match id {
                 StageId::Talos => {
-                    self.pre_pull_ahead(&stage.steps).await?;
-                    let mut steps: Vec<&Step> = stage.steps.iter().collect();
                     while !steps.is_empty() {
                         let next = self.leader_last(&steps).await;
                         let step = steps.remove(next);
-                        self.batch(id, step, |n| self.talos_node(n)).await?;
-                        self.health_between(id, step, &mut done, total).await?;
+                        self.batch(id, step, |n| self.talos_node(id, n)).await?;
+                        between(step).await?;
                     }
+                    self.pool(id, &workers, |n| self.talos_node(id, n), &gates, total)
+                        .await?;
                 }
                 StageId::KubeApiserver => {
                     self.before_kubernetes().await?;
-                    for step in &stage.steps {
+                    for step in steps {
                         self.batch(id, step, |n| self.component(id, n, &[Component::ApiServer]))
                             .await?;
-                        self.health_between(id, step, &mut done, total).await?;
+                        between(step).await?;
                     }
                 }
                 StageId::KubeControllerManagerScheduler => {
-                    for step in &stage.steps {
+                    for step in steps {
                         self.batch(id, step, |n| {
                             self.component(
                                 id,
@@ -818,21 +880,33 @@ impl Run<'_, '_> {
                             )
                         })
                         .await?;
-                        self.health_between(id, step, &mut done, total).await?;
+                        between(step).await?;
                     }
                 }
                 StageId::KubeProxyManifests => {
-                    for step in &stage.steps {
+                    for step in steps {
                         self.proxy_and_manifests(step).await?;
-                        self.health_between(id, step, &mut done, total).await?;
+                        between(step).await?;
                     }
                 }
                 StageId::Kubelet => {
-                    for step in &stage.steps {
-                        self.batch(id, step, |n| self.component(id, n, &[Component::Kubelet]))
-                            .await?;
-                        self.health_between(id, step, &mut done, total).await?;
+                    self.apiservers_on_target(id).await?;
+                    let kubelet = |n| self.component(id, n, &[Component::Kubelet]);
+                    for step in steps {
+                        self.batch(id, step, kubelet).await?;
+                        between(step).await?;
                     }
+                    self.pool(id, &workers, kubelet, &gates, total).await?;
+                }
+                StageId::Workers => {
+                    // Every apiserver on the target before any worker's kubelet moves.
+                    self.apiservers_on_target(id).await?;
+                    for step in steps {
+                        self.batch(id, step, |n| self.talos_node(id, n)).await?;
+                        between(step).await?;
+                    }
+                    self.pool(id, &workers, |n| self.talos_node(id, n), &gates, total)
+                        .await?;
                 }
                 StageId::Verify => {
                     self.verify().await?;

@@ -172,61 +172,13 @@ impl Run<'_, '_> {
             return Ok(None);
         }
         let nodes = self.live_nodes(stage).await?;
-        let out = |n: &LiveNode| {
-            n.name != node.name && (!n.ready || n.cordoned || active.contains(&n.name))
-        };
-        if node.role == crate::releaseset::Role::Worker {
-            let max = self.engine.policy.max_unavailable.get() as usize;
-            let unavailable: Vec<&str> = nodes
-                .iter()
-                .filter(|n| n.role == crate::releaseset::Role::Worker && out(n))
-                .map(|n| n.name.as_str())
-                .collect();
-            if unavailable.len() + 1 > max {
-                return Ok(Some(format!(
-                    "{} waits: {} already unavailable ({}) and maxUnavailable is {max}",
-                    node.name,
-                    super::step::plural_list(
-                        "worker",
-                        &unavailable
-                            .iter()
-                            .map(|s| s.to_string())
-                            .collect::<Vec<_>>()
-                    ),
-                    "NotReady, cordoned or upgrading"
-                )));
-            }
-        }
-        let down: std::collections::BTreeSet<&str> = nodes
-            .iter()
-            .filter(|n| out(n))
-            .map(|n| n.name.as_str())
-            .collect();
         let volumes = self.volumes(stage).await?;
-        // Never two holders of one volume down: another replica on a node that is out
-        // (a batch peer included, never counted as "elsewhere") holds this node.
-        let exposed: Vec<String> = volumes
-            .iter()
-            .filter(|v| !v.single_replica && v.nodes.contains(&node.name))
-            .filter_map(|v| {
-                let out: Vec<&str> = v
-                    .nodes
-                    .iter()
-                    .map(String::as_str)
-                    .filter(|n| *n != node.name && down.contains(n))
-                    .collect();
-                (!out.is_empty()).then(|| format!("{} (also on {})", v.name, out.join(", ")))
-            })
-            .collect();
-        if !exposed.is_empty() {
-            return Ok(Some(format!(
-                "{} waits: {} would have a second replica on a node that is down, cordoned or upgrading",
-                node.name,
-                super::step::plural_list("volume", &exposed)
-            )));
+        let max = self.engine.policy.max_unavailable.get() as usize;
+        let why = super::pool::rule_verdict(node, &nodes, &volumes, &active, max);
+        if why.is_none() {
+            active.insert(node.name.clone());
         }
-        active.insert(node.name.clone());
-        Ok(None)
+        Ok(why)
     }
 
     pub(super) async fn volumes(&self, stage: StageId) -> Flow<Vec<LiveVolume>> {
@@ -334,6 +286,7 @@ impl Run<'_, '_> {
             unprotected_volumes: unprotected,
             attachments,
             degraded_volumes: degraded,
+            kubelet: live.as_ref().map(|n| n.kubelet.clone()).unwrap_or_default(),
         })
     }
 
@@ -470,14 +423,16 @@ impl Run<'_, '_> {
         for n in nodes.iter().filter(|n| self.ours(n) && n.ready) {
             // Mid-upgrade: the Talos upgrade was requested and the node is not back on
             // the target yet; it stays out of service until it is.
-            let mid = steps.get(&format!("talos/{}", n.name)).is_some_and(|s| {
-                s.upgrade_requested
-                    && s.finished_at.is_none()
-                    && n.talos
-                        .as_deref()
-                        .and_then(|t| Version::parse(t).ok())
-                        .as_ref()
-                        != Some(&self.target.talos)
+            let mid = ["talos", "worker"].iter().any(|prefix| {
+                steps.get(&format!("{prefix}/{}", n.name)).is_some_and(|s| {
+                    s.upgrade_requested
+                        && s.finished_at.is_none()
+                        && n.talos
+                            .as_deref()
+                            .and_then(|t| Version::parse(t).ok())
+                            .as_ref()
+                            != Some(&self.target.talos)
+                })
             });
             if !mid {
                 let _ = e.kube.uncordon(&n.name, self.rollout_id()).await;

@@ -8,6 +8,48 @@ use crate::policy::Status;
 use crate::releaseset::Version;
 
 impl Run<'_, '_> {
+    /// Before any kubelet moves (the kubelet stage, the one-drain worker stage): every
+    /// control plane's kube-apiserver runs the target and is Ready, as the Kubernetes API
+    /// shows, so no kubelet is ever newer than an apiserver — judged live, not from the
+    /// record's finished stages (a restarted engine, an apiserver rolled back by hand).
+    pub(super) async fn apiservers_on_target(&self, stage: StageId) -> Flow<()> {
+        let e = self.engine;
+        let tag = self.target.kubernetes.tag();
+        let pods = self
+            .kube(stage, None, "list mirror pods", || e.kube.mirror_pods())
+            .await?;
+        let cps: Vec<String> = self
+            .live_nodes(stage)
+            .await?
+            .into_iter()
+            .filter(|n| n.role == crate::releaseset::Role::Controlplane)
+            .map(|n| n.name)
+            .collect();
+        let behind: Vec<String> = cps
+            .iter()
+            .filter(|cp| {
+                !pods.iter().any(|p| {
+                    &p.node == *cp
+                        && p.component == "kube-apiserver"
+                        && crate::kube::inventory::image_tag(&p.image) == Some(tag.as_str())
+                        && p.ready
+                })
+            })
+            .cloned()
+            .collect();
+        if behind.is_empty() {
+            return Ok(());
+        }
+        Err(self.pause(
+            stage,
+            None,
+            format!(
+                "kube-apiserver does not run {tag} (Ready) on {}: no kubelet may be newer than an apiserver, so no kubelet moves; bring the apiservers to {tag}, then resume",
+                behind.join(", ")
+            ),
+        ))
+    }
+
     /// Before anything is touched: the live pre-checks, and a start only when none fails
     /// or waits. A wait (a NotReady node, an etcd member not healthy) is reported and
     /// recorded, and the rollout starts once it clears; a failure pauses with nothing

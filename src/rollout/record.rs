@@ -66,6 +66,10 @@ pub struct StepRecord {
     pub upgrade_requested: bool,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pre_pulled: bool,
+    /// The boot the target was installed ahead on (Talos ≥ 1.13): the node boots the
+    /// target at its next reboot, so its step only reboots it from this boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installed_boot: Option<String>,
     /// Volumes with a replica on the node when the step began.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<String>,

@@ -33,6 +33,8 @@ pub struct NodeObservation {
     pub attachments: Vec<String>,
     /// Of the volumes the node held when the step began, those not healthy again yet.
     pub degraded_volumes: Vec<String>,
+    /// The kubelet version the Node reports (`status.nodeInfo.kubeletVersion`).
+    pub kubelet: String,
 }
 
 /// Remembered from when the step began (the rollout record holds it across restarts).
@@ -44,6 +46,9 @@ pub struct StepMarker {
     /// The upgrade was requested (so a node still on the old version is settling, not idle).
     pub upgrade_requested: bool,
     pub pre_pulled: bool,
+    /// The boot the target was installed ahead on (Talos ≥ 1.13, LifecycleService): from
+    /// this boot, a reboot is all the upgrade still needs.
+    pub installed_boot: Option<String>,
     /// Volumes with a replica on the node when the step began: they must be healthy again
     /// before the node is given back.
     pub volumes: Vec<String>,
@@ -60,6 +65,7 @@ impl StepMarker {
             boot_id_before: self.boot_id_before.clone(),
             upgrade_requested: self.upgrade_requested,
             pre_pulled: self.pre_pulled,
+            installed_boot: self.installed_boot.clone(),
             volumes: self.volumes.clone(),
             finished_at: None,
             extra: Default::default(),
@@ -72,6 +78,7 @@ impl StepMarker {
             boot_id_before: r.boot_id_before.clone(),
             upgrade_requested: r.upgrade_requested,
             pre_pulled: r.pre_pulled,
+            installed_boot: r.installed_boot.clone(),
             volumes: r.volumes.clone(),
             upgrade_confirmed: false,
         }
@@ -83,6 +90,8 @@ pub enum Action {
     PrePull,
     Cordon,
     Drain,
+    /// The kubelet's image-only edit, NO_REBOOT (a worker of the one-drain stage only).
+    SwitchKubelet,
     Upgrade,
     Uncordon,
 }
@@ -251,6 +260,61 @@ pub fn talos_node(
     }
 }
 
+/// What the one-drain worker stage sees of a worker besides its Talos.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeletObservation {
+    /// The Node reports the target kubelet and is Ready on this boot.
+    pub on_target: bool,
+    /// The node's active configuration names the target kubelet image.
+    pub switched: bool,
+}
+
+/// The next move for a worker of the one-drain stage: its Talos step ([`talos_node`]) with
+/// the kubelet switched right before the upgrade, in the same drain, and the kubelet's
+/// version checked before the node is given back. A worker whose Talos is already on the
+/// target walks the kubelet's own step ([`super::components::component_step`]): cordon,
+/// drain, switch, uncordon.
+#[allow(clippy::too_many_arguments)] // the Talos step's inputs and the kubelet's
+pub fn worker_node(
+    target: &Version,
+    kubelet_tag: &str,
+    node: &str,
+    obs: &NodeObservation,
+    kubelet: &KubeletObservation,
+    marker: &StepMarker,
+    now: Timestamp,
+    node_timeout: Duration,
+) -> StepState {
+    use super::components::{component_step, ComponentAction, ComponentObservation};
+    match talos_node(target, obs, marker, now, node_timeout) {
+        // Talos on the target, Ready on its new boot, its volumes healthy: the kubelet is
+        // what is left before the node goes back.
+        StepState::Done | StepState::Act(Action::Uncordon) => {
+            let c = ComponentObservation {
+                on_target: kubelet.on_target,
+                switched: kubelet.switched,
+                node: Some(obs.clone()),
+            };
+            let waited = marker.started_at.map(|s| now.since(s));
+            match component_step("kubelet", node, kubelet_tag, &c, waited, node_timeout) {
+                StepState::Done => StepState::Done,
+                StepState::Act(ComponentAction::Cordon) => StepState::Act(Action::Cordon),
+                StepState::Act(ComponentAction::Drain) => StepState::Act(Action::Drain),
+                StepState::Act(ComponentAction::Switch) => StepState::Act(Action::SwitchKubelet),
+                StepState::Act(ComponentAction::Uncordon) => StepState::Act(Action::Uncordon),
+                StepState::Settling(s) => StepState::Settling(s),
+                StepState::Failed(s) => StepState::Failed(s),
+            }
+        }
+        // Drained, nothing attached: the kubelet first (the old Talos runs the new kubelet
+        // for a moment, a pair the plan checked), then the upgrade whose reboot it shares.
+        StepState::Act(Action::Upgrade) if !kubelet.switched => {
+            StepState::Act(Action::SwitchKubelet)
+        }
+        other => other,
+    }
+}
+
 /// `volume a, b` / `volumes a, b, c`.
 pub fn plural_list(noun: &str, items: &[String]) -> String {
     let s = if items.len() == 1 { "" } else { "s" };
@@ -279,6 +343,7 @@ mod tests {
             unprotected_volumes: vec![],
             attachments: vec![],
             degraded_volumes: vec![],
+            kubelet: "v1.33.5".into(),
         }
     }
 

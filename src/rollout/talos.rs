@@ -5,11 +5,18 @@
 
 use super::nodes::{address, around, pulling};
 use super::step::{self, Action, StepState};
-use super::{Flow, Progress, Run};
+use super::{step_prefix, Flow, Progress, Run};
 use crate::kube::LiveNode;
 use crate::plan::StageId;
 use crate::releaseset::Role;
 use crate::talos::client::{CallOptions, ImageNamespace, MachineConfig, UpgradeApi};
+use crate::talos::machine_config::{set_images, Component};
+
+/// What a Talos node's step decides from; `kubelet` only in the one-drain worker stage.
+struct Observed {
+    node: step::NodeObservation,
+    kubelet: Option<step::KubeletObservation>,
+}
 
 /// How many nodes pull their installer at once before the Talos stage: enough to take the
 /// pulls off the critical path, few enough not to flood a registry or the nodes' uplinks.
@@ -21,9 +28,13 @@ impl Run<'_, '_> {
     /// recorded as `prePulled` in the node's step, which has not begun). A pull that fails
     /// here is only said: the node's own step pulls again, and pauses on a failure before
     /// anything is disrupted.
-    pub(super) async fn pre_pull_ahead(&self, steps: &[crate::plan::Step]) -> Flow<()> {
+    pub(super) async fn pre_pull_ahead(
+        &self,
+        stage: StageId,
+        steps: &[crate::plan::Step],
+    ) -> Flow<()> {
         use futures_util::stream::{self, StreamExt};
-        let stage = StageId::Talos;
+        let prefix = step_prefix(stage);
         let e = self.engine;
         let target = &self.target.talos;
         let nodes: Vec<&str> = steps
@@ -32,7 +43,7 @@ impl Run<'_, '_> {
             .collect();
         let mut todo = Vec::new();
         for name in nodes {
-            let m = self.marker(&format!("talos/{name}")).await;
+            let m = self.marker(&format!("{prefix}/{name}")).await;
             if !m.pre_pulled && m.started_at.is_none() {
                 todo.push(name.to_string());
             }
@@ -59,26 +70,22 @@ impl Run<'_, '_> {
                         Ok(i) => i,
                         Err(_) => return Ok(None), // said by the node's own step
                     };
-                    let key = format!("talos/{name}");
+                    let key = format!("{prefix}/{name}");
                     match e
                         .talos
                         .pull_image(&addr, &installer, ImageNamespace::System, v.upgrade_api, pulling(node))
                         .await
                     {
                         Ok(_) => {
-                            let mut m = self.marker(&key).await;
-                            if m.started_at.is_none() {
-                                m.pre_pulled = true;
-                                self.store_marker(stage, &key, &m).await?;
-                            }
+                            self.mark_ahead(stage, &key, |m| m.pre_pulled = true).await?;
                             self.say(Progress::Note(format!(
-                                "talos {name}: pre-pulled {installer} ahead of its turn"
+                                "{prefix} {name}: pre-pulled {installer} ahead of its turn"
                             )));
                             Ok(Some(name))
                         }
                         Err(err) => {
                             self.say(Progress::Note(format!(
-                                "talos {name}: pre-pulling {installer} ahead failed ({err}); its own step pulls again"
+                                "{prefix} {name}: pre-pulling {installer} ahead failed ({err}); its own step pulls again"
                             )));
                             Ok(None)
                         }
@@ -103,76 +110,85 @@ impl Run<'_, '_> {
         Ok(())
     }
 
-    /// Drive one node to the target Talos.
-    pub(super) async fn talos_node(&self, name: &str) -> Flow<()> {
-        let stage = StageId::Talos;
+    /// Note on a step not begun what was done ahead of its turn, in one write: a step that
+    /// began meanwhile keeps its own marker.
+    async fn mark_ahead(
+        &self,
+        stage: StageId,
+        key: &str,
+        f: impl FnOnce(&mut super::record::StepRecord),
+    ) -> Flow<()> {
+        self.write(stage, |r| {
+            let m = r.steps.entry(key.to_string()).or_default();
+            if m.started_at.is_none() {
+                f(m);
+            }
+        })
+        .await
+    }
+
+    /// Drive one node to the target Talos (the Talos stage), or one worker to the target
+    /// Talos and kubelet in one drain (the one-drain [`StageId::Workers`] stage).
+    pub(super) async fn talos_node(&self, stage: StageId, name: &str) -> Flow<()> {
         let e = self.engine;
         let target = &self.target.talos;
+        let kubelet_tag = self.target.kubernetes.tag();
         let timeout = e.policy.node_timeout.as_duration();
-        let key = format!("talos/{name}");
+        let prefix = step_prefix(stage);
+        let key = format!("{prefix}/{name}");
         let node = self.live_node(stage, name).await?;
-        let addr = address(&node);
         let mut marker = self.marker(&key).await;
-        let mut obs = self.observe(stage, &node, &marker).await?;
-        if step::talos_node(target, &obs, &marker, self.now(), timeout) == StepState::Done {
-            self.say(Progress::UnitDone {
-                node: Some(name.to_string()),
-                stage,
-                what: format!("talos {name}: on {target}"),
-            });
+        let decide = |obs: &Observed, marker: &step::StepMarker| match &obs.kubelet {
+            Some(k) => step::worker_node(
+                target,
+                &kubelet_tag,
+                name,
+                &obs.node,
+                k,
+                marker,
+                self.now(),
+                timeout,
+            ),
+            None => step::talos_node(target, &obs.node, marker, self.now(), timeout),
+        };
+        let mut obs = self.observe_talos(stage, &node, &marker).await?;
+        let done = |what: &str| Progress::UnitDone {
+            node: Some(name.to_string()),
+            stage,
+            what: format!("{prefix} {name}: {what}"),
+        };
+        let on = match stage {
+            StageId::Workers => format!("on Talos {target} and kubelet {kubelet_tag}"),
+            _ => format!("on {target}"),
+        };
+        if decide(&obs, &marker) == StepState::Done {
+            self.say(done(&on));
             return Ok(());
         }
         if marker.started_at.is_none() {
             self.begin(stage, &key, &node, &mut marker).await?;
-            obs = self.observe(stage, &node, &marker).await?;
+            obs = self.observe_talos(stage, &node, &marker).await?;
         }
         let installer = self.installer(stage, &node).await?;
         let mut last_settling = String::new();
         loop {
-            let state = step::talos_node(target, &obs, &marker, self.now(), timeout);
-            match state {
+            match decide(&obs, &marker) {
                 StepState::Done => {
                     self.finish_marker(stage, &key).await?;
-                    self.say(Progress::UnitDone {
-                        node: Some(name.to_string()),
-                        stage,
-                        what: format!("talos {name}: on {target}, Ready, back in service"),
-                    });
+                    self.say(done(&format!("{on}, Ready, back in service")));
                     return Ok(());
                 }
                 StepState::Failed(why) => return Err(self.pause(stage, Some(name), why)),
                 StepState::Settling(w) => {
                     if w != last_settling {
-                        self.say(Progress::Note(format!("talos {name}: {w}")));
+                        self.say(Progress::Note(format!("{prefix} {name}: {w}")));
                         last_settling = w;
                     }
                     e.clock.sleep(e.observe_every).await;
                 }
                 StepState::Act(Action::PrePull) => {
-                    let api = self.upgrade_api(stage, &node).await?;
-                    // A failed pull pauses before anything is disrupted.
-                    if let Err(err) = e
-                        .talos
-                        .pull_image(
-                            &addr,
-                            &installer,
-                            ImageNamespace::System,
-                            api,
-                            pulling(&node),
-                        )
-                        .await
-                    {
-                        return Err(self.pause(
-                            stage,
-                            Some(name),
-                            format!("pre-pulling {installer} failed, nothing was disrupted: {err}"),
-                        ));
-                    }
-                    marker.pre_pulled = true;
-                    self.store_marker(stage, &key, &marker).await?;
-                    self.say(Progress::Note(format!(
-                        "talos {name}: pre-pulled {installer}"
-                    )));
+                    self.pre_pull(stage, &node, &installer, &key, &mut marker)
+                        .await?;
                 }
                 StepState::Act(Action::Cordon) => {
                     // Judged before anything is disrupted: a control plane whose reboot
@@ -185,61 +201,19 @@ impl Run<'_, '_> {
                         e.kube.cordon(name, self.rollout_id())
                     })
                     .await?;
-                    self.say(Progress::Note(format!("talos {name}: cordoned")));
+                    self.say(Progress::Note(format!("{prefix} {name}: cordoned")));
                 }
                 StepState::Act(Action::Drain) => {
                     self.check_lock(stage, name).await?;
                     self.drain(stage, name).await?;
                 }
+                StepState::Act(Action::SwitchKubelet) => {
+                    self.switch(stage, &node, &[Component::Kubelet], "kubelet")
+                        .await?;
+                }
                 StepState::Act(Action::Upgrade) => {
-                    // Judged again before every call, a repeat after a restart too (the
-                    // cluster may have changed meanwhile); on a repeat the node itself may
-                    // already be on its way down.
-                    let again = marker.upgrade_requested;
-                    if node.role == Role::Controlplane {
-                        self.etcd_ready_for(&node, again).await?;
-                    }
-                    self.check_lock(stage, name).await?;
-                    let api = match self.upgrade_api(stage, &node).await {
-                        Ok(api) => api,
-                        // Gone between the look and the act: the first request reached it.
-                        Err(_) if again => {
-                            marker.upgrade_confirmed = true;
-                            obs = self.observe(stage, &node, &marker).await?;
-                            continue;
-                        }
-                        Err(stop) => return Err(stop),
-                    };
-                    // Recorded before the call: a restart then knows the node may be going.
-                    marker.upgrade_requested = true;
-                    self.store_marker(stage, &key, &marker).await?;
-                    match self.upgrade(&node, &installer, api).await {
-                        Ok(()) => {
-                            marker.upgrade_confirmed = true;
-                            self.say(Progress::Note(format!(
-                                "talos {name}: upgrade to {target} requested ({})",
-                                match api {
-                                    UpgradeApi::Lifecycle => "LifecycleService, then reboot",
-                                    UpgradeApi::Machine => "MachineService/Upgrade, which reboots",
-                                }
-                            )));
-                        }
-                        Err(err) => {
-                            // A repeated request may meet a node already on its way down, or
-                            // still in the upgrade sequence the first request started.
-                            let now = self.observe(stage, &node, &marker).await?;
-                            let going = now.talos.is_none() || now.boot_id != marker.boot_id_before;
-                            if again && (going || self.upgrading(&node).await) {
-                                marker.upgrade_confirmed = true;
-                            } else {
-                                return Err(self.pause(
-                                    stage,
-                                    Some(name),
-                                    format!("the upgrade to {installer} was refused: {err}"),
-                                ));
-                            }
-                        }
-                    }
+                    self.request_upgrade(stage, &node, &installer, &key, &mut marker)
+                        .await?;
                 }
                 StepState::Act(Action::Uncordon) => {
                     self.kube(stage, Some(name), "uncordon", || {
@@ -248,7 +222,160 @@ impl Run<'_, '_> {
                     .await?;
                 }
             }
-            obs = self.observe(stage, &node, &marker).await?;
+            obs = self.observe_talos(stage, &node, &marker).await?;
+        }
+    }
+
+    /// The node as its Talos step sees it, and, in the one-drain stage, its kubelet: the
+    /// Node's version and whether the active configuration names the target image (read
+    /// only while the node answers and its kubelet is not on the target yet).
+    async fn observe_talos(
+        &self,
+        stage: StageId,
+        node: &LiveNode,
+        marker: &step::StepMarker,
+    ) -> Flow<Observed> {
+        let obs = self.observe(stage, node, marker).await?;
+        if stage != StageId::Workers {
+            return Ok(Observed {
+                node: obs,
+                kubelet: None,
+            });
+        }
+        let tag = self.target.kubernetes.tag();
+        let on_target = obs.ready && obs.kubelet == tag;
+        let switched = on_target
+            || (obs.talos.is_some()
+                && match self
+                    .engine
+                    .talos
+                    .machine_config(&address(node), around(node))
+                    .await
+                {
+                    Ok(mc) => {
+                        set_images(&mc.yaml, &tag, &[Component::Kubelet]).is_ok_and(|e| e.is_noop())
+                    }
+                    // Not answering now: the switch reads it again, and pauses if it cannot.
+                    Err(_) => false,
+                });
+        Ok(Observed {
+            node: obs,
+            kubelet: Some(step::KubeletObservation {
+                on_target,
+                switched,
+            }),
+        })
+    }
+
+    /// The installer pulled on the node before anything is disrupted; a failure pauses.
+    async fn pre_pull(
+        &self,
+        stage: StageId,
+        node: &LiveNode,
+        installer: &str,
+        key: &str,
+        marker: &mut step::StepMarker,
+    ) -> Flow<()> {
+        let name = node.name.as_str();
+        let api = self.upgrade_api(stage, node).await?;
+        if let Err(err) = self
+            .engine
+            .talos
+            .pull_image(
+                &address(node),
+                installer,
+                ImageNamespace::System,
+                api,
+                pulling(node),
+            )
+            .await
+        {
+            return Err(self.pause(
+                stage,
+                Some(name),
+                format!("pre-pulling {installer} failed, nothing was disrupted: {err}"),
+            ));
+        }
+        marker.pre_pulled = true;
+        self.store_marker(stage, key, marker).await?;
+        self.say(Progress::Note(format!(
+            "{} {name}: pre-pulled {installer}",
+            step_prefix(stage)
+        )));
+        Ok(())
+    }
+
+    /// Ask the node to upgrade: etcd judged again (a control plane), the lock checked, the
+    /// request recorded before the call (a restart then knows the node may be going), then
+    /// the call. A repeat after a restart may meet the node already on its way down.
+    async fn request_upgrade(
+        &self,
+        stage: StageId,
+        node: &LiveNode,
+        installer: &str,
+        key: &str,
+        marker: &mut step::StepMarker,
+    ) -> Flow<()> {
+        let name = node.name.as_str();
+        let target = &self.target.talos;
+        // Judged again before every call, a repeat after a restart too (the cluster may
+        // have changed meanwhile); on a repeat the node itself may already be going down.
+        let again = marker.upgrade_requested;
+        if node.role == Role::Controlplane {
+            self.etcd_ready_for(node, again).await?;
+        }
+        self.check_lock(stage, name).await?;
+        let api = match self.upgrade_api(stage, node).await {
+            Ok(api) => api,
+            // Gone between the look and the act: the first request reached it.
+            Err(_) if again => {
+                marker.upgrade_confirmed = true;
+                return Ok(());
+            }
+            Err(stop) => return Err(stop),
+        };
+        // Installed ahead on the boot the node still runs: a reboot is all it needs.
+        let installed = match &marker.installed_boot {
+            Some(b) => self
+                .engine
+                .talos
+                .boot_id(&address(node), around(node))
+                .await
+                .is_ok_and(|now| &now == b),
+            None => false,
+        };
+        marker.upgrade_requested = true;
+        self.store_marker(stage, key, marker).await?;
+        match self.upgrade(node, installer, api, installed).await {
+            Ok(()) => {
+                marker.upgrade_confirmed = true;
+                self.say(Progress::Note(format!(
+                    "{} {name}: upgrade to {target} requested ({})",
+                    step_prefix(stage),
+                    match (api, installed) {
+                        (UpgradeApi::Lifecycle, false) => "LifecycleService, then reboot",
+                        (UpgradeApi::Lifecycle, true) => "installed ahead, reboot",
+                        (UpgradeApi::Machine, _) => "MachineService/Upgrade, which reboots",
+                    }
+                )));
+                Ok(())
+            }
+            Err(err) => {
+                // A repeated request may meet a node already on its way down, or still in
+                // the upgrade sequence the first request started.
+                let now = self.observe(stage, node, marker).await?;
+                let going = now.talos.is_none() || now.boot_id != marker.boot_id_before;
+                if again && (going || self.upgrading(node).await) {
+                    marker.upgrade_confirmed = true;
+                    Ok(())
+                } else {
+                    Err(self.pause(
+                        stage,
+                        Some(name),
+                        format!("the upgrade to {installer} was refused: {err}"),
+                    ))
+                }
+            }
         }
     }
 
@@ -319,71 +446,137 @@ impl Run<'_, '_> {
         }
     }
 
+    /// Install the target on a Talos ≥ 1.13 node (LifecycleService/Upgrade): the node keeps
+    /// serving, and boots the target at its next reboot. A retryable installer failure
+    /// (environment, dependency, I/O, install) is tried again with backoff within the node
+    /// timeout; any other is returned.
+    pub(super) async fn install(
+        &self,
+        node: &LiveNode,
+        installer: &str,
+    ) -> Result<(), crate::talos::TalosError> {
+        let e = self.engine;
+        let addr = address(node);
+        // The install streams progress and may take minutes: its own deadline.
+        let long = CallOptions {
+            deadline: e.policy.node_timeout.as_duration(),
+            ..around(node)
+        };
+        let give_up = self.now().plus(e.policy.node_timeout.as_duration());
+        let mut wait = std::time::Duration::from_secs(10);
+        loop {
+            match e.talos.upgrade_lifecycle(&addr, installer, long).await {
+                Ok(_) => return Ok(()),
+                Err(crate::talos::TalosError::Installer { class, code, .. })
+                    if class.retryable() && self.now().plus(wait) < give_up =>
+                {
+                    self.say(Progress::Note(format!(
+                        "talos {}: the installer exited with code {code} ({}); trying again in {}s",
+                        node.name,
+                        class.describe(),
+                        wait.as_secs()
+                    )));
+                    e.clock.sleep(wait).await;
+                    wait = (wait * 2).min(std::time::Duration::from_secs(300));
+                }
+                // A restarted engine meets the install its first request started (its
+                // stream went with the old process): wait for it, then ask again, which
+                // re-installs the same version.
+                Err(crate::talos::TalosError::Refused {
+                    code: tonic::Code::FailedPrecondition,
+                    message,
+                    ..
+                }) if message.contains("already in progress")
+                    && self.now().plus(wait) < give_up =>
+                {
+                    self.say(Progress::Note(format!(
+                        "talos {}: an install is already running on the node; asking again in {}s",
+                        node.name,
+                        wait.as_secs()
+                    )));
+                    e.clock.sleep(wait).await;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// The upgrade itself: on Talos ≥ 1.13 the install (skipped when `installed` says it
+    /// was done ahead on this very boot) then ichor's own reboot; before, the legacy call.
     pub(super) async fn upgrade(
         &self,
         node: &LiveNode,
         installer: &str,
         api: UpgradeApi,
+        installed: bool,
     ) -> Result<(), crate::talos::TalosError> {
         let e = self.engine;
         let addr = address(node);
-        let opts = around(node);
         match api {
             UpgradeApi::Lifecycle => {
-                // The install streams progress and may take minutes: its own deadline.
-                let long = CallOptions {
-                    deadline: e.policy.node_timeout.as_duration(),
-                    ..opts
-                };
-                // A retryable installer failure (environment, dependency, I/O, install) is
-                // tried again with backoff within the node timeout; any other pauses.
-                let give_up = self.now().plus(e.policy.node_timeout.as_duration());
-                let mut wait = std::time::Duration::from_secs(10);
-                loop {
-                    match e.talos.upgrade_lifecycle(&addr, installer, long).await {
-                        Ok(_) => break,
-                        Err(crate::talos::TalosError::Installer { class, code, .. })
-                            if class.retryable() && self.now().plus(wait) < give_up =>
-                        {
-                            self.say(Progress::Note(format!(
-                                "talos {}: the installer exited with code {code} ({}); trying again in {}s",
-                                node.name,
-                                class.describe(),
-                                wait.as_secs()
-                            )));
-                            e.clock.sleep(wait).await;
-                            wait = (wait * 2).min(std::time::Duration::from_secs(300));
-                        }
-                        // A restarted engine meets the install its first request started
-                        // (its stream went with the old process): wait for it, then ask
-                        // again, which re-installs the same version.
-                        Err(crate::talos::TalosError::Refused {
-                            code: tonic::Code::FailedPrecondition,
-                            message,
-                            ..
-                        }) if message.contains("already in progress")
-                            && self.now().plus(wait) < give_up =>
-                        {
-                            self.say(Progress::Note(format!(
-                                "talos {}: an install is already running on the node; asking again in {}s",
-                                node.name,
-                                wait.as_secs()
-                            )));
-                            e.clock.sleep(wait).await;
-                        }
-                        Err(err) => return Err(err),
-                    }
+                if !installed {
+                    self.install(node, installer).await?;
                 }
-                e.talos.reboot(&addr, opts).await
+                e.talos.reboot(&addr, around(node)).await
             }
             // Talos ≤ 1.12 cordons, drains and reboots by itself; ichor has drained
             // already, so there is one drain owner and its drain finds nothing to move.
             UpgradeApi::Machine => e
                 .talos
-                .upgrade_legacy(&addr, installer, opts)
+                .upgrade_legacy(&addr, installer, around(node))
                 .await
                 .map(|_| ()),
         }
+    }
+
+    /// Ahead of a worker's turn (Talos ≥ 1.13): the target installed while the node still
+    /// serves, so its own step only drains and reboots it. Recorded as the boot it was
+    /// installed on; the step has not begun. A failure is only said: the node's own step
+    /// installs again, and pauses if that fails. Only a lost lock stops the rollout here.
+    pub(super) async fn install_ahead(&self, stage: StageId, name: &str) -> Flow<()> {
+        let e = self.engine;
+        let prefix = step_prefix(stage);
+        let key = format!("{prefix}/{name}");
+        let m = self.marker(&key).await;
+        if m.started_at.is_some() || m.installed_boot.is_some() {
+            return Ok(());
+        }
+        let Ok(nodes) = e.kube.nodes().await else {
+            return Ok(());
+        };
+        let Some(node) = nodes.into_iter().find(|n| n.name == name) else {
+            return Ok(());
+        };
+        let addr = address(&node);
+        let Ok(v) = e.talos.version(&addr, around(&node)).await else {
+            return Ok(());
+        };
+        let on_target =
+            crate::releaseset::Version::parse(&v.tag).ok().as_ref() == Some(&self.target.talos);
+        if v.upgrade_api != UpgradeApi::Lifecycle || on_target {
+            return Ok(());
+        }
+        let Ok(boot) = e.talos.boot_id(&addr, around(&node)).await else {
+            return Ok(());
+        };
+        let Ok(installer) = self.installer(stage, &node).await else {
+            return Ok(()); // said by the node's own step
+        };
+        // Writing the node's disk is acting on it: only while the lock is ours.
+        self.check_lock(stage, name).await?;
+        match self.install(&node, &installer).await {
+            Ok(()) => {
+                self.mark_ahead(stage, &key, |m| m.installed_boot = Some(boot))
+                    .await?;
+                self.say(Progress::Note(format!(
+                    "{prefix} {name}: installed {installer} ahead of its turn (boots it at its reboot)"
+                )));
+            }
+            Err(err) => self.say(Progress::Note(format!(
+                "{prefix} {name}: installing {installer} ahead failed ({err}); its own step installs again"
+            ))),
+        }
+        Ok(())
     }
 
     /// Before a NO_REBOOT apply of "active + image edit": nothing else may be pending on the

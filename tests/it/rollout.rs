@@ -452,10 +452,111 @@ pub async fn assert_finished(s: &Setup) -> TestResult {
     Ok(())
 }
 
+/// Issue 19 item 1: a bump moving Talos and Kubernetes disrupts each worker once. Control
+/// planes go through Talos one at a time, then the Kubernetes stages, then every worker is
+/// cordoned and drained once for its kubelet switch and its Talos reboot together.
 #[tokio::test]
-async fn the_grouped_bump_rolls_talos_then_kubernetes_without_breaking_an_invariant() -> TestResult
-{
+async fn the_grouped_bump_drains_each_worker_once_without_breaking_an_invariant() -> TestResult {
     let s = setup(TwinConfig::default()).await?;
+    let (outcome, seen, lines) = run_once(&s, false).await?;
+    assert_eq!(seen, Vec::<String>::new(), "invariants broken");
+    let RunOutcome::Completed { stages } = outcome else {
+        return Err(format!(
+            "expected completion, got {outcome:?}\n{}",
+            lines.all().join("\n")
+        )
+        .into());
+    };
+    let order: Vec<&str> = stages.iter().map(|(s, _)| s.as_str()).collect();
+    assert_eq!(
+        order,
+        [
+            "talos",
+            "kube-apiserver",
+            "kube-controller-manager-scheduler",
+            "kube-proxy-manifests",
+            "kubelet",
+            "workers",
+            "verify"
+        ]
+    );
+    assert_finished(&s).await?;
+    let all = lines.all();
+    let pos = |needle: &str| {
+        all.iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle:?} in {all:#?}"))
+    };
+    // One control plane at a time, the etcd leader last.
+    let mut cps: Vec<&str> = vec!["cp-1", "cp-2", "cp-3"];
+    cps.sort_by_key(|cp| pos(&format!("talos {cp}: cordoned")));
+    for pair in cps.windows(2) {
+        assert!(
+            pos(&format!("talos {}: on", pair[0])) < pos(&format!("talos {}: cordoned", pair[1])),
+            "{pair:?} overlap"
+        );
+    }
+    // Every apiserver before any kubelet; the control planes' kubelets before any worker.
+    assert!(pos("kube-apiserver cp-3: on") < pos("kubelet cp-1: on"));
+    assert!(pos("bootstrap manifests") < pos("kubelet cp-1: on"));
+    let first_worker = all
+        .iter()
+        .position(|l| l.starts_with("worker w-") && l.ends_with(": cordoned"))
+        .ok_or("no worker cordoned")?;
+    for cp in ["cp-1", "cp-2", "cp-3"] {
+        assert!(pos(&format!("kubelet {cp}: on")) < first_worker);
+    }
+    // Each worker: cordoned exactly once, its kubelet switched and its Talos upgraded
+    // inside that one window, then given back on both versions.
+    for w in ["w-1", "w-2", "w-3"] {
+        let cordons: Vec<&String> = all
+            .iter()
+            .filter(|l| l.ends_with(&format!("{w}: cordoned")))
+            .collect();
+        assert_eq!(cordons, [&format!("worker {w}: cordoned")], "{all:#?}");
+        let cordoned = pos(&format!("worker {w}: cordoned"));
+        let switched = pos(&format!("kubelet {w}: switched to v1.33.7"));
+        let requested = pos(&format!("worker {w}: upgrade to v1.12.9 requested"));
+        let back = pos(&format!(
+            "worker {w}: on Talos v1.12.9 and kubelet v1.33.7, Ready, back in service"
+        ));
+        assert!(cordoned < switched && switched < requested && requested < back);
+        assert!(!lines.any(&format!("talos {w}:")), "{w} in the Talos stage");
+        // The installer was pulled ahead, while the control planes went.
+        let pulled = pos(&format!("worker {w}: pre-pulled"));
+        assert!(pulled < first_worker && all[pulled].ends_with("ahead of its turn"));
+    }
+    assert!(lines.any("the installer is pulled ahead on"), "{all:#?}");
+    // Longhorn replicas were waited for before a node went back.
+    assert!(lines.any("waiting for the replicas of"), "{all:#?}");
+    // The record says so.
+    let rec = s.record().await?;
+    assert_eq!(rec.state, RecordState::Completed);
+    assert_eq!(rec.target, s.target().to_ref());
+    assert!(rec.steps.contains_key("talos/cp-2") && rec.steps.contains_key("worker/w-2"));
+    assert!(!rec.steps.contains_key("talos/w-2") && !rec.steps.contains_key("kubelet/w-2"));
+    // A second run finds everything done from what it observes, and changes nothing.
+    let (again, seen, lines) = run_once(&s, false).await?;
+    assert!(matches!(again, RunOutcome::Completed { .. }), "{again:?}");
+    assert!(seen.is_empty());
+    assert!(!lines.any("cordoned"), "{:#?}", lines.all());
+    Ok(())
+}
+
+/// `--two-pass` (`spec.rollout.twoPass`) keeps the order of two drains per worker: every
+/// node's Talos first, then the Kubernetes stages with each worker's kubelet.
+#[tokio::test]
+async fn two_pass_rolls_talos_then_kubernetes_without_breaking_an_invariant() -> TestResult {
+    let mut s = setup(TwinConfig::default()).await?;
+    let live_nodes = live::live_nodes(
+        &live::observe(&s.kube, Some(&s.talos), &live::Subject::of(&s.change)).await,
+    )
+    .ok_or("no live nodes")?;
+    let opts = PlanOptions {
+        two_pass: true,
+        ..PlanOptions::default()
+    };
+    s.plan = gate::plan_with(&s.change, &opts, Some(&live_nodes))?;
     let (outcome, seen, lines) = run_once(&s, false).await?;
     assert_eq!(seen, Vec::<String>::new(), "invariants broken");
     let RunOutcome::Completed { stages } = outcome else {
@@ -478,56 +579,39 @@ async fn the_grouped_bump_rolls_talos_then_kubernetes_without_breaking_an_invari
         ]
     );
     assert_finished(&s).await?;
-    // The plan's order: control planes one at a time, apiservers before any kubelet, control
-    // planes' kubelets before workers'.
     let all = lines.all();
     let pos = |needle: &str| {
         all.iter()
             .position(|l| l.contains(needle))
             .unwrap_or_else(|| panic!("no line with {needle:?} in {all:#?}"))
     };
-    // One control plane at a time, the etcd leader last, every one before any worker.
-    let leader_first = s
-        .twin
-        .talos
-        .with_model(|m| m.etcd_leader().map(str::to_string));
-    let mut cps: Vec<&str> = vec!["cp-1", "cp-2", "cp-3"];
-    cps.sort_by_key(|cp| pos(&format!("talos {cp}: cordoned")));
-    for pair in cps.windows(2) {
-        assert!(
-            pos(&format!("talos {}: on", pair[0])) < pos(&format!("talos {}: cordoned", pair[1])),
-            "{pair:?} overlap"
-        );
-    }
-    assert!(leader_first.is_some());
-    assert!(pos(&format!("talos {}: on", cps[2])) < pos("talos w-1: cordoned"));
-    // Issue 19 item 2: the installer is pulled on every node before the first goes down, so
-    // no node's turn waits on its pull.
-    let first_cordon = pos(": cordoned");
+    assert!(
+        pos("talos cp-3: on") < pos("talos w-1: cordoned")
+            || pos("talos cp-1: on") < pos("talos w-1: cordoned")
+    );
+    // Issue 19 item 2: the installer is pulled ahead (4 nodes at a time, alongside the
+    // first nodes' steps), so a worker's turn never waits on its pull.
     for o in s.twin.talos.observe() {
         let i = pos(&format!("talos {}: pre-pulled", o.name));
         assert!(
-            i < first_cordon && all[i].ends_with("ahead of its turn"),
+            i < pos(&format!("talos {}: cordoned", o.name)),
             "{}",
             all[i]
         );
+        if o.name.starts_with("w-") {
+            assert!(all[i].ends_with("ahead of its turn"), "{}", all[i]);
+        }
     }
-    assert!(lines.any("the installer is pulled ahead on"), "{all:#?}");
     assert!(pos("kube-apiserver cp-3: on") < pos("kubelet cp-1: on"));
     assert!(pos("kubelet cp-3: on") < pos("kubelet w-1: on"));
     assert!(pos("bootstrap manifests") < pos("kubelet cp-1: on"));
-    // Longhorn replicas were waited for before a node went back.
-    assert!(lines.any("waiting for the replicas of"), "{all:#?}");
-    // The record says so.
+    // Two drains per worker: one for Talos, one for the kubelet.
+    for w in ["w-1", "w-2", "w-3"] {
+        assert!(lines.any(&format!("talos {w}: cordoned")));
+        assert!(lines.any(&format!("kubelet {w}: cordoned")));
+    }
     let rec = s.record().await?;
-    assert_eq!(rec.state, RecordState::Completed);
-    assert_eq!(rec.target, s.target().to_ref());
     assert!(rec.steps.contains_key("talos/w-2") && rec.steps.contains_key("kubelet/w-3"));
-    // A second run finds everything done from what it observes, and changes nothing.
-    let (again, seen, lines) = run_once(&s, false).await?;
-    assert!(matches!(again, RunOutcome::Completed { .. }), "{again:?}");
-    assert!(seen.is_empty());
-    assert!(!lines.any("cordoned"), "{:#?}", lines.all());
     Ok(())
 }
 
@@ -1779,8 +1863,21 @@ pub fn add_longhorn_volume(s: &Setup, name: &str, nodes: &[&str]) -> Result<(), 
 }
 
 /// Talos ≥ 1.13: LifecycleService/Upgrade, then ichor's own Reboot (one drain owner: ichor).
-#[tokio::test]
-async fn talos_1_13_upgrades_through_the_lifecycle_service_then_ichors_reboot() -> TestResult {
+/// The homelab on Talos 1.13.0 rolled to 1.13.2 (LifecycleService) on a twin with
+/// `config`: the outcome, the invariants broken, the lines, the twin and the record.
+async fn lifecycle_rollout(
+    config: TwinConfig,
+) -> Result<
+    (
+        RunOutcome,
+        Vec<String>,
+        Lines,
+        Twin,
+        KubeClient,
+        record::RolloutRecord,
+    ),
+    Error,
+> {
     let state = tempfile::tempdir()?;
     let (change, dir, start) = homelab_change(state.path())?;
     let base_text = std::fs::read_to_string(dir.join("release-set.yaml"))?;
@@ -1796,7 +1893,10 @@ async fn talos_1_13_upgrades_through_the_lifecycle_service_then_ichors_reboot() 
         Clock::manual_at(start),
         &ClusterFolder::read(&dir)?,
         &state.path().join("state"),
-        TwinOptions::default(),
+        TwinOptions {
+            config,
+            github: None,
+        },
     )
     .await?;
     twin.advance(Duration::from_secs(30));
@@ -1837,23 +1937,92 @@ async fn talos_1_13_upgrades_through_the_lifecycle_service_then_ichors_reboot() 
         r = engine.run(&plan, &target, None, false) => r?,
         _ = twin.drive(Duration::from_secs(2), || seen.borrow_mut().extend(violations(&twin, max))) => unreachable!(),
     };
+    drop(engine);
+    let rec = record::load(&kube, "homelab")
+        .await?
+        .ok_or("no rollout record")?
+        .record;
+    let mut seen = seen.into_inner();
+    seen.sort();
+    seen.dedup();
+    Ok((outcome, seen, lines, twin, kube, rec))
+}
+
+/// Issue 19 item 2: on Talos ≥ 1.13 the next worker installs while the current one reboots
+/// (one round ahead), so its own turn is a drain and a reboot.
+#[tokio::test]
+async fn talos_1_13_upgrades_through_the_lifecycle_service_then_ichors_reboot() -> TestResult {
+    let (outcome, seen, lines, twin, kube, _) = lifecycle_rollout(TwinConfig::default()).await?;
     assert!(
         matches!(outcome, RunOutcome::Completed { .. }),
         "{outcome:?}\n{:#?}",
         lines.all()
     );
-    assert!(seen.into_inner().is_empty());
+    assert!(seen.is_empty(), "{seen:?}");
     assert!(
         lines.any("talos w-1: upgrade to v1.13.2 requested (LifecycleService, then reboot)"),
         "{:#?}",
         lines.all()
     );
+    let all = lines.all();
+    let pos = |needle: &str| {
+        all.iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle:?} in {all:#?}"))
+    };
+    // w-2 installs while w-1 is out, w-3 while w-2 is; their turns only reboot.
+    for (w, before) in [("w-2", "w-1"), ("w-3", "w-2")] {
+        let installed = pos(&format!("talos {w}: installed"));
+        assert!(
+            all[installed].contains("ahead of its turn"),
+            "{}",
+            all[installed]
+        );
+        assert!(pos(&format!("talos {before}: cordoned")) < installed);
+        assert!(installed < pos(&format!("talos {w}: cordoned")));
+        assert!(lines.any(&format!(
+            "talos {w}: upgrade to v1.13.2 requested (installed ahead, reboot)"
+        )));
+    }
     for o in twin.talos.observe() {
         assert_eq!(o.talos_version, "v1.13.2", "{}", o.name);
     }
     for n in kube.nodes().await? {
         assert!(!n.cordoned && n.ready, "{}", n.name);
     }
+    Ok(())
+}
+
+/// A pause with nodes installed ahead but not rebooted names them (a reboot of their own
+/// brings them up on the target, undrained), and the record keeps them.
+#[tokio::test]
+async fn a_pause_names_the_nodes_installed_ahead_and_not_rebooted() -> TestResult {
+    let mut config = TwinConfig::default();
+    config.faults.nodes_never_return = vec!["w-2".into()];
+    let (outcome, seen, lines, twin, _, rec) = lifecycle_rollout(config).await?;
+    assert!(seen.is_empty(), "{seen:?}");
+    let p = paused(outcome)?;
+    assert_eq!(p.node.as_deref(), Some("w-2"), "{p:?}\n{:#?}", lines.all());
+    assert!(
+        p.reason.contains(
+            "installed ahead and not rebooted: w-3 (each boots Talos v1.13.2 at its next reboot"
+        ),
+        "{}",
+        p.reason
+    );
+    let w3 = rec.steps.get("talos/w-3").ok_or("w-3 in the record")?;
+    assert!(
+        w3.installed_boot.is_some() && w3.started_at.is_none(),
+        "{w3:?}"
+    );
+    // Installed, not rebooted: still on its old version, serving.
+    let o = twin
+        .talos
+        .observe()
+        .into_iter()
+        .find(|o| o.name == "w-3")
+        .ok_or("w-3")?;
+    assert_eq!(o.talos_version, "v1.13.0");
     Ok(())
 }
 

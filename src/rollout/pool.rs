@@ -1,0 +1,410 @@
+//! Workers without batch barriers. The plan's worker batches say the order and the
+//! estimate; the engine starts the next worker as soon as starting it breaks no rule —
+//! `maxUnavailable`, never two holders of one volume down (both judged live, the same
+//! [`rule_verdict`] a single node's start is judged by), holds, the maintenance window —
+//! instead of waiting for the slowest node of a batch. A worker that cannot start yet does
+//! not hold back the ones behind it. The node running ichor starts last, once every other
+//! worker of the stage is done. A pause stops new starts; the nodes under way finish what
+//! they started, then the first pause wins, as in a batch.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::pin::Pin;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+
+use super::{stage_key, window, Flow, Run, Stop, SIBLING_STOPPED, WAIT_EVERY};
+use crate::kube::{LiveNode, LiveVolume};
+use crate::plan::{StageId, Step};
+use crate::releaseset::{Role, Version};
+
+/// A plan step that is a batch of workers (`talos/workers-2`, `kubelet/workers-1`,
+/// `worker/workers-3`): its nodes go through the pool.
+pub(super) fn pooled(step: &Step) -> bool {
+    step.id
+        .split_once('/')
+        .is_some_and(|(_, rest)| rest.starts_with("workers-"))
+}
+
+/// Why `node` may not go down now, or `None`: more workers out than `max` (those NotReady
+/// or cordoned, by anyone, and those begun in this run, `active`), or a volume with another
+/// replica on a node that is out. Judged from live placement, never the plan's.
+pub(super) fn rule_verdict(
+    node: &LiveNode,
+    nodes: &[LiveNode],
+    volumes: &[LiveVolume],
+    active: &BTreeSet<String>,
+    max: usize,
+) -> Option<String> {
+    let out =
+        |n: &LiveNode| n.name != node.name && (!n.ready || n.cordoned || active.contains(&n.name));
+    if node.role == Role::Worker {
+        let unavailable: Vec<String> = nodes
+            .iter()
+            .filter(|n| n.role == Role::Worker && out(n))
+            .map(|n| n.name.clone())
+            .collect();
+        if unavailable.len() + 1 > max {
+            return Some(format!(
+                "{} waits: {} already unavailable (NotReady, cordoned or upgrading) and maxUnavailable is {max}",
+                node.name,
+                super::step::plural_list("worker", &unavailable),
+            ));
+        }
+    }
+    let down: BTreeSet<&str> = nodes
+        .iter()
+        .filter(|n| out(n))
+        .map(|n| n.name.as_str())
+        .collect();
+    // Never two holders of one volume down: another replica on a node that is out (a
+    // peer started a moment ago included, never counted as "elsewhere") holds this node.
+    let exposed: Vec<String> = volumes
+        .iter()
+        .filter(|v| !v.single_replica && v.nodes.contains(&node.name))
+        .filter_map(|v| {
+            let out: Vec<&str> = v
+                .nodes
+                .iter()
+                .map(String::as_str)
+                .filter(|n| *n != node.name && down.contains(n))
+                .collect();
+            (!out.is_empty()).then(|| format!("{} (also on {})", v.name, out.join(", ")))
+        })
+        .collect();
+    (!exposed.is_empty()).then(|| {
+        format!(
+            "{} waits: {} would have a second replica on a node that is down, cordoned or upgrading",
+            node.name,
+            super::step::plural_list("volume", &exposed)
+        )
+    })
+}
+
+/// What the pool runs for a node: its step, or its install ahead of its turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Work {
+    Step,
+    Install,
+}
+
+type NodeRun<'s> = Pin<Box<dyn Future<Output = (&'s str, Work, Flow<()>)> + Send + 's>>;
+
+impl<'r, 'a> Run<'r, 'a> {
+    /// The workers of `steps` (the stage's worker batches, in plan order), each driven by
+    /// `f`, started as slots free. `gates` counts the disruptive units for the `between`
+    /// health gate, which follows each worker.
+    pub(super) async fn pool<'s, F, Fut>(
+        &'s self,
+        stage: StageId,
+        steps: &[&'s Step],
+        f: F,
+        gates: &'s tokio::sync::Mutex<usize>,
+        total: usize,
+    ) -> Flow<()>
+    where
+        F: Fn(&'s str) -> Fut,
+        Fut: Future<Output = Flow<()>> + Send + 's,
+    {
+        let prefix = format!("{}/", super::step_prefix(stage));
+        let mut queue: Vec<&'s str> = steps
+            .iter()
+            .flat_map(|s| s.nodes.iter().map(String::as_str))
+            .collect();
+        // Nodes an earlier run began go first: they are out already.
+        let begun: BTreeSet<String> = {
+            let stored = self.stored.lock().await;
+            stored
+                .record
+                .steps
+                .iter()
+                .filter(|(_, m)| m.started_at.is_some() && m.finished_at.is_none())
+                .filter_map(|(k, _)| k.strip_prefix(&prefix).map(str::to_string))
+                .collect()
+        };
+        queue.sort_by_key(|n| !begun.contains(*n));
+        let mut running: FuturesUnordered<NodeRun<'s>> = FuturesUnordered::new();
+        let mut first: Option<Stop> = None;
+        let mut held_back: Option<Stop> = None;
+        // Installs ahead (Talos ≥ 1.13, Talos and one-drain stages): in flight, and done
+        // on nodes whose step has not begun. At most one round (`maxUnavailable`) ahead,
+        // so a pause leaves few nodes installed but not rebooted.
+        let installs = matches!(stage, StageId::Talos | StageId::Workers);
+        let mut installing: BTreeSet<&'s str> = BTreeSet::new();
+        let mut installed: BTreeSet<&'s str> = BTreeSet::new();
+        let round = self.engine.policy.max_unavailable.get() as usize;
+        loop {
+            if first.is_none() && !queue.is_empty() {
+                let idle = running.len() == installing.len();
+                let started = match self
+                    .startable(stage, &mut queue, &begun, &installing, idle)
+                    .await
+                {
+                    Ok(started) => started,
+                    Err(Stop::LockLost(h)) => return Err(Stop::LockLost(h)),
+                    // A pause request (or a record that cannot be written): nothing new
+                    // starts, and the nodes under way finish what they started.
+                    Err(stop) => {
+                        first.get_or_insert(stop);
+                        Vec::new()
+                    }
+                };
+                for name in &started {
+                    installed.remove(name);
+                }
+                if installs && self.window_open() {
+                    let ahead: Vec<&'s str> = queue
+                        .iter()
+                        .copied()
+                        .filter(|n| !installing.contains(n) && !installed.contains(n))
+                        .filter(|n| !begun.contains(*n))
+                        .take(round.saturating_sub(installing.len() + installed.len()))
+                        .collect();
+                    for name in ahead {
+                        installing.insert(name);
+                        running.push(Box::pin(async move {
+                            (name, Work::Install, self.install_ahead(stage, name).await)
+                        }));
+                    }
+                }
+                for name in started {
+                    let node = f(name);
+                    running.push(Box::pin(async move {
+                        let r = node.await;
+                        self.active.lock().await.remove(name);
+                        let r = match r {
+                            // The `between` gate after the node, one gate at a time; no
+                            // worker starts while one is open (the pool sees `gating`).
+                            Ok(()) => {
+                                self.gating
+                                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                                let mut done = gates.lock().await;
+                                let r = self.health_between(stage, name, &mut done, total).await;
+                                self.gating
+                                    .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                                r
+                            }
+                            err => err,
+                        };
+                        (name, Work::Step, r)
+                    }));
+                }
+            }
+            if running.is_empty() {
+                if queue.is_empty() || first.is_some() {
+                    break;
+                }
+                // Nothing may start now (said as the rollout's wait): look again later.
+                self.engine.clock.sleep(WAIT_EVERY).await;
+                continue;
+            }
+            let finished = if first.is_none() && !queue.is_empty() {
+                tokio::select! {
+                    r = running.next() => r,
+                    // Someone else's node may come back, a hold may go: look again.
+                    _ = self.engine.clock.sleep(WAIT_EVERY) => None,
+                }
+            } else {
+                running.next().await
+            };
+            if let Some((name, Work::Install, r)) = &finished {
+                installing.remove(name);
+                if r.is_ok() {
+                    installed.insert(name);
+                }
+            }
+            match finished {
+                None | Some((_, _, Ok(()))) => {}
+                Some((_, _, Err(Stop::LockLost(h)))) => return Err(Stop::LockLost(h)),
+                Some((name, _, Err(Stop::Pause(p)))) => {
+                    if p.reason.contains(SIBLING_STOPPED) {
+                        held_back.get_or_insert(Stop::Pause(p));
+                    } else {
+                        if let Ok(mut h) = self.halted.lock() {
+                            h.get_or_insert_with(|| {
+                                format!(
+                                    "{name} paused: {}",
+                                    crate::releaseset::excerpt(&p.reason, 200)
+                                )
+                            });
+                        }
+                        first.get_or_insert(Stop::Pause(p));
+                    }
+                }
+            }
+        }
+        if let Ok(mut h) = self.halted.lock() {
+            *h = None;
+        }
+        match first.or(held_back) {
+            Some(Stop::Pause(mut p)) => {
+                let left = self.installed_not_rebooted(stage).await;
+                if !left.is_empty() {
+                    p.reason = format!(
+                        "{}; installed ahead and not rebooted: {} (each boots Talos {} at its next reboot, drained or not)",
+                        p.reason,
+                        left.join(", "),
+                        self.target.talos
+                    );
+                }
+                Err(Stop::Pause(p))
+            }
+            Some(stop) => Err(stop),
+            None => Ok(()),
+        }
+    }
+
+    /// Nodes of `stage` the target was installed on ahead of a turn that has not come:
+    /// the record keeps them (`installedBoot` on a step not begun), the pause names them.
+    pub(super) async fn installed_not_rebooted(&self, stage: StageId) -> Vec<String> {
+        let prefix = format!("{}/", super::step_prefix(stage));
+        self.stored
+            .lock()
+            .await
+            .record
+            .steps
+            .iter()
+            .filter(|(_, m)| m.installed_boot.is_some() && !m.upgrade_requested)
+            .filter_map(|(k, _)| k.strip_prefix(&prefix).map(str::to_string))
+            .collect()
+    }
+
+    fn window_open(&self) -> bool {
+        !matches!(
+            window::state(&self.engine.policy.maintenance_windows, self.now()),
+            window::WindowState::Closed { .. }
+        )
+    }
+
+    /// The workers of `queue` that may start now, taken out of it in order (and marked
+    /// begun in `active`). Judged on one look at the nodes and volumes: a node begun by an
+    /// earlier run goes at once (it is out already), a node already on the stage's target
+    /// needs no slot, a held node or one that would break a rule waits without holding back
+    /// the next, the node running ichor waits until it is the last one. Said as the
+    /// rollout's wait when nothing runs and nothing may start.
+    async fn startable<'s>(
+        &'s self,
+        stage: StageId,
+        queue: &mut Vec<&'s str>,
+        begun: &BTreeSet<String>,
+        busy: &BTreeSet<&'s str>,
+        idle: bool,
+    ) -> Flow<Vec<&'s str>> {
+        let e = self.engine;
+        if let Some(why) = e.pause_requested.and_then(|f| f()) {
+            return Err(self.pause(stage, queue.first().copied(), why));
+        }
+        let now = self.now();
+        if let window::WindowState::Closed { opens_at } =
+            window::state(&e.policy.maintenance_windows, now)
+        {
+            if idle {
+                self.waiting(
+                    stage,
+                    Some(format!(
+                        "{} starts in the next maintenance window, {}",
+                        queue.first().copied().unwrap_or("the next worker"),
+                        window::describe(opens_at)
+                    )),
+                )
+                .await?;
+            }
+            return Ok(Vec::new());
+        }
+        let nodes = self.live_nodes(stage).await?;
+        let volumes = self.volumes(stage).await?;
+        let max = e.policy.max_unavailable.get() as usize;
+        let me = self.plan.ichor_node.as_deref();
+        let mut active = self.active.lock().await;
+        let mut go = Vec::new();
+        let mut wait: Option<String> = None;
+        let mut keep = Vec::new();
+        let last = queue.len() == 1 && busy.is_empty();
+        for &name in queue.iter() {
+            // Its install ahead is still running: its turn waits for it, the next goes.
+            if busy.contains(name) {
+                keep.push(name);
+                continue;
+            }
+            let Some(live) = nodes.iter().find(|n| n.name == name) else {
+                // Its own step says it is gone.
+                go.push(name);
+                continue;
+            };
+            if begun.contains(name) {
+                active.insert(name.to_string());
+                go.push(name);
+                continue;
+            }
+            if self.on_stage_target(stage, live) {
+                go.push(name);
+                continue;
+            }
+            if Some(name) == me && !(last && idle) {
+                wait.get_or_insert_with(|| {
+                    format!("{name} runs ichor: it goes once every other worker is done")
+                });
+                keep.push(name);
+                continue;
+            }
+            if let Some(reason) = &live.hold {
+                wait.get_or_insert_with(|| {
+                    format!(
+                        "{name} is held ({}={}); remove the annotation to let it go",
+                        crate::kube::HOLD,
+                        crate::releaseset::excerpt(reason, 120)
+                    )
+                });
+                keep.push(name);
+                continue;
+            }
+            match rule_verdict(live, &nodes, &volumes, &active, max) {
+                Some(why) => {
+                    wait.get_or_insert(why);
+                    keep.push(name);
+                }
+                None => {
+                    active.insert(name.to_string());
+                    go.push(name);
+                }
+            }
+        }
+        drop(active);
+        *queue = keep;
+        if !go.is_empty() {
+            self.waiting(stage, None).await?;
+        } else if idle {
+            self.waiting(stage, wait).await?;
+        }
+        if !go.is_empty() {
+            tracing::debug!(
+                cluster = %e.cluster,
+                stage = stage_key(stage),
+                "starting {}",
+                go.join(", ")
+            );
+        }
+        Ok(go)
+    }
+
+    /// The node already runs what the stage moves it to, Ready and not cordoned: its step
+    /// only confirms it and takes no slot.
+    fn on_stage_target(&self, stage: StageId, n: &LiveNode) -> bool {
+        let talos = || {
+            n.talos
+                .as_deref()
+                .and_then(|t| Version::parse(t).ok())
+                .as_ref()
+                == Some(&self.target.talos)
+        };
+        let kubelet = || n.kubelet == self.target.kubernetes.tag();
+        n.ready
+            && !n.cordoned
+            && match stage {
+                StageId::Talos => talos(),
+                StageId::Kubelet => kubelet(),
+                StageId::Workers => talos() && kubelet(),
+                _ => false,
+            }
+    }
+}
