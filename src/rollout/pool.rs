@@ -134,7 +134,8 @@ impl<'r, 'a> Run<'r, 'a> {
         let mut installed: BTreeSet<&'s str> = BTreeSet::new();
         let round = self.engine.policy.max_unavailable.get() as usize;
         loop {
-            if first.is_none() && !queue.is_empty() {
+            let gating = self.gating.load(std::sync::atomic::Ordering::SeqCst) > 0;
+            if first.is_none() && !queue.is_empty() && !gating {
                 let idle = running.len() == installing.len();
                 let started = match self
                     .startable(stage, &mut queue, &begun, &installing, idle)

@@ -241,6 +241,8 @@ fn grouped_talos_and_kubernetes_pass_and_plan_talos_first() {
         .iter()
         .map(|s| s["id"].as_str().unwrap_or(""))
         .collect();
+    // Each worker drained once: Talos on the control planes, the Kubernetes stages, then
+    // the workers' kubelet and Talos together.
     assert_eq!(
         stages,
         [
@@ -249,9 +251,56 @@ fn grouped_talos_and_kubernetes_pass_and_plan_talos_first() {
             "kube-controller-manager-scheduler",
             "kube-proxy-manifests",
             "kubelet",
+            "workers",
             "verify"
         ]
     );
+    let step_ids = |stage: usize| -> Vec<String> {
+        plan["stages"][stage]["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    assert_eq!(step_ids(0), ["talos/cp-1", "talos/cp-2", "talos/cp-3"]);
+    assert_eq!(
+        step_ids(5),
+        ["worker/workers-1", "worker/workers-2", "worker/workers-3"]
+    );
+    // Every Longhorn volume has a replica on each worker: one worker at a time.
+    assert_eq!(plan["workerBatches"]["count"], 3);
+    assert_eq!(plan["workerBatches"]["lowerBound"], 3);
+    assert_eq!(report["base"]["rev"], "main");
+    assert!(plan["estimateSecs"].as_u64().unwrap_or(0) > 0);
+    assert_eq!(plan["pairings"][1]["talos"], "v1.12.9");
+    assert_eq!(
+        plan["pairings"][1]["kubernetes"], "v1.33.5",
+        "Talos moves while Kubernetes stays"
+    );
+    // --two-pass keeps every node's Talos first, each worker drained again for its kubelet.
+    let o = ichor(&[
+        "plan",
+        "--repo",
+        &repo(),
+        "--base",
+        "main",
+        "--head",
+        "renovate/talos",
+        "--two-pass",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let report: Value = serde_json::from_slice(&o.stdout).expect("plan json");
+    let plan = &report["plans"][0];
+    let stages: Vec<&str> = plan["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap_or(""))
+        .collect();
+    assert!(!stages.contains(&"workers"), "{stages:?}");
     let talos_steps: Vec<&str> = plan["stages"][0]["steps"]
         .as_array()
         .unwrap()
@@ -269,16 +318,11 @@ fn grouped_talos_and_kubernetes_pass_and_plan_talos_first() {
             "talos/workers-3"
         ]
     );
-    // Every Longhorn volume has a replica on each worker: one worker at a time.
-    assert_eq!(plan["workerBatches"]["count"], 3);
-    assert_eq!(plan["workerBatches"]["lowerBound"], 3);
-    assert_eq!(report["base"]["rev"], "main");
-    assert!(plan["estimateSecs"].as_u64().unwrap_or(0) > 0);
-    assert_eq!(plan["pairings"][1]["talos"], "v1.12.9");
-    assert_eq!(
-        plan["pairings"][1]["kubernetes"], "v1.33.5",
-        "Talos moves while Kubernetes stays"
-    );
+    assert!(plan["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n.as_str().unwrap_or("").contains("--two-pass")));
 }
 
 #[test]
@@ -446,14 +490,21 @@ fn demo_runs_end_to_end() {
     );
     assert!(out.contains("3 healthy members, leader cp-1"), "{out}");
     assert!(out.contains("Argo CD owns the CNI"), "{out}");
-    // Merged, it is rolled out: Talos first, then Kubernetes, and the comment follows.
+    // Merged, it is rolled out: Talos on the control planes, then Kubernetes, then each
+    // worker once for both, and the comment follows.
     let talos_done = out
-        .find("talos w-3: on v1.12.9, Ready")
+        .find("talos cp-3: on v1.12.9, Ready")
         .expect("Talos progress");
     let kubelet_done = out
-        .find("kubelet w-3: on v1.33.7, Ready")
+        .find("kubelet cp-3: on v1.33.7, Ready")
         .expect("kubelet progress");
-    assert!(talos_done < kubelet_done, "{out}");
+    let worker_done = out
+        .find("worker w-3: on Talos v1.12.9 and kubelet v1.33.7, Ready")
+        .expect("worker progress");
+    assert!(
+        talos_done < kubelet_done && kubelet_done < worker_done,
+        "{out}"
+    );
     assert!(
         out.contains("success — done: every node runs Talos v1.12.9 and Kubernetes v1.33.7"),
         "{out}"
