@@ -230,6 +230,23 @@ impl Run<'_, '_> {
             },
             None => None,
         };
+        if talos.is_none() && matches!(stage, StageId::Talos | StageId::Workers) {
+            // Mid-reboot (or gone): nothing on the Kubernetes side decides what a Talos
+            // step does next (it settles or times out), so nothing there is read.
+            return Ok(NodeObservation {
+                talos,
+                boot_id,
+                ready: false,
+                cordoned: false,
+                cordoned_by_ichor: false,
+                pods_to_move: 0,
+                in_place: false,
+                unprotected_volumes: Vec::new(),
+                attachments: Vec::new(),
+                degraded_volumes: Vec::new(),
+                kubelet: String::new(),
+            });
+        }
         let nodes = self.live_nodes(stage).await?;
         let in_place = self.in_place_among(&nodes);
         let live = nodes.into_iter().find(|n| n.name == node.name);
