@@ -164,6 +164,8 @@ pub fn approx_size(v: &Value) -> usize {
 }
 
 type Key = (&'static str, String, String);
+/// (storage, path, value) of an indexed field.
+type FieldKey = (&'static str, &'static str, String);
 
 /// The fields the model looks objects up by, (storage, path): pods by their node, Longhorn
 /// replicas by their volume and by their node. A missing field indexes as "".
@@ -196,7 +198,7 @@ pub struct Store {
     pod_owners: HashMap<(String, String, String), BTreeSet<String>>,
     /// (storage, path, value) → (namespace, name) of the objects with that value at that
     /// path, for the [`FIELD_INDEX`] fields: a node's pods without scanning every pod.
-    by_field: HashMap<(&'static str, &'static str, String), BTreeSet<(String, String)>>,
+    by_field: HashMap<FieldKey, BTreeSet<(String, String)>>,
     /// (namespace, name) of the pods that mount a PersistentVolumeClaim: the only ones the
     /// attach-detach controller looks at.
     claim_pods: BTreeSet<(String, String)>,
