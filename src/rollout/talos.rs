@@ -246,11 +246,12 @@ impl Run<'_, '_> {
         let on_target = obs.ready && obs.kubelet == tag;
         // Whether the switch is done matters only once the node is drained (the upgrade
         // comes next) or on the target Talos (the kubelet is what is left): read then only.
-        let talos_done =
-            crate::releaseset::Version::parse(obs.talos.as_deref().unwrap_or("")).ok().as_ref()
-                == Some(&self.target.talos);
-        let drained = obs.in_place
-            || (obs.cordoned && obs.pods_to_move == 0 && obs.attachments.is_empty());
+        let talos_done = crate::releaseset::Version::parse(obs.talos.as_deref().unwrap_or(""))
+            .ok()
+            .as_ref()
+            == Some(&self.target.talos);
+        let drained =
+            obs.in_place || (obs.cordoned && obs.pods_to_move == 0 && obs.attachments.is_empty());
         let switched = on_target
             || (obs.talos.is_some()
                 && (talos_done || drained)

@@ -1569,8 +1569,8 @@ async fn ichor_rollout_killed_three_times_is_continued_by_the_next_run() -> Test
         seen
     };
     let work = async {
-        // Kill once each of these is in the record: mid control planes, mid workers, mid
-        // kubelets.
+        // Kill once each of these is in the record: mid control planes, mid kubelets, mid
+        // workers (each drained once for both).
         let kill_when: [&dyn Fn(&record::RolloutRecord) -> bool; 3] = [
             // Begun, not only pulled ahead.
             &|r| {
@@ -1578,12 +1578,12 @@ async fn ichor_rollout_killed_three_times_is_continued_by_the_next_run() -> Test
                     .get("talos/cp-2")
                     .is_some_and(|s| s.started_at.is_some())
             },
+            &|r| r.stage.as_deref() == Some("kubelet"),
             &|r| {
                 r.steps
-                    .get("talos/w-2")
+                    .get("worker/w-2")
                     .is_some_and(|s| s.started_at.is_some())
             },
-            &|r| r.stage.as_deref() == Some("kubelet"),
         ];
         let mut kills = 0;
         let mut etas = Vec::new();
@@ -2156,7 +2156,7 @@ async fn the_next_worker_starts_when_a_slot_frees_not_when_its_batch_ends() -> T
     let mut config = TwinConfig::default();
     config.faults.slow_apply.insert(
         "w-1".into(),
-        ichor::releaseset::HumanDuration::from_mins(4),
+        ichor::releaseset::HumanDuration::from_secs(25),
     );
     let edit = |t: &str| {
         t.replace("maxUnavailable: 1", "maxUnavailable: 2")
@@ -2167,9 +2167,10 @@ async fn the_next_worker_starts_when_a_slot_frees_not_when_its_batch_ends() -> T
         doc.spec.rollout.max_unavailable = std::num::NonZeroU32::new(2).ok_or("2")?;
         doc.spec.volumes.provider = ichor::releaseset::VolumeProvider::None;
     }
-    let live_nodes =
-        live::live_nodes(&live::observe(&s.kube, Some(&s.talos), &live::Subject::of(&s.change)).await)
-            .ok_or("no live nodes")?;
+    let live_nodes = live::live_nodes(
+        &live::observe(&s.kube, Some(&s.talos), &live::Subject::of(&s.change)).await,
+    )
+    .ok_or("no live nodes")?;
     s.plan = gate::plan_with(&s.change, &PlanOptions::default(), Some(&live_nodes))?;
     let batches: Vec<Vec<String>> = s
         .plan
