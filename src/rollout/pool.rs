@@ -88,7 +88,8 @@ enum Work {
     Install,
 }
 
-type NodeRun<'s> = Pin<Box<dyn Future<Output = (&'s str, Work, Flow<()>)> + Send + 's>>;
+/// What one unit of work ended in: the step's flow, or whether an install ahead applies.
+type NodeRun<'s> = Pin<Box<dyn Future<Output = (&'s str, Work, Flow<bool>)> + Send + 's>>;
 
 impl<'r, 'a> Run<'r, 'a> {
     /// The workers of `steps` (the stage's worker batches, in plan order), each driven by
@@ -129,7 +130,7 @@ impl<'r, 'a> Run<'r, 'a> {
         // Installs ahead (Talos ≥ 1.13, Talos and one-drain stages): in flight, and done
         // on nodes whose step has not begun. At most one round (`maxUnavailable`) ahead,
         // so a pause leaves few nodes installed but not rebooted.
-        let installs = matches!(stage, StageId::Talos | StageId::Workers);
+        let mut installs = matches!(stage, StageId::Talos | StageId::Workers);
         let mut installing: BTreeSet<&'s str> = BTreeSet::new();
         let mut installed: BTreeSet<&'s str> = BTreeSet::new();
         let round = self.engine.policy.max_unavailable.get() as usize;
@@ -187,7 +188,7 @@ impl<'r, 'a> Run<'r, 'a> {
                             }
                             err => err,
                         };
-                        (name, Work::Step, r)
+                        (name, Work::Step, r.map(|()| true))
                     }));
                 }
             }
@@ -210,12 +211,17 @@ impl<'r, 'a> Run<'r, 'a> {
             };
             if let Some((name, Work::Install, r)) = &finished {
                 installing.remove(name);
-                if r.is_ok() {
-                    installed.insert(name);
+                match r {
+                    Ok(true) => {
+                        installed.insert(name);
+                    }
+                    // Talos ≤ 1.12: its upgrade installs and reboots in one call.
+                    Ok(false) => installs = false,
+                    Err(_) => {}
                 }
             }
             match finished {
-                None | Some((_, _, Ok(()))) => {}
+                None | Some((_, _, Ok(_))) => {}
                 Some((_, _, Err(Stop::LockLost(h)))) => return Err(Stop::LockLost(h)),
                 Some((name, _, Err(Stop::Pause(p)))) => {
                     if p.reason.contains(SIBLING_STOPPED) {

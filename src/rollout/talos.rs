@@ -542,34 +542,39 @@ impl Run<'_, '_> {
     /// serves, so its own step only drains and reboots it. Recorded as the boot it was
     /// installed on; the step has not begun. A failure is only said: the node's own step
     /// installs again, and pauses if that fails. Only a lost lock stops the rollout here.
-    pub(super) async fn install_ahead(&self, stage: StageId, name: &str) -> Flow<()> {
+    /// `false`: the node's Talos installs and reboots in one call (≤ 1.12), so nothing is
+    /// installed ahead on it.
+    pub(super) async fn install_ahead(&self, stage: StageId, name: &str) -> Flow<bool> {
         let e = self.engine;
         let prefix = step_prefix(stage);
         let key = format!("{prefix}/{name}");
         let m = self.marker(&key).await;
         if m.started_at.is_some() || m.installed_boot.is_some() {
-            return Ok(());
+            return Ok(true);
         }
         let Ok(nodes) = e.kube.nodes().await else {
-            return Ok(());
+            return Ok(true);
         };
         let Some(node) = nodes.into_iter().find(|n| n.name == name) else {
-            return Ok(());
+            return Ok(true);
         };
         let addr = address(&node);
         let Ok(v) = e.talos.version(&addr, around(&node)).await else {
-            return Ok(());
+            return Ok(true);
         };
         let on_target =
             crate::releaseset::Version::parse(&v.tag).ok().as_ref() == Some(&self.target.talos);
-        if v.upgrade_api != UpgradeApi::Lifecycle || on_target {
-            return Ok(());
+        if v.upgrade_api != UpgradeApi::Lifecycle {
+            return Ok(false);
+        }
+        if on_target {
+            return Ok(true);
         }
         let Ok(boot) = e.talos.boot_id(&addr, around(&node)).await else {
-            return Ok(());
+            return Ok(true);
         };
         let Ok(installer) = self.installer(stage, &node).await else {
-            return Ok(()); // said by the node's own step
+            return Ok(true); // said by the node's own step
         };
         // Writing the node's disk is acting on it: only while the lock is ours.
         self.check_lock(stage, name).await?;
@@ -585,7 +590,7 @@ impl Run<'_, '_> {
                 "{prefix} {name}: installing {installer} ahead failed ({err}); its own step installs again"
             ))),
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Before a NO_REBOOT apply of "active + image edit": nothing else may be pending on the

@@ -345,6 +345,30 @@ fn change_of(
     Ok((change, dir, opens))
 }
 
+/// The plan made again from the live nodes with `opts` (as `ichor rollout` would with its
+/// flags).
+async fn replan(s: &mut Setup, opts: &PlanOptions) -> TestResult {
+    let facts = live::observe(&s.kube, Some(&s.talos), &live::Subject::of(&s.change)).await;
+    let nodes = live::live_nodes(&facts).ok_or("no live nodes")?;
+    s.plan = gate::plan_with(&s.change, opts, Some(&nodes))?;
+    Ok(())
+}
+
+/// One run to its completion with no invariant broken: the stages in the order they ran,
+/// and every line said.
+async fn completed(s: &Setup) -> Result<(Vec<String>, Vec<String>), Error> {
+    let (outcome, seen, lines) = run_once(s, false).await?;
+    assert_eq!(seen, Vec::<String>::new(), "invariants broken");
+    let RunOutcome::Completed { stages } = outcome else {
+        return Err(format!(
+            "expected completion, got {outcome:?}\n{}",
+            lines.all().join("\n")
+        )
+        .into());
+    };
+    Ok((stages.into_iter().map(|(s, _)| s).collect(), lines.all()))
+}
+
 /// Progress as lines, for assertions.
 #[derive(Default)]
 pub struct Lines(Mutex<Vec<String>>);
@@ -458,16 +482,8 @@ pub async fn assert_finished(s: &Setup) -> TestResult {
 #[tokio::test]
 async fn the_grouped_bump_drains_each_worker_once_without_breaking_an_invariant() -> TestResult {
     let s = setup(TwinConfig::default()).await?;
-    let (outcome, seen, lines) = run_once(&s, false).await?;
-    assert_eq!(seen, Vec::<String>::new(), "invariants broken");
-    let RunOutcome::Completed { stages } = outcome else {
-        return Err(format!(
-            "expected completion, got {outcome:?}\n{}",
-            lines.all().join("\n")
-        )
-        .into());
-    };
-    let order: Vec<&str> = stages.iter().map(|(s, _)| s.as_str()).collect();
+    let (order, all) = completed(&s).await?;
+    let any = |needle: &str| all.iter().any(|l| l.contains(needle));
     assert_eq!(
         order,
         [
@@ -481,7 +497,6 @@ async fn the_grouped_bump_drains_each_worker_once_without_breaking_an_invariant(
         ]
     );
     assert_finished(&s).await?;
-    let all = lines.all();
     let pos = |needle: &str| {
         all.iter()
             .position(|l| l.contains(needle))
@@ -521,14 +536,14 @@ async fn the_grouped_bump_drains_each_worker_once_without_breaking_an_invariant(
             "worker {w}: on Talos v1.12.9 and kubelet v1.33.7, Ready, back in service"
         ));
         assert!(cordoned < switched && switched < requested && requested < back);
-        assert!(!lines.any(&format!("talos {w}:")), "{w} in the Talos stage");
+        assert!(!any(&format!("talos {w}:")), "{w} in the Talos stage");
         // The installer was pulled ahead, while the control planes went.
         let pulled = pos(&format!("worker {w}: pre-pulled"));
         assert!(pulled < first_worker && all[pulled].ends_with("ahead of its turn"));
     }
-    assert!(lines.any("the installer is pulled ahead on"), "{all:#?}");
+    assert!(any("the installer is pulled ahead on"), "{all:#?}");
     // Longhorn replicas were waited for before a node went back.
-    assert!(lines.any("waiting for the replicas of"), "{all:#?}");
+    assert!(any("waiting for the replicas of"), "{all:#?}");
     // The record says so.
     let rec = s.record().await?;
     assert_eq!(rec.state, RecordState::Completed);
@@ -548,25 +563,13 @@ async fn the_grouped_bump_drains_each_worker_once_without_breaking_an_invariant(
 #[tokio::test]
 async fn two_pass_rolls_talos_then_kubernetes_without_breaking_an_invariant() -> TestResult {
     let mut s = setup(TwinConfig::default()).await?;
-    let live_nodes = live::live_nodes(
-        &live::observe(&s.kube, Some(&s.talos), &live::Subject::of(&s.change)).await,
-    )
-    .ok_or("no live nodes")?;
     let opts = PlanOptions {
         two_pass: true,
         ..PlanOptions::default()
     };
-    s.plan = gate::plan_with(&s.change, &opts, Some(&live_nodes))?;
-    let (outcome, seen, lines) = run_once(&s, false).await?;
-    assert_eq!(seen, Vec::<String>::new(), "invariants broken");
-    let RunOutcome::Completed { stages } = outcome else {
-        return Err(format!(
-            "expected completion, got {outcome:?}\n{}",
-            lines.all().join("\n")
-        )
-        .into());
-    };
-    let order: Vec<&str> = stages.iter().map(|(s, _)| s.as_str()).collect();
+    replan(&mut s, &opts).await?;
+    let (order, all) = completed(&s).await?;
+    let any = |needle: &str| all.iter().any(|l| l.contains(needle));
     assert_eq!(
         order,
         [
@@ -579,7 +582,6 @@ async fn two_pass_rolls_talos_then_kubernetes_without_breaking_an_invariant() ->
         ]
     );
     assert_finished(&s).await?;
-    let all = lines.all();
     let pos = |needle: &str| {
         all.iter()
             .position(|l| l.contains(needle))
@@ -607,8 +609,8 @@ async fn two_pass_rolls_talos_then_kubernetes_without_breaking_an_invariant() ->
     assert!(pos("bootstrap manifests") < pos("kubelet cp-1: on"));
     // Two drains per worker: one for Talos, one for the kubelet.
     for w in ["w-1", "w-2", "w-3"] {
-        assert!(lines.any(&format!("talos {w}: cordoned")));
-        assert!(lines.any(&format!("kubelet {w}: cordoned")));
+        assert!(any(&format!("talos {w}: cordoned")));
+        assert!(any(&format!("kubelet {w}: cordoned")));
     }
     let rec = s.record().await?;
     assert!(rec.steps.contains_key("talos/w-2") && rec.steps.contains_key("kubelet/w-3"));
@@ -2167,11 +2169,7 @@ async fn the_next_worker_starts_when_a_slot_frees_not_when_its_batch_ends() -> T
         doc.spec.rollout.max_unavailable = std::num::NonZeroU32::new(2).ok_or("2")?;
         doc.spec.volumes.provider = ichor::releaseset::VolumeProvider::None;
     }
-    let live_nodes = live::live_nodes(
-        &live::observe(&s.kube, Some(&s.talos), &live::Subject::of(&s.change)).await,
-    )
-    .ok_or("no live nodes")?;
-    s.plan = gate::plan_with(&s.change, &PlanOptions::default(), Some(&live_nodes))?;
+    replan(&mut s, &PlanOptions::default()).await?;
     let batches: Vec<Vec<String>> = s
         .plan
         .steps()
@@ -2179,14 +2177,7 @@ async fn the_next_worker_starts_when_a_slot_frees_not_when_its_batch_ends() -> T
         .map(|st| st.nodes.clone())
         .collect();
     assert_eq!(batches, [vec!["w-1", "w-2"], vec!["w-3"]], "{:#?}", s.plan);
-    let (outcome, seen, lines) = run_once(&s, false).await?;
-    assert!(seen.is_empty(), "invariants broken: {seen:?}");
-    assert!(
-        matches!(outcome, RunOutcome::Completed { .. }),
-        "{outcome:?}\n{:#?}",
-        lines.all()
-    );
-    let all = lines.all();
+    let (_, all) = completed(&s).await?;
     let pos = |needle: &str| {
         all.iter()
             .position(|l| l.contains(needle))
