@@ -780,33 +780,22 @@ impl Run<'_, '_> {
         Ok(())
     }
 
-    /// The stages, with the installers pulled ahead alongside (a pull disrupts nothing;
-    /// it ends with the stages, wherever it got).
+    /// The installers pulled ahead on every node still to upgrade (a pull disrupts
+    /// nothing), then the stages. The pulls go first rather than alongside the first
+    /// steps: on a loaded machine, pulls in flight beside a control plane's calls made
+    /// those calls miss their deadlines on the twin's fast clock.
     async fn stages(&self) -> Flow<()> {
         self.before_start().await?;
         self.health_before().await?;
-        let stages = self.stages_in_order();
-        let pulls = async {
-            for stage in self
-                .plan
-                .stages
-                .iter()
-                .filter(|s| matches!(s.id, StageId::Talos | StageId::Workers))
-            {
-                // A record that cannot be written stops the stages too; said there.
-                if self.pre_pull_ahead(stage.id, &stage.steps).await.is_err() {
-                    return;
-                }
-            }
-        };
-        tokio::pin!(stages, pulls);
-        let mut pulled = false;
-        loop {
-            tokio::select! {
-                r = &mut stages => return r,
-                _ = &mut pulls, if !pulled => pulled = true,
-            }
+        for stage in self
+            .plan
+            .stages
+            .iter()
+            .filter(|s| matches!(s.id, StageId::Talos | StageId::Workers))
+        {
+            self.pre_pull_ahead(stage.id, &stage.steps).await?;
         }
+        self.stages_in_order().await
     }
 
     async fn stages_in_order(&self) -> Flow<()> {

@@ -591,8 +591,8 @@ async fn two_pass_rolls_talos_then_kubernetes_without_breaking_an_invariant() ->
         pos("talos cp-3: on") < pos("talos w-1: cordoned")
             || pos("talos cp-1: on") < pos("talos w-1: cordoned")
     );
-    // Issue 19 item 2: the installer is pulled ahead (4 nodes at a time, alongside the
-    // first nodes' steps), so a worker's turn never waits on its pull.
+    // Issue 19 item 2: the installer is pulled ahead (4 nodes at a time, before the first
+    // node goes down), so a worker's turn never waits on its pull.
     for o in s.twin.talos.observe() {
         let i = pos(&format!("talos {}: pre-pulled", o.name));
         assert!(
