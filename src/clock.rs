@@ -9,6 +9,7 @@
 //! - `Clock::manual()`: simulated time that moves only when `advance` is called; tests use it
 //!   so every step is deterministic.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -139,6 +140,37 @@ struct Inner {
     /// time straight to the next one (`(deadline, id)`; a dropped sleep removes itself).
     sleepers: Mutex<std::collections::BTreeSet<(Timestamp, u64)>>,
     next_id: std::sync::atomic::AtomicU64,
+    /// Requests in flight: a caller waiting for an answer, or a server working on one
+    /// ([`Clock::busy`]). A simulation driver does not move time while one is unanswered,
+    /// so a call's deadline measures the simulated world, not how loaded the machine is.
+    busy: AtomicUsize,
+    /// Answers that wait for simulated time on purpose ([`Clock::parked`]): a twin's
+    /// handler sleeping on this clock, so time may move although its caller is busy.
+    parked: AtomicUsize,
+}
+
+/// Counts one request in flight until dropped ([`Clock::busy`]).
+#[must_use = "the request counts only while the guard lives"]
+pub struct Busy {
+    inner: Arc<Inner>,
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.inner.busy.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Counts one answer waiting for simulated time until dropped ([`Clock::parked`]).
+#[must_use = "the wait counts only while the guard lives"]
+pub struct Parked {
+    inner: Arc<Inner>,
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        self.inner.parked.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Removes a manual sleep's deadline when the sleep ends or is dropped.
@@ -207,6 +239,8 @@ impl Clock {
                 tick,
                 sleepers: Mutex::new(std::collections::BTreeSet::new()),
                 next_id: std::sync::atomic::AtomicU64::new(0),
+                busy: AtomicUsize::new(0),
+                parked: AtomicUsize::new(0),
             }),
         }
     }
@@ -365,6 +399,31 @@ impl Clock {
     pub async fn sleep(&self, d: Duration) {
         let t = self.now().plus(d);
         self.sleep_until(t).await
+    }
+
+    /// Marks a request in flight until the guard drops: a client waiting for an answer, or
+    /// a server working on one. Costs two atomic operations; only a simulation driver reads
+    /// the count ([`Clock::quiet`]).
+    pub fn busy(&self) -> Busy {
+        self.inner.busy.fetch_add(1, Ordering::SeqCst);
+        Busy {
+            inner: self.inner.clone(),
+        }
+    }
+
+    /// Marks an answer that waits for simulated time (a twin's handler sleeping on this
+    /// clock while its caller is busy) until the guard drops.
+    pub fn parked(&self) -> Parked {
+        self.inner.parked.fetch_add(1, Ordering::SeqCst);
+        Parked {
+            inner: self.inner.clone(),
+        }
+    }
+
+    /// Whether every request in flight waits for simulated time: then, and only then, a
+    /// simulation driver moves time without changing what the callers see.
+    pub fn quiet(&self) -> bool {
+        self.inner.busy.load(Ordering::SeqCst) <= self.inner.parked.load(Ordering::SeqCst)
     }
 
     /// A receiver that changes whenever manual time moves (never for other modes). Lets a

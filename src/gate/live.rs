@@ -443,7 +443,7 @@ pub fn live_nodes(facts: &LiveFacts) -> Option<Vec<Node>> {
             let vols = volumes
                 .map(|vs| {
                     vs.iter()
-                        .filter(|v| v.nodes.contains(&n.name))
+                        .filter(|v| v.holders.contains(&n.name))
                         .map(|v| v.name.clone())
                         .collect()
                 })

@@ -65,6 +65,11 @@ pub struct LiveVolume {
     /// Nodes with a replica holding its data: running, or stopped (not failed) while the
     /// volume is detached.
     pub nodes: Vec<String>,
+    /// Every node with a replica of it, failed or stopped included: a failed replica on a
+    /// node that is down is reused once the node is back (longhorn-manager's replica
+    /// reuse), so that node still holds the volume. "Never two holders of one volume down"
+    /// counts these.
+    pub holders: Vec<String>,
     /// Only one copy exists: its workload is down while that node is.
     pub single_replica: bool,
 }
@@ -262,6 +267,7 @@ impl KubeClient {
             .filter_map(|v| v.metadata.name.as_deref())
             .collect();
         let mut by_volume: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut placed: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for r in &replicas {
             let spec = r.data.get("spec");
             let volume = spec
@@ -279,6 +285,9 @@ impl KubeClient {
                 .and_then(Value::as_str)
                 .is_some_and(|f| !f.is_empty());
             let holds = running || (!failed && volume.is_some_and(|v| detached.contains(v)));
+            if let (Some(v), Some(n)) = (volume, node.filter(|n| !n.is_empty())) {
+                placed.entry(v.to_string()).or_default().push(n.to_string());
+            }
             if let (Some(v), Some(n), true) = (volume, node, holds) {
                 if !n.is_empty() {
                     by_volume
@@ -295,6 +304,9 @@ impl KubeClient {
                 let mut nodes = by_volume.remove(&name).unwrap_or_default();
                 nodes.sort();
                 nodes.dedup();
+                let mut holders = placed.remove(&name).unwrap_or_default();
+                holders.sort();
+                holders.dedup();
                 let wanted = v
                     .data
                     .get("spec")
@@ -308,6 +320,7 @@ impl KubeClient {
                     name,
                     provider: "longhorn",
                     nodes,
+                    holders,
                 }
             })
             .collect())
@@ -341,6 +354,7 @@ impl KubeClient {
                     provider: "local",
                     robustness: None,
                     state: None,
+                    holders: nodes.clone(),
                     nodes,
                     single_replica: true,
                 });

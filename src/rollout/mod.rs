@@ -565,8 +565,19 @@ impl<'c> Backoff<'c> {
     }
 }
 
-/// `call`, retried while it fails transiently (5xx, 429, unreachable), with [`Backoff`].
+/// `call`, one request, retried while it fails transiently (5xx, 429, unreachable, no
+/// answer within [`KUBE_CALL_DEADLINE`]), with [`Backoff`].
 async fn patiently<T, F, Fut>(clock: &Clock, what: &str, mut call: F) -> Result<T, KubeError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, KubeError>>,
+{
+    retried(clock, what, || answered(clock, what, call())).await
+}
+
+/// `call`, a run of requests and waits on the clock (a drain) bounded by its own
+/// timeout, retried as [`patiently`] retries one request.
+async fn retried<T, F, Fut>(clock: &Clock, what: &str, mut call: F) -> Result<T, KubeError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, KubeError>>,
@@ -583,6 +594,28 @@ where
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// How long one Kubernetes call may go unanswered, on ichor's clock: kube-rs's own read
+/// timeout is 295 s of real time, and a connection that hangs must not hold a step longer
+/// than a Talos call may.
+pub const KUBE_CALL_DEADLINE: Duration = Duration::from_secs(30);
+
+/// One Kubernetes call within [`KUBE_CALL_DEADLINE`] of ichor's clock (an unanswered call is
+/// a lost connection: worth retrying), counted in flight meanwhile ([`Clock::busy`]).
+async fn answered<T, E: From<KubeError>>(
+    clock: &Clock,
+    what: &str,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    let _busy = clock.busy();
+    tokio::select! {
+        r = call => r,
+        _ = clock.sleep(KUBE_CALL_DEADLINE) => Err(KubeError::Unreachable {
+            what: what.to_string(),
+            detail: format!("no answer within {}s (deadline)", KUBE_CALL_DEADLINE.as_secs()),
+        }.into()),
     }
 }
 
@@ -690,6 +723,24 @@ impl Run<'_, '_> {
             .map_err(|e| self.pause(stage, node, api_pause_reason(what, &e)))
     }
 
+    /// A run of Kubernetes calls and waits bounded by its own timeout (a drain): retried
+    /// with patience like one call, but never cut off at one call's deadline.
+    async fn kube_run<T, F, Fut>(
+        &self,
+        stage: StageId,
+        node: Option<&str>,
+        what: &str,
+        call: F,
+    ) -> Flow<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, KubeError>>,
+    {
+        retried(&self.engine.clock, what, call)
+            .await
+            .map_err(|e| self.pause(stage, node, api_pause_reason(what, &e)))
+    }
+
     async fn update(&self, f: impl FnOnce(&mut RolloutRecord)) -> Result<(), record::RecordError> {
         let mut s = self.stored.lock().await;
         f(&mut s.record);
@@ -703,7 +754,8 @@ impl Run<'_, '_> {
         s.record.holder = self.engine.holder.clone();
         let mut backoff = Backoff::new(&self.engine.clock);
         loop {
-            match record::save(self.engine.kube, &mut s).await {
+            let save = record::save(self.engine.kube, &mut s);
+            match answered(&self.engine.clock, "write the rollout record", save).await {
                 Ok(()) => return Ok(()),
                 Err(record::RecordError::Kube(e)) if e.is_transient() => {
                     if !backoff.again().await {

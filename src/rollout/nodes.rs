@@ -353,7 +353,7 @@ impl Run<'_, '_> {
     pub(super) async fn drain(&self, stage: StageId, name: &str) -> Flow<()> {
         let e = self.engine;
         let outcome = self
-            .kube(stage, Some(name), "drain", || {
+            .kube_run(stage, Some(name), "drain", || {
                 e.kube.drain(
                     name,
                     e.policy.drain_timeout.as_duration(),

@@ -59,12 +59,14 @@ pub(super) fn rule_verdict(
         .collect();
     // Never two holders of one volume down: another replica on a node that is out (a
     // peer started a moment ago included, never counted as "elsewhere") holds this node.
+    // Every replica counts, a failed one on a node that is down included: that node holds
+    // the volume until it is back and the replica reused.
     let exposed: Vec<String> = volumes
         .iter()
-        .filter(|v| !v.single_replica && v.nodes.contains(&node.name))
+        .filter(|v| !v.single_replica && v.holders.contains(&node.name))
         .filter_map(|v| {
             let out: Vec<&str> = v
-                .nodes
+                .holders
                 .iter()
                 .map(String::as_str)
                 .filter(|n| *n != node.name && down.contains(n))
@@ -325,6 +327,7 @@ impl<'r, 'a> Run<'r, 'a> {
         let mut active = self.active.lock().await;
         let mut go = Vec::new();
         let mut wait: Option<String> = None;
+        let mut notable = false;
         let mut keep = Vec::new();
         let last = queue.len() == 1 && busy.is_empty();
         for &name in queue.iter() {
@@ -355,6 +358,10 @@ impl<'r, 'a> Run<'r, 'a> {
                 continue;
             }
             if let Some(reason) = &live.hold {
+                if !notable {
+                    wait = None;
+                }
+                notable = true;
                 wait.get_or_insert_with(|| {
                     format!(
                         "{name} is held ({}={}); remove the annotation to let it go",
@@ -367,7 +374,14 @@ impl<'r, 'a> Run<'r, 'a> {
             }
             match rule_verdict(live, &nodes, &volumes, &active, max) {
                 Some(why) => {
-                    wait.get_or_insert(why);
+                    // Full slots are the pool's normal state; a volume holding a node back
+                    // is worth saying while others run.
+                    if why.contains(" would have a second replica ") && !notable {
+                        notable = true;
+                        wait = Some(why);
+                    } else {
+                        wait.get_or_insert(why);
+                    }
                     keep.push(name);
                 }
                 None => {
@@ -380,7 +394,7 @@ impl<'r, 'a> Run<'r, 'a> {
         *queue = keep;
         if !go.is_empty() {
             self.waiting(stage, None).await?;
-        } else if idle {
+        } else if idle || notable {
             self.waiting(stage, wait).await?;
         }
         if !go.is_empty() {

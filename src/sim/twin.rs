@@ -700,15 +700,31 @@ impl Twin {
     /// Manual clock: keep time moving for a client that waits on the same clock (the
     /// demo's engine, a test's), forever. Each tick goes to the next moment anyone sleeps
     /// until (at least 1 ms, at most `max_step`), so a wait of hours for a maintenance
-    /// window costs a few ticks while a reboot is still watched every few seconds; between
-    /// ticks the driver yields so requests in flight are answered. `after_tick` runs after
-    /// each one (an invariant checker).
+    /// window costs a few ticks while a reboot is still watched every few seconds.
+    ///
+    /// Time moves only while the clock is quiet ([`Clock::quiet`]): no request in flight
+    /// (ichor's Talos calls count from send to answer, the Kubernetes and GitHub twins count
+    /// while they work on one) but the ones a handler parks on the clock. A request answered
+    /// in a millisecond of a loaded machine's wall time must not take 30 simulated seconds:
+    /// a real node answers within its own second. A request unanswered for
+    /// [`UNANSWERED`] of wall time lets one tick through, so a wait nobody marked parked
+    /// slows a run down instead of stopping it. `after_tick` runs after each tick (an
+    /// invariant checker).
     pub async fn drive(&self, max_step: Duration, mut after_tick: impl FnMut()) {
         let min_step = Duration::from_millis(1);
+        let mut unquiet_since: Option<std::time::Instant> = None;
         loop {
             tokio::task::yield_now().await;
             // Let the other side's requests arrive and be answered before time moves.
             tokio::time::sleep(Duration::from_millis(1)).await;
+            if !self.clock.quiet() {
+                let since = *unquiet_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() < UNANSWERED {
+                    continue;
+                }
+                tracing::debug!("a request unanswered for {UNANSWERED:?} of wall time: one tick");
+            }
+            unquiet_since = None;
             let now = self.clock.now();
             let step = self
                 .clock
@@ -739,6 +755,10 @@ impl Twin {
         // Dropping the Talos and Kubernetes twins stops their endpoints.
     }
 }
+
+/// How long (wall time) a request may hold [`Twin::drive`]'s clock still before one tick
+/// goes through anyway.
+pub const UNANSWERED: Duration = Duration::from_secs(1);
 
 impl Drop for Twin {
     fn drop(&mut self) {

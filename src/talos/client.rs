@@ -426,6 +426,10 @@ impl TalosClient {
         F: Fn(Channel) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
+        // In flight until answered: a simulation driver holds its time still meanwhile
+        // (the twin's handlers that wait for simulated time say so), so the deadline
+        // measures the node, not how loaded the machine running both is.
+        let _busy = self.clock.busy();
         let n = self.context.endpoints.len();
         let start = self.preferred.lock().map(|p| *p).unwrap_or(0);
         let deadline = self.clock.now().plus(opts.deadline);

@@ -21,6 +21,9 @@ type Error = Box<dyn std::error::Error>;
 /// Real kubectl against the twin, `input` on its stdin; on a blocking thread, so the twin
 /// keeps answering meanwhile.
 async fn kubectl(s: &Setup, args: &[&str], input: Option<&str>) -> Result<String, Error> {
+    // A person's command is one moment of the cluster's time, however long kubectl takes
+    // to start on a loaded machine: the twin's clock waits for it.
+    let _busy = s.twin.clock.busy();
     let kubeconfig = s.twin.kubeconfig().to_path_buf();
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let input = input.map(str::to_string);

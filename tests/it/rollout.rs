@@ -375,6 +375,9 @@ pub struct Lines(Mutex<Vec<String>>);
 
 impl Lines {
     pub fn push(&self, p: Progress) {
+        if std::env::var_os("ICHOR_TEST_ECHO").is_some() {
+            eprintln!("[progress] {p}");
+        }
         if let Ok(mut l) = self.0.lock() {
             l.push(p.to_string());
         }
@@ -385,6 +388,33 @@ impl Lines {
     pub fn any(&self, needle: &str) -> bool {
         self.all().iter().any(|l| l.contains(needle))
     }
+}
+
+/// Simulated time after which a test's rollout counts as never ending (the longest one,
+/// waiting for a maintenance window, takes under a simulated day).
+pub const NEVER_ENDING: Duration = Duration::from_secs(12 * 3600);
+
+/// A rollout that did not end: what its record last said, so the failure says why.
+pub async fn never_ended(s: &Setup) -> Error {
+    let said = match s.record().await {
+        Ok(r) => {
+            let tail: Vec<String> = r
+                .history
+                .iter()
+                .rev()
+                .take(40)
+                .rev()
+                .map(|h| format!("  {} {}", h.at, h.message))
+                .collect();
+            format!("waiting: {:?}\n{}", r.waiting, tail.join("\n"))
+        }
+        Err(e) => format!("(no record: {e})"),
+    };
+    format!(
+        "the rollout did not end within {} simulated hours; its record:\n{said}",
+        NEVER_ENDING.as_secs() / 3600
+    )
+    .into()
 }
 
 /// Run `engine` to its end while the twin's clock moves, checking the invariants after
@@ -400,6 +430,7 @@ pub async fn run_checked(
     let outcome = tokio::select! {
         r = engine.run(&s.plan, &target, Some(&s.change), resume) => r?,
         _ = s.twin.drive(Duration::from_secs(2), || seen.borrow_mut().extend(violations(&s.twin, max))) => unreachable!("the driver never ends"),
+        _ = s.twin.clock.sleep(NEVER_ENDING) => return Err(never_ended(s).await),
     };
     let mut seen = seen.into_inner();
     seen.sort();
@@ -416,14 +447,17 @@ pub async fn run_alongside<T>(
 ) -> Result<(RunOutcome, Option<T>), Error> {
     let target = s.target();
     let run = engine.run(&s.plan, &target, Some(&s.change), false);
+    let limit = s.twin.clock.sleep(NEVER_ENDING);
     tokio::pin!(run);
     tokio::pin!(side);
+    tokio::pin!(limit);
     let mut out = None;
     let outcome = loop {
         tokio::select! {
             r = &mut run => break r?,
             v = &mut side, if out.is_none() => out = Some(v),
             _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!("the driver never ends"),
+            _ = &mut limit => return Err(never_ended(s).await),
         }
     };
     Ok((outcome, out))
@@ -989,7 +1023,8 @@ async fn paused_in_cluster_yaml_stops_before_the_next_node() -> TestResult {
 }
 
 /// Kill the engine (drop its task) at every progress line and every few ticks mid-step,
-/// restarting it each time, until 60 distinct points are covered; then let it finish.
+/// restarting it each time, until 60 distinct points are covered, a worker's kubelet switch
+/// among them; then let it finish.
 #[tokio::test]
 async fn killed_at_every_step_boundary_and_mid_step_it_still_finishes_safely() -> TestResult {
     let s = setup(TwinConfig::default()).await?;
@@ -1016,7 +1051,12 @@ async fn killed_at_every_step_boundary_and_mid_step_it_still_finishes_safely() -
         let violations_now = RefCell::new(Vec::new());
         // Kill until enough distinct points are covered: on a loaded machine the mid-step
         // kills land on fewer distinct lines, so the count of kills alone is not the bound.
-        let enough = points.len() >= 60 || kills >= 400;
+        // The one-drain window (between a worker's kubelet switch and its reboot) must be
+        // among them, however early the 60 are reached.
+        let switch_window = points
+            .iter()
+            .any(|p| p.starts_with("after kubelet w-") && p.contains("switched to"));
+        let enough = (points.len() >= 60 && switch_window) || kills >= 400;
         let killer = async {
             if enough {
                 return std::future::pending::<()>().await;

@@ -446,8 +446,10 @@ async fn a_pause_resumed_after_the_node_timeout_gets_a_fresh_deadline() -> TestR
         "{o:?}\n{:#?}",
         lines.all()
     );
+    // A control plane's Talos step, or a worker's one-drain step.
     assert!(
-        lines.any(&format!("talos {node}: on v1.12.9")),
+        lines.any(&format!("talos {node}: on v1.12.9"))
+            || lines.any(&format!("worker {node}: on Talos v1.12.9")),
         "{:#?}",
         lines.all()
     );
@@ -488,8 +490,11 @@ async fn without_an_installer_in_cluster_yaml_each_node_gets_the_one_it_names() 
     assert!(seen.is_empty(), "invariants broken: {seen:?}");
     assert!(matches!(o, RunOutcome::Completed { .. }), "{o:?}");
     for n in &names {
+        // A control plane's pre-pull is said by the Talos stage, a worker's by the
+        // one-drain workers stage.
         assert!(
-            lines.any(&format!("talos {n}: pre-pulled {factory}:v1.12.9")),
+            lines.any(&format!("talos {n}: pre-pulled {factory}:v1.12.9"))
+                || lines.any(&format!("worker {n}: pre-pulled {factory}:v1.12.9")),
             "{n}: {:#?}",
             lines.all()
         );

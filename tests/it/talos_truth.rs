@@ -470,14 +470,15 @@ async fn a_change_staged_by_an_operator_pauses_the_kubernetes_switch_instead_of_
     let target = s.target();
     let run = engine.run(&s.plan, &target, Some(&s.change), false);
     let twin = &s.twin;
-    // Once every node runs the target Talos (the reboots are over), an operator stages a
-    // change on cp-1.
+    // Once every control plane runs the target Talos (their reboots are over; the workers
+    // reboot later, in the one-drain workers stage), an operator stages a change on cp-1.
     let side = async {
         loop {
             if twin
                 .talos
                 .observe()
                 .iter()
+                .filter(|o| o.role == Role::ControlPlane)
                 .all(|o| o.talos_version == "v1.12.9" && o.ready)
             {
                 let cp = twin

@@ -386,6 +386,8 @@ impl Shared {
     }
 
     async fn deliver_one(&self, ev: Event) -> Delivery {
+        // A delivery in flight holds a simulation driver's time still until answered.
+        let _busy = self.clock.busy();
         let id = webhook::new_guid();
         let target = lock(&self.webhook).clone();
         let (dropped, held) = {

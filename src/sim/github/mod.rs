@@ -253,7 +253,20 @@ impl GithubTwin {
             config.rate_limit,
             config.apps,
         )?);
-        let app = api::router(shared.clone()).merge(smart_http::router(shared.clone()));
+        // Working on a request: a simulation driver holds time still until it is answered.
+        let clock = shared.clock.clone();
+        let app = api::router(shared.clone())
+            .merge(smart_http::router(shared.clone()))
+            .layer(axum::middleware::from_fn(
+                move |req: axum::extract::Request, next: axum::middleware::Next| {
+                    let busy = clock.busy();
+                    async move {
+                        let answer = next.run(req).await;
+                        drop(busy);
+                        answer
+                    }
+                },
+            ));
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(shared.clone().run_deliveries(stop.subscribe()));
         let server = tokio::spawn(crate::sim::net::serve_http(

@@ -191,6 +191,9 @@ async fn handle(
     headers: HeaderMap,
     body: Body,
 ) -> Response<Body> {
+    // Working on a request: a simulation driver holds time still until it is answered
+    // (a watch is answered once its stream opens).
+    let _busy = sh.clock.busy();
     let mut resp = answer(sh.clone(), method, uri, headers, body).await;
     if let Ok(v) = header::HeaderValue::from_str(&http_date(sh.clock.now())) {
         resp.headers_mut().insert(header::DATE, v);

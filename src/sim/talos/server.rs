@@ -74,6 +74,8 @@ impl Shared {
     async fn wait_change(&self, rx: &mut watch::Receiver<u64>) -> bool {
         let due = self.lock().next_due();
         let clock = self.clock.clone();
+        // A stream's caller is busy while this waits for the world to change.
+        let _parked = clock.parked();
         tokio::select! {
             r = rx.changed() => r.is_ok(),
             _ = async move {
@@ -339,6 +341,7 @@ impl NodeApi {
             m.faults.slow_apply.get(&m.node(node).name).copied()
         };
         if let Some(d) = delay {
+            let _parked = self.shared.clock.parked();
             self.shared.clock.sleep(d).await;
         }
         let outcome = self
@@ -1331,7 +1334,14 @@ impl machine::lifecycle_service_server::LifecycleService for NodeApi {
             {
                 return;
             }
-            shared.clock.sleep_until(done_at).await;
+            {
+                // The caller reads the stream (busy) while the install takes its time.
+                let _parked = shared.clock.parked();
+                tokio::select! {
+                    _ = shared.clock.sleep_until(done_at) => {}
+                    _ = tx.closed() => return,
+                }
+            }
             let finished = shared.with(|m| {
                 let n = m.node(node);
                 !n.installing && n.installed_version.is_some()
