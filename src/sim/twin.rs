@@ -901,25 +901,54 @@ fn place(c: &mut kube::Cluster, now: Timestamp, holders: &BTreeMap<String, Vec<S
     }
 }
 
+impl Seen {
+    /// Whether projecting `n` now would find this (what the projection compares), without
+    /// copying anything: an unchanged node costs a few comparisons.
+    fn matches(&self, n: &talos::Node) -> bool {
+        let upgrading = n.up && n.stage == talos::Stage::Upgrading;
+        self.up == n.up
+            && self.ready == (n.ready() || upgrading)
+            && self.upgrading == upgrading
+            && self.config_version == n.config_version
+            && self.boot_id == n.boot_id
+            && self.talos_version == n.talos_version
+            && self.kubelet_version == n.kubelet.version
+            && self.static_pods.len() == n.static_pods.len()
+            && self
+                .static_pods
+                .iter()
+                .zip(&n.static_pods)
+                .all(|((c, image, ready), p)| {
+                    c.as_str() == p.component.name() && *image == p.image && *ready == p.ready
+                })
+    }
+}
+
 fn project_into(seen: &Mutex<BTreeMap<String, Seen>>, talos: &TalosTwin, kube: &KubeTwin) {
     let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
     // Observed under the lock: the background projector and `advance` never write an
-    // older view of the machines over a newer one (a rebooted node Ready again).
-    let observations = talos.observe();
-    let observations = observations.as_slice();
-    // The API is served while some control plane runs a Ready kube-apiserver (its static
-    // pod); a single control plane's reboot, or its apiserver's restart, is an outage.
-    let apiserver_up = observations.iter().any(|o| {
-        o.role == talos::Role::ControlPlane
-            && o.up
-            && o.static_pods
-                .iter()
-                .any(|p| p.component == talos::Component::ApiServer && p.ready)
-    });
-    kube.with(|c, now| {
-        let any_cp = observations
+    // older view of the machines over a newer one (a rebooted node Ready again). Only the
+    // nodes that differ from what was last projected are copied out.
+    let (observations, apiserver_up, any_cp) = talos.read(|m| {
+        // The API is served while some control plane runs a Ready kube-apiserver (its
+        // static pod); a single control plane's reboot, or its apiserver's restart, is an
+        // outage.
+        let apiserver_up = m.nodes().iter().any(|n| {
+            n.role == talos::Role::ControlPlane
+                && n.up
+                && n.static_pods
+                    .iter()
+                    .any(|p| p.component == talos::Component::ApiServer && p.ready)
+        });
+        let any_cp = m
+            .nodes()
             .iter()
-            .any(|o| o.role == talos::Role::ControlPlane);
+            .any(|n| n.role == talos::Role::ControlPlane);
+        let changed = m.observe_nodes(|n| seen.get(&n.name).is_none_or(|s| !s.matches(n)));
+        (changed, apiserver_up, any_cp)
+    });
+    let observations = observations.as_slice();
+    kube.with(|c, now| {
         c.apiserver_down = any_cp && !apiserver_up;
         c.batch(now, |c| {
             for o in observations {

@@ -158,7 +158,30 @@ pub struct Cluster {
     deferred: bool,
     /// DaemonSets (namespace, name, generation) whose new generation's status is due then.
     status_due: BTreeMap<(String, String, u64), Timestamp>,
+    /// The ReplicaSets each Deployment controlled at the last deployments pass, so a set
+    /// that changes hands (or loses its owner) still wakes the Deployment it left.
+    deployment_sets: DeploymentSets,
 }
+
+/// (namespace, Deployment) → the names of the ReplicaSets it controls, in store order.
+type DeploymentSets = HashMap<(String, String), Vec<String>>;
+
+/// Every Deployment's ReplicaSets, in one pass over the ReplicaSets.
+fn deployment_sets(store: &Store) -> DeploymentSets {
+    let mut sets = DeploymentSets::new();
+    for rs in store.iter("replicasets") {
+        if let Some(("Deployment", d)) = controller_of(rs) {
+            sets.entry((namespace_of(rs).to_string(), d.to_string()))
+                .or_default()
+                .push(name_of(rs).to_string());
+        }
+    }
+    sets
+}
+
+/// Storage the controllers never read (kubelet Leases, Events): a change there alone
+/// leaves them settled.
+const UNREAD_BY_CONTROLLERS: &[&str] = &["leases", "events", "events.events.k8s.io"];
 
 fn rt(plural: &str) -> &'static ResourceType {
     // Every plural the model names is in RESOURCES; a typo is a programming error caught by
@@ -361,6 +384,7 @@ impl Cluster {
             next_due: None,
             next_pod_start: None,
             deferred: false,
+            deployment_sets: DeploymentSets::new(),
         }
     }
 
@@ -1135,10 +1159,25 @@ impl Cluster {
         let now = self.now;
         self.heartbeats(now);
         // Nothing changed and nothing is due: the model is already settled.
-        if self.settled_at == Some(self.store.resource_version())
-            && self.next_due.is_none_or(|d| now < d)
-        {
-            return;
+        let rv = self.store.resource_version();
+        if self.next_due.is_none_or(|d| now < d) {
+            if self.settled_at == Some(rv) {
+                return;
+            }
+            // Only what no controller reads changed (the kubelets' Lease renewals every
+            // 10 s): a pass would change nothing, so count it as settled without one.
+            if let Some(at) = self.settled_at {
+                let unread = self.store.changes_since(at).is_some_and(|mut changes| {
+                    changes.all(|e| UNREAD_BY_CONTROLLERS.contains(&e.plural))
+                });
+                if unread {
+                    if self.statuses_at == Some(at) {
+                        self.statuses_at = Some(rv);
+                    }
+                    self.settled_at = Some(rv);
+                    return;
+                }
+            }
         }
         let gone: Vec<(String, String)> = self
             .terminating
@@ -1162,7 +1201,7 @@ impl Cluster {
         for _ in 0..6 {
             let before = self.store.resource_version();
             let dirty = self.dirty_since(since);
-            self.deployments(now);
+            self.deployments(now, &dirty);
             self.replica_sets(now, &dirty);
             self.stateful_sets(now, &dirty);
             self.daemon_sets(now, &dirty);
@@ -1260,8 +1299,7 @@ impl Cluster {
 
     fn pods_on(&self, node: &str) -> Vec<Value> {
         self.store
-            .iter("pods")
-            .filter(|p| node_of(p) == node)
+            .by_field("pods", "/spec/nodeName", node)
             .cloned()
             .collect()
     }
@@ -1291,7 +1329,6 @@ impl Cluster {
                 schedulable: Self::schedulable(n),
                 cordoned_only: Self::cordoned_only(n),
                 labels: n.at("/metadata/labels").cloned().unwrap_or(Value::Null),
-                control_plane: is_control_plane(n),
                 ip: internal_ip(n).unwrap_or_default(),
                 ready_since: ready_since(n),
             })
@@ -1369,27 +1406,37 @@ impl Cluster {
 
     /// Deployments own one ReplicaSet each: its scale and pod template follow the
     /// Deployment's (the twin updates the ReplicaSet in place instead of creating a new one).
-    fn deployments(&mut self, now: Timestamp) {
-        for d in self.store.all("deployments") {
-            let ns = namespace_of(&d).to_string();
+    /// Looks only at the Deployments that changed or whose ReplicaSets (or their pods)
+    /// did: the others were settled by an earlier pass and nothing they read moved since.
+    fn deployments(&mut self, now: Timestamp, dirty: &Dirty) {
+        let sets = deployment_sets(&self.store);
+        let before = std::mem::take(&mut self.deployment_sets);
+        let keys: Vec<(String, String)> = self
+            .store
+            .iter("deployments")
+            .map(|d| (namespace_of(d).to_string(), name_of(d).to_string()))
+            .collect();
+        for key in keys {
+            let mine = sets.get(&key).map(Vec::as_slice).unwrap_or_default();
+            let left = before.get(&key).map(Vec::as_slice).unwrap_or_default();
+            let (ns, dname) = key;
+            let touched = dirty.owner(&ns, "Deployment", &dname)
+                || mine
+                    .iter()
+                    .chain(left)
+                    .any(|rs| dirty.owner(&ns, "ReplicaSet", rs));
+            if !touched {
+                continue;
+            }
+            let Some(d) = self.store.get("deployments", &ns, &dname).cloned() else {
+                continue;
+            };
             let want = replicas_of(&d, self.behaviour.max_replicas);
             let template = d.at("/spec/template").cloned().unwrap_or(json!({}));
-            let owned = |rs: &Value| {
-                controller_of(rs).is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d))
-            };
             // A Deployment created through the API gets its ReplicaSet, named and labelled
             // with the template's hash (pkg/controller/deployment/sync.go `getNewReplicaSet`,
             // kubernetes v1.33.5); seeded ones come with theirs.
-            let has_rs = self
-                .store
-                .list(
-                    "replicasets",
-                    Some(&ns),
-                    &LabelSelector::default(),
-                    &FieldSelector::default(),
-                )
-                .iter()
-                .any(owned);
+            let has_rs = !mine.is_empty();
             if !has_rs {
                 let hash = template_hash(&d);
                 let mut labels = template
@@ -1414,15 +1461,10 @@ impl Cluster {
                 let _ = self.store.create(rt("replicasets"), &ns, rs, now);
                 continue;
             }
-            for rs in self.store.list(
-                "replicasets",
-                Some(&ns),
-                &LabelSelector::default(),
-                &FieldSelector::default(),
-            ) {
-                if !owned(&rs) {
+            for rs_name in mine {
+                let Some(rs) = self.store.get("replicasets", &ns, rs_name).cloned() else {
                     continue;
-                }
+                };
                 // The ReplicaSet's template carries pod-template-hash on top of the Deployment's.
                 let mut rs_template = template.clone();
                 if let Some(h) = rs.at("/spec/template/metadata/labels/pod-template-hash") {
@@ -1445,6 +1487,7 @@ impl Cluster {
                 }
             }
         }
+        self.deployment_sets = sets;
     }
 
     /// Rolling update, one pod at a time: when none of the owner's pods is starting,
@@ -1533,18 +1576,25 @@ impl Cluster {
     }
 
     fn daemon_sets(&mut self, now: Timestamp, dirty: &Dirty) {
-        let nodes = self.node_briefs();
+        let mut briefs: Option<Vec<NodeBrief>> = None;
         for ds in self.store.all("daemonsets") {
             if !dirty.owner(namespace_of(&ds), "DaemonSet", name_of(&ds)) {
                 continue;
             }
+            // Read the nodes once, and only when some DaemonSet looks at them.
+            if briefs.is_none() {
+                briefs = Some(self.node_briefs());
+            }
+            let Some(nodes) = briefs.as_ref() else {
+                continue;
+            };
             let ns = namespace_of(&ds).to_string();
             let have = self.briefs_of(&ns, "DaemonSet", name_of(&ds));
             let covered: BTreeSet<&str> = have.iter().map(|p| p.node.as_str()).collect();
             let mut complete = true;
             // Every node gets one (DaemonSet pods tolerate NotReady); on a NotReady node the
             // pod stays Pending until the kubelet is back.
-            for node in &nodes {
+            for node in nodes {
                 if !covered.contains(node.name.as_str()) {
                     let name = format!("{}-{}", name_of(&ds), self.store.suffix());
                     self.new_pod(&ds, name, Some(&node.name), Vec::new(), now);
@@ -1620,10 +1670,12 @@ impl Cluster {
     /// Pods bound to a node that no longer exists are deleted, as the pod GC does.
     fn pod_gc(&mut self) {
         let known: BTreeSet<&str> = self.store.iter("nodes").map(name_of).collect();
-        let orphans: Vec<(String, String)> = self
+        // By the node index: only the pods of nodes that are gone, in store order.
+        let orphans: BTreeSet<(String, String)> = self
             .store
-            .iter("pods")
-            .filter(|p| !node_of(p).is_empty() && !known.contains(node_of(p)))
+            .field_values("pods", "/spec/nodeName")
+            .filter(|n| !n.is_empty() && !known.contains(n))
+            .flat_map(|n| self.store.by_field("pods", "/spec/nodeName", n))
             .map(|p| (namespace_of(p).to_string(), name_of(p).to_string()))
             .collect();
         for (ns, name) in orphans {
@@ -1677,28 +1729,31 @@ impl Cluster {
             return;
         }
         let nodes = self.node_briefs();
-        // Pods per node and per owner per node, counted once and kept current while placing.
+        // Pods per node and per owner per node, kept current while placing: per node from
+        // the node index; per owner from the owner index, counted when the owner's first pod
+        // is placed (before any of its pods moves), not by scanning every pod.
         type OwnerKey = (String, String, String);
-        let mut per_node: HashMap<String, usize> = HashMap::new();
+        let mut per_node: HashMap<String, usize> = self
+            .store
+            .field_counts("pods", "/spec/nodeName")
+            .filter(|(n, _)| !n.is_empty())
+            .map(|(n, c)| (n.to_string(), c))
+            .collect();
         let mut per_owner: HashMap<OwnerKey, HashMap<String, usize>> = HashMap::new();
         let owner_key = |p: &Value| {
             controller_of(p)
                 .map(|(k, n)| (namespace_of(p).to_string(), k.to_string(), n.to_string()))
         };
-        for p in self.store.iter("pods") {
-            let n = node_of(p);
-            if n.is_empty() {
-                continue;
+        let count_owned = |store: &Store, (ns, kind, name): &OwnerKey| {
+            let mut counts: HashMap<String, usize> = HashMap::new();
+            for p in store.pods_owned_by(ns, kind, name) {
+                let n = node_of(p);
+                if !n.is_empty() {
+                    *counts.entry(n.to_string()).or_default() += 1;
+                }
             }
-            if let Some(o) = owner_key(p) {
-                *per_owner
-                    .entry(o)
-                    .or_default()
-                    .entry(n.to_string())
-                    .or_default() += 1;
-            }
-            *per_node.entry(n.to_string()).or_default() += 1;
-        }
+            counts
+        };
         let no_counts = HashMap::new();
         for (ns, name, created) in due {
             let Some(mut pod) = self.store.get("pods", &ns, &name).cloned() else {
@@ -1709,10 +1764,12 @@ impl Cluster {
             let node_name = match node_of(&pod) {
                 "" => {
                     let pinned = self.pinned_node(&pod);
-                    let same = owner
-                        .as_ref()
-                        .and_then(|o| per_owner.get(o))
-                        .unwrap_or(&no_counts);
+                    let same = match &owner {
+                        Some(o) => &*per_owner
+                            .entry(o.clone())
+                            .or_insert_with(|| count_owned(&self.store, o)),
+                        None => &no_counts,
+                    };
                     // Spread: fewest pods of the same owner, then fewest pods, then name.
                     let best = nodes
                         .iter()
@@ -1802,7 +1859,12 @@ impl Cluster {
     /// Longhorn sees the replicas on a node that went down fail at once: the instance
     /// stops and `spec.failedAt` is set (`healthyAt` keeps when it was last healthy).
     fn replicas_fail_on(&mut self, node: &str, now: Timestamp) {
-        for r in self.store.all("replicas") {
+        let on_node: Vec<Value> = self
+            .store
+            .by_field("replicas", "/spec/nodeID", node)
+            .cloned()
+            .collect();
+        for r in on_node {
             if r.at("/spec/nodeID").and_then(Value::as_str) != Some(node) {
                 continue;
             }
@@ -1836,13 +1898,18 @@ impl Cluster {
     ///
     /// The `replicasNeverRebuild` fault stops the first two for its volumes.
     fn longhorn(&mut self, now: Timestamp) {
-        let nodes = self.node_briefs();
+        // Name, readiness and role of each node: all Longhorn reads (no labels copied).
+        let nodes: Vec<(String, bool, bool)> = self
+            .store
+            .iter("nodes")
+            .map(|n| (name_of(n).to_string(), is_ready(n), is_control_plane(n)))
+            .collect();
         // Longhorn sees a node go the moment it does (its manager pod there stops), not after
         // the Node's grace period: a node counts once it is Ready and heard from.
         let ready: BTreeSet<&str> = nodes
             .iter()
-            .filter(|n| n.ready && !self.silent_since.contains_key(&n.name))
-            .map(|n| n.name.as_str())
+            .filter(|(name, ready, _)| *ready && !self.silent_since.contains_key(name))
+            .map(|(name, ..)| name.as_str())
             .collect();
         let delay = self.behaviour.replica_rebuild_delay;
         // A replica deleted while it re-synced has nothing left to finish.
@@ -1855,16 +1922,13 @@ impl Cluster {
             let never = self.faults.replicas_never_rebuild.contains(&vname);
             let replicas_of = |store: &Store| -> Vec<Value> {
                 store
-                    .list(
-                        "replicas",
-                        Some(&ns),
-                        &LabelSelector::default(),
-                        &FieldSelector::default(),
-                    )
-                    .into_iter()
+                    .by_field("replicas", "/spec/volumeName", &vname)
                     .filter(|r| {
-                        r.at("/spec/volumeName").and_then(Value::as_str) == Some(vname.as_str())
+                        namespace_of(r) == ns
+                            && r.at("/spec/volumeName").and_then(Value::as_str)
+                                == Some(vname.as_str())
                     })
+                    .cloned()
                     .collect()
             };
             let want = vol
@@ -1933,11 +1997,11 @@ impl Cluster {
                         .filter(|r| replica_failed_at(r).is_empty())
                         .filter_map(|r| r.at("/spec/nodeID").and_then(Value::as_str))
                         .collect();
-                    let has_workers = nodes.iter().any(|n| !n.control_plane);
-                    let target = nodes.iter().find(|n| {
-                        ready.contains(n.name.as_str())
-                            && !used.contains(n.name.as_str())
-                            && (!has_workers || !n.control_plane)
+                    let has_workers = nodes.iter().any(|(_, _, cp)| !cp);
+                    let target = nodes.iter().find(|(name, _, cp)| {
+                        ready.contains(name.as_str())
+                            && !used.contains(name.as_str())
+                            && (!has_workers || !cp)
                     });
                     let failed = replicas.iter().find(|r| !replica_failed_at(r).is_empty());
                     if let Some(target) = target {
@@ -1948,7 +2012,7 @@ impl Cluster {
                             &ns,
                             &vname,
                             &format!("{}-r-{}", vname, self.store.suffix()),
-                            &target.name,
+                            &target.0,
                             now,
                         );
                         let _ = self.store.create(rt("replicas"), &ns, r, now);
@@ -2060,7 +2124,8 @@ impl Cluster {
         use sha2::Digest;
         type Want = (String, String, String, String, bool);
         let mut wanted: BTreeMap<String, Want> = BTreeMap::new();
-        for pod in self.store.iter("pods") {
+        // Only pods with a claim can want a volume attached.
+        for pod in self.store.pods_with_claims() {
             let node = node_of(pod);
             let phase = pod.at("/status/phase").and_then(Value::as_str);
             if node.is_empty() || matches!(phase, Some("Succeeded" | "Failed")) {
@@ -2103,11 +2168,15 @@ impl Cluster {
                 longhorn_node.push((handle.clone(), node.clone()));
             }
         }
-        for va in self.store.all("volumeattachments") {
+        // Copied only when no pod wants them any more.
+        let unwanted: Vec<Value> = self
+            .store
+            .iter("volumeattachments")
+            .filter(|va| !wanted.contains_key(name_of(va)))
+            .cloned()
+            .collect();
+        for va in unwanted {
             let name = name_of(&va).to_string();
-            if wanted.contains_key(&name) {
-                continue;
-            }
             let pv = va
                 .at("/spec/source/persistentVolumeName")
                 .and_then(Value::as_str)
@@ -2178,11 +2247,11 @@ impl Cluster {
             } else {
                 "statefulsets"
             };
-            for o in self.store.all(plural) {
-                if !dirty.owner(namespace_of(&o), kind, name_of(&o)) {
+            for o in self.store.iter(plural) {
+                if !dirty.owner(namespace_of(o), kind, name_of(o)) {
                     continue;
                 }
-                let ps = owned(namespace_of(&o), kind, name_of(&o));
+                let ps = owned(namespace_of(o), kind, name_of(o));
                 let ready = ps.iter().filter(|p| is_ready(p)).count();
                 let mut o2 = o.clone();
                 set_path(&mut o2, &["status", "replicas"], json!(ps.len()));
@@ -2192,42 +2261,37 @@ impl Cluster {
                 set_path(
                     &mut o2,
                     &["status", "updatedReplicas"],
-                    json!(updated(&ps, &o)),
+                    json!(updated(&ps, o)),
                 );
                 o2["status"]["observedGeneration"] =
                     o.at("/metadata/generation").cloned().unwrap_or(json!(1));
                 updates.push((plural, o2));
             }
         }
-        for d in self.store.all("deployments") {
-            let ns = namespace_of(&d);
-            let its_sets: Vec<&str> = self
-                .store
-                .iter("replicasets")
-                .filter(|rs| {
-                    namespace_of(rs) == ns
-                        && controller_of(rs)
-                            .is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d))
-                })
-                .map(name_of)
-                .collect();
-            let touched = dirty.owner(ns, "Deployment", name_of(&d))
+        let sets = deployment_sets(store);
+        for d in self.store.iter("deployments") {
+            let ns = namespace_of(d);
+            let its_sets = sets
+                .get(&(ns.to_string(), name_of(d).to_string()))
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let touched = dirty.owner(ns, "Deployment", name_of(d))
                 || its_sets.iter().any(|rs| dirty.owner(ns, "ReplicaSet", rs));
             if !touched {
                 continue;
             }
             let mut rs_pods: Vec<&Value> = Vec::new();
             let mut up_to_date = 0;
-            for rs in self.store.iter("replicasets").filter(|rs| {
-                namespace_of(rs) == ns
-                    && controller_of(rs).is_some_and(|(k, n)| k == "Deployment" && n == name_of(&d))
-            }) {
+            for rs in its_sets
+                .iter()
+                .filter_map(|rs| store.get("replicasets", ns, rs))
+            {
                 let ps = owned(ns, "ReplicaSet", name_of(rs));
                 up_to_date += updated(&ps, rs);
                 rs_pods.extend(ps);
             }
             let ready = rs_pods.iter().filter(|p| is_ready(p)).count();
-            let want = replicas_of(&d, self.behaviour.max_replicas) as usize;
+            let want = replicas_of(d, self.behaviour.max_replicas) as usize;
             let mut d2 = d.clone();
             set_path(&mut d2, &["status", "replicas"], json!(rs_pods.len()));
             set_path(&mut d2, &["status", "readyReplicas"], json!(ready));
@@ -2472,7 +2536,6 @@ struct NodeBrief {
     /// Schedulable but for its cordon.
     cordoned_only: bool,
     labels: Value,
-    control_plane: bool,
     ip: String,
     ready_since: Timestamp,
 }

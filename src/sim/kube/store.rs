@@ -164,6 +164,16 @@ pub fn approx_size(v: &Value) -> usize {
 }
 
 type Key = (&'static str, String, String);
+/// (storage, path, value) of an indexed field.
+type FieldKey = (&'static str, &'static str, String);
+
+/// The fields the model looks objects up by, (storage, path): pods by their node, Longhorn
+/// replicas by their volume and by their node. A missing field indexes as "".
+const FIELD_INDEX: &[(&str, &str)] = &[
+    ("pods", "/spec/nodeName"),
+    ("replicas", "/spec/volumeName"),
+    ("replicas", "/spec/nodeID"),
+];
 
 pub struct Store {
     objects: BTreeMap<Key, Value>,
@@ -186,6 +196,12 @@ pub struct Store {
     /// Pods by their controller, (namespace, kind, name) → pod names, so the controllers
     /// find their pods without scanning every pod.
     pod_owners: HashMap<(String, String, String), BTreeSet<String>>,
+    /// (storage, path, value) → (namespace, name) of the objects with that value at that
+    /// path, for the [`FIELD_INDEX`] fields: a node's pods without scanning every pod.
+    by_field: HashMap<FieldKey, BTreeSet<(String, String)>>,
+    /// (namespace, name) of the pods that mount a PersistentVolumeClaim: the only ones the
+    /// attach-detach controller looks at.
+    claim_pods: BTreeSet<(String, String)>,
 }
 
 /// The owner with `controller: true`: (kind, name).
@@ -333,6 +349,8 @@ impl Store {
             events,
             dry_run: false,
             pod_owners: HashMap::new(),
+            by_field: HashMap::new(),
+            claim_pods: BTreeSet::new(),
         }
     }
 
@@ -474,9 +492,37 @@ impl Store {
         Some(self.history.range(start..).map(|(e, _)| e))
     }
 
-    fn index(&mut self, storage: &str, obj: &Value, add: bool) {
+    fn index(&mut self, storage: &'static str, obj: &Value, add: bool) {
+        for &(s, path) in FIELD_INDEX {
+            if s != storage {
+                continue;
+            }
+            let value = obj.at(path).and_then(Value::as_str).unwrap_or("");
+            let key = (s, path, value.to_string());
+            let entry = (namespace_of(obj).to_string(), name_of(obj).to_string());
+            if add {
+                self.by_field.entry(key).or_default().insert(entry);
+            } else if let Some(set) = self.by_field.get_mut(&key) {
+                set.remove(&entry);
+                if set.is_empty() {
+                    self.by_field.remove(&key);
+                }
+            }
+        }
         if storage != "pods" {
             return;
+        }
+        let claims = obj
+            .at("/spec/volumes")
+            .and_then(Value::as_array)
+            .is_some_and(|vs| vs.iter().any(|v| v.at("/persistentVolumeClaim").is_some()));
+        if claims {
+            let entry = (namespace_of(obj).to_string(), name_of(obj).to_string());
+            if add {
+                self.claim_pods.insert(entry);
+            } else {
+                self.claim_pods.remove(&entry);
+            }
         }
         let Some((kind, owner)) = controller_of(obj) else {
             return;
@@ -511,6 +557,52 @@ impl Store {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// The objects of `storage` (all namespaces, in key order) whose `path` is `value`, for
+    /// an indexed field ([`FIELD_INDEX`]; any other yields nothing).
+    pub fn by_field<'a>(
+        &'a self,
+        storage: &'static str,
+        path: &'static str,
+        value: &str,
+    ) -> impl Iterator<Item = &'a Value> + 'a {
+        self.by_field
+            .get(&(storage, path, value.to_string()))
+            .into_iter()
+            .flatten()
+            .filter_map(move |(ns, name)| self.get(storage, ns, name))
+    }
+
+    /// The values an indexed field currently takes (in no particular order).
+    pub fn field_values<'a>(
+        &'a self,
+        storage: &'static str,
+        path: &'static str,
+    ) -> impl Iterator<Item = &'a str> + 'a {
+        self.by_field
+            .keys()
+            .filter(move |(s, p, _)| *s == storage && *p == path)
+            .map(|(_, _, v)| v.as_str())
+    }
+
+    /// The pods that mount a PersistentVolumeClaim, in key order.
+    pub fn pods_with_claims(&self) -> impl Iterator<Item = &Value> {
+        self.claim_pods
+            .iter()
+            .filter_map(|(ns, name)| self.get("pods", ns, name))
+    }
+
+    /// How many objects of `storage` have each value of an indexed field.
+    pub fn field_counts<'a>(
+        &'a self,
+        storage: &'static str,
+        path: &'static str,
+    ) -> impl Iterator<Item = (&'a str, usize)> + 'a {
+        self.by_field
+            .iter()
+            .filter(move |((s, p, _), _)| *s == storage && *p == path)
+            .map(|((_, _, v), set)| (v.as_str(), set.len()))
     }
 
     /// Borrow the objects of one resource in one namespace.

@@ -285,6 +285,12 @@ impl TalosTwin {
         self.shared.read(|m| m.observe())
     }
 
+    /// Reads the model brought up to the clock's time; like [`TalosTwin::observe`], it
+    /// signals [`TalosTwin::changes`] only if due events were applied on the way.
+    pub fn read<R>(&self, f: impl FnOnce(&TalosCluster) -> R) -> R {
+        self.shared.read(f)
+    }
+
     /// When the next scheduled event is due.
     pub fn next_due(&self) -> Option<Timestamp> {
         self.shared.read(|m| m.next_due())

@@ -650,9 +650,16 @@ impl TalosCluster {
     /// The observable state of every node, for the Kubernetes projection (Node Ready,
     /// kubeletVersion, mirror pods of the static pods, pods lost when a node goes down).
     pub fn observe(&self) -> Vec<NodeObservation> {
+        self.observe_nodes(|_| true)
+    }
+
+    /// [`TalosCluster::observe`] of just the nodes `which` picks, so a caller that knows
+    /// what it saw last copies only what changed.
+    pub fn observe_nodes(&self, mut which: impl FnMut(&Node) -> bool) -> Vec<NodeObservation> {
         let members: BTreeSet<u64> = self.etcd_members().iter().map(|m| m.id).collect();
         self.nodes
             .iter()
+            .filter(|&n| which(n))
             .map(|n| NodeObservation {
                 name: n.name.clone(),
                 role: n.role,
