@@ -718,9 +718,10 @@ impl Run<'_, '_> {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, KubeError>>,
     {
-        patiently(&self.engine.clock, what, call)
+        let clock = &self.engine.clock;
+        let mut call = call;
+        self.kube_run(stage, node, what, || answered(clock, what, call()))
             .await
-            .map_err(|e| self.pause(stage, node, api_pause_reason(what, &e)))
     }
 
     /// A run of Kubernetes calls and waits bounded by its own timeout (a drain): retried
