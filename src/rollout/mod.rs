@@ -712,14 +712,13 @@ impl Run<'_, '_> {
         stage: StageId,
         node: Option<&str>,
         what: &str,
-        call: F,
+        mut call: F,
     ) -> Flow<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, KubeError>>,
     {
         let clock = &self.engine.clock;
-        let mut call = call;
         self.kube_run(stage, node, what, || answered(clock, what, call()))
             .await
     }

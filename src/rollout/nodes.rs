@@ -174,7 +174,8 @@ impl Run<'_, '_> {
         let nodes = self.live_nodes(stage).await?;
         let volumes = self.volumes(stage).await?;
         let max = self.engine.policy.max_unavailable.get() as usize;
-        let why = super::pool::rule_verdict(node, &nodes, &volumes, &active, max);
+        let why = super::pool::rule_verdict(node, &nodes, &volumes, &active, max)
+            .map(super::pool::Held::reason);
         if why.is_none() {
             active.insert(node.name.clone());
         }

@@ -26,6 +26,22 @@ pub(super) fn pooled(step: &Step) -> bool {
         .is_some_and(|(_, rest)| rest.starts_with("workers-"))
 }
 
+/// Why a node may not go down now: the rule that holds it, and the words for it.
+pub(super) enum Held {
+    /// More workers out than `maxUnavailable`: the pool's normal state while it is full.
+    Slots(String),
+    /// A volume with another holder out: worth saying even while other workers run.
+    Volume(String),
+}
+
+impl Held {
+    pub(super) fn reason(self) -> String {
+        match self {
+            Held::Slots(why) | Held::Volume(why) => why,
+        }
+    }
+}
+
 /// Why `node` may not go down now, or `None`: more workers out than `max` (those NotReady
 /// or cordoned, by anyone, and those begun in this run, `active`), or a volume with another
 /// replica on a node that is out. Judged from live placement, never the plan's.
@@ -35,7 +51,7 @@ pub(super) fn rule_verdict(
     volumes: &[LiveVolume],
     active: &BTreeSet<String>,
     max: usize,
-) -> Option<String> {
+) -> Option<Held> {
     let out =
         |n: &LiveNode| n.name != node.name && (!n.ready || n.cordoned || active.contains(&n.name));
     if node.role == Role::Worker {
@@ -45,11 +61,11 @@ pub(super) fn rule_verdict(
             .map(|n| n.name.clone())
             .collect();
         if unavailable.len() + 1 > max {
-            return Some(format!(
+            return Some(Held::Slots(format!(
                 "{} waits: {} already unavailable (NotReady, cordoned or upgrading) and maxUnavailable is {max}",
                 node.name,
                 super::step::plural_list("worker", &unavailable),
-            ));
+            )));
         }
     }
     let down: BTreeSet<&str> = nodes
@@ -75,11 +91,11 @@ pub(super) fn rule_verdict(
         })
         .collect();
     (!exposed.is_empty()).then(|| {
-        format!(
+        Held::Volume(format!(
             "{} waits: {} would have a second replica on a node that is down, cordoned or upgrading",
             node.name,
             super::step::plural_list("volume", &exposed)
-        )
+        ))
     })
 }
 
@@ -326,8 +342,10 @@ impl<'r, 'a> Run<'r, 'a> {
         let me = self.plan.ichor_node.as_deref();
         let mut active = self.active.lock().await;
         let mut go = Vec::new();
+        // Full slots and the ichor node's turn are the pool's normal state, said only when
+        // nothing runs; a hold or a volume holding a node back is said while others run.
         let mut wait: Option<String> = None;
-        let mut notable = false;
+        let mut notable: Option<String> = None;
         let mut keep = Vec::new();
         let last = queue.len() == 1 && busy.is_empty();
         for &name in queue.iter() {
@@ -358,11 +376,7 @@ impl<'r, 'a> Run<'r, 'a> {
                 continue;
             }
             if let Some(reason) = &live.hold {
-                if !notable {
-                    wait = None;
-                }
-                notable = true;
-                wait.get_or_insert_with(|| {
+                notable.get_or_insert_with(|| {
                     format!(
                         "{name} is held ({}={}); remove the annotation to let it go",
                         crate::kube::HOLD,
@@ -373,15 +387,12 @@ impl<'r, 'a> Run<'r, 'a> {
                 continue;
             }
             match rule_verdict(live, &nodes, &volumes, &active, max) {
-                Some(why) => {
-                    // Full slots are the pool's normal state; a volume holding a node back
-                    // is worth saying while others run.
-                    if why.contains(" would have a second replica ") && !notable {
-                        notable = true;
-                        wait = Some(why);
-                    } else {
-                        wait.get_or_insert(why);
-                    }
+                Some(Held::Slots(why)) => {
+                    wait.get_or_insert(why);
+                    keep.push(name);
+                }
+                Some(Held::Volume(why)) => {
+                    notable.get_or_insert(why);
                     keep.push(name);
                 }
                 None => {
@@ -394,7 +405,9 @@ impl<'r, 'a> Run<'r, 'a> {
         *queue = keep;
         if !go.is_empty() {
             self.waiting(stage, None).await?;
-        } else if idle || notable {
+        } else if notable.is_some() {
+            self.waiting(stage, notable).await?;
+        } else if idle {
             self.waiting(stage, wait).await?;
         }
         if !go.is_empty() {
