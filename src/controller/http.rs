@@ -246,7 +246,8 @@ pub async fn serve(
                 Err(e) if e.is_parse() => "bad_request",
                 Err(_) => "error",
             };
-            // Counted before the socket closes, so a client that sees the close sees the count.
+            // Counted as the connection ends (hyper may have half-closed the socket already,
+            // so a client can see the close a moment before the count).
             connection(&metrics, name, outcome);
             if let Err(e) = ended {
                 tracing::debug!(listener = name, error = %e, "connection ended");
