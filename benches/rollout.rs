@@ -82,6 +82,8 @@ spec:
     maxUnavailable: {max_unavailable}
     drainTimeout: 15m
     nodeTimeout: 45m
+    # The twin's `web` Deployment keeps scratch data in an emptyDir, as a cache would.
+    drain: {{deleteEmptyDirData: true}}
   volumes:
     provider: longhorn
   inventory:

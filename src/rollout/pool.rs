@@ -107,7 +107,26 @@ enum Work {
 }
 
 /// What one unit of work ended in: the step's flow, or whether an install ahead applies.
-type NodeRun<'s> = Pin<Box<dyn Future<Output = (&'s str, Work, Flow<bool>)> + Send + 's>>;
+type Done<'s> = (&'s str, Work, Flow<bool>);
+type NodeRun<'s> = Pin<Box<dyn Future<Output = Done<'s>> + Send + 's>>;
+
+/// `look` awaited while the work under way keeps running (what ends meanwhile goes to
+/// `finished`). A node's future holds locks (the record's, the active set's) and requests
+/// in flight across its awaits; left unpolled while the pool awaits one of those locks, it
+/// would hold them forever.
+async fn alongside<'s, T>(
+    look: impl Future<Output = T>,
+    running: &mut FuturesUnordered<NodeRun<'s>>,
+    finished: &mut Vec<Done<'s>>,
+) -> T {
+    tokio::pin!(look);
+    loop {
+        tokio::select! {
+            r = &mut look => return r,
+            Some(done) = running.next(), if !running.is_empty() => finished.push(done),
+        }
+    }
+}
 
 impl<'r, 'a> Run<'r, 'a> {
     /// The workers of `steps` (the stage's worker batches, in plan order), each driven by
@@ -143,6 +162,8 @@ impl<'r, 'a> Run<'r, 'a> {
         };
         queue.sort_by_key(|n| !begun.contains(*n));
         let mut running: FuturesUnordered<NodeRun<'s>> = FuturesUnordered::new();
+        // What ended while the pool was looking at who may start, handled next.
+        let mut finished: Vec<Done<'s>> = Vec::new();
         let mut first: Option<Stop> = None;
         let mut held_back: Option<Stop> = None;
         // Installs ahead (Talos ≥ 1.13, Talos and one-drain stages): in flight, and done
@@ -156,10 +177,8 @@ impl<'r, 'a> Run<'r, 'a> {
             let gating = self.gating.load(std::sync::atomic::Ordering::SeqCst) > 0;
             if first.is_none() && !queue.is_empty() && !gating {
                 let idle = running.len() == installing.len();
-                let started = match self
-                    .startable(stage, &mut queue, &begun, &installing, idle)
-                    .await
-                {
+                let look = self.startable(stage, &mut queue, &begun, &installing, idle);
+                let started = match alongside(look, &mut running, &mut finished).await {
                     Ok(started) => started,
                     Err(Stop::LockLost(h)) => return Err(Stop::LockLost(h)),
                     // A pause request (or a record that cannot be written): nothing new
@@ -210,7 +229,7 @@ impl<'r, 'a> Run<'r, 'a> {
                     }));
                 }
             }
-            if running.is_empty() {
+            if running.is_empty() && finished.is_empty() {
                 if queue.is_empty() || first.is_some() {
                     break;
                 }
@@ -218,42 +237,47 @@ impl<'r, 'a> Run<'r, 'a> {
                 self.engine.clock.sleep(WAIT_EVERY).await;
                 continue;
             }
-            let finished = if first.is_none() && !queue.is_empty() {
-                tokio::select! {
-                    r = running.next() => r,
-                    // Someone else's node may come back, a hold may go: look again.
-                    _ = self.engine.clock.sleep(WAIT_EVERY) => None,
-                }
-            } else {
-                running.next().await
-            };
-            if let Some((name, Work::Install, r)) = &finished {
-                installing.remove(name);
-                match r {
-                    Ok(true) => {
-                        installed.insert(name);
+            if finished.is_empty() {
+                let next = if first.is_none() && !queue.is_empty() {
+                    tokio::select! {
+                        r = running.next() => r,
+                        // Someone else's node may come back, a hold may go: look again.
+                        _ = self.engine.clock.sleep(WAIT_EVERY) => None,
                     }
-                    // Talos ≤ 1.12: its upgrade installs and reboots in one call.
-                    Ok(false) => installs = false,
-                    Err(_) => {}
-                }
+                } else {
+                    running.next().await
+                };
+                finished.extend(next);
             }
-            match finished {
-                None | Some((_, _, Ok(_))) => {}
-                Some((_, _, Err(Stop::LockLost(h)))) => return Err(Stop::LockLost(h)),
-                Some((name, _, Err(Stop::Pause(p)))) => {
-                    if p.reason.contains(SIBLING_STOPPED) {
-                        held_back.get_or_insert(Stop::Pause(p));
-                    } else {
-                        if let Ok(mut h) = self.halted.lock() {
-                            h.get_or_insert_with(|| {
-                                format!(
-                                    "{name} paused: {}",
-                                    crate::releaseset::excerpt(&p.reason, 200)
-                                )
-                            });
+            for (name, work, r) in std::mem::take(&mut finished) {
+                if work == Work::Install {
+                    installing.remove(name);
+                    match r {
+                        Ok(true) => {
+                            installed.insert(name);
                         }
-                        first.get_or_insert(Stop::Pause(p));
+                        // Talos ≤ 1.12: its upgrade installs and reboots in one call.
+                        Ok(false) => installs = false,
+                        Err(_) => {}
+                    }
+                }
+                match r {
+                    Ok(_) => {}
+                    Err(Stop::LockLost(h)) => return Err(Stop::LockLost(h)),
+                    Err(Stop::Pause(p)) => {
+                        if p.reason.contains(SIBLING_STOPPED) {
+                            held_back.get_or_insert(Stop::Pause(p));
+                        } else {
+                            if let Ok(mut h) = self.halted.lock() {
+                                h.get_or_insert_with(|| {
+                                    format!(
+                                        "{name} paused: {}",
+                                        crate::releaseset::excerpt(&p.reason, 200)
+                                    )
+                                });
+                            }
+                            first.get_or_insert(Stop::Pause(p));
+                        }
                     }
                 }
             }
@@ -440,5 +464,41 @@ impl<'r, 'a> Run<'r, 'a> {
                 StageId::Workers => talos() && kubelet(),
                 _ => false,
             }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::FutureExt;
+
+    /// The hang the 60-node bench found: a worker's future took a lock, the pool then
+    /// waited for that lock without polling the worker, and nothing moved again.
+    #[tokio::test]
+    async fn the_pool_keeps_polling_the_workers_while_it_waits_for_a_lock() {
+        let lock = tokio::sync::Mutex::new(());
+        let (answer, answered) = tokio::sync::oneshot::channel::<()>();
+        let mut running: FuturesUnordered<NodeRun<'_>> = FuturesUnordered::new();
+        let lock_ref = &lock;
+        running.push(Box::pin(async move {
+            // Holds the lock across a request, as a node's step holds the active set.
+            let _held = lock_ref.lock().await;
+            let _ = answered.await;
+            ("w-1", Work::Step, Ok(true))
+        }));
+        assert!(
+            running.next().now_or_never().is_none(),
+            "the worker holds the lock"
+        );
+        answer.send(()).ok();
+
+        let look = || async { *lock.lock().await };
+        // Awaited alone, the pool's look would wait on the worker forever.
+        assert!(look().now_or_never().is_none());
+        let mut finished = Vec::new();
+        let looked = alongside(look(), &mut running, &mut finished).now_or_never();
+        assert_eq!(looked, Some(()));
+        assert_eq!(finished.len(), 1);
+        assert_eq!((finished[0].0, finished[0].1), ("w-1", Work::Step));
     }
 }
