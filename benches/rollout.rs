@@ -293,6 +293,15 @@ async fn run_engine(repo: &Path, head: &str) -> Result<Run, Error> {
 /// 50 % and 75 % of the rollout.
 fn report_eta(name: &str, run: &Run) {
     let total = run.makespan.as_secs_f64().max(1.0);
+    if std::env::var("ICHOR_BENCH_ETAS").is_ok() {
+        for st in &run.plan.stages {
+            let secs: u64 = st.steps.iter().map(|s| s.duration_secs).sum();
+            println!("  PLAN {:?} {} steps {}s first start {}", st.id, st.steps.len(), secs, st.steps.first().map(|s| s.start_secs).unwrap_or(0));
+        }
+        for (when, end) in &run.etas {
+            println!("  ETA at {} predicts {}", when.as_secs(), end.as_secs());
+        }
+    }
     let mut parts = Vec::new();
     for share in [0.25, 0.5, 0.75] {
         let at = Duration::from_secs_f64(total * share);

@@ -1,12 +1,16 @@
 //! A live ETA: how long the rest of a rollout should take, from what this rollout has shown
 //! so far, falling back to the plan's estimate.
 //!
-//! The plan gives each step an estimated duration; the steps run in plan order. Once some
-//! have finished, the rollout's pace is known: actual time over planned time for what is
-//! done. The rest is the plan's remaining estimate at that pace, less the time already spent
-//! on the step under way. Pure: the caller says when each node (or sync) finished.
+//! The plan's steps fall into phases: the control planes of a stage one at a time, the
+//! workers of a stage in the pool (started as slots free, `maxUnavailable` at once), a sync.
+//! A phase whose nodes this run has seen finish is judged by them: the median node's time
+//! for each node still to go, the workers' shared out over the pool's slots, less what the
+//! nodes under way have already spent. A phase with nothing seen yet takes the plan's
+//! estimate at the pace of what is done (actual over planned time), less the time already
+//! spent on it if it is under way. Pure: the caller says when each node (or sync) started
+//! and finished.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::{Plan, StageId};
@@ -19,6 +23,8 @@ const PACE: (f64, f64) = (0.2, 5.0);
 #[derive(Debug, Clone)]
 struct Tracked {
     stage: StageId,
+    /// A batch of workers the pool runs (`*/workers-N`): its nodes share the slots.
+    pooled: bool,
     /// Planned offsets from the start (seconds).
     planned_start: u64,
     planned_secs: u64,
@@ -30,6 +36,10 @@ struct Tracked {
     earlier: bool,
     /// Nodes of the step in all (for the "n of m" count).
     nodes: usize,
+    /// When each node still waiting began, once it has.
+    started: BTreeMap<String, Timestamp>,
+    /// How long each node this run saw from start to finish took (seconds).
+    took: Vec<u64>,
 }
 
 /// The rollout's progress against its plan.
@@ -62,6 +72,7 @@ impl Eta {
             .flat_map(|stage| {
                 stage.steps.iter().map(move |s| Tracked {
                     stage: stage.id,
+                    pooled: s.is_worker_batch(),
                     planned_start: s.start_secs,
                     planned_secs: s.duration_secs,
                     waiting: s.nodes.iter().cloned().collect(),
@@ -69,6 +80,8 @@ impl Eta {
                     done_at: None,
                     earlier: false,
                     nodes: s.nodes.len().max(1),
+                    started: BTreeMap::new(),
+                    took: Vec::new(),
                 })
             })
             .collect();
@@ -85,6 +98,14 @@ impl Eta {
         }
     }
 
+    /// A node of `stage` began its step at `at` (an earlier run's start counts: the node
+    /// has been out since). Unknown nodes are ignored.
+    pub fn unit_started(&mut self, stage: StageId, node: &str, at: Timestamp) {
+        if let Some(step) = self.step_of(stage, Some(node)) {
+            step.started.entry(node.to_string()).or_insert(at);
+        }
+    }
+
     /// A node of `stage` finished at `at` (`None`: the stage's one unit without a node, such
     /// as the manifest sync). Unknown nodes are ignored.
     pub fn unit_done(&mut self, stage: StageId, node: Option<&str>, at: Timestamp) {
@@ -97,20 +118,26 @@ impl Eta {
         self.mark(stage, node, self.started, true);
     }
 
-    fn mark(&mut self, stage: StageId, node: Option<&str>, at: Timestamp, earlier: bool) {
-        let step = self.steps.iter_mut().find(|s| {
+    fn step_of(&mut self, stage: StageId, node: Option<&str>) -> Option<&mut Tracked> {
+        self.steps.iter_mut().find(|s| {
             s.stage == stage
                 && s.done_at.is_none()
                 && match node {
                     Some(n) => s.waiting.contains(n),
                     None => s.unit,
                 }
-        });
-        let Some(step) = step else {
+        })
+    }
+
+    fn mark(&mut self, stage: StageId, node: Option<&str>, at: Timestamp, earlier: bool) {
+        let Some(step) = self.step_of(stage, node) else {
             return;
         };
         if let Some(n) = node {
             step.waiting.remove(n);
+            if let Some(began) = step.started.remove(n).filter(|_| !earlier) {
+                step.took.push(at.since(began).as_secs());
+            }
         }
         if step.unit || step.waiting.is_empty() {
             step.done_at = Some(at);
@@ -122,6 +149,7 @@ impl Eta {
     pub fn stage_done(&mut self, stage: StageId, at: Timestamp) {
         for s in self.steps.iter_mut().filter(|s| s.stage == stage) {
             s.waiting.clear();
+            s.started.clear();
             s.done_at.get_or_insert(at);
         }
     }
@@ -151,7 +179,7 @@ impl Eta {
             .filter(|s| !s.earlier)
             .filter_map(|s| s.done_at)
             .max();
-        let (pace, observed) = match last_done {
+        let (pace, mut observed) = match last_done {
             Some(at) if planned_done > 0 => {
                 let actual = at.since(self.started).as_secs_f64();
                 let pace = (actual / planned_done as f64).clamp(PACE.0, PACE.1);
@@ -159,16 +187,46 @@ impl Eta {
             }
             _ => (1.0, false),
         };
-        let planned_left: u64 = self
-            .steps
-            .iter()
-            .filter(|s| s.done_at.is_none())
-            .map(|s| s.planned_secs)
-            .sum();
-        // The step under way has been going since the last one finished (or the start).
-        let under_way = now.since(last_done.unwrap_or(self.started)).as_secs_f64();
-        let left = (planned_left as f64 * pace - under_way).max(0.0);
-        let left = if planned_left == 0 { 0.0 } else { left };
+        // The phase under way has been going since the last step finished (or the start).
+        let mut under_way = now.since(last_done.unwrap_or(self.started)).as_secs_f64();
+        let mut left = 0.0;
+        for phase in self.phases() {
+            let open: Vec<&Tracked> = phase.iter().filter(|s| s.done_at.is_none()).collect();
+            if open.is_empty() {
+                continue;
+            }
+            let mut took: Vec<u64> = phase.iter().flat_map(|s| s.took.iter().copied()).collect();
+            let phase_left = if took.is_empty() || open.iter().any(|s| s.unit) {
+                let planned: u64 = open.iter().map(|s| s.planned_secs).sum();
+                let spent = std::mem::take(&mut under_way);
+                (planned as f64 * pace - spent).max(0.0)
+            } else {
+                observed = true;
+                under_way = 0.0;
+                took.sort_unstable();
+                let median = took[took.len() / 2] as f64;
+                // What each node under way still needs, and the nodes not begun.
+                let mut work = 0.0;
+                let mut longest: f64 = 0.0;
+                for s in &open {
+                    for n in &s.waiting {
+                        let need = match s.started.get(n) {
+                            Some(began) => (median - now.since(*began).as_secs_f64()).max(0.0),
+                            None => median,
+                        };
+                        work += need;
+                        longest = longest.max(need);
+                    }
+                }
+                let slots = if phase[0].pooled {
+                    phase.iter().map(|s| s.nodes).max().unwrap_or(1)
+                } else {
+                    1
+                };
+                (work / slots as f64).max(longest)
+            };
+            left += phase_left;
+        }
         let remaining = Duration::from_secs_f64(left);
         Estimate {
             remaining,
@@ -177,6 +235,26 @@ impl Eta {
             total,
             observed,
         }
+    }
+
+    /// The steps in plan order, cut where the stage or the way its nodes run changes: a
+    /// stage's control planes, its worker pool, a sync.
+    fn phases(&self) -> Vec<&[Tracked]> {
+        let mut out = Vec::new();
+        let mut from = 0;
+        for i in 1..=self.steps.len() {
+            let cut = match (self.steps.get(i - 1), self.steps.get(i)) {
+                (Some(a), Some(b)) => {
+                    a.stage != b.stage || a.pooled != b.pooled || a.unit || b.unit
+                }
+                _ => true,
+            };
+            if cut {
+                out.push(&self.steps[from..i]);
+                from = i;
+            }
+        }
+        out
     }
 
     /// The plan's own total, for comparing with the actual one at the end.
@@ -227,14 +305,14 @@ mod tests {
                     steps: vec![
                         step("talos/cp-1", StepKind::TalosUpgrade, &["cp-1"], 0, 300),
                         step(
-                            "talos/w1",
+                            "talos/workers-1",
                             StepKind::TalosUpgrade,
                             &["w-1", "w-2"],
                             300,
                             300,
                         ),
                         step(
-                            "talos/w2",
+                            "talos/workers-2",
                             StepKind::TalosUpgrade,
                             &["w-3", "w-4"],
                             600,
@@ -334,5 +412,36 @@ mod tests {
             slow.estimate(at(300 * 100)).remaining,
             Duration::from_secs_f64(700.0 * PACE.1)
         );
+    }
+
+    #[test]
+    fn nodes_seen_finish_judge_the_rest_of_their_phase() {
+        let mut eta = Eta::new(&plan(), at(0));
+        eta.unit_started(StageId::Talos, "cp-1", at(0));
+        eta.unit_done(StageId::Talos, Some("cp-1"), at(100));
+        // A third of the plan's time: the workers, not seen yet, at that pace.
+        let third = |secs: f64| secs / 3.0;
+        let e = eta.estimate(at(100));
+        assert!((e.remaining.as_secs_f64() - third(600.0 + 100.0)).abs() < 0.01);
+        // Workers take longer than the control plane did; once one is seen, the pool's
+        // rest is judged by the workers alone: w-2 is under way, w-3 and w-4 have not
+        // begun, two slots.
+        eta.unit_started(StageId::Talos, "w-1", at(100));
+        eta.unit_started(StageId::Talos, "w-2", at(100));
+        eta.unit_done(StageId::Talos, Some("w-1"), at(500));
+        let e = eta.estimate(at(500));
+        assert!(e.observed);
+        assert!((e.remaining.as_secs_f64() - (400.0 + third(100.0))).abs() < 0.01);
+        eta.unit_started(StageId::Talos, "w-3", at(500));
+        eta.unit_done(StageId::Talos, Some("w-2"), at(520));
+        // Median 420: w-3 needs 400 more and w-4, not begun, 420: two slots share 820
+        // seconds of work, but w-4 alone needs 420. The sync, not seen, goes at the pace
+        // of the steps done: 600 planned seconds in 520.
+        let sync = 100.0 * 520.0 / 600.0;
+        let e = eta.estimate(at(520));
+        assert!((e.remaining.as_secs_f64() - (420.0 + sync)).abs() < 0.01);
+        // A node past the median needs nothing more; the one not begun still needs all.
+        let e = eta.estimate(at(2000));
+        assert!((e.remaining.as_secs_f64() - (420.0 + sync)).abs() < 0.01);
     }
 }

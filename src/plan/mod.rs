@@ -75,6 +75,16 @@ pub struct Step {
     pub duration_secs: u64,
 }
 
+impl Step {
+    /// A batch of workers (`talos/workers-2`, `kubelet/workers-1`, `worker/workers-3`):
+    /// its nodes run in the rollout's worker pool, started as slots free, not as one unit.
+    pub fn is_worker_batch(&self) -> bool {
+        self.id
+            .split_once('/')
+            .is_some_and(|(_, rest)| rest.starts_with("workers-"))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Stage {

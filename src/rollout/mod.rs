@@ -436,7 +436,12 @@ impl Rollout<'_> {
         // What an earlier run of this rollout finished counts as done, not in the pace.
         let mut eta = crate::plan::eta::Eta::new(plan, now);
         for (key, step) in &stored.record.steps {
-            if step.finished_at.is_none() {
+            let began = step
+                .started_at
+                .as_deref()
+                .filter(|_| step.finished_at.is_none())
+                .and_then(Timestamp::parse_rfc3339);
+            if step.finished_at.is_none() && began.is_none() {
                 continue;
             }
             let (prefix, node) = match key.split_once('/') {
@@ -452,7 +457,12 @@ impl Rollout<'_> {
                 "worker" => StageId::Workers,
                 _ => continue,
             };
-            eta.already_done(stage, node);
+            match (began, node) {
+                // Out since an earlier run: its time so far counts toward its need.
+                (Some(at), Some(node)) => eta.unit_started(stage, node, at),
+                (Some(_), None) => {}
+                (None, _) => eta.already_done(stage, node),
+            }
         }
         let run = Run {
             engine: self,
@@ -859,7 +869,7 @@ impl Run<'_, '_> {
             .iter()
             .filter(|s| s.id != StageId::Verify)
             .flat_map(|s| s.steps.iter())
-            .map(|s| if pool::pooled(s) { s.nodes.len() } else { 1 })
+            .map(|s| if s.is_worker_batch() { s.nodes.len() } else { 1 })
             .sum();
         let gates = Mutex::new(0usize);
         for stage in &self.plan.stages {
@@ -879,7 +889,7 @@ impl Run<'_, '_> {
             });
             // Worker batches go through the pool: no barrier between them.
             let (workers, mut steps): (Vec<&Step>, Vec<&Step>) =
-                stage.steps.iter().partition(|s| pool::pooled(s));
+                stage.steps.iter().partition(|s| s.is_worker_batch());
             let between = |step: &Step| {
                 let after = if step.nodes.is_empty() {
                     step.description.clone()

@@ -333,6 +333,9 @@ impl Run<'_, '_> {
             )));
         }
         marker.started_at = Some(self.now());
+        if let Ok(mut eta) = self.eta.lock() {
+            eta.unit_started(stage, &node.name, self.now());
+        }
         marker.volumes = held
             .iter()
             .filter(|v| !v.single_replica)

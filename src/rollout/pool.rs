@@ -18,14 +18,6 @@ use crate::kube::{LiveNode, LiveVolume};
 use crate::plan::{StageId, Step};
 use crate::releaseset::{Role, Version};
 
-/// A plan step that is a batch of workers (`talos/workers-2`, `kubelet/workers-1`,
-/// `worker/workers-3`): its nodes go through the pool.
-pub(super) fn pooled(step: &Step) -> bool {
-    step.id
-        .split_once('/')
-        .is_some_and(|(_, rest)| rest.starts_with("workers-"))
-}
-
 /// Why a node may not go down now: the rule that holds it, and the words for it.
 pub(super) enum Held {
     /// More workers out than `maxUnavailable`: the pool's normal state while it is full.
