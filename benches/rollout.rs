@@ -296,7 +296,13 @@ fn report_eta(name: &str, run: &Run) {
     if std::env::var("ICHOR_BENCH_ETAS").is_ok() {
         for st in &run.plan.stages {
             let secs: u64 = st.steps.iter().map(|s| s.duration_secs).sum();
-            println!("  PLAN {:?} {} steps {}s first start {}", st.id, st.steps.len(), secs, st.steps.first().map(|s| s.start_secs).unwrap_or(0));
+            println!(
+                "  PLAN {:?} {} steps {}s first start {}",
+                st.id,
+                st.steps.len(),
+                secs,
+                st.steps.first().map(|s| s.start_secs).unwrap_or(0)
+            );
         }
         for (when, end) in &run.etas {
             println!("  ETA at {} predicts {}", when.as_secs(), end.as_secs());

@@ -53,7 +53,7 @@ pub const ACCESS: &[Access] = &[
         verbs: &["get", "list", "patch"],
         scope: Scope::Cluster,
         names: &[],
-        needed_by: "KubeClient::nodes (list); KubeClient::cordon, KubeClient::uncordon (get, patch)",
+        needed_by: "KubeClient::nodes (list); KubeClient::node (get: a step watching its own node); KubeClient::cordon, KubeClient::uncordon (get, patch)",
         why: "inventory (roles, versions, boot ids, readiness); cordon and uncordon with ichor's `ichor.dev/cordoned` mark (valued with the rollout's target commit)",
         grant: Grant::Granted,
     },

@@ -179,53 +179,65 @@ pub fn image_tag(image: &str) -> Option<&str> {
     (!tag.contains('/')).then_some(tag)
 }
 
+/// A Node as the rollout and the gate read it.
+fn live_node(n: &Node) -> LiveNode {
+    let name = n.metadata.name.clone().unwrap_or_default();
+    let annotations = n.metadata.annotations.clone().unwrap_or_default();
+    let status = n.status.clone().unwrap_or_default();
+    let info = status.node_info.clone().unwrap_or_default();
+    let role = if label(n, "node-role.kubernetes.io/control-plane") {
+        Role::Controlplane
+    } else {
+        Role::Worker
+    };
+    let ready = status
+        .conditions
+        .as_ref()
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True");
+    let internal_ip = status
+        .addresses
+        .as_ref()
+        .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
+        .map(|a| a.address.clone());
+    LiveNode {
+        name,
+        role,
+        internal_ip,
+        kubelet: info.kubelet_version.clone(),
+        talos: talos_from_os_image(&info.os_image),
+        boot_id: info.boot_id.clone(),
+        ready,
+        cordoned: n
+            .spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false),
+        cordoned_by_ichor: annotations.contains_key(CORDONED_BY_ICHOR),
+        cordoned_for: annotations.get(CORDONED_BY_ICHOR).cloned(),
+        hold: annotations.get(HOLD).cloned(),
+    }
+}
+
 impl KubeClient {
     pub async fn nodes(&self) -> Result<Vec<LiveNode>, KubeError> {
         let list = Api::<Node>::all(self.client.clone())
             .list(&ListParams::default())
             .await
             .map_err(|e| KubeError::from_kube("list nodes", e))?;
-        let mut out = Vec::new();
-        for n in list.items {
-            let name = n.metadata.name.clone().unwrap_or_default();
-            let annotations = n.metadata.annotations.clone().unwrap_or_default();
-            let status = n.status.clone().unwrap_or_default();
-            let info = status.node_info.clone().unwrap_or_default();
-            let role = if label(&n, "node-role.kubernetes.io/control-plane") {
-                Role::Controlplane
-            } else {
-                Role::Worker
-            };
-            let ready = status
-                .conditions
-                .as_ref()
-                .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-                .is_some_and(|c| c.status == "True");
-            let internal_ip = status
-                .addresses
-                .as_ref()
-                .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
-                .map(|a| a.address.clone());
-            out.push(LiveNode {
-                name,
-                role,
-                internal_ip,
-                kubelet: info.kubelet_version.clone(),
-                talos: talos_from_os_image(&info.os_image),
-                boot_id: info.boot_id.clone(),
-                ready,
-                cordoned: n
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.unschedulable)
-                    .unwrap_or(false),
-                cordoned_by_ichor: annotations.contains_key(CORDONED_BY_ICHOR),
-                cordoned_for: annotations.get(CORDONED_BY_ICHOR).cloned(),
-                hold: annotations.get(HOLD).cloned(),
-            });
-        }
+        let mut out: Vec<LiveNode> = list.items.iter().map(live_node).collect();
         out.sort_by(|a, b| (a.role, &a.name).cmp(&(b.role, &b.name)));
         Ok(out)
+    }
+
+    /// One Node by name (`None`: no such Node): what a step watching its node reads, at the
+    /// cost of one object whatever the cluster's size.
+    pub async fn node(&self, name: &str) -> Result<Option<LiveNode>, KubeError> {
+        let n = Api::<Node>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .map_err(|e| KubeError::from_kube(format!("get node {name}"), e))?;
+        Ok(n.as_ref().map(live_node))
     }
 
     /// Longhorn volumes (`longhorn.io/v1beta2`) with the nodes of the replicas holding them;

@@ -869,7 +869,13 @@ impl Run<'_, '_> {
             .iter()
             .filter(|s| s.id != StageId::Verify)
             .flat_map(|s| s.steps.iter())
-            .map(|s| if s.is_worker_batch() { s.nodes.len() } else { 1 })
+            .map(|s| {
+                if s.is_worker_batch() {
+                    s.nodes.len()
+                } else {
+                    1
+                }
+            })
             .sum();
         let gates = Mutex::new(0usize);
         for stage in &self.plan.stages {
@@ -907,7 +913,30 @@ impl Run<'_, '_> {
                     while !steps.is_empty() {
                         let next = self.leader_last(&steps).await;
                         let step = steps.remove(next);
-                        self.batch(id, step, |n| self.talos_node(id, n)).await?;
+                        // Installs ahead (Talos ≥ 1.13): the next control plane installs
+                        // while this one is out, one node ahead as the pool is one round.
+                        let ahead = match steps.is_empty() {
+                            true => None,
+                            false => steps
+                                .get(self.leader_last(&steps).await)
+                                .and_then(|s| s.nodes.first()),
+                        };
+                        let install = async {
+                            match ahead {
+                                Some(n) if self.window_open() => {
+                                    self.install_ahead(id, n).await.map(|_| ())
+                                }
+                                _ => Ok(()),
+                            }
+                        };
+                        let (done, installed) =
+                            tokio::join!(self.batch(id, step, |n| self.talos_node(id, n)), install);
+                        if let Err(Stop::LockLost(h)) = installed {
+                            return Err(Stop::LockLost(h));
+                        }
+                        if let Err(stop) = done {
+                            return Err(self.naming_installed_ahead(id, stop).await);
+                        }
                         between(step).await?;
                     }
                     self.pool(id, &workers, |n| self.talos_node(id, n), &gates, total)

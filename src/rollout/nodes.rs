@@ -248,9 +248,20 @@ impl Run<'_, '_> {
                 kubelet: String::new(),
             });
         }
-        let nodes = self.live_nodes(stage).await?;
-        let in_place = self.in_place_among(&nodes);
-        let live = nodes.into_iter().find(|n| n.name == node.name);
+        // One Node, one node's pods, and the lists below only when the step can act on
+        // them: a step watches its node every few seconds, and what it reads must not grow
+        // with the cluster (on 500 nodes, a list of every Node each time is megabytes).
+        let (live, in_place) = if e.policy.accept_single_node_downtime {
+            let nodes = self.live_nodes(stage).await?;
+            let in_place = self.in_place_among(&nodes);
+            (nodes.into_iter().find(|n| n.name == node.name), in_place)
+        } else {
+            let name = node.name.as_str();
+            let live = self
+                .kube(stage, Some(name), "get the node", || e.kube.node(name))
+                .await?;
+            (live, false)
+        };
         let name = node.name.as_str();
         let pods = self
             .kube(stage, Some(name), "list the node's pods", || {
@@ -260,7 +271,21 @@ impl Run<'_, '_> {
             .into_iter()
             .filter(|p| !p.stays)
             .count();
-        let volumes = self.volumes(stage).await?;
+        // Volumes matter while pods are still to move (is a healthy copy elsewhere?) and,
+        // once the node runs the stage's Talos, for the replicas its step waits to rebuild;
+        // attachments once it is cordoned with nothing left to move.
+        let on_talos_target = matches!(stage, StageId::Talos | StageId::Workers)
+            && talos
+                .as_deref()
+                .and_then(|t| Version::parse(t).ok())
+                .as_ref()
+                == Some(&self.target.talos);
+        let cordoned = live.as_ref().is_some_and(|n| n.cordoned);
+        let volumes = if pods > 0 || (on_talos_target && !marker.volumes.is_empty()) {
+            self.volumes(stage).await?
+        } else {
+            Vec::new()
+        };
         let unprotected = volumes
             .iter()
             .filter(|v| v.nodes.iter().any(|n| n == name) && !v.single_replica)
@@ -281,11 +306,14 @@ impl Run<'_, '_> {
             })
             .cloned()
             .collect();
-        let attachments = self
-            .kube(stage, Some(name), "list volume attachments", || {
+        let attachments = if cordoned && pods == 0 && !in_place {
+            self.kube(stage, Some(name), "list volume attachments", || {
                 e.kube.volume_attachments(name)
             })
-            .await?;
+            .await?
+        } else {
+            Vec::new()
+        };
         // Ready only from a kubelet heard since this boot: after a reboot the Node's Ready
         // stays the pre-reboot one until the node-monitor grace period passes, and the
         // kubelet reports the boot it runs on in `nodeInfo.bootID` (kubernetes/kubernetes
@@ -297,7 +325,7 @@ impl Run<'_, '_> {
             talos,
             boot_id,
             ready,
-            cordoned: live.as_ref().is_some_and(|n| n.cordoned),
+            cordoned,
             cordoned_by_ichor: live.as_ref().is_some_and(|n| self.ours(n)),
             pods_to_move: pods,
             in_place,

@@ -278,21 +278,27 @@ impl<'r, 'a> Run<'r, 'a> {
             *h = None;
         }
         match first.or(held_back) {
-            Some(Stop::Pause(mut p)) => {
-                let left = self.installed_not_rebooted(stage).await;
-                if !left.is_empty() {
-                    p.reason = format!(
-                        "{}; installed ahead and not rebooted: {} (each boots Talos {} at its next reboot, drained or not)",
-                        p.reason,
-                        left.join(", "),
-                        self.target.talos
-                    );
-                }
-                Err(Stop::Pause(p))
-            }
-            Some(stop) => Err(stop),
+            Some(stop) => Err(self.naming_installed_ahead(stage, stop).await),
             None => Ok(()),
         }
+    }
+
+    /// A pause names the nodes of `stage` installed ahead and not rebooted: a reboot of
+    /// their own brings them up on the target, undrained.
+    pub(super) async fn naming_installed_ahead(&self, stage: StageId, stop: Stop) -> Stop {
+        let Stop::Pause(mut p) = stop else {
+            return stop;
+        };
+        let left = self.installed_not_rebooted(stage).await;
+        if !left.is_empty() {
+            p.reason = format!(
+                "{}; installed ahead and not rebooted: {} (each boots Talos {} at its next reboot, drained or not)",
+                p.reason,
+                left.join(", "),
+                self.target.talos
+            );
+        }
+        Stop::Pause(p)
     }
 
     /// Nodes of `stage` the target was installed on ahead of a turn that has not come:
@@ -310,7 +316,7 @@ impl<'r, 'a> Run<'r, 'a> {
             .collect()
     }
 
-    fn window_open(&self) -> bool {
+    pub(super) fn window_open(&self) -> bool {
         !matches!(
             window::state(&self.engine.policy.maintenance_windows, self.now()),
             window::WindowState::Closed { .. }

@@ -2034,6 +2034,26 @@ async fn talos_1_13_upgrades_through_the_lifecycle_service_then_ichors_reboot() 
             "talos {w}: upgrade to v1.13.2 requested (installed ahead, reboot)"
         )));
     }
+    // The control planes too, one node ahead: each after the first installs while the
+    // one before it is out, and its turn only reboots.
+    let cps: Vec<String> = ["cp-1", "cp-2", "cp-3"]
+        .into_iter()
+        .filter(|cp| lines.any(&format!("talos {cp}: installed")))
+        .map(String::from)
+        .collect();
+    assert_eq!(cps.len(), 2, "{all:#?}");
+    for cp in &cps {
+        let installed = pos(&format!("talos {cp}: installed"));
+        assert!(
+            all[installed].contains("ahead of its turn"),
+            "{}",
+            all[installed]
+        );
+        let requested = pos(&format!(
+            "talos {cp}: upgrade to v1.13.2 requested (installed ahead, reboot)"
+        ));
+        assert!(installed < requested, "{all:#?}");
+    }
     for o in twin.talos.observe() {
         assert_eq!(o.talos_version, "v1.13.2", "{}", o.name);
     }
