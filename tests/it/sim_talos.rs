@@ -494,6 +494,80 @@ async fn legacy_upgrade_reboots_by_itself_with_a_new_boot_id() -> TestResult {
     Ok(())
 }
 
+/// An install whose caller goes away dies with its stream, as upstream runs the installer
+/// on the stream's context (siderolabs/talos v1.13.9 internal/app/lifecycle/lifecycle.go
+/// `Upgrade`): the next request is not refused as "already in progress", and a reboot
+/// boots what ran before.
+#[tokio::test]
+async fn a_lifecycle_upgrade_whose_caller_goes_is_cancelled() -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let installer = "ghcr.io/siderolabs/installer:v1.14.0";
+    let system = ContainerdInstance {
+        driver: ContainerDriver::Cri as i32,
+        namespace: ContainerdNamespace::NsSystem as i32,
+    };
+    let mut images = ImageServiceClient::new(sim.channel("w-1").await?);
+    let mut pull = images
+        .pull(ImageServicePullRequest {
+            containerd: Some(system),
+            image_ref: installer.into(),
+        })
+        .await?
+        .into_inner();
+    while pull.message().await?.is_some() {}
+    let request = || LifecycleServiceUpgradeRequest {
+        containerd: Some(system),
+        source: Some(InstallArtifactsSource {
+            image_name: installer.into(),
+        }),
+    };
+    let mut lifecycle = LifecycleServiceClient::new(sim.channel("w-1").await?);
+    let mut stream = lifecycle.upgrade(request()).await?.into_inner();
+    let first = stream.message().await?.and_then(|r| r.progress?.response);
+    assert!(matches!(first, Some(Progress::Message(_))), "{first:?}");
+    let installing = || {
+        sim.twin
+            .read(|m| m.nodes().iter().any(|n| n.name == "w-1" && n.installing))
+    };
+    assert!(installing());
+    drop(stream);
+    // The cancellation travels over the connection: wait (at most 5 s) for the node to see it.
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while installing() && std::time::Instant::now() < give_up {
+        tokio::task::yield_now().await;
+    }
+    assert!(!installing(), "the install outlived its caller");
+    // Past the moment it would have finished, nothing was written.
+    sim.clock.advance(S(20));
+    let mut w1 = sim.machine("w-1").await?;
+    w1.reboot(RebootRequest::default()).await?;
+    sim.clock.advance(S(90));
+    assert_eq!(version_tag(&mut w1).await?, "v1.13.2");
+
+    // A new request is taken (the lock went with the cancelled one) and runs to its end.
+    let mut images = ImageServiceClient::new(sim.channel("w-1").await?);
+    let mut pull = images
+        .pull(ImageServicePullRequest {
+            containerd: Some(system),
+            image_ref: installer.into(),
+        })
+        .await?
+        .into_inner();
+    while pull.message().await?.is_some() {}
+    let mut lifecycle = LifecycleServiceClient::new(sim.channel("w-1").await?);
+    let mut stream = lifecycle.upgrade(request()).await?.into_inner();
+    stream.message().await?;
+    sim.clock.advance(S(20));
+    let mut exit = None;
+    while let Some(r) = stream.message().await? {
+        if let Some(Progress::ExitCode(code)) = r.progress.and_then(|p| p.response) {
+            exit = Some(code);
+        }
+    }
+    assert_eq!(exit, Some(0));
+    Ok(())
+}
+
 #[tokio::test]
 async fn lifecycle_upgrade_streams_progress_and_does_not_reboot() -> TestResult {
     let sim = Sim::start(cluster("v1.13.2")).await?;

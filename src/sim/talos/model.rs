@@ -261,6 +261,9 @@ pub struct Node {
     /// Version written to disk by an upgrade, booted at the next reboot.
     pub installed_version: Option<String>,
     pub installing: bool,
+    /// Bumped by every install started or cancelled: an `InstallDone` of an earlier run
+    /// is stale.
+    pub install_run: u64,
     /// Events since the last boot.
     pub events: Vec<MachineEvent>,
     /// Changes whenever the event buffer is replaced (at boot), so streams know to end.
@@ -409,6 +412,7 @@ enum Scheduled {
     InstallDone {
         node: usize,
         gen: u64,
+        run: u64,
         version: String,
     },
     TryRollback {
@@ -564,6 +568,7 @@ impl TalosCluster {
                 images: BTreeMap::new(),
                 installed_version: None,
                 installing: false,
+                install_run: 0,
                 events: Vec::new(),
                 events_epoch: 0,
                 etcd_member_id: fnv1a(&spec.name),
@@ -713,7 +718,12 @@ impl TalosCluster {
                     k.version = version;
                 }
             }
-            Scheduled::InstallDone { node, gen, version } if self.nodes[node].boot_gen == gen => {
+            Scheduled::InstallDone {
+                node,
+                gen,
+                run,
+                version,
+            } if self.nodes[node].boot_gen == gen && self.nodes[node].install_run == run => {
                 let n = &mut self.nodes[node];
                 n.installing = false;
                 n.installed_version = Some(version);
@@ -1171,16 +1181,31 @@ impl TalosCluster {
         let at = self.now.plus(self.timings.install);
         let n = &mut self.nodes[node];
         n.installing = true;
-        let gen = n.boot_gen;
+        n.install_run += 1;
+        let (gen, run) = (n.boot_gen, n.install_run);
         self.schedule(
             at,
             Scheduled::InstallDone {
                 node,
                 gen,
+                run,
                 version: target,
             },
         );
         Ok(Ok(at))
+    }
+
+    /// The caller of an install in progress went away. Upstream runs the installer on the
+    /// stream's context (siderolabs/talos v1.13.9 internal/app/lifecycle/lifecycle.go
+    /// `Upgrade`: `runInstallerContainer(ctx, …)` with `ctx := ss.Context()`), so the
+    /// install is cancelled, nothing is booted from it, and the service's lock is free for
+    /// the next request.
+    pub fn cancel_install(&mut self, node: usize) {
+        let n = &mut self.nodes[node];
+        if n.installing {
+            n.installing = false;
+            n.install_run += 1;
+        }
     }
 
     // ---- configuration ----

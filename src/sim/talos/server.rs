@@ -1077,7 +1077,11 @@ impl machine::machine_service_server::MachineService for NodeApi {
                 }
                 tokio::select! {
                     alive = shared.wait_change(&mut changed) => if !alive { return },
-                    _ = tx.closed() => return,
+                    // The caller went: upstream's install dies with its stream.
+                    _ = tx.closed() => {
+                        shared.with(|m| m.cancel_install(node));
+                        return;
+                    }
                 }
             }
         });
@@ -1332,6 +1336,7 @@ impl machine::lifecycle_service_server::LifecycleService for NodeApi {
                 .await
                 .is_err()
             {
+                shared.with(|m| m.cancel_install(node));
                 return;
             }
             {
@@ -1339,7 +1344,11 @@ impl machine::lifecycle_service_server::LifecycleService for NodeApi {
                 let _parked = shared.clock.parked();
                 tokio::select! {
                     _ = shared.clock.sleep_until(done_at) => {}
-                    _ = tx.closed() => return,
+                    // The caller went: upstream's install dies with its stream.
+                    _ = tx.closed() => {
+                        shared.with(|m| m.cancel_install(node));
+                        return;
+                    }
                 }
             }
             let finished = shared.with(|m| {
@@ -1614,7 +1623,11 @@ impl cosi::state_server::State for NodeApi {
             loop {
                 tokio::select! {
                     alive = shared.wait_change(&mut changed) => if !alive { return },
-                    _ = tx.closed() => return,
+                    // The caller went: upstream's install dies with its stream.
+                    _ = tx.closed() => {
+                        shared.with(|m| m.cancel_install(node));
+                        return;
+                    }
                 }
                 let (now, gone) = {
                     let m = shared.lock_synced();
