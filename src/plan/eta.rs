@@ -239,22 +239,9 @@ impl Eta {
 
     /// The steps in plan order, cut where the stage or the way its nodes run changes: a
     /// stage's control planes, its worker pool, a sync.
-    fn phases(&self) -> Vec<&[Tracked]> {
-        let mut out = Vec::new();
-        let mut from = 0;
-        for i in 1..=self.steps.len() {
-            let cut = match (self.steps.get(i - 1), self.steps.get(i)) {
-                (Some(a), Some(b)) => {
-                    a.stage != b.stage || a.pooled != b.pooled || a.unit || b.unit
-                }
-                _ => true,
-            };
-            if cut {
-                out.push(&self.steps[from..i]);
-                from = i;
-            }
-        }
-        out
+    fn phases(&self) -> impl Iterator<Item = &[Tracked]> {
+        self.steps
+            .chunk_by(|a, b| a.stage == b.stage && a.pooled == b.pooled && !a.unit && !b.unit)
     }
 
     /// The plan's own total, for comparing with the actual one at the end.

@@ -360,9 +360,10 @@ impl Run<'_, '_> {
                 node.name, v.name
             )));
         }
-        marker.started_at = Some(self.now());
+        let now = self.now();
+        marker.started_at = Some(now);
         if let Ok(mut eta) = self.eta.lock() {
-            eta.unit_started(stage, &node.name, self.now());
+            eta.unit_started(stage, &node.name, now);
         }
         marker.volumes = held
             .iter()

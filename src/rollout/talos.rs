@@ -488,9 +488,9 @@ impl Run<'_, '_> {
                     e.clock.sleep(wait).await;
                     wait = (wait * 2).min(std::time::Duration::from_secs(300));
                 }
-                // A restarted engine meets the install its first request started (its
-                // stream went with the old process): wait for it, then ask again, which
-                // re-installs the same version.
+                // An install the node still runs for a stream it has not yet seen close
+                // (an engine restarted a moment ago; upstream cancels it once it does):
+                // wait, then ask again, which re-installs the same version.
                 Err(crate::talos::TalosError::Refused {
                     code: tonic::Code::FailedPrecondition,
                     message,
@@ -552,10 +552,7 @@ impl Run<'_, '_> {
         if m.started_at.is_some() || m.installed_boot.is_some() {
             return Ok(true);
         }
-        let Ok(nodes) = e.kube.nodes().await else {
-            return Ok(true);
-        };
-        let Some(node) = nodes.into_iter().find(|n| n.name == name) else {
+        let Ok(Some(node)) = e.kube.node(name).await else {
             return Ok(true);
         };
         let addr = address(&node);
