@@ -494,6 +494,56 @@ async fn legacy_upgrade_reboots_by_itself_with_a_new_boot_id() -> TestResult {
     Ok(())
 }
 
+/// The system containerd through the CRI driver: where ichor pulls and runs an installer.
+const SYSTEM: ContainerdInstance = ContainerdInstance {
+    driver: ContainerDriver::Cri as i32,
+    namespace: ContainerdNamespace::NsSystem as i32,
+};
+
+/// Pulls `image` into `node`'s system containerd; the pull stream's last response.
+async fn pull_system(
+    sim: &Sim,
+    node: &str,
+    image: &str,
+) -> Result<Option<image_service_pull_response::Response>, Box<dyn std::error::Error>> {
+    let mut images = ImageServiceClient::new(sim.channel(node).await?);
+    let mut pull = images
+        .pull(ImageServicePullRequest {
+            containerd: Some(SYSTEM),
+            image_ref: image.into(),
+        })
+        .await?
+        .into_inner();
+    let mut last = None;
+    while let Some(item) = pull.message().await? {
+        last = item.response;
+    }
+    Ok(last)
+}
+
+/// LifecycleService/Upgrade with `image` from the system containerd.
+fn upgrade_request(image: &str) -> LifecycleServiceUpgradeRequest {
+    LifecycleServiceUpgradeRequest {
+        containerd: Some(SYSTEM),
+        source: Some(InstallArtifactsSource {
+            image_name: image.into(),
+        }),
+    }
+}
+
+/// Reads an install's progress stream to its end: the installer's exit code, if it sent one.
+async fn exit_code(
+    stream: &mut tonic::Streaming<ichor::talos::proto::machine::LifecycleServiceUpgradeResponse>,
+) -> Result<Option<i32>, tonic::Status> {
+    let mut exit = None;
+    while let Some(r) = stream.message().await? {
+        if let Some(Progress::ExitCode(code)) = r.progress.and_then(|p| p.response) {
+            exit = Some(code);
+        }
+    }
+    Ok(exit)
+}
+
 /// An install whose caller goes away dies with its stream, as upstream runs the installer
 /// on the stream's context (siderolabs/talos v1.13.9 internal/app/lifecycle/lifecycle.go
 /// `Upgrade`): the next request is not refused as "already in progress", and a reboot
@@ -502,25 +552,8 @@ async fn legacy_upgrade_reboots_by_itself_with_a_new_boot_id() -> TestResult {
 async fn a_lifecycle_upgrade_whose_caller_goes_is_cancelled() -> TestResult {
     let sim = Sim::start(cluster("v1.13.2")).await?;
     let installer = "ghcr.io/siderolabs/installer:v1.14.0";
-    let system = ContainerdInstance {
-        driver: ContainerDriver::Cri as i32,
-        namespace: ContainerdNamespace::NsSystem as i32,
-    };
-    let mut images = ImageServiceClient::new(sim.channel("w-1").await?);
-    let mut pull = images
-        .pull(ImageServicePullRequest {
-            containerd: Some(system),
-            image_ref: installer.into(),
-        })
-        .await?
-        .into_inner();
-    while pull.message().await?.is_some() {}
-    let request = || LifecycleServiceUpgradeRequest {
-        containerd: Some(system),
-        source: Some(InstallArtifactsSource {
-            image_name: installer.into(),
-        }),
-    };
+    pull_system(&sim, "w-1", installer).await?;
+    let request = || upgrade_request(installer);
     let mut lifecycle = LifecycleServiceClient::new(sim.channel("w-1").await?);
     let mut stream = lifecycle.upgrade(request()).await?.into_inner();
     let first = stream.message().await?.and_then(|r| r.progress?.response);
@@ -545,26 +578,12 @@ async fn a_lifecycle_upgrade_whose_caller_goes_is_cancelled() -> TestResult {
     assert_eq!(version_tag(&mut w1).await?, "v1.13.2");
 
     // A new request is taken (the lock went with the cancelled one) and runs to its end.
-    let mut images = ImageServiceClient::new(sim.channel("w-1").await?);
-    let mut pull = images
-        .pull(ImageServicePullRequest {
-            containerd: Some(system),
-            image_ref: installer.into(),
-        })
-        .await?
-        .into_inner();
-    while pull.message().await?.is_some() {}
+    pull_system(&sim, "w-1", installer).await?;
     let mut lifecycle = LifecycleServiceClient::new(sim.channel("w-1").await?);
     let mut stream = lifecycle.upgrade(request()).await?.into_inner();
     stream.message().await?;
     sim.clock.advance(S(20));
-    let mut exit = None;
-    while let Some(r) = stream.message().await? {
-        if let Some(Progress::ExitCode(code)) = r.progress.and_then(|p| p.response) {
-            exit = Some(code);
-        }
-    }
-    assert_eq!(exit, Some(0));
+    assert_eq!(exit_code(&mut stream).await?, Some(0));
     Ok(())
 }
 
@@ -572,22 +591,7 @@ async fn a_lifecycle_upgrade_whose_caller_goes_is_cancelled() -> TestResult {
 async fn lifecycle_upgrade_streams_progress_and_does_not_reboot() -> TestResult {
     let sim = Sim::start(cluster("v1.13.2")).await?;
     let installer = "ghcr.io/siderolabs/installer:v1.14.0";
-    let system = ContainerdInstance {
-        driver: ContainerDriver::Cri as i32,
-        namespace: ContainerdNamespace::NsSystem as i32,
-    };
-    let mut images = ImageServiceClient::new(sim.channel("w-1").await?);
-    let mut pull = images
-        .pull(ImageServicePullRequest {
-            containerd: Some(system),
-            image_ref: installer.into(),
-        })
-        .await?
-        .into_inner();
-    let mut last = None;
-    while let Some(item) = pull.message().await? {
-        last = item.response;
-    }
+    let last = pull_system(&sim, "w-1", installer).await?;
     // The stream ends with the name the image is stored under, `name@digest`
     // (siderolabs/talos v1.13.9 internal/app/images/images.go).
     assert!(
@@ -600,24 +604,13 @@ async fn lifecycle_upgrade_streams_progress_and_does_not_reboot() -> TestResult 
     let before = boot_id(&mut w1).await?;
     let mut lifecycle = LifecycleServiceClient::new(sim.channel("w-1").await?);
     let mut stream = lifecycle
-        .upgrade(LifecycleServiceUpgradeRequest {
-            containerd: Some(system),
-            source: Some(InstallArtifactsSource {
-                image_name: installer.into(),
-            }),
-        })
+        .upgrade(upgrade_request(installer))
         .await?
         .into_inner();
     let first = stream.message().await?.and_then(|r| r.progress?.response);
     assert!(matches!(first, Some(Progress::Message(_))), "{first:?}");
     sim.clock.advance(S(20));
-    let mut exit = None;
-    while let Some(r) = stream.message().await? {
-        if let Some(Progress::ExitCode(code)) = r.progress.and_then(|p| p.response) {
-            exit = Some(code);
-        }
-    }
-    assert_eq!(exit, Some(0));
+    assert_eq!(exit_code(&mut stream).await?, Some(0));
     // No reboot: same boot id, same running version.
     assert_eq!(boot_id(&mut w1).await?, before);
     assert_eq!(version_tag(&mut w1).await?, "v1.13.2");
@@ -636,12 +629,7 @@ async fn lifecycle_upgrade_streams_progress_and_does_not_reboot() -> TestResult 
     let mut lifecycle = LifecycleServiceClient::new(sim.channel("w-2").await?);
     let refused = async {
         let mut stream = lifecycle
-            .upgrade(LifecycleServiceUpgradeRequest {
-                containerd: Some(system),
-                source: Some(InstallArtifactsSource {
-                    image_name: "ghcr.io/siderolabs/installer:v1.14.1".into(),
-                }),
-            })
+            .upgrade(upgrade_request("ghcr.io/siderolabs/installer:v1.14.1"))
             .await?
             .into_inner();
         while stream.message().await?.is_some() {}
