@@ -145,12 +145,14 @@ async fn accept(
 }
 
 /// TLS connections for a tonic server, handshaken off the accept loop under the handshake
-/// timeout, at most `max_connections` at once. Feed it to `serve_with_incoming`.
+/// timeout, at most `max_connections` at once. Feed it to `serve_with_incoming`. Each
+/// completed handshake counts in `handshakes` (a client that redials shows there).
 pub fn tls_incoming(
     listener: TcpListener,
     acceptor: TlsAcceptor,
     limits: NetLimits,
     mut stop: watch::Receiver<bool>,
+    handshakes: Arc<AtomicU64>,
 ) -> impl tokio_stream::Stream<
     Item = Result<Tracked<tokio_rustls::server::TlsStream<TcpStream>>, std::io::Error>,
 > {
@@ -166,11 +168,15 @@ pub fn tls_incoming(
             let Some((tcp, slot)) = next else { return };
             let acceptor = acceptor.clone();
             let tx = tx.clone();
+            let handshakes = handshakes.clone();
             tokio::spawn(async move {
                 let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp))
                     .await
                 {
-                    Ok(Ok(tls)) => tls,
+                    Ok(Ok(tls)) => {
+                        handshakes.fetch_add(1, Ordering::Relaxed);
+                        tls
+                    }
                     Ok(Err(e)) => {
                         tracing::debug!(error = %e, "TLS handshake failed");
                         return;

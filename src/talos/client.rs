@@ -514,9 +514,15 @@ impl TalosClient {
                 Err(Err(dial)) => last = dial,
                 Err(Ok(s)) if s.code() == Code::Unavailable => {
                     last = format!("{}: {}", self.context.endpoints[i], status_text(&s));
-                    // The channel may be stale (the node rebooted): dial afresh next time.
-                    if let Ok(mut m) = self.channels.lock() {
-                        m.remove(&i);
+                    // A status with a transport cause is our connection failing: it may be
+                    // stale (the endpoint rebooted), so dial afresh next time. One the
+                    // endpoint sent (apid relaying that the node it forwards to is down)
+                    // came over a working connection: redialing would cost a handshake per
+                    // call while a node reboots.
+                    if std::error::Error::source(&s).is_some() {
+                        if let Ok(mut m) = self.channels.lock() {
+                            m.remove(&i);
+                        }
                     }
                 }
                 Err(Ok(s)) => return Err(self.typed(node, call, &s, opts.deadline, i)),

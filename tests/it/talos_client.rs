@@ -296,6 +296,33 @@ async fn a_call_about_a_rebooting_control_plane_avoids_its_endpoint() -> TestRes
 }
 
 #[tokio::test]
+async fn watching_a_rebooting_worker_keeps_the_connections_to_the_endpoints() -> TestResult {
+    let sim = start(cluster("v1.12.6")).await?;
+    sim.client.version(W1, opts()).await?;
+    sim.client.reboot(W1, opts()).await?;
+    let opened = sim.twin.handshakes();
+    // While w-1 is down, every endpoint relays apid's dial error (Unavailable) over a
+    // connection that works: the client tries each and keeps them all.
+    for _ in 0..5 {
+        let e = sim
+            .client
+            .version(W1, opts())
+            .await
+            .err()
+            .ok_or("a rebooting worker answered")?;
+        assert!(matches!(e, TalosError::Unreachable { .. }), "{e}");
+        assert!(e.to_string().contains("connect: connection refused"), "{e}");
+    }
+    let endpoints = sim.client.endpoints().len() as u64;
+    assert!(
+        sim.twin.handshakes() <= opened + endpoints,
+        "{} handshakes for 5 calls over {endpoints} endpoints: the client redials on each answer",
+        sim.twin.handshakes() - opened
+    );
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_slow_apply_ends_at_the_callers_deadline() -> TestResult {
     let sim = start(cluster("v1.12.6")).await?;
     sim.twin

@@ -94,6 +94,8 @@ pub struct TalosTwin {
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     driver_wakeups: Arc<AtomicU64>,
+    /// TLS handshakes completed, over every endpoint.
+    handshakes: Arc<AtomicU64>,
     node_time: NodeTime,
 }
 
@@ -129,6 +131,7 @@ impl TalosTwin {
         let (shutdown, _) = watch::channel(false);
         let mut endpoints = Vec::new();
         let mut tasks = Vec::new();
+        let handshakes = Arc::new(AtomicU64::new(0));
         for (index, spec) in nodes.iter().enumerate() {
             let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
                 .await
@@ -172,6 +175,7 @@ impl TalosTwin {
                 tokio_rustls::TlsAcceptor::from(tls),
                 options.net,
                 shutdown.subscribe(),
+                handshakes.clone(),
             );
             tasks.push(tokio::spawn(async move {
                 let signal = async move {
@@ -210,6 +214,7 @@ impl TalosTwin {
             shutdown,
             tasks,
             driver_wakeups,
+            handshakes,
             node_time,
         })
     }
@@ -299,6 +304,13 @@ impl TalosTwin {
     /// How many times the event driver has woken up.
     pub fn driver_wakeups(&self) -> u64 {
         self.driver_wakeups.load(Ordering::Relaxed)
+    }
+
+    /// TLS handshakes completed on the endpoints so far: one per connection a client
+    /// opened. A client that keeps its connections shows a number that does not grow with
+    /// its calls.
+    pub fn handshakes(&self) -> u64 {
+        self.handshakes.load(Ordering::Relaxed)
     }
 
     /// A receiver that changes after every change of the model (an RPC acting, or a

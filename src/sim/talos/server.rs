@@ -217,7 +217,16 @@ impl NodeApi {
             if !m.node(self.endpoint).is_control_plane() {
                 return Err(Status::permission_denied("no request forwarding"));
             }
-            m.check_up(index).map_err(status)?;
+            // apid dials the target's apid and relays grpc-go's dial error as the call's
+            // status (siderolabs/talos internal/app/apid/pkg/backend/apid.go `GetConnection`;
+            // the text is grpc-go's transport error): the endpoint itself answered, its
+            // connection is fine.
+            if m.check_up(index).is_err() {
+                return Err(Status::unavailable(format!(
+                    "connection error: desc = \"transport: Error while dialing: dial tcp {}:50000: connect: connection refused\"",
+                    m.node(index).ip
+                )));
+            }
         }
         Ok(index)
     }
