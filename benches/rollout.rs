@@ -195,6 +195,10 @@ struct Run {
     etas: Vec<(Duration, Duration)>,
     /// Every line the engine said.
     lines: Vec<String>,
+    /// Requests the twin answered, by kind (`list pods`, `Talos Version`), most first.
+    requests: Vec<(String, u64)>,
+    /// CPU seconds this process spent during the run (engine, twin and driver).
+    cpu: f64,
 }
 
 /// The engine as `ichor rollout` sets it up, run to its end while the driver moves the
@@ -212,10 +216,23 @@ async fn run_engine(repo: &Path, head: &str) -> Result<Run, Error> {
     let lines = Mutex::new(Vec::<String>::new());
     let start = clock.now();
     let etas = Mutex::new(Vec::new());
+    let wall0 = Instant::now();
+    let units = std::sync::atomic::AtomicUsize::new(0);
     let report = |p: Progress| {
         // The engine's own live ETA, as the status and the comment show it.
         if let (Progress::Eta(e), Ok(mut seen)) = (&p, etas.lock()) {
             seen.push((clock.now().since(start), e.end.since(start)));
+        }
+        // A long rehearsal says how far it is, so slow is told from stuck.
+        if matches!(p, Progress::UnitDone { .. }) {
+            let n = units.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            if n % 50 == 0 {
+                eprintln!(
+                    "  … {n} units done after {:.0} s of wall time, {} simulated",
+                    wall0.elapsed().as_secs_f64(),
+                    secs(clock.now().since(start))
+                );
+            }
         }
         if let Ok(mut l) = lines.lock() {
             l.push(p.to_string());
@@ -242,6 +259,7 @@ async fn run_engine(repo: &Path, head: &str) -> Result<Run, Error> {
     let mut last = start;
     let mut restarts = 0;
     let t0 = Instant::now();
+    let cpu0 = cpu_secs(std::process::id()).unwrap_or(0.0);
     let outcome = loop {
         let outcome = tokio::select! {
             r = engine.run(&plan, &target, Some(&change), false) => r?,
@@ -264,6 +282,7 @@ async fn run_engine(repo: &Path, head: &str) -> Result<Run, Error> {
         }
     };
     let wall = t0.elapsed();
+    let cpu = cpu_secs(std::process::id()).map_or(0.0, |c| c - cpu0);
     let makespan = clock.now().since(start);
     drop(engine);
     if !matches!(outcome, RunOutcome::Completed { .. }) {
@@ -271,6 +290,19 @@ async fn run_engine(repo: &Path, head: &str) -> Result<Run, Error> {
         let tail = lines[lines.len().saturating_sub(15)..].join("\n  ");
         return Err(format!("{head}: the rollout did not complete: {outcome:?}\n  {tail}").into());
     }
+    let mut requests: Vec<(String, u64)> = s
+        .twin
+        .kube
+        .audit()
+        .counts()
+        .into_iter()
+        .map(|((verb, resource), n)| (format!("{verb} {resource}"), n))
+        .chain(s.twin.talos.calls().into_iter().map(|(method, n)| {
+            let short = method.rsplit('/').next().unwrap_or(&method).to_string();
+            (format!("Talos {short}"), n)
+        }))
+        .collect();
+    requests.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     let record = record::load(&s.kube, CLUSTER)
         .await?
         .ok_or("no rollout record")?
@@ -286,6 +318,8 @@ async fn run_engine(repo: &Path, head: &str) -> Result<Run, Error> {
         restarts,
         etas: etas.into_inner().unwrap_or_default(),
         lines,
+        requests,
+        cpu,
     })
 }
 
@@ -458,6 +492,24 @@ async fn report_overhead(name: &str, repo: &Path, run: &Run) -> Result<(), Error
         "summary: {name}: engine+twin / twin-alone wall time = {:.2}; {:.1} ms wall per node step",
         run.wall.as_secs_f64() / alone.as_secs_f64().max(1e-9),
         run.wall.as_secs_f64() * 1e3 / steps as f64
+    );
+    println!(
+        "  CPU during the run: {:.2} s over {:.2} s wall ({:.2} of the 2 cores busy on average)",
+        run.cpu,
+        run.wall.as_secs_f64(),
+        run.cpu / run.wall.as_secs_f64().max(1e-9)
+    );
+    let total: u64 = run.requests.iter().map(|(_, n)| n).sum();
+    let top: Vec<String> = run
+        .requests
+        .iter()
+        .take(8)
+        .map(|(what, n)| format!("{what} {:.1}", *n as f64 / steps as f64))
+        .collect();
+    println!(
+        "  requests per node step: {:.1} ({}; the setup's own included)",
+        total as f64 / steps as f64,
+        top.join(", ")
     );
     Ok(())
 }

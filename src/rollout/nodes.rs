@@ -8,21 +8,24 @@ use super::step::{NodeObservation, StepMarker};
 use super::{stage_key, window, Flow, Progress, Run, PULL_DEADLINE, WAIT_EVERY};
 use crate::kube::{DrainOptions, DrainOutcome, LiveNode, LiveVolume};
 use crate::plan::StageId;
-use crate::releaseset::{Version, VolumeProvider};
+use crate::releaseset::{Role, Version, VolumeProvider};
 use crate::talos::client::CallOptions;
 
 /// The options of an image pull on `node`.
 pub(super) fn pulling(node: &LiveNode) -> CallOptions<'_> {
     CallOptions {
         deadline: PULL_DEADLINE,
-        avoid: Some(&node.name),
+        ..around(node)
     }
 }
 
-/// Calls about `node` never travel through `node` itself: it is the one that reboots.
+/// Calls about a control plane never travel through it: it is the one that reboots. A
+/// worker is no endpoint that forwards (apid on a worker refuses to), so nothing is
+/// avoided for it, and the client need not ask each endpoint who it is (two etcd calls
+/// per endpoint behind a VIP).
 pub(super) fn around(node: &LiveNode) -> CallOptions<'_> {
     CallOptions {
-        avoid: Some(&node.name),
+        avoid: (node.role == Role::Controlplane).then_some(node.name.as_str()),
         ..CallOptions::default()
     }
 }

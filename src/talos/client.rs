@@ -512,6 +512,17 @@ impl TalosClient {
                 }
                 // Could not dial this endpoint: try the next.
                 Err(Err(dial)) => last = dial,
+                // The endpoint answered that its apid could not dial the node the call
+                // is for (grpc-go's dial error, relayed): every endpoint dials that same
+                // node, so asking the others only repeats the answer while it reboots.
+                Err(Ok(s))
+                    if s.code() == Code::Unavailable
+                        && std::error::Error::source(&s).is_none()
+                        && s.message().contains("Error while dialing") =>
+                {
+                    last = format!("{}: {}", self.context.endpoints[i], status_text(&s));
+                    break;
+                }
                 Err(Ok(s)) if s.code() == Code::Unavailable => {
                     last = format!("{}: {}", self.context.endpoints[i], status_text(&s));
                     // A status with a transport cause is our connection failing: it may be

@@ -5,7 +5,7 @@
 //! distinct request is kept once, up to [`MAX_ENTRIES`], so a test can hold a client's
 //! real traffic against the RBAC it is deployed with.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use axum::http::{Method, Uri};
@@ -42,29 +42,52 @@ impl Entry {
 
 #[derive(Debug, Default)]
 pub struct Audit {
-    seen: Mutex<(BTreeSet<Entry>, u64)>,
+    seen: Mutex<Seen>,
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    entries: BTreeSet<Entry>,
+    dropped: u64,
+    /// Requests per (verb, `resource[/subresource]`): a handful of keys, however many
+    /// requests.
+    counts: BTreeMap<(String, String), u64>,
 }
 
 impl Audit {
     pub fn record(&self, method: &Method, uri: &Uri) {
         let entry = attributes(method, uri.path(), uri.query().unwrap_or(""));
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if seen.0.len() < MAX_ENTRIES {
-            seen.0.insert(entry);
-        } else if !seen.0.contains(&entry) {
-            seen.1 += 1;
+        *seen
+            .counts
+            .entry((entry.verb.clone(), entry.rbac_resource()))
+            .or_default() += 1;
+        if seen.entries.len() < MAX_ENTRIES {
+            seen.entries.insert(entry);
+        } else if !seen.entries.contains(&entry) {
+            seen.dropped += 1;
         }
+    }
+
+    /// How many requests of each verb and resource arrived (`("list", "pods")`), every one
+    /// counted: what a client costs the API server.
+    pub fn counts(&self) -> BTreeMap<(String, String), u64> {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .counts
+            .clone()
     }
 
     /// Every distinct request so far, sorted.
     pub fn entries(&self) -> Vec<Entry> {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        seen.0.iter().cloned().collect()
+        seen.entries.iter().cloned().collect()
     }
 
     /// Distinct requests not kept because the list was full.
     pub fn dropped(&self) -> u64 {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner()).1
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).dropped
     }
 
     pub fn clear(&self) {

@@ -972,15 +972,17 @@ fn list(
         .and_then(|s| s.parse().ok())
         .filter(|l| *l > 0)
         .unwrap_or(usize::MAX);
-    let end = offset.saturating_add(limit).min(items.len());
+    let total = items.len();
+    let end = offset.saturating_add(limit).min(total);
     let page: Vec<Value> = items
-        .get(offset.min(items.len())..end)
-        .unwrap_or(&[])
-        .to_vec();
+        .into_iter()
+        .skip(offset)
+        .take(end.saturating_sub(offset))
+        .collect();
     let mut meta = json!({"resourceVersion": rv.to_string()});
-    if end < items.len() {
+    if end < total {
         meta["continue"] = json!(format!("o{end}"));
-        meta["remainingItemCount"] = json!(items.len() - end);
+        meta["remainingItemCount"] = json!(total - end);
     }
     if wants_metadata(headers) {
         let items: Vec<Value> = page.iter().map(partial_metadata).collect();

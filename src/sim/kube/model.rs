@@ -179,9 +179,16 @@ fn deployment_sets(store: &Store) -> DeploymentSets {
     sets
 }
 
-/// Storage the controllers never read (kubelet Leases, Events): a change there alone
-/// leaves them settled.
-const UNREAD_BY_CONTROLLERS: &[&str] = &["leases", "events", "events.events.k8s.io"];
+/// Storage the controllers never read (kubelet Leases, Events, and the ConfigMaps and
+/// Secrets no simulated controller looks at, such as ichor's rollout record): a change
+/// there alone leaves them settled.
+const UNREAD_BY_CONTROLLERS: &[&str] = &[
+    "leases",
+    "events",
+    "events.events.k8s.io",
+    "configmaps",
+    "secrets",
+];
 
 fn rt(plural: &str) -> &'static ResourceType {
     // Every plural the model names is in RESOURCES; a typo is a programming error caught by

@@ -240,6 +240,14 @@ impl FieldSelector {
         Ok(FieldSelector(out))
     }
 
+    /// The value `path` must equal, when one term says so (`spec.nodeName=w-1`).
+    pub fn equals(&self, path: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(p, eq, _)| *eq && p == path)
+            .map(|(_, _, v)| v.as_str())
+    }
+
     pub fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|(path, eq, want)| {
             let pointer = match path.as_str() {

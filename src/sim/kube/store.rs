@@ -630,7 +630,23 @@ impl Store {
         labels: &LabelSelector,
         fields: &FieldSelector,
     ) -> Vec<Value> {
-        let keep = |o: &&Value| labels.matches_object(o) && fields.matches(o);
+        let keep = |o: &&Value| {
+            ns.is_none_or(|ns| namespace_of(o) == ns)
+                && labels.matches_object(o)
+                && fields.matches(o)
+        };
+        // `spec.nodeName=X` on pods (a drain's, a kubelet's list) reads the node index
+        // instead of every pod; the result is the same objects in the same key order.
+        if let Some(node) = fields.equals("spec.nodeName").filter(|_| plural == "pods") {
+            let mut found: Vec<&Value> = self
+                .by_field("pods", "/spec/nodeName", node)
+                .filter(keep)
+                .collect();
+            found.sort_by(|a, b| {
+                (namespace_of(a), name_of(a)).cmp(&(namespace_of(b), name_of(b)))
+            });
+            return found.into_iter().cloned().collect();
+        }
         match ns {
             Some(ns) => self.iter_ns(plural, ns).filter(keep).cloned().collect(),
             None => self.iter(plural).filter(keep).cloned().collect(),

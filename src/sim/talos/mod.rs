@@ -96,6 +96,8 @@ pub struct TalosTwin {
     driver_wakeups: Arc<AtomicU64>,
     /// TLS handshakes completed, over every endpoint.
     handshakes: Arc<AtomicU64>,
+    /// Calls per gRPC method (`machine.MachineService/Version`), over every endpoint.
+    calls: Arc<Mutex<std::collections::BTreeMap<String, u64>>>,
     node_time: NodeTime,
 }
 
@@ -132,6 +134,7 @@ impl TalosTwin {
         let mut endpoints = Vec::new();
         let mut tasks = Vec::new();
         let handshakes = Arc::new(AtomicU64::new(0));
+        let calls: Arc<Mutex<std::collections::BTreeMap<String, u64>>> = Arc::default();
         for (index, spec) in nodes.iter().enumerate() {
             let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
                 .await
@@ -157,7 +160,16 @@ impl TalosTwin {
                 shared: shared.clone(),
                 endpoint: index,
             };
+            let counted = calls.clone();
             let router = Server::builder()
+                // Every call passes here first: counted by method, no span of its own.
+                .trace_fn(move |req| {
+                    let method = req.uri().path().trim_start_matches('/').to_string();
+                    if let Ok(mut c) = counted.lock() {
+                        *c.entry(method).or_default() += 1;
+                    }
+                    tracing::Span::none()
+                })
                 .http2_keepalive_interval(Some(options.net.keepalive))
                 .http2_keepalive_timeout(Some(options.net.keepalive))
                 .add_service(
@@ -215,6 +227,7 @@ impl TalosTwin {
             tasks,
             driver_wakeups,
             handshakes,
+            calls,
             node_time,
         })
     }
@@ -311,6 +324,11 @@ impl TalosTwin {
     /// its calls.
     pub fn handshakes(&self) -> u64 {
         self.handshakes.load(Ordering::Relaxed)
+    }
+
+    /// Calls so far per gRPC method (`machine.MachineService/Version`), every endpoint's.
+    pub fn calls(&self) -> std::collections::BTreeMap<String, u64> {
+        self.calls.lock().map(|c| c.clone()).unwrap_or_default()
     }
 
     /// A receiver that changes after every change of the model (an RPC acting, or a
