@@ -385,7 +385,7 @@ impl NodeApi {
         node: usize,
         _request: machine::EtcdMemberListRequest,
     ) -> Result<machine::EtcdMembers, Status> {
-        let members = self.sync_with(|m| {
+        let members = self.read_model(|m| {
             m.check_etcd(node)?;
             Ok(m.etcd_members())
         });
@@ -412,7 +412,7 @@ impl NodeApi {
         _request: (),
     ) -> Result<machine::EtcdStatus, Status> {
         let member_status = self
-            .sync_with(|m| {
+            .read_model(|m| {
                 m.check_etcd(node)?;
                 let n = m.node(node);
                 let (leader, errors) = m.etcd_status(node);
@@ -483,7 +483,7 @@ impl NodeApi {
         node: usize,
         _request: (),
     ) -> Result<machine::ServiceList, Status> {
-        let services = self.sync_with(|m| {
+        let services = self.read_model(|m| {
             let n = m.node(node);
             let at = Some(timestamp(m.now()));
             let mut ids = vec!["apid", "containerd", "cri"];
@@ -550,7 +550,7 @@ impl NodeApi {
     }
 
     async fn version_one(&self, node: usize, _request: ()) -> Result<machine::Version, Status> {
-        let tag = self.sync_with(|m| m.node(node).talos_version.clone());
+        let tag = self.read_model(|m| m.node(node).talos_version.clone());
         Ok(machine::Version {
             metadata: None,
             version: Some(machine::VersionInfo {
@@ -571,6 +571,12 @@ impl NodeApi {
 
     fn sync_with<R>(&self, f: impl FnOnce(&mut TalosCluster) -> R) -> R {
         self.shared.with(f)
+    }
+
+    /// A read-only call: the model brought up to the clock's time, without counting as a
+    /// change (which would wake every stream and the projector for nothing).
+    fn read_model<R>(&self, f: impl FnOnce(&TalosCluster) -> R) -> R {
+        self.shared.read(f)
     }
 }
 
@@ -1156,7 +1162,7 @@ impl machine::machine_service_server::MachineService for NodeApi {
         let targets = self.targets(&request, Access::Admin)?;
         let path = request.into_inner().path;
         let read = |node: usize| {
-            self.sync_with(|m| {
+            self.read_model(|m| {
                 let n = m.node(node);
                 match path.as_str() {
                     "/proc/sys/kernel/random/boot_id" => {
@@ -1400,7 +1406,7 @@ impl cosi::state_server::State for NodeApi {
         )?;
         let req = request.into_inner();
         if req.r#type == MANIFEST_TYPE {
-            let found = self.sync_with(|m| {
+            let found = self.read_model(|m| {
                 manifest_resources(m, node).into_iter().find(|r| {
                     req.namespace == "controlplane"
                         && r.metadata.as_ref().is_some_and(|md| md.id == req.id)
@@ -1423,7 +1429,7 @@ impl cosi::state_server::State for NodeApi {
                     req.namespace, req.id
                 )));
             }
-            let resource = self.sync_with(|m| security_state_resource(m, node));
+            let resource = self.read_model(|m| security_state_resource(m, node));
             return Ok(Response::new(cosi::GetResponse {
                 resource: Some(resource),
             }));
@@ -1440,7 +1446,7 @@ impl cosi::state_server::State for NodeApi {
                     req.r#type, req.namespace, req.id
                 )));
             }
-            let resource = self.sync_with(|m| {
+            let resource = self.read_model(|m| {
                 if req.r#type == VERSION_TYPE {
                     version_resource(m, node)
                 } else {
@@ -1463,7 +1469,7 @@ impl cosi::state_server::State for NodeApi {
                 req.namespace, req.id
             )));
         }
-        let resource = self.sync_with(|m| machine_config_resource(m, node, &req.id))?;
+        let resource = self.read_model(|m| machine_config_resource(m, node, &req.id))?;
         Ok(Response::new(cosi::GetResponse {
             resource: Some(resource),
         }))
@@ -1489,7 +1495,7 @@ impl cosi::state_server::State for NodeApi {
             req.r#type.as_str(),
             MACHINE_STATUS_TYPE | MANIFEST_TYPE | VERSION_TYPE
         ) {
-            let items = self.sync_with(|m| {
+            let items = self.read_model(|m| {
                 if req.r#type == MANIFEST_TYPE {
                     if req.namespace == "controlplane" {
                         manifest_resources(m, node)
@@ -1518,7 +1524,7 @@ impl cosi::state_server::State for NodeApi {
                 req.r#type
             )));
         }
-        let items = self.sync_with(|m| {
+        let items = self.read_model(|m| {
             let mut ids = vec!["v1alpha1"];
             if m.node(node).minor() >= 10 {
                 ids.push("persistent");
@@ -1563,7 +1569,7 @@ impl cosi::state_server::State for NodeApi {
         let ids: Vec<String> = match &req.id {
             Some(id) => vec![id.clone()],
             None => {
-                let persistent = self.sync_with(|m| m.node(node).minor() >= 10);
+                let persistent = self.read_model(|m| m.node(node).minor() >= 10);
                 let mut ids = vec!["v1alpha1".to_string()];
                 if persistent {
                     ids.push("persistent".to_string());
