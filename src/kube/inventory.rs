@@ -250,21 +250,22 @@ impl KubeClient {
             kind: kind.into(),
             plural: plural.into(),
         };
-        let volumes =
-            Api::<DynamicObject>::all_with(self.client.clone(), &gvk("Volume", "volumes"))
-                .list(&ListParams::default())
-                .await;
+        // Both lists at once: a step reads them together every few seconds.
+        let lp = ListParams::default();
+        let volumes_api =
+            Api::<DynamicObject>::all_with(self.client.clone(), &gvk("Volume", "volumes"));
+        let replicas_api =
+            Api::<DynamicObject>::all_with(self.client.clone(), &gvk("Replica", "replicas"));
+        let (volumes, replicas) = tokio::join!(volumes_api.list(&lp), replicas_api.list(&lp));
         let volumes = match volumes {
             Ok(v) => v.items,
+            // No Longhorn here: its replicas' answer (a 404 too) does not matter.
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(vec![]),
             Err(e) => return Err(KubeError::from_kube("list longhorn volumes", e)),
         };
-        let replicas =
-            Api::<DynamicObject>::all_with(self.client.clone(), &gvk("Replica", "replicas"))
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| KubeError::from_kube("list longhorn replicas", e))?
-                .items;
+        let replicas = replicas
+            .map_err(|e| KubeError::from_kube("list longhorn replicas", e))?
+            .items;
         let status = |o: &DynamicObject, key: &str| -> Option<String> {
             o.data
                 .get("status")

@@ -226,20 +226,12 @@ impl Run<'_, '_> {
             Err(err) if err.refuses_credentials() => return Err(refused(err)),
             Err(_) => None,
         };
-        let boot_id = match talos {
-            Some(_) => match e.talos.boot_id(&addr, opts).await {
-                Ok(b) => Some(b),
-                Err(err) if err.refuses_credentials() => return Err(refused(err)),
-                Err(_) => None,
-            },
-            None => None,
-        };
         if talos.is_none() && matches!(stage, StageId::Talos | StageId::Workers) {
             // Mid-reboot (or gone): nothing on the Kubernetes side decides what a Talos
             // step does next (it settles or times out), so nothing there is read.
             return Ok(NodeObservation {
                 talos,
-                boot_id,
+                boot_id: None,
                 ready: false,
                 cordoned: false,
                 cordoned_by_ichor: false,
@@ -251,32 +243,43 @@ impl Run<'_, '_> {
                 kubelet: String::new(),
             });
         }
+        let name = node.name.as_str();
+        // The boot id, the Node and its pods do not depend on each other: asked together,
+        // a look costs the slowest of them, not their sum.
+        let boot = async {
+            match talos {
+                Some(_) => match e.talos.boot_id(&addr, opts).await {
+                    Ok(b) => Ok(Some(b)),
+                    Err(err) if err.refuses_credentials() => Err(refused(err)),
+                    Err(_) => Ok(None),
+                },
+                None => Ok(None),
+            }
+        };
         // One Node, one node's pods, and the lists below only when the step can act on
         // them: a step watches its node every few seconds, and what it reads must not grow
         // with the cluster (on 500 nodes, a list of every Node each time is megabytes).
-        let (live, in_place) = if e.policy.accept_single_node_downtime {
-            let nodes = self.live_nodes(stage).await?;
-            let in_place = self.in_place_among(&nodes);
-            (nodes.into_iter().find(|n| n.name == node.name), in_place)
-        } else {
-            let name = node.name.as_str();
-            let live = self
-                .kube(stage, Some(name), "get the node", || e.kube.node(name))
-                .await?;
-            (live, false)
+        let live = async {
+            if e.policy.accept_single_node_downtime {
+                let nodes = self.live_nodes(stage).await?;
+                let in_place = self.in_place_among(&nodes);
+                Ok((nodes.into_iter().find(|n| n.name == node.name), in_place))
+            } else {
+                let live = self
+                    .kube(stage, Some(name), "get the node", || e.kube.node(name))
+                    .await?;
+                Ok((live, false))
+            }
         };
-        let name = node.name.as_str();
-        let pods = self
-            .kube(stage, Some(name), "list the node's pods", || {
-                e.kube.pods_on(name)
-            })
-            .await?
-            .into_iter()
-            .filter(|p| !p.stays)
-            .count();
+        let pods = self.kube(stage, Some(name), "list the node's pods", || {
+            e.kube.pods_on(name)
+        });
+        let (boot_id, live, pods) = tokio::join!(boot, live, pods);
+        let (boot_id, (live, in_place)) = (boot_id?, live?);
+        let pods = pods?.into_iter().filter(|p| !p.stays).count();
         // Volumes matter while pods are still to move (is a healthy copy elsewhere?) and,
         // once the node runs the stage's Talos, for the replicas its step waits to rebuild;
-        // attachments once it is cordoned with nothing left to move.
+        // attachments once it is cordoned with nothing left to move. Both together.
         let on_talos_target = matches!(stage, StageId::Talos | StageId::Workers)
             && talos
                 .as_deref()
@@ -284,11 +287,25 @@ impl Run<'_, '_> {
                 .as_ref()
                 == Some(&self.target.talos);
         let cordoned = live.as_ref().is_some_and(|n| n.cordoned);
-        let volumes = if pods > 0 || (on_talos_target && !marker.volumes.is_empty()) {
-            self.volumes(stage).await?
-        } else {
-            Vec::new()
+        let volumes = async {
+            if pods > 0 || (on_talos_target && !marker.volumes.is_empty()) {
+                self.volumes(stage).await
+            } else {
+                Ok(Vec::new())
+            }
         };
+        let attachments = async {
+            if cordoned && pods == 0 && !in_place {
+                self.kube(stage, Some(name), "list volume attachments", || {
+                    e.kube.volume_attachments(name)
+                })
+                .await
+            } else {
+                Ok(Vec::new())
+            }
+        };
+        let (volumes, attachments) = tokio::join!(volumes, attachments);
+        let (volumes, attachments) = (volumes?, attachments?);
         let unprotected = volumes
             .iter()
             .filter(|v| v.nodes.iter().any(|n| n == name) && !v.single_replica)
@@ -309,14 +326,6 @@ impl Run<'_, '_> {
             })
             .cloned()
             .collect();
-        let attachments = if cordoned && pods == 0 && !in_place {
-            self.kube(stage, Some(name), "list volume attachments", || {
-                e.kube.volume_attachments(name)
-            })
-            .await?
-        } else {
-            Vec::new()
-        };
         // Ready only from a kubelet heard since this boot: after a reboot the Node's Ready
         // stays the pre-reboot one until the node-monitor grace period passes, and the
         // kubelet reports the boot it runs on in `nodeInfo.bootID` (kubernetes/kubernetes

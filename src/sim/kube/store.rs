@@ -642,9 +642,7 @@ impl Store {
                 .by_field("pods", "/spec/nodeName", node)
                 .filter(keep)
                 .collect();
-            found.sort_by(|a, b| {
-                (namespace_of(a), name_of(a)).cmp(&(namespace_of(b), name_of(b)))
-            });
+            found.sort_by(|a, b| (namespace_of(a), name_of(a)).cmp(&(namespace_of(b), name_of(b))));
             return found.into_iter().cloned().collect();
         }
         match ns {
