@@ -636,14 +636,14 @@ impl Store {
                 && fields.matches(o)
         };
         // `spec.nodeName=X` on pods (a drain's, a kubelet's list) reads the node index
-        // instead of every pod; the result is the same objects in the same key order.
+        // instead of every pod; the index holds (namespace, name) in key order, so the
+        // result is the same objects in the same order.
         if let Some(node) = fields.equals("spec.nodeName").filter(|_| plural == "pods") {
-            let mut found: Vec<&Value> = self
+            return self
                 .by_field("pods", "/spec/nodeName", node)
                 .filter(keep)
+                .cloned()
                 .collect();
-            found.sort_by(|a, b| (namespace_of(a), name_of(a)).cmp(&(namespace_of(b), name_of(b))));
-            return found.into_iter().cloned().collect();
         }
         match ns {
             Some(ns) => self.iter_ns(plural, ns).filter(keep).cloned().collect(),
