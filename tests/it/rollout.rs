@@ -981,10 +981,19 @@ async fn a_held_node_is_waited_on_and_the_wait_is_reported() -> TestResult {
     };
     let engine = s.engine(&report);
     let release = async {
-        notify.notified().await;
-        // While held, the record says what the rollout waits on.
-        let rec = s.record().await.ok();
-        let waiting = rec.and_then(|r| r.waiting);
+        // While held, the record says what the rollout waits on. Other workers starting
+        // clear the wait and a later look says it again (each time heard), so the record
+        // is read at each saying until it is caught holding it; once every other worker is
+        // done it holds it for good, so this ends without depending on timing.
+        let mut waiting = None;
+        for _ in 0..1000 {
+            notify.notified().await;
+            let rec = s.record().await.ok();
+            waiting = rec.and_then(|r| r.waiting);
+            if waiting.as_deref().is_some_and(|w| w.contains("w-2 is held")) {
+                break;
+            }
+        }
         let _ = nodes
             .patch(
                 "w-2",
