@@ -13,7 +13,8 @@
 //!    cordons.
 //! 2. Engine wall-clock overhead per node step, against the twin alone ticking through the
 //!    same simulated span in the same increments.
-//! 3. Peak resident memory of the real `ichor rollout` against `ichor sim` with 500 nodes.
+//! 3. Peak resident memory of the real `ichor rollout` of the grouped bump against
+//!    `ichor sim` with 500 nodes.
 //! 4. The live ETA (`ichor::plan::eta`): its predicted end read at 25 %, 50 % and 75 % of
 //!    the makespan, against the actual end, as a share of the makespan.
 
@@ -651,7 +652,7 @@ async fn report_memory() -> Result<(), Error> {
         "--repo".as_ref(),
         repo_dir.as_os_str(),
         "--rev".as_ref(),
-        TALOS_BUMP.as_ref(),
+        GROUPED_BUMP.as_ref(),
         "--base".as_ref(),
         "main".as_ref(),
         "--kubeconfig".as_ref(),

@@ -474,6 +474,7 @@ impl Rollout<'_> {
             halted: std::sync::Mutex::new(None),
             eta: std::sync::Mutex::new(eta),
             gating: Default::default(),
+            booted: Default::default(),
         };
         run.update(|r| {
             r.state = RecordState::Running;
@@ -670,6 +671,10 @@ struct Run<'r, 'a> {
     eta: std::sync::Mutex<crate::plan::eta::Eta>,
     /// `between` health gates open now: no worker starts while one is.
     gating: std::sync::atomic::AtomicUsize,
+    /// The Talos version each node reported, by the boot it reported it on: a node runs
+    /// the version it booted until it boots again, so a look that finds the same boot id
+    /// need not ask again (`nodes.rs` `observe`).
+    booted: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,
 }
 
 impl Run<'_, '_> {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::step::{NodeObservation, StepMarker};
+use super::step::{self, NodeObservation, StepMarker};
 use super::{stage_key, window, Flow, Progress, Run, PULL_DEADLINE, WAIT_EVERY};
 use crate::kube::{DrainOptions, DrainOutcome, LiveNode, LiveVolume};
 use crate::plan::StageId;
@@ -221,41 +221,57 @@ impl Run<'_, '_> {
                 format!("the Talos API refuses ichor's credentials: {err}; renew the talosconfig ichor reads (docs/cluster-access.md), then resume"),
             )
         };
-        let talos = match e.talos.version(&addr, opts).await {
-            Ok(v) => Some(v.tag),
+        // The boot id first: on a boot already seen, the version is the one read on it (a
+        // node runs what it booted until it boots again); a new boot is asked afresh.
+        let boot_id = match e.talos.boot_id(&addr, opts).await {
+            Ok(b) => Some(b),
             Err(err) if err.refuses_credentials() => return Err(refused(err)),
             Err(_) => None,
         };
-        if talos.is_none() && matches!(stage, StageId::Talos | StageId::Workers) {
-            // Mid-reboot (or gone): nothing on the Kubernetes side decides what a Talos
-            // step does next (it settles or times out), so nothing there is read.
+        let seen = boot_id.as_ref().and_then(|b| {
+            let booted = self.booted.lock().ok()?;
+            booted
+                .get(&node.name)
+                .filter(|(on, _)| on == b)
+                .map(|(_, v)| v.clone())
+        });
+        let talos = match (&boot_id, seen) {
+            (None, _) => None,
+            (Some(_), Some(v)) => Some(v),
+            (Some(b), None) => match e.talos.version(&addr, opts).await {
+                Ok(v) => {
+                    if let Ok(mut booted) = self.booted.lock() {
+                        booted.insert(node.name.clone(), (b.clone(), v.tag.clone()));
+                    }
+                    Some(v.tag)
+                }
+                Err(err) if err.refuses_credentials() => return Err(refused(err)),
+                Err(_) => None,
+            },
+        };
+        // A Talos step reads only what can change its next move (the rules in step.rs); a
+        // kubelet's step (the components stage) reads the Node and its pods every time.
+        let target = &self.target.talos;
+        let talos_step = matches!(stage, StageId::Talos | StageId::Workers);
+        let kubelet_tag = (stage == StageId::Workers).then(|| self.target.kubernetes.tag());
+        // A boot id without a version (down between the two calls) is a node not answering.
+        let boot_id = talos.as_ref().and(boot_id);
+        if talos_step && !step::reads_kubernetes(target, talos.as_deref(), marker) {
+            // Down, or installing and rebooting: whether it rebooted is all that decides.
             return Ok(NodeObservation {
-                talos,
-                boot_id: None,
-                ready: false,
-                cordoned: false,
-                cordoned_by_ichor: false,
-                pods_to_move: 0,
-                in_place: false,
-                unprotected_volumes: Vec::new(),
-                attachments: Vec::new(),
-                degraded_volumes: Vec::new(),
-                kubelet: String::new(),
+                boot_id,
+                ..NodeObservation::unread(talos)
             });
         }
         let name = node.name.as_str();
-        // The boot id, the Node and its pods do not depend on each other: asked together,
-        // a look costs the slowest of them, not their sum.
-        let boot = async {
-            match talos {
-                Some(_) => match e.talos.boot_id(&addr, opts).await {
-                    Ok(b) => Ok(Some(b)),
-                    Err(err) if err.refuses_credentials() => Err(refused(err)),
-                    Err(_) => Ok(None),
-                },
-                None => Ok(None),
-            }
-        };
+        let on_talos_target = talos_step
+            && talos
+                .as_deref()
+                .and_then(|t| Version::parse(t).ok())
+                .as_ref()
+                == Some(target);
+        // The Node and (before the upgrade) its pods do not depend on each other: asked
+        // together, a look costs the slower of them, not their sum.
         // One Node, one node's pods, and the lists below only when the step can act on
         // them: a step watches its node every few seconds, and what it reads must not grow
         // with the cluster (on 500 nodes, a list of every Node each time is megabytes).
@@ -271,31 +287,58 @@ impl Run<'_, '_> {
                 Ok((live, false))
             }
         };
-        let pods = self.kube(stage, Some(name), "list the node's pods", || {
-            e.kube.pods_on(name)
-        });
-        let (boot_id, live, pods) = tokio::join!(boot, live, pods);
-        let (boot_id, (live, in_place)) = (boot_id?, live?);
-        let pods = pods?.into_iter().filter(|p| !p.stays).count();
-        // Volumes matter while pods are still to move (is a healthy copy elsewhere?) and,
-        // once the node runs the stage's Talos, for the replicas its step waits to rebuild;
-        // attachments once it is cordoned with nothing left to move. Both together.
-        let on_talos_target = matches!(stage, StageId::Talos | StageId::Workers)
-            && talos
-                .as_deref()
-                .and_then(|t| Version::parse(t).ok())
-                .as_ref()
-                == Some(&self.target.talos);
-        let cordoned = live.as_ref().is_some_and(|n| n.cordoned);
+        let pods = || async {
+            let pods = self
+                .kube(stage, Some(name), "list the node's pods", || {
+                    e.kube.pods_on(name)
+                })
+                .await?;
+            Ok(pods.into_iter().filter(|p| !p.stays).count())
+        };
+        let pods_now = async {
+            if on_talos_target {
+                Ok(None)
+            } else {
+                pods().await.map(Some)
+            }
+        };
+        let (live, pods_now) = tokio::join!(live, pods_now);
+        let ((live, in_place), pods_now) = (live?, pods_now?);
+        // Ready only from a kubelet heard since this boot: after a reboot the Node's Ready
+        // stays the pre-reboot one until the node-monitor grace period passes, and the
+        // kubelet reports the boot it runs on in `nodeInfo.bootID` (kubernetes/kubernetes
+        // pkg/kubelet/nodestatus/setters.go at v1.33.0, `MachineInfo`).
+        let ready = live
+            .as_ref()
+            .is_some_and(|n| n.ready && boot_id.as_deref().is_none_or(|b| n.boot_id == b));
+        let mut obs = NodeObservation {
+            boot_id,
+            ready,
+            cordoned: live.as_ref().is_some_and(|n| n.cordoned),
+            cordoned_by_ichor: live.as_ref().is_some_and(|n| self.ours(n)),
+            in_place,
+            kubelet: live.as_ref().map(|n| n.kubelet.clone()).unwrap_or_default(),
+            ..NodeObservation::unread(talos)
+        };
+        obs.pods_to_move = match pods_now {
+            Some(n) => n,
+            None if step::reads_pods(target, &obs, kubelet_tag.as_deref()) => pods().await?,
+            None => 0,
+        };
         let volumes = async {
-            if pods > 0 || (on_talos_target && !marker.volumes.is_empty()) {
+            let wanted = if talos_step {
+                step::reads_volumes(target, &obs, marker)
+            } else {
+                obs.pods_to_move > 0
+            };
+            if wanted {
                 self.volumes(stage).await
             } else {
                 Ok(Vec::new())
             }
         };
         let attachments = async {
-            if cordoned && pods == 0 && !in_place {
+            if talos_step && step::reads_attachments(target, &obs, marker) {
                 self.kube(stage, Some(name), "list volume attachments", || {
                     e.kube.volume_attachments(name)
                 })
@@ -306,7 +349,7 @@ impl Run<'_, '_> {
         };
         let (volumes, attachments) = tokio::join!(volumes, attachments);
         let (volumes, attachments) = (volumes?, attachments?);
-        let unprotected = volumes
+        obs.unprotected_volumes = volumes
             .iter()
             .filter(|v| v.nodes.iter().any(|n| n == name) && !v.single_replica)
             .filter(|v| {
@@ -316,7 +359,7 @@ impl Run<'_, '_> {
             })
             .map(|v| v.name.clone())
             .collect();
-        let degraded = marker
+        obs.degraded_volumes = marker
             .volumes
             .iter()
             .filter(|want| {
@@ -326,26 +369,8 @@ impl Run<'_, '_> {
             })
             .cloned()
             .collect();
-        // Ready only from a kubelet heard since this boot: after a reboot the Node's Ready
-        // stays the pre-reboot one until the node-monitor grace period passes, and the
-        // kubelet reports the boot it runs on in `nodeInfo.bootID` (kubernetes/kubernetes
-        // pkg/kubelet/nodestatus/setters.go at v1.33.0, `MachineInfo`).
-        let ready = live
-            .as_ref()
-            .is_some_and(|n| n.ready && boot_id.as_deref().is_none_or(|b| n.boot_id == b));
-        Ok(NodeObservation {
-            talos,
-            boot_id,
-            ready,
-            cordoned,
-            cordoned_by_ichor: live.as_ref().is_some_and(|n| self.ours(n)),
-            pods_to_move: pods,
-            in_place,
-            unprotected_volumes: unprotected,
-            attachments,
-            degraded_volumes: degraded,
-            kubelet: live.as_ref().map(|n| n.kubelet.clone()).unwrap_or_default(),
-        })
+        obs.attachments = attachments;
+        Ok(obs)
     }
 
     /// Begin a node's step: wait for the right to start, then record the marker. Says

@@ -315,6 +315,79 @@ pub fn worker_node(
     }
 }
 
+// What a look reads. A step looks at its node every few seconds for minutes, and a read is
+// most of a look's cost, so a look reads only what can change the step's next move. Each
+// rule below is asked with what the look has read so far; tests/it/props.rs checks that
+// no read they skip changes what `talos_node` or `worker_node` decides.
+
+/// After the Talos API answered (or did not): whether anything on the Kubernetes side
+/// can change the move. Not while the node does not answer, nor while it installs and
+/// reboots (the upgrade requested, still on the old version): then its boot id decides.
+pub fn reads_kubernetes(target: &Version, talos: Option<&str>, marker: &StepMarker) -> bool {
+    match talos.and_then(|t| Version::parse(t).ok()) {
+        Some(v) if v == *target => true,
+        Some(_) => !marker.upgrade_requested,
+        None => false,
+    }
+}
+
+/// With the Node read: whether the node's pods can. Before the upgrade they decide the
+/// drain; on the target only a kubelet still to move (`kubelet_tag`, the one-drain stage)
+/// on a Ready node could drain it again.
+pub fn reads_pods(target: &Version, obs: &NodeObservation, kubelet_tag: Option<&str>) -> bool {
+    match at_target(obs, target) {
+        Some(false) => true,
+        Some(true) => kubelet_tag.is_some_and(|t| obs.ready && obs.kubelet != t),
+        None => false,
+    }
+}
+
+/// With the pods counted: whether the volumes can. While pods are still to move (is a
+/// healthy copy elsewhere?), and, Ready on the target, for the replicas the step waits to
+/// rebuild.
+pub fn reads_volumes(target: &Version, obs: &NodeObservation, marker: &StepMarker) -> bool {
+    obs.pods_to_move > 0
+        || (at_target(obs, target) == Some(true) && obs.ready && !marker.volumes.is_empty())
+}
+
+/// Whether the volume attachments can: drained on the old version, before the upgrade.
+pub fn reads_attachments(target: &Version, obs: &NodeObservation, marker: &StepMarker) -> bool {
+    at_target(obs, target) == Some(false)
+        && !marker.upgrade_requested
+        && obs.cordoned
+        && obs.pods_to_move == 0
+        && !obs.in_place
+}
+
+/// Whether a one-drain worker's configuration (is the kubelet switched?) can: when its
+/// Talos step is done or about to upgrade, and the kubelet is not on the target yet.
+pub fn reads_switched(talos_move: &StepState, kubelet_on_target: bool) -> bool {
+    !kubelet_on_target
+        && matches!(
+            talos_move,
+            StepState::Done | StepState::Act(Action::Uncordon) | StepState::Act(Action::Upgrade)
+        )
+}
+
+impl NodeObservation {
+    /// A node with nothing read yet but its Talos answer.
+    pub fn unread(talos: Option<String>) -> NodeObservation {
+        NodeObservation {
+            talos,
+            boot_id: None,
+            ready: false,
+            cordoned: false,
+            cordoned_by_ichor: false,
+            pods_to_move: 0,
+            in_place: false,
+            unprotected_volumes: Vec::new(),
+            attachments: Vec::new(),
+            degraded_volumes: Vec::new(),
+            kubelet: String::new(),
+        }
+    }
+}
+
 /// `volume a, b` / `volumes a, b, c`.
 pub fn plural_list(noun: &str, items: &[String]) -> String {
     let s = if items.len() == 1 { "" } else { "s" };

@@ -244,17 +244,18 @@ impl Run<'_, '_> {
         }
         let tag = self.target.kubernetes.tag();
         let on_target = obs.ready && obs.kubelet == tag;
-        // Whether the switch is done matters only once the node is drained (the upgrade
-        // comes next) or on the target Talos (the kubelet is what is left): read then only.
-        let talos_done = crate::releaseset::Version::parse(obs.talos.as_deref().unwrap_or(""))
-            .ok()
-            .as_ref()
-            == Some(&self.target.talos);
-        let drained =
-            obs.in_place || (obs.cordoned && obs.pods_to_move == 0 && obs.attachments.is_empty());
+        // Whether the switch is done matters only when the Talos step is done or about to
+        // upgrade (the switch comes first): read then only.
+        let talos_move = step::talos_node(
+            &self.target.talos,
+            &obs,
+            marker,
+            self.now(),
+            self.engine.policy.node_timeout.as_duration(),
+        );
         let switched = on_target
             || (obs.talos.is_some()
-                && (talos_done || drained)
+                && step::reads_switched(&talos_move, on_target)
                 && match self
                     .engine
                     .talos

@@ -7,6 +7,11 @@ use std::collections::{BTreeSet, HashMap};
 use ichor::plan::{plan, plan_batches, Placeable, PlanOptions};
 use ichor::policy::{self, Policies, Status};
 use ichor::releaseset::{Bump, Cluster, ReleaseSet};
+use std::time::Duration;
+
+use ichor::clock::Timestamp;
+use ichor::releaseset::Version;
+use ichor::rollout::step::{self, KubeletObservation, NodeObservation, StepMarker};
 use proptest::prelude::*;
 
 fn nodes_strategy() -> impl Strategy<Value = (Vec<Vec<u8>>, usize)> {
@@ -135,5 +140,148 @@ proptest! {
             let items = policy::evaluate(&bump, &Policies::shipped().unwrap(), None);
             prop_assert!(items.iter().all(|i| i.message.len() < 1000));
         }
+    }
+}
+
+/// The node as a look would see it with every read done, and what the kubelet's
+/// configuration says.
+#[derive(Debug, Clone)]
+struct Full {
+    obs: NodeObservation,
+    marker: StepMarker,
+    config_switched: bool,
+    elapsed: u64,
+}
+
+fn full_strategy() -> impl Strategy<Value = Full> {
+    let talos = prop::sample::select(vec![
+        None,
+        Some("v1.12.6"),
+        Some("v1.12.9"),
+        Some("v1.12.9-beta.0"),
+        Some("garbage"),
+    ]);
+    let boot = prop::sample::select(vec![None, Some("a"), Some("b")]);
+    let kubelet = prop::sample::select(vec!["v1.33.5", "v1.33.7", ""]);
+    let names = prop::collection::vec(prop::sample::select(vec!["vol-1", "vol-2", "vol-3"]), 0..3);
+    (
+        (talos, boot.clone(), any::<[bool; 4]>(), 0usize..3, kubelet),
+        (names.clone(), names.clone(), names),
+        (boot, any::<[bool; 5]>(), any::<bool>(), 0u64..4000),
+    )
+        .prop_map(
+            |(
+                (talos, boot, [ready, cordoned, ours, in_place], pods, kubelet),
+                (unprotected, attachments, held),
+                (
+                    before,
+                    [started, requested, confirmed, pre_pulled, installed],
+                    config_switched,
+                    elapsed,
+                ),
+            )| {
+                let strs = |v: Vec<&str>| v.into_iter().map(str::to_string).collect::<Vec<_>>();
+                let marker = StepMarker {
+                    started_at: started.then_some(Timestamp(0)),
+                    boot_id_before: before.map(str::to_string),
+                    upgrade_requested: requested,
+                    pre_pulled,
+                    installed_boot: installed.then(|| "a".to_string()),
+                    volumes: strs(held.clone()),
+                    upgrade_confirmed: confirmed,
+                };
+                // A degraded volume is one the step recorded (what the look derives it from).
+                let degraded: Vec<String> =
+                    strs(held).into_iter().filter(|v| v != "vol-3").collect();
+                let obs = NodeObservation {
+                    talos: talos.map(str::to_string),
+                    boot_id: boot.map(str::to_string),
+                    ready,
+                    cordoned,
+                    cordoned_by_ichor: cordoned && ours,
+                    pods_to_move: pods,
+                    in_place,
+                    unprotected_volumes: strs(unprotected),
+                    attachments: strs(attachments),
+                    degraded_volumes: degraded,
+                    kubelet: kubelet.to_string(),
+                };
+                Full {
+                    obs,
+                    marker,
+                    config_switched,
+                    elapsed,
+                }
+            },
+        )
+}
+
+/// What a look reads of `full`, following the read rules of src/rollout/step.rs in the
+/// order src/rollout/nodes.rs `observe` asks them.
+fn looked(
+    full: &NodeObservation,
+    marker: &StepMarker,
+    target: &Version,
+    tag: Option<&str>,
+) -> NodeObservation {
+    let mut o = NodeObservation::unread(full.talos.clone());
+    if !step::reads_kubernetes(target, full.talos.as_deref(), marker) {
+        if o.talos.is_some() {
+            o.boot_id = full.boot_id.clone();
+        }
+        return o;
+    }
+    o.boot_id = full.boot_id.clone();
+    o.ready = full.ready;
+    o.cordoned = full.cordoned;
+    o.cordoned_by_ichor = full.cordoned_by_ichor;
+    o.in_place = full.in_place;
+    o.kubelet = full.kubelet.clone();
+    if step::reads_pods(target, &o, tag) {
+        o.pods_to_move = full.pods_to_move;
+    }
+    if step::reads_volumes(target, &o, marker) {
+        o.unprotected_volumes = full.unprotected_volumes.clone();
+        o.degraded_volumes = full.degraded_volumes.clone();
+    }
+    if step::reads_attachments(target, &o, marker) {
+        o.attachments = full.attachments.clone();
+    }
+    o
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
+
+    /// A look skips a read only where whatever it would return cannot change the step's
+    /// next move: for a Talos node and for a one-drain worker with its kubelet.
+    #[test]
+    fn a_read_a_look_skips_never_changes_the_next_move(f in full_strategy()) {
+        let target = Version::parse("v1.12.9").unwrap();
+        let tag = "v1.33.7";
+        let now = Timestamp(f.elapsed * 1000);
+        let timeout = Duration::from_secs(1800);
+        let talos_only = looked(&f.obs, &f.marker, &target, None);
+        prop_assert_eq!(
+            step::talos_node(&target, &f.obs, &f.marker, now, timeout),
+            step::talos_node(&target, &talos_only, &f.marker, now, timeout),
+            "read {:?}", talos_only
+        );
+        // A kubelet that runs the target was switched to it: the configuration says so.
+        let config_switched = f.config_switched || (f.obs.ready && f.obs.kubelet == tag);
+        let kubelet = |o: &NodeObservation, read_config: bool| {
+            let on_target = o.ready && o.kubelet == tag;
+            KubeletObservation { on_target, switched: on_target || (read_config && config_switched) }
+        };
+        let full_kubelet = kubelet(&f.obs, true);
+        let seen = looked(&f.obs, &f.marker, &target, Some(tag));
+        let seen_move = step::talos_node(&target, &seen, &f.marker, now, timeout);
+        let read_config = seen.talos.is_some()
+            && step::reads_switched(&seen_move, seen.ready && seen.kubelet == tag);
+        prop_assert_eq!(
+            step::worker_node(&target, tag, "w-1", &f.obs, &full_kubelet, &f.marker, now, timeout),
+            step::worker_node(&target, tag, "w-1", &seen, &kubelet(&seen, read_config), &f.marker, now, timeout),
+            "read {:?}", seen
+        );
     }
 }

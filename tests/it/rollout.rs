@@ -990,7 +990,10 @@ async fn a_held_node_is_waited_on_and_the_wait_is_reported() -> TestResult {
             notify.notified().await;
             let rec = s.record().await.ok();
             waiting = rec.and_then(|r| r.waiting);
-            if waiting.as_deref().is_some_and(|w| w.contains("w-2 is held")) {
+            if waiting
+                .as_deref()
+                .is_some_and(|w| w.contains("w-2 is held"))
+            {
                 break;
             }
         }
