@@ -401,6 +401,17 @@ impl Clock {
         self.sleep_until(t).await
     }
 
+    /// Wait for the next beat of `every`: the next time the clock reads a whole multiple of
+    /// it (a full `every` when it reads one now). Steps that look again on a beat look
+    /// together: a real engine wakes once a beat rather than once per step, and a twin
+    /// moves its time once for all of them.
+    pub async fn sleep_to_beat(&self, every: Duration) {
+        let every_ms = u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1);
+        let now = self.now().as_millis();
+        let wait = every_ms - now % every_ms;
+        self.sleep_until(Timestamp(now.saturating_add(wait))).await
+    }
+
     /// Marks a request in flight until the guard drops: a client waiting for an answer, or
     /// a server working on one. Costs two atomic operations; only a simulation driver reads
     /// the count ([`Clock::quiet`]).
@@ -497,6 +508,39 @@ mod tests {
         clock.advance(Duration::from_secs(30));
         let woke_at = sleeper.await.unwrap_or_default();
         assert_eq!(woke_at.since(start), Duration::from_secs(60));
+    }
+
+    #[tokio::test]
+    async fn sleepers_on_a_beat_wake_together_on_its_next_multiple() {
+        let clock = Clock::manual_at(Timestamp(1_000_002_000));
+        let every = Duration::from_secs(5);
+        let woke = |c: Clock, after: Duration| {
+            tokio::spawn(async move {
+                c.sleep(after).await;
+                c.sleep_to_beat(every).await;
+                c.now()
+            })
+        };
+        // Begun 1 s apart, on a beat of 5 s: both wake at the next multiple of 5 s after.
+        let a = woke(clock.clone(), Duration::from_secs(1));
+        let b = woke(clock.clone(), Duration::from_secs(2));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+            clock.advance(Duration::from_millis(500));
+        }
+        let (a, b) = (a.await.unwrap_or_default(), b.await.unwrap_or_default());
+        assert_eq!(a, Timestamp(1_000_005_000));
+        assert_eq!(b, a);
+        // On a beat already, it waits a whole one.
+        clock.advance_to(Timestamp(1_000_010_000));
+        let c = clock.clone();
+        let on_beat = tokio::spawn(async move {
+            c.sleep_to_beat(every).await;
+            c.now()
+        });
+        tokio::task::yield_now().await;
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(on_beat.await.unwrap_or_default(), Timestamp(1_000_015_000));
     }
 
     #[test]

@@ -218,7 +218,7 @@ impl Run<'_, '_> {
                         self.say(Progress::Note(format!("{what} {name}: {w}")));
                         last_settling = w;
                     }
-                    e.clock.sleep(e.observe_every).await;
+                    e.clock.sleep_to_beat(e.observe_every).await;
                     continue;
                 }
                 StepState::Act(a)

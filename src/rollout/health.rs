@@ -357,7 +357,7 @@ impl Run<'_, '_> {
                 }
                 StepState::Act(()) => {}
             }
-            e.clock.sleep(e.observe_every).await;
+            e.clock.sleep_to_beat(e.observe_every).await;
         }
     }
 

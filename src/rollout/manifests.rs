@@ -113,7 +113,7 @@ impl Run<'_, '_> {
                         self.say(Progress::Note(w.clone()));
                         last_settling = w;
                     }
-                    e.clock.sleep(e.observe_every).await;
+                    e.clock.sleep_to_beat(e.observe_every).await;
                 }
                 StepState::Act(ManifestsAction::SwitchProxy(name)) => {
                     let Some(cp) = cps.iter().find(|c| c.name == name) else {

@@ -184,7 +184,7 @@ impl Run<'_, '_> {
                         self.say(Progress::Note(format!("{prefix} {name}: {w}")));
                         last_settling = w;
                     }
-                    e.clock.sleep(e.observe_every).await;
+                    e.clock.sleep_to_beat(e.observe_every).await;
                 }
                 StepState::Act(Action::PrePull) => {
                     self.pre_pull(stage, &node, &installer, &key, &mut marker)

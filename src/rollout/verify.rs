@@ -67,7 +67,10 @@ impl Run<'_, '_> {
                     ),
                 ));
             }
-            self.engine.clock.sleep(self.engine.observe_every).await;
+            self.engine
+                .clock
+                .sleep_to_beat(self.engine.observe_every)
+                .await;
         }
         self.say(Progress::UnitDone {
             node: None,
