@@ -264,17 +264,11 @@ impl Run<'_, '_> {
             });
         }
         let name = node.name.as_str();
-        let on_talos_target = talos_step
-            && talos
-                .as_deref()
-                .and_then(|t| Version::parse(t).ok())
-                .as_ref()
-                == Some(target);
-        // The Node and (before the upgrade) its pods do not depend on each other: asked
-        // together, a look costs the slower of them, not their sum.
-        // One Node, one node's pods, and the lists below only when the step can act on
-        // them: a step watches its node every few seconds, and what it reads must not grow
-        // with the cluster (on 500 nodes, a list of every Node each time is megabytes).
+        let on_talos_target =
+            talos_step && step::talos_at_target(talos.as_deref(), target) == Some(true);
+        // One Node and (before the upgrade) its pods, asked together: a look costs the
+        // slower of them, not their sum. Never a list of every Node: a step looks every few
+        // seconds, and on 500 nodes such a list is megabytes.
         let live = async {
             if e.policy.accept_single_node_downtime {
                 let nodes = self.live_nodes(stage).await?;

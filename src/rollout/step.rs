@@ -108,10 +108,15 @@ pub enum StepState<A = Action> {
     Failed(String),
 }
 
-/// Exactly the target: a `v1.12.9-beta.0` node still moves to `v1.12.9`.
-fn at_target(obs: &NodeObservation, target: &Version) -> Option<bool> {
-    let v = Version::parse(obs.talos.as_deref()?).ok()?;
+/// Whether the Talos a node reports (`None` while it does not answer) is exactly the
+/// target: a `v1.12.9-beta.0` node still moves to `v1.12.9`. `None` when unknown.
+pub fn talos_at_target(talos: Option<&str>, target: &Version) -> Option<bool> {
+    let v = Version::parse(talos?).ok()?;
     Some(v == *target)
+}
+
+fn at_target(obs: &NodeObservation, target: &Version) -> Option<bool> {
+    talos_at_target(obs.talos.as_deref(), target)
 }
 
 /// The next move for one node's Talos upgrade to `target`, given `obs`, the step's marker,
@@ -324,9 +329,9 @@ pub fn worker_node(
 /// can change the move. Not while the node does not answer, nor while it installs and
 /// reboots (the upgrade requested, still on the old version): then its boot id decides.
 pub fn reads_kubernetes(target: &Version, talos: Option<&str>, marker: &StepMarker) -> bool {
-    match talos.and_then(|t| Version::parse(t).ok()) {
-        Some(v) if v == *target => true,
-        Some(_) => !marker.upgrade_requested,
+    match talos_at_target(talos, target) {
+        Some(true) => true,
+        Some(false) => !marker.upgrade_requested,
         None => false,
     }
 }
