@@ -386,6 +386,34 @@ fn step_secs(rec: &RolloutRecord) -> Vec<(String, Vec<u64>, usize)> {
     out
 }
 
+/// How full the worker slots were: the workers' step time over `max` slots for the span
+/// from the first worker's start to the last one's finish (1.00: never an idle slot), and
+/// the mean step beside the median the bounds use. Said for the pooled stage only.
+fn occupancy(rec: &RolloutRecord, max: u32) {
+    let parse = |t: &Option<String>| t.as_deref().and_then(Timestamp::parse_rfc3339);
+    let spans: Vec<(Timestamp, Timestamp)> = rec
+        .steps
+        .iter()
+        .filter(|(k, _)| k.starts_with("worker/") || k.starts_with("talos/w-"))
+        .filter_map(|(_, s)| Some((parse(&s.started_at)?, parse(&s.finished_at)?)))
+        .collect();
+    let (Some(first), Some(last)) = (
+        spans.iter().map(|(a, _)| *a).min(),
+        spans.iter().map(|(_, b)| *b).max(),
+    ) else {
+        return;
+    };
+    let busy: u64 = spans.iter().map(|(a, b)| b.since(*a).as_secs()).sum();
+    let span = last.since(first).as_secs().max(1);
+    println!(
+        "  worker slots: {} of step time over {max} slots × {} = {:.2} full; mean worker step {}",
+        secs(Duration::from_secs(busy)),
+        secs(Duration::from_secs(span)),
+        busy as f64 / (max as f64 * span as f64),
+        secs(Duration::from_secs(busy / spans.len().max(1) as u64)),
+    );
+}
+
 /// Figure 1 for one bump.
 fn report_makespan(name: &str, run: &Run) {
     let b = &run.plan.worker_batches;
@@ -442,6 +470,7 @@ fn report_makespan(name: &str, run: &Run) {
         secs(Duration::from_secs(one_disruption)),
         cordons as f64 / run.plan.workers.max(1) as f64
     );
+    occupancy(&run.record, b.max_unavailable);
     if run.restarts > 0 {
         println!(
             "  note: the engine stopped {} times on its own lock (\"the rollout lock was taken by {HOLDER}\": concurrent renewals of the Lease conflict) and was started again at once; the makespan includes those restarts",

@@ -159,6 +159,114 @@ pub struct LeaseHolder {
     pub duration_secs: Option<i32>,
 }
 
+/// Longhorn's label naming a replica's node, and its volume (longhorn-manager
+/// `types/types.go` `LonghornNodeKey`; the volume controller's replica labels).
+const LONGHORN_NODE_LABEL: &str = "longhornnode";
+const LONGHORN_VOLUME_LABEL: &str = "longhornvolume";
+
+/// Above this many volumes a node's look reads the whole lists: a selector naming more
+/// would be a long URL for little gain.
+const VOLUMES_PER_SELECTOR: usize = 32;
+
+fn longhorn(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: "longhorn.io".into(),
+        version: "v1beta2".into(),
+        api_version: "longhorn.io/v1beta2".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// Whether `s` can be a label value, so a selector can name it (apimachinery
+/// `validation.IsValidLabelValue`: at most 63 characters, alphanumerics at both ends,
+/// `-`, `_` and `.` between). An empty value selects nothing useful here.
+fn label_value(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// Longhorn volumes with the nodes of their replicas, from the objects as listed. The
+/// replicas of a detached volume are stopped, not lost: they still hold its data.
+fn live_volumes(volumes: &[DynamicObject], replicas: &[DynamicObject]) -> Vec<LiveVolume> {
+    let status = |o: &DynamicObject, key: &str| -> Option<String> {
+        o.data
+            .get("status")
+            .and_then(|s| s.get(key))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    let detached: BTreeSet<&str> = volumes
+        .iter()
+        .filter(|v| status(v, "state").as_deref() == Some("detached"))
+        .filter_map(|v| v.metadata.name.as_deref())
+        .collect();
+    let mut by_volume: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut placed: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in replicas {
+        let spec = r.data.get("spec");
+        let volume = spec
+            .and_then(|s| s.get("volumeName"))
+            .and_then(Value::as_str);
+        let node = spec
+            .and_then(|s| s.get("nodeID"))
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty());
+        let running = r
+            .data
+            .get("status")
+            .and_then(|s| s.get("currentState"))
+            .and_then(Value::as_str)
+            .is_none_or(|s| s == "running");
+        let failed = spec
+            .and_then(|s| s.get("failedAt"))
+            .and_then(Value::as_str)
+            .is_some_and(|f| !f.is_empty());
+        let holds = running || (!failed && volume.is_some_and(|v| detached.contains(v)));
+        if let (Some(v), Some(n)) = (volume, node) {
+            placed.entry(v.to_string()).or_default().push(n.to_string());
+            if holds {
+                by_volume
+                    .entry(v.to_string())
+                    .or_default()
+                    .push(n.to_string());
+            }
+        }
+    }
+    volumes
+        .iter()
+        .map(|v| {
+            let name = v.metadata.name.clone().unwrap_or_default();
+            let mut nodes = by_volume.remove(&name).unwrap_or_default();
+            nodes.sort();
+            nodes.dedup();
+            let mut holders = placed.remove(&name).unwrap_or_default();
+            holders.sort();
+            holders.dedup();
+            let wanted = v
+                .data
+                .get("spec")
+                .and_then(|s| s.get("numberOfReplicas"))
+                .and_then(Value::as_u64)
+                .unwrap_or(nodes.len() as u64);
+            LiveVolume {
+                single_replica: wanted <= 1,
+                state: status(v, "state"),
+                robustness: status(v, "robustness"),
+                name,
+                provider: "longhorn",
+                nodes,
+                holders,
+            }
+        })
+        .collect()
+}
+
 fn label(n: &Node, key: &str) -> bool {
     n.metadata
         .labels
@@ -243,19 +351,12 @@ impl KubeClient {
     /// Longhorn volumes (`longhorn.io/v1beta2`) with the nodes of the replicas holding them;
     /// when Longhorn is not installed, none.
     pub async fn longhorn_volumes(&self) -> Result<Vec<LiveVolume>, KubeError> {
-        let gvk = |kind: &str, plural: &str| ApiResource {
-            group: "longhorn.io".into(),
-            version: "v1beta2".into(),
-            api_version: "longhorn.io/v1beta2".into(),
-            kind: kind.into(),
-            plural: plural.into(),
-        };
         // Both lists at once: a step reads them together every few seconds.
         let lp = ListParams::default();
         let volumes_api =
-            Api::<DynamicObject>::all_with(self.client.clone(), &gvk("Volume", "volumes"));
+            Api::<DynamicObject>::all_with(self.client.clone(), &longhorn("Volume", "volumes"));
         let replicas_api =
-            Api::<DynamicObject>::all_with(self.client.clone(), &gvk("Replica", "replicas"));
+            Api::<DynamicObject>::all_with(self.client.clone(), &longhorn("Replica", "replicas"));
         let (volumes, replicas) = tokio::join!(volumes_api.list(&lp), replicas_api.list(&lp));
         let volumes = match volumes {
             Ok(v) => v.items,
@@ -266,77 +367,102 @@ impl KubeClient {
         let replicas = replicas
             .map_err(|e| KubeError::from_kube("list longhorn replicas", e))?
             .items;
-        let status = |o: &DynamicObject, key: &str| -> Option<String> {
-            o.data
-                .get("status")
-                .and_then(|s| s.get(key))
-                .and_then(Value::as_str)
-                .map(str::to_string)
+        Ok(live_volumes(&volumes, &replicas))
+    }
+
+    /// The Longhorn volumes with a replica on `node` (failed or stopped ones included) and
+    /// the volumes named in `known`, each with every replica it has: what a step judges
+    /// its node by, at a cost that grows with the node's volumes, not the cluster's.
+    /// Longhorn labels each replica with its node and volume (`longhornnode`,
+    /// `longhornvolume`; longhorn-manager `types/types.go` `LonghornNodeKey`, and the
+    /// replicas its volume controller creates), so two label-selected lists and a get per
+    /// volume find them. Names that cannot be a label value, or more volumes than a
+    /// selector should carry, fall back to the whole lists.
+    pub async fn longhorn_volumes_of(
+        &self,
+        node: &str,
+        known: &[String],
+    ) -> Result<Vec<LiveVolume>, KubeError> {
+        let mut known = known.to_vec();
+        known.sort();
+        known.dedup();
+        if !label_value(node) || known.len() > VOLUMES_PER_SELECTOR {
+            return self.longhorn_volumes().await;
+        }
+        let replicas_api =
+            Api::<DynamicObject>::all_with(self.client.clone(), &longhorn("Replica", "replicas"));
+        let on_node = ListParams::default().labels(&format!("{LONGHORN_NODE_LABEL}={node}"));
+        let (mine, first) = tokio::join!(replicas_api.list(&on_node), self.volumes_named(&known));
+        let mine = match mine {
+            Ok(l) => l.items,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(vec![]),
+            Err(e) => return Err(KubeError::from_kube("list longhorn replicas", e)),
         };
-        // The replicas of a detached volume are stopped, not lost: they still hold its data.
-        let detached: BTreeSet<&str> = volumes
-            .iter()
-            .filter(|v| status(v, "state").as_deref() == Some("detached"))
-            .filter_map(|v| v.metadata.name.as_deref())
-            .collect();
-        let mut by_volume: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        let mut placed: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for r in &replicas {
-            let spec = r.data.get("spec");
-            let volume = spec
-                .and_then(|s| s.get("volumeName"))
-                .and_then(Value::as_str);
-            let node = spec.and_then(|s| s.get("nodeID")).and_then(Value::as_str);
-            let running = r
-                .data
-                .get("status")
-                .and_then(|s| s.get("currentState"))
-                .and_then(Value::as_str)
-                .is_none_or(|s| s == "running");
-            let failed = spec
-                .and_then(|s| s.get("failedAt"))
-                .and_then(Value::as_str)
-                .is_some_and(|f| !f.is_empty());
-            let holds = running || (!failed && volume.is_some_and(|v| detached.contains(v)));
-            if let (Some(v), Some(n)) = (volume, node.filter(|n| !n.is_empty())) {
-                placed.entry(v.to_string()).or_default().push(n.to_string());
-            }
-            if let (Some(v), Some(n), true) = (volume, node, holds) {
-                if !n.is_empty() {
-                    by_volume
-                        .entry(v.to_string())
-                        .or_default()
-                        .push(n.to_string());
+        let Some((mut volumes, mut replicas)) = first? else {
+            return self.longhorn_volumes().await;
+        };
+        // The node's own replicas may name volumes the caller did not know of.
+        let mut extra: Vec<String> = Vec::new();
+        for r in &mine {
+            if let Some(v) = r.data.pointer("/spec/volumeName").and_then(Value::as_str) {
+                if !known.iter().any(|k| k == v) && !extra.iter().any(|e| e == v) {
+                    extra.push(v.to_string());
                 }
             }
         }
-        Ok(volumes
-            .iter()
-            .map(|v| {
-                let name = v.metadata.name.clone().unwrap_or_default();
-                let mut nodes = by_volume.remove(&name).unwrap_or_default();
-                nodes.sort();
-                nodes.dedup();
-                let mut holders = placed.remove(&name).unwrap_or_default();
-                holders.sort();
-                holders.dedup();
-                let wanted = v
-                    .data
-                    .get("spec")
-                    .and_then(|s| s.get("numberOfReplicas"))
-                    .and_then(Value::as_u64)
-                    .unwrap_or(nodes.len() as u64);
-                LiveVolume {
-                    single_replica: wanted <= 1,
-                    state: status(v, "state"),
-                    robustness: status(v, "robustness"),
-                    name,
-                    provider: "longhorn",
-                    nodes,
-                    holders,
-                }
-            })
-            .collect())
+        if known.len() + extra.len() > VOLUMES_PER_SELECTOR {
+            return self.longhorn_volumes().await;
+        }
+        if !extra.is_empty() {
+            let Some((v, r)) = self.volumes_named(&extra).await? else {
+                return self.longhorn_volumes().await;
+            };
+            volumes.extend(v);
+            replicas.extend(r);
+        }
+        Ok(live_volumes(&volumes, &replicas))
+    }
+
+    /// The Longhorn volumes named (those that exist) and all their replicas; `None` when a
+    /// name cannot be a label value.
+    async fn volumes_named(
+        &self,
+        names: &[String],
+    ) -> Result<Option<(Vec<DynamicObject>, Vec<DynamicObject>)>, KubeError> {
+        if names.is_empty() {
+            return Ok(Some((vec![], vec![])));
+        }
+        if !names.iter().all(|n| label_value(n)) {
+            return Ok(None);
+        }
+        let replicas_api =
+            Api::<DynamicObject>::all_with(self.client.clone(), &longhorn("Replica", "replicas"));
+        let of_volumes = ListParams::default()
+            .labels(&format!("{LONGHORN_VOLUME_LABEL} in ({})", names.join(",")));
+        let replicas = replicas_api.list(&of_volumes);
+        // A volume lives in its replicas' namespace (Longhorn's own, whatever it is named);
+        // with no replica to say it, every namespace is asked through the list below.
+        let volumes = futures_util::future::join_all(names.iter().map(|name| async move {
+            let lp = ListParams::default().fields(&format!("metadata.name={name}"));
+            Api::<DynamicObject>::all_with(self.client.clone(), &longhorn("Volume", "volumes"))
+                .list(&lp)
+                .await
+        }));
+        let (replicas, volumes) = tokio::join!(replicas, volumes);
+        let replicas = match replicas {
+            Ok(l) => l.items,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Some((vec![], vec![]))),
+            Err(e) => return Err(KubeError::from_kube("list longhorn replicas", e)),
+        };
+        let mut found = Vec::new();
+        for v in volumes {
+            match v {
+                Ok(l) => found.extend(l.items),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(KubeError::from_kube("list longhorn volumes", e)),
+            }
+        }
+        Ok(Some((found, replicas)))
     }
 
     /// PersistentVolumes pinned to one node by `spec.nodeAffinity` (local-path, local

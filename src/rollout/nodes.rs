@@ -175,7 +175,7 @@ impl Run<'_, '_> {
             return Ok(None);
         }
         let nodes = self.live_nodes(stage).await?;
-        let volumes = self.volumes(stage).await?;
+        let volumes = self.volumes_of(stage, &node.name, &[]).await?;
         let max = self.engine.policy.max_unavailable.get() as usize;
         let why = super::pool::rule_verdict(node, &nodes, &volumes, &active, max)
             .map(super::pool::Held::reason);
@@ -200,6 +200,28 @@ impl Run<'_, '_> {
                 .await
             }
             VolumeProvider::None => Ok(vec![]),
+        }
+    }
+
+    /// The volumes `node` holds a replica of and those named in `known`, each with all its
+    /// replicas: what judging one node needs, read at the cost of that node's volumes.
+    pub(super) async fn volumes_of(
+        &self,
+        stage: StageId,
+        node: &str,
+        known: &[String],
+    ) -> Flow<Vec<LiveVolume>> {
+        match self.engine.volumes {
+            VolumeProvider::Longhorn => {
+                self.kube(
+                    stage,
+                    Some(node),
+                    "list the node's longhorn volumes",
+                    || self.engine.kube.longhorn_volumes_of(node, known),
+                )
+                .await
+            }
+            _ => self.volumes(stage).await,
         }
     }
 
@@ -326,7 +348,7 @@ impl Run<'_, '_> {
                 obs.pods_to_move > 0
             };
             if wanted {
-                self.volumes(stage).await
+                self.volumes_of(stage, name, &marker.volumes).await
             } else {
                 Ok(Vec::new())
             }
@@ -380,7 +402,7 @@ impl Run<'_, '_> {
             return Ok(());
         }
         self.may_start(stage, &node.name).await?;
-        let volumes = self.volumes(stage).await?;
+        let volumes = self.volumes_of(stage, &node.name, &[]).await?;
         let held: Vec<&LiveVolume> = volumes
             .iter()
             .filter(|v| v.nodes.iter().any(|n| n == &node.name))

@@ -977,6 +977,20 @@ async fn list_filters_by_label_and_field_selectors_and_pages() {
     assert_eq!(names(&by_name), ["worker-2"]);
     let bad = api.get("/api/v1/pods?labelSelector=app%20in%20web").await;
     assert_eq!(bad.code, 400);
+    // A custom resource selects on its name and namespace only, as apiextensions-apiserver
+    // serves it (apimachinery `DefaultMetaV1FieldSelectorConversion`).
+    let cr_by_name = api
+        .get("/apis/argoproj.io/v1alpha1/applications?fieldSelector=metadata.name%3Dcilium")
+        .await;
+    assert_eq!(names(&cr_by_name), ["cilium"]);
+    let cr_by_spec = api
+        .get("/apis/argoproj.io/v1alpha1/applications?fieldSelector=spec.nodeName%3Dworker-1")
+        .await;
+    assert_eq!(cr_by_spec.code, 400);
+    assert_eq!(
+        cr_by_spec.body["message"].as_str(),
+        Some("\"spec.nodeName\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\"")
+    );
     t.with(|c, now| c.set_application_status("argocd", "cilium", "OutOfSync", "Progressing", now))
         .expect("the typical seed has the CNI Application");
     let app = api

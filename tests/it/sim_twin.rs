@@ -963,17 +963,32 @@ async fn a_wrong_version_fault_boots_another_version_after_the_install() -> Test
     Ok(())
 }
 
-/// The Longhorn view ichor reads: (robustness, nodes with a running replica).
+/// The Longhorn view ichor reads: (robustness, nodes with a running replica). Each time,
+/// the per-node reads a step makes (label-selected replicas, volumes by name) must see
+/// exactly what the whole lists say, in whatever state the test has brought the volume to.
 async fn volume(
     kube: &ichor::kube::KubeClient,
     name: &str,
 ) -> Result<(Option<String>, Vec<String>), Box<dyn std::error::Error>> {
-    let v = kube
-        .longhorn_volumes()
-        .await?
-        .into_iter()
+    let all = kube.longhorn_volumes().await?;
+    let v = all
+        .iter()
         .find(|v| v.name == name)
-        .ok_or(format!("no volume {name}"))?;
+        .ok_or(format!("no volume {name}"))?
+        .clone();
+    for node in &v.holders {
+        let mine = kube.longhorn_volumes_of(node, &[]).await?;
+        let want: Vec<_> = all.iter().filter(|v| v.holders.contains(node)).collect();
+        let mut got: Vec<_> = mine.iter().collect();
+        got.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut want = want;
+        want.sort_by(|a, b| a.name.cmp(&b.name));
+        assert_eq!(got, want, "what {node}'s look reads");
+    }
+    let known = kube
+        .longhorn_volumes_of("nowhere", &[name.to_string(), "no-such-volume".into()])
+        .await?;
+    assert_eq!(known, vec![v.clone()], "{name} read by name");
     Ok((v.robustness, v.nodes))
 }
 

@@ -940,11 +940,24 @@ fn maybe_table(sh: &Shared, rt: &ResourceType, obj: Value, headers: &HeaderMap) 
     }
 }
 
-fn selectors(q: &Query) -> Result<(LabelSelector, FieldSelector), ApiError> {
+fn selectors(rt: &ResourceType, q: &Query) -> Result<(LabelSelector, FieldSelector), ApiError> {
     let l = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let f = FieldSelector::parse(q.get("fieldSelector").unwrap_or(""))
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // A custom resource without `selectableFields` selects on its name and namespace only
+    // (apimachinery `runtime.DefaultMetaV1FieldSelectorConversion`, which
+    // apiextensions-apiserver's custom resource handler installs).
+    if rt.is_custom() {
+        if let Some((path, ..)) =
+            f.0.iter()
+                .find(|(p, ..)| p != "metadata.name" && p != "metadata.namespace")
+        {
+            return Err(ApiError::bad_request(format!(
+                "\"{path}\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+            )));
+        }
+    }
     Ok((l, f))
 }
 
@@ -955,7 +968,7 @@ fn list(
     q: &Query,
     headers: &HeaderMap,
 ) -> Result<(u16, Value), ApiError> {
-    let (l, f) = selectors(q)?;
+    let (l, f) = selectors(rt, q)?;
     let c = sh.lock();
     let items = c.store.list(rt.storage, ns, &l, &f);
     let rv = c.store.resource_version();
@@ -1387,7 +1400,7 @@ fn watch(
     q: &Query,
     render_as: Render,
 ) -> Response<Body> {
-    let (l, f) = match selectors(q) {
+    let (l, f) = match selectors(rt, q) {
         Ok(x) => x,
         Err(e) => return err(&e),
     };
