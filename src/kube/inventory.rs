@@ -370,9 +370,10 @@ impl KubeClient {
         Ok(live_volumes(&volumes, &replicas))
     }
 
-    /// The Longhorn volumes with a replica on `node` (failed or stopped ones included) and
-    /// the volumes named in `known`, each with every replica it has: what a step judges
-    /// its node by, at a cost that grows with the node's volumes, not the cluster's.
+    /// The Longhorn volumes with a replica on `node` (failed or stopped ones included; with
+    /// no node, none) and the volumes named in `known`, each with every replica it has:
+    /// what a step judges its node by, at a cost that grows with the node's volumes, not
+    /// the cluster's.
     /// Longhorn labels each replica with its node and volume (`longhornnode`,
     /// `longhornvolume`; longhorn-manager `types/types.go` `LonghornNodeKey`, and the
     /// replicas its volume controller creates), so two label-selected lists and a get per
@@ -380,21 +381,27 @@ impl KubeClient {
     /// selector should carry, fall back to the whole lists.
     pub async fn longhorn_volumes_of(
         &self,
-        node: &str,
+        node: Option<&str>,
         known: &[String],
     ) -> Result<Vec<LiveVolume>, KubeError> {
         let mut known = known.to_vec();
         known.sort();
         known.dedup();
-        if !label_value(node) || known.len() > VOLUMES_PER_SELECTOR {
+        if !node.is_none_or(label_value) || known.len() > VOLUMES_PER_SELECTOR {
             return self.longhorn_volumes().await;
         }
         let replicas_api =
             Api::<DynamicObject>::all_with(self.client.clone(), &longhorn("Replica", "replicas"));
-        let on_node = ListParams::default().labels(&format!("{LONGHORN_NODE_LABEL}={node}"));
-        let (mine, first) = tokio::join!(replicas_api.list(&on_node), self.volumes_named(&known));
+        let on_node = async {
+            let Some(node) = node else {
+                return Ok(Vec::new());
+            };
+            let lp = ListParams::default().labels(&format!("{LONGHORN_NODE_LABEL}={node}"));
+            replicas_api.list(&lp).await.map(|l| l.items)
+        };
+        let (mine, first) = tokio::join!(on_node, self.volumes_named(&known));
         let mine = match mine {
-            Ok(l) => l.items,
+            Ok(items) => items,
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(vec![]),
             Err(e) => return Err(KubeError::from_kube("list longhorn replicas", e)),
         };

@@ -175,7 +175,7 @@ impl Run<'_, '_> {
             return Ok(None);
         }
         let nodes = self.live_nodes(stage).await?;
-        let volumes = self.volumes_of(stage, &node.name, &[]).await?;
+        let volumes = self.volumes_of(stage, &node.name, true, &[]).await?;
         let max = self.engine.policy.max_unavailable.get() as usize;
         let why = super::pool::rule_verdict(node, &nodes, &volumes, &active, max)
             .map(super::pool::Held::reason);
@@ -203,12 +203,14 @@ impl Run<'_, '_> {
         }
     }
 
-    /// The volumes `node` holds a replica of and those named in `known`, each with all its
-    /// replicas: what judging one node needs, read at the cost of that node's volumes.
+    /// The volumes `node` holds a replica of (when `held`) and those named in `known`, each
+    /// with all its replicas: what judging one node needs, read at the cost of that node's
+    /// volumes.
     pub(super) async fn volumes_of(
         &self,
         stage: StageId,
         node: &str,
+        held: bool,
         known: &[String],
     ) -> Flow<Vec<LiveVolume>> {
         match self.engine.volumes {
@@ -217,7 +219,11 @@ impl Run<'_, '_> {
                     stage,
                     Some(node),
                     "list the node's longhorn volumes",
-                    || self.engine.kube.longhorn_volumes_of(node, known),
+                    || {
+                        self.engine
+                            .kube
+                            .longhorn_volumes_of(held.then_some(node), known)
+                    },
                 )
                 .await
             }
@@ -347,8 +353,11 @@ impl Run<'_, '_> {
             } else {
                 obs.pods_to_move > 0
             };
+            // What the node holds now matters only while its pods are still to move (a
+            // healthy copy elsewhere?); afterwards only the volumes its start held.
+            let held = !talos_step || obs.pods_to_move > 0;
             if wanted {
-                self.volumes_of(stage, name, &marker.volumes).await
+                self.volumes_of(stage, name, held, &marker.volumes).await
             } else {
                 Ok(Vec::new())
             }
@@ -402,7 +411,7 @@ impl Run<'_, '_> {
             return Ok(());
         }
         self.may_start(stage, &node.name).await?;
-        let volumes = self.volumes_of(stage, &node.name, &[]).await?;
+        let volumes = self.volumes_of(stage, &node.name, true, &[]).await?;
         let held: Vec<&LiveVolume> = volumes
             .iter()
             .filter(|v| v.nodes.iter().any(|n| n == &node.name))

@@ -777,7 +777,7 @@ async fn every_request_the_client_sends_is_granted_by_access() -> TestResult {
     kube.volume_attachments(&worker.name).await?;
     kube.local_volumes().await?;
     kube.longhorn_volumes().await?;
-    kube.longhorn_volumes_of(&worker.name, &["pvc-postgres".into()])
+    kube.longhorn_volumes_of(Some(&worker.name), &["pvc-postgres".into()])
         .await?;
     kube.mirror_pods().await?;
     kube.daemonset("kube-system", "kube-proxy").await?;

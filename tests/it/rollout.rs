@@ -481,17 +481,19 @@ pub fn paused(o: RunOutcome) -> Result<ichor::rollout::record::Pause, Error> {
 
 /// Every node on the target, Ready, uncordoned, the lock released.
 pub async fn assert_finished(s: &Setup) -> TestResult {
+    let target = s.target();
+    let (talos, kubernetes) = (target.talos.to_string(), target.kubernetes.to_string());
     for o in s.twin.talos.observe() {
-        assert_eq!(o.talos_version, "v1.12.9", "{} Talos", o.name);
+        assert_eq!(o.talos_version, talos, "{} Talos", o.name);
         assert!(
-            o.kubelet_version.ends_with("v1.33.7"),
+            o.kubelet_version.ends_with(&kubernetes),
             "{} kubelet {}",
             o.name,
             o.kubelet_version
         );
         for p in &o.static_pods {
             assert!(
-                p.image.ends_with(":v1.33.7") && p.ready,
+                p.image.ends_with(&format!(":{kubernetes}")) && p.ready,
                 "{}: {p:?}",
                 o.name
             );
@@ -1035,11 +1037,14 @@ async fn paused_in_cluster_yaml_stops_before_the_next_node() -> TestResult {
 }
 
 /// Kill the engine (drop its task) at every progress line and every few ticks mid-step,
-/// restarting it each time, until 60 distinct points are covered, a worker's kubelet switch
-/// among them; then let it finish.
-#[tokio::test]
-async fn killed_at_every_step_boundary_and_mid_step_it_still_finishes_safely() -> TestResult {
-    let s = setup(TwinConfig::default()).await?;
+/// restarting it each time, until `covered` says the distinct points reached are enough (or
+/// 400 kills); then let it finish. Asserts that no invariant broke at any tick and that the
+/// last run completed; returns the points ("after <line>" for a kill at the first new line,
+/// "mid-step after <line>" for one a few ticks in).
+async fn killed_and_resumed(
+    s: &Setup,
+    covered: &dyn Fn(&BTreeSet<String>) -> bool,
+) -> Result<BTreeSet<String>, Error> {
     let max = s.max_unavailable();
     let target = s.target();
     let mut seen: Vec<String> = Vec::new();
@@ -1063,12 +1068,7 @@ async fn killed_at_every_step_boundary_and_mid_step_it_still_finishes_safely() -
         let violations_now = RefCell::new(Vec::new());
         // Kill until enough distinct points are covered: on a loaded machine the mid-step
         // kills land on fewer distinct lines, so the count of kills alone is not the bound.
-        // The one-drain window (between a worker's kubelet switch and its reboot) must be
-        // among them, however early the 60 are reached.
-        let switch_window = points
-            .iter()
-            .any(|p| p.starts_with("after kubelet w-") && p.contains("switched to"));
-        let enough = (points.len() >= 60 && switch_window) || kills >= 400;
+        let enough = covered(&points) || kills >= 400;
         let killer = async {
             if enough {
                 return std::future::pending::<()>().await;
@@ -1135,12 +1135,26 @@ async fn killed_at_every_step_boundary_and_mid_step_it_still_finishes_safely() -
         last_said.join("\n")
     );
     eprintln!("{kills} kills at {} distinct points", points.len());
+    assert_finished(s).await?;
+    Ok(points)
+}
+
+/// Kill the engine at every step boundary and mid-step until 60 distinct points are
+/// covered, a worker's kubelet switch among them; then let it finish.
+#[tokio::test]
+async fn killed_at_every_step_boundary_and_mid_step_it_still_finishes_safely() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    // The one-drain window (between a worker's kubelet switch and its reboot) must be
+    // among the points, however early the 60 are reached.
+    let switch_window = |p: &String| p.starts_with("after kubelet w-") && p.contains("switched to");
+    let points = killed_and_resumed(&s, &|points| {
+        points.len() >= 60 && points.iter().any(switch_window)
+    })
+    .await?;
     // The one-drain window was among them: killed between a worker's kubelet switch and
     // its reboot, the next run carried on from what it observed without breaking a rule.
     assert!(
-        points
-            .iter()
-            .any(|p| p.starts_with("after kubelet w-") && p.contains("switched to")),
+        points.iter().any(switch_window),
         "no kill between a kubelet switch and its reboot: {points:#?}"
     );
     assert!(
@@ -1148,7 +1162,48 @@ async fn killed_at_every_step_boundary_and_mid_step_it_still_finishes_safely() -
         "only {} distinct kill points: {points:#?}",
         points.len()
     );
-    assert_finished(&s).await?;
+    Ok(())
+}
+
+/// On Talos ≥ 1.13 the next nodes install ahead of their turn: killed between a node's
+/// install ahead and its turn (a control plane's and a worker's), and at every other new
+/// boundary, the next run reboots what was installed or installs again, and never breaks a
+/// rule.
+#[tokio::test]
+async fn killed_between_an_install_ahead_and_its_turn_it_still_finishes_safely() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let repo = homelab_on_1_13(
+        dir.path(),
+        "renovate/grouped",
+        "talos: v1.13.9",
+        "kubernetes: v1.33.7",
+    )?;
+    let s = setup_at(
+        TwinConfig::default(),
+        SetupFrom {
+            repo: Some((&repo, "renovate/grouped")),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let ahead = |node: &'static str| {
+        move |p: &String| {
+            p.starts_with("after ")
+                && p.contains(node)
+                && p.contains("ahead of its turn")
+                && p.contains("installed")
+        }
+    };
+    let points = killed_and_resumed(&s, &|points| {
+        points.len() >= 30 && points.iter().any(ahead(" cp-")) && points.iter().any(ahead(" w-"))
+    })
+    .await?;
+    for who in [" cp-", " w-"] {
+        assert!(
+            points.iter().any(ahead(who)),
+            "no kill between an install ahead on{who}… and its turn: {points:#?}"
+        );
+    }
     Ok(())
 }
 
@@ -1237,12 +1292,15 @@ async fn a_single_control_plane_cluster_upgrades_end_to_end_through_its_only_end
     Ok(())
 }
 
-/// A cluster already on Talos 1.13 upgrades through LifecycleService end to end: the
-/// installer pulled into the instance the upgrade names, installed while the node serves,
-/// then ichor's own reboot.
-#[tokio::test]
-async fn a_talos_1_13_cluster_upgrades_end_to_end_through_the_lifecycle_service() -> TestResult {
-    let dir = tempfile::tempdir()?;
+/// A repository (under `dir`) whose `main` runs the homelab on Talos v1.13.4 and Kubernetes
+/// v1.33.5, with a Renovate branch `branch` that sets `talos` and `kubernetes` (each a
+/// `key: version` line of the release set; the current one leaves it).
+fn homelab_on_1_13(
+    dir: &std::path::Path,
+    branch: &str,
+    talos: &str,
+    kubernetes: &str,
+) -> Result<std::path::PathBuf, Error> {
     let homelab = ichor::sim::fixture::Fixture::homelab();
     let mut tree = homelab.tree.clone();
     let rs = "clusters/homelab/release-set.yaml";
@@ -1256,25 +1314,43 @@ async fn a_talos_1_13_cluster_upgrades_end_to_end_through_the_lifecycle_service(
             .replace("kubernetes: v1.30.14", "kubernetes: v1.33.5"),
     );
     let files: Vec<(&str, &str)> = tree.iter().map(|(p, t)| (p.as_str(), t.as_str())).collect();
-    let history = r#"
+    let history = format!(
+        r#"
 people:
-  owner: {name: Mara Lindqvist, email: mara@homelab.example}
-  renovate: {name: "renovate[bot]", email: "29139614+renovate[bot]@users.noreply.github.com"}
+  owner: {{name: Mara Lindqvist, email: mara@homelab.example}}
+  renovate: {{name: "renovate[bot]", email: "29139614+renovate[bot]@users.noreply.github.com"}}
 main:
-  - {message: "Bootstrap homelab on Talos 1.13", author: owner, date: "2026-09-01T09:00:00Z", tree: true}
+  - {{message: "Bootstrap homelab on Talos 1.13", author: owner, date: "2026-09-01T09:00:00Z", tree: true}}
 branches:
-  - name: renovate/talos-1.13.x
+  - name: {branch}
     expect: pass
-    title: "fix(deps): update talos group ( v1.13.4 → v1.13.9 )"
+    title: "fix(deps): update {talos}, {kubernetes}"
     commits:
-      - message: "fix(deps): update talos group ( v1.13.4 → v1.13.9 )"
+      - message: "fix(deps): update {talos}, {kubernetes}"
         author: renovate
         date: "2026-11-21T06:04:00Z"
         edits:
-          - {file: clusters/homelab/release-set.yaml, find: "talos: v1.13.4", replace: "talos: v1.13.9"}
-"#;
-    let repo = dir.path().join("repo");
-    ichor::sim::fixture::Fixture::parse("homelab-1.13", &files, history)?.build(&repo)?;
+          - {{file: clusters/homelab/release-set.yaml, find: "talos: v1.13.4", replace: "{talos}"}}
+          - {{file: clusters/homelab/release-set.yaml, find: "kubernetes: v1.33.5", replace: "{kubernetes}"}}
+"#
+    );
+    let repo = dir.join("repo");
+    ichor::sim::fixture::Fixture::parse("homelab-1.13", &files, &history)?.build(&repo)?;
+    Ok(repo)
+}
+
+/// A cluster already on Talos 1.13 upgrades through LifecycleService end to end: the
+/// installer pulled into the instance the upgrade names, installed while the node serves,
+/// then ichor's own reboot.
+#[tokio::test]
+async fn a_talos_1_13_cluster_upgrades_end_to_end_through_the_lifecycle_service() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let repo = homelab_on_1_13(
+        dir.path(),
+        "renovate/talos-1.13.x",
+        "talos: v1.13.9",
+        "kubernetes: v1.33.5",
+    )?;
     let s = setup_at(
         TwinConfig::default(),
         SetupFrom {

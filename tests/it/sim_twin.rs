@@ -977,7 +977,7 @@ async fn volume(
         .ok_or(format!("no volume {name}"))?
         .clone();
     for node in &v.holders {
-        let mine = kube.longhorn_volumes_of(node, &[]).await?;
+        let mine = kube.longhorn_volumes_of(Some(node), &[]).await?;
         let want: Vec<_> = all.iter().filter(|v| v.holders.contains(node)).collect();
         let mut got: Vec<_> = mine.iter().collect();
         got.sort_by(|a, b| a.name.cmp(&b.name));
@@ -986,7 +986,7 @@ async fn volume(
         assert_eq!(got, want, "what {node}'s look reads");
     }
     let known = kube
-        .longhorn_volumes_of("nowhere", &[name.to_string(), "no-such-volume".into()])
+        .longhorn_volumes_of(None, &[name.to_string(), "no-such-volume".into()])
         .await?;
     assert_eq!(known, vec![v.clone()], "{name} read by name");
     Ok((v.robustness, v.nodes))
