@@ -165,9 +165,15 @@ impl<'r, 'a> Run<'r, 'a> {
         let mut installing: BTreeSet<&'s str> = BTreeSet::new();
         let mut installed: BTreeSet<&'s str> = BTreeSet::new();
         let round = self.engine.policy.max_unavailable.get() as usize;
+        // Woken by the clock rather than by work ending.
+        let mut timed_out = false;
         loop {
             let gating = self.gating.load(std::sync::atomic::Ordering::SeqCst) > 0;
-            if first.is_none() && !queue.is_empty() && !gating {
+            // This run's own steps fill every slot: a look could start nothing, and reads
+            // every Node and volume; the next step to end wakes the pool anyway.
+            let full = running.len().saturating_sub(installing.len()) >= round;
+            let look = !(std::mem::take(&mut timed_out) && full);
+            if first.is_none() && !queue.is_empty() && !gating && look {
                 let idle = running.len() == installing.len();
                 let look = self.startable(stage, &mut queue, &begun, &installing, idle);
                 let started = match alongside(look, &mut running, &mut finished).await {
@@ -234,7 +240,10 @@ impl<'r, 'a> Run<'r, 'a> {
                     tokio::select! {
                         r = running.next() => r,
                         // Someone else's node may come back, a hold may go: look again.
-                        _ = self.engine.clock.sleep(WAIT_EVERY) => None,
+                        _ = self.engine.clock.sleep(WAIT_EVERY) => {
+                            timed_out = true;
+                            None
+                        }
                     }
                 } else {
                     running.next().await
