@@ -727,7 +727,9 @@ async fn a_base_change_is_judged_against_the_new_base_and_a_draft_taken_when_rea
         .deliveries()
         .into_iter()
         .rev()
-        .find(|d| d.action.as_deref() == Some("edited"))
+        // The PR's own event: ichor editing its sticky comment meanwhile is an
+        // `issue_comment` "edited" delivery too.
+        .find(|d| d.event == "pull_request" && d.action.as_deref() == Some("edited"))
         .ok_or("no edited delivery")?;
     let payload: serde_json::Value = serde_json::from_str(&delivery.body)?;
     assert_eq!(payload["changes"]["base"]["ref"]["from"], "main");

@@ -138,6 +138,11 @@ pub struct Cluster {
     /// Longhorn replicas (namespace, name) reused after their node returned → when they have
     /// re-synced.
     resync_due: BTreeMap<(String, String), Timestamp>,
+    /// What Longhorn's last pass read when it changed nothing: the store's resourceVersion
+    /// and the nodes as it saw them. Until replicas or volumes change, those nodes change or
+    /// a re-sync or rebuild falls due, a pass would change nothing again and is skipped, so
+    /// the pass costs what changed rather than every volume of the cluster.
+    longhorn_quiet: Option<(u64, LonghornNodes)>,
     /// VolumeAttachments no pod needs any more → when they are detached and gone.
     detach_due: BTreeMap<String, Timestamp>,
     /// Terminating pods (namespace, name) → when they are gone.
@@ -380,6 +385,7 @@ impl Cluster {
             pending: BTreeMap::new(),
             degraded_since: BTreeMap::new(),
             resync_due: BTreeMap::new(),
+            longhorn_quiet: None,
             detach_due: BTreeMap::new(),
             terminating: BTreeMap::new(),
             silent_since: BTreeMap::new(),
@@ -1260,6 +1266,7 @@ impl Cluster {
     fn invalidate(&mut self) {
         self.settled_at = None;
         self.statuses_at = None;
+        self.longhorn_quiet = None;
     }
 
     /// What changed after `rv` (everything when unknown or older than the history).
@@ -1919,6 +1926,22 @@ impl Cluster {
             .map(|(name, ..)| name.as_str())
             .collect();
         let delay = self.behaviour.replica_rebuild_delay;
+        let seen = LonghornNodes {
+            nodes: nodes.clone(),
+            ready: ready.iter().map(|n| n.to_string()).collect(),
+            never: self.faults.replicas_never_rebuild.clone(),
+        };
+        let due = self.resync_due.values().any(|t| *t <= now)
+            || self.degraded_since.values().any(|t| t.plus(delay) <= now);
+        if let Some((rv, last)) = &self.longhorn_quiet {
+            let unchanged = self.store.changes_since(*rv).is_some_and(|mut changes| {
+                changes.all(|e| e.plural != "replicas" && e.plural != "volumes")
+            });
+            if !due && unchanged && *last == seen {
+                return;
+            }
+        }
+        let before = self.store.resource_version();
         // A replica deleted while it re-synced has nothing left to finish.
         let store = &self.store;
         self.resync_due
@@ -2059,6 +2082,8 @@ impl Cluster {
                 let _ = self.store.update(rt("volumes"), &ns, &vname, v2);
             }
         }
+        let after = self.store.resource_version();
+        self.longhorn_quiet = (after == before).then_some((after, seen));
     }
 
     /// The CSI volumes (PersistentVolume name, driver, volume handle) a pod's
@@ -2599,6 +2624,15 @@ fn container_statuses(pod: &Value, now: Timestamp) -> Value {
             })
             .collect(),
     )
+}
+
+/// The nodes as Longhorn's pass reads them (name, Ready, control plane), those it counts
+/// as up, and the volumes the `replicasNeverRebuild` fault holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LonghornNodes {
+    nodes: Vec<(String, bool, bool)>,
+    ready: Vec<String>,
+    never: BTreeSet<String>,
 }
 
 /// A healthy running Longhorn replica of `volume` on `node`, healthy since `now`.
