@@ -1172,20 +1172,7 @@ async fn killed_at_every_step_boundary_and_mid_step_it_still_finishes_safely() -
 #[tokio::test]
 async fn killed_between_an_install_ahead_and_its_turn_it_still_finishes_safely() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let repo = homelab_on_1_13(
-        dir.path(),
-        "renovate/grouped",
-        "talos: v1.13.9",
-        "kubernetes: v1.33.7",
-    )?;
-    let s = setup_at(
-        TwinConfig::default(),
-        SetupFrom {
-            repo: Some((&repo, "renovate/grouped")),
-            ..Default::default()
-        },
-    )
-    .await?;
+    let s = setup_on_1_13(dir.path(), "talos: v1.13.9", "kubernetes: v1.33.7").await?;
     let ahead = |node: &'static str| {
         move |p: &String| {
             p.starts_with("after ")
@@ -1292,15 +1279,15 @@ async fn a_single_control_plane_cluster_upgrades_end_to_end_through_its_only_end
     Ok(())
 }
 
-/// A repository (under `dir`) whose `main` runs the homelab on Talos v1.13.4 and Kubernetes
-/// v1.33.5, with a Renovate branch `branch` that sets `talos` and `kubernetes` (each a
+/// [`setup`] from a repository (under `dir`) whose `main` runs the homelab on Talos v1.13.4
+/// and Kubernetes v1.33.5, with a Renovate PR that sets `talos` and `kubernetes` (each a
 /// `key: version` line of the release set; the current one leaves it).
-fn homelab_on_1_13(
+async fn setup_on_1_13(
     dir: &std::path::Path,
-    branch: &str,
     talos: &str,
     kubernetes: &str,
-) -> Result<std::path::PathBuf, Error> {
+) -> Result<Setup, Error> {
+    let branch = "renovate/bump";
     let homelab = ichor::sim::fixture::Fixture::homelab();
     let mut tree = homelab.tree.clone();
     let rs = "clusters/homelab/release-set.yaml";
@@ -1336,7 +1323,14 @@ branches:
     );
     let repo = dir.join("repo");
     ichor::sim::fixture::Fixture::parse("homelab-1.13", &files, &history)?.build(&repo)?;
-    Ok(repo)
+    setup_at(
+        TwinConfig::default(),
+        SetupFrom {
+            repo: Some((&repo, branch)),
+            ..Default::default()
+        },
+    )
+    .await
 }
 
 /// A cluster already on Talos 1.13 upgrades through LifecycleService end to end: the
@@ -1345,20 +1339,7 @@ branches:
 #[tokio::test]
 async fn a_talos_1_13_cluster_upgrades_end_to_end_through_the_lifecycle_service() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let repo = homelab_on_1_13(
-        dir.path(),
-        "renovate/talos-1.13.x",
-        "talos: v1.13.9",
-        "kubernetes: v1.33.5",
-    )?;
-    let s = setup_at(
-        TwinConfig::default(),
-        SetupFrom {
-            repo: Some((&repo, "renovate/talos-1.13.x")),
-            ..Default::default()
-        },
-    )
-    .await?;
+    let s = setup_on_1_13(dir.path(), "talos: v1.13.9", "kubernetes: v1.33.5").await?;
     assert!(s
         .twin
         .talos
