@@ -172,8 +172,8 @@ impl<'r, 'a> Run<'r, 'a> {
             // This run's own steps fill every slot: a look could start nothing, and reads
             // every Node and volume; the next step to end wakes the pool anyway.
             let full = running.len().saturating_sub(installing.len()) >= round;
-            let look = !(std::mem::take(&mut timed_out) && full);
-            if first.is_none() && !queue.is_empty() && !gating && look {
+            let worth_a_look = !(std::mem::take(&mut timed_out) && full);
+            if first.is_none() && !queue.is_empty() && !gating && worth_a_look {
                 let idle = running.len() == installing.len();
                 let look = self.startable(stage, &mut queue, &begun, &installing, idle);
                 let started = match alongside(look, &mut running, &mut finished).await {
