@@ -376,8 +376,8 @@ impl KubeClient {
     /// the cluster's.
     /// Longhorn labels each replica with its node and volume (`longhornnode`,
     /// `longhornvolume`; longhorn-manager `types/types.go` `LonghornNodeKey`, and the
-    /// replicas its volume controller creates), so two label-selected lists and a get per
-    /// volume find them. Names that cannot be a label value, or more volumes than a
+    /// replicas its volume controller creates), so two label-selected lists and a list by
+    /// name per volume find them. Names that cannot be a label value, or more volumes than a
     /// selector should carry, fall back to the whole lists.
     pub async fn longhorn_volumes_of(
         &self,
@@ -447,8 +447,7 @@ impl KubeClient {
         let of_volumes = ListParams::default()
             .labels(&format!("{LONGHORN_VOLUME_LABEL} in ({})", names.join(",")));
         let replicas = replicas_api.list(&of_volumes);
-        // A volume lives in its replicas' namespace (Longhorn's own, whatever it is named);
-        // with no replica to say it, every namespace is asked through the list below.
+        // By name in every namespace: Longhorn's own is whatever the install named it.
         let volumes = futures_util::future::join_all(names.iter().map(|name| async move {
             let lp = ListParams::default().fields(&format!("metadata.name={name}"));
             Api::<DynamicObject>::all_with(self.client.clone(), &longhorn("Volume", "volumes"))

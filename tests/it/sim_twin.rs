@@ -978,10 +978,9 @@ async fn volume(
         .clone();
     for node in &v.holders {
         let mine = kube.longhorn_volumes_of(Some(node), &[]).await?;
-        let want: Vec<_> = all.iter().filter(|v| v.holders.contains(node)).collect();
+        let mut want: Vec<_> = all.iter().filter(|v| v.holders.contains(node)).collect();
         let mut got: Vec<_> = mine.iter().collect();
         got.sort_by(|a, b| a.name.cmp(&b.name));
-        let mut want = want;
         want.sort_by(|a, b| a.name.cmp(&b.name));
         assert_eq!(got, want, "what {node}'s look reads");
     }
