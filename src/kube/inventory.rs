@@ -161,14 +161,14 @@ pub struct LeaseHolder {
 
 /// Longhorn's label naming a replica's node, and its volume (longhorn-manager
 /// `types/types.go` `LonghornNodeKey`; the volume controller's replica labels).
-const LONGHORN_NODE_LABEL: &str = "longhornnode";
-const LONGHORN_VOLUME_LABEL: &str = "longhornvolume";
+pub(super) const LONGHORN_NODE_LABEL: &str = "longhornnode";
+pub(super) const LONGHORN_VOLUME_LABEL: &str = "longhornvolume";
 
 /// Above this many volumes a node's look reads the whole lists: a selector naming more
 /// would be a long URL for little gain.
 const VOLUMES_PER_SELECTOR: usize = 32;
 
-fn longhorn(kind: &str, plural: &str) -> ApiResource {
+pub(super) fn longhorn(kind: &str, plural: &str) -> ApiResource {
     ApiResource {
         group: "longhorn.io".into(),
         version: "v1beta2".into(),
@@ -181,7 +181,7 @@ fn longhorn(kind: &str, plural: &str) -> ApiResource {
 /// Whether `s` can be a label value, so a selector can name it (apimachinery
 /// `validation.IsValidLabelValue`: at most 63 characters, alphanumerics at both ends,
 /// `-`, `_` and `.` between). An empty value selects nothing useful here.
-fn label_value(s: &str) -> bool {
+pub(super) fn label_value(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63

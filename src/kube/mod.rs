@@ -5,6 +5,7 @@
 //! rollout record. Every error names what was asked.
 
 pub mod access;
+pub mod changes;
 pub mod drain;
 pub mod events;
 pub mod inventory;

@@ -6,6 +6,7 @@
 use super::nodes::{address, around, pulling};
 use super::step::{self, Action, StepState};
 use super::{step_prefix, Flow, Progress, Run};
+use crate::kube::changes::Changes;
 use crate::kube::LiveNode;
 use crate::plan::StageId;
 use crate::releaseset::Role;
@@ -21,6 +22,11 @@ struct Observed {
 /// How many nodes pull their installer at once before the Talos stage: enough to take the
 /// pulls off the critical path, few enough not to flood a registry or the nodes' uplinks.
 const PRE_PULL_AHEAD: usize = 4;
+
+/// Beats a settling step lets pass without a change before it looks anyway: what it waits
+/// for may change where no watch sees (a node's Talos API coming back, a replica rebuilt
+/// on another node), and a watch may miss what it should see.
+const QUIET_BEATS: u32 = 6;
 
 impl Run<'_, '_> {
     /// Before any node goes down: the installer pulled on every node still to upgrade, a few
@@ -171,6 +177,11 @@ impl Run<'_, '_> {
         }
         let installer = self.installer(stage, &node).await?;
         let mut last_settling = String::new();
+        // While it settles, the step looks on the beat after a change to what it reads
+        // (and the one after, as a change often comes in parts: a replica, then its
+        // volume), else after a quiet while: most looks of a waiting step find nothing.
+        let changes = e.kube.changes_of(name, &marker.volumes, &e.clock);
+        let mut eager = 0u8;
         loop {
             match decide(&obs, &marker) {
                 StepState::Done => {
@@ -184,7 +195,7 @@ impl Run<'_, '_> {
                         self.say(Progress::Note(format!("{prefix} {name}: {w}")));
                         last_settling = w;
                     }
-                    e.clock.sleep_to_beat(e.observe_every).await;
+                    self.settle(&changes, &mut eager).await;
                 }
                 StepState::Act(Action::PrePull) => {
                     self.pre_pull(stage, &node, &installer, &key, &mut marker)
@@ -223,6 +234,24 @@ impl Run<'_, '_> {
                 }
             }
             obs = self.observe_talos(stage, &node, &marker).await?;
+        }
+    }
+
+    /// Wait for a settling step's next look: the next beat after a change (and the beat
+    /// after that one), or [`QUIET_BEATS`] beats without one. A node's timeout is judged at
+    /// a look, so it is at most that late.
+    async fn settle(&self, changes: &Changes, eager: &mut u8) {
+        let e = self.engine;
+        for _ in 0..QUIET_BEATS {
+            e.clock.sleep_to_beat(e.observe_every).await;
+            if changes.take() {
+                *eager = 1;
+                return;
+            }
+            if *eager > 0 {
+                *eager -= 1;
+                return;
+            }
         }
     }
 
