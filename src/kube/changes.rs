@@ -10,7 +10,7 @@
 //! watch that cannot be held (refused, unreachable) reports a change on every beat, which
 //! is polling as before.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DynamicObject, ListParams, WatchEvent, WatchParams};
 use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
 
 use super::inventory::{label_value, longhorn, LONGHORN_NODE_LABEL, LONGHORN_VOLUME_LABEL};
 use super::KubeClient;
@@ -33,14 +34,49 @@ const RETRY: Duration = Duration::from_secs(5);
 /// Whether anything a step's look reads has changed since the step last asked. Dropping it
 /// ends its watches.
 pub struct Changes {
-    seen: Arc<AtomicBool>,
+    shared: Arc<Shared>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct Shared {
+    seen: AtomicBool,
+    /// Woken on each change, for [`Changes::changed`].
+    wake: Notify,
+    /// Watches open (or with nothing to watch), for [`Changes::watching`].
+    open: AtomicUsize,
+    opened: Notify,
+}
+
+impl Shared {
+    fn saw(&self) {
+        self.seen.store(true, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
 }
 
 impl Changes {
     /// True once after each change (and while a watch is down); the caller then looks.
     pub fn take(&self) -> bool {
-        self.seen.swap(false, Ordering::SeqCst)
+        self.shared.seen.swap(false, Ordering::SeqCst)
+    }
+
+    /// Until the next change (one that came since the last [`Changes::take`] included).
+    pub async fn changed(&self) {
+        while !self.take() {
+            self.shared.wake.notified().await;
+        }
+    }
+
+    /// Until every watch has opened once: from then on no change is missed.
+    pub async fn watching(&self) {
+        loop {
+            let opened = self.shared.opened.notified();
+            if self.shared.open.load(Ordering::SeqCst) >= self.tasks.len() {
+                return;
+            }
+            opened.await;
+        }
     }
 }
 
@@ -57,7 +93,7 @@ impl KubeClient {
     /// it and of `volumes`, and the VolumeAttachments (which have no field selector for
     /// their node; a cluster has few, and they change only when a volume moves).
     pub fn changes_of(&self, node: &str, volumes: &[String], clock: &Clock) -> Changes {
-        let seen = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(Shared::default());
         let mut tasks = Vec::new();
         let by_name = format!("metadata.name={node}");
         let mut spawn = |f: futures_util::future::BoxFuture<'static, ()>| {
@@ -68,30 +104,31 @@ impl KubeClient {
             Api::<Node>::all(c.clone()),
             Some(by_name),
             None,
-            seen.clone(),
+            shared.clone(),
             clock.clone(),
         )));
         spawn(Box::pin(follow(
             Api::<Pod>::all(c.clone()),
             Some(format!("spec.nodeName={node}")),
             None,
-            seen.clone(),
+            shared.clone(),
             clock.clone(),
         )));
         spawn(Box::pin(follow(
             Api::<VolumeAttachment>::all(c.clone()),
             None,
             None,
-            seen.clone(),
+            shared.clone(),
             clock.clone(),
         )));
-        let replicas = || Api::<DynamicObject>::all_with(c.clone(), &longhorn("Replica", "replicas"));
+        let replicas =
+            || Api::<DynamicObject>::all_with(c.clone(), &longhorn("Replica", "replicas"));
         if label_value(node) {
             spawn(Box::pin(follow(
                 replicas(),
                 None,
                 Some(format!("{LONGHORN_NODE_LABEL}={node}")),
-                seen.clone(),
+                shared.clone(),
                 clock.clone(),
             )));
         }
@@ -104,11 +141,11 @@ impl KubeClient {
                 replicas(),
                 None,
                 Some(format!("{LONGHORN_VOLUME_LABEL} in ({})", names.join(","))),
-                seen.clone(),
+                shared.clone(),
                 clock.clone(),
             )));
         }
-        Changes { seen, tasks }
+        Changes { shared, tasks }
     }
 }
 
@@ -119,7 +156,7 @@ async fn follow<K>(
     api: Api<K>,
     fields: Option<String>,
     labels: Option<String>,
-    seen: Arc<AtomicBool>,
+    shared: Arc<Shared>,
     clock: Clock,
 ) where
     K: Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
@@ -134,13 +171,18 @@ async fn follow<K>(
         lp = lp.labels(l);
         wp = wp.labels(l);
     }
+    let mut opened = false;
     loop {
         // From now on: the list's version, so the watch replays nothing already there.
         let from = match api.list_metadata(&lp).await {
             Ok(list) => list.metadata.resource_version.unwrap_or_default(),
-            Err(kube::Error::Api(s)) if s.code == 404 => return,
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                shared.open.fetch_add(1, Ordering::SeqCst);
+                shared.opened.notify_waiters();
+                return;
+            }
             Err(_) => {
-                seen.store(true, Ordering::SeqCst);
+                shared.saw();
                 clock.sleep(RETRY).await;
                 continue;
             }
@@ -148,22 +190,27 @@ async fn follow<K>(
         let stream = match api.watch_metadata(&wp, &from).await {
             Ok(s) => s,
             Err(_) => {
-                seen.store(true, Ordering::SeqCst);
+                shared.saw();
                 clock.sleep(RETRY).await;
                 continue;
             }
         };
+        if !opened {
+            opened = true;
+            shared.open.fetch_add(1, Ordering::SeqCst);
+            shared.opened.notify_waiters();
+        }
         let mut stream = std::pin::pin!(stream);
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(WatchEvent::Bookmark(_)) => {}
                 Ok(WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_)) => {
-                    seen.store(true, Ordering::SeqCst);
+                    shared.saw();
                 }
                 // 410 and the like: what happened meanwhile is unknown; re-list.
                 Ok(WatchEvent::Error(_)) | Err(_) => break,
             }
         }
-        seen.store(true, Ordering::SeqCst);
+        shared.saw();
     }
 }

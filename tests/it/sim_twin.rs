@@ -1192,3 +1192,36 @@ async fn volume_attachments_follow_the_pods_that_mount_longhorn_volumes() -> Tes
     assert_eq!(lh_node(&twin).as_deref(), Some(new_host.as_str()));
     Ok(())
 }
+
+/// What wakes a settling step: watches on its Node, pods, replicas and attachments report
+/// each change to them, and a watch the API refuses reports a change (so the step polls).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steps_watches_report_the_changes_to_its_node_and_a_refused_watch_as_one() -> TestResult {
+    let (twin, _state) = start(TwinConfig::default()).await?;
+    let kube = ichor::kube::KubeClient::connect(Some(twin.kubeconfig())).await?;
+    let talos = ichor_talos(&twin)?;
+    let guard = Duration::from_secs(30);
+    let changes = kube.changes_of("w-1", &["pvc-postgres".to_string()], &twin.clock);
+    tokio::time::timeout(guard, changes.watching()).await?;
+    assert!(!changes.take(), "nothing changed yet");
+    // Its Node.
+    kube.cordon("w-1", "test").await?;
+    tokio::time::timeout(guard, changes.changed()).await?;
+    // Its pods, replicas and attachments: a reboot fails the replica and takes the pods.
+    talos.reboot("10.0.10.21", call()).await?;
+    twin.advance(Duration::from_secs(1));
+    tokio::time::timeout(guard, changes.changed()).await?;
+    drop(changes);
+    // Refused: every request fails, and the step is told to look.
+    let (code, text) = post_faults(
+        &twin,
+        &serde_json::json!({"apiErrorBurst": {"count": 1000}}),
+    )
+    .await?;
+    assert_eq!(code, 200, "{text}");
+    let blind = kube.changes_of("w-2", &[], &twin.clock);
+    tokio::time::timeout(guard, blind.changed()).await?;
+    twin.advance(Duration::from_secs(5));
+    tokio::time::timeout(guard, blind.changed()).await?;
+    Ok(())
+}
