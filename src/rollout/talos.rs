@@ -23,6 +23,10 @@ struct Observed {
 /// pulls off the critical path, few enough not to flood a registry or the nodes' uplinks.
 const PRE_PULL_AHEAD: usize = 4;
 
+/// The least time between two looks of a step woken by changes: a burst of them (a
+/// drain's pods going) is one look.
+const LOOK_GAP: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Beats a settling step lets pass without a change before it looks anyway: what it waits
 /// for may change where no watch sees (a node's Talos API coming back, a replica rebuilt
 /// on another node), and a watch may miss what it should see.
@@ -177,11 +181,10 @@ impl Run<'_, '_> {
         }
         let installer = self.installer(stage, &node).await?;
         let mut last_settling = String::new();
-        // While it settles, the step looks on the beat after a change to what it reads
-        // (and the one after, as a change often comes in parts: a replica, then its
-        // volume), else after a quiet while: most looks of a waiting step find nothing.
+        // While it settles, the step looks when what it reads changes (its watches say so),
+        // else after a quiet while: most looks of a waiting step used to find nothing.
         let changes = e.kube.changes_of(name, &marker.volumes, &e.clock);
-        let mut eager = 0u8;
+        let mut eager = false;
         loop {
             match decide(&obs, &marker) {
                 StepState::Done => {
@@ -237,21 +240,27 @@ impl Run<'_, '_> {
         }
     }
 
-    /// Wait for a settling step's next look: the next beat after a change (and the beat
-    /// after that one), or [`QUIET_BEATS`] beats without one. A node's timeout is judged at
-    /// a look, so it is at most that late.
-    async fn settle(&self, changes: &Changes, eager: &mut u8) {
+    /// Wait for a settling step's next look: at once on a change to what it reads (at least
+    /// [`LOOK_GAP`] after its last look), else on the next beat after a look a change
+    /// brought (a change often comes in parts: a replica, then its volume), else after
+    /// [`QUIET_BEATS`] beats. A node's timeout is judged at a look, so it is at most that
+    /// late.
+    async fn settle(&self, changes: &Changes, eager: &mut bool) {
         let e = self.engine;
-        for _ in 0..QUIET_BEATS {
-            e.clock.sleep_to_beat(e.observe_every).await;
-            if changes.take() {
-                *eager = 1;
-                return;
+        let last = e.clock.now();
+        let beats = if *eager { 1 } else { QUIET_BEATS };
+        let quiet = async {
+            for _ in 0..beats {
+                e.clock.sleep_to_beat(e.observe_every).await;
             }
-            if *eager > 0 {
-                *eager -= 1;
-                return;
-            }
+        };
+        *eager = tokio::select! {
+            _ = quiet => false,
+            _ = changes.changed() => true,
+        };
+        let gap = e.clock.now().since(last);
+        if *eager && gap < LOOK_GAP {
+            e.clock.sleep(LOOK_GAP - gap).await;
         }
     }
 
