@@ -17,6 +17,10 @@ use crate::clock::Clock;
 /// First and largest wait between eviction attempts of a blocked pod.
 const BACKOFF_FIRST: Duration = Duration::from_secs(5);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// With a watch on the node's pods: the least time between two lists of terminating pods,
+/// and the most without a change.
+const TERMINATING_GAP: Duration = Duration::from_secs(1);
+const TERMINATING_QUIET: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -340,12 +344,16 @@ impl KubeClient {
     ///
     /// First, as `kubectl drain` does before it evicts anything: pods it would refuse with
     /// `options` (no controller, `emptyDir` data) refuse the whole drain, and nothing moves.
+    ///
+    /// With `wake` (watches on the node's pods), the wait for terminating pods lists them
+    /// again when one changes, else every 10 s; without, every 2 s.
     pub async fn drain(
         &self,
         node: &str,
         timeout: Duration,
         clock: &Clock,
         options: DrainOptions,
+        wake: Option<&super::changes::Changes>,
     ) -> Result<DrainOutcome, KubeError> {
         let started = clock.now();
         let deadline = started.plus(timeout);
@@ -440,6 +448,18 @@ impl KubeClient {
                     message,
                     waited_secs: now.since(started).as_secs(),
                 });
+            }
+            if let (Some(wake), None, 0) = (wake, &blocked, throttled) {
+                // Only terminating pods left, and a watch says when one goes: at most one
+                // list a second (a burst of deletions is one), else one per quiet spell.
+                clock
+                    .sleep_until(now.plus(TERMINATING_GAP).min(deadline))
+                    .await;
+                tokio::select! {
+                    _ = wake.changed() => {}
+                    _ = clock.sleep_until(now.plus(TERMINATING_QUIET).min(deadline)) => {}
+                }
+                continue;
             }
             let wait = if blocked.is_some() {
                 let w = backoff;

@@ -238,7 +238,7 @@ impl Run<'_, '_> {
                 }
                 StepState::Act(ComponentAction::Drain) => {
                     self.check_lock(stage, name).await?;
-                    self.drain(stage, name).await?;
+                    self.drain(stage, name, None).await?;
                 }
                 StepState::Act(ComponentAction::Switch) => {
                     self.switch(stage, &node, components, &what).await?;

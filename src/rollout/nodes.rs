@@ -445,7 +445,12 @@ impl Run<'_, '_> {
 
     /// Evict what must move, or pause naming the pod and its budget. Never deletes, never
     /// forces.
-    pub(super) async fn drain(&self, stage: StageId, name: &str) -> Flow<()> {
+    pub(super) async fn drain(
+        &self,
+        stage: StageId,
+        name: &str,
+        wake: Option<&crate::kube::changes::Changes>,
+    ) -> Flow<()> {
         let e = self.engine;
         let outcome = self
             .kube_run(stage, Some(name), "drain", || {
@@ -457,6 +462,7 @@ impl Run<'_, '_> {
                         evict_unmanaged_pods: e.policy.drain.evict_unmanaged_pods,
                         delete_empty_dir_data: e.policy.drain.delete_empty_dir_data,
                     },
+                    wake,
                 )
             })
             .await?;

@@ -30,7 +30,7 @@ const LOOK_GAP: std::time::Duration = std::time::Duration::from_secs(1);
 /// Beats a settling step lets pass without a change before it looks anyway: what it waits
 /// for may change where no watch sees (a node's Talos API coming back, a replica rebuilt
 /// on another node), and a watch may miss what it should see.
-const QUIET_BEATS: u32 = 6;
+const QUIET_BEATS: u32 = 12;
 
 impl Run<'_, '_> {
     /// Before any node goes down: the installer pulled on every node still to upgrade, a few
@@ -219,7 +219,7 @@ impl Run<'_, '_> {
                 }
                 StepState::Act(Action::Drain) => {
                     self.check_lock(stage, name).await?;
-                    self.drain(stage, name).await?;
+                    self.drain(stage, name, Some(&changes)).await?;
                 }
                 StepState::Act(Action::SwitchKubelet) => {
                     self.switch(stage, &node, &[Component::Kubelet], "kubelet")
@@ -236,6 +236,8 @@ impl Run<'_, '_> {
                     .await?;
                 }
             }
+            // What changed so far, this look reads.
+            changes.take();
             obs = self.observe_talos(stage, &node, &marker).await?;
         }
     }

@@ -434,6 +434,8 @@ async fn a_drain_evicts_everything_but_daemonsets_and_mirror_pods() -> TestResul
     );
     l.kube.cordon(&node, "test-rollout").await?;
     let clock = l.twin.talos.clock().clone();
+    // Woken by a watch on the node's pods, as a rollout's step drains.
+    let wake = l.kube.changes_of(&node, &[], &clock);
     let outcome = with_ticks(
         &l.twin,
         l.kube.drain(
@@ -444,6 +446,7 @@ async fn a_drain_evicts_everything_but_daemonsets_and_mirror_pods() -> TestResul
                 delete_empty_dir_data: true,
                 ..Default::default()
             },
+            Some(&wake),
         ),
     )
     .await?;
@@ -483,6 +486,7 @@ async fn a_budget_that_never_allows_stops_the_drain_for_a_human() -> TestResult 
                 delete_empty_dir_data: true,
                 ..Default::default()
             },
+            None,
         ),
     )
     .await?;
@@ -650,6 +654,7 @@ async fn a_blocked_eviction_is_retried_until_the_budget_allows_it() -> TestResul
             delete_empty_dir_data: true,
             ..Default::default()
         },
+        None,
     );
     // After ten simulated minutes the budget allows again (the fault is lifted at run time).
     // with_ticks moves the clock; this only waits on it.

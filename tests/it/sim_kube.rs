@@ -975,6 +975,18 @@ async fn list_filters_by_label_and_field_selectors_and_pages() {
         .get("/api/v1/nodes?fieldSelector=metadata.name%3Dworker-2")
         .await;
     assert_eq!(names(&by_name), ["worker-2"]);
+    // A Node selects on its name and `spec.unschedulable` only (kubernetes
+    // `pkg/apis/core/v1/conversion.go`), in a list and in a watch alike.
+    for path in ["/api/v1/nodes?", "/api/v1/nodes?watch=true&"] {
+        let nodes_by_node = api
+            .get(&format!("{path}fieldSelector=spec.nodeName%3Dworker-1"))
+            .await;
+        assert_eq!(nodes_by_node.code, 400, "{path}");
+        assert_eq!(
+            nodes_by_node.body["message"].as_str(),
+            Some("field label not supported: spec.nodeName")
+        );
+    }
     let bad = api.get("/api/v1/pods?labelSelector=app%20in%20web").await;
     assert_eq!(bad.code, 400);
     // A custom resource selects on its name and namespace only, as apiextensions-apiserver
