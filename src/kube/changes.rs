@@ -88,89 +88,139 @@ impl Drop for Changes {
     }
 }
 
+/// One watch a step holds: its selectors, and for a kind with no selector for the node, a
+/// test on the whole object (the watch then carries objects, not metadata only).
+struct Watch<K> {
+    fields: Option<String>,
+    labels: Option<String>,
+    keep: Option<fn(&K, &str) -> bool>,
+}
+
+impl<K> Watch<K> {
+    fn fields(f: String) -> Watch<K> {
+        Watch {
+            fields: Some(f),
+            labels: None,
+            keep: None,
+        }
+    }
+    fn labels(l: String) -> Watch<K> {
+        Watch {
+            fields: None,
+            labels: Some(l),
+            keep: None,
+        }
+    }
+}
+
 impl KubeClient {
     /// Watches on what a look at `node` reads: its Node, its pods, the Longhorn replicas on
-    /// it and of `volumes`, and the VolumeAttachments (which have no field selector for
-    /// their node; a cluster has few, and they change only when a volume moves).
+    /// it and of `volumes`, and its VolumeAttachments (which select on no field but their
+    /// name: all are watched, and only the node's count).
     pub fn changes_of(&self, node: &str, volumes: &[String], clock: &Clock) -> Changes {
         let shared = Arc::new(Shared::default());
-        let mut tasks = Vec::new();
-        let by_name = format!("metadata.name={node}");
-        let mut spawn = |f: futures_util::future::BoxFuture<'static, ()>| {
-            tasks.push(tokio::spawn(f));
+        let c = &self.client;
+        let on = Follower {
+            node: node.to_string(),
+            shared: shared.clone(),
+            clock: clock.clone(),
         };
-        let c = self.client.clone();
-        spawn(Box::pin(follow(
-            Api::<Node>::all(c.clone()),
-            Some(by_name),
-            None,
-            shared.clone(),
-            clock.clone(),
-        )));
-        spawn(Box::pin(follow(
-            Api::<Pod>::all(c.clone()),
-            Some(format!("spec.nodeName={node}")),
-            None,
-            shared.clone(),
-            clock.clone(),
-        )));
-        spawn(Box::pin(follow(
-            Api::<VolumeAttachment>::all(c.clone()),
-            None,
-            None,
-            shared.clone(),
-            clock.clone(),
-        )));
+        let mut tasks = vec![
+            tokio::spawn(follow(
+                Api::<Node>::all(c.clone()),
+                Watch::fields(format!("metadata.name={node}")),
+                on.clone(),
+            )),
+            tokio::spawn(follow(
+                Api::<Pod>::all(c.clone()),
+                Watch::fields(format!("spec.nodeName={node}")),
+                on.clone(),
+            )),
+            tokio::spawn(follow(
+                Api::<VolumeAttachment>::all(c.clone()),
+                Watch {
+                    fields: None,
+                    labels: None,
+                    keep: Some(|va: &VolumeAttachment, node: &str| va.spec.node_name == node),
+                },
+                on.clone(),
+            )),
+        ];
         let replicas =
             || Api::<DynamicObject>::all_with(c.clone(), &longhorn("Replica", "replicas"));
         if label_value(node) {
-            spawn(Box::pin(follow(
+            tasks.push(tokio::spawn(follow(
                 replicas(),
-                None,
-                Some(format!("{LONGHORN_NODE_LABEL}={node}")),
-                shared.clone(),
-                clock.clone(),
+                Watch::labels(format!("{LONGHORN_NODE_LABEL}={node}")),
+                on.clone(),
             )));
         }
-        let mut names: Vec<&String> = volumes.iter().filter(|v| label_value(v)).collect();
+        let mut names: Vec<&str> = volumes
+            .iter()
+            .map(String::as_str)
+            .filter(|v| label_value(v))
+            .collect();
         names.sort();
         names.dedup();
         if !names.is_empty() {
-            let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
-            spawn(Box::pin(follow(
+            tasks.push(tokio::spawn(follow(
                 replicas(),
-                None,
-                Some(format!("{LONGHORN_VOLUME_LABEL} in ({})", names.join(","))),
-                shared.clone(),
-                clock.clone(),
+                Watch::labels(format!("{LONGHORN_VOLUME_LABEL} in ({})", names.join(","))),
+                on,
             )));
         }
         Changes { shared, tasks }
     }
 }
 
-/// Follow one watch for as long as the step lasts, marking `seen` on every event and on
-/// every gap (a gap may hide a change). A kind the server does not serve (no Longhorn
-/// here: 404) ends quietly: nothing of it can change.
-async fn follow<K>(
-    api: Api<K>,
-    fields: Option<String>,
-    labels: Option<String>,
+/// Whose changes a watch reports, and to whom.
+#[derive(Clone)]
+struct Follower {
+    node: String,
     shared: Arc<Shared>,
     clock: Clock,
-) where
+}
+
+/// What one watch reports: a change that counts, one that does not, a bookmark, or its end.
+enum Signal {
+    Change(bool),
+    Bookmark,
+    End,
+}
+
+fn signal<T>(ev: Result<WatchEvent<T>, kube::Error>, counts: impl Fn(&T) -> bool) -> Signal {
+    match ev {
+        Ok(WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o)) => {
+            Signal::Change(counts(&o))
+        }
+        Ok(WatchEvent::Bookmark(_)) => Signal::Bookmark,
+        // 410 and the like: what happened meanwhile is unknown; re-list.
+        Ok(WatchEvent::Error(_)) | Err(_) => Signal::End,
+    }
+}
+
+/// Follow one watch for as long as the step lasts, marking a change on every event that
+/// counts and on every gap (a gap may hide a change). A kind the server does not serve (no
+/// Longhorn here: 404) ends quietly: nothing of it can change.
+async fn follow<K>(api: Api<K>, w: Watch<K>, on: Follower)
+where
     K: Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     let mut lp = ListParams::default().limit(1);
     let mut wp = WatchParams::default().timeout(WATCH_SECS);
-    if let Some(f) = &fields {
+    if let Some(f) = &w.fields {
         lp = lp.fields(f);
         wp = wp.fields(f);
     }
-    if let Some(l) = &labels {
+    if let Some(l) = &w.labels {
         lp = lp.labels(l);
         wp = wp.labels(l);
     }
+    let Follower {
+        node,
+        shared,
+        clock,
+    } = on;
     let mut opened = false;
     loop {
         // From now on: the list's version, so the watch replays nothing already there.
@@ -187,28 +237,31 @@ async fn follow<K>(
                 continue;
             }
         };
-        let stream = match api.watch_metadata(&wp, &from).await {
-            Ok(s) => s,
-            Err(_) => {
-                shared.saw();
-                clock.sleep(RETRY).await;
-                continue;
-            }
+        let stream = match w.keep {
+            Some(keep) => api.watch(&wp, &from).await.map(|s| {
+                let node = node.clone();
+                s.map(move |ev| signal(ev, |o| keep(o, &node))).boxed()
+            }),
+            None => api
+                .watch_metadata(&wp, &from)
+                .await
+                .map(|s| s.map(|ev| signal(ev, |_| true)).boxed()),
+        };
+        let Ok(mut stream) = stream else {
+            shared.saw();
+            clock.sleep(RETRY).await;
+            continue;
         };
         if !opened {
             opened = true;
             shared.open.fetch_add(1, Ordering::SeqCst);
             shared.opened.notify_waiters();
         }
-        let mut stream = std::pin::pin!(stream);
-        while let Some(ev) = stream.next().await {
-            match ev {
-                Ok(WatchEvent::Bookmark(_)) => {}
-                Ok(WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_)) => {
-                    shared.saw();
-                }
-                // 410 and the like: what happened meanwhile is unknown; re-list.
-                Ok(WatchEvent::Error(_)) | Err(_) => break,
+        while let Some(sig) = stream.next().await {
+            match sig {
+                Signal::Change(true) => shared.saw(),
+                Signal::Change(false) | Signal::Bookmark => {}
+                Signal::End => break,
             }
         }
         shared.saw();
