@@ -782,6 +782,10 @@ async fn every_request_the_client_sends_is_granted_by_access() -> TestResult {
     kube.mirror_pods().await?;
     kube.daemonset("kube-system", "kube-proxy").await?;
     kube.deprecated_apis().await?;
+    // A settling step's watches, each open once.
+    let changes = kube.changes_of(&worker.name, &["pvc-postgres".into()], &twin.clock);
+    tokio::time::timeout(Duration::from_secs(30), changes.watching()).await?;
+    drop(changes);
 
     // The audit saw the traffic (so an empty result below means something) …
     for (verb, resource) in [
@@ -794,6 +798,10 @@ async fn every_request_the_client_sends_is_granted_by_access() -> TestResult {
         ("get", "daemonsets"),
         ("get", "applications"),
         ("get", "/metrics"),
+        ("watch", "nodes"),
+        ("watch", "pods"),
+        ("watch", "volumeattachments"),
+        ("watch", "replicas"),
     ] {
         assert!(
             saw(&twin, verb, resource),
