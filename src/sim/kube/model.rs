@@ -1351,7 +1351,20 @@ impl Cluster {
 
     /// A node pods can be scheduled on: Ready, not cordoned, no NoSchedule taint.
     fn schedulable(node: &Value) -> bool {
-        let cordoned = node.at("/spec/unschedulable").and_then(Value::as_bool) == Some(true);
+        !Self::cordoned(node) && Self::ready_untainted(node)
+    }
+
+    /// Ready and without a NoSchedule taint, but cordoned: only a pod that tolerates the
+    /// `node.kubernetes.io/unschedulable` taint goes there.
+    fn cordoned_only(node: &Value) -> bool {
+        Self::cordoned(node) && Self::ready_untainted(node)
+    }
+
+    fn cordoned(node: &Value) -> bool {
+        node.at("/spec/unschedulable").and_then(Value::as_bool) == Some(true)
+    }
+
+    fn ready_untainted(node: &Value) -> bool {
         let tainted = node
             .at("/spec/taints")
             .and_then(Value::as_array)
@@ -1359,18 +1372,7 @@ impl Cluster {
                 ts.iter()
                     .any(|t| t.get("effect").and_then(Value::as_str) == Some("NoSchedule"))
             });
-        is_ready(node) && !cordoned && !tainted
-    }
-
-    /// Ready and without a NoSchedule taint, but cordoned: only a pod that tolerates the
-    /// `node.kubernetes.io/unschedulable` taint goes there.
-    fn cordoned_only(node: &Value) -> bool {
-        let cordoned = node.at("/spec/unschedulable").and_then(Value::as_bool) == Some(true);
-        let mut uncordoned = node.clone();
-        if let Some(spec) = uncordoned.get_mut("spec").and_then(Value::as_object_mut) {
-            spec.remove("unschedulable");
-        }
-        cordoned && Self::schedulable(&uncordoned)
+        is_ready(node) && !tainted
     }
 
     fn new_pod(
@@ -1946,33 +1948,30 @@ impl Cluster {
         let store = &self.store;
         self.resync_due
             .retain(|(ns, name), _| store.get("replicas", ns, name).is_some());
-        for vol in self.store.all("volumes") {
-            let ns = namespace_of(&vol).to_string();
-            let vname = name_of(&vol).to_string();
+        // Read in place; only what changes is copied (a pass over 500 nodes' volumes used to
+        // copy every volume and replica).
+        let volumes: Vec<(String, String)> = self
+            .store
+            .iter("volumes")
+            .map(|v| (namespace_of(v).to_string(), name_of(v).to_string()))
+            .collect();
+        for (ns, vname) in volumes {
             let never = self.faults.replicas_never_rebuild.contains(&vname);
-            let replicas_of = |store: &Store| -> Vec<Value> {
-                store
-                    .by_field("replicas", "/spec/volumeName", &vname)
-                    .filter(|r| {
-                        namespace_of(r) == ns
-                            && r.at("/spec/volumeName").and_then(Value::as_str)
-                                == Some(vname.as_str())
-                    })
-                    .cloned()
-                    .collect()
+            let Some(vol) = self.store.get("volumes", &ns, &vname) else {
+                continue;
             };
             let want = vol
                 .at("/spec/numberOfReplicas")
                 .and_then(Value::as_u64)
                 .unwrap_or(3);
-            let replicas = replicas_of(&self.store);
+            let replicas = volume_replicas(&self.store, &ns, &vname);
             let mut updates = Vec::new();
             // Re-synced replicas turn healthy.
             for r in &replicas {
                 let key = (ns.clone(), name_of(r).to_string());
                 if self.resync_due.get(&key).is_some_and(|due| *due <= now) {
                     self.resync_due.remove(&key);
-                    let mut r2 = r.clone();
+                    let mut r2 = (*r).clone();
                     set_path(&mut r2, &["spec", "healthyAt"], json!(now.rfc3339()));
                     updates.push(r2);
                 }
@@ -1990,7 +1989,7 @@ impl Cluster {
                         continue;
                     }
                     active += 1;
-                    let mut r2 = r.clone();
+                    let mut r2 = (*r).clone();
                     set_path(&mut r2, &["status", "currentState"], json!("running"));
                     set_path(&mut r2, &["spec", "failedAt"], json!(""));
                     if healthy == 0 {
@@ -2012,7 +2011,7 @@ impl Cluster {
                 let name = name_of(&r2).to_string();
                 let _ = self.store.update(rt("replicas"), &ns, &name, r2);
             }
-            let replicas = replicas_of(&self.store);
+            let replicas = volume_replicas(&self.store, &ns, &vname);
             let active = replicas
                 .iter()
                 .filter(|r| replica_failed_at(r).is_empty())
@@ -2028,21 +2027,27 @@ impl Cluster {
                         .filter_map(|r| r.at("/spec/nodeID").and_then(Value::as_str))
                         .collect();
                     let has_workers = nodes.iter().any(|(_, _, cp)| !cp);
-                    let target = nodes.iter().find(|(name, _, cp)| {
-                        ready.contains(name.as_str())
-                            && !used.contains(name.as_str())
-                            && (!has_workers || !cp)
-                    });
-                    let failed = replicas.iter().find(|r| !replica_failed_at(r).is_empty());
+                    let target = nodes
+                        .iter()
+                        .find(|(name, _, cp)| {
+                            ready.contains(name.as_str())
+                                && !used.contains(name.as_str())
+                                && (!has_workers || !cp)
+                        })
+                        .map(|t| t.0.clone());
+                    let failed = replicas
+                        .iter()
+                        .find(|r| !replica_failed_at(r).is_empty())
+                        .map(|f| name_of(f).to_string());
                     if let Some(target) = target {
                         if let Some(f) = failed {
-                            let _ = self.store.delete(rt("replicas"), &ns, name_of(f));
+                            let _ = self.store.delete(rt("replicas"), &ns, &f);
                         }
                         let r = replica_object(
                             &ns,
                             &vname,
                             &format!("{}-r-{}", vname, self.store.suffix()),
-                            &target.0,
+                            &target,
                             now,
                         );
                         let _ = self.store.create(rt("replicas"), &ns, r, now);
@@ -2052,10 +2057,13 @@ impl Cluster {
             } else {
                 self.degraded_since.remove(&key);
             }
-            let healthy = replicas_of(&self.store)
+            let healthy = volume_replicas(&self.store, &ns, &vname)
                 .iter()
                 .filter(|r| replica_healthy(r))
                 .count() as u64;
+            let Some(vol) = self.store.get("volumes", &ns, &vname) else {
+                continue;
+            };
             let attached = vol
                 .at("/spec/nodeID")
                 .and_then(Value::as_str)
@@ -2653,6 +2661,17 @@ pub fn replica_object(
 }
 
 /// A replica's `spec.failedAt` ("" while it has not failed).
+/// The replicas of one Longhorn volume, as stored.
+fn volume_replicas<'s>(store: &'s Store, ns: &str, volume: &str) -> Vec<&'s Value> {
+    store
+        .by_field("replicas", "/spec/volumeName", volume)
+        .filter(|r| {
+            namespace_of(r) == ns
+                && r.at("/spec/volumeName").and_then(Value::as_str) == Some(volume)
+        })
+        .collect()
+}
+
 fn replica_failed_at(r: &Value) -> &str {
     r.at("/spec/failedAt").and_then(Value::as_str).unwrap_or("")
 }
