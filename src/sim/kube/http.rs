@@ -948,7 +948,7 @@ fn selectors(rt: &ResourceType, q: &Query) -> Result<(LabelSelector, FieldSelect
     // The core kinds with their own field label conversion refuse any other field
     // (kubernetes `pkg/apis/core/v1/conversion.go`, `addFieldLabelConversionsFor*`: a Node
     // selects on `metadata.name` and `spec.unschedulable` only, not on `spec.nodeName`).
-    if let Some(known) = core_fields(rt.storage) {
+    if let Some(known) = super::select::core_fields(rt.storage) {
         if let Some((path, ..)) = f.0.iter().find(|(p, ..)| !known.contains(&p.as_str())) {
             return Err(ApiError::bad_request(format!(
                 "field label not supported: {path}"
@@ -969,47 +969,6 @@ fn selectors(rt: &ResourceType, q: &Query) -> Result<(LabelSelector, FieldSelect
         }
     }
     Ok((l, f))
-}
-
-/// The fields a core kind with its own field label conversion selects on (kubernetes
-/// `pkg/apis/core/v1/conversion.go` at v1.33); `None` for the kinds the twin does not hold
-/// to a list of their own.
-fn core_fields(storage: &str) -> Option<&'static [&'static str]> {
-    const META: [&str; 2] = ["metadata.name", "metadata.namespace"];
-    Some(match storage {
-        "nodes" => &["metadata.name", "spec.unschedulable"],
-        "namespaces" => &["metadata.name", "status.phase"],
-        "secrets" => &[META[0], META[1], "type"],
-        "replicationcontrollers" => &[META[0], META[1], "status.replicas"],
-        "pods" => &[
-            META[0],
-            META[1],
-            "spec.nodeName",
-            "spec.restartPolicy",
-            "spec.schedulerName",
-            "spec.serviceAccountName",
-            "spec.hostNetwork",
-            "status.phase",
-            "status.podIP",
-            "status.nominatedNodeName",
-        ],
-        "events" => &[
-            META[0],
-            META[1],
-            "involvedObject.kind",
-            "involvedObject.namespace",
-            "involvedObject.name",
-            "involvedObject.uid",
-            "involvedObject.apiVersion",
-            "involvedObject.resourceVersion",
-            "involvedObject.fieldPath",
-            "reason",
-            "reportingComponent",
-            "source",
-            "type",
-        ],
-        _ => return None,
-    })
 }
 
 fn list(

@@ -192,31 +192,60 @@ pub fn labels_of(obj: &Value) -> BTreeMap<String, String> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FieldSelector(pub Vec<(String, bool, String)>);
 
-/// The fields every resource supports, plus the per-kind ones the apiserver indexes.
-const FIELDS: &[&str] = &[
-    "metadata.name",
-    "metadata.namespace",
-    "spec.nodeName",
-    "status.phase",
-    "spec.unschedulable",
-    "spec.schedulerName",
-    "spec.serviceAccountName",
-    "spec.hostNetwork",
-    "spec.restartPolicy",
-    "status.podIP",
-    "status.nominatedNodeName",
-    "involvedObject.name",
-    "involvedObject.kind",
-    "involvedObject.namespace",
-    "involvedObject.uid",
-    "involvedObject.apiVersion",
-    "involvedObject.resourceVersion",
-    "involvedObject.fieldPath",
-    "reason",
-    "reportingComponent",
-    "source",
-    "type",
+/// The fields each core kind with a field label conversion of its own selects on
+/// (kubernetes `pkg/apis/core/v1/conversion.go` at v1.33, `addFieldLabelConversionsFor*`).
+const CORE_FIELDS: &[(&str, &[&str])] = &[
+    ("nodes", &["metadata.name", "spec.unschedulable"]),
+    ("namespaces", &["metadata.name", "status.phase"]),
+    ("secrets", &["metadata.name", "metadata.namespace", "type"]),
+    (
+        "pods",
+        &[
+            "metadata.name",
+            "metadata.namespace",
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        ],
+    ),
+    (
+        "events",
+        &[
+            "metadata.name",
+            "metadata.namespace",
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+        ],
+    ),
 ];
+
+/// The fields a core kind with its own conversion selects on; `None` for the kinds the twin
+/// does not hold to a list of their own (they accept any field some kind selects on).
+pub fn core_fields(storage: &str) -> Option<&'static [&'static str]> {
+    CORE_FIELDS
+        .iter()
+        .find(|(kind, _)| *kind == storage)
+        .map(|(_, fields)| *fields)
+}
+
+/// A field some kind selects on.
+fn known_field(path: &str) -> bool {
+    CORE_FIELDS.iter().any(|(_, fields)| fields.contains(&path))
+}
 
 impl FieldSelector {
     pub fn parse(s: &str) -> Result<Self, SelectorError> {
@@ -232,7 +261,7 @@ impl FieldSelector {
                 return Err(SelectorError(part.to_string()));
             };
             let path = path.trim();
-            if !FIELDS.contains(&path) {
+            if !known_field(path) {
                 return Err(SelectorError(format!("field label not supported: {path}")));
             }
             out.push((path.to_string(), eq, value.trim().to_string()));
