@@ -53,6 +53,12 @@ impl Shared {
         self.seen.store(true, Ordering::SeqCst);
         self.wake.notify_one();
     }
+
+    /// One more watch open, or with nothing to watch.
+    fn one_open(&self) {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        self.opened.notify_waiters();
+    }
 }
 
 impl Changes {
@@ -226,11 +232,7 @@ where
         // From now on: the list's version, so the watch replays nothing already there.
         let from = match api.list_metadata(&lp).await {
             Ok(list) => list.metadata.resource_version.unwrap_or_default(),
-            Err(kube::Error::Api(s)) if s.code == 404 => {
-                shared.open.fetch_add(1, Ordering::SeqCst);
-                shared.opened.notify_waiters();
-                return;
-            }
+            Err(kube::Error::Api(s)) if s.code == 404 => return shared.one_open(),
             Err(_) => {
                 shared.saw();
                 clock.sleep(RETRY).await;
@@ -254,8 +256,7 @@ where
         };
         if !opened {
             opened = true;
-            shared.open.fetch_add(1, Ordering::SeqCst);
-            shared.opened.notify_waiters();
+            shared.one_open();
         }
         while let Some(sig) = stream.next().await {
             match sig {
