@@ -134,11 +134,13 @@ struct Inner {
     mode: Mode,
     /// Manual mode: the current time. Other modes: unused.
     now: Mutex<Timestamp>,
-    /// Manual mode: wakes sleepers whenever time moves.
+    /// Manual mode: tells [`Clock::ticks`] receivers whenever time moves.
     tick: watch::Sender<Timestamp>,
     /// Manual mode: the deadlines of the sleeps in progress, so a simulation driver can move
-    /// time straight to the next one (`(deadline, id)`; a dropped sleep removes itself).
-    sleepers: Mutex<std::collections::BTreeSet<(Timestamp, u64)>>,
+    /// time straight to the next one (`(deadline, id)`; a dropped sleep removes itself),
+    /// each with the waker to call when time reaches it. Moving time wakes only the sleeps
+    /// it ends, not every sleeper.
+    sleepers: Mutex<std::collections::BTreeMap<(Timestamp, u64), Option<std::task::Waker>>>,
     next_id: std::sync::atomic::AtomicU64,
     /// Requests in flight: a caller waiting for an answer, or a server working on one
     /// ([`Clock::busy`]). A simulation driver does not move time while one is unanswered,
@@ -147,6 +149,9 @@ struct Inner {
     /// Answers that wait for simulated time on purpose ([`Clock::parked`]): a twin's
     /// handler sleeping on this clock, so time may move although its caller is busy.
     parked: AtomicUsize,
+    /// Told whenever a request stops counting as in flight, so a simulation driver waiting
+    /// for the clock to be quiet wakes on the answer rather than polling for it.
+    answered: tokio::sync::Notify,
 }
 
 /// Counts one request in flight until dropped ([`Clock::busy`]).
@@ -158,6 +163,7 @@ pub struct Busy {
 impl Drop for Busy {
     fn drop(&mut self) {
         self.inner.busy.fetch_sub(1, Ordering::SeqCst);
+        self.inner.answered.notify_waiters();
     }
 }
 
@@ -237,10 +243,11 @@ impl Clock {
                 mode,
                 now: Mutex::new(start),
                 tick,
-                sleepers: Mutex::new(std::collections::BTreeSet::new()),
+                sleepers: Mutex::new(std::collections::BTreeMap::new()),
                 next_id: std::sync::atomic::AtomicU64::new(0),
                 busy: AtomicUsize::new(0),
                 parked: AtomicUsize::new(0),
+                answered: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -318,7 +325,10 @@ impl Clock {
 
     fn lock_sleepers(
         &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<(Timestamp, u64)>> {
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::BTreeMap<(Timestamp, u64), Option<std::task::Waker>>,
+    > {
         self.inner
             .sleepers
             .lock()
@@ -327,7 +337,7 @@ impl Clock {
 
     /// Manual mode: the earliest deadline of a sleep in progress, if any.
     pub fn next_wakeup(&self) -> Option<Timestamp> {
-        self.lock_sleepers().iter().next().map(|(t, _)| *t)
+        self.lock_sleepers().keys().next().map(|(t, _)| *t)
     }
 
     fn lock_now(&self) -> std::sync::MutexGuard<'_, Timestamp> {
@@ -344,6 +354,16 @@ impl Clock {
                 *now = now.plus(d);
                 *now
             };
+            // Time is set before the sleeps are read: a sleep that registers meanwhile reads
+            // the new time after registering (see `sleep_until`), so none is missed.
+            let due: Vec<std::task::Waker> = self
+                .lock_sleepers()
+                .range_mut(..=(now, u64::MAX))
+                .filter_map(|(_, waker)| waker.take())
+                .collect();
+            for waker in due {
+                waker.wake();
+            }
             self.inner.tick.send_replace(now);
         }
     }
@@ -375,22 +395,25 @@ impl Clock {
                 tokio::time::sleep(wall.max(Duration::from_millis(1))).await;
             },
             Mode::Manual => {
-                let mut rx = self.inner.tick.subscribe();
                 let id = self
                     .inner
                     .next_id
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let key = (t, id);
-                self.lock_sleepers().insert(key);
                 let _sleeper = Sleeper { clock: self, key };
-                loop {
+                std::future::poll_fn(|cx| {
                     if self.now() >= t {
-                        return;
+                        return std::task::Poll::Ready(());
                     }
-                    if rx.changed().await.is_err() {
-                        return;
+                    self.lock_sleepers().insert(key, Some(cx.waker().clone()));
+                    // Read again once registered: time that moved in between woke nobody.
+                    if self.now() >= t {
+                        std::task::Poll::Ready(())
+                    } else {
+                        std::task::Poll::Pending
                     }
-                }
+                })
+                .await
             }
         }
     }
@@ -426,6 +449,7 @@ impl Clock {
     /// clock while its caller is busy) until the guard drops.
     pub fn parked(&self) -> Parked {
         self.inner.parked.fetch_add(1, Ordering::SeqCst);
+        self.inner.answered.notify_waiters();
         Parked {
             inner: self.inner.clone(),
         }
@@ -435,6 +459,21 @@ impl Clock {
     /// simulation driver moves time without changing what the callers see.
     pub fn quiet(&self) -> bool {
         self.inner.busy.load(Ordering::SeqCst) <= self.inner.parked.load(Ordering::SeqCst)
+    }
+
+    /// Returns once the clock is [`quiet`](Clock::quiet): at once if it is, else when the
+    /// last request in flight is answered (or parks on the clock).
+    pub async fn until_quiet(&self) {
+        loop {
+            let answered = self.inner.answered.notified();
+            tokio::pin!(answered);
+            // Registered before the check, so an answer between the two is not missed.
+            answered.as_mut().enable();
+            if self.quiet() {
+                return;
+            }
+            answered.await;
+        }
     }
 
     /// A receiver that changes whenever manual time moves (never for other modes). Lets a
@@ -467,6 +506,63 @@ mod tests {
         long.abort();
         let _ = long.await;
         assert_eq!(c.next_wakeup(), None);
+    }
+
+    /// Moving time wakes the sleeps it ends and no other: a sleep is polled again only
+    /// when its own deadline is reached.
+    #[tokio::test]
+    async fn moving_time_wakes_only_the_sleeps_it_ends() {
+        use std::future::Future;
+        use std::sync::atomic::AtomicUsize;
+        let c = Clock::manual();
+        let polls = Arc::new(AtomicUsize::new(0));
+        let (c2, p2) = (c.clone(), polls.clone());
+        let far = tokio::spawn(async move {
+            let mut sleep = std::pin::pin!(c2.sleep(Duration::from_secs(3600)));
+            std::future::poll_fn(|cx| {
+                p2.fetch_add(1, Ordering::SeqCst);
+                sleep.as_mut().poll(cx)
+            })
+            .await;
+        });
+        while c.lock_sleepers().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let first = polls.load(Ordering::SeqCst);
+        for _ in 0..100 {
+            c.advance(Duration::from_secs(1));
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            polls.load(Ordering::SeqCst),
+            first,
+            "not woken before its deadline"
+        );
+        c.advance(Duration::from_secs(3500));
+        let _ = far.await;
+        assert!(polls.load(Ordering::SeqCst) > first);
+        assert_eq!(c.next_wakeup(), None);
+    }
+
+    #[tokio::test]
+    async fn until_quiet_returns_when_the_last_request_is_answered_or_parks() {
+        let c = Clock::manual();
+        c.until_quiet().await;
+        let (a, b) = (c.busy(), c.busy());
+        let c2 = c.clone();
+        let waiter = tokio::spawn(async move { c2.until_quiet().await });
+        tokio::task::yield_now().await;
+        drop(a);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "one request is still in flight");
+        // The other parks on the clock: time may move.
+        let parked = c.parked();
+        let _ = waiter.await;
+        assert!(c.quiet());
+        drop(parked);
+        assert!(!c.quiet());
+        drop(b);
+        assert!(c.quiet());
     }
 
     #[test]

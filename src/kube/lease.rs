@@ -60,7 +60,32 @@ fn parse_micro_time(text: &str) -> Option<Timestamp> {
     Timestamp::parse_rfc3339(&format!("{whole}Z"))
 }
 
+/// Each lease as this client last wrote it (`namespace/name` → the stored Lease): the
+/// holder's next renewal writes over exactly that version.
+pub(crate) type Written =
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Lease>>>;
+
 impl KubeClient {
+    /// The lease `key` as this client last wrote it for `holder`, if it did.
+    fn written_lease(&self, key: &str, holder: &str) -> Option<Lease> {
+        let m = self.written.lock().ok()?;
+        m.get(key)
+            .filter(|l| {
+                l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some(holder)
+                    && l.metadata.resource_version.is_some()
+            })
+            .cloned()
+    }
+
+    fn remember_lease(&self, key: &str, lease: Option<Lease>) {
+        if let Ok(mut m) = self.written.lock() {
+            match lease {
+                Some(l) => m.insert(key.to_string(), l),
+                None => m.remove(key),
+            };
+        }
+    }
+
     /// When `said` was first seen for the lease `key` (now, when it is new).
     fn observed(&self, key: &str, said: String, now: Timestamp) -> Timestamp {
         let Ok(mut m) = self.leases.lock() else {
@@ -88,14 +113,9 @@ impl KubeClient {
     ) -> Result<LockState, KubeError> {
         let api = Api::<Lease>::namespaced(self.client.clone(), namespace);
         let what = || format!("lease {namespace}/{name}");
-        for _ in 0..CONFLICT_RETRIES {
-            let current = api
-                .get_opt(name)
-                .await
-                .map_err(|e| KubeError::from_kube(what(), e))?;
-            let body = |rv: Option<String>,
-                        acquire: Option<serde_json::Value>|
-             -> Result<Lease, KubeError> {
+        let key = format!("{namespace}/{name}");
+        let body =
+            |rv: Option<String>, acquire: Option<serde_json::Value>| -> Result<Lease, KubeError> {
                 let mut spec = json!({
                     "holderIdentity": holder,
                     "leaseDurationSeconds": duration.as_secs().clamp(1, i32::MAX as u64),
@@ -113,6 +133,40 @@ impl KubeClient {
                     }
                 })
             };
+        // The holder's fast path, as client-go's leader election takes it
+        // (k8s.io/client-go tools/leaderelection/leaderelection.go at v0.33.0,
+        // `tryAcquireOrRenew`): renew over the lease as this client last wrote it, in one
+        // write. It carries that write's resourceVersion, so it succeeds only if nobody wrote
+        // since, when the lease is still ours; else 409, and the lease is read and judged.
+        if let Some(last) = self.written_lease(&key, holder) {
+            let acquire = last
+                .spec
+                .as_ref()
+                .and_then(|s| s.acquire_time.as_ref())
+                .and_then(|t| serde_json::to_value(t).ok());
+            match api
+                .replace(
+                    name,
+                    &PostParams::default(),
+                    &body(last.metadata.resource_version.clone(), acquire)?,
+                )
+                .await
+            {
+                Ok(l) => {
+                    self.remember_lease(&key, Some(l));
+                    return Ok(LockState::Held);
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+                    self.remember_lease(&key, None);
+                }
+                Err(e) => return Err(KubeError::from_kube(what(), e)),
+            }
+        }
+        for _ in 0..CONFLICT_RETRIES {
+            let current = api
+                .get_opt(name)
+                .await
+                .map_err(|e| KubeError::from_kube(what(), e))?;
             let result = match &current {
                 None => api.create(&PostParams::default(), &body(None, None)?).await,
                 Some(l) => {
@@ -156,7 +210,10 @@ impl KubeClient {
                 }
             };
             match result {
-                Ok(_) => return Ok(LockState::Held),
+                Ok(l) => {
+                    self.remember_lease(&key, Some(l));
+                    return Ok(LockState::Held);
+                }
                 // Someone wrote in between: read again and decide again.
                 Err(kube::Error::Api(s)) if s.code == 409 => continue,
                 Err(e) => return Err(KubeError::from_kube(what(), e)),
@@ -190,6 +247,7 @@ impl KubeClient {
         else {
             return Ok(());
         };
+        self.remember_lease(&format!("{namespace}/{name}"), None);
         let spec = l.spec.get_or_insert_with(Default::default);
         if spec.holder_identity.as_deref() != Some(holder) {
             return Ok(());

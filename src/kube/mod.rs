@@ -129,6 +129,8 @@ pub struct KubeClient {
     /// Each lease as last seen and when (on ichor's clock) it was first seen so: a lease
     /// expires from the time of observation, never from the holder's clock.
     pub(crate) leases: lease::Observed,
+    /// Each lease as this client last wrote it, for the holder's one-write renewal.
+    pub(crate) written: lease::Written,
 }
 
 impl std::fmt::Debug for KubeClient {
@@ -171,6 +173,7 @@ impl KubeClient {
             client,
             server,
             leases: Default::default(),
+            written: Default::default(),
         })
     }
 
@@ -195,6 +198,7 @@ impl KubeClient {
             client,
             server,
             leases: Default::default(),
+            written: Default::default(),
         })
     }
 

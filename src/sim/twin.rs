@@ -719,10 +719,26 @@ impl Twin {
             tokio::time::sleep(Duration::from_millis(1)).await;
             if !self.clock.quiet() {
                 let since = *unquiet_since.get_or_insert_with(std::time::Instant::now);
-                if since.elapsed() < UNANSWERED {
-                    continue;
+                let left = UNANSWERED.saturating_sub(since.elapsed());
+                // Woken by the answer itself, not on the next poll: a rehearsal's wall time
+                // is mostly these waits.
+                if tokio::time::timeout(left, self.clock.until_quiet())
+                    .await
+                    .is_ok()
+                {
+                    // An answer often leads straight to the next request of a chain (a
+                    // look's reads): give its caller a turn to send it before time moves.
+                    for _ in 0..ANSWER_TURNS {
+                        tokio::task::yield_now().await;
+                    }
+                    if !self.clock.quiet() {
+                        continue;
+                    }
+                } else {
+                    tracing::debug!(
+                        "a request unanswered for {UNANSWERED:?} of wall time: one tick"
+                    );
                 }
-                tracing::debug!("a request unanswered for {UNANSWERED:?} of wall time: one tick");
             }
             unquiet_since = None;
             let now = self.clock.now();
@@ -759,6 +775,10 @@ impl Twin {
 /// How long (wall time) a request may hold [`Twin::drive`]'s clock still before one tick
 /// goes through anyway.
 pub const UNANSWERED: Duration = Duration::from_secs(1);
+
+/// Turns [`Twin::drive`] gives an answered caller to send its next request before time
+/// moves.
+const ANSWER_TURNS: usize = 3;
 
 impl Drop for Twin {
     fn drop(&mut self) {

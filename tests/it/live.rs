@@ -574,6 +574,93 @@ async fn the_lock_has_one_holder_is_renewed_and_can_be_taken_once_expired() -> T
     Ok(())
 }
 
+/// The holder renews in one write over the lease as it last wrote it (client-go's fast
+/// path); a lease someone else wrote meanwhile makes that write a 409, and the lease is
+/// then read and judged, never overwritten.
+#[tokio::test]
+async fn the_holder_renews_in_one_write_and_a_lease_taken_meanwhile_is_read() -> TestResult {
+    use ichor::kube::LockState;
+    let l = start(TwinConfig::default()).await?;
+    let raw = kube_client(&l).await?;
+    let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(raw.clone());
+    nss.create(
+        &Default::default(),
+        &serde_json::from_value(json!({"metadata": {"name": live::ICHOR_NAMESPACE}}))?,
+    )
+    .await?;
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(raw, live::ICHOR_NAMESPACE);
+    let clock = l.twin.talos.clock().clone();
+    let (ns, name, d) = (
+        live::ICHOR_NAMESPACE,
+        "ichor-rollout-homelab",
+        Duration::from_secs(30),
+    );
+    let count = |verb: &str| {
+        l.twin
+            .kube
+            .audit()
+            .counts()
+            .get(&(verb.to_string(), "leases".to_string()))
+            .copied()
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        l.kube
+            .acquire_lease(ns, name, "ichor", d, clock.now())
+            .await?,
+        LockState::Held
+    );
+    for n in 1..=3 {
+        let (gets, updates) = (count("get"), count("update"));
+        l.twin.advance(Duration::from_secs(10));
+        assert_eq!(
+            l.kube
+                .acquire_lease(ns, name, "ichor", d, clock.now())
+                .await?,
+            LockState::Held
+        );
+        assert_eq!(
+            (count("get") - gets, count("update") - updates),
+            (0, 1),
+            "renewal {n}: one write, no read"
+        );
+    }
+    let renewed = leases.get(name).await?;
+    assert_eq!(
+        renewed
+            .spec
+            .as_ref()
+            .and_then(|s| s.renew_time.as_ref())
+            .map(|t| t.0.as_second()),
+        Some((clock.now().as_millis() / 1000) as i64),
+        "the write carried this renewal's time"
+    );
+    // Someone else takes the lease over (as after an expiry ichor did not see).
+    let mut theirs = renewed.clone();
+    if let Some(spec) = theirs.spec.as_mut() {
+        spec.holder_identity = Some("other".into());
+    }
+    leases.replace(name, &Default::default(), &theirs).await?;
+    let gets = count("get");
+    assert_eq!(
+        l.kube
+            .acquire_lease(ns, name, "ichor", d, clock.now())
+            .await?,
+        LockState::HeldBy {
+            holder: "other".into()
+        },
+        "the stale write is refused and the lease read"
+    );
+    assert!(count("get") > gets, "the lease was read after the 409");
+    assert_eq!(
+        leases.get(name).await?.spec.and_then(|s| s.holder_identity),
+        Some("other".into()),
+        "never overwritten"
+    );
+    Ok(())
+}
+
 /// Expiry is judged as client-go's leader election judges it: from when this client saw the
 /// lease change, never from the holder's clock. A holder whose clock runs an hour behind
 /// but who keeps renewing keeps the lock; once it stops, it is free a duration later.

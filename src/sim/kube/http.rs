@@ -997,10 +997,12 @@ fn list(
         .unwrap_or(usize::MAX);
     let total = items.len();
     let end = offset.saturating_add(limit).min(total);
+    // Copied out of the store only now, the page alone.
     let page: Vec<Value> = items
         .into_iter()
         .skip(offset)
         .take(end.saturating_sub(offset))
+        .map(Arc::unwrap_or_clone)
         .collect();
     let mut meta = json!({"resourceVersion": rv.to_string()});
     if end < total {
@@ -1062,7 +1064,7 @@ fn create(
     let out = c.store.create(rt, ns, obj, now)?;
     c.after_change(rt.plural, &out, now);
     c.sync(now);
-    Ok((201, out))
+    Ok((201, Arc::unwrap_or_clone(out)))
 }
 
 /// Keep status on the main resource, or only status on `/status`, as the apiserver does
@@ -1176,7 +1178,7 @@ fn scale(
     strip_rv(&mut next);
     let out = c.store.update(rt, ns, name, next)?;
     c.sync(now);
-    let out = c.store.get(rt.storage, ns, name).cloned().unwrap_or(out);
+    let out = c.store.shared(rt.storage, ns, name).cloned().unwrap_or(out);
     Ok((200, as_scale(&out)))
 }
 
@@ -1229,7 +1231,7 @@ fn update(
     let out = c.store.update(rt, ns, name, new)?;
     c.after_change(rt.plural, &out, now);
     c.sync(now);
-    Ok((200, out))
+    Ok((200, Arc::unwrap_or_clone(out)))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1288,7 +1290,7 @@ fn patch(
                     let out = c.store.create(rt, ns, obj, now)?;
                     c.after_change(rt.plural, &out, now);
                     c.sync(now);
-                    return Ok((201, out));
+                    return Ok((201, Arc::unwrap_or_clone(out)));
                 }
                 Some(_) => (200, applied),
             }
@@ -1329,7 +1331,7 @@ fn patch(
     let out = c.store.update(rt, ns, name, new)?;
     c.after_change(rt.plural, &out, now);
     c.sync(now);
-    Ok((code, out))
+    Ok((code, Arc::unwrap_or_clone(out)))
 }
 
 /// How watch events carry their objects, from the Accept header.
@@ -1437,7 +1439,7 @@ fn watch(
                 .store
                 .list(rt.storage, ns.as_deref(), &l, &f)
                 .into_iter()
-                .map(|o| (EventType::Added, Arc::new(o)))
+                .map(|o| (EventType::Added, o))
                 .collect()),
             Some(s) => match s.parse::<u64>() {
                 Err(_) => Err(ApiError::bad_request(format!(
@@ -1515,39 +1517,57 @@ fn watch(
                     }
                 }
                 r = rx.recv() => {
-                    if let Err(broadcast::error::RecvError::Closed) = r {
-                        return;
+                    // The notices say which resource changed: a watcher of another one
+                    // only moves its version on. A lagged receiver missed notices: it reads.
+                    let mut relevant = false;
+                    let mut newest = last;
+                    let mut note = |n: Option<(u64, &str)>| match n {
+                        Some((rv, plural)) => {
+                            newest = newest.max(rv);
+                            relevant |= plural == rt.storage;
+                        }
+                        None => relevant = true,
+                    };
+                    match r {
+                        Err(broadcast::error::RecvError::Closed) => return,
+                        Err(broadcast::error::RecvError::Lagged(_)) => note(None),
+                        Ok(n) => note(Some(n)),
                     }
-                    // The notice only says something happened; the events come from the
-                    // history, so a slow watcher holds no objects of its own.
-                    while rx.try_recv().is_ok() {}
-                    let events = sh
-                        .cluster
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .store
-                        .events_after(last);
+                    loop {
+                        match rx.try_recv() {
+                            Ok(n) => note(Some(n)),
+                            Err(broadcast::error::TryRecvError::Lagged(_)) => note(None),
+                            Err(_) => break,
+                        }
+                    }
+                    if !relevant {
+                        last = newest;
+                        continue;
+                    }
+                    // The events come from the history, so a slow watcher holds no objects
+                    // of its own.
+                    let (events, now_rv) = {
+                        let c = sh.cluster.lock().unwrap_or_else(|e| e.into_inner());
+                        (
+                            c.store.history_since(rt.storage, ns.as_deref(), last),
+                            c.store.resource_version(),
+                        )
+                    };
                     let events: Vec<WatchEvent> = match events {
                         Ok(evs) => evs,
                         // Too slow a reader: what it missed is gone; it must re-list.
-                        Err(compacted) => {
-                            let e = ApiError::expired(format!(
-                                "too old resource version: {last} ({compacted})"
-                            ));
+                        Err(e) => {
                             let _ = tx.send(Ok(event_line("ERROR", &e.status()))).await;
                             return;
                         }
                     };
                     for ev in events {
-                        last = last.max(ev.rv);
-                        if ev.plural != rt.storage || ns.as_deref().is_some_and(|n| n != ev.namespace) {
-                            continue;
-                        }
                         let Some(kind) = filter.translate(ev.kind, &ev.object) else { continue };
                         if tx.send(Ok(line(kind, &ev.object))).await.is_err() {
                             return;
                         }
                     }
+                    last = last.max(now_rv);
                 }
             }
         }

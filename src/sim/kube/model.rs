@@ -4,13 +4,14 @@
 //! manual clock makes it deterministic: a change is applied when `sync(now)` reaches its time.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use super::resources::{by_kind, ResourceType};
 use super::select::{FieldSelector, LabelSelector};
-use super::store::{name_of, namespace_of, set_path, ApiError, At, Store};
+use super::store::{has_claims, name_of, namespace_of, set_path, ApiError, At, Store};
 use crate::clock::Timestamp;
 
 /// How fast the simulated controllers react.
@@ -143,6 +144,10 @@ pub struct Cluster {
     /// a re-sync or rebuild falls due, a pass would change nothing again and is skipped, so
     /// the pass costs what changed rather than every volume of the cluster.
     longhorn_quiet: Option<(u64, LonghornNodes)>,
+    /// The store's resourceVersion after an attach/detach pass that changed nothing: until
+    /// a pod with a claim, a claim, a PersistentVolume or a VolumeAttachment changes, or a
+    /// detach falls due, another pass would change nothing and is skipped.
+    attach_quiet: Option<u64>,
     /// VolumeAttachments no pod needs any more → when they are detached and gone.
     detach_due: BTreeMap<String, Timestamp>,
     /// Terminating pods (namespace, name) → when they are gone.
@@ -386,6 +391,7 @@ impl Cluster {
             degraded_since: BTreeMap::new(),
             resync_due: BTreeMap::new(),
             longhorn_quiet: None,
+            attach_quiet: None,
             detach_due: BTreeMap::new(),
             terminating: BTreeMap::new(),
             silent_since: BTreeMap::new(),
@@ -443,7 +449,7 @@ impl Cluster {
         };
         let out = self.store.upsert(rt, obj, now)?;
         self.after_change(rt.plural, &out, now);
-        Ok(out)
+        Ok(Arc::unwrap_or_clone(out))
     }
 
     /// One object by resource plural (`pods`, `nodes`, `volumes`...); namespace "" for
@@ -459,7 +465,11 @@ impl Cluster {
             return Vec::new();
         };
         let (l, f) = all_labels();
-        self.store.list(rt.storage, namespace, &l, &f)
+        self.store
+            .list(rt.storage, namespace, &l, &f)
+            .into_iter()
+            .map(Arc::unwrap_or_clone)
+            .collect()
     }
 
     /// Delete an object (pods gracefully, see [`Cluster::delete_pod`]).
@@ -476,7 +486,7 @@ impl Cluster {
         }
         let out = self.store.delete(rt, namespace, name)?;
         self.sync(now);
-        Ok(out)
+        Ok(Arc::unwrap_or_clone(out))
     }
 
     /// Delete a pod gracefully: it turns Terminating (deletionTimestamp set, not Ready) and is
@@ -508,7 +518,7 @@ impl Cluster {
             self.pending.remove(&key);
             self.terminating.remove(&key);
             self.sync(now);
-            return Ok(out);
+            return Ok(Arc::unwrap_or_clone(out));
         }
         let due = now.plus(grace);
         if let Some(old_due) = self.terminating.get(&key) {
@@ -539,7 +549,7 @@ impl Cluster {
         let out = self.store.update(rt_pods(), namespace, name, p)?;
         self.terminating.insert(key, due);
         self.sync(now);
-        Ok(out)
+        Ok(Arc::unwrap_or_clone(out))
     }
 
     /// Set a node's Ready condition, as its kubelet posts it (so the node is heard from
@@ -730,23 +740,31 @@ impl Cluster {
                         .update(rt("leases"), "kube-node-lease", &node, lease);
                 }
             }
+            // Judged in place: a Node is copied only on its five-minute report.
+            let stale = self
+                .store
+                .get("nodes", "", &node)
+                .and_then(|n| n.at("/status/conditions"))
+                .and_then(Value::as_array)
+                .is_some_and(|conds| {
+                    conds.iter().any(|c| {
+                        c.get("lastHeartbeatTime")
+                            .and_then(Value::as_str)
+                            .and_then(parse_time)
+                            .is_some_and(|t| now.since(t) >= REPORT)
+                    })
+                });
+            if !stale {
+                continue;
+            }
             let Some(mut n) = self.store.get("nodes", "", &node).cloned() else {
                 continue;
             };
-            let Some(conds) = n
+            if let Some(conds) = n
                 .get_mut("status")
                 .and_then(|s| s.get_mut("conditions"))
                 .and_then(Value::as_array_mut)
-            else {
-                continue;
-            };
-            let stale = conds.iter().any(|c| {
-                c.get("lastHeartbeatTime")
-                    .and_then(Value::as_str)
-                    .and_then(parse_time)
-                    .is_some_and(|t| now.since(t) >= REPORT)
-            });
-            if stale {
+            {
                 for c in conds.iter_mut() {
                     if c.get("lastHeartbeatTime").is_some() {
                         c["lastHeartbeatTime"] = json!(now.rfc3339());
@@ -891,7 +909,7 @@ impl Cluster {
             .store
             .update(rt("applications"), namespace, name, app)?;
         self.sync(now);
-        Ok(out)
+        Ok(Arc::unwrap_or_clone(out))
     }
 
     /// A client requested a deprecated API: it shows in `apiserver_requested_deprecated_apis`.
@@ -928,7 +946,9 @@ impl Cluster {
         if let Some(m) = l.get_mut("metadata").and_then(Value::as_object_mut) {
             m.remove("resourceVersion");
         }
-        self.store.update(rt, namespace, name, l)
+        self.store
+            .update(rt, namespace, name, l)
+            .map(Arc::unwrap_or_clone)
     }
 
     /// Fault: this PDB never allows a disruption (or allows again with `false`).
@@ -1030,7 +1050,7 @@ impl Cluster {
         // As the apiserver's canIgnorePDB: finished, not yet running, or already terminating.
         let terminal = matches!(phase, "Succeeded" | "Failed" | "Pending")
             || pod.at("/metadata/deletionTimestamp").is_some();
-        let pdbs: Vec<Value> = if terminal {
+        let pdbs: Vec<Arc<Value>> = if terminal {
             Vec::new()
         } else {
             self.store
@@ -1267,6 +1287,7 @@ impl Cluster {
         self.settled_at = None;
         self.statuses_at = None;
         self.longhorn_quiet = None;
+        self.attach_quiet = None;
     }
 
     /// What changed after `rv` (everything when unknown or older than the history).
@@ -2163,6 +2184,20 @@ impl Cluster {
     fn attach_detach(&mut self, now: Timestamp) {
         use sha2::Digest;
         type Want = (String, String, String, String, bool);
+        let due = self.detach_due.values().any(|t| *t <= now);
+        if let Some(rv) = self.attach_quiet {
+            let unchanged = self.store.changes_since(rv).is_some_and(|mut changes| {
+                changes.all(|e| match e.plural {
+                    "pods" => !has_claims(&e.object),
+                    "persistentvolumeclaims" | "persistentvolumes" | "volumeattachments" => false,
+                    _ => true,
+                })
+            });
+            if !due && unchanged {
+                return;
+            }
+        }
+        let before = self.store.resource_version();
         let mut wanted: BTreeMap<String, Want> = BTreeMap::new();
         // Only pods with a claim can want a volume attached.
         for pod in self.store.pods_with_claims() {
@@ -2268,6 +2303,8 @@ impl Cluster {
                 }
             }
         }
+        let after = self.store.resource_version();
+        self.attach_quiet = (after == before).then_some(after);
     }
 
     /// Status of PDBs, ReplicaSets, Deployments, StatefulSets and DaemonSets from the pods.
@@ -2374,7 +2411,7 @@ impl Cluster {
             }
             let ps = owned(namespace_of(&ds), "DaemonSet", name_of(&ds));
             let ready = ps.iter().filter(|p| is_ready(p)).count();
-            let mut ds2 = ds.clone();
+            let mut ds2 = (*ds).clone();
             set_path(
                 &mut ds2,
                 &["status", "desiredNumberScheduled"],
@@ -2453,7 +2490,7 @@ impl Cluster {
             {
                 allowed = 0;
             }
-            let mut p2 = pdb.clone();
+            let mut p2 = (*pdb).clone();
             set_path(&mut p2, &["status", "currentHealthy"], json!(healthy));
             set_path(&mut p2, &["status", "desiredHealthy"], json!(desired));
             set_path(&mut p2, &["status", "expectedPods"], json!(expected));

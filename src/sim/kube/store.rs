@@ -176,7 +176,8 @@ const FIELD_INDEX: &[(&str, &str)] = &[
 ];
 
 pub struct Store {
-    objects: BTreeMap<Key, Value>,
+    /// Shared with the watch history and the lists handed out: a write stores one copy.
+    objects: BTreeMap<Key, Arc<Value>>,
     /// [`approx_size`] of each stored object, and their sum.
     sizes: HashMap<Key, usize>,
     live_bytes: usize,
@@ -188,9 +189,10 @@ pub struct Store {
     history_limit: usize,
     /// Events before this resourceVersion are no longer in the history.
     compacted: u64,
-    /// The resourceVersion of every new event. Watchers read the events themselves from
-    /// the history, so a slow watcher holds no copies of objects.
-    events: broadcast::Sender<u64>,
+    /// The resourceVersion and resource (storage plural) of every new event. Watchers read
+    /// the events themselves from the history, so a slow watcher holds no copies of
+    /// objects, and one that watches another resource need not read at all.
+    events: broadcast::Sender<(u64, &'static str)>,
     /// `dryRun=All`: writes are checked and answered but not stored.
     pub dry_run: bool,
     /// Pods by their controller, (namespace, kind, name) → pod names, so the controllers
@@ -220,6 +222,13 @@ pub fn controller_of(pod: &Value) -> Option<(&str, &str)> {
 }
 
 /// `name` of an object.
+/// Whether a pod mounts a PersistentVolumeClaim.
+pub fn has_claims(pod: &Value) -> bool {
+    pod.at("/spec/volumes")
+        .and_then(Value::as_array)
+        .is_some_and(|vs| vs.iter().any(|v| v.at("/persistentVolumeClaim").is_some()))
+}
+
 pub fn name_of(obj: &Value) -> &str {
     obj.at("/metadata/name")
         .and_then(Value::as_str)
@@ -358,9 +367,9 @@ impl Store {
         self.rv
     }
 
-    /// Receives the resourceVersion of every new event; read them with
-    /// [`Store::events_after`].
-    pub fn subscribe(&self) -> broadcast::Receiver<u64> {
+    /// Receives the resourceVersion and storage plural of every new event; read the events
+    /// with [`Store::history_since`] or [`Store::events_after`].
+    pub fn subscribe(&self) -> broadcast::Receiver<(u64, &'static str)> {
         self.events.subscribe()
     }
 
@@ -401,7 +410,7 @@ impl Store {
         Ok(())
     }
 
-    fn store(&mut self, key: Key, obj: Value, size: usize) {
+    fn store(&mut self, key: Key, obj: Arc<Value>, size: usize) {
         let old = self.sizes.insert(key.clone(), size).unwrap_or(0);
         self.live_bytes = self.live_bytes.saturating_sub(old).saturating_add(size);
         self.objects.insert(key, obj);
@@ -434,7 +443,7 @@ impl Store {
         rt: &'static ResourceType,
         ns: &str,
         kind: EventType,
-        object: Value,
+        object: Arc<Value>,
         size: usize,
     ) {
         let ev = WatchEvent {
@@ -442,7 +451,7 @@ impl Store {
             plural: rt.storage,
             namespace: ns.to_string(),
             kind,
-            object: Arc::new(object),
+            object,
         };
         self.history.push_back((ev, size));
         self.history_bytes = self.history_bytes.saturating_add(size);
@@ -455,7 +464,7 @@ impl Store {
             }
         }
         // No receiver is fine: nobody watches.
-        let _ = self.events.send(self.rv);
+        let _ = self.events.send((self.rv, rt.storage));
     }
 
     /// Events after `rv` for `plural` (and namespace when given), or 410 when `rv` is older
@@ -512,11 +521,7 @@ impl Store {
         if storage != "pods" {
             return;
         }
-        let claims = obj
-            .at("/spec/volumes")
-            .and_then(Value::as_array)
-            .is_some_and(|vs| vs.iter().any(|v| v.at("/persistentVolumeClaim").is_some()));
-        if claims {
+        if has_claims(obj) {
             let entry = (namespace_of(obj).to_string(), name_of(obj).to_string());
             if add {
                 self.claim_pods.insert(entry);
@@ -614,10 +619,15 @@ impl Store {
         self.objects
             .range((plural, ns.to_string(), String::new())..)
             .take_while(move |((p, n, _), _)| *p == plural && n == ns)
-            .map(|(_, o)| o)
+            .map(|(_, o)| &**o)
     }
 
     pub fn get(&self, plural: &'static str, ns: &str, name: &str) -> Option<&Value> {
+        self.shared(plural, ns, name).map(|o| &**o)
+    }
+
+    /// The stored object itself, shared (no copy).
+    pub fn shared(&self, plural: &'static str, ns: &str, name: &str) -> Option<&Arc<Value>> {
         self.objects
             .get(&(plural, ns.to_string(), name.to_string()))
     }
@@ -629,8 +639,8 @@ impl Store {
         ns: Option<&str>,
         labels: &LabelSelector,
         fields: &FieldSelector,
-    ) -> Vec<Value> {
-        let keep = |o: &&Value| {
+    ) -> Vec<Arc<Value>> {
+        let keep = |o: &&Arc<Value>| {
             ns.is_none_or(|ns| namespace_of(o) == ns)
                 && labels.matches_object(o)
                 && fields.matches(o)
@@ -640,15 +650,23 @@ impl Store {
         // result is the same objects in the same order.
         if let Some(node) = fields.equals("spec.nodeName").filter(|_| plural == "pods") {
             return self
-                .by_field("pods", "/spec/nodeName", node)
+                .by_field
+                .get(&("pods", "/spec/nodeName", node.to_string()))
+                .into_iter()
+                .flatten()
+                .filter_map(|(ns, name)| self.shared("pods", ns, name))
                 .filter(keep)
                 .cloned()
                 .collect();
         }
-        match ns {
-            Some(ns) => self.iter_ns(plural, ns).filter(keep).cloned().collect(),
-            None => self.iter(plural).filter(keep).cloned().collect(),
-        }
+        let from = (plural, ns.unwrap_or_default().to_string(), String::new());
+        self.objects
+            .range(from..)
+            .take_while(|((p, n, _), _)| *p == plural && ns.is_none_or(|ns| n == ns))
+            .map(|(_, o)| o)
+            .filter(keep)
+            .cloned()
+            .collect()
     }
 
     /// Borrow every object of one resource (all namespaces), in key order.
@@ -656,11 +674,11 @@ impl Store {
         self.objects
             .range((plural, String::new(), String::new())..)
             .take_while(move |((p, _, _), _)| *p == plural)
-            .map(|(_, o)| o)
+            .map(|(_, o)| &**o)
     }
 
-    /// Every object of one resource (all namespaces).
-    pub fn all(&self, plural: &'static str) -> Vec<Value> {
+    /// Every object of one resource (all namespaces), shared.
+    pub fn all(&self, plural: &'static str) -> Vec<Arc<Value>> {
         self.list(
             plural,
             None,
@@ -677,7 +695,7 @@ impl Store {
         ns: &str,
         mut obj: Value,
         now: Timestamp,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Arc<Value>, ApiError> {
         check_shape(rt, &obj)?;
         let ns = if rt.namespaced { ns } else { "" };
         let mut name = name_of(&obj).to_string();
@@ -721,6 +739,7 @@ impl Store {
         let key = (rt.storage, ns.to_string(), name);
         let size = approx_size(&obj);
         self.check_size(rt, &key, size)?;
+        let obj = Arc::new(obj);
         if self.dry_run {
             return Ok(obj);
         }
@@ -740,10 +759,10 @@ impl Store {
         ns: &str,
         name: &str,
         mut obj: Value,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Arc<Value>, ApiError> {
         check_shape(rt, &obj)?;
         let ns = if rt.namespaced { ns } else { "" };
-        let Some(old) = self.get(rt.storage, ns, name).cloned() else {
+        let Some(old) = self.shared(rt.storage, ns, name).cloned() else {
             return Err(ApiError::not_found(rt, name));
         };
         if let Some(want) = rv_of(&obj) {
@@ -773,7 +792,7 @@ impl Store {
                 };
             }
         }
-        if obj == old {
+        if obj == *old {
             return Ok(old);
         }
         if obj.get("spec") != old.get("spec") && obj.get("spec").is_some() {
@@ -788,6 +807,7 @@ impl Store {
         let key = (rt.storage, ns.to_string(), name.to_string());
         let size = approx_size(&obj);
         self.check_size(rt, &key, size)?;
+        let obj = Arc::new(obj);
         if self.dry_run {
             return Ok(obj);
         }
@@ -805,7 +825,7 @@ impl Store {
         rt: &'static ResourceType,
         mut obj: Value,
         now: Timestamp,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Arc<Value>, ApiError> {
         let ns = if rt.namespaced {
             namespace_of(&obj).to_string()
         } else {
@@ -825,28 +845,28 @@ impl Store {
         rt: &'static ResourceType,
         ns: &str,
         name: &str,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Arc<Value>, ApiError> {
         let ns = if rt.namespaced { ns } else { "" };
         if self.dry_run {
             return self
-                .get(rt.storage, ns, name)
+                .shared(rt.storage, ns, name)
                 .cloned()
                 .ok_or_else(|| ApiError::not_found(rt, name));
         }
         let key = (rt.storage, ns.to_string(), name.to_string());
-        let Some(mut obj) = self.objects.remove(&key) else {
+        let Some(last) = self.objects.remove(&key) else {
             return Err(ApiError::not_found(rt, name));
         };
         let size = self.sizes.remove(&key).unwrap_or(0);
         self.live_bytes = self.live_bytes.saturating_sub(size);
-        self.index(rt.storage, &obj, false);
+        self.index(rt.storage, &last, false);
         // The caller gets the object as last stored; the DELETED event carries the new
         // version, so a watch from the returned version sees the deletion.
-        let last = obj.clone();
+        let mut obj = (*last).clone();
         self.rv += 1;
         let rv = self.rv;
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
-        self.record(rt, ns, EventType::Deleted, obj, size);
+        self.record(rt, ns, EventType::Deleted, Arc::new(obj), size);
         Ok(last)
     }
 
@@ -887,7 +907,7 @@ mod tests {
                 .map_err(|e| e.code),
             Err(409)
         );
-        let mut next = created.clone();
+        let mut next = (*created).clone();
         next["spec"]["holderIdentity"] = json!("b");
         let updated = s
             .update(leases(), "default", "l", next.clone())
