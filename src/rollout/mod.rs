@@ -475,6 +475,8 @@ impl Rollout<'_> {
             eta: std::sync::Mutex::new(eta),
             gating: Default::default(),
             booted: Default::default(),
+            switched_on: Default::default(),
+            installers: Default::default(),
         };
         run.update(|r| {
             r.state = RecordState::Running;
@@ -675,6 +677,11 @@ struct Run<'r, 'a> {
     /// the version it booted until it boots again, so a look that finds the same boot id
     /// need not ask again (`nodes.rs` `observe`).
     booted: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,
+    /// The boot on which each one-drain worker's configuration was read naming the target
+    /// kubelet: until it boots again, its looks need not read it again (`talos.rs`).
+    switched_on: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// The installer each node's configuration names, read once per run (`talos.rs`).
+    installers: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl Run<'_, '_> {

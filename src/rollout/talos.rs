@@ -293,21 +293,37 @@ impl Run<'_, '_> {
             self.now(),
             self.engine.policy.node_timeout.as_duration(),
         );
+        // Read once per boot: a configuration seen naming the target on this boot is taken
+        // to still name it until the node boots again (a new boot is read afresh).
+        let seen_on_this_boot = || {
+            let seen = self.switched_on.lock().ok()?;
+            let boot = obs.boot_id.as_ref()?;
+            seen.get(&node.name).filter(|b| *b == boot).map(|_| ())
+        };
         let switched = on_target
             || (obs.talos.is_some()
                 && step::reads_switched(&talos_move, on_target)
-                && match self
-                    .engine
-                    .talos
-                    .machine_config(&address(node), around(node))
-                    .await
-                {
-                    Ok(mc) => {
-                        set_images(&mc.yaml, &tag, &[Component::Kubelet]).is_ok_and(|e| e.is_noop())
-                    }
-                    // Not answering now: the switch reads it again, and pauses if it cannot.
-                    Err(_) => false,
-                });
+                && (seen_on_this_boot().is_some()
+                    || match self
+                        .engine
+                        .talos
+                        .machine_config(&address(node), around(node))
+                        .await
+                    {
+                        Ok(mc) => {
+                            let named = set_images(&mc.yaml, &tag, &[Component::Kubelet])
+                                .is_ok_and(|e| e.is_noop());
+                            if let (true, Some(boot), Ok(mut seen)) =
+                                (named, &obs.boot_id, self.switched_on.lock())
+                            {
+                                seen.insert(node.name.clone(), boot.clone());
+                            }
+                            named
+                        }
+                        // Not answering now: the switch reads it again, and pauses if it
+                        // cannot.
+                        Err(_) => false,
+                    }));
         Ok(Observed {
             node: obs,
             kubelet: Some(step::KubeletObservation {
@@ -454,6 +470,16 @@ impl Run<'_, '_> {
         if let Some(repo) = &e.installer_image {
             return Ok(format!("{repo}:{tag}"));
         }
+        // Read once per run: what a node's configuration names is its installer for the
+        // whole rollout (the pre-pull, the install ahead and its own step agree).
+        if let Some(known) = self
+            .installers
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&node.name).cloned())
+        {
+            return Ok(known);
+        }
         let fail = |why: String| self.pause(stage, Some(&node.name), why);
         let mc = e
             .talos
@@ -470,10 +496,13 @@ impl Run<'_, '_> {
             ))
         })?;
         match settings.installer_image {
-            Some((image, _)) => Ok(format!(
-                "{}:{tag}",
-                crate::talos::machine_config::repository(&image)
-            )),
+            Some((image, _)) => {
+                let installer = format!("{}:{tag}", crate::talos::machine_config::repository(&image));
+                if let Ok(mut m) = self.installers.lock() {
+                    m.insert(node.name.clone(), installer.clone());
+                }
+                Ok(installer)
+            }
             None => Err(fail(
                 "neither cluster.yaml (spec.talos.installerImage) nor the node's configuration names an installer image; set spec.talos.installerImage, then resume".into(),
             )),

@@ -658,7 +658,7 @@ async fn resource(
             if q.flag("watch") {
                 return watch(sh, rt, ns, q, Render::from(headers));
             }
-            list(sh, rt, ns, q, headers)
+            return list(sh, rt, ns, q, headers).unwrap_or_else(|e| err(&e));
         }
         (Method::POST, None, None) => create(sh, rt, ns_str, q, headers, body),
         (Method::GET, Some(n), Some("log")) => {
@@ -977,7 +977,7 @@ fn list(
     ns: Option<&str>,
     q: &Query,
     headers: &HeaderMap,
-) -> Result<(u16, Value), ApiError> {
+) -> Result<Response<Body>, ApiError> {
     let (l, f) = selectors(rt, q)?;
     let c = sh.lock();
     let items = c.store.list(rt.storage, ns, &l, &f);
@@ -997,27 +997,22 @@ fn list(
         .unwrap_or(usize::MAX);
     let total = items.len();
     let end = offset.saturating_add(limit).min(total);
-    // Copied out of the store only now, the page alone.
-    let page: Vec<Value> = items
-        .into_iter()
-        .skip(offset)
-        .take(end.saturating_sub(offset))
-        .map(Arc::unwrap_or_clone)
-        .collect();
+    let page = &items[offset.min(end)..end];
     let mut meta = json!({"resourceVersion": rv.to_string()});
     if end < total {
         meta["continue"] = json!(format!("o{end}"));
         meta["remainingItemCount"] = json!(total - end);
     }
     if wants_metadata(headers) {
-        let items: Vec<Value> = page.iter().map(partial_metadata).collect();
-        return Ok((
+        let items: Vec<Value> = page.iter().map(|o| partial_metadata(o)).collect();
+        return Ok(ok_json(
             200,
-            json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+            &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
                                "metadata": meta, "items": items}),
         ));
     }
     if wants_table(headers) {
+        let page: Vec<Value> = page.iter().map(|o| Value::clone(o)).collect();
         let mut t = table(
             rt,
             &page,
@@ -1026,12 +1021,23 @@ fn list(
             q.get("includeObject") == Some("Object"),
         );
         t["metadata"] = meta;
-        return Ok((200, t));
+        return Ok(ok_json(200, &t));
     }
-    Ok((
-        200,
-        json!({"kind": format!("{}List", rt.kind), "apiVersion": rt.api_version(), "metadata": meta, "items": page}),
-    ))
+    // Written straight from the stored objects: a list copies nothing.
+    let mut body = Vec::with_capacity(256);
+    let head = json!({"apiVersion": rt.api_version(), "kind": format!("{}List", rt.kind), "metadata": meta});
+    let head = head.to_string();
+    body.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
+    body.extend_from_slice(b",\"items\":[");
+    for (i, o) in page.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        serde_json::to_writer(&mut body, &**o)
+            .map_err(|e| ApiError::new(500, "InternalError", e.to_string()))?;
+    }
+    body.extend_from_slice(b"]}");
+    Ok(respond(200, "application/json", body))
 }
 
 fn create(
