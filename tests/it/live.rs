@@ -574,12 +574,10 @@ async fn the_lock_has_one_holder_is_renewed_and_can_be_taken_once_expired() -> T
     Ok(())
 }
 
-/// The holder renews in one write over the lease as it last wrote it (client-go's fast
-/// path); a lease someone else wrote meanwhile makes that write a 409, and the lease is
-/// then read and judged, never overwritten.
-#[tokio::test]
-async fn the_holder_renews_in_one_write_and_a_lease_taken_meanwhile_is_read() -> TestResult {
-    use ichor::kube::LockState;
+/// A twin with ichor's namespace created, and its Leases as a plain client sees them.
+async fn start_with_lock_namespace(
+) -> Result<(Live, kube::Api<k8s_openapi::api::coordination::v1::Lease>), Box<dyn std::error::Error>>
+{
     let l = start(TwinConfig::default()).await?;
     let raw = kube_client(&l).await?;
     let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(raw.clone());
@@ -588,8 +586,16 @@ async fn the_holder_renews_in_one_write_and_a_lease_taken_meanwhile_is_read() ->
         &serde_json::from_value(json!({"metadata": {"name": live::ICHOR_NAMESPACE}}))?,
     )
     .await?;
-    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-        kube::Api::namespaced(raw, live::ICHOR_NAMESPACE);
+    Ok((l, kube::Api::namespaced(raw, live::ICHOR_NAMESPACE)))
+}
+
+/// The holder renews in one write over the lease as it last wrote it (client-go's fast
+/// path); a lease someone else wrote meanwhile makes that write a 409, and the lease is
+/// then read and judged, never overwritten.
+#[tokio::test]
+async fn the_holder_renews_in_one_write_and_a_lease_taken_meanwhile_is_read() -> TestResult {
+    use ichor::kube::LockState;
+    let (l, leases) = start_with_lock_namespace().await?;
     let clock = l.twin.talos.clock().clone();
     let (ns, name, d) = (
         live::ICHOR_NAMESPACE,
@@ -667,16 +673,7 @@ async fn the_holder_renews_in_one_write_and_a_lease_taken_meanwhile_is_read() ->
 #[tokio::test]
 async fn a_lease_expires_by_the_time_it_was_seen_not_by_the_holders_clock() -> TestResult {
     use ichor::kube::LockState;
-    let l = start(TwinConfig::default()).await?;
-    let raw = kube_client(&l).await?;
-    let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(raw.clone());
-    nss.create(
-        &Default::default(),
-        &serde_json::from_value(json!({"metadata": {"name": live::ICHOR_NAMESPACE}}))?,
-    )
-    .await?;
-    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-        kube::Api::namespaced(raw, live::ICHOR_NAMESPACE);
+    let (l, leases) = start_with_lock_namespace().await?;
     let clock = l.twin.talos.clock().clone();
     let name = "ichor-rollout-homelab";
     let d = Duration::from_secs(30);
