@@ -148,6 +148,9 @@ pub struct Cluster {
     /// a pod with a claim, a claim, a PersistentVolume or a VolumeAttachment changes, or a
     /// detach falls due, another pass would change nothing and is skipped.
     attach_quiet: Option<u64>,
+    /// Every Node's brief as last built, with the resourceVersion it was built at: kept
+    /// until a Node changes, so a pass does not read 500 Nodes to place one pod.
+    node_briefs: Option<(u64, Arc<Vec<NodeBrief>>)>,
     /// VolumeAttachments no pod needs any more → when they are detached and gone.
     detach_due: BTreeMap<String, Timestamp>,
     /// Terminating pods (namespace, name) → when they are gone.
@@ -392,6 +395,7 @@ impl Cluster {
             resync_due: BTreeMap::new(),
             longhorn_quiet: None,
             attach_quiet: None,
+            node_briefs: None,
             detach_due: BTreeMap::new(),
             terminating: BTreeMap::new(),
             silent_since: BTreeMap::new(),
@@ -1354,8 +1358,20 @@ impl Cluster {
             .collect()
     }
 
-    /// Name, readiness and schedulability of every node.
-    fn node_briefs(&self) -> Vec<NodeBrief> {
+    /// Name, readiness and schedulability of every node, built again only after a Node
+    /// changed.
+    fn node_briefs(&mut self) -> Arc<Vec<NodeBrief>> {
+        if let Some((at, briefs)) = &self.node_briefs {
+            if self.store.last_change("nodes") <= *at {
+                return briefs.clone();
+            }
+        }
+        let briefs = Arc::new(self.build_node_briefs());
+        self.node_briefs = Some((self.store.resource_version(), briefs.clone()));
+        briefs
+    }
+
+    fn build_node_briefs(&self) -> Vec<NodeBrief> {
         self.store
             .iter("nodes")
             .map(|n| NodeBrief {
@@ -1613,7 +1629,7 @@ impl Cluster {
     }
 
     fn daemon_sets(&mut self, now: Timestamp, dirty: &Dirty) {
-        let mut briefs: Option<Vec<NodeBrief>> = None;
+        let mut briefs: Option<Arc<Vec<NodeBrief>>> = None;
         for ds in self.store.all("daemonsets") {
             if !dirty.owner(namespace_of(&ds), "DaemonSet", name_of(&ds)) {
                 continue;
@@ -1631,7 +1647,7 @@ impl Cluster {
             let mut complete = true;
             // Every node gets one (DaemonSet pods tolerate NotReady); on a NotReady node the
             // pod stays Pending until the kubelet is back.
-            for node in nodes {
+            for node in nodes.iter() {
                 if !covered.contains(node.name.as_str()) {
                     let name = format!("{}-{}", name_of(&ds), self.store.suffix());
                     self.new_pod(&ds, name, Some(&node.name), Vec::new(), now);

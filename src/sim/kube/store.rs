@@ -193,6 +193,9 @@ pub struct Store {
     /// the events themselves from the history, so a slow watcher holds no copies of
     /// objects, and one that watches another resource need not read at all.
     events: broadcast::Sender<(u64, &'static str)>,
+    /// The resourceVersion of the last change to each resource (storage plural), so a
+    /// view built from one resource knows when it is stale without reading the history.
+    last_change: HashMap<&'static str, u64>,
     /// `dryRun=All`: writes are checked and answered but not stored.
     pub dry_run: bool,
     /// Pods by their controller, (namespace, kind, name) → pod names, so the controllers
@@ -360,11 +363,17 @@ impl Store {
             pod_owners: HashMap::new(),
             by_field: HashMap::new(),
             claim_pods: BTreeSet::new(),
+            last_change: HashMap::new(),
         }
     }
 
     pub fn resource_version(&self) -> u64 {
         self.rv
+    }
+
+    /// The resourceVersion of the last change to `storage` (0: none since the start).
+    pub fn last_change(&self, storage: &str) -> u64 {
+        self.last_change.get(storage).copied().unwrap_or(0)
     }
 
     /// Receives the resourceVersion and storage plural of every new event; read the events
@@ -464,6 +473,7 @@ impl Store {
             }
         }
         // No receiver is fine: nobody watches.
+        self.last_change.insert(rt.storage, self.rv);
         let _ = self.events.send((self.rv, rt.storage));
     }
 
