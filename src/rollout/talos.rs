@@ -296,14 +296,13 @@ impl Run<'_, '_> {
         // Read once per boot: a configuration seen naming the target on this boot is taken
         // to still name it until the node boots again (a new boot is read afresh).
         let seen_on_this_boot = || {
-            let seen = self.switched_on.lock().ok()?;
-            let boot = obs.boot_id.as_ref()?;
-            seen.get(&node.name).filter(|b| *b == boot).map(|_| ())
+            let seen = self.switched_on.lock();
+            seen.is_ok_and(|s| obs.boot_id.is_some() && s.get(&node.name) == obs.boot_id.as_ref())
         };
         let switched = on_target
             || (obs.talos.is_some()
                 && step::reads_switched(&talos_move, on_target)
-                && (seen_on_this_boot().is_some()
+                && (seen_on_this_boot()
                     || match self
                         .engine
                         .talos

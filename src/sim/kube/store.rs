@@ -38,6 +38,10 @@ impl ApiError {
         }
         d
     }
+    /// Also what an update of a missing object gets where the kind does not create on
+    /// update, as for Leases (k8s.io/apiserver `pkg/registry/generic/registry/store.go`
+    /// `Update`; kubernetes `pkg/registry/coordination/lease/strategy.go`
+    /// `AllowCreateOnUpdate`).
     pub fn not_found(rt: &ResourceType, name: &str) -> Self {
         ApiError {
             details: Some(Self::details(rt, name)),
@@ -58,6 +62,9 @@ impl ApiError {
             )
         }
     }
+    /// A write whose resourceVersion is not the stored one: apimachinery
+    /// `pkg/api/errors/errors.go` `NewConflict` with k8s.io/apiserver
+    /// `pkg/registry/generic/registry/store.go` `OptimisticLockErrorMsg`.
     pub fn conflict(rt: &ResourceType, name: &str) -> Self {
         ApiError {
             details: Some(Self::details(rt, name)),
@@ -224,7 +231,6 @@ pub fn controller_of(pod: &Value) -> Option<(&str, &str)> {
         })
 }
 
-/// `name` of an object.
 /// Whether a pod mounts a PersistentVolumeClaim.
 pub fn has_claims(pod: &Value) -> bool {
     pod.at("/spec/volumes")
@@ -232,6 +238,7 @@ pub fn has_claims(pod: &Value) -> bool {
         .is_some_and(|vs| vs.iter().any(|v| v.at("/persistentVolumeClaim").is_some()))
 }
 
+/// `name` of an object.
 pub fn name_of(obj: &Value) -> &str {
     obj.at("/metadata/name")
         .and_then(Value::as_str)
@@ -377,23 +384,9 @@ impl Store {
     }
 
     /// Receives the resourceVersion and storage plural of every new event; read the events
-    /// with [`Store::history_since`] or [`Store::events_after`].
+    /// with [`Store::history_since`].
     pub fn subscribe(&self) -> broadcast::Receiver<(u64, &'static str)> {
         self.events.subscribe()
-    }
-
-    /// Every event after `rv`, oldest first; `Err(compacted)` when the history no longer
-    /// reaches back that far.
-    pub fn events_after(&self, rv: u64) -> Result<Vec<WatchEvent>, u64> {
-        if rv < self.compacted {
-            return Err(self.compacted);
-        }
-        let start = self.history.partition_point(|(e, _)| e.rv <= rv);
-        Ok(self
-            .history
-            .range(start..)
-            .map(|(e, _)| e.clone())
-            .collect())
     }
 
     /// Refuses an object too large to store, or one that would overfill the store.
@@ -582,11 +575,21 @@ impl Store {
         path: &'static str,
         value: &str,
     ) -> impl Iterator<Item = &'a Value> + 'a {
+        self.indexed(storage, path, value).map(|o| &**o)
+    }
+
+    /// [`Store::by_field`], the stored objects themselves.
+    fn indexed<'a>(
+        &'a self,
+        storage: &'static str,
+        path: &'static str,
+        value: &str,
+    ) -> impl Iterator<Item = &'a Arc<Value>> + 'a {
         self.by_field
             .get(&(storage, path, value.to_string()))
             .into_iter()
             .flatten()
-            .filter_map(move |(ns, name)| self.get(storage, ns, name))
+            .filter_map(move |(ns, name)| self.shared(storage, ns, name))
     }
 
     /// The values an indexed field currently takes (in no particular order).
@@ -660,11 +663,7 @@ impl Store {
         // result is the same objects in the same order.
         if let Some(node) = fields.equals("spec.nodeName").filter(|_| plural == "pods") {
             return self
-                .by_field
-                .get(&("pods", "/spec/nodeName", node.to_string()))
-                .into_iter()
-                .flatten()
-                .filter_map(|(ns, name)| self.shared("pods", ns, name))
+                .indexed("pods", "/spec/nodeName", node)
                 .filter(keep)
                 .cloned()
                 .collect();
@@ -966,7 +965,12 @@ mod tests {
             assert!(s.update(leases(), "default", "l", next).is_ok());
         }
         assert!(s.history_bytes <= MAX_HISTORY_BYTES + (2 << 20));
-        assert!(s.events_after(first).is_err());
+        assert_eq!(
+            s.history_since("leases", None, first)
+                .map(|_| ())
+                .map_err(|e| e.code),
+            Err(410)
+        );
         assert!(s.live_bytes < 2 << 20, "one object is stored");
         assert!(s.delete(leases(), "default", "l").is_ok());
         assert_eq!(s.live_bytes, 0);
