@@ -11,7 +11,9 @@ use serde_json::{json, Value};
 
 use super::resources::{by_kind, ResourceType};
 use super::select::{FieldSelector, LabelSelector};
-use super::store::{has_claims, name_of, namespace_of, set_path, ApiError, At, Store};
+use super::store::{
+    has_claims, name_of, namespace_of, set_path, ApiError, At, EventType, Store,
+};
 use crate::clock::Timestamp;
 
 /// How fast the simulated controllers react.
@@ -143,14 +145,15 @@ pub struct Cluster {
     /// and the nodes as it saw them. Until replicas or volumes change, those nodes change or
     /// a re-sync or rebuild falls due, a pass would change nothing again and is skipped, so
     /// the pass costs what changed rather than every volume of the cluster.
-    longhorn_quiet: Option<(u64, LonghornNodes)>,
+    longhorn_quiet: Option<(u64, u64, LonghornNodes)>,
     /// The store's resourceVersion after an attach/detach pass that changed nothing: until
     /// a pod with a claim, a claim, a PersistentVolume or a VolumeAttachment changes, or a
     /// detach falls due, another pass would change nothing and is skipped.
     attach_quiet: Option<u64>,
-    /// Every Node's brief as last built, with the resourceVersion it was built at: kept
-    /// until a Node changes, so a pass does not read 500 Nodes to place one pod.
-    node_briefs: Option<(u64, Arc<Vec<NodeBrief>>)>,
+    /// Every Node's brief, brought up to date from the Nodes changed since it was last
+    /// read: a pass does not read 500 Nodes to place one pod, nor rebuild 500 briefs for
+    /// one heartbeat.
+    node_view: Option<NodeView>,
     /// VolumeAttachments no pod needs any more → when they are detached and gone.
     detach_due: BTreeMap<String, Timestamp>,
     /// Terminating pods (namespace, name) → when they are gone.
@@ -395,7 +398,7 @@ impl Cluster {
             resync_due: BTreeMap::new(),
             longhorn_quiet: None,
             attach_quiet: None,
-            node_briefs: None,
+            node_view: None,
             detach_due: BTreeMap::new(),
             terminating: BTreeMap::new(),
             silent_since: BTreeMap::new(),
@@ -795,7 +798,10 @@ impl Cluster {
                 if is_ready(n) || !has_taint(n, UNREACHABLE_TAINT) {
                     return Some(unreachable_at);
                 }
-                let evictable = self.pods_on(node).iter().any(taint_evicts);
+                let evictable = self
+                    .store
+                    .by_field("pods", "/spec/nodeName", node)
+                    .any(|p| taint_evicts(p));
                 evictable.then_some(evict_at)
             })
             .min()
@@ -1319,9 +1325,10 @@ impl Cluster {
                     d.namespaces.insert(e.namespace.clone());
                     continue;
                 }
-                // DaemonSets cover every node (and count them in their status).
+                // DaemonSets cover every node (and count them in their status): what they
+                // read changes when a Node comes or goes, not with its heartbeats.
                 "nodes" => {
-                    d.nodes = true;
+                    d.nodes |= e.kind != EventType::Modified;
                     continue;
                 }
                 "replicasets" => "ReplicaSet",
@@ -1358,32 +1365,71 @@ impl Cluster {
             .collect()
     }
 
-    /// Name, readiness and schedulability of every node, built again only after a Node
-    /// changed.
+    /// Name, readiness and schedulability of every node, kept current from the Nodes that
+    /// changed since the last read (all of them again when a Node came or went, or the
+    /// history no longer reaches back).
     fn node_briefs(&mut self) -> Arc<Vec<NodeBrief>> {
-        if let Some((at, briefs)) = &self.node_briefs {
-            if self.store.last_change("nodes") <= *at {
-                return briefs.clone();
+        self.node_view().briefs.clone()
+    }
+
+    fn node_view(&mut self) -> &NodeView {
+        let rv = self.store.resource_version();
+        let last = self.store.last_change("nodes");
+        let view = match self.node_view.take() {
+            Some(v) if last <= v.at => v,
+            Some(mut v) => {
+                match self.changed_nodes(v.at) {
+                    Some(names) => {
+                        for name in names {
+                            let fresh = self.store.get("nodes", "", &name).map(node_brief);
+                            let Some(fresh) = fresh else { continue };
+                            let Ok(i) = v.briefs.binary_search_by(|b| b.name.cmp(&name)) else {
+                                continue;
+                            };
+                            if v.briefs[i] != fresh {
+                                Arc::make_mut(&mut v.briefs)[i] = fresh;
+                                v.changed = rv;
+                            }
+                        }
+                        v.at = rv;
+                        v
+                    }
+                    None => NodeView {
+                        at: rv,
+                        changed: rv,
+                        briefs: Arc::new(self.build_node_briefs()),
+                    },
+                }
             }
+            None => NodeView {
+                at: rv,
+                changed: rv,
+                briefs: Arc::new(self.build_node_briefs()),
+            },
+        };
+        self.node_view.insert(view)
+    }
+
+    /// The names of the Nodes modified after `rv`; `None` when a Node was added or deleted
+    /// since, or the history no longer reaches back.
+    fn changed_nodes(&self, rv: u64) -> Option<BTreeSet<String>> {
+        let mut names = BTreeSet::new();
+        for e in self.store.changes_since(rv)? {
+            if e.plural != "nodes" {
+                continue;
+            }
+            if e.kind != EventType::Modified {
+                return None;
+            }
+            names.insert(name_of(&e.object).to_string());
         }
-        let briefs = Arc::new(self.build_node_briefs());
-        self.node_briefs = Some((self.store.resource_version(), briefs.clone()));
-        briefs
+        Some(names)
     }
 
     fn build_node_briefs(&self) -> Vec<NodeBrief> {
-        self.store
-            .iter("nodes")
-            .map(|n| NodeBrief {
-                name: name_of(n).to_string(),
-                ready: is_ready(n),
-                schedulable: Self::schedulable(n),
-                cordoned_only: Self::cordoned_only(n),
-                labels: n.at("/metadata/labels").cloned().unwrap_or(Value::Null),
-                ip: internal_ip(n).unwrap_or_default(),
-                ready_since: ready_since(n),
-            })
-            .collect()
+        let mut briefs: Vec<NodeBrief> = self.store.iter("nodes").map(node_brief).collect();
+        briefs.sort_by(|a, b| a.name.cmp(&b.name));
+        briefs
     }
 
     /// A node pods can be scheduled on: Ready, not cordoned, no NoSchedule taint.
@@ -1951,35 +1997,40 @@ impl Cluster {
     ///
     /// The `replicasNeverRebuild` fault stops the first two for its volumes.
     fn longhorn(&mut self, now: Timestamp) {
-        // Name, readiness and role of each node: all Longhorn reads (no labels copied).
-        let nodes: Vec<(String, bool, bool)> = self
-            .store
-            .iter("nodes")
-            .map(|n| (name_of(n).to_string(), is_ready(n), is_control_plane(n)))
+        let delay = self.behaviour.replica_rebuild_delay;
+        let due = self.resync_due.values().any(|t| *t <= now)
+            || self.degraded_since.values().any(|t| t.plus(delay) <= now);
+        // Quiet since the last pass that changed nothing: no replica or volume changed, no
+        // Node's brief, no kubelet went silent or came back, no fault moved. Judged without
+        // reading a Node or a volume.
+        let briefs_changed = self.node_view().changed;
+        if let Some((rv, nodes_seen, last)) = &self.longhorn_quiet {
+            let unchanged = self.store.last_change("replicas") <= *rv
+                && self.store.last_change("volumes") <= *rv
+                && briefs_changed <= *nodes_seen
+                && last.silent.iter().eq(self.silent_since.keys())
+                && last.never == self.faults.replicas_never_rebuild;
+            if !due && unchanged {
+                return;
+            }
+        }
+        // Name, readiness and role of each node: all Longhorn reads.
+        let briefs = self.node_briefs();
+        let nodes: Vec<(&str, bool, bool)> = briefs
+            .iter()
+            .map(|n| (n.name.as_str(), n.ready, n.control_plane))
             .collect();
         // Longhorn sees a node go the moment it does (its manager pod there stops), not after
         // the Node's grace period: a node counts once it is Ready and heard from.
         let ready: BTreeSet<&str> = nodes
             .iter()
-            .filter(|(name, ready, _)| *ready && !self.silent_since.contains_key(name))
-            .map(|(name, ..)| name.as_str())
+            .filter(|(name, ready, _)| *ready && !self.silent_since.contains_key(*name))
+            .map(|(name, ..)| *name)
             .collect();
-        let delay = self.behaviour.replica_rebuild_delay;
         let seen = LonghornNodes {
-            nodes: nodes.clone(),
-            ready: ready.iter().map(|n| n.to_string()).collect(),
+            silent: self.silent_since.keys().cloned().collect(),
             never: self.faults.replicas_never_rebuild.clone(),
         };
-        let due = self.resync_due.values().any(|t| *t <= now)
-            || self.degraded_since.values().any(|t| t.plus(delay) <= now);
-        if let Some((rv, last)) = &self.longhorn_quiet {
-            let unchanged = self.store.changes_since(*rv).is_some_and(|mut changes| {
-                changes.all(|e| e.plural != "replicas" && e.plural != "volumes")
-            });
-            if !due && unchanged && *last == seen {
-                return;
-            }
-        }
         let before = self.store.resource_version();
         // A replica deleted while it re-synced has nothing left to finish.
         let store = &self.store;
@@ -2067,11 +2118,9 @@ impl Cluster {
                     let target = nodes
                         .iter()
                         .find(|(name, _, cp)| {
-                            ready.contains(name.as_str())
-                                && !used.contains(name.as_str())
-                                && (!has_workers || !cp)
+                            ready.contains(name) && !used.contains(name) && (!has_workers || !cp)
                         })
-                        .map(|t| t.0.clone());
+                        .map(|t| t.0.to_string());
                     let failed = replicas
                         .iter()
                         .find(|r| !replica_failed_at(r).is_empty())
@@ -2128,7 +2177,7 @@ impl Cluster {
             }
         }
         let after = self.store.resource_version();
-        self.longhorn_quiet = (after == before).then_some((after, seen));
+        self.longhorn_quiet = (after == before).then_some((after, briefs_changed, seen));
     }
 
     /// The CSI volumes (PersistentVolume name, driver, volume handle) a pod's
@@ -2325,6 +2374,9 @@ impl Cluster {
 
     /// Status of PDBs, ReplicaSets, Deployments, StatefulSets and DaemonSets from the pods.
     fn statuses(&mut self, now: Timestamp, dirty: &Dirty) {
+        if dirty.is_empty() {
+            return;
+        }
         let store = &self.store;
         let owned = |ns: &str, kind: &str, name: &str| store.pods_owned_by(ns, kind, name);
         let updated = |ps: &[&Value], owner: &Value| {
@@ -2557,7 +2609,7 @@ impl Cluster {
 #[derive(Debug, Default)]
 struct Dirty {
     all: bool,
-    /// A node changed: every DaemonSet looks again.
+    /// A Node came or went: every DaemonSet looks again.
     nodes: bool,
     /// (namespace, kind, name) of controllers whose object or pods changed.
     owners: HashSet<(String, String, String)>,
@@ -2566,6 +2618,10 @@ struct Dirty {
 }
 
 impl Dirty {
+    fn is_empty(&self) -> bool {
+        !self.all && !self.nodes && self.owners.is_empty() && self.namespaces.is_empty()
+    }
+
     fn owner(&self, ns: &str, kind: &str, name: &str) -> bool {
         self.all
             || (self.nodes && kind == "DaemonSet")
@@ -2621,16 +2677,39 @@ fn selects_node(pod: &Value, labels: &Value) -> bool {
 }
 
 /// What the scheduler and Longhorn need to know about a node.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 struct NodeBrief {
     name: String,
     ready: bool,
+    control_plane: bool,
     schedulable: bool,
     /// Schedulable but for its cordon.
     cordoned_only: bool,
     labels: Value,
     ip: String,
     ready_since: Timestamp,
+}
+
+fn node_brief(n: &Value) -> NodeBrief {
+    NodeBrief {
+        name: name_of(n).to_string(),
+        ready: is_ready(n),
+        control_plane: is_control_plane(n),
+        schedulable: Cluster::schedulable(n),
+        cordoned_only: Cluster::cordoned_only(n),
+        labels: n.at("/metadata/labels").cloned().unwrap_or(Value::Null),
+        ip: internal_ip(n).unwrap_or_default(),
+        ready_since: ready_since(n),
+    }
+}
+
+/// Every Node's brief, sorted by name: `at` the store's resourceVersion it is current
+/// for, `changed` the last one at which a brief differed.
+#[derive(Debug)]
+struct NodeView {
+    at: u64,
+    changed: u64,
+    briefs: Arc<Vec<NodeBrief>>,
 }
 
 fn rt_pods() -> &'static ResourceType {
@@ -2687,12 +2766,11 @@ fn container_statuses(pod: &Value, now: Timestamp) -> Value {
     )
 }
 
-/// The nodes as Longhorn's pass reads them (name, Ready, control plane), those it counts
-/// as up, and the volumes the `replicasNeverRebuild` fault holds.
+/// What Longhorn's pass read besides replicas, volumes and Nodes: the nodes whose kubelet
+/// is silent, and the volumes the `replicasNeverRebuild` fault holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct LonghornNodes {
-    nodes: Vec<(String, bool, bool)>,
-    ready: Vec<String>,
+    silent: BTreeSet<String>,
     never: BTreeSet<String>,
 }
 
