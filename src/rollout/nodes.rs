@@ -76,11 +76,10 @@ impl Run<'_, '_> {
             .await
     }
 
+    /// One node, read by name: one object whatever the cluster's size.
     pub(super) async fn live_node(&self, stage: StageId, name: &str) -> Flow<LiveNode> {
-        self.live_nodes(stage)
+        self.kube(stage, Some(name), "get node", || self.engine.kube.node(name))
             .await?
-            .into_iter()
-            .find(|n| n.name == name)
             .ok_or_else(|| {
                 self.pause(
                     stage,

@@ -141,11 +141,10 @@ pub struct Cluster {
     /// Longhorn replicas (namespace, name) reused after their node returned → when they have
     /// re-synced.
     resync_due: BTreeMap<(String, String), Timestamp>,
-    /// What Longhorn's last pass read when it changed nothing: the store's resourceVersion
-    /// and the nodes as it saw them. Until replicas or volumes change, those nodes change or
-    /// a re-sync or rebuild falls due, a pass would change nothing again and is skipped, so
-    /// the pass costs what changed rather than every volume of the cluster.
-    longhorn_quiet: Option<(u64, u64, LonghornNodes)>,
+    /// What Longhorn's last pass read. The next pass looks only at the volumes something
+    /// touched since (their replicas, their nodes, a re-sync or rebuild due), and is skipped
+    /// when nothing did, so it costs what changed rather than every volume of the cluster.
+    longhorn_seen: Option<LonghornSeen>,
     /// The store's resourceVersion after an attach/detach pass that changed nothing: until
     /// a pod with a claim, a claim, a PersistentVolume or a VolumeAttachment changes, or a
     /// detach falls due, another pass would change nothing and is skipped.
@@ -396,7 +395,7 @@ impl Cluster {
             pending: BTreeMap::new(),
             degraded_since: BTreeMap::new(),
             resync_due: BTreeMap::new(),
-            longhorn_quiet: None,
+            longhorn_seen: None,
             attach_quiet: None,
             node_view: None,
             detach_due: BTreeMap::new(),
@@ -666,8 +665,10 @@ impl Cluster {
         let grace = self.behaviour.node_monitor_grace;
         let toleration = self.behaviour.unreachable_toleration;
         // A kubelet that stopped posting: silent from the moment it was first seen so.
-        for n in self.faults.kubelet_down.clone() {
-            self.silent_since.entry(n).or_insert(now);
+        for n in &self.faults.kubelet_down {
+            if !self.silent_since.contains_key(n) {
+                self.silent_since.insert(n.clone(), now);
+            }
         }
         let silent: Vec<(String, Timestamp)> = self
             .silent_since
@@ -679,36 +680,36 @@ impl Cluster {
             if now < unreachable_at {
                 continue;
             }
-            let Some(mut n) = self.store.get("nodes", "", &node).cloned() else {
+            // Judged in place: the Node is copied only to change it.
+            let Some(n) = self.store.get("nodes", "", &node) else {
                 self.silent_since.remove(&node);
                 continue;
             };
-            if is_ready(&n) {
+            if is_ready(n) {
                 let _ = self.node_ready_unsynced(&node, false, now);
-                if let Some(fresh) = self.store.get("nodes", "", &node).cloned() {
-                    n = fresh;
-                }
             }
-            if !has_taint(&n, UNREACHABLE_TAINT) {
-                add_taint(&mut n, UNREACHABLE_TAINT, "NoExecute", unreachable_at);
-                let _ = self.store.update(rt("nodes"), "", &node, n);
+            if let Some(n) = self.store.get("nodes", "", &node) {
+                if !has_taint(n, UNREACHABLE_TAINT) {
+                    let mut n = n.clone();
+                    add_taint(&mut n, UNREACHABLE_TAINT, "NoExecute", unreachable_at);
+                    let _ = self.store.update(rt("nodes"), "", &node, n);
+                }
             }
             if now < unreachable_at.plus(toleration) {
                 continue;
             }
             // Deleting runs the controllers; they run once, after this pass.
             let deferred = std::mem::replace(&mut self.deferred, true);
-            for pod in self.pods_on(&node) {
-                if taint_evicts(&pod) {
-                    let (ns, name) = (namespace_of(&pod).to_string(), name_of(&pod).to_string());
-                    self.record_event(
-                        &pod,
-                        "TaintManagerEviction",
-                        "Marking for deletion Pod",
-                        now,
-                    );
-                    let _ = self.delete_pod(&ns, &name, None, now);
-                }
+            let evicted: Vec<Value> = self
+                .store
+                .by_field("pods", "/spec/nodeName", &node)
+                .filter(|p| taint_evicts(p))
+                .cloned()
+                .collect();
+            for pod in evicted {
+                let (ns, name) = (namespace_of(&pod).to_string(), name_of(&pod).to_string());
+                self.record_event(&pod, "TaintManagerEviction", "Marking for deletion Pod", now);
+                let _ = self.delete_pod(&ns, &name, None, now);
             }
             self.deferred = deferred;
         }
@@ -1296,7 +1297,7 @@ impl Cluster {
     fn invalidate(&mut self) {
         self.settled_at = None;
         self.statuses_at = None;
-        self.longhorn_quiet = None;
+        self.longhorn_seen = None;
         self.attach_quiet = None;
     }
 
@@ -1828,16 +1829,26 @@ impl Cluster {
             return;
         }
         let nodes = self.node_briefs();
+        let brief = |name: &str| {
+            nodes
+                .binary_search_by(|b| b.name.as_str().cmp(name))
+                .ok()
+                .and_then(|i| nodes.get(i))
+        };
         // Pods per node and per owner per node, kept current while placing: per node from
-        // the node index; per owner from the owner index, counted when the owner's first pod
-        // is placed (before any of its pods moves), not by scanning every pod.
+        // the node index (counted when the first unbound pod is placed: most passes only
+        // start pods already bound, a DaemonSet's on a rebooted node); per owner from the
+        // owner index, counted when the owner's first pod is placed (before any of its pods
+        // moves), not by scanning every pod.
         type OwnerKey = (String, String, String);
-        let mut per_node: HashMap<String, usize> = self
-            .store
-            .field_counts("pods", "/spec/nodeName")
-            .filter(|(n, _)| !n.is_empty())
-            .map(|(n, c)| (n.to_string(), c))
-            .collect();
+        let mut per_node: Option<HashMap<String, usize>> = None;
+        let count_nodes = |store: &Store| {
+            store
+                .field_counts("pods", "/spec/nodeName")
+                .filter(|(n, _)| !n.is_empty())
+                .map(|(n, c)| (n.to_string(), c))
+                .collect::<HashMap<String, usize>>()
+        };
         let mut per_owner: HashMap<OwnerKey, HashMap<String, usize>> = HashMap::new();
         let owner_key = |p: &Value| {
             controller_of(p)
@@ -1855,63 +1866,64 @@ impl Cluster {
         };
         let no_counts = HashMap::new();
         for (ns, name, created) in due {
-            let Some(mut pod) = self.store.get("pods", &ns, &name).cloned() else {
+            // Judged in place; the pod is copied only once it starts.
+            let Some(current) = self.store.get("pods", &ns, &name) else {
                 self.pending.remove(&(ns, name));
                 continue;
             };
-            let owner = owner_key(&pod);
-            let node_name = match node_of(&pod) {
-                "" => {
-                    let pinned = self.pinned_node(&pod);
-                    let same = match &owner {
-                        Some(o) => &*per_owner
-                            .entry(o.clone())
-                            .or_insert_with(|| count_owned(&self.store, o)),
-                        None => &no_counts,
-                    };
-                    // Spread: fewest pods of the same owner, then fewest pods, then name.
-                    let best = nodes
-                        .iter()
-                        // A cordon keeps out only pods that do not tolerate it (the
-                        // scheduler's NodeUnschedulable plugin: pkg/scheduler/framework/
-                        // plugins/nodeunschedulable/node_unschedulable.go at v1.33.5).
-                        .filter(|n| {
-                            n.schedulable || (n.cordoned_only && tolerates_unschedulable(&pod))
-                        })
-                        .filter(|n| selects_node(&pod, &n.labels))
-                        .filter(|n| pinned.as_deref().is_none_or(|p| p == n.name))
-                        .min_by_key(|n| {
-                            (
-                                same.get(&n.name).copied().unwrap_or(0),
-                                per_node.get(&n.name).copied().unwrap_or(0),
-                                &n.name,
-                            )
-                        });
-                    match best {
-                        Some(n) => n.name.clone(),
-                        None => continue,
-                    }
+            let owner = owner_key(current);
+            let unbound = node_of(current).is_empty();
+            let node_name = if unbound {
+                let pinned = self.pinned_node(current);
+                let same = match &owner {
+                    Some(o) => &*per_owner
+                        .entry(o.clone())
+                        .or_insert_with(|| count_owned(&self.store, o)),
+                    None => &no_counts,
+                };
+                let per_node = per_node.get_or_insert_with(|| count_nodes(&self.store));
+                // Spread: fewest pods of the same owner, then fewest pods, then name.
+                let best = nodes
+                    .iter()
+                    // A cordon keeps out only pods that do not tolerate it (the
+                    // scheduler's NodeUnschedulable plugin: pkg/scheduler/framework/
+                    // plugins/nodeunschedulable/node_unschedulable.go at v1.33.5).
+                    .filter(|n| {
+                        n.schedulable || (n.cordoned_only && tolerates_unschedulable(current))
+                    })
+                    .filter(|n| selects_node(current, &n.labels))
+                    .filter(|n| pinned.as_deref().is_none_or(|p| p == n.name))
+                    .min_by_key(|n| {
+                        (
+                            same.get(&n.name).copied().unwrap_or(0),
+                            per_node.get(&n.name).copied().unwrap_or(0),
+                            &n.name,
+                        )
+                    });
+                match best {
+                    Some(n) => n.name.clone(),
+                    None => continue,
                 }
-                n => {
-                    // A pod bound to a node starts once that node's kubelet has been Ready
-                    // for the start delay (a rebooted node restarts its DaemonSet pods).
-                    let Some(node) = nodes.iter().find(|x| x.name == n && x.ready) else {
-                        continue;
-                    };
-                    let start = created.max(node.ready_since).plus(delay);
-                    if start > now {
-                        self.next_pod_start =
-                            Some(self.next_pod_start.map_or(start, |t| t.min(start)));
-                        continue;
-                    }
-                    n.to_string()
+            } else {
+                // A pod bound to a node starts once that node's kubelet has been Ready
+                // for the start delay (a rebooted node restarts its DaemonSet pods).
+                let n = node_of(current);
+                let Some(node) = brief(n).filter(|x| x.ready) else {
+                    continue;
+                };
+                let start = created.max(node.ready_since).plus(delay);
+                if start > now {
+                    self.next_pod_start = Some(self.next_pod_start.map_or(start, |t| t.min(start)));
+                    continue;
                 }
+                n.to_string()
             };
             // The kubelet waits for the attach-detach controller (Multi-Attach).
-            if self.attached_elsewhere(&pod, &node_name) {
+            if self.attached_elsewhere(current, &node_name) {
                 continue;
             }
-            if node_of(&pod).is_empty() {
+            let mut pod = current.clone();
+            if unbound {
                 if let Some(o) = owner {
                     *per_owner
                         .entry(o)
@@ -1919,11 +1931,11 @@ impl Cluster {
                         .entry(node_name.clone())
                         .or_default() += 1;
                 }
-                *per_node.entry(node_name.clone()).or_default() += 1;
+                if let Some(per_node) = per_node.as_mut() {
+                    *per_node.entry(node_name.clone()).or_default() += 1;
+                }
             }
-            let host_ip = nodes
-                .iter()
-                .find(|n| n.name == node_name)
+            let host_ip = brief(&node_name)
                 .map(|n| n.ip.clone())
                 .unwrap_or_default();
             let serial = self.store.resource_version();
@@ -2000,14 +2012,14 @@ impl Cluster {
         let delay = self.behaviour.replica_rebuild_delay;
         let due = self.resync_due.values().any(|t| *t <= now)
             || self.degraded_since.values().any(|t| t.plus(delay) <= now);
-        // Quiet since the last pass that changed nothing: no replica or volume changed, no
-        // Node's brief, no kubelet went silent or came back, no fault moved. Judged without
+        // Quiet since the last pass: no replica or volume changed, no Node's brief, no
+        // kubelet went silent or came back, no fault moved, nothing fell due. Judged without
         // reading a Node or a volume.
         let briefs_changed = self.node_view().changed;
-        if let Some((rv, nodes_seen, last)) = &self.longhorn_quiet {
-            let unchanged = self.store.last_change("replicas") <= *rv
-                && self.store.last_change("volumes") <= *rv
-                && briefs_changed <= *nodes_seen
+        if let Some(last) = &self.longhorn_seen {
+            let unchanged = self.store.last_change("replicas") <= last.at
+                && self.store.last_change("volumes") <= last.at
+                && briefs_changed <= last.nodes_changed
                 && last.silent.iter().eq(self.silent_since.keys())
                 && last.never == self.faults.replicas_never_rebuild;
             if !due && unchanged {
@@ -2027,22 +2039,19 @@ impl Cluster {
             .filter(|(name, ready, _)| *ready && !self.silent_since.contains_key(*name))
             .map(|(name, ..)| *name)
             .collect();
-        let seen = LonghornNodes {
-            silent: self.silent_since.keys().cloned().collect(),
-            never: self.faults.replicas_never_rebuild.clone(),
-        };
         let before = self.store.resource_version();
         // A replica deleted while it re-synced has nothing left to finish.
         let store = &self.store;
         self.resync_due
             .retain(|(ns, name), _| store.get("replicas", ns, name).is_some());
-        // Read in place; only what changes is copied (a pass over 500 nodes' volumes used to
-        // copy every volume and replica).
-        let volumes: Vec<(String, String)> = self
-            .store
-            .iter("volumes")
-            .map(|v| (namespace_of(v).to_string(), name_of(v).to_string()))
-            .collect();
+        let volumes = self.longhorn_volumes_to_look_at(&ready, now);
+        self.longhorn_seen = Some(LonghornSeen {
+            at: before,
+            nodes_changed: briefs_changed,
+            ready: ready.iter().map(|n| n.to_string()).collect(),
+            silent: self.silent_since.keys().cloned().collect(),
+            never: self.faults.replicas_never_rebuild.clone(),
+        });
         for (ns, vname) in volumes {
             let never = self.faults.replicas_never_rebuild.contains(&vname);
             let Some(vol) = self.store.get("volumes", &ns, &vname) else {
@@ -2176,8 +2185,77 @@ impl Cluster {
                 let _ = self.store.update(rt("volumes"), &ns, &vname, v2);
             }
         }
-        let after = self.store.resource_version();
-        self.longhorn_quiet = (after == before).then_some((after, briefs_changed, seen));
+    }
+
+    /// The Longhorn volumes a pass looks at: those whose volume or replicas changed since
+    /// the last pass began, those with a replica on a node that came or went for Longhorn,
+    /// and those with a re-sync or a rebuild due; every volume when the history does not
+    /// reach back or the `replicasNeverRebuild` fault moved. Any other volume's pass would
+    /// change nothing.
+    fn longhorn_volumes_to_look_at(
+        &self,
+        ready: &BTreeSet<&str>,
+        now: Timestamp,
+    ) -> Vec<(String, String)> {
+        let all = || {
+            self.store
+                .iter("volumes")
+                .map(|v| (namespace_of(v).to_string(), name_of(v).to_string()))
+                .collect()
+        };
+        let Some(last) = &self.longhorn_seen else {
+            return all();
+        };
+        if last.never != self.faults.replicas_never_rebuild {
+            return all();
+        }
+        let Some(changes) = self.store.changes_since(last.at) else {
+            return all();
+        };
+        let mut out: BTreeSet<(String, String)> = BTreeSet::new();
+        let volume_of = |r: &Value| {
+            r.at("/spec/volumeName")
+                .and_then(Value::as_str)
+                .map(|v| (namespace_of(r).to_string(), v.to_string()))
+        };
+        for e in changes {
+            match e.plural {
+                "replicas" => out.extend(volume_of(&e.object)),
+                "volumes" => {
+                    out.insert((e.namespace.clone(), name_of(&e.object).to_string()));
+                }
+                _ => {}
+            }
+        }
+        let moved = ready
+            .iter()
+            .filter(|n| !last.ready.contains(**n))
+            .map(|n| n.to_string())
+            .chain(
+                last.ready
+                    .iter()
+                    .filter(|n| !ready.contains(n.as_str()))
+                    .cloned(),
+            );
+        for node in moved {
+            out.extend(
+                self.store
+                    .by_field("replicas", "/spec/nodeID", &node)
+                    .filter_map(volume_of),
+            );
+        }
+        let delay = self.behaviour.replica_rebuild_delay;
+        for ((ns, name), due) in &self.resync_due {
+            if *due <= now {
+                out.extend(self.store.get("replicas", ns, name).and_then(volume_of));
+            }
+        }
+        for (key, since) in &self.degraded_since {
+            if since.plus(delay) <= now {
+                out.insert(key.clone());
+            }
+        }
+        out.into_iter().collect()
     }
 
     /// The CSI volumes (PersistentVolume name, driver, volume handle) a pod's
@@ -2413,7 +2491,13 @@ impl Cluster {
                 updates.push((plural, o2));
             }
         }
-        let sets = deployment_sets(store);
+        // Which ReplicaSets each Deployment owns: read only when some Deployment may need
+        // its status again.
+        let sets = if dirty.all || dirty.owners.iter().any(|(_, k, _)| k != "DaemonSet") {
+            deployment_sets(store)
+        } else {
+            DeploymentSets::new()
+        };
         for d in self.store.iter("deployments") {
             let ns = namespace_of(d);
             let its_sets = sets
@@ -2766,10 +2850,14 @@ fn container_statuses(pod: &Value, now: Timestamp) -> Value {
     )
 }
 
-/// What Longhorn's pass read besides replicas, volumes and Nodes: the nodes whose kubelet
-/// is silent, and the volumes the `replicasNeverRebuild` fault holds.
+/// What Longhorn's last pass read: the store's resourceVersion when it began, the Node
+/// view's last change, the nodes it counted as up, those whose kubelet was silent, and the
+/// volumes the `replicasNeverRebuild` fault held.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct LonghornNodes {
+struct LonghornSeen {
+    at: u64,
+    nodes_changed: u64,
+    ready: BTreeSet<String>,
     silent: BTreeSet<String>,
     never: BTreeSet<String>,
 }
