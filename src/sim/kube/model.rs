@@ -11,9 +11,7 @@ use serde_json::{json, Value};
 
 use super::resources::{by_kind, ResourceType};
 use super::select::{FieldSelector, LabelSelector};
-use super::store::{
-    has_claims, name_of, namespace_of, set_path, ApiError, At, EventType, Store,
-};
+use super::store::{has_claims, name_of, namespace_of, set_path, ApiError, At, EventType, Store};
 use crate::clock::Timestamp;
 
 /// How fast the simulated controllers react.
@@ -708,7 +706,12 @@ impl Cluster {
                 .collect();
             for pod in evicted {
                 let (ns, name) = (namespace_of(&pod).to_string(), name_of(&pod).to_string());
-                self.record_event(&pod, "TaintManagerEviction", "Marking for deletion Pod", now);
+                self.record_event(
+                    &pod,
+                    "TaintManagerEviction",
+                    "Marking for deletion Pod",
+                    now,
+                );
                 let _ = self.delete_pod(&ns, &name, None, now);
             }
             self.deferred = deferred;
@@ -802,7 +805,7 @@ impl Cluster {
                 let evictable = self
                     .store
                     .by_field("pods", "/spec/nodeName", node)
-                    .any(|p| taint_evicts(p));
+                    .any(taint_evicts);
                 evictable.then_some(evict_at)
             })
             .min()
@@ -1359,7 +1362,6 @@ impl Cluster {
             .map(|p| PodBrief {
                 namespace: namespace_of(p).to_string(),
                 name: name_of(p).to_string(),
-                node: node_of(p).to_string(),
                 template: pod_template_hash(p).map(String::from),
                 terminating: p.at("/metadata/deletionTimestamp").is_some(),
             })
@@ -1378,30 +1380,28 @@ impl Cluster {
         let last = self.store.last_change("nodes");
         let view = match self.node_view.take() {
             Some(v) if last <= v.at => v,
-            Some(mut v) => {
-                match self.changed_nodes(v.at) {
-                    Some(names) => {
-                        for name in names {
-                            let fresh = self.store.get("nodes", "", &name).map(node_brief);
-                            let Some(fresh) = fresh else { continue };
-                            let Ok(i) = v.briefs.binary_search_by(|b| b.name.cmp(&name)) else {
-                                continue;
-                            };
-                            if v.briefs[i] != fresh {
-                                Arc::make_mut(&mut v.briefs)[i] = fresh;
-                                v.changed = rv;
-                            }
+            Some(mut v) => match self.changed_nodes(v.at) {
+                Some(names) => {
+                    for name in names {
+                        let fresh = self.store.get("nodes", "", &name).map(node_brief);
+                        let Some(fresh) = fresh else { continue };
+                        let Ok(i) = v.briefs.binary_search_by(|b| b.name.cmp(&name)) else {
+                            continue;
+                        };
+                        if v.briefs[i] != fresh {
+                            Arc::make_mut(&mut v.briefs)[i] = fresh;
+                            v.changed = rv;
                         }
-                        v.at = rv;
-                        v
                     }
-                    None => NodeView {
-                        at: rv,
-                        changed: rv,
-                        briefs: Arc::new(self.build_node_briefs()),
-                    },
+                    v.at = rv;
+                    v
                 }
-            }
+                None => NodeView {
+                    at: rv,
+                    changed: rv,
+                    briefs: Arc::new(self.build_node_briefs()),
+                },
+            },
             None => NodeView {
                 at: rv,
                 changed: rv,
@@ -1647,7 +1647,6 @@ impl Cluster {
                     Some(p) => have.push(PodBrief {
                         namespace: ns.clone(),
                         name: name.clone(),
-                        node: node_of(p).to_string(),
                         template: pod_template_hash(p).map(String::from),
                         terminating: p.at("/metadata/deletionTimestamp").is_some(),
                     }),
@@ -1688,82 +1687,46 @@ impl Cluster {
             let Some(nodes) = briefs.as_ref() else {
                 continue;
             };
+            let nodes = nodes.clone();
             let ns = namespace_of(&ds).to_string();
-            let have = self.briefs_of(&ns, "DaemonSet", name_of(&ds));
-            let covered: BTreeSet<&str> = have.iter().map(|p| p.node.as_str()).collect();
-            let mut complete = true;
-            // Every node gets one (DaemonSet pods tolerate NotReady); on a NotReady node the
-            // pod stays Pending until the kubelet is back.
-            for node in nodes.iter() {
-                if !covered.contains(node.name.as_str()) {
-                    let name = format!("{}-{}", name_of(&ds), self.store.suffix());
-                    self.new_pod(&ds, name, Some(&node.name), Vec::new(), now);
-                    complete = false;
-                }
-            }
-            // Pods of a node that no longer exists are garbage.
-            let known: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-            for p in have.iter().filter(|p| !known.contains(p.node.as_str())) {
-                let _ = self.store.delete(rt_pods(), &ns, &p.name);
-            }
-            if complete {
-                self.roll_daemon_set(&ds, &have, nodes.len() as u64);
-            }
-        }
-    }
-
-    /// A DaemonSet's RollingUpdate (no surge), as the DaemonSet controller does it: an old
-    /// pod that is not available is replaced at once; available old pods are replaced only
-    /// while fewer than `maxUnavailable` (default 1, a percentage of the nodes rounded up)
-    /// of its pods are unavailable, counting new pods still starting. `OnDelete` never
-    /// replaces a pod. The twin's DaemonSet pods exit at once when deleted.
-    fn roll_daemon_set(&mut self, ds: &Value, have: &[PodBrief], desired: u64) {
-        if ds.at("/spec/updateStrategy/type").and_then(Value::as_str) == Some("OnDelete") {
-            return;
-        }
-        let current = template_hash(ds);
-        let max_unavailable = ds
-            .at("/spec/updateStrategy/rollingUpdate/maxUnavailable")
-            .and_then(|v| scaled(v, desired))
-            .unwrap_or(1)
-            .max(1);
-        let available = |p: &PodBrief| {
-            !p.terminating
-                && !self
-                    .pending
-                    .contains_key(&(p.namespace.clone(), p.name.clone()))
-                && self
-                    .store
-                    .get("pods", &p.namespace, &p.name)
-                    .is_some_and(is_ready)
-        };
-        let mut per_node: BTreeMap<&str, Vec<&PodBrief>> = BTreeMap::new();
-        for p in have {
-            per_node.entry(p.node.as_str()).or_default().push(p);
-        }
-        let mut unavailable = 0u64;
-        let mut replace_now: Vec<String> = Vec::new();
-        let mut candidates: Vec<String> = Vec::new();
-        for pods in per_node.values() {
-            let [p] = pods.as_slice() else {
-                // More than one pod on a node: the manage loop sorts it out.
-                unavailable += 1;
-                continue;
+            // Judged in place over the DaemonSet's pods (one per node, hundreds on a large
+            // cluster, looked at again whenever one of them changes); what to change is
+            // collected, then done.
+            let (missing, orphans, replace) = {
+                let have = self.store.pods_owned_by(&ns, "DaemonSet", name_of(&ds));
+                let covered: HashSet<&str> = have.iter().map(|p| node_of(p)).collect();
+                // Every node gets one (DaemonSet pods tolerate NotReady); on a NotReady node
+                // the pod stays Pending until the kubelet is back.
+                let missing: Vec<String> = nodes
+                    .iter()
+                    .filter(|n| !covered.contains(n.name.as_str()))
+                    .map(|n| n.name.clone())
+                    .collect();
+                // Pods of a node that no longer exists are garbage.
+                let known = |node: &str| {
+                    nodes
+                        .binary_search_by(|b| b.name.as_str().cmp(node))
+                        .is_ok()
+                };
+                let orphans: Vec<String> = have
+                    .iter()
+                    .filter(|p| !known(node_of(p)))
+                    .map(|p| name_of(p).to_string())
+                    .collect();
+                let replace = if missing.is_empty() {
+                    daemon_set_replacements(&ds, &have, nodes.len() as u64)
+                } else {
+                    Vec::new()
+                };
+                (missing, orphans, replace)
             };
-            let new = p.template.as_deref() == Some(current.as_str());
-            match (new, available(p)) {
-                (true, true) => {}
-                (true, false) => unavailable += 1,
-                (false, false) => replace_now.push(p.name.clone()),
-                (false, true) if unavailable >= max_unavailable => {}
-                (false, true) => candidates.push(p.name.clone()),
+            for node in missing {
+                let name = format!("{}-{}", name_of(&ds), self.store.suffix());
+                self.new_pod(&ds, name, Some(&node), Vec::new(), now);
             }
-        }
-        let room = max_unavailable.saturating_sub(unavailable) as usize;
-        replace_now.extend(candidates.into_iter().take(room));
-        let ns = namespace_of(ds).to_string();
-        for name in replace_now {
-            let _ = self.store.delete(rt_pods(), &ns, &name);
+            for name in orphans.iter().chain(&replace) {
+                let _ = self.store.delete(rt_pods(), &ns, name);
+            }
         }
     }
 
@@ -1935,9 +1898,7 @@ impl Cluster {
                     *per_node.entry(node_name.clone()).or_default() += 1;
                 }
             }
-            let host_ip = brief(&node_name)
-                .map(|n| n.ip.clone())
-                .unwrap_or_default();
+            let host_ip = brief(&node_name).map(|n| n.ip.clone()).unwrap_or_default();
             let serial = self.store.resource_version();
             set_path(&mut pod, &["spec", "nodeName"], json!(node_name));
             set_path(&mut pod, &["status", "phase"], json!("Running"));
@@ -2724,7 +2685,6 @@ impl Dirty {
 struct PodBrief {
     namespace: String,
     name: String,
-    node: String,
     template: Option<String>,
     terminating: bool,
 }
@@ -2772,6 +2732,52 @@ struct NodeBrief {
     labels: Value,
     ip: String,
     ready_since: Timestamp,
+}
+
+/// A DaemonSet's RollingUpdate (no surge), as the DaemonSet controller does it: the pods
+/// to replace now. An old pod that is not available is replaced at once; available old
+/// pods are replaced only while fewer than `maxUnavailable` (default 1, a percentage of the
+/// nodes rounded up) of its pods are unavailable, counting new pods still starting.
+/// `OnDelete` never replaces a pod. The twin's DaemonSet pods exit at once when deleted.
+fn daemon_set_replacements(ds: &Value, have: &[&Value], desired: u64) -> Vec<String> {
+    if ds.at("/spec/updateStrategy/type").and_then(Value::as_str) == Some("OnDelete") {
+        return Vec::new();
+    }
+    let current = template_hash(ds);
+    let max_unavailable = ds
+        .at("/spec/updateStrategy/rollingUpdate/maxUnavailable")
+        .and_then(|v| scaled(v, desired))
+        .unwrap_or(1)
+        .max(1);
+    // A pod still Pending (the pods `start_pending` waits on) is not available.
+    let available = |p: &Value| {
+        p.at("/metadata/deletionTimestamp").is_none()
+            && p.at("/status/phase").and_then(Value::as_str) != Some("Pending")
+            && is_ready(p)
+    };
+    let mut by_node: Vec<&Value> = have.to_vec();
+    by_node.sort_by(|a, b| node_of(a).cmp(node_of(b)));
+    let mut unavailable = 0u64;
+    let mut replace_now: Vec<String> = Vec::new();
+    let mut candidates: Vec<String> = Vec::new();
+    for pods in by_node.chunk_by(|a, b| node_of(a) == node_of(b)) {
+        let [p] = pods else {
+            // More than one pod on a node: the manage loop sorts it out.
+            unavailable += 1;
+            continue;
+        };
+        let new = pod_template_hash(p) == Some(current.as_str());
+        match (new, available(p)) {
+            (true, true) => {}
+            (true, false) => unavailable += 1,
+            (false, false) => replace_now.push(name_of(p).to_string()),
+            (false, true) if unavailable >= max_unavailable => {}
+            (false, true) => candidates.push(name_of(p).to_string()),
+        }
+    }
+    let room = max_unavailable.saturating_sub(unavailable) as usize;
+    replace_now.extend(candidates.into_iter().take(room));
+    replace_now
 }
 
 fn node_brief(n: &Value) -> NodeBrief {
