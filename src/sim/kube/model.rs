@@ -143,6 +143,9 @@ pub struct Cluster {
     /// touched since (their replicas, their nodes, a re-sync or rebuild due), and is skipped
     /// when nothing did, so it costs what changed rather than every volume of the cluster.
     longhorn_seen: Option<LonghornSeen>,
+    /// The volumes Longhorn's passes looked at, in order (tests pin what a change costs).
+    #[cfg(test)]
+    longhorn_judged: Vec<String>,
     /// The store's resourceVersion after an attach/detach pass that changed nothing: until
     /// a pod with a claim, a claim, a PersistentVolume or a VolumeAttachment changes, or a
     /// detach falls due, another pass would change nothing and is skipped.
@@ -394,6 +397,8 @@ impl Cluster {
             degraded_since: BTreeMap::new(),
             resync_due: BTreeMap::new(),
             longhorn_seen: None,
+            #[cfg(test)]
+            longhorn_judged: Vec::new(),
             attach_quiet: None,
             node_view: None,
             detach_due: BTreeMap::new(),
@@ -1297,10 +1302,13 @@ impl Cluster {
     }
 
     /// Forget what is settled: the next sync looks at everything.
+    ///
+    /// Longhorn's pass keeps what it saw: besides the store's changes it compares the
+    /// silent kubelets and the fault it reads itself, so a node going down touches only the
+    /// volumes with a replica there.
     fn invalidate(&mut self) {
         self.settled_at = None;
         self.statuses_at = None;
-        self.longhorn_seen = None;
         self.attach_quiet = None;
     }
 
@@ -2014,6 +2022,8 @@ impl Cluster {
             never: self.faults.replicas_never_rebuild.clone(),
         });
         for (ns, vname) in volumes {
+            #[cfg(test)]
+            self.longhorn_judged.push(vname.clone());
             let never = self.faults.replicas_never_rebuild.contains(&vname);
             let Some(vol) = self.store.get("volumes", &ns, &vname) else {
                 continue;
@@ -2963,6 +2973,60 @@ mod tests {
                 r.at("/spec/volumeName").and_then(Value::as_str) == Some(volume)
                     && r.at("/spec/nodeID").and_then(Value::as_str) == Some(node)
             })
+    }
+
+    #[test]
+    fn longhorns_pass_looks_only_at_the_volumes_a_change_touched() -> Result<(), ApiError> {
+        let t0 = Timestamp(1_767_225_600_000);
+        let s = Duration::from_secs;
+        // Three replicas each of pvc-a and pvc-b (one on every worker); pvc-c's one replica
+        // is on worker-3.
+        let mut c = super::super::seed::KubeSeed::nodes(1, 3)
+            .longhorn_volume_attached("pvc-a", 3, "worker-2")
+            .longhorn_volume_attached("pvc-b", 3, "worker-2")
+            .longhorn_volume_attached("pvc-c", 1, "worker-3")
+            .build(Behaviour::default(), t0)?;
+        for v in ["pvc-a", "pvc-b", "pvc-c"] {
+            assert_eq!(robustness(&c, v), "healthy", "{v}");
+        }
+        let judged = |c: &Cluster, from: usize| -> BTreeSet<String> {
+            c.longhorn_judged[from..].iter().cloned().collect()
+        };
+        // Heartbeats (Node reports, lease renewals) change nothing Longhorn reads.
+        let mark = c.longhorn_judged.len();
+        c.sync(t0.plus(s(301)));
+        assert!(judged(&c, mark).is_empty(), "{:?}", judged(&c, mark));
+        // A client clears one replica's healthyAt: that volume alone is judged again, and
+        // found degraded.
+        let mark = c.longhorn_judged.len();
+        let mut r = replica_on(&c, "pvc-a", "worker-1").unwrap_or_default();
+        set_path(&mut r, &["spec", "healthyAt"], json!(""));
+        if let Some(m) = r.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+        }
+        c.upsert(r, t0.plus(s(302)))?;
+        assert_eq!(robustness(&c, "pvc-a"), "degraded");
+        assert_eq!(judged(&c, mark), BTreeSet::from(["pvc-a".to_string()]));
+        // worker-1 goes down: the volumes with a replica there are judged, pvc-c is not.
+        let mark = c.longhorn_judged.len();
+        c.node_down("worker-1", t0.plus(s(310)))?;
+        assert_eq!(robustness(&c, "pvc-b"), "degraded");
+        assert_eq!(robustness(&c, "pvc-c"), "healthy");
+        assert_eq!(
+            judged(&c, mark),
+            BTreeSet::from(["pvc-a".to_string(), "pvc-b".to_string()])
+        );
+        // Back: its replicas are reused, and once re-synced both volumes are healthy.
+        c.set_node_ready("worker-1", true, t0.plus(s(320)))?;
+        let reused = replica_on(&c, "pvc-b", "worker-1").unwrap_or_default();
+        assert_eq!(reused.at("/status/currentState"), Some(&json!("running")));
+        c.sync(t0.plus(s(320 + 120)));
+        assert_eq!(robustness(&c, "pvc-b"), "healthy");
+        // The fault moving makes every volume looked at again.
+        let mark = c.longhorn_judged.len();
+        c.set_replicas_never_rebuild(["pvc-c".to_string()].into(), t0.plus(s(500)));
+        assert_eq!(judged(&c, mark).len(), 3);
+        Ok(())
     }
 
     #[test]
