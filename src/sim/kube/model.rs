@@ -2976,6 +2976,36 @@ mod tests {
     }
 
     #[test]
+    fn the_node_view_is_patched_from_the_nodes_that_changed() -> Result<(), ApiError> {
+        let t0 = Timestamp(1_767_225_600_000);
+        let s = Duration::from_secs;
+        let mut c = super::super::seed::KubeSeed::nodes(1, 3).build(Behaviour::default(), t0)?;
+        let before = c.node_briefs();
+        let first = c.node_view().changed;
+        // The five-minute heartbeats write every Node; no brief differs.
+        let written = c.store.last_change("nodes");
+        c.sync(t0.plus(s(301)));
+        assert!(
+            c.store.last_change("nodes") > written,
+            "no heartbeat was written"
+        );
+        assert_eq!(c.node_view().changed, first);
+        // A cordon changes that node's brief alone, as a full rebuild would see it.
+        c.set_unschedulable("worker-2", true, t0.plus(s(302)))?;
+        let after = c.node_briefs();
+        assert!(c.node_view().changed > first);
+        assert_eq!(*after, c.build_node_briefs());
+        for (was, is) in before.iter().zip(after.iter()) {
+            if is.name == "worker-2" {
+                assert!(!is.schedulable && is.cordoned_only, "{is:?}");
+            } else {
+                assert_eq!(was, is);
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
     fn longhorns_pass_looks_only_at_the_volumes_a_change_touched() -> Result<(), ApiError> {
         let t0 = Timestamp(1_767_225_600_000);
         let s = Duration::from_secs;
