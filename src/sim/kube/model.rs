@@ -1386,36 +1386,30 @@ impl Cluster {
     fn node_view(&mut self) -> &NodeView {
         let rv = self.store.resource_version();
         let last = self.store.last_change("nodes");
-        let view = match self.node_view.take() {
-            Some(v) if last <= v.at => v,
-            Some(mut v) => match self.changed_nodes(v.at) {
-                Some(names) => {
-                    for name in names {
-                        let fresh = self.store.get("nodes", "", &name).map(node_brief);
-                        let Some(fresh) = fresh else { continue };
-                        let Ok(i) = v.briefs.binary_search_by(|b| b.name.cmp(&name)) else {
-                            continue;
-                        };
-                        if v.briefs[i] != fresh {
-                            Arc::make_mut(&mut v.briefs)[i] = fresh;
-                            v.changed = rv;
-                        }
+        let kept = match self.node_view.take() {
+            Some(v) if last <= v.at => Some(v),
+            Some(mut v) => self.changed_nodes(v.at).map(|names| {
+                for name in names {
+                    let fresh = self.store.get("nodes", "", &name).map(node_brief);
+                    let Some(fresh) = fresh else { continue };
+                    let Ok(i) = v.briefs.binary_search_by(|b| b.name.cmp(&name)) else {
+                        continue;
+                    };
+                    if v.briefs[i] != fresh {
+                        Arc::make_mut(&mut v.briefs)[i] = fresh;
+                        v.changed = rv;
                     }
-                    v.at = rv;
-                    v
                 }
-                None => NodeView {
-                    at: rv,
-                    changed: rv,
-                    briefs: Arc::new(self.build_node_briefs()),
-                },
-            },
-            None => NodeView {
-                at: rv,
-                changed: rv,
-                briefs: Arc::new(self.build_node_briefs()),
-            },
+                v.at = rv;
+                v
+            }),
+            None => None,
         };
+        let view = kept.unwrap_or_else(|| NodeView {
+            at: rv,
+            changed: rv,
+            briefs: Arc::new(self.build_node_briefs()),
+        });
         self.node_view.insert(view)
     }
 
@@ -1689,13 +1683,7 @@ impl Cluster {
                 continue;
             }
             // Read the nodes once, and only when some DaemonSet looks at them.
-            if briefs.is_none() {
-                briefs = Some(self.node_briefs());
-            }
-            let Some(nodes) = briefs.as_ref() else {
-                continue;
-            };
-            let nodes = nodes.clone();
+            let nodes = briefs.get_or_insert_with(|| self.node_briefs()).clone();
             let ns = namespace_of(&ds).to_string();
             // Judged in place over the DaemonSet's pods (one per node, hundreds on a large
             // cluster, looked at again whenever one of them changes); what to change is
@@ -1711,14 +1699,9 @@ impl Cluster {
                     .map(|n| n.name.clone())
                     .collect();
                 // Pods of a node that no longer exists are garbage.
-                let known = |node: &str| {
-                    nodes
-                        .binary_search_by(|b| b.name.as_str().cmp(node))
-                        .is_ok()
-                };
                 let orphans: Vec<String> = have
                     .iter()
-                    .filter(|p| !known(node_of(p)))
+                    .filter(|p| brief_of(&nodes, node_of(p)).is_none())
                     .map(|p| name_of(p).to_string())
                     .collect();
                 let replace = if missing.is_empty() {
@@ -1800,12 +1783,7 @@ impl Cluster {
             return;
         }
         let nodes = self.node_briefs();
-        let brief = |name: &str| {
-            nodes
-                .binary_search_by(|b| b.name.as_str().cmp(name))
-                .ok()
-                .and_then(|i| nodes.get(i))
-        };
+        let brief = |name: &str| brief_of(&nodes, name);
         // Pods per node and per owner per node, kept current while placing: per node from
         // the node index (counted when the first unbound pod is placed: most passes only
         // start pods already bound, a DaemonSet's on a rebooted node); per owner from the
@@ -1984,7 +1962,10 @@ impl Cluster {
         // Quiet since the last pass: no replica or volume changed, no Node's brief, no
         // kubelet went silent or came back, no fault moved, nothing fell due. Judged without
         // reading a Node or a volume.
-        let briefs_changed = self.node_view().changed;
+        let (briefs_changed, briefs) = {
+            let view = self.node_view();
+            (view.changed, view.briefs.clone())
+        };
         if let Some(last) = &self.longhorn_seen {
             let unchanged = self.store.last_change("replicas") <= last.at
                 && self.store.last_change("volumes") <= last.at
@@ -1996,7 +1977,6 @@ impl Cluster {
             }
         }
         // Name, readiness and role of each node: all Longhorn reads.
-        let briefs = self.node_briefs();
         let nodes: Vec<(&str, bool, bool)> = briefs
             .iter()
             .map(|n| (n.name.as_str(), n.ready, n.control_plane))
@@ -2744,9 +2724,11 @@ struct NodeBrief {
     ready_since: Timestamp,
 }
 
-/// A DaemonSet's RollingUpdate (no surge), as the DaemonSet controller does it: the pods
-/// to replace now. An old pod that is not available is replaced at once; available old
-/// pods are replaced only while fewer than `maxUnavailable` (default 1, a percentage of the
+/// A DaemonSet's RollingUpdate (no surge), as the DaemonSet controller does it
+/// (kubernetes/kubernetes `pkg/controller/daemon/update.go` `rollingUpdate` v1.33.0, a
+/// pod's availability as `podutil.IsPodAvailable`: Ready, not terminating): the pods to
+/// replace now. An old pod that is not available is replaced at once; available old pods
+/// are replaced only while fewer than `maxUnavailable` (default 1, a percentage of the
 /// nodes rounded up) of its pods are unavailable, counting new pods still starting.
 /// `OnDelete` never replaces a pod. The twin's DaemonSet pods exit at once when deleted.
 fn daemon_set_replacements(ds: &Value, have: &[&Value], desired: u64) -> Vec<String> {
@@ -2788,6 +2770,14 @@ fn daemon_set_replacements(ds: &Value, have: &[&Value], desired: u64) -> Vec<Str
     let room = max_unavailable.saturating_sub(unavailable) as usize;
     replace_now.extend(candidates.into_iter().take(room));
     replace_now
+}
+
+/// The brief of the node `name` among `briefs` (sorted by name, as the Node view keeps them).
+fn brief_of<'a>(briefs: &'a [NodeBrief], name: &str) -> Option<&'a NodeBrief> {
+    briefs
+        .binary_search_by(|b| b.name.as_str().cmp(name))
+        .ok()
+        .and_then(|i| briefs.get(i))
 }
 
 fn node_brief(n: &Value) -> NodeBrief {
