@@ -13,7 +13,7 @@ use axum::http::{header, HeaderMap, Method, Response, StatusCode, Uri};
 use axum::Router;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
-use tokio::sync::{broadcast, mpsc, watch, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio_rustls::{rustls, TlsAcceptor};
 
 use crate::sim::faults::{FaultHook, FaultTargets, FaultsConfig, Origin};
@@ -1438,7 +1438,7 @@ fn watch(
         .map(String::from);
     let (initial, mut rx, start_rv) = {
         let c = sh.lock();
-        let rx = c.store.subscribe();
+        let rx = c.store.subscribe(rt.storage);
         let rv = c.store.resource_version();
         let initial: Result<Vec<(EventType, Arc<Value>)>, ApiError> = match &from {
             None => Ok(c
@@ -1515,66 +1515,51 @@ fn watch(
         let mut tick = tokio::time::interval(Duration::from_secs(5));
         tick.tick().await;
         loop {
-            tokio::select! {
+            // A notice says only that this resource changed since; a bookmark first catches
+            // up, so the version it carries covers every event sent before it.
+            let bookmark_due = tokio::select! {
                 _ = &mut deadline => return,
-                _ = tick.tick(), if bookmarks => {
-                    if tx.send(Ok(event_line("BOOKMARK", &bookmark(last)))).await.is_err() {
+                _ = tick.tick(), if bookmarks => true,
+                r = rx.changed() => {
+                    if r.is_err() {
                         return;
                     }
+                    false
                 }
-                r = rx.recv() => {
-                    // The notices say which resource changed: a watcher of another one
-                    // only moves its version on. A lagged receiver missed notices: it reads.
-                    let mut relevant = false;
-                    let mut newest = last;
-                    let mut note = |n: Option<(u64, &str)>| match n {
-                        Some((rv, plural)) => {
-                            newest = newest.max(rv);
-                            relevant |= plural == rt.storage;
-                        }
-                        None => relevant = true,
-                    };
-                    match r {
-                        Err(broadcast::error::RecvError::Closed) => return,
-                        Err(broadcast::error::RecvError::Lagged(_)) => note(None),
-                        Ok(n) => note(Some(n)),
-                    }
-                    loop {
-                        match rx.try_recv() {
-                            Ok(n) => note(Some(n)),
-                            Err(broadcast::error::TryRecvError::Lagged(_)) => note(None),
-                            Err(_) => break,
-                        }
-                    }
-                    if !relevant {
-                        last = newest;
-                        continue;
-                    }
-                    // The events come from the history, so a slow watcher holds no objects
-                    // of its own.
-                    let (events, now_rv) = {
-                        let c = sh.cluster.lock().unwrap_or_else(|e| e.into_inner());
-                        (
-                            c.store.history_since(rt.storage, ns.as_deref(), last),
-                            c.store.resource_version(),
-                        )
-                    };
-                    let events: Vec<WatchEvent> = match events {
-                        Ok(evs) => evs,
-                        // Too slow a reader: what it missed is gone; it must re-list.
-                        Err(e) => {
-                            let _ = tx.send(Ok(event_line("ERROR", &e.status()))).await;
-                            return;
-                        }
-                    };
-                    for ev in events {
-                        let Some(kind) = filter.translate(ev.kind, &ev.object) else { continue };
-                        if tx.send(Ok(line(kind, &ev.object))).await.is_err() {
-                            return;
-                        }
-                    }
-                    last = last.max(now_rv);
+            };
+            // The events come from the history, so a slow watcher holds no objects of its
+            // own.
+            let (events, now_rv) = {
+                let c = sh.cluster.lock().unwrap_or_else(|e| e.into_inner());
+                (
+                    c.store.history_since(rt.storage, ns.as_deref(), last),
+                    c.store.resource_version(),
+                )
+            };
+            let events: Vec<WatchEvent> = match events {
+                Ok(evs) => evs,
+                // Too slow a reader: what it missed is gone; it must re-list.
+                Err(e) => {
+                    let _ = tx.send(Ok(event_line("ERROR", &e.status()))).await;
+                    return;
                 }
+            };
+            for ev in events {
+                let Some(kind) = filter.translate(ev.kind, &ev.object) else {
+                    continue;
+                };
+                if tx.send(Ok(line(kind, &ev.object))).await.is_err() {
+                    return;
+                }
+            }
+            last = last.max(now_rv);
+            if bookmark_due
+                && tx
+                    .send(Ok(event_line("BOOKMARK", &bookmark(last))))
+                    .await
+                    .is_err()
+            {
+                return;
             }
         }
     });

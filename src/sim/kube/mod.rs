@@ -53,7 +53,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use base64::Engine;
-use tokio::sync::{broadcast, watch, Notify};
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::sim::faults::FaultHook;
@@ -218,7 +218,7 @@ impl Drop for KubeTwin {
 /// until the next thing the controllers have due, or until the cluster changes (which may
 /// schedule something sooner). An idle cluster with nothing due sleeps for good.
 async fn drive(shared: Arc<http::Shared>) {
-    let mut changes = shared.lock().store.subscribe();
+    let mut changes = shared.lock().store.subscribe_all();
     loop {
         // A due time already past after a sync is work waiting on a change (a replica with
         // no node to rebuild on, a pod with no node to run on), not on the clock.
@@ -234,12 +234,9 @@ async fn drive(shared: Arc<http::Shared>) {
                     None => std::future::pending::<()>().await,
                 }
             } => {}
-            r = changes.recv() => match r {
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                    // One look covers every change so far.
-                    while changes.try_recv().is_ok() {}
-                }
-                Err(broadcast::error::RecvError::Closed) => return,
+            // One look covers every change so far.
+            r = changes.changed() => if r.is_err() {
+                return;
             },
             _ = shared.poke.notified() => {}
         }

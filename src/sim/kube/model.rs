@@ -174,25 +174,115 @@ pub struct Cluster {
     deferred: bool,
     /// DaemonSets (namespace, name, generation) whose new generation's status is due then.
     status_due: BTreeMap<(String, String, u64), Timestamp>,
-    /// The ReplicaSets each Deployment controlled at the last deployments pass, so a set
-    /// that changes hands (or loses its owner) still wakes the Deployment it left.
+    /// The ReplicaSets each Deployment controls.
     deployment_sets: DeploymentSets,
+    /// The Deployments a ReplicaSet joined or left since the last deployments pass: a set
+    /// that changes hands (or loses its owner) still wakes the Deployment it left.
+    deployments_moved: BTreeSet<(String, String)>,
+    /// DaemonSets (namespace, name) found with one current pod on every node, and the spec
+    /// they were found with.
+    daemon_sets_settled: HashMap<(String, String), DaemonSetSpec>,
+    /// Each DaemonSet's pods as its status counts them, kept from the pods that changed.
+    daemon_set_pods: HashMap<(String, String), DaemonSetPods>,
+    /// The pods each PodDisruptionBudget (namespace, name) selected when its status was
+    /// last computed, so a pod that no longer matches still wakes it.
+    pdb_pods: HashMap<(String, String), HashSet<String>>,
 }
 
-/// (namespace, Deployment) → the names of the ReplicaSets it controls, in store order.
-type DeploymentSets = HashMap<(String, String), Vec<String>>;
+/// Which ReplicaSets each Deployment controls, kept current from the ReplicaSets that
+/// changed since `at` (rebuilt when the history no longer reaches back), so a pass does not
+/// read every ReplicaSet to find the few whose pods changed.
+#[derive(Debug, Default)]
+struct DeploymentSets {
+    at: Option<u64>,
+    /// (namespace, Deployment) → the names of the ReplicaSets it controls, in store order.
+    sets: HashMap<(String, String), BTreeSet<String>>,
+    /// (namespace, ReplicaSet) → the Deployment controlling it.
+    owner: HashMap<(String, String), String>,
+}
 
-/// Every Deployment's ReplicaSets, in one pass over the ReplicaSets.
-fn deployment_sets(store: &Store) -> DeploymentSets {
-    let mut sets = DeploymentSets::new();
-    for rs in store.iter("replicasets") {
-        if let Some(("Deployment", d)) = controller_of(rs) {
-            sets.entry((namespace_of(rs).to_string(), d.to_string()))
-                .or_default()
-                .push(name_of(rs).to_string());
+impl DeploymentSets {
+    /// Brings the index up to the store; the Deployments a ReplicaSet joined or left are
+    /// added to `moved`.
+    fn refresh(&mut self, store: &Store, moved: &mut BTreeSet<(String, String)>) {
+        let rv = store.resource_version();
+        let changed: Option<BTreeSet<(String, String)>> = match self.at {
+            Some(at) if store.last_change("replicasets") <= at => Some(BTreeSet::new()),
+            Some(at) => store.changes_since(at).map(|changes| {
+                changes
+                    .filter(|e| e.plural == "replicasets")
+                    .map(|e| (e.namespace.clone(), name_of(&e.object).to_string()))
+                    .collect()
+            }),
+            None => None,
+        };
+        let changed = changed.unwrap_or_else(|| {
+            moved.extend(self.sets.drain().map(|(d, _)| d));
+            self.owner.clear();
+            store
+                .iter("replicasets")
+                .map(|rs| (namespace_of(rs).to_string(), name_of(rs).to_string()))
+                .collect()
+        });
+        for (ns, rs) in changed {
+            let now = store
+                .get("replicasets", &ns, &rs)
+                .and_then(controller_of)
+                .filter(|(kind, _)| *kind == "Deployment")
+                .map(|(_, d)| d.to_string());
+            let key = (ns, rs);
+            if self.owner.get(&key) == now.as_ref() {
+                continue;
+            }
+            let (ns, rs) = key;
+            if let Some(before) = self.owner.remove(&(ns.clone(), rs.clone())) {
+                let d = (ns.clone(), before);
+                if let Some(set) = self.sets.get_mut(&d) {
+                    set.remove(&rs);
+                    if set.is_empty() {
+                        self.sets.remove(&d);
+                    }
+                }
+                moved.insert(d);
+            }
+            if let Some(d) = now {
+                self.owner.insert((ns.clone(), rs.clone()), d.clone());
+                let d = (ns, d);
+                self.sets.entry(d.clone()).or_default().insert(rs);
+                moved.insert(d);
+            }
         }
+        self.at = Some(rv);
     }
-    sets
+
+    /// The ReplicaSets `ns/deployment` controls, in store order.
+    fn of(&self, ns: &str, deployment: &str) -> Vec<String> {
+        self.sets
+            .get(&(ns.to_string(), deployment.to_string()))
+            .map(|set| set.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// (namespace, name) of the Deployments to look at again, in store order: those that
+    /// changed and those whose ReplicaSets (or their pods) changed.
+    fn touched(&self, store: &Store, dirty: &Dirty) -> BTreeSet<(String, String)> {
+        if dirty.all {
+            return store
+                .iter("deployments")
+                .map(|d| (namespace_of(d).to_string(), name_of(d).to_string()))
+                .collect();
+        }
+        let mut touched: BTreeSet<(String, String)> = dirty
+            .owners_to_look_at(store, "deployments", "Deployment")
+            .into_iter()
+            .collect();
+        for (ns, rs) in dirty.owners_to_look_at(store, "replicasets", "ReplicaSet") {
+            if let Some(d) = self.owner.get(&(ns.clone(), rs)) {
+                touched.insert((ns, d.clone()));
+            }
+        }
+        touched
+    }
 }
 
 /// Storage the controllers never read (kubelet Leases, Events, and the ConfigMaps and
@@ -412,7 +502,11 @@ impl Cluster {
             next_due: None,
             next_pod_start: None,
             deferred: false,
-            deployment_sets: DeploymentSets::new(),
+            deployment_sets: DeploymentSets::default(),
+            deployments_moved: BTreeSet::new(),
+            daemon_sets_settled: HashMap::new(),
+            daemon_set_pods: HashMap::new(),
+            pdb_pods: HashMap::new(),
         }
     }
 
@@ -1258,7 +1352,7 @@ impl Cluster {
             self.stateful_sets(now, &dirty);
             self.daemon_sets(now, &dirty);
             self.start_pending(now);
-            self.pod_gc();
+            self.pod_gc(&dirty);
             self.longhorn(now);
             self.attach_detach(now);
             if self.store.resource_version() == before {
@@ -1326,15 +1420,15 @@ impl Cluster {
             let name = name_of(&e.object);
             let kind = match e.plural {
                 "pods" => {
-                    d.namespaces.insert(e.namespace.clone());
                     if let Some((k, n)) = controller_of(&e.object) {
                         d.owners
-                            .insert((e.namespace.clone(), k.to_string(), n.to_string()));
+                            .insert((k.to_string(), e.namespace.clone(), n.to_string()));
                     }
+                    d.pods.push((e.kind, e.object.clone()));
                     continue;
                 }
                 "poddisruptionbudgets" => {
-                    d.namespaces.insert(e.namespace.clone());
+                    d.pdbs.insert((e.namespace.clone(), name.to_string()));
                     continue;
                 }
                 // DaemonSets cover every node (and count them in their status): what they
@@ -1350,7 +1444,7 @@ impl Cluster {
                 _ => continue,
             };
             d.owners
-                .insert((e.namespace.clone(), kind.to_string(), name.to_string()));
+                .insert((kind.to_string(), e.namespace.clone(), name.to_string()));
         }
         d
     }
@@ -1511,25 +1605,12 @@ impl Cluster {
     /// Looks only at the Deployments that changed or whose ReplicaSets (or their pods)
     /// did: the others were settled by an earlier pass and nothing they read moved since.
     fn deployments(&mut self, now: Timestamp, dirty: &Dirty) {
-        let sets = deployment_sets(&self.store);
-        let before = std::mem::take(&mut self.deployment_sets);
-        let keys: Vec<(String, String)> = self
-            .store
-            .iter("deployments")
-            .map(|d| (namespace_of(d).to_string(), name_of(d).to_string()))
-            .collect();
-        for key in keys {
-            let mine = sets.get(&key).map(Vec::as_slice).unwrap_or_default();
-            let left = before.get(&key).map(Vec::as_slice).unwrap_or_default();
-            let (ns, dname) = key;
-            let touched = dirty.owner(&ns, "Deployment", &dname)
-                || mine
-                    .iter()
-                    .chain(left)
-                    .any(|rs| dirty.owner(&ns, "ReplicaSet", rs));
-            if !touched {
-                continue;
-            }
+        self.deployment_sets
+            .refresh(&self.store, &mut self.deployments_moved);
+        let mut touched = std::mem::take(&mut self.deployments_moved);
+        touched.extend(self.deployment_sets.touched(&self.store, dirty));
+        for (ns, dname) in touched {
+            let mine = self.deployment_sets.of(&ns, &dname);
             let Some(d) = self.store.get("deployments", &ns, &dname).cloned() else {
                 continue;
             };
@@ -1563,7 +1644,7 @@ impl Cluster {
                 let _ = self.store.create(rt("replicasets"), &ns, rs, now);
                 continue;
             }
-            for rs_name in mine {
+            for rs_name in &mine {
                 let Some(rs) = self.store.get("replicasets", &ns, rs_name).cloned() else {
                     continue;
                 };
@@ -1589,7 +1670,6 @@ impl Cluster {
                 }
             }
         }
-        self.deployment_sets = sets;
     }
 
     /// Rolling update, one pod at a time: when none of the owner's pods is starting,
@@ -1612,11 +1692,10 @@ impl Cluster {
     }
 
     fn replica_sets(&mut self, now: Timestamp, dirty: &Dirty) {
-        for rs in self.store.all("replicasets") {
-            if !dirty.owner(namespace_of(&rs), "ReplicaSet", name_of(&rs)) {
+        for (ns, name) in dirty.owners_to_look_at(&self.store, "replicasets", "ReplicaSet") {
+            let Some(rs) = self.store.shared("replicasets", &ns, &name).cloned() else {
                 continue;
-            }
-            let ns = namespace_of(&rs).to_string();
+            };
             let mut have = self.briefs_of(&ns, "ReplicaSet", name_of(&rs));
             // Terminating pods no longer count: the ReplicaSet replaces them at once.
             let winding_down = have.iter().any(|p| p.terminating);
@@ -1637,11 +1716,10 @@ impl Cluster {
     }
 
     fn stateful_sets(&mut self, now: Timestamp, dirty: &Dirty) {
-        for sts in self.store.all("statefulsets") {
-            if !dirty.owner(namespace_of(&sts), "StatefulSet", name_of(&sts)) {
+        for (ns, name) in dirty.owners_to_look_at(&self.store, "statefulsets", "StatefulSet") {
+            let Some(sts) = self.store.shared("statefulsets", &ns, &name).cloned() else {
                 continue;
-            }
-            let ns = namespace_of(&sts).to_string();
+            };
             let mut have = Vec::new();
             for i in 0..replicas_of(&sts, self.behaviour.max_replicas) {
                 let name = format!("{}-{}", name_of(&sts), i);
@@ -1678,18 +1756,35 @@ impl Cluster {
 
     fn daemon_sets(&mut self, now: Timestamp, dirty: &Dirty) {
         let mut briefs: Option<Arc<Vec<NodeBrief>>> = None;
-        for ds in self.store.all("daemonsets") {
-            if !dirty.owner(namespace_of(&ds), "DaemonSet", name_of(&ds)) {
+        for (ns, name) in dirty.owners_to_look_at(&self.store, "daemonsets", "DaemonSet") {
+            let Some(ds) = self.store.shared("daemonsets", &ns, &name).cloned() else {
+                self.daemon_sets_settled.remove(&(ns, name));
                 continue;
+            };
+            let key = (ns, name);
+            let (ns, name) = (&key.0, &key.1);
+            // A settled DaemonSet (one current pod on every node) stays settled while its
+            // spec and the set of nodes stay, and its pods only change state: a pod
+            // turning Ready on a rebooted node need not read the other 499.
+            let spec = DaemonSetSpec::of(&ds);
+            if !dirty.all && !dirty.nodes {
+                let settled = self.daemon_sets_settled.get(&key).is_some_and(|s| {
+                    *s == spec
+                        && dirty.pods_of(ns, "DaemonSet", name).all(|(kind, p)| {
+                            *kind == EventType::Modified
+                                && pod_template_hash(p) == Some(s.template.as_str())
+                        })
+                });
+                if settled {
+                    continue;
+                }
             }
             // Read the nodes once, and only when some DaemonSet looks at them.
             let nodes = briefs.get_or_insert_with(|| self.node_briefs()).clone();
-            let ns = namespace_of(&ds).to_string();
-            // Judged in place over the DaemonSet's pods (one per node, hundreds on a large
-            // cluster, looked at again whenever one of them changes); what to change is
+            // Judged in place over the DaemonSet's pods (one per node); what to change is
             // collected, then done.
-            let (missing, orphans, replace) = {
-                let have = self.store.pods_owned_by(&ns, "DaemonSet", name_of(&ds));
+            let (missing, orphans, replace, settled) = {
+                let have = self.store.pods_owned_by(ns, "DaemonSet", name);
                 let covered: HashSet<&str> = have.iter().map(|p| node_of(p)).collect();
                 // Every node gets one (DaemonSet pods tolerate NotReady); on a NotReady node
                 // the pod stays Pending until the kubelet is back.
@@ -1709,27 +1804,52 @@ impl Cluster {
                 } else {
                     Vec::new()
                 };
-                (missing, orphans, replace)
+                let settled = missing.is_empty()
+                    && orphans.is_empty()
+                    && have.len() == nodes.len()
+                    && have
+                        .iter()
+                        .all(|p| pod_template_hash(p) == Some(spec.template.as_str()));
+                (missing, orphans, replace, settled)
             };
             for node in missing {
-                let name = format!("{}-{}", name_of(&ds), self.store.suffix());
-                self.new_pod(&ds, name, Some(&node), Vec::new(), now);
+                let pod = format!("{}-{}", name, self.store.suffix());
+                self.new_pod(&ds, pod, Some(&node), Vec::new(), now);
             }
-            for name in orphans.iter().chain(&replace) {
-                let _ = self.store.delete(rt_pods(), &ns, name);
+            for pod in orphans.iter().chain(&replace) {
+                let _ = self.store.delete(rt_pods(), ns, pod);
+            }
+            if settled {
+                self.daemon_sets_settled.insert(key, spec);
+            } else {
+                self.daemon_sets_settled.remove(&key);
             }
         }
     }
 
-    /// Pods bound to a node that no longer exists are deleted, as the pod GC does.
-    fn pod_gc(&mut self) {
-        let known: BTreeSet<&str> = self.store.iter("nodes").map(name_of).collect();
+    /// Pods bound to a node that no longer exists are deleted, as the pod GC does. A pod is
+    /// orphaned when its Node goes or it is bound to a node that is not there: unless a
+    /// Node went, only the nodes of the pods that changed are looked at.
+    fn pod_gc(&mut self, dirty: &Dirty) {
+        let store = &self.store;
+        let gone = |node: &&str| !node.is_empty() && store.get("nodes", "", node).is_none();
+        let nodes: BTreeSet<&str> = if dirty.all || dirty.nodes {
+            store
+                .field_values("pods", "/spec/nodeName")
+                .filter(gone)
+                .collect()
+        } else {
+            dirty
+                .pods
+                .iter()
+                .map(|(_, p)| node_of(p))
+                .filter(gone)
+                .collect()
+        };
         // By the node index: only the pods of nodes that are gone, in store order.
-        let orphans: BTreeSet<(String, String)> = self
-            .store
-            .field_values("pods", "/spec/nodeName")
-            .filter(|n| !n.is_empty() && !known.contains(n))
-            .flat_map(|n| self.store.by_field("pods", "/spec/nodeName", n))
+        let orphans: BTreeSet<(String, String)> = nodes
+            .into_iter()
+            .flat_map(|n| store.by_field("pods", "/spec/nodeName", n))
             .map(|p| (namespace_of(p).to_string(), name_of(p).to_string()))
             .collect();
         for (ns, name) in orphans {
@@ -2402,10 +2522,47 @@ impl Cluster {
     }
 
     /// Status of PDBs, ReplicaSets, Deployments, StatefulSets and DaemonSets from the pods.
+    /// Brings every counted DaemonSet's pods up to date with the pods that changed: each
+    /// changed pod is counted as the store has it now (gone, or no longer the DaemonSet's,
+    /// it is dropped). Without the history, they are counted afresh when next needed.
+    fn count_daemon_set_pods(&mut self, dirty: &Dirty) {
+        if dirty.all {
+            self.daemon_set_pods.clear();
+            return;
+        }
+        for (_, p) in &dirty.pods {
+            let Some(("DaemonSet", ds)) = controller_of(p) else {
+                continue;
+            };
+            let (ns, pod) = (namespace_of(p), name_of(p));
+            let Some(counted) = self
+                .daemon_set_pods
+                .get_mut(&(ns.to_string(), ds.to_string()))
+            else {
+                continue;
+            };
+            match self
+                .store
+                .get("pods", ns, pod)
+                .filter(|now| controller_of(now) == Some(("DaemonSet", ds)))
+            {
+                Some(now) => {
+                    counted.pods.insert(pod.to_string(), counted.flags(now));
+                }
+                None => {
+                    counted.pods.remove(pod);
+                }
+            }
+        }
+    }
+
     fn statuses(&mut self, now: Timestamp, dirty: &Dirty) {
         if dirty.is_empty() {
             return;
         }
+        self.deployment_sets
+            .refresh(&self.store, &mut self.deployments_moved);
+        self.count_daemon_set_pods(dirty);
         let store = &self.store;
         let owned = |ns: &str, kind: &str, name: &str| store.pods_owned_by(ns, kind, name);
         let updated = |ps: &[&Value], owner: &Value| {
@@ -2415,17 +2572,15 @@ impl Cluster {
                 .count()
         };
         let mut updates: Vec<(&'static str, Value)> = Vec::new();
-        for kind in ["ReplicaSet", "StatefulSet"] {
-            let plural = if kind == "ReplicaSet" {
-                "replicasets"
-            } else {
-                "statefulsets"
-            };
-            for o in self.store.iter(plural) {
-                if !dirty.owner(namespace_of(o), kind, name_of(o)) {
+        for (kind, plural) in [
+            ("ReplicaSet", "replicasets"),
+            ("StatefulSet", "statefulsets"),
+        ] {
+            for (ns, name) in dirty.owners_to_look_at(store, plural, kind) {
+                let Some(o) = store.get(plural, &ns, &name) else {
                     continue;
-                }
-                let ps = owned(namespace_of(o), kind, name_of(o));
+                };
+                let ps = owned(&ns, kind, &name);
                 let ready = ps.iter().filter(|p| is_ready(p)).count();
                 let mut o2 = o.clone();
                 set_path(&mut o2, &["status", "replicas"], json!(ps.len()));
@@ -2442,31 +2597,19 @@ impl Cluster {
                 updates.push((plural, o2));
             }
         }
-        // Which ReplicaSets each Deployment owns: read only when some Deployment may need
-        // its status again.
-        let sets = if dirty.all || dirty.owners.iter().any(|(_, k, _)| k != "DaemonSet") {
-            deployment_sets(store)
-        } else {
-            DeploymentSets::new()
-        };
-        for d in self.store.iter("deployments") {
-            let ns = namespace_of(d);
-            let its_sets = sets
-                .get(&(ns.to_string(), name_of(d).to_string()))
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            let touched = dirty.owner(ns, "Deployment", name_of(d))
-                || its_sets.iter().any(|rs| dirty.owner(ns, "ReplicaSet", rs));
-            if !touched {
+        for (ns, name) in self.deployment_sets.touched(store, dirty) {
+            let Some(d) = store.get("deployments", &ns, &name) else {
                 continue;
-            }
+            };
             let mut rs_pods: Vec<&Value> = Vec::new();
             let mut up_to_date = 0;
-            for rs in its_sets
+            for rs in self
+                .deployment_sets
+                .of(&ns, &name)
                 .iter()
-                .filter_map(|rs| store.get("replicasets", ns, rs))
+                .filter_map(|rs| store.get("replicasets", &ns, rs))
             {
-                let ps = owned(ns, "ReplicaSet", name_of(rs));
+                let ps = owned(&ns, "ReplicaSet", name_of(rs));
                 up_to_date += updated(&ps, rs);
                 rs_pods.extend(ps);
             }
@@ -2487,10 +2630,11 @@ impl Cluster {
             updates.push(("deployments", d2));
         }
         let desired = self.store.iter("nodes").count();
-        for ds in self.store.all("daemonsets") {
-            if !dirty.owner(namespace_of(&ds), "DaemonSet", name_of(&ds)) {
+        for (ns, name) in dirty.owners_to_look_at(&self.store, "daemonsets", "DaemonSet") {
+            let Some(ds) = self.store.shared("daemonsets", &ns, &name).cloned() else {
+                self.daemon_set_pods.remove(&(ns, name));
                 continue;
-            }
+            };
             // A new generation's status comes a moment after its spec.
             let generation = ds
                 .at("/metadata/generation")
@@ -2498,11 +2642,7 @@ impl Cluster {
                 .unwrap_or(1);
             let observed = ds.at("/status/observedGeneration").and_then(Value::as_u64);
             if observed.is_some_and(|o| o < generation) {
-                let key = (
-                    namespace_of(&ds).to_string(),
-                    name_of(&ds).to_string(),
-                    generation,
-                );
+                let key = (ns.clone(), name.clone(), generation);
                 let due = *self
                     .status_due
                     .entry(key.clone())
@@ -2512,8 +2652,21 @@ impl Cluster {
                 }
                 self.status_due.remove(&key);
             }
-            let ps = owned(namespace_of(&ds), "DaemonSet", name_of(&ds));
-            let ready = ps.iter().filter(|p| is_ready(p)).count();
+            let template = template_hash(&ds);
+            let key = (ns, name);
+            let counted = match self.daemon_set_pods.get(&key) {
+                Some(c) if c.template == template => c,
+                _ => {
+                    let fresh = DaemonSetPods::count(&self.store, &key.0, &key.1, template);
+                    self.daemon_set_pods
+                        .entry(key)
+                        .insert_entry(fresh)
+                        .into_mut()
+                }
+            };
+            let scheduled = counted.pods.len();
+            let ready = counted.pods.values().filter(|(ready, _)| *ready).count();
+            let updated = counted.pods.values().filter(|(_, new)| *new).count();
             let mut ds2 = (*ds).clone();
             set_path(
                 &mut ds2,
@@ -2523,12 +2676,12 @@ impl Cluster {
             set_path(
                 &mut ds2,
                 &["status", "currentNumberScheduled"],
-                json!(ps.len()),
+                json!(scheduled),
             );
             set_path(
                 &mut ds2,
                 &["status", "updatedNumberScheduled"],
-                json!(updated(&ps, &ds)),
+                json!(updated),
             );
             set_path(&mut ds2, &["status", "numberReady"], json!(ready));
             set_path(&mut ds2, &["status", "numberAvailable"], json!(ready));
@@ -2542,18 +2695,44 @@ impl Cluster {
                 ds.at("/metadata/generation").cloned().unwrap_or(json!(1));
             updates.push(("daemonsets", ds2));
         }
-        for pdb in self.store.all("poddisruptionbudgets") {
-            if !dirty.namespace(namespace_of(&pdb)) {
-                continue;
+        for gone in &dirty.pdbs {
+            if self
+                .store
+                .get("poddisruptionbudgets", &gone.0, &gone.1)
+                .is_none()
+            {
+                self.pdb_pods.remove(gone);
             }
+        }
+        for pdb in self.store.all("poddisruptionbudgets") {
             let ns = namespace_of(&pdb).to_string();
+            let key = (ns.clone(), name_of(&pdb).to_string());
             let selector =
                 LabelSelector::from_object(pdb.at("/spec/selector").unwrap_or(&Value::Null));
+            let selects = |p: &Value| selector.as_ref().is_some_and(|s| s.matches_object(p));
+            // Looked at again when it changed, or a pod it selects (or selected) changed:
+            // the kube-system budget of CoreDNS does not count the 500 pods of every
+            // DaemonSet there each time one of them turns Ready.
+            let before = self.pdb_pods.get(&key);
+            let touched = dirty.all
+                || dirty.pdbs.contains(&key)
+                || before.is_none()
+                || dirty.pods.iter().any(|(_, p)| {
+                    namespace_of(p) == ns
+                        && (selects(p) || before.is_some_and(|b| b.contains(name_of(p))))
+                });
+            if !touched {
+                continue;
+            }
             let matched: Vec<&Value> = self
                 .store
                 .iter_ns("pods", &ns)
-                .filter(|p| selector.as_ref().is_some_and(|s| s.matches_object(p)))
+                .filter(|p| selects(p))
                 .collect();
+            self.pdb_pods.insert(
+                key,
+                matched.iter().map(|p| name_of(p).to_string()).collect(),
+            );
             // expectedPods: the scale of each controller behind the pods; bare pods count one.
             let mut controllers: BTreeMap<(&str, &str), u64> = BTreeMap::new();
             let mut bare = 0u64;
@@ -2640,33 +2819,64 @@ impl Cluster {
     }
 }
 
-/// What changed since a resourceVersion: the controllers and statuses to look at again.
+/// What changed since a resourceVersion: the controllers, statuses and pods to look at
+/// again.
 #[derive(Debug, Default)]
 struct Dirty {
+    /// Everything: nothing is known from before, or the history no longer reaches back.
     all: bool,
     /// A Node came or went: every DaemonSet looks again.
     nodes: bool,
-    /// (namespace, kind, name) of controllers whose object or pods changed.
-    owners: HashSet<(String, String, String)>,
-    /// Namespaces where a pod or a PDB changed (PDB status).
-    namespaces: HashSet<String>,
+    /// (kind, namespace, name) of controllers whose object or pods changed.
+    owners: BTreeSet<(String, String, String)>,
+    /// Every change to a pod, oldest first, with the object as that change left it.
+    pods: Vec<(EventType, Arc<Value>)>,
+    /// (namespace, name) of the PodDisruptionBudgets that changed.
+    pdbs: BTreeSet<(String, String)>,
 }
 
 impl Dirty {
     fn is_empty(&self) -> bool {
-        !self.all && !self.nodes && self.owners.is_empty() && self.namespaces.is_empty()
+        !self.all
+            && !self.nodes
+            && self.owners.is_empty()
+            && self.pods.is_empty()
+            && self.pdbs.is_empty()
     }
 
-    fn owner(&self, ns: &str, kind: &str, name: &str) -> bool {
-        self.all
-            || (self.nodes && kind == "DaemonSet")
-            || self
-                .owners
-                .contains(&(ns.to_string(), kind.to_string(), name.to_string()))
+    /// (namespace, name) of the `kind` controllers (stored as `plural`) to look at again,
+    /// in store order: every one when everything changed (and every DaemonSet when a Node
+    /// came or went), else those that changed. A pass costs what changed, not how many
+    /// controllers there are.
+    fn owners_to_look_at(
+        &self,
+        store: &Store,
+        plural: &'static str,
+        kind: &str,
+    ) -> Vec<(String, String)> {
+        if self.all || (self.nodes && kind == "DaemonSet") {
+            return store
+                .iter(plural)
+                .map(|o| (namespace_of(o).to_string(), name_of(o).to_string()))
+                .collect();
+        }
+        self.owners
+            .range((kind.to_string(), String::new(), String::new())..)
+            .take_while(|(k, _, _)| k == kind)
+            .map(|(_, ns, name)| (ns.clone(), name.clone()))
+            .collect()
     }
 
-    fn namespace(&self, ns: &str) -> bool {
-        self.all || self.namespaces.contains(ns)
+    /// The changes to the pods `kind/name` in `ns` controls.
+    fn pods_of<'a>(
+        &'a self,
+        ns: &'a str,
+        kind: &'a str,
+        name: &'a str,
+    ) -> impl Iterator<Item = &'a (EventType, Arc<Value>)> + 'a {
+        self.pods
+            .iter()
+            .filter(move |(_, p)| namespace_of(p) == ns && controller_of(p) == Some((kind, name)))
     }
 }
 
@@ -2722,6 +2932,60 @@ struct NodeBrief {
     labels: Value,
     ip: String,
     ready_since: Timestamp,
+}
+
+/// A DaemonSet's pods as its status counts them: pod name → (Ready, made from `template`).
+#[derive(Debug)]
+struct DaemonSetPods {
+    template: String,
+    pods: HashMap<String, (bool, bool)>,
+}
+
+impl DaemonSetPods {
+    fn count(store: &Store, ns: &str, ds: &str, template: String) -> Self {
+        let mut counted = DaemonSetPods {
+            template,
+            pods: HashMap::new(),
+        };
+        for p in store.pods_owned_by(ns, "DaemonSet", ds) {
+            let flags = counted.flags(p);
+            counted.pods.insert(name_of(p).to_string(), flags);
+        }
+        counted
+    }
+
+    fn flags(&self, pod: &Value) -> (bool, bool) {
+        (
+            is_ready(pod),
+            pod_template_hash(pod) == Some(self.template.as_str()),
+        )
+    }
+}
+
+/// What a settled DaemonSet was judged by: the object (uid), its spec (generation) and
+/// the pod template's hash.
+#[derive(Debug, Clone, PartialEq)]
+struct DaemonSetSpec {
+    uid: String,
+    generation: u64,
+    template: String,
+}
+
+impl DaemonSetSpec {
+    fn of(ds: &Value) -> Self {
+        DaemonSetSpec {
+            uid: ds
+                .at("/metadata/uid")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            generation: ds
+                .at("/metadata/generation")
+                .and_then(Value::as_u64)
+                .unwrap_or(1),
+            template: template_hash(ds),
+        }
+    }
 }
 
 /// A DaemonSet's RollingUpdate (no surge), as the DaemonSet controller does it

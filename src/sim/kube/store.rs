@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
-use tokio::sync::broadcast;
+use tokio::sync::watch;
 
-use super::resources::{by_plural, ResourceType};
+use super::resources::{by_plural, ResourceType, RESOURCES};
 use super::select::{FieldSelector, LabelSelector};
 use crate::clock::Timestamp;
 
@@ -196,10 +196,13 @@ pub struct Store {
     history_limit: usize,
     /// Events before this resourceVersion are no longer in the history.
     compacted: u64,
-    /// The resourceVersion and resource (storage plural) of every new event. Watchers read
-    /// the events themselves from the history, so a slow watcher holds no copies of
-    /// objects, and one that watches another resource need not read at all.
-    events: broadcast::Sender<(u64, &'static str)>,
+    /// Per resource (storage plural), the resourceVersion of its last event. A watcher
+    /// waits on its own resource's notice alone and reads the events themselves from the
+    /// history: a slow watcher holds no copies of objects, a change to another resource
+    /// does not wake it, and many changes before it runs wake it once.
+    notices: HashMap<&'static str, watch::Sender<u64>>,
+    /// The resourceVersion of the last event of any resource (the model's driver).
+    any_notice: watch::Sender<u64>,
     /// The resourceVersion of the last change to each resource (storage plural), so a
     /// view built from one resource knows when it is stale without reading the history.
     last_change: HashMap<&'static str, u64>,
@@ -354,7 +357,6 @@ const NAME_CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
 impl Store {
     pub fn new(history_limit: usize) -> Self {
-        let (events, _) = broadcast::channel(4096);
         Store {
             objects: BTreeMap::new(),
             sizes: HashMap::new(),
@@ -365,7 +367,11 @@ impl Store {
             history_bytes: 0,
             history_limit: history_limit.max(1),
             compacted: 1000,
-            events,
+            notices: RESOURCES
+                .iter()
+                .map(|rt| (rt.storage, watch::Sender::new(1000)))
+                .collect(),
+            any_notice: watch::Sender::new(1000),
             dry_run: false,
             pod_owners: HashMap::new(),
             by_field: HashMap::new(),
@@ -383,10 +389,19 @@ impl Store {
         self.last_change.get(storage).copied().unwrap_or(0)
     }
 
-    /// Receives the resourceVersion and storage plural of every new event; read the events
-    /// with [`Store::history_since`].
-    pub fn subscribe(&self) -> broadcast::Receiver<(u64, &'static str)> {
-        self.events.subscribe()
+    /// Notices of new events of one resource (storage plural): the resourceVersion of the
+    /// last; read the events with [`Store::history_since`].
+    pub fn subscribe(&self, storage: &str) -> watch::Receiver<u64> {
+        // Every storage plural is in RESOURCES; were one not, any change would wake it.
+        self.notices
+            .get(storage)
+            .unwrap_or(&self.any_notice)
+            .subscribe()
+    }
+
+    /// Notices of new events of any resource: the resourceVersion of the last.
+    pub fn subscribe_all(&self) -> watch::Receiver<u64> {
+        self.any_notice.subscribe()
     }
 
     /// Refuses an object too large to store, or one that would overfill the store.
@@ -465,9 +480,12 @@ impl Store {
                 self.history_bytes = self.history_bytes.saturating_sub(size);
             }
         }
-        // No receiver is fine: nobody watches.
         self.last_change.insert(rt.storage, self.rv);
-        let _ = self.events.send((self.rv, rt.storage));
+        // Wakes only the watchers waiting now; one already woken reads this event too.
+        if let Some(tx) = self.notices.get(rt.storage) {
+            tx.send_replace(self.rv);
+        }
+        self.any_notice.send_replace(self.rv);
     }
 
     /// Events after `rv` for `plural` (and namespace when given), or 410 when `rv` is older
