@@ -146,6 +146,10 @@ pub struct Cluster {
     /// The volumes Longhorn's passes looked at, in order (tests pin what a change costs).
     #[cfg(test)]
     longhorn_judged: Vec<String>,
+    /// The controllers' passes and statuses that looked, in order, as "what ns/name" (tests
+    /// pin what a change costs).
+    #[cfg(test)]
+    judged: Vec<String>,
     /// The store's resourceVersion after an attach/detach pass that changed nothing: until
     /// a pod with a claim, a claim, a PersistentVolume or a VolumeAttachment changes, or a
     /// detach falls due, another pass would change nothing and is skipped.
@@ -489,6 +493,8 @@ impl Cluster {
             longhorn_seen: None,
             #[cfg(test)]
             longhorn_judged: Vec::new(),
+            #[cfg(test)]
+            judged: Vec::new(),
             attach_quiet: None,
             node_view: None,
             detach_due: BTreeMap::new(),
@@ -1610,6 +1616,8 @@ impl Cluster {
         let mut touched = std::mem::take(&mut self.deployments_moved);
         touched.extend(self.deployment_sets.touched(&self.store, dirty));
         for (ns, dname) in touched {
+            #[cfg(test)]
+            self.judged.push(format!("deployment pass {ns}/{dname}"));
             let mine = self.deployment_sets.of(&ns, &dname);
             let Some(d) = self.store.get("deployments", &ns, &dname).cloned() else {
                 continue;
@@ -1779,6 +1787,8 @@ impl Cluster {
                     continue;
                 }
             }
+            #[cfg(test)]
+            self.judged.push(format!("daemonset pass {ns}/{name}"));
             // Read the nodes once, and only when some DaemonSet looks at them.
             let nodes = briefs.get_or_insert_with(|| self.node_briefs()).clone();
             // Judged in place over the DaemonSet's pods (one per node); what to change is
@@ -2657,6 +2667,9 @@ impl Cluster {
             let counted = match self.daemon_set_pods.get(&key) {
                 Some(c) if c.template == template => c,
                 _ => {
+                    #[cfg(test)]
+                    self.judged
+                        .push(format!("daemonset count {}/{}", key.0, key.1));
                     let fresh = DaemonSetPods::count(&self.store, &key.0, &key.1, template);
                     self.daemon_set_pods
                         .entry(key)
@@ -2724,6 +2737,8 @@ impl Cluster {
             if !touched {
                 continue;
             }
+            #[cfg(test)]
+            self.judged.push(format!("pdb status {}/{}", key.0, key.1));
             let matched: Vec<&Value> = self
                 .store
                 .iter_ns("pods", &ns)
@@ -3256,6 +3271,152 @@ mod tests {
                 assert_eq!(was, is);
             }
         }
+        Ok(())
+    }
+
+    /// A DaemonSet's status as counted from every pod now: (scheduled, ready, updated).
+    fn daemon_set_counted_afresh(c: &Cluster, ns: &str, ds: &str) -> (u64, u64, u64) {
+        let obj = c
+            .store
+            .get("daemonsets", ns, ds)
+            .cloned()
+            .unwrap_or_default();
+        let template = template_hash(&obj);
+        let pods = c.store.pods_owned_by(ns, "DaemonSet", ds);
+        let ready = pods.iter().filter(|p| is_ready(p)).count() as u64;
+        let updated = pods
+            .iter()
+            .filter(|p| pod_template_hash(p) == Some(template.as_str()))
+            .count() as u64;
+        (pods.len() as u64, ready, updated)
+    }
+
+    fn daemon_set_status(c: &Cluster, ns: &str, ds: &str) -> (u64, u64, u64) {
+        let obj = c
+            .store
+            .get("daemonsets", ns, ds)
+            .cloned()
+            .unwrap_or_default();
+        let n = |f: &str| {
+            obj.at(&format!("/status/{f}"))
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+        };
+        (
+            n("currentNumberScheduled"),
+            n("numberReady"),
+            n("updatedNumberScheduled"),
+        )
+    }
+
+    fn current_healthy(c: &Cluster, ns: &str, pdb: &str) -> u64 {
+        c.store
+            .get("poddisruptionbudgets", ns, pdb)
+            .and_then(|p| p.at("/status/currentHealthy"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    }
+
+    /// The pod of `owner` (a controller's name) on `node`, as stored.
+    fn pod_of(c: &Cluster, owner: &str, node: &str) -> Value {
+        c.pods_on_node(node)
+            .into_iter()
+            .find(|p| controller_of(p).is_some_and(|(_, n)| n == owner))
+            .unwrap_or_default()
+    }
+
+    /// A client's write of `pod` as changed by `edit`.
+    fn write_pod(c: &mut Cluster, mut pod: Value, at: Timestamp, edit: impl FnOnce(&mut Value)) {
+        edit(&mut pod);
+        if let Some(m) = pod.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+        }
+        let written = c.upsert(pod, at);
+        assert!(written.is_ok(), "{written:?}");
+    }
+
+    #[test]
+    fn a_pod_changing_state_costs_its_own_controllers_and_budgets() -> Result<(), ApiError> {
+        let t0 = Timestamp(1_767_225_600_000);
+        let s = Duration::from_secs;
+        let mut c = super::super::seed::KubeSeed::typical(1, 5).build(Behaviour::default(), t0)?;
+        c.sync(t0.plus(s(1)));
+        let judged = |c: &Cluster, from: usize| -> Vec<String> { c.judged[from..].to_vec() };
+        assert_eq!(daemon_set_status(&c, "kube-system", "cilium"), (6, 6, 6));
+
+        // A cilium pod turns NotReady: cilium's status is counted from that one pod (the
+        // count kept is the count afresh), its DaemonSet pass is skipped (settled, and the
+        // pod only changed state), and no budget looks: none selects cilium's pods.
+        let mark = c.judged.len();
+        let pod = pod_of(&c, "cilium", "worker-2");
+        write_pod(&mut c, pod, t0.plus(s(10)), |p| {
+            set_condition(p, "Ready", false, "ContainersNotReady", t0.plus(s(10)))
+        });
+        assert_eq!(daemon_set_status(&c, "kube-system", "cilium"), (6, 5, 6));
+        assert_eq!(
+            daemon_set_status(&c, "kube-system", "cilium"),
+            daemon_set_counted_afresh(&c, "kube-system", "cilium")
+        );
+        assert_eq!(
+            judged(&c, mark),
+            Vec::<String>::new(),
+            "{:?}",
+            judged(&c, mark)
+        );
+
+        // A CoreDNS pod turns NotReady: its Deployment and its budget look, and only they.
+        let mark = c.judged.len();
+        let healthy = current_healthy(&c, "kube-system", "coredns");
+        let coredns = c
+            .store
+            .iter_ns("pods", "kube-system")
+            .find(|p| p.at("/metadata/labels/app") == Some(&json!("coredns")))
+            .cloned()
+            .unwrap_or_default();
+        write_pod(&mut c, coredns, t0.plus(s(20)), |p| {
+            set_condition(p, "Ready", false, "ContainersNotReady", t0.plus(s(20)))
+        });
+        assert_eq!(current_healthy(&c, "kube-system", "coredns"), healthy - 1);
+        assert_eq!(
+            judged(&c, mark),
+            [
+                "deployment pass kube-system/coredns",
+                "pdb status kube-system/coredns"
+            ]
+        );
+
+        // A web pod relabelled out of its budget's selector: the budget selected it, so it
+        // looks again and counts one healthy pod fewer.
+        let mark = c.judged.len();
+        let healthy = current_healthy(&c, "default", "web");
+        let web = c
+            .store
+            .iter_ns("pods", "default")
+            .find(|p| p.at("/metadata/labels/app") == Some(&json!("web")))
+            .cloned()
+            .unwrap_or_default();
+        write_pod(&mut c, web, t0.plus(s(30)), |p| {
+            set_path(p, &["metadata", "labels", "app"], json!("other"))
+        });
+        assert_eq!(current_healthy(&c, "default", "web"), healthy - 1);
+        assert!(
+            judged(&c, mark).contains(&"pdb status default/web".to_string()),
+            "{:?}",
+            judged(&c, mark)
+        );
+
+        // A cilium pod deleted: once it is gone the DaemonSet pass looks and makes a new
+        // one; the status counts it as the store has it.
+        let mark = c.judged.len();
+        let gone = name_of(&pod_of(&c, "cilium", "worker-3")).to_string();
+        c.delete_pod("kube-system", &gone, None, t0.plus(s(40)))?;
+        c.sync(t0.plus(s(100)));
+        assert!(judged(&c, mark).contains(&"daemonset pass kube-system/cilium".to_string()));
+        assert_ne!(name_of(&pod_of(&c, "cilium", "worker-3")), gone);
+        assert_eq!(
+            daemon_set_status(&c, "kube-system", "cilium"),
+            daemon_set_counted_afresh(&c, "kube-system", "cilium")
+        );
         Ok(())
     }
 

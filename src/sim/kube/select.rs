@@ -71,6 +71,16 @@ fn valid_key(k: &str) -> bool {
 }
 
 impl LabelSelector {
+    /// The values `label` must take, when a requirement pins it to some (`label=v`,
+    /// `label==v`, `label in (v, w)`): every object selected has one of them.
+    pub fn values_of(&self, label: &str) -> Option<Vec<&str>> {
+        self.0.iter().find_map(|r| match r {
+            Requirement::Eq(k, v) if k == label => Some(vec![v.as_str()]),
+            Requirement::In(k, vs) if k == label => Some(vs.iter().map(String::as_str).collect()),
+            _ => None,
+        })
+    }
+
     pub fn parse(s: &str) -> Result<Self, SelectorError> {
         let mut reqs = Vec::new();
         for part in split_top(s) {

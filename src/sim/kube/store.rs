@@ -180,6 +180,20 @@ const FIELD_INDEX: &[(&str, &str)] = &[
     ("pods", "/spec/nodeName"),
     ("replicas", "/spec/volumeName"),
     ("replicas", "/spec/nodeID"),
+    ("replicas", "/metadata/labels/longhornvolume"),
+    ("replicas", "/metadata/labels/longhornnode"),
+];
+
+/// The labels a label-selected list reads from [`FIELD_INDEX`] rather than from every
+/// object, (storage, label, path): the Longhorn replicas of a node or of some volumes, what
+/// a rollout's look at one node selects on.
+const LABEL_INDEX: &[(&str, &str, &str)] = &[
+    (
+        "replicas",
+        "longhornvolume",
+        "/metadata/labels/longhornvolume",
+    ),
+    ("replicas", "longhornnode", "/metadata/labels/longhornnode"),
 ];
 
 pub struct Store {
@@ -686,6 +700,23 @@ impl Store {
                 .cloned()
                 .collect();
         }
+        // `label=X` or `label in (X, Y)` on an indexed label reads those values' objects,
+        // put back in key order.
+        let indexed_label = LABEL_INDEX
+            .iter()
+            .filter(|(storage, _, _)| *storage == plural)
+            .find_map(|(_, label, path)| Some((*path, labels.values_of(label)?)));
+        if let Some((path, values)) = indexed_label {
+            let mut found: Vec<Arc<Value>> = values
+                .iter()
+                .flat_map(|v| self.indexed(plural, path, v))
+                .filter(keep)
+                .cloned()
+                .collect();
+            found.sort_by(|a, b| (namespace_of(a), name_of(a)).cmp(&(namespace_of(b), name_of(b))));
+            found.dedup_by(|a, b| Arc::ptr_eq(a, b));
+            return found;
+        }
         let from = (plural, ns.unwrap_or_default().to_string(), String::new());
         self.objects
             .range(from..)
@@ -992,5 +1023,80 @@ mod tests {
         assert!(s.live_bytes < 2 << 20, "one object is stored");
         assert!(s.delete(leases(), "default", "l").is_ok());
         assert_eq!(s.live_bytes, 0);
+    }
+
+    /// A list selecting on an indexed label answers what a scan of every object answers,
+    /// in the same order, and follows the objects as they change.
+    #[test]
+    fn a_list_by_an_indexed_label_answers_as_a_scan() -> Result<(), ApiError> {
+        let Some(replicas) = by_plural("replicas") else {
+            return Err(ApiError::bad_request("no replicas resource"));
+        };
+        let mut s = Store::new(100);
+        let now = Timestamp(0);
+        // Created out of key order, some without the labels.
+        for (name, volume, node) in [
+            ("r-9", Some("pvc-b"), Some("w-1")),
+            ("r-1", Some("pvc-a"), Some("w-2")),
+            ("r-5", Some("pvc-a"), Some("w-1")),
+            ("r-3", None, Some("w-1")),
+            ("r-7", Some("pvc-c"), None),
+        ] {
+            let mut labels = serde_json::Map::new();
+            if let Some(v) = volume {
+                labels.insert("longhornvolume".into(), json!(v));
+            }
+            if let Some(n) = node {
+                labels.insert("longhornnode".into(), json!(n));
+            }
+            s.create(
+                replicas,
+                "longhorn-system",
+                json!({"metadata": {"name": name, "labels": labels}}),
+                now,
+            )?;
+        }
+        let names = |objs: Vec<Arc<Value>>| -> Vec<String> {
+            objs.iter().map(|o| name_of(o).to_string()).collect()
+        };
+        let scan = |s: &Store, sel: &LabelSelector| -> Vec<String> {
+            s.iter("replicas")
+                .filter(|o| sel.matches_object(o))
+                .map(|o| name_of(o).to_string())
+                .collect()
+        };
+        let none = FieldSelector::default();
+        for text in [
+            "longhornvolume=pvc-a",
+            "longhornvolume in (pvc-b,pvc-a,pvc-a)",
+            "longhornnode=w-1",
+            "longhornnode=w-1,longhornvolume=pvc-a",
+            "longhornvolume in (pvc-z)",
+            "longhornnode!=w-1",
+        ] {
+            let sel =
+                LabelSelector::parse(text).map_err(|e| ApiError::bad_request(e.to_string()))?;
+            let listed = names(s.list("replicas", None, &sel, &none));
+            assert_eq!(listed, scan(&s, &sel), "{text}");
+        }
+        let sel = LabelSelector::parse("longhornvolume in (pvc-a,pvc-b)")
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        assert_eq!(
+            names(s.list("replicas", None, &sel, &none)),
+            ["r-1", "r-5", "r-9"]
+        );
+        // r-5 moves to pvc-c: the index follows.
+        let mut moved = (*s
+            .shared("replicas", "longhorn-system", "r-5")
+            .cloned()
+            .unwrap_or_default())
+        .clone();
+        moved["metadata"]["labels"]["longhornvolume"] = json!("pvc-c");
+        if let Some(m) = moved.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+        }
+        s.update(replicas, "longhorn-system", "r-5", moved)?;
+        assert_eq!(names(s.list("replicas", None, &sel, &none)), ["r-1", "r-9"]);
+        Ok(())
     }
 }
