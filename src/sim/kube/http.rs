@@ -979,10 +979,9 @@ fn list(
     headers: &HeaderMap,
 ) -> Result<Response<Body>, ApiError> {
     let (l, f) = selectors(rt, q)?;
-    let c = sh.lock();
+    let mut c = sh.lock();
     let items = c.store.list(rt.storage, ns, &l, &f);
     let rv = c.store.resource_version();
-    drop(c);
     let offset: usize = match q.get("continue").filter(|s| !s.is_empty()) {
         Some(tok) => tok
             .strip_prefix("o")
@@ -1004,6 +1003,7 @@ fn list(
         meta["remainingItemCount"] = json!(total - end);
     }
     if wants_metadata(headers) {
+        drop(c);
         let items: Vec<Value> = page.iter().map(|o| partial_metadata(o)).collect();
         return Ok(ok_json(
             200,
@@ -1012,6 +1012,7 @@ fn list(
         ));
     }
     if wants_table(headers) {
+        drop(c);
         let page: Vec<Value> = page.iter().map(|o| Value::clone(o)).collect();
         let mut t = table(
             rt,
@@ -1023,18 +1024,23 @@ fn list(
         t["metadata"] = meta;
         return Ok(ok_json(200, &t));
     }
-    // Written straight from the stored objects: a list copies nothing.
-    let mut body = Vec::with_capacity(256);
+    // Each object's JSON as written out for an earlier list, unless it changed since.
+    let items = page
+        .iter()
+        .map(|o| c.store.json_of(rt.storage, o))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ApiError::new(500, "InternalError", e.to_string()))?;
+    drop(c);
+    let mut body = Vec::with_capacity(256 + items.iter().map(|j| j.len() + 1).sum::<usize>());
     let head = json!({"apiVersion": rt.api_version(), "kind": format!("{}List", rt.kind), "metadata": meta});
     let head = head.to_string();
     body.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
     body.extend_from_slice(b",\"items\":[");
-    for (i, o) in page.iter().enumerate() {
+    for (i, json) in items.iter().enumerate() {
         if i > 0 {
             body.push(b',');
         }
-        serde_json::to_writer(&mut body, &**o)
-            .map_err(|e| ApiError::new(500, "InternalError", e.to_string()))?;
+        body.extend_from_slice(json);
     }
     body.extend_from_slice(b"]}");
     Ok(respond(200, "application/json", body))

@@ -222,6 +222,9 @@ pub struct Store {
     last_change: HashMap<&'static str, u64>,
     /// `dryRun=All`: writes are checked and answered but not stored.
     pub dry_run: bool,
+    /// Each listed object's JSON, with the stored version it was written from (dropped
+    /// when the object is written again or deleted).
+    json: HashMap<Key, (Arc<Value>, Arc<[u8]>)>,
     /// Pods by their controller, (namespace, kind, name) → pod names, so the controllers
     /// find their pods without scanning every pod.
     pod_owners: HashMap<(String, String, String), BTreeSet<String>>,
@@ -387,6 +390,7 @@ impl Store {
                 .collect(),
             any_notice: watch::Sender::new(1000),
             dry_run: false,
+            json: HashMap::new(),
             pod_owners: HashMap::new(),
             by_field: HashMap::new(),
             claim_pods: BTreeSet::new(),
@@ -442,9 +446,55 @@ impl Store {
     }
 
     fn store(&mut self, key: Key, obj: Arc<Value>, size: usize) {
+        self.json.remove(&key);
         let old = self.sizes.insert(key.clone(), size).unwrap_or(0);
         self.live_bytes = self.live_bytes.saturating_sub(old).saturating_add(size);
         self.objects.insert(key, obj);
+    }
+
+    /// The namespaces objects of `plural` are in (`""` for cluster-scoped ones), in key
+    /// order: one step through the keys per namespace.
+    fn namespaces_of(&self, plural: &'static str) -> Vec<String> {
+        let mut found = Vec::new();
+        let mut from = (plural, String::new(), String::new());
+        while let Some(((p, ns, _), _)) = self.objects.range(from..).next() {
+            if *p != plural {
+                break;
+            }
+            found.push(ns.clone());
+            // Past every name in `ns`: no namespace sorts between `ns` and `ns` + NUL.
+            from = (plural, format!("{ns}\0"), String::new());
+        }
+        found
+    }
+
+    /// The JSON of `obj`, an object of `storage` as listed, written out once per version
+    /// stored: a list of 500 Nodes writes out only those changed since it was last listed.
+    pub fn json_of(
+        &mut self,
+        storage: &'static str,
+        obj: &Arc<Value>,
+    ) -> Result<Arc<[u8]>, serde_json::Error> {
+        let key = (
+            storage,
+            namespace_of(obj).to_string(),
+            name_of(obj).to_string(),
+        );
+        if let Some((of, json)) = self.json.get(&key) {
+            if Arc::ptr_eq(of, obj) {
+                return Ok(json.clone());
+            }
+        }
+        let json: Arc<[u8]> = serde_json::to_vec(&**obj)?.into();
+        // Kept only for the version stored now.
+        if self
+            .objects
+            .get(&key)
+            .is_some_and(|stored| Arc::ptr_eq(stored, obj))
+        {
+            self.json.insert(key, (obj.clone(), json.clone()));
+        }
+        Ok(json)
     }
 
     /// A deterministic five-character suffix, like the ones generateName produces.
@@ -700,6 +750,20 @@ impl Store {
                 .cloned()
                 .collect();
         }
+        // `metadata.name=X` (a client listing one object by name in every namespace) reads
+        // that name in each namespace rather than every object.
+        if let Some(name) = fields.equals("metadata.name") {
+            let namespaces = match ns {
+                Some(ns) => vec![ns.to_string()],
+                None => self.namespaces_of(plural),
+            };
+            return namespaces
+                .iter()
+                .filter_map(|ns| self.shared(plural, ns, name))
+                .filter(keep)
+                .cloned()
+                .collect();
+        }
         // `label=X` or `label in (X, Y)` on an indexed label reads those values' objects,
         // put back in key order.
         let indexed_label = LABEL_INDEX
@@ -915,6 +979,7 @@ impl Store {
         let Some(last) = self.objects.remove(&key) else {
             return Err(ApiError::not_found(rt, name));
         };
+        self.json.remove(&key);
         let size = self.sizes.remove(&key).unwrap_or(0);
         self.live_bytes = self.live_bytes.saturating_sub(size);
         self.index(rt.storage, &last, false);
@@ -1097,6 +1162,51 @@ mod tests {
         }
         s.update(replicas, "longhorn-system", "r-5", moved)?;
         assert_eq!(names(s.list("replicas", None, &sel, &none)), ["r-1", "r-9"]);
+        Ok(())
+    }
+
+    /// A list by name finds the name in every namespace (and no other object); an object's
+    /// JSON as listed follows each version stored.
+    #[test]
+    fn a_list_by_name_reads_each_namespace_and_listed_json_follows_writes() -> Result<(), ApiError>
+    {
+        let mut s = Store::new(100);
+        let now = Timestamp(0);
+        for (ns, name) in [("b", "x"), ("a", "x"), ("a", "y"), ("c", "y"), ("ab", "x")] {
+            s.create(leases(), ns, json!({"metadata": {"name": name}}), now)?;
+        }
+        let by = |s: &Store, ns: Option<&str>, name: &str| -> Result<Vec<String>, ApiError> {
+            let f = FieldSelector::parse(&format!("metadata.name={name}"))
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            Ok(s.list("leases", ns, &LabelSelector::default(), &f)
+                .iter()
+                .map(|o| format!("{}/{}", namespace_of(o), name_of(o)))
+                .collect())
+        };
+        assert_eq!(by(&s, None, "x")?, ["a/x", "ab/x", "b/x"]);
+        assert_eq!(by(&s, None, "y")?, ["a/y", "c/y"]);
+        assert_eq!(by(&s, Some("c"), "y")?, ["c/y"]);
+        assert!(by(&s, Some("b"), "y")?.is_empty());
+        assert!(by(&s, None, "z")?.is_empty());
+
+        let listed = |s: &mut Store| -> Result<Value, ApiError> {
+            let obj = s.shared("leases", "a", "x").cloned().unwrap_or_default();
+            let json = s
+                .json_of("leases", &obj)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            serde_json::from_slice(&json).map_err(|e| ApiError::bad_request(e.to_string()))
+        };
+        assert_eq!(listed(&mut s)?.at("/spec"), None);
+        let mut next = s.get("leases", "a", "x").cloned().unwrap_or_default();
+        next["spec"] = json!({"holderIdentity": "me"});
+        s.update(leases(), "a", "x", next)?;
+        assert_eq!(
+            listed(&mut s)?.at("/spec/holderIdentity"),
+            Some(&json!("me"))
+        );
+        s.delete(leases(), "a", "x")?;
+        s.create(leases(), "a", json!({"metadata": {"name": "x"}}), now)?;
+        assert_eq!(listed(&mut s)?.at("/spec"), None);
         Ok(())
     }
 }
