@@ -191,42 +191,82 @@ pub(super) fn label_value(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
+/// A Longhorn Volume or Replica as ichor reads it: the few fields of its spec and status
+/// [`live_volumes`] judges by, each as whatever JSON it holds; the rest is skipped while
+/// reading. Every replica is read at each step's end.
+type LonghornRead = kube::core::Object<Option<LonghornSpecRead>, LonghornStatusRead>;
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LonghornSpecRead {
+    /// A replica's volume.
+    #[serde(default)]
+    volume_name: Option<Value>,
+    /// A replica's node.
+    #[serde(default, rename = "nodeID")]
+    node_id: Option<Value>,
+    /// When a replica failed (empty: it did not).
+    #[serde(default)]
+    failed_at: Option<Value>,
+    /// A volume's replica count.
+    #[serde(default)]
+    number_of_replicas: Option<Value>,
+}
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LonghornStatusRead {
+    /// A replica's state (`running`, `stopped`, …).
+    #[serde(default)]
+    current_state: Option<Value>,
+    /// A volume's state (`attached`, `detached`, …).
+    #[serde(default)]
+    state: Option<Value>,
+    /// A volume's robustness (`healthy`, `degraded`, `faulted`).
+    #[serde(default)]
+    robustness: Option<Value>,
+}
+
+/// Longhorn's `kind` (plural `plural`), read as [`LonghornRead`].
+fn longhorn_api(client: &kube::Client, kind: &str, plural: &str) -> Api<LonghornRead> {
+    Api::all_with(client.clone(), &longhorn(kind, plural))
+}
+
+/// A string field of a Longhorn object's spec.
+fn spec_str(o: &LonghornRead, field: fn(&LonghornSpecRead) -> &Option<Value>) -> Option<&str> {
+    o.spec
+        .as_ref()
+        .and_then(|s| field(s).as_ref())
+        .and_then(Value::as_str)
+}
+
 /// Longhorn volumes with the nodes of their replicas, from the objects as listed. The
 /// replicas of a detached volume are stopped, not lost: they still hold its data.
-fn live_volumes(volumes: &[DynamicObject], replicas: &[DynamicObject]) -> Vec<LiveVolume> {
-    let status = |o: &DynamicObject, key: &str| -> Option<String> {
-        o.data
-            .get("status")
-            .and_then(|s| s.get(key))
+fn live_volumes(volumes: &[LonghornRead], replicas: &[LonghornRead]) -> Vec<LiveVolume> {
+    let status = |o: &LonghornRead, field: fn(&LonghornStatusRead) -> &Option<Value>| {
+        o.status
+            .as_ref()
+            .and_then(|s| field(s).as_ref())
             .and_then(Value::as_str)
             .map(str::to_string)
     };
     let detached: BTreeSet<&str> = volumes
         .iter()
-        .filter(|v| status(v, "state").as_deref() == Some("detached"))
+        .filter(|v| status(v, |s| &s.state).as_deref() == Some("detached"))
         .filter_map(|v| v.metadata.name.as_deref())
         .collect();
     let mut by_volume: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut placed: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for r in replicas {
-        let spec = r.data.get("spec");
-        let volume = spec
-            .and_then(|s| s.get("volumeName"))
-            .and_then(Value::as_str);
-        let node = spec
-            .and_then(|s| s.get("nodeID"))
-            .and_then(Value::as_str)
-            .filter(|n| !n.is_empty());
+        let volume = spec_str(r, |s| &s.volume_name);
+        let node = spec_str(r, |s| &s.node_id).filter(|n| !n.is_empty());
         let running = r
-            .data
-            .get("status")
-            .and_then(|s| s.get("currentState"))
+            .status
+            .as_ref()
+            .and_then(|s| s.current_state.as_ref())
             .and_then(Value::as_str)
             .is_none_or(|s| s == "running");
-        let failed = spec
-            .and_then(|s| s.get("failedAt"))
-            .and_then(Value::as_str)
-            .is_some_and(|f| !f.is_empty());
+        let failed = spec_str(r, |s| &s.failed_at).is_some_and(|f| !f.is_empty());
         let holds = running || (!failed && volume.is_some_and(|v| detached.contains(v)));
         if let (Some(v), Some(n)) = (volume, node) {
             placed.entry(v.to_string()).or_default().push(n.to_string());
@@ -249,15 +289,15 @@ fn live_volumes(volumes: &[DynamicObject], replicas: &[DynamicObject]) -> Vec<Li
             holders.sort();
             holders.dedup();
             let wanted = v
-                .data
-                .get("spec")
-                .and_then(|s| s.get("numberOfReplicas"))
+                .spec
+                .as_ref()
+                .and_then(|s| s.number_of_replicas.as_ref())
                 .and_then(Value::as_u64)
                 .unwrap_or(nodes.len() as u64);
             LiveVolume {
                 single_replica: wanted <= 1,
-                state: status(v, "state"),
-                robustness: status(v, "robustness"),
+                state: status(v, |s| &s.state),
+                robustness: status(v, |s| &s.robustness),
                 name,
                 provider: "longhorn",
                 nodes,
@@ -267,7 +307,60 @@ fn live_volumes(volumes: &[DynamicObject], replicas: &[DynamicObject]) -> Vec<Li
         .collect()
 }
 
-fn label(n: &Node, key: &str) -> bool {
+/// A Node as ichor reads it: its metadata and only the fields of its spec and status that
+/// [`LiveNode`] keeps. The rest (capacity, every condition's times and messages, a real
+/// kubelet's list of images) is skipped while reading, not kept: a list of every Node is
+/// read at each step's end.
+type NodeRead = kube::core::Object<Option<NodeSpecRead>, NodeStatusRead>;
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+struct NodeSpecRead {
+    #[serde(default)]
+    unschedulable: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeStatusRead {
+    #[serde(default)]
+    conditions: Option<Vec<NodeConditionRead>>,
+    #[serde(default)]
+    addresses: Option<Vec<NodeAddressRead>>,
+    #[serde(default)]
+    node_info: Option<NodeInfoRead>,
+}
+
+#[derive(Clone, Debug, serde::Deserialize)]
+struct NodeConditionRead {
+    #[serde(rename = "type")]
+    type_: String,
+    status: String,
+}
+
+#[derive(Clone, Debug, serde::Deserialize)]
+struct NodeAddressRead {
+    #[serde(rename = "type")]
+    type_: String,
+    address: String,
+}
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeInfoRead {
+    #[serde(default)]
+    kubelet_version: String,
+    #[serde(default)]
+    os_image: String,
+    #[serde(default, rename = "bootID")]
+    boot_id: String,
+}
+
+/// The Nodes' API, read as [`NodeRead`].
+fn nodes_api(client: &kube::Client) -> Api<NodeRead> {
+    Api::all_with(client.clone(), &ApiResource::erase::<Node>(&()))
+}
+
+fn label(n: &NodeRead, key: &str) -> bool {
     n.metadata
         .labels
         .as_ref()
@@ -287,49 +380,47 @@ pub fn image_tag(image: &str) -> Option<&str> {
     (!tag.contains('/')).then_some(tag)
 }
 
-/// A Node as the rollout and the gate read it.
-fn live_node(n: &Node) -> LiveNode {
+/// A Node as the rollout and the gate read it: read in place, copying only what it keeps.
+fn live_node(n: &NodeRead) -> LiveNode {
     let name = n.metadata.name.clone().unwrap_or_default();
-    let annotations = n.metadata.annotations.clone().unwrap_or_default();
-    let status = n.status.clone().unwrap_or_default();
-    let info = status.node_info.clone().unwrap_or_default();
+    let annotation = |key: &str| n.metadata.annotations.as_ref().and_then(|a| a.get(key));
+    let status = n.status.as_ref();
+    let info = status.and_then(|s| s.node_info.as_ref());
     let role = if label(n, "node-role.kubernetes.io/control-plane") {
         Role::Controlplane
     } else {
         Role::Worker
     };
     let ready = status
-        .conditions
-        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
         .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
         .is_some_and(|c| c.status == "True");
     let internal_ip = status
-        .addresses
-        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
         .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
         .map(|a| a.address.clone());
     LiveNode {
         name,
         role,
         internal_ip,
-        kubelet: info.kubelet_version.clone(),
-        talos: talos_from_os_image(&info.os_image),
-        boot_id: info.boot_id.clone(),
+        kubelet: info.map(|i| i.kubelet_version.clone()).unwrap_or_default(),
+        talos: info.and_then(|i| talos_from_os_image(&i.os_image)),
+        boot_id: info.map(|i| i.boot_id.clone()).unwrap_or_default(),
         ready,
         cordoned: n
             .spec
             .as_ref()
             .and_then(|s| s.unschedulable)
             .unwrap_or(false),
-        cordoned_by_ichor: annotations.contains_key(CORDONED_BY_ICHOR),
-        cordoned_for: annotations.get(CORDONED_BY_ICHOR).cloned(),
-        hold: annotations.get(HOLD).cloned(),
+        cordoned_by_ichor: annotation(CORDONED_BY_ICHOR).is_some(),
+        cordoned_for: annotation(CORDONED_BY_ICHOR).cloned(),
+        hold: annotation(HOLD).cloned(),
     }
 }
 
 impl KubeClient {
     pub async fn nodes(&self) -> Result<Vec<LiveNode>, KubeError> {
-        let list = Api::<Node>::all(self.client.clone())
+        let list = nodes_api(&self.client)
             .list(&ListParams::default())
             .await
             .map_err(|e| KubeError::from_kube("list nodes", e))?;
@@ -341,7 +432,7 @@ impl KubeClient {
     /// One Node by name (`None`: no such Node): what a step watching its node reads, at the
     /// cost of one object whatever the cluster's size.
     pub async fn node(&self, name: &str) -> Result<Option<LiveNode>, KubeError> {
-        let n = Api::<Node>::all(self.client.clone())
+        let n = nodes_api(&self.client)
             .get_opt(name)
             .await
             .map_err(|e| KubeError::from_kube(format!("get node {name}"), e))?;
@@ -353,10 +444,8 @@ impl KubeClient {
     pub async fn longhorn_volumes(&self) -> Result<Vec<LiveVolume>, KubeError> {
         // Both lists at once: a step reads them together every few seconds.
         let lp = ListParams::default();
-        let volumes_api =
-            Api::<DynamicObject>::all_with(self.client.clone(), &longhorn("Volume", "volumes"));
-        let replicas_api =
-            Api::<DynamicObject>::all_with(self.client.clone(), &longhorn("Replica", "replicas"));
+        let volumes_api = longhorn_api(&self.client, "Volume", "volumes");
+        let replicas_api = longhorn_api(&self.client, "Replica", "replicas");
         let (volumes, replicas) = tokio::join!(volumes_api.list(&lp), replicas_api.list(&lp));
         let volumes = match volumes {
             Ok(v) => v.items,
@@ -390,8 +479,7 @@ impl KubeClient {
         if !node.is_none_or(label_value) || known.len() > VOLUMES_PER_SELECTOR {
             return self.longhorn_volumes().await;
         }
-        let replicas_api =
-            Api::<DynamicObject>::all_with(self.client.clone(), &longhorn("Replica", "replicas"));
+        let replicas_api = longhorn_api(&self.client, "Replica", "replicas");
         let on_node = async {
             let Some(node) = node else {
                 return Ok(Vec::new());
@@ -411,7 +499,7 @@ impl KubeClient {
         // The node's own replicas may name volumes the caller did not know of.
         let mut extra: Vec<String> = Vec::new();
         for r in &mine {
-            if let Some(v) = r.data.pointer("/spec/volumeName").and_then(Value::as_str) {
+            if let Some(v) = spec_str(r, |s| &s.volume_name) {
                 if !known.iter().any(|k| k == v) && !extra.iter().any(|e| e == v) {
                     extra.push(v.to_string());
                 }
@@ -435,22 +523,21 @@ impl KubeClient {
     async fn volumes_named(
         &self,
         names: &[String],
-    ) -> Result<Option<(Vec<DynamicObject>, Vec<DynamicObject>)>, KubeError> {
+    ) -> Result<Option<(Vec<LonghornRead>, Vec<LonghornRead>)>, KubeError> {
         if names.is_empty() {
             return Ok(Some((vec![], vec![])));
         }
         if !names.iter().all(|n| label_value(n)) {
             return Ok(None);
         }
-        let replicas_api =
-            Api::<DynamicObject>::all_with(self.client.clone(), &longhorn("Replica", "replicas"));
+        let replicas_api = longhorn_api(&self.client, "Replica", "replicas");
         let of_volumes = ListParams::default()
             .labels(&format!("{LONGHORN_VOLUME_LABEL} in ({})", names.join(",")));
         let replicas = replicas_api.list(&of_volumes);
         // By name in every namespace: Longhorn's own is whatever the install named it.
         let volumes = futures_util::future::join_all(names.iter().map(|name| async move {
             let lp = ListParams::default().fields(&format!("metadata.name={name}"));
-            Api::<DynamicObject>::all_with(self.client.clone(), &longhorn("Volume", "volumes"))
+            longhorn_api(&self.client, "Volume", "volumes")
                 .list(&lp)
                 .await
         }));

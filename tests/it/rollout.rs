@@ -1044,6 +1044,7 @@ async fn paused_in_cluster_yaml_stops_before_the_next_node() -> TestResult {
 async fn killed_and_resumed(
     s: &Setup,
     covered: &dyn Fn(&BTreeSet<String>) -> bool,
+    wanted: &dyn Fn(&str) -> bool,
 ) -> Result<BTreeSet<String>, Error> {
     let max = s.max_unavailable();
     let target = s.target();
@@ -1065,6 +1066,17 @@ async fn killed_and_resumed(
         // a few ticks (mid-step: a drain, a reboot, a verification).
         let mid_step = kills % 2 == 1;
         let ticks = RefCell::new(0u32);
+        // A wanted line said for the first time is a kill point whichever way this
+        // incarnation was to die: where a mid-step kill lands depends on timing, and a
+        // wanted boundary must not be passed over on a loaded machine.
+        let at_wanted = RefCell::new(None::<String>);
+        let wanted_fresh = || {
+            said.lock().ok().and_then(|l| {
+                l.iter()
+                    .find(|x| wanted(x) && !known.borrow().contains(*x))
+                    .cloned()
+            })
+        };
         let violations_now = RefCell::new(Vec::new());
         // Kill until enough distinct points are covered: on a loaded machine the mid-step
         // kills land on fewer distinct lines, so the count of kills alone is not the bound.
@@ -1077,6 +1089,10 @@ async fn killed_and_resumed(
                 loop {
                     tokio::task::yield_now().await;
                     tokio::time::sleep(Duration::from_millis(1)).await;
+                    if let Some(line) = wanted_fresh() {
+                        *at_wanted.borrow_mut() = Some(line);
+                        return;
+                    }
                     if *ticks.borrow() >= 3 + (kills as u32 % 5) {
                         return;
                     }
@@ -1115,12 +1131,19 @@ async fn killed_and_resumed(
             Some(r) => break (r?, said),
             None => {
                 kills += 1;
-                let last = last_fresh
+                let wanted_line = at_wanted.into_inner();
+                let at_boundary = !mid_step || wanted_line.is_some();
+                let last = wanted_line
+                    .or(last_fresh)
                     .or_else(|| said.last().cloned())
                     .unwrap_or_else(|| "(nothing said)".into());
                 points.insert(format!(
                     "{} {}",
-                    if mid_step { "mid-step after" } else { "after" },
+                    if at_boundary {
+                        "after"
+                    } else {
+                        "mid-step after"
+                    },
                     last
                 ));
             }
@@ -1147,9 +1170,11 @@ async fn killed_at_every_step_boundary_and_mid_step_it_still_finishes_safely() -
     // The one-drain window (between a worker's kubelet switch and its reboot) must be
     // among the points, however early the 60 are reached.
     let switch_window = |p: &String| p.starts_with("after kubelet w-") && p.contains("switched to");
-    let points = killed_and_resumed(&s, &|points| {
-        points.len() >= 60 && points.iter().any(switch_window)
-    })
+    let points = killed_and_resumed(
+        &s,
+        &|points| points.len() >= 60 && points.iter().any(switch_window),
+        &|line| line.starts_with("kubelet w-") && line.contains("switched to"),
+    )
     .await?;
     // The one-drain window was among them: killed between a worker's kubelet switch and
     // its reboot, the next run carried on from what it observed without breaking a rule.
@@ -1181,9 +1206,15 @@ async fn killed_between_an_install_ahead_and_its_turn_it_still_finishes_safely()
                 && p.contains("installed")
         }
     };
-    let points = killed_and_resumed(&s, &|points| {
-        points.len() >= 30 && points.iter().any(ahead(" cp-")) && points.iter().any(ahead(" w-"))
-    })
+    let points = killed_and_resumed(
+        &s,
+        &|points| {
+            points.len() >= 30
+                && points.iter().any(ahead(" cp-"))
+                && points.iter().any(ahead(" w-"))
+        },
+        &|line| line.contains("ahead of its turn") && line.contains("installed"),
+    )
     .await?;
     for who in [" cp-", " w-"] {
         assert!(

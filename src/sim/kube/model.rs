@@ -154,6 +154,9 @@ pub struct Cluster {
     /// a pod with a claim, a claim, a PersistentVolume or a VolumeAttachment changes, or a
     /// detach falls due, another pass would change nothing and is skipped.
     attach_quiet: Option<u64>,
+    /// The pods with a claim as the last attach/detach pass read them: (namespace, name) →
+    /// their [`attach_view`].
+    attach_pods: HashMap<(String, String), (String, bool)>,
     /// Every Node's brief, brought up to date from the Nodes changed since it was last
     /// read: a pass does not read 500 Nodes to place one pod, nor rebuild 500 briefs for
     /// one heartbeat.
@@ -496,6 +499,7 @@ impl Cluster {
             #[cfg(test)]
             judged: Vec::new(),
             attach_quiet: None,
+            attach_pods: HashMap::new(),
             node_view: None,
             detach_due: BTreeMap::new(),
             terminating: BTreeMap::new(),
@@ -2410,9 +2414,15 @@ impl Cluster {
         type Want = (String, String, String, String, bool);
         let due = self.detach_due.values().any(|t| *t <= now);
         if let Some(rv) = self.attach_quiet {
+            // A pod with a claim matters when it came, went, moved to a node or finished
+            // since the last pass read it, not when it only turned Ready.
+            let as_read = |ns: &str, pod: &str| {
+                self.attach_pods.get(&(ns.to_string(), pod.to_string()))
+                    == self.store.get("pods", ns, pod).map(attach_view).as_ref()
+            };
             let unchanged = self.store.changes_since(rv).is_some_and(|mut changes| {
                 changes.all(|e| match e.plural {
-                    "pods" => !has_claims(&e.object),
+                    "pods" => !has_claims(&e.object) || as_read(&e.namespace, name_of(&e.object)),
                     "persistentvolumeclaims" | "persistentvolumes" | "volumeattachments" => false,
                     _ => true,
                 })
@@ -2421,10 +2431,17 @@ impl Cluster {
                 return;
             }
         }
+        #[cfg(test)]
+        self.judged.push("attach pass".to_string());
         let before = self.store.resource_version();
         let mut wanted: BTreeMap<String, Want> = BTreeMap::new();
         // Only pods with a claim can want a volume attached.
+        self.attach_pods.clear();
         for pod in self.store.pods_with_claims() {
+            self.attach_pods.insert(
+                (namespace_of(pod).to_string(), name_of(pod).to_string()),
+                attach_view(pod),
+            );
             let node = node_of(pod);
             let phase = pod.at("/status/phase").and_then(Value::as_str);
             if node.is_empty() || matches!(phase, Some("Succeeded" | "Failed")) {
@@ -2902,6 +2919,16 @@ struct PodBrief {
     name: String,
     template: Option<String>,
     terminating: bool,
+}
+
+/// What the attach/detach pass reads of a pod with a claim: its node, and whether it is
+/// done (Succeeded or Failed: its volumes may detach).
+fn attach_view(pod: &Value) -> (String, bool) {
+    let done = matches!(
+        pod.at("/status/phase").and_then(Value::as_str),
+        Some("Succeeded" | "Failed")
+    );
+    (node_of(pod).to_string(), done)
 }
 
 /// Whether the pod tolerates `node.kubernetes.io/unschedulable:NoSchedule`, the taint a
@@ -3417,6 +3444,64 @@ mod tests {
             daemon_set_status(&c, "kube-system", "cilium"),
             daemon_set_counted_afresh(&c, "kube-system", "cilium")
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_pod_with_a_claim_wakes_attach_detach_when_it_moves_not_when_it_turns_ready(
+    ) -> Result<(), ApiError> {
+        let t0 = Timestamp(1_767_225_600_000);
+        let s = Duration::from_secs;
+        let mut c = super::super::seed::KubeSeed::nodes(1, 3)
+            .longhorn_volume_used_by("pvc-db", 3, "default", "db")
+            .build(Behaviour::default(), t0)?;
+        c.sync(t0.plus(s(60)));
+        let attached = |c: &Cluster| -> Vec<String> {
+            c.store
+                .iter("volumeattachments")
+                .map(|va| node_of(va).to_string())
+                .collect()
+        };
+        let db = c
+            .store
+            .iter_ns("pods", "default")
+            .find(|p| controller_of(p).is_some())
+            .cloned()
+            .unwrap_or_default();
+        let first = node_of(&db).to_string();
+        assert_eq!(attached(&c), std::slice::from_ref(&first));
+        // It turns NotReady and Ready again: nothing attach/detach reads changed.
+        let mark = c.judged.len();
+        for (at, ready) in [(70, false), (80, true)] {
+            let now = c
+                .store
+                .get("pods", "default", name_of(&db))
+                .cloned()
+                .unwrap_or_default();
+            write_pod(&mut c, now, t0.plus(s(at)), |p| {
+                set_condition(p, "Ready", ready, "ContainersReady", t0.plus(s(at)))
+            });
+        }
+        assert!(
+            !c.judged[mark..].contains(&"attach pass".to_string()),
+            "{:?}",
+            &c.judged[mark..]
+        );
+        // Its node is cordoned and the pod deleted: its replacement lands elsewhere, and the
+        // volume follows it once detached.
+        c.set_unschedulable(&first, true, t0.plus(s(90)))?;
+        let mark = c.judged.len();
+        c.delete_pod(
+            "default",
+            name_of(&db),
+            Some(Duration::ZERO),
+            t0.plus(s(91)),
+        )?;
+        c.sync(t0.plus(s(600)));
+        assert!(c.judged[mark..].contains(&"attach pass".to_string()));
+        let moved = attached(&c);
+        assert_eq!(moved.len(), 1, "{moved:?}");
+        assert_ne!(moved[0], first);
         Ok(())
     }
 
