@@ -3301,13 +3301,14 @@ mod tests {
         Ok(())
     }
 
+    fn daemon_set(c: &Cluster, ns: &str, ds: &str) -> Value {
+        let found = c.store.get("daemonsets", ns, ds);
+        found.cloned().unwrap_or_default()
+    }
+
     /// A DaemonSet's status as counted from every pod now: (scheduled, ready, updated).
     fn daemon_set_counted_afresh(c: &Cluster, ns: &str, ds: &str) -> (u64, u64, u64) {
-        let obj = c
-            .store
-            .get("daemonsets", ns, ds)
-            .cloned()
-            .unwrap_or_default();
+        let obj = daemon_set(c, ns, ds);
         let template = template_hash(&obj);
         let pods = c.store.pods_owned_by(ns, "DaemonSet", ds);
         let ready = pods.iter().filter(|p| is_ready(p)).count() as u64;
@@ -3319,11 +3320,7 @@ mod tests {
     }
 
     fn daemon_set_status(c: &Cluster, ns: &str, ds: &str) -> (u64, u64, u64) {
-        let obj = c
-            .store
-            .get("daemonsets", ns, ds)
-            .cloned()
-            .unwrap_or_default();
+        let obj = daemon_set(c, ns, ds);
         let n = |f: &str| {
             obj.at(&format!("/status/{f}"))
                 .and_then(Value::as_u64)
@@ -3349,6 +3346,15 @@ mod tests {
         c.pods_on_node(node)
             .into_iter()
             .find(|p| controller_of(p).is_some_and(|(_, n)| n == owner))
+            .unwrap_or_default()
+    }
+
+    /// A pod of `ns` labelled `app=<app>`, as stored.
+    fn pod_labelled(c: &Cluster, ns: &str, app: &str) -> Value {
+        c.store
+            .iter_ns("pods", ns)
+            .find(|p| p.at("/metadata/labels/app").and_then(Value::as_str) == Some(app))
+            .cloned()
             .unwrap_or_default()
     }
 
@@ -3394,12 +3400,7 @@ mod tests {
         // A CoreDNS pod turns NotReady: its Deployment and its budget look, and only they.
         let mark = c.judged.len();
         let healthy = current_healthy(&c, "kube-system", "coredns");
-        let coredns = c
-            .store
-            .iter_ns("pods", "kube-system")
-            .find(|p| p.at("/metadata/labels/app") == Some(&json!("coredns")))
-            .cloned()
-            .unwrap_or_default();
+        let coredns = pod_labelled(&c, "kube-system", "coredns");
         write_pod(&mut c, coredns, t0.plus(s(20)), |p| {
             set_condition(p, "Ready", false, "ContainersNotReady", t0.plus(s(20)))
         });
@@ -3416,12 +3417,7 @@ mod tests {
         // looks again and counts one healthy pod fewer.
         let mark = c.judged.len();
         let healthy = current_healthy(&c, "default", "web");
-        let web = c
-            .store
-            .iter_ns("pods", "default")
-            .find(|p| p.at("/metadata/labels/app") == Some(&json!("web")))
-            .cloned()
-            .unwrap_or_default();
+        let web = pod_labelled(&c, "default", "web");
         write_pod(&mut c, web, t0.plus(s(30)), |p| {
             set_path(p, &["metadata", "labels", "app"], json!("other"))
         });
