@@ -934,6 +934,73 @@ async fn watch_replays_from_a_resource_version_sends_bookmarks_and_expires_old_v
     assert_eq!(evs[0]["object"]["reason"], "Expired");
 }
 
+/// A watch that stays open while other resources churn through the history keeps going:
+/// it has missed none of its own resource's events (kube-apiserver keeps a watch cache per
+/// resource), so its next event arrives, not a 410.
+#[tokio::test]
+async fn a_watch_outlives_other_resources_churning_through_the_history() {
+    let behaviour = Behaviour {
+        watch_history: 40,
+        ..Behaviour::default()
+    };
+    let (t, _d) = twin(KubeSeed::nodes(1, 2), behaviour).await;
+    let api = Api::new(&t);
+    let base = "/api/v1/namespaces/default/configmaps";
+    let list = api.get(base).await;
+    let rv = list.body["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let resp = api
+        .send(
+            "GET",
+            &format!("{base}?watch=true&resourceVersion={rv}"),
+            None,
+            String::new(),
+        )
+        .await;
+    assert_eq!(resp.status().as_u16(), 200);
+    // Twice the history's length of writes to another resource.
+    for i in 0..80 {
+        let r = api
+            .call(
+                "POST",
+                "/api/v1/namespaces/default/secrets",
+                None,
+                Some(json!({"metadata": {"name": format!("s-{i}")}})),
+            )
+            .await;
+        assert_eq!(r.code, 201);
+    }
+    let r = api
+        .call(
+            "POST",
+            base,
+            None,
+            Some(json!({"metadata": {"name": "after-the-churn"}})),
+        )
+        .await;
+    assert_eq!(r.code, 201);
+    let mut body = resp.into_body();
+    let mut buf = String::new();
+    let evs = read_events(&mut body, &mut buf, 1).await;
+    assert_eq!(evs[0]["type"], "ADDED", "{:?}", evs[0]);
+    assert_eq!(evs[0]["object"]["metadata"]["name"], "after-the-churn");
+    // A new watch from the old version still finds every configmap event after it.
+    let resp = api
+        .send(
+            "GET",
+            &format!("{base}?watch=true&resourceVersion={rv}"),
+            None,
+            String::new(),
+        )
+        .await;
+    let mut body = resp.into_body();
+    let mut buf = String::new();
+    let evs = read_events(&mut body, &mut buf, 1).await;
+    assert_eq!(evs[0]["type"], "ADDED", "{:?}", evs[0]);
+}
+
 #[tokio::test]
 async fn list_filters_by_label_and_field_selectors_and_pages() {
     let (t, _d) = twin(KubeSeed::typical(1, 3), Behaviour::default()).await;

@@ -210,6 +210,12 @@ pub struct Store {
     history_limit: usize,
     /// Events before this resourceVersion are no longer in the history.
     compacted: u64,
+    /// Per resource (storage plural), the resourceVersion of its newest event no longer in
+    /// the history: a watch of it from an older version has missed that event (410), one
+    /// from a newer version has not, however many events of other resources went since
+    /// (kube-apiserver keeps a watch cache per resource: `staging/src/k8s.io/apiserver/pkg/
+    /// storage/cacher/watch_cache.go`, v1.33.0).
+    compacted_by: HashMap<&'static str, u64>,
     /// Per resource (storage plural), the resourceVersion of its last event. A watcher
     /// waits on its own resource's notice alone and reads the events themselves from the
     /// history: a slow watcher holds no copies of objects, a change to another resource
@@ -384,6 +390,7 @@ impl Store {
             history_bytes: 0,
             history_limit: history_limit.max(1),
             compacted: 1000,
+            compacted_by: HashMap::new(),
             notices: RESOURCES
                 .iter()
                 .map(|rt| (rt.storage, watch::Sender::new(1000)))
@@ -541,6 +548,7 @@ impl Store {
         {
             if let Some((old, size)) = self.history.pop_front() {
                 self.compacted = old.rv;
+                self.compacted_by.insert(old.plural, old.rv);
                 self.history_bytes = self.history_bytes.saturating_sub(size);
             }
         }
@@ -552,18 +560,18 @@ impl Store {
         self.any_notice.send_replace(self.rv);
     }
 
-    /// Events after `rv` for `plural` (and namespace when given), or 410 when `rv` is older
-    /// than the history.
+    /// Events after `rv` for `plural` (and namespace when given), or 410 when an event of
+    /// `plural` after `rv` is no longer in the history.
     pub fn history_since(
         &self,
         plural: &str,
         ns: Option<&str>,
         rv: u64,
     ) -> Result<Vec<WatchEvent>, ApiError> {
-        if rv < self.compacted {
+        let compacted = self.compacted_by.get(plural).copied().unwrap_or(0);
+        if rv < compacted {
             return Err(ApiError::expired(format!(
-                "too old resource version: {} ({})",
-                rv, self.compacted
+                "too old resource version: {rv} ({compacted})"
             )));
         }
         let start = self.history.partition_point(|(e, _)| e.rv <= rv);
