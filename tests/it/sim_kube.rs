@@ -850,20 +850,42 @@ async fn lease_update_with_a_stale_resource_version_is_409_and_a_stolen_lease_sh
     assert_eq!(now.body["spec"]["leaseTransitions"], 1);
 }
 
-#[tokio::test]
-async fn watch_replays_from_a_resource_version_sends_bookmarks_and_expires_old_versions() {
+const CONFIGMAPS: &str = "/api/v1/namespaces/default/configmaps";
+
+/// A twin that keeps 40 events of history, a client, and the configmaps' version now.
+async fn short_history() -> (KubeTwin, tempfile::TempDir, Api, String) {
     let behaviour = Behaviour {
         watch_history: 40,
         ..Behaviour::default()
     };
-    let (t, _d) = twin(KubeSeed::nodes(1, 2), behaviour).await;
+    let (t, d) = twin(KubeSeed::nodes(1, 2), behaviour).await;
     let api = Api::new(&t);
-    let base = "/api/v1/namespaces/default/configmaps";
-    let list = api.get(base).await;
+    let list = api.get(CONFIGMAPS).await;
     let rv = list.body["metadata"]["resourceVersion"]
         .as_str()
         .unwrap_or("")
         .to_string();
+    (t, d, api, rv)
+}
+
+/// A watch of the configmaps from `rv` (`extra` appended to its query): its body.
+async fn watch_configmaps(api: &Api, rv: &str, extra: &str) -> Incoming {
+    let resp = api
+        .send(
+            "GET",
+            &format!("{CONFIGMAPS}?watch=true&resourceVersion={rv}{extra}"),
+            None,
+            String::new(),
+        )
+        .await;
+    assert_eq!(resp.status().as_u16(), 200);
+    resp.into_body()
+}
+
+#[tokio::test]
+async fn watch_replays_from_a_resource_version_sends_bookmarks_and_expires_old_versions() {
+    let (_t, _d, api, rv) = short_history().await;
+    let base = CONFIGMAPS;
     for i in 0..3 {
         let r = api
             .call(
@@ -877,16 +899,7 @@ async fn watch_replays_from_a_resource_version_sends_bookmarks_and_expires_old_v
             .await;
         assert_eq!(r.code, 201);
     }
-    let resp = api
-        .send(
-            "GET",
-            &format!("{base}?watch=true&resourceVersion={rv}&allowWatchBookmarks=true"),
-            None,
-            String::new(),
-        )
-        .await;
-    assert_eq!(resp.status().as_u16(), 200);
-    let mut body = resp.into_body();
+    let mut body = watch_configmaps(&api, &rv, "&allowWatchBookmarks=true").await;
     let mut buf = String::new();
     let evs = read_events(&mut body, &mut buf, 4).await;
     let types: Vec<&str> = evs
@@ -918,15 +931,7 @@ async fn watch_replays_from_a_resource_version_sends_bookmarks_and_expires_old_v
         )
         .await;
     }
-    let resp = api
-        .send(
-            "GET",
-            &format!("{base}?watch=true&resourceVersion={rv}"),
-            None,
-            String::new(),
-        )
-        .await;
-    let mut body = resp.into_body();
+    let mut body = watch_configmaps(&api, &rv, "").await;
     let mut buf = String::new();
     let evs = read_events(&mut body, &mut buf, 1).await;
     assert_eq!(evs[0]["type"], "ERROR");
@@ -939,27 +944,9 @@ async fn watch_replays_from_a_resource_version_sends_bookmarks_and_expires_old_v
 /// resource), so its next event arrives, not a 410.
 #[tokio::test]
 async fn a_watch_outlives_other_resources_churning_through_the_history() {
-    let behaviour = Behaviour {
-        watch_history: 40,
-        ..Behaviour::default()
-    };
-    let (t, _d) = twin(KubeSeed::nodes(1, 2), behaviour).await;
-    let api = Api::new(&t);
-    let base = "/api/v1/namespaces/default/configmaps";
-    let list = api.get(base).await;
-    let rv = list.body["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
-    let resp = api
-        .send(
-            "GET",
-            &format!("{base}?watch=true&resourceVersion={rv}"),
-            None,
-            String::new(),
-        )
-        .await;
-    assert_eq!(resp.status().as_u16(), 200);
+    let (_t, _d, api, rv) = short_history().await;
+    let base = CONFIGMAPS;
+    let mut body = watch_configmaps(&api, &rv, "").await;
     // Twice the history's length of writes to another resource.
     for i in 0..80 {
         let r = api
@@ -981,21 +968,12 @@ async fn a_watch_outlives_other_resources_churning_through_the_history() {
         )
         .await;
     assert_eq!(r.code, 201);
-    let mut body = resp.into_body();
     let mut buf = String::new();
     let evs = read_events(&mut body, &mut buf, 1).await;
     assert_eq!(evs[0]["type"], "ADDED", "{:?}", evs[0]);
     assert_eq!(evs[0]["object"]["metadata"]["name"], "after-the-churn");
     // A new watch from the old version still finds every configmap event after it.
-    let resp = api
-        .send(
-            "GET",
-            &format!("{base}?watch=true&resourceVersion={rv}"),
-            None,
-            String::new(),
-        )
-        .await;
-    let mut body = resp.into_body();
+    let mut body = watch_configmaps(&api, &rv, "").await;
     let mut buf = String::new();
     let evs = read_events(&mut body, &mut buf, 1).await;
     assert_eq!(evs[0]["type"], "ADDED", "{:?}", evs[0]);
