@@ -231,21 +231,20 @@ impl DeploymentSets {
                 .map(|rs| (namespace_of(rs).to_string(), name_of(rs).to_string()))
                 .collect()
         });
-        for (ns, rs) in changed {
+        for key in changed {
+            let (ns, rs) = &key;
             let now = store
-                .get("replicasets", &ns, &rs)
+                .get("replicasets", ns, rs)
                 .and_then(controller_of)
                 .filter(|(kind, _)| *kind == "Deployment")
                 .map(|(_, d)| d.to_string());
-            let key = (ns, rs);
             if self.owner.get(&key) == now.as_ref() {
                 continue;
             }
-            let (ns, rs) = key;
-            if let Some(before) = self.owner.remove(&(ns.clone(), rs.clone())) {
+            if let Some(before) = self.owner.remove(&key) {
                 let d = (ns.clone(), before);
                 if let Some(set) = self.sets.get_mut(&d) {
-                    set.remove(&rs);
+                    set.remove(rs);
                     if set.is_empty() {
                         self.sets.remove(&d);
                     }
@@ -253,9 +252,9 @@ impl DeploymentSets {
                 moved.insert(d);
             }
             if let Some(d) = now {
-                self.owner.insert((ns.clone(), rs.clone()), d.clone());
-                let d = (ns, d);
-                self.sets.entry(d.clone()).or_default().insert(rs);
+                self.owner.insert(key.clone(), d.clone());
+                let d = (ns.clone(), d);
+                self.sets.entry(d.clone()).or_default().insert(rs.clone());
                 moved.insert(d);
             }
         }
