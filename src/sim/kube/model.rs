@@ -3501,6 +3501,63 @@ mod tests {
     }
 
     #[test]
+    fn a_replica_set_changing_hands_wakes_the_deployment_it_left() -> Result<(), ApiError> {
+        let t0 = Timestamp(1_767_225_600_000);
+        let s = Duration::from_secs;
+        let mut c = super::super::seed::KubeSeed::typical(1, 3).build(Behaviour::default(), t0)?;
+        c.sync(t0.plus(s(1)));
+        let sets_of = |c: &Cluster, d: &str| -> Vec<String> {
+            c.store
+                .iter_ns("replicasets", "default")
+                .filter(|rs| controller_of(rs) == Some(("Deployment", d)))
+                .map(|rs| name_of(rs).to_string())
+                .collect()
+        };
+        let [web_set] = sets_of(&c, "web").try_into().unwrap_or_default();
+        // A second Deployment, then web's ReplicaSet handed to it.
+        let mut other = c
+            .store
+            .get("deployments", "default", "web")
+            .cloned()
+            .unwrap_or_default();
+        if let Some(m) = other.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.retain(|k, _| k == "name" || k == "namespace" || k == "labels");
+        }
+        set_path(&mut other, &["metadata", "name"], json!("other"));
+        let other = c.upsert(other, t0.plus(s(10)))?;
+        let mut rs = c
+            .store
+            .get("replicasets", "default", &web_set)
+            .cloned()
+            .unwrap_or_default();
+        set_path(
+            &mut rs,
+            &["metadata", "ownerReferences"],
+            json!([owner_ref(&other)]),
+        );
+        if let Some(m) = rs.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+        }
+        let mark = c.judged.len();
+        c.upsert(rs, t0.plus(s(20)))?;
+        // web, which the set left, looks again and makes itself a new one; other owns web's.
+        let judged = &c.judged[mark..];
+        assert!(
+            judged.contains(&"deployment pass default/web".to_string()),
+            "{judged:?}"
+        );
+        assert!(
+            judged.contains(&"deployment pass default/other".to_string()),
+            "{judged:?}"
+        );
+        let now = sets_of(&c, "web");
+        assert_eq!(now.len(), 1, "{now:?}");
+        assert_ne!(now[0], web_set);
+        assert!(sets_of(&c, "other").contains(&web_set));
+        Ok(())
+    }
+
+    #[test]
     fn longhorns_pass_looks_only_at_the_volumes_a_change_touched() -> Result<(), ApiError> {
         let t0 = Timestamp(1_767_225_600_000);
         let s = Duration::from_secs;
