@@ -3357,13 +3357,13 @@ mod tests {
             .unwrap_or_default()
     }
 
-    /// A client's write of `pod` as changed by `edit`.
-    fn write_pod(c: &mut Cluster, mut pod: Value, at: Timestamp, edit: impl FnOnce(&mut Value)) {
-        edit(&mut pod);
-        if let Some(m) = pod.get_mut("metadata").and_then(Value::as_object_mut) {
+    /// A client's write of `obj` as changed by `edit`.
+    fn write(c: &mut Cluster, mut obj: Value, at: Timestamp, edit: impl FnOnce(&mut Value)) {
+        edit(&mut obj);
+        if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
             m.remove("resourceVersion");
         }
-        let written = c.upsert(pod, at);
+        let written = c.upsert(obj, at);
         assert!(written.is_ok(), "{written:?}");
     }
 
@@ -3381,7 +3381,7 @@ mod tests {
         // pod only changed state), and no budget looks: none selects cilium's pods.
         let mark = c.judged.len();
         let pod = pod_of(&c, "cilium", "worker-2");
-        write_pod(&mut c, pod, t0.plus(s(10)), |p| {
+        write(&mut c, pod, t0.plus(s(10)), |p| {
             set_condition(p, "Ready", false, "ContainersNotReady", t0.plus(s(10)))
         });
         assert_eq!(daemon_set_status(&c, "kube-system", "cilium"), (6, 5, 6));
@@ -3400,7 +3400,7 @@ mod tests {
         let mark = c.judged.len();
         let healthy = current_healthy(&c, "kube-system", "coredns");
         let coredns = pod_labelled(&c, "kube-system", "coredns");
-        write_pod(&mut c, coredns, t0.plus(s(20)), |p| {
+        write(&mut c, coredns, t0.plus(s(20)), |p| {
             set_condition(p, "Ready", false, "ContainersNotReady", t0.plus(s(20)))
         });
         assert_eq!(current_healthy(&c, "kube-system", "coredns"), healthy - 1);
@@ -3417,7 +3417,7 @@ mod tests {
         let mark = c.judged.len();
         let healthy = current_healthy(&c, "default", "web");
         let web = pod_labelled(&c, "default", "web");
-        write_pod(&mut c, web, t0.plus(s(30)), |p| {
+        write(&mut c, web, t0.plus(s(30)), |p| {
             set_path(p, &["metadata", "labels", "app"], json!("other"))
         });
         assert_eq!(current_healthy(&c, "default", "web"), healthy - 1);
@@ -3473,7 +3473,7 @@ mod tests {
                 .get("pods", "default", name_of(&db))
                 .cloned()
                 .unwrap_or_default();
-            write_pod(&mut c, now, t0.plus(s(at)), |p| {
+            write(&mut c, now, t0.plus(s(at)), |p| {
                 set_condition(p, "Ready", ready, "ContainersReady", t0.plus(s(at)))
             });
         }
@@ -3525,21 +3525,19 @@ mod tests {
         }
         set_path(&mut other, &["metadata", "name"], json!("other"));
         let other = c.upsert(other, t0.plus(s(10)))?;
-        let mut rs = c
+        let rs = c
             .store
             .get("replicasets", "default", &web_set)
             .cloned()
             .unwrap_or_default();
-        set_path(
-            &mut rs,
-            &["metadata", "ownerReferences"],
-            json!([owner_ref(&other)]),
-        );
-        if let Some(m) = rs.get_mut("metadata").and_then(Value::as_object_mut) {
-            m.remove("resourceVersion");
-        }
         let mark = c.judged.len();
-        c.upsert(rs, t0.plus(s(20)))?;
+        write(&mut c, rs, t0.plus(s(20)), |rs| {
+            set_path(
+                rs,
+                &["metadata", "ownerReferences"],
+                json!([owner_ref(&other)]),
+            )
+        });
         // web, which the set left, looks again and makes itself a new one; other owns web's.
         let judged = &c.judged[mark..];
         assert!(
@@ -3581,12 +3579,10 @@ mod tests {
         // A client clears one replica's healthyAt: that volume alone is judged again, and
         // found degraded.
         let mark = c.longhorn_judged.len();
-        let mut r = replica_on(&c, "pvc-a", "worker-1").unwrap_or_default();
-        set_path(&mut r, &["spec", "healthyAt"], json!(""));
-        if let Some(m) = r.get_mut("metadata").and_then(Value::as_object_mut) {
-            m.remove("resourceVersion");
-        }
-        c.upsert(r, t0.plus(s(302)))?;
+        let r = replica_on(&c, "pvc-a", "worker-1").unwrap_or_default();
+        write(&mut c, r, t0.plus(s(302)), |r| {
+            set_path(r, &["spec", "healthyAt"], json!(""))
+        });
         assert_eq!(robustness(&c, "pvc-a"), "degraded");
         assert_eq!(judged(&c, mark), BTreeSet::from(["pvc-a".to_string()]));
         // worker-1 goes down: the volumes with a replica there are judged, pvc-c is not.

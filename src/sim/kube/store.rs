@@ -175,25 +175,14 @@ type Key = (&'static str, String, String);
 type FieldKey = (&'static str, &'static str, String);
 
 /// The fields the model looks objects up by, (storage, path): pods by their node, Longhorn
-/// replicas by their volume and by their node. A missing field indexes as "".
+/// replicas by their volume and by their node, and by the labels saying so (a list
+/// selecting on a label here reads the index). A missing field indexes as "".
 const FIELD_INDEX: &[(&str, &str)] = &[
     ("pods", "/spec/nodeName"),
     ("replicas", "/spec/volumeName"),
     ("replicas", "/spec/nodeID"),
     ("replicas", "/metadata/labels/longhornvolume"),
     ("replicas", "/metadata/labels/longhornnode"),
-];
-
-/// The labels a label-selected list reads from [`FIELD_INDEX`] rather than from every
-/// object, (storage, label, path): the Longhorn replicas of a node or of some volumes, what
-/// a rollout's look at one node selects on.
-const LABEL_INDEX: &[(&str, &str, &str)] = &[
-    (
-        "replicas",
-        "longhornvolume",
-        "/metadata/labels/longhornvolume",
-    ),
-    ("replicas", "longhornnode", "/metadata/labels/longhornnode"),
 ];
 
 pub struct Store {
@@ -772,12 +761,16 @@ impl Store {
                 .cloned()
                 .collect();
         }
-        // `label=X` or `label in (X, Y)` on an indexed label reads those values' objects,
-        // put back in key order.
-        let indexed_label = LABEL_INDEX
+        // `label=X` or `label in (X, Y)` on a label in the field index (Longhorn replicas'
+        // volume and node, what a rollout's look at one node selects on) reads those
+        // values' objects, put back in key order.
+        let indexed_label = FIELD_INDEX
             .iter()
-            .filter(|(storage, _, _)| *storage == plural)
-            .find_map(|(_, label, path)| Some((*path, labels.values_of(label)?)));
+            .filter(|(storage, _)| *storage == plural)
+            .find_map(|(_, path)| {
+                let label = path.strip_prefix("/metadata/labels/")?;
+                Some((*path, labels.values_of(label)?))
+            });
         if let Some((path, values)) = indexed_label {
             let mut found: Vec<Arc<Value>> = values
                 .iter()
