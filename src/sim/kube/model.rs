@@ -2608,19 +2608,18 @@ impl Cluster {
                 };
                 let ps = owned(&ns, kind, &name);
                 let ready = ps.iter().filter(|p| is_ready(p)).count();
-                let mut o2 = o.clone();
-                set_path(&mut o2, &["status", "replicas"], json!(ps.len()));
-                set_path(&mut o2, &["status", "readyReplicas"], json!(ready));
-                set_path(&mut o2, &["status", "availableReplicas"], json!(ready));
-                set_path(&mut o2, &["status", "currentReplicas"], json!(ps.len()));
-                set_path(
-                    &mut o2,
-                    &["status", "updatedReplicas"],
-                    json!(updated(&ps, o)),
+                let status = with_status(
+                    o,
+                    &[
+                        ("replicas", json!(ps.len())),
+                        ("readyReplicas", json!(ready)),
+                        ("availableReplicas", json!(ready)),
+                        ("currentReplicas", json!(ps.len())),
+                        ("updatedReplicas", json!(updated(&ps, o))),
+                        ("observedGeneration", generation_of(o)),
+                    ],
                 );
-                o2["status"]["observedGeneration"] =
-                    o.at("/metadata/generation").cloned().unwrap_or(json!(1));
-                updates.push((plural, o2));
+                updates.extend(status.map(|o2| (plural, o2)));
             }
         }
         for (ns, name) in self.deployment_sets.touched(store, dirty) {
@@ -2641,19 +2640,18 @@ impl Cluster {
             }
             let ready = rs_pods.iter().filter(|p| is_ready(p)).count();
             let want = replicas_of(d, self.behaviour.max_replicas) as usize;
-            let mut d2 = d.clone();
-            set_path(&mut d2, &["status", "replicas"], json!(rs_pods.len()));
-            set_path(&mut d2, &["status", "readyReplicas"], json!(ready));
-            set_path(&mut d2, &["status", "availableReplicas"], json!(ready));
-            set_path(&mut d2, &["status", "updatedReplicas"], json!(up_to_date));
-            set_path(
-                &mut d2,
-                &["status", "unavailableReplicas"],
-                json!(want.saturating_sub(ready)),
+            let status = with_status(
+                d,
+                &[
+                    ("replicas", json!(rs_pods.len())),
+                    ("readyReplicas", json!(ready)),
+                    ("availableReplicas", json!(ready)),
+                    ("updatedReplicas", json!(up_to_date)),
+                    ("unavailableReplicas", json!(want.saturating_sub(ready))),
+                    ("observedGeneration", generation_of(d)),
+                ],
             );
-            d2["status"]["observedGeneration"] =
-                d.at("/metadata/generation").cloned().unwrap_or(json!(1));
-            updates.push(("deployments", d2));
+            updates.extend(status.map(|d2| ("deployments", d2)));
         }
         let desired = self.store.iter("nodes").count();
         for (ns, name) in dirty.owners_to_look_at(&self.store, "daemonsets", "DaemonSet") {
@@ -2696,33 +2694,20 @@ impl Cluster {
             let scheduled = counted.pods.len();
             let ready = counted.pods.values().filter(|(ready, _)| *ready).count();
             let updated = counted.pods.values().filter(|(_, new)| *new).count();
-            let mut ds2 = (*ds).clone();
-            set_path(
-                &mut ds2,
-                &["status", "desiredNumberScheduled"],
-                json!(desired),
+            let status = with_status(
+                &ds,
+                &[
+                    ("desiredNumberScheduled", json!(desired)),
+                    ("currentNumberScheduled", json!(scheduled)),
+                    ("updatedNumberScheduled", json!(updated)),
+                    ("numberReady", json!(ready)),
+                    ("numberAvailable", json!(ready)),
+                    ("numberUnavailable", json!(desired.saturating_sub(ready))),
+                    ("numberMisscheduled", json!(0)),
+                    ("observedGeneration", generation_of(&ds)),
+                ],
             );
-            set_path(
-                &mut ds2,
-                &["status", "currentNumberScheduled"],
-                json!(scheduled),
-            );
-            set_path(
-                &mut ds2,
-                &["status", "updatedNumberScheduled"],
-                json!(updated),
-            );
-            set_path(&mut ds2, &["status", "numberReady"], json!(ready));
-            set_path(&mut ds2, &["status", "numberAvailable"], json!(ready));
-            set_path(
-                &mut ds2,
-                &["status", "numberUnavailable"],
-                json!(desired.saturating_sub(ready)),
-            );
-            set_path(&mut ds2, &["status", "numberMisscheduled"], json!(0));
-            ds2["status"]["observedGeneration"] =
-                ds.at("/metadata/generation").cloned().unwrap_or(json!(1));
-            updates.push(("daemonsets", ds2));
+            updates.extend(status.map(|ds2| ("daemonsets", ds2)));
         }
         for gone in &dirty.pdbs {
             if self
@@ -2803,13 +2788,6 @@ impl Cluster {
             {
                 allowed = 0;
             }
-            let mut p2 = (*pdb).clone();
-            set_path(&mut p2, &["status", "currentHealthy"], json!(healthy));
-            set_path(&mut p2, &["status", "desiredHealthy"], json!(desired));
-            set_path(&mut p2, &["status", "expectedPods"], json!(expected));
-            set_path(&mut p2, &["status", "disruptionsAllowed"], json!(allowed));
-            p2["status"]["observedGeneration"] =
-                pdb.at("/metadata/generation").cloned().unwrap_or(json!(1));
             let reason = if allowed > 0 {
                 "SufficientPods"
             } else {
@@ -2828,10 +2806,22 @@ impl Cluster {
             } else {
                 json!(self.now.rfc3339())
             };
-            p2["status"]["conditions"] = json!([{"type": "DisruptionAllowed", "status": status,
+            let generation = generation_of(&pdb);
+            let conditions = json!([{"type": "DisruptionAllowed", "status": status,
                 "reason": reason, "message": "", "lastTransitionTime": since,
-                "observedGeneration": p2["status"]["observedGeneration"].clone()}]);
-            updates.push(("poddisruptionbudgets", p2));
+                "observedGeneration": generation.clone()}]);
+            let status = with_status(
+                &pdb,
+                &[
+                    ("currentHealthy", json!(healthy)),
+                    ("desiredHealthy", json!(desired)),
+                    ("expectedPods", json!(expected)),
+                    ("disruptionsAllowed", json!(allowed)),
+                    ("observedGeneration", generation),
+                    ("conditions", conditions),
+                ],
+            );
+            updates.extend(status.map(|p2| ("poddisruptionbudgets", p2)));
         }
         for (plural, obj) in updates {
             let old = self
@@ -2848,6 +2838,28 @@ impl Cluster {
             }
         }
     }
+}
+
+/// `o` with these `status` fields set, or `None` when it has every one of them already: a
+/// status that did not change costs no copy of its object (a DaemonSet's is kilobytes).
+fn with_status(o: &Value, fields: &[(&str, Value)]) -> Option<Value> {
+    let status = o.get("status");
+    if fields
+        .iter()
+        .all(|(k, v)| status.and_then(|s| s.get(*k)) == Some(v))
+    {
+        return None;
+    }
+    let mut o2 = o.clone();
+    for (k, v) in fields {
+        set_path(&mut o2, &["status", k], v.clone());
+    }
+    Some(o2)
+}
+
+/// `metadata.generation`, which a status's `observedGeneration` echoes (1 when unset).
+fn generation_of(o: &Value) -> Value {
+    o.at("/metadata/generation").cloned().unwrap_or(json!(1))
 }
 
 /// What changed since a resourceVersion: the controllers, statuses and pods to look at
