@@ -7,7 +7,7 @@
 //! worker of the stage is done. A pause stops new starts; the nodes under way finish what
 //! they started, then the first pause wins, as in a batch.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 
@@ -44,51 +44,133 @@ pub(super) fn rule_verdict(
     active: &BTreeSet<String>,
     max: usize,
 ) -> Option<Held> {
-    let out =
-        |n: &LiveNode| n.name != node.name && (!n.ready || n.cordoned || active.contains(&n.name));
-    if node.role == Role::Worker {
-        let unavailable: Vec<String> = nodes
+    Outage::new(nodes, volumes, active, max).verdict(node)
+}
+
+/// One look at the fleet, indexed to judge many candidates against it: which nodes are out
+/// (NotReady, cordoned, or begun in this run) and which volumes each node holds. The pool
+/// judges every queued worker on one look; built once, each verdict costs what the node
+/// holds, not the fleet's size.
+pub(super) struct Outage<'a> {
+    nodes: &'a [LiveNode],
+    /// Position in `nodes` by name.
+    by_name: HashMap<&'a str, usize>,
+    /// Positions of the nodes out, in `nodes` order (the order the wait names them in).
+    out: BTreeSet<usize>,
+    workers_out: usize,
+    /// The replicated volumes with a replica (of any state) on each node.
+    held: HashMap<&'a str, Vec<&'a LiveVolume>>,
+    max: usize,
+}
+
+impl<'a> Outage<'a> {
+    pub(super) fn new(
+        nodes: &'a [LiveNode],
+        volumes: &'a [LiveVolume],
+        active: &BTreeSet<String>,
+        max: usize,
+    ) -> Outage<'a> {
+        let by_name: HashMap<&str, usize> = nodes
             .iter()
-            .filter(|n| n.role == Role::Worker && out(n))
-            .map(|n| n.name.clone())
+            .enumerate()
+            .map(|(i, n)| (n.name.as_str(), i))
             .collect();
-        if unavailable.len() + 1 > max {
-            return Some(Held::Slots(format!(
-                "{} waits: {} already unavailable (NotReady, cordoned or upgrading) and maxUnavailable is {max}",
-                node.name,
-                super::step::plural_list("worker", &unavailable),
-            )));
+        let mut held: HashMap<&str, Vec<&LiveVolume>> = HashMap::new();
+        for v in volumes.iter().filter(|v| !v.single_replica) {
+            let mut on: Vec<&str> = v.holders.iter().map(String::as_str).collect();
+            on.sort_unstable();
+            on.dedup();
+            for n in on {
+                held.entry(n).or_default().push(v);
+            }
+        }
+        let mut o = Outage {
+            nodes,
+            by_name,
+            out: BTreeSet::new(),
+            workers_out: 0,
+            held,
+            max,
+        };
+        for (i, n) in nodes.iter().enumerate() {
+            if !n.ready || n.cordoned || active.contains(&n.name) {
+                o.mark_out(i);
+            }
+        }
+        o
+    }
+
+    fn mark_out(&mut self, i: usize) {
+        if self.out.insert(i) && self.nodes[i].role == Role::Worker {
+            self.workers_out += 1;
         }
     }
-    let down: BTreeSet<&str> = nodes
-        .iter()
-        .filter(|n| out(n))
-        .map(|n| n.name.as_str())
-        .collect();
-    // Never two holders of one volume down: another replica on a node that is out (a
-    // peer started a moment ago included, never counted as "elsewhere") holds this node.
-    // Every replica counts, a failed one on a node that is down included: that node holds
-    // the volume until it is back and the replica reused.
-    let exposed: Vec<String> = volumes
-        .iter()
-        .filter(|v| !v.single_replica && v.holders.contains(&node.name))
-        .filter_map(|v| {
-            let out: Vec<&str> = v
-                .holders
-                .iter()
-                .map(String::as_str)
-                .filter(|n| *n != node.name && down.contains(n))
-                .collect();
-            (!out.is_empty()).then(|| format!("{} (also on {})", v.name, out.join(", ")))
+
+    /// The node of that name, as this look saw it.
+    pub(super) fn node(&self, name: &str) -> Option<&'a LiveNode> {
+        self.by_name.get(name).map(|&i| &self.nodes[i])
+    }
+
+    /// `name` was begun: it counts as out for every verdict after this one.
+    pub(super) fn begin(&mut self, name: &str) {
+        if let Some(&i) = self.by_name.get(name) {
+            self.mark_out(i);
+        }
+    }
+
+    fn is_out(&self, name: &str) -> bool {
+        self.by_name.get(name).is_some_and(|i| self.out.contains(i))
+    }
+
+    /// Why `node` may not go down now (see [`rule_verdict`]); the node itself never counts
+    /// against itself.
+    pub(super) fn verdict(&self, node: &LiveNode) -> Option<Held> {
+        let me = node.name.as_str();
+        if node.role == Role::Worker {
+            let mine = usize::from(
+                self.node(me).is_some_and(|n| n.role == Role::Worker) && self.is_out(me),
+            );
+            if self.workers_out - mine + 1 > self.max {
+                let unavailable: Vec<String> = self
+                    .out
+                    .iter()
+                    .map(|&i| &self.nodes[i])
+                    .filter(|n| n.role == Role::Worker && n.name != me)
+                    .map(|n| n.name.clone())
+                    .collect();
+                return Some(Held::Slots(format!(
+                    "{me} waits: {} already unavailable (NotReady, cordoned or upgrading) and maxUnavailable is {}",
+                    super::step::plural_list("worker", &unavailable),
+                    self.max,
+                )));
+            }
+        }
+        // Never two holders of one volume down: another replica on a node that is out (a
+        // peer started a moment ago included, never counted as "elsewhere") holds this node.
+        // Every replica counts, a failed one on a node that is down included: that node holds
+        // the volume until it is back and the replica reused.
+        let exposed: Vec<String> = self
+            .held
+            .get(me)
+            .into_iter()
+            .flatten()
+            .filter_map(|v| {
+                let out: Vec<&str> = v
+                    .holders
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|n| *n != me && self.is_out(n))
+                    .collect();
+                (!out.is_empty()).then(|| format!("{} (also on {})", v.name, out.join(", ")))
+            })
+            .collect();
+        (!exposed.is_empty()).then(|| {
+            Held::Volume(format!(
+                "{me} waits: {} would have a second replica on a node that is down, cordoned or upgrading",
+                super::step::plural_list("volume", &exposed)
+            ))
         })
-        .collect();
-    (!exposed.is_empty()).then(|| {
-        Held::Volume(format!(
-            "{} waits: {} would have a second replica on a node that is down, cordoned or upgrading",
-            node.name,
-            super::step::plural_list("volume", &exposed)
-        ))
-    })
+    }
 }
 
 /// What the pool runs for a node: its step, or its install ahead of its turn.
@@ -165,14 +247,14 @@ impl<'r, 'a> Run<'r, 'a> {
         let mut installing: BTreeSet<&'s str> = BTreeSet::new();
         let mut installed: BTreeSet<&'s str> = BTreeSet::new();
         let round = self.engine.policy.max_unavailable.get() as usize;
-        // Woken by the clock rather than by work ending.
-        let mut timed_out = false;
+        // Woken by the clock or by an install ahead ending: no step ended, no slot freed.
+        let mut no_slot_freed = false;
         loop {
             let gating = self.gating.load(std::sync::atomic::Ordering::SeqCst) > 0;
             // This run's own steps fill every slot: a look could start nothing, and reads
             // every Node and volume; the next step to end wakes the pool anyway.
             let full = running.len().saturating_sub(installing.len()) >= round;
-            let worth_a_look = !(std::mem::take(&mut timed_out) && full);
+            let worth_a_look = !(std::mem::take(&mut no_slot_freed) && full);
             if first.is_none() && !queue.is_empty() && !gating && worth_a_look {
                 let idle = running.len() == installing.len();
                 let look = self.startable(stage, &mut queue, &begun, &installing, idle);
@@ -241,7 +323,7 @@ impl<'r, 'a> Run<'r, 'a> {
                         r = running.next() => r,
                         // Someone else's node may come back, a hold may go: look again.
                         _ = self.engine.clock.sleep(WAIT_EVERY) => {
-                            timed_out = true;
+                            no_slot_freed = true;
                             None
                         }
                     }
@@ -249,6 +331,11 @@ impl<'r, 'a> Run<'r, 'a> {
                     running.next().await
                 };
                 finished.extend(next);
+            }
+            // An install ahead ending frees no slot, and the installs ahead stay one round
+            // (the next starts when a node's turn takes one off it).
+            if !finished.is_empty() && finished.iter().all(|(_, w, _)| *w == Work::Install) {
+                no_slot_freed = true;
             }
             for (name, work, r) in std::mem::take(&mut finished) {
                 if work == Work::Install {
@@ -372,6 +459,7 @@ impl<'r, 'a> Run<'r, 'a> {
         let max = e.policy.max_unavailable.get() as usize;
         let me = self.plan.ichor_node.as_deref();
         let mut active = self.active.lock().await;
+        let mut outage = Outage::new(&nodes, &volumes, &active, max);
         let mut go = Vec::new();
         // Full slots and the ichor node's turn are the pool's normal state, said only when
         // nothing runs; a hold or a volume holding a node back is said while others run.
@@ -385,13 +473,14 @@ impl<'r, 'a> Run<'r, 'a> {
                 keep.push(name);
                 continue;
             }
-            let Some(live) = nodes.iter().find(|n| n.name == name) else {
+            let Some(live) = outage.node(name) else {
                 // Its own step says it is gone.
                 go.push(name);
                 continue;
             };
             if begun.contains(name) {
                 active.insert(name.to_string());
+                outage.begin(name);
                 go.push(name);
                 continue;
             }
@@ -417,7 +506,7 @@ impl<'r, 'a> Run<'r, 'a> {
                 keep.push(name);
                 continue;
             }
-            match rule_verdict(live, &nodes, &volumes, &active, max) {
+            match outage.verdict(live) {
                 Some(Held::Slots(why)) => {
                     wait.get_or_insert(why);
                     keep.push(name);
@@ -428,6 +517,7 @@ impl<'r, 'a> Run<'r, 'a> {
                 }
                 None => {
                     active.insert(name.to_string());
+                    outage.begin(name);
                     go.push(name);
                 }
             }
@@ -468,7 +558,8 @@ impl<'r, 'a> Run<'r, 'a> {
             && match stage {
                 StageId::Talos => talos(),
                 StageId::Kubelet => kubelet(),
-                StageId::Workers => talos() && kubelet(),
+                // The string compare first: most nodes waiting are not on it yet.
+                StageId::Workers => kubelet() && talos(),
                 _ => false,
             }
     }
@@ -507,5 +598,113 @@ mod tests {
         assert_eq!(looked, Some(()));
         assert_eq!(finished.len(), 1);
         assert_eq!((finished[0].0, finished[0].1), ("w-1", Work::Step));
+    }
+
+    fn node(name: &str, role: Role, ready: bool, cordoned: bool) -> LiveNode {
+        LiveNode {
+            name: name.into(),
+            role,
+            internal_ip: None,
+            kubelet: "v1.33.5".into(),
+            talos: Some("v1.12.6".into()),
+            boot_id: String::new(),
+            ready,
+            cordoned,
+            cordoned_by_ichor: false,
+            cordoned_for: None,
+            hold: None,
+        }
+    }
+
+    fn volume(name: &str, holders: &[&str], single: bool) -> LiveVolume {
+        LiveVolume {
+            name: name.into(),
+            provider: "longhorn",
+            robustness: Some("healthy".into()),
+            state: Some("attached".into()),
+            nodes: holders.iter().map(|h| h.to_string()).collect(),
+            holders: holders.iter().map(|h| h.to_string()).collect(),
+            single_replica: single,
+        }
+    }
+
+    /// One look judges the whole queue: each verdict, with the nodes begun before it on
+    /// that look, is the one a fresh look with those nodes active gives (the rule judged
+    /// alone), whatever the order the queue comes in.
+    #[test]
+    fn one_look_judges_each_worker_as_the_rule_alone_would() {
+        let nodes = vec![
+            node("cp-1", Role::Controlplane, true, false),
+            node("w-1", Role::Worker, true, false),
+            node("w-2", Role::Worker, false, false),
+            node("w-3", Role::Worker, true, false),
+            node("w-4", Role::Worker, true, true),
+            node("w-5", Role::Worker, true, false),
+            node("w-6", Role::Worker, true, false),
+            node("w-7", Role::Worker, true, false),
+        ];
+        let volumes = vec![
+            volume("pvc-a", &["w-1", "w-3", "w-5"], false),
+            volume("pvc-b", &["w-2", "w-6"], false),
+            volume("pvc-c", &["w-7", "w-7"], false),
+            volume("pvc-d", &["w-5"], true),
+            volume("pvc-e", &["w-6", "cp-1", "gone"], false),
+        ];
+        let orders = [
+            ["w-1", "w-3", "w-5", "w-6", "w-7", "w-4", "cp-1"],
+            ["cp-1", "w-7", "w-6", "w-5", "w-4", "w-3", "w-1"],
+            ["w-4", "w-6", "w-1", "cp-1", "w-7", "w-3", "w-5"],
+        ];
+        let mut judged = 0;
+        for max in 1..=5 {
+            for order in &orders {
+                let mut active = BTreeSet::new();
+                let mut look = Outage::new(&nodes, &volumes, &active, max);
+                for name in order {
+                    let Some(n) = look.node(name) else {
+                        panic!("{name} is in the look")
+                    };
+                    let once = look.verdict(n).map(Held::reason);
+                    let alone = Outage::new(&nodes, &volumes, &active, max)
+                        .verdict(n)
+                        .map(Held::reason);
+                    assert_eq!(once, alone, "{name} with {active:?} active, max {max}");
+                    if once.is_none() {
+                        active.insert(name.to_string());
+                        look.begin(name);
+                    }
+                    judged += usize::from(once.is_some());
+                }
+            }
+        }
+        assert!(judged > 0, "some worker was held");
+    }
+
+    /// The rule's words: the workers out by name (never the node itself), and each volume
+    /// with the other holders that are out.
+    #[test]
+    fn a_held_worker_is_told_which_rule_holds_it() {
+        let nodes = vec![
+            node("w-1", Role::Worker, true, false),
+            node("w-2", Role::Worker, false, false),
+            node("w-3", Role::Worker, true, true),
+            node("w-4", Role::Worker, true, false),
+        ];
+        let volumes = vec![
+            volume("pvc-a", &["w-1", "w-2"], false),
+            volume("pvc-b", &["w-4", "w-1"], false),
+        ];
+        let active = BTreeSet::from(["w-4".to_string()]);
+        let held = |max| rule_verdict(&nodes[0], &nodes, &volumes, &active, max).map(Held::reason);
+        assert_eq!(
+            held(3).as_deref(),
+            Some("w-1 waits: workers w-2, w-3, w-4 already unavailable (NotReady, cordoned or upgrading) and maxUnavailable is 3")
+        );
+        assert_eq!(
+            held(4).as_deref(),
+            Some("w-1 waits: volumes pvc-a (also on w-2), pvc-b (also on w-4) would have a second replica on a node that is down, cordoned or upgrading")
+        );
+        // Itself out (cordoned by someone), it does not count against itself.
+        assert!(rule_verdict(&nodes[2], &nodes, &[], &active, 3).is_none());
     }
 }
