@@ -10,7 +10,7 @@
 //! watch that cannot be held (refused, unreachable) reports a change on every beat, which
 //! is polling as before.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,9 +38,34 @@ pub struct Changes {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// What a settling step wakes on: changes to what its next look reads. A step reads only
+/// what can change its next move (the rules in `rollout/step.rs`), so a change to anything
+/// else cannot either: while its node reboots it reads only the Talos API, and only its
+/// Node (the kubelet back and Ready) says a look may find something new.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scope(u8);
+
+impl Scope {
+    pub const NODE: Scope = Scope(1);
+    pub const PODS: Scope = Scope(2);
+    pub const REPLICAS: Scope = Scope(4);
+    pub const ATTACHMENTS: Scope = Scope(8);
+    pub const EVERYTHING: Scope = Scope(15);
+
+    /// This scope, and `other` too when `on`.
+    pub fn and(self, other: Scope, on: bool) -> Scope {
+        if on {
+            Scope(self.0 | other.0)
+        } else {
+            self
+        }
+    }
+}
+
 #[derive(Default)]
 struct Shared {
-    seen: AtomicBool,
+    /// The scopes ([`Scope`] bits) changed since the last [`Changes::take`].
+    seen: AtomicU8,
     /// Woken on each change, for [`Changes::changed`].
     wake: Notify,
     /// Watches open (or with nothing to watch), for [`Changes::watching`].
@@ -49,8 +74,8 @@ struct Shared {
 }
 
 impl Shared {
-    fn saw(&self) {
-        self.seen.store(true, Ordering::SeqCst);
+    fn saw(&self, scope: Scope) {
+        self.seen.fetch_or(scope.0, Ordering::SeqCst);
         self.wake.notify_one();
     }
 
@@ -64,12 +89,22 @@ impl Shared {
 impl Changes {
     /// True once after each change (and while a watch is down); the caller then looks.
     pub fn take(&self) -> bool {
-        self.shared.seen.swap(false, Ordering::SeqCst)
+        self.shared.seen.swap(0, Ordering::SeqCst) != 0
     }
 
-    /// Until the next change (one that came since the last [`Changes::take`] included).
-    pub async fn changed(&self) {
-        while !self.take() {
+    /// Whether a change in `scope` came since the last [`Changes::take`] (nothing cleared).
+    pub fn pending(&self, scope: Scope) -> bool {
+        self.shared.seen.load(Ordering::SeqCst) & scope.0 != 0
+    }
+
+    /// Until a change in `scope` (one that came since the last [`Changes::take`] included);
+    /// then everything pending is taken: the look that follows reads it all afresh.
+    pub async fn changed(&self, scope: Scope) {
+        loop {
+            if self.pending(scope) {
+                self.take();
+                return;
+            }
             self.shared.wake.notified().await;
         }
     }
@@ -130,12 +165,16 @@ impl KubeClient {
             node: node.to_string(),
             shared: shared.clone(),
             clock: clock.clone(),
+            scope: Scope::PODS,
         };
         let mut tasks = vec![
             tokio::spawn(follow(
                 Api::<Node>::all(c.clone()),
                 Watch::fields(format!("metadata.name={node}")),
-                on.clone(),
+                Follower {
+                    scope: Scope::NODE,
+                    ..on.clone()
+                },
             )),
             tokio::spawn(follow(
                 Api::<Pod>::all(c.clone()),
@@ -149,11 +188,18 @@ impl KubeClient {
                     labels: None,
                     keep: Some(|va: &VolumeAttachment, node: &str| va.spec.node_name == node),
                 },
-                on.clone(),
+                Follower {
+                    scope: Scope::ATTACHMENTS,
+                    ..on.clone()
+                },
             )),
         ];
         let replicas =
             || Api::<DynamicObject>::all_with(c.clone(), &longhorn("Replica", "replicas"));
+        let on = Follower {
+            scope: Scope::REPLICAS,
+            ..on
+        };
         if label_value(node) {
             tasks.push(tokio::spawn(follow(
                 replicas(),
@@ -185,6 +231,8 @@ struct Follower {
     node: String,
     shared: Arc<Shared>,
     clock: Clock,
+    /// What this watch's changes are to.
+    scope: Scope,
 }
 
 /// What one watch reports: a change that counts, one that does not, a bookmark, or its end.
@@ -226,6 +274,7 @@ where
         node,
         shared,
         clock,
+        scope,
     } = on;
     let mut opened = false;
     loop {
@@ -234,7 +283,7 @@ where
             Ok(list) => list.metadata.resource_version.unwrap_or_default(),
             Err(kube::Error::Api(s)) if s.code == 404 => return shared.one_open(),
             Err(_) => {
-                shared.saw();
+                shared.saw(scope);
                 clock.sleep(RETRY).await;
                 continue;
             }
@@ -250,7 +299,7 @@ where
                 .map(|s| s.map(|ev| signal(ev, |_| true)).boxed()),
         };
         let Ok(mut stream) = stream else {
-            shared.saw();
+            shared.saw(scope);
             clock.sleep(RETRY).await;
             continue;
         };
@@ -260,11 +309,11 @@ where
         }
         while let Some(sig) = stream.next().await {
             match sig {
-                Signal::Change(true) => shared.saw(),
+                Signal::Change(true) => shared.saw(scope),
                 Signal::Change(false) | Signal::Bookmark => {}
                 Signal::End => break,
             }
         }
-        shared.saw();
+        shared.saw(scope);
     }
 }

@@ -456,7 +456,7 @@ impl KubeClient {
                     .sleep_until(now.plus(TERMINATING_GAP).min(deadline))
                     .await;
                 tokio::select! {
-                    _ = wake.changed() => {}
+                    _ = wake.changed(super::changes::Scope::EVERYTHING) => {}
                     _ = clock.sleep_until(now.plus(TERMINATING_QUIET).min(deadline)) => {}
                 }
                 continue;

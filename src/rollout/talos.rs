@@ -6,7 +6,7 @@
 use super::nodes::{address, around, pulling};
 use super::step::{self, Action, StepState};
 use super::{step_prefix, Flow, Progress, Run};
-use crate::kube::changes::Changes;
+use crate::kube::changes::{Changes, Scope};
 use crate::kube::LiveNode;
 use crate::plan::StageId;
 use crate::releaseset::Role;
@@ -198,7 +198,8 @@ impl Run<'_, '_> {
                         self.say(Progress::Note(format!("{prefix} {name}: {w}")));
                         last_settling = w;
                     }
-                    self.settle(&changes, &mut eager).await;
+                    let scope = self.wakes_on(&obs.node, &marker, stage);
+                    self.settle(&changes, scope, &mut eager).await;
                 }
                 StepState::Act(Action::PrePull) => {
                     self.pre_pull(stage, &node, &installer, &key, &mut marker)
@@ -242,12 +243,38 @@ impl Run<'_, '_> {
         }
     }
 
+    /// What a settling step's next look would read, so what may change its next move: its
+    /// Node always (reading only the Talos API while it reboots, the Node back and Ready
+    /// says a look may find it up), the rest as the read rules say (`step::reads_*`).
+    fn wakes_on(
+        &self,
+        obs: &step::NodeObservation,
+        marker: &step::StepMarker,
+        stage: StageId,
+    ) -> Scope {
+        let target = &self.target.talos;
+        if !step::reads_kubernetes(target, obs.talos.as_deref(), marker) {
+            return Scope::NODE;
+        }
+        let kubelet_tag = (stage == StageId::Workers).then(|| self.target.kubernetes.tag());
+        Scope::NODE
+            .and(
+                Scope::PODS,
+                step::reads_pods(target, obs, kubelet_tag.as_deref()),
+            )
+            .and(Scope::REPLICAS, step::reads_volumes(target, obs, marker))
+            .and(
+                Scope::ATTACHMENTS,
+                step::reads_attachments(target, obs, marker),
+            )
+    }
+
     /// Wait for a settling step's next look: at once on a change to what it reads (at least
     /// [`LOOK_GAP`] after its last look), else on the next beat after a look a change
     /// brought (a change often comes in parts: a replica, then its volume), else after
     /// [`QUIET_BEATS`] beats. A node's timeout is judged at a look, so it is at most that
     /// late.
-    async fn settle(&self, changes: &Changes, eager: &mut bool) {
+    async fn settle(&self, changes: &Changes, scope: Scope, eager: &mut bool) {
         let e = self.engine;
         let last = e.clock.now();
         let beats = if *eager { 1 } else { QUIET_BEATS };
@@ -258,7 +285,7 @@ impl Run<'_, '_> {
         };
         *eager = tokio::select! {
             _ = quiet => false,
-            _ = changes.changed() => true,
+            _ = changes.changed(scope) => true,
         };
         let gap = e.clock.now().since(last);
         if *eager && gap < LOOK_GAP {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use ichor::clock::Clock;
+use ichor::kube::changes::Scope;
 use ichor::sim::twin::{ClusterFolder, Twin, TwinConfig, TwinOptions};
 use ichor::talos::proto::cosi::resource::state_client::StateClient;
 use ichor::talos::proto::cosi::resource::GetRequest;
@@ -1194,7 +1195,8 @@ async fn volume_attachments_follow_the_pods_that_mount_longhorn_volumes() -> Tes
 }
 
 /// What wakes a settling step: watches on its Node, pods, replicas and attachments report
-/// each change to them, and a watch the API refuses reports a change (so the step polls).
+/// each change to them, its Node's apart (a step reading only the Talos API wakes on those
+/// alone), and a watch the API refuses reports a change (so the step polls).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steps_watches_report_the_changes_to_its_node_and_a_refused_watch_as_one() -> TestResult {
     let (twin, _state) = start(TwinConfig::default()).await?;
@@ -1206,11 +1208,26 @@ async fn a_steps_watches_report_the_changes_to_its_node_and_a_refused_watch_as_o
     assert!(!changes.take(), "nothing changed yet");
     // Its Node.
     kube.cordon("w-1", "test").await?;
-    tokio::time::timeout(guard, changes.changed()).await?;
+    tokio::time::timeout(guard, changes.changed(Scope::NODE)).await?;
+    assert!(!changes.take(), "the wake-up took what was pending");
     // Its pods, replicas and attachments: a reboot fails the replica and takes the pods.
     talos.reboot("10.0.10.21", call()).await?;
     twin.advance(Duration::from_secs(1));
-    tokio::time::timeout(guard, changes.changed()).await?;
+    tokio::time::timeout(guard, async {
+        while !changes.pending(Scope::PODS.and(Scope::REPLICAS, true)) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await?;
+    // None of them is its Node's: a step reading only the Talos API sleeps through them.
+    assert!(
+        !changes.pending(Scope::NODE),
+        "the Node has not changed yet"
+    );
+    tokio::time::timeout(guard, changes.changed(Scope::EVERYTHING)).await?;
+    // Silent past kube-controller-manager's grace period, the Node turns NotReady.
+    twin.advance(Duration::from_secs(45));
+    tokio::time::timeout(guard, changes.changed(Scope::NODE)).await?;
     drop(changes);
     // Refused: every request fails, and the step is told to look.
     let (code, text) = post_faults(
@@ -1220,8 +1237,8 @@ async fn a_steps_watches_report_the_changes_to_its_node_and_a_refused_watch_as_o
     .await?;
     assert_eq!(code, 200, "{text}");
     let blind = kube.changes_of("w-2", &[], &twin.clock);
-    tokio::time::timeout(guard, blind.changed()).await?;
+    tokio::time::timeout(guard, blind.changed(Scope::NODE)).await?;
     twin.advance(Duration::from_secs(5));
-    tokio::time::timeout(guard, blind.changed()).await?;
+    tokio::time::timeout(guard, blind.changed(Scope::EVERYTHING)).await?;
     Ok(())
 }
