@@ -547,7 +547,7 @@ async fn report_overhead(name: &str, repo: &Path, run: &Run) -> Result<(), Error
     let top: Vec<String> = run
         .requests
         .iter()
-        .take(8)
+        .take(16)
         .map(|(what, n)| format!("{what} {:.1}", *n as f64 / steps as f64))
         .collect();
     println!(
