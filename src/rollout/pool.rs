@@ -16,7 +16,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use super::{stage_key, window, Flow, Run, Stop, SIBLING_STOPPED, WAIT_EVERY};
 use crate::kube::{LiveNode, LiveVolume};
 use crate::plan::{StageId, Step};
-use crate::releaseset::{Role, Version};
+use crate::releaseset::{Role, Version, VolumeProvider};
 
 /// Why a node may not go down now: the rule that holds it, and the words for it.
 pub(super) enum Held {
@@ -36,7 +36,8 @@ impl Held {
 
 /// Why `node` may not go down now, or `None`: more workers out than `max` (those NotReady
 /// or cordoned, by anyone, and those begun in this run, `active`), or a volume with another
-/// replica on a node that is out. Judged from live placement, never the plan's.
+/// replica on a node that is out. Judged from live placement, never the plan's: `volumes`
+/// holds at least every volume with a replica on `node`, each with all its replicas.
 pub(super) fn rule_verdict(
     node: &LiveNode,
     nodes: &[LiveNode],
@@ -44,13 +45,12 @@ pub(super) fn rule_verdict(
     active: &BTreeSet<String>,
     max: usize,
 ) -> Option<Held> {
-    Outage::new(nodes, volumes, active, max).verdict(node)
+    Outage::new(nodes, active, max).verdict(node, volumes)
 }
 
-/// One look at the fleet, indexed to judge many candidates against it: which nodes are out
-/// (NotReady, cordoned, or begun in this run) and which volumes each node holds. The pool
-/// judges every queued worker on one look; built once, each verdict costs what the node
-/// holds, not the fleet's size.
+/// One look at the Nodes, indexed to judge many workers against it: which nodes are out
+/// (NotReady, cordoned, or begun in this run). The pool judges its whole queue on one
+/// look; each verdict costs what the worker holds, not the fleet's size.
 pub(super) struct Outage<'a> {
     nodes: &'a [LiveNode],
     /// Position in `nodes` by name.
@@ -58,38 +58,21 @@ pub(super) struct Outage<'a> {
     /// Positions of the nodes out, in `nodes` order (the order the wait names them in).
     out: BTreeSet<usize>,
     workers_out: usize,
-    /// The replicated volumes with a replica (of any state) on each node.
-    held: HashMap<&'a str, Vec<&'a LiveVolume>>,
     max: usize,
 }
 
 impl<'a> Outage<'a> {
-    pub(super) fn new(
-        nodes: &'a [LiveNode],
-        volumes: &'a [LiveVolume],
-        active: &BTreeSet<String>,
-        max: usize,
-    ) -> Outage<'a> {
-        let by_name: HashMap<&str, usize> = nodes
+    pub(super) fn new(nodes: &'a [LiveNode], active: &BTreeSet<String>, max: usize) -> Outage<'a> {
+        let by_name = nodes
             .iter()
             .enumerate()
             .map(|(i, n)| (n.name.as_str(), i))
             .collect();
-        let mut held: HashMap<&str, Vec<&LiveVolume>> = HashMap::new();
-        for v in volumes.iter().filter(|v| !v.single_replica) {
-            let mut on: Vec<&str> = v.holders.iter().map(String::as_str).collect();
-            on.sort_unstable();
-            on.dedup();
-            for n in on {
-                held.entry(n).or_default().push(v);
-            }
-        }
         let mut o = Outage {
             nodes,
             by_name,
             out: BTreeSet::new(),
             workers_out: 0,
-            held,
             max,
         };
         for (i, n) in nodes.iter().enumerate() {
@@ -122,38 +105,45 @@ impl<'a> Outage<'a> {
         self.by_name.get(name).is_some_and(|i| self.out.contains(i))
     }
 
-    /// Why `node` may not go down now (see [`rule_verdict`]); the node itself never counts
-    /// against itself.
-    pub(super) fn verdict(&self, node: &LiveNode) -> Option<Held> {
+    /// Whether `maxUnavailable` holds `node` back (the first half of [`Outage::verdict`],
+    /// which needs no volume read). The node never counts against itself.
+    pub(super) fn slots(&self, node: &LiveNode) -> Option<Held> {
         let me = node.name.as_str();
-        if node.role == Role::Worker {
-            let mine = usize::from(
-                self.node(me).is_some_and(|n| n.role == Role::Worker) && self.is_out(me),
-            );
-            if self.workers_out - mine + 1 > self.max {
-                let unavailable: Vec<String> = self
-                    .out
-                    .iter()
-                    .map(|&i| &self.nodes[i])
-                    .filter(|n| n.role == Role::Worker && n.name != me)
-                    .map(|n| n.name.clone())
-                    .collect();
-                return Some(Held::Slots(format!(
-                    "{me} waits: {} already unavailable (NotReady, cordoned or upgrading) and maxUnavailable is {}",
-                    super::step::plural_list("worker", &unavailable),
-                    self.max,
-                )));
-            }
+        if node.role != Role::Worker {
+            return None;
         }
+        let mine =
+            usize::from(self.node(me).is_some_and(|n| n.role == Role::Worker) && self.is_out(me));
+        if self.workers_out - mine < self.max {
+            return None;
+        }
+        let unavailable: Vec<String> = self
+            .out
+            .iter()
+            .map(|&i| &self.nodes[i])
+            .filter(|n| n.role == Role::Worker && n.name != me)
+            .map(|n| n.name.clone())
+            .collect();
+        Some(Held::Slots(format!(
+            "{me} waits: {} already unavailable (NotReady, cordoned or upgrading) and maxUnavailable is {}",
+            super::step::plural_list("worker", &unavailable),
+            self.max,
+        )))
+    }
+
+    /// Why `node` may not go down now (see [`rule_verdict`]).
+    pub(super) fn verdict(&self, node: &LiveNode, volumes: &[LiveVolume]) -> Option<Held> {
+        if let Some(held) = self.slots(node) {
+            return Some(held);
+        }
+        let me = node.name.as_str();
         // Never two holders of one volume down: another replica on a node that is out (a
         // peer started a moment ago included, never counted as "elsewhere") holds this node.
         // Every replica counts, a failed one on a node that is down included: that node holds
         // the volume until it is back and the replica reused.
-        let exposed: Vec<String> = self
-            .held
-            .get(me)
-            .into_iter()
-            .flatten()
+        let exposed: Vec<String> = volumes
+            .iter()
+            .filter(|v| !v.single_replica && v.holders.iter().any(|h| h == me))
             .filter_map(|v| {
                 let out: Vec<&str> = v
                     .holders
@@ -455,11 +445,14 @@ impl<'r, 'a> Run<'r, 'a> {
             return Ok(Vec::new());
         }
         let nodes = self.live_nodes(stage).await?;
-        let volumes = self.volumes(stage).await?;
         let max = e.policy.max_unavailable.get() as usize;
         let me = self.plan.ichor_node.as_deref();
         let mut active = self.active.lock().await;
-        let mut outage = Outage::new(&nodes, &volumes, &active, max);
+        let mut outage = Outage::new(&nodes, &active, max);
+        // The volume rule reads, for a worker the slots let go, the volumes it holds with
+        // every replica of each (Longhorn: a few objects by label); without Longhorn's
+        // labels, every volume, once per look.
+        let mut every_volume: Option<Vec<LiveVolume>> = None;
         let mut go = Vec::new();
         // Full slots and the ichor node's turn are the pool's normal state, said only when
         // nothing runs; a hold or a volume holding a node back is said while others run.
@@ -506,7 +499,27 @@ impl<'r, 'a> Run<'r, 'a> {
                 keep.push(name);
                 continue;
             }
-            match outage.verdict(live) {
+            if let Some(Held::Slots(why)) = outage.slots(live) {
+                wait.get_or_insert(why);
+                keep.push(name);
+                continue;
+            }
+            let held_here;
+            let volumes: &[LiveVolume] = match e.volumes {
+                // Boxed: the look is awaited inside the pool's future, which every
+                // node's future is already part of.
+                VolumeProvider::Longhorn => {
+                    held_here = Box::pin(self.volumes_of(stage, name, true, &[])).await?;
+                    &held_here
+                }
+                _ => {
+                    if every_volume.is_none() {
+                        every_volume = Some(Box::pin(self.volumes(stage)).await?);
+                    }
+                    every_volume.as_deref().unwrap_or_default()
+                }
+            };
+            match outage.verdict(live, volumes) {
                 Some(Held::Slots(why)) => {
                     wait.get_or_insert(why);
                     keep.push(name);
@@ -659,14 +672,14 @@ mod tests {
         for max in 1..=5 {
             for order in &orders {
                 let mut active = BTreeSet::new();
-                let mut look = Outage::new(&nodes, &volumes, &active, max);
+                let mut look = Outage::new(&nodes, &active, max);
                 for name in order {
                     let Some(n) = look.node(name) else {
                         panic!("{name} is in the look")
                     };
-                    let once = look.verdict(n).map(Held::reason);
-                    let alone = Outage::new(&nodes, &volumes, &active, max)
-                        .verdict(n)
+                    let once = look.verdict(n, &volumes).map(Held::reason);
+                    let alone = Outage::new(&nodes, &active, max)
+                        .verdict(n, &volumes)
                         .map(Held::reason);
                     assert_eq!(once, alone, "{name} with {active:?} active, max {max}");
                     if once.is_none() {
