@@ -3,11 +3,12 @@
 //! the static pods' mirror pods, workloads such as the CNI's DaemonSet, the Argo CD
 //! Application of the hand-over, the removed-API metric and the rollout lock's Lease.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use serde_json::Value;
 
@@ -307,11 +308,40 @@ fn live_volumes(volumes: &[LonghornRead], replicas: &[LonghornRead]) -> Vec<Live
         .collect()
 }
 
-/// A Node as ichor reads it: its metadata and only the fields of its spec and status that
-/// [`LiveNode`] keeps. The rest (capacity, every condition's times and messages, a real
-/// kubelet's list of images) is skipped while reading, not kept: a list of every Node is
-/// read at each step's end.
-type NodeRead = kube::core::Object<Option<NodeSpecRead>, NodeStatusRead>;
+/// A Node as ichor reads it, borrowed from the answer's text: its name, labels and
+/// annotations and only the fields of its spec and status that [`LiveNode`] keeps. The rest
+/// (managedFields, capacity, every condition's times and messages, a real kubelet's list
+/// of images) is skipped while reading, and no string is copied but those kept: a list of
+/// every Node is read at each step's end.
+#[derive(serde::Deserialize)]
+struct NodeRead<'a> {
+    #[serde(borrow)]
+    metadata: NodeMetaRead<'a>,
+    #[serde(default)]
+    spec: Option<NodeSpecRead>,
+    #[serde(default, borrow)]
+    status: Option<NodeStatusRead<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct NodeListRead<'a> {
+    #[serde(borrow)]
+    items: Vec<NodeRead<'a>>,
+}
+
+/// A JSON string, borrowed from the text unless it holds an escape.
+#[derive(Default, serde::Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+#[derive(serde::Deserialize)]
+struct NodeMetaRead<'a> {
+    #[serde(default, borrow)]
+    name: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    labels: Option<BTreeMap<Text<'a>, Text<'a>>>,
+    #[serde(default, borrow)]
+    annotations: Option<BTreeMap<Text<'a>, Text<'a>>>,
+}
 
 #[derive(Clone, Debug, Default, serde::Deserialize)]
 struct NodeSpecRead {
@@ -319,52 +349,52 @@ struct NodeSpecRead {
     unschedulable: Option<bool>,
 }
 
-#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct NodeStatusRead {
-    #[serde(default)]
-    conditions: Option<Vec<NodeConditionRead>>,
-    #[serde(default)]
-    addresses: Option<Vec<NodeAddressRead>>,
-    #[serde(default)]
-    node_info: Option<NodeInfoRead>,
+struct NodeStatusRead<'a> {
+    #[serde(default, borrow)]
+    conditions: Option<Vec<NodeConditionRead<'a>>>,
+    #[serde(default, borrow)]
+    addresses: Option<Vec<NodeAddressRead<'a>>>,
+    #[serde(default, borrow)]
+    node_info: Option<NodeInfoRead<'a>>,
 }
 
-#[derive(Clone, Debug, serde::Deserialize)]
-struct NodeConditionRead {
-    #[serde(rename = "type")]
-    type_: String,
-    status: String,
+#[derive(serde::Deserialize)]
+struct NodeConditionRead<'a> {
+    #[serde(rename = "type", borrow)]
+    type_: Text<'a>,
+    #[serde(borrow)]
+    status: Text<'a>,
 }
 
-#[derive(Clone, Debug, serde::Deserialize)]
-struct NodeAddressRead {
-    #[serde(rename = "type")]
-    type_: String,
-    address: String,
+#[derive(serde::Deserialize)]
+struct NodeAddressRead<'a> {
+    #[serde(rename = "type", borrow)]
+    type_: Text<'a>,
+    #[serde(borrow)]
+    address: Text<'a>,
 }
 
-#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct NodeInfoRead {
-    #[serde(default)]
-    kubelet_version: String,
-    #[serde(default)]
-    os_image: String,
-    #[serde(default, rename = "bootID")]
-    boot_id: String,
+struct NodeInfoRead<'a> {
+    #[serde(default, borrow)]
+    kubelet_version: Text<'a>,
+    #[serde(default, borrow)]
+    os_image: Text<'a>,
+    #[serde(default, rename = "bootID", borrow)]
+    boot_id: Text<'a>,
 }
 
-/// The Nodes' API, read as [`NodeRead`].
-fn nodes_api(client: &kube::Client) -> Api<NodeRead> {
-    Api::all_with(client.clone(), &ApiResource::erase::<Node>(&()))
+/// The Nodes' collection, for a list or a get by name.
+fn nodes_request() -> kube::core::Request {
+    kube::core::Request::new("/api/v1/nodes")
 }
 
-fn label(n: &NodeRead, key: &str) -> bool {
-    n.metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(key))
+/// What an answer's text holds, or why it does not.
+fn parse<'a, T: serde::Deserialize<'a>>(what: &str, text: &'a str) -> Result<T, KubeError> {
+    serde_json::from_str(text).map_err(|e| KubeError::from_kube(what, kube::Error::SerdeError(e)))
 }
 
 /// `Talos (v1.12.6)` → `v1.12.6`.
@@ -382,48 +412,73 @@ pub fn image_tag(image: &str) -> Option<&str> {
 
 /// A Node as the rollout and the gate read it: read in place, copying only what it keeps.
 fn live_node(n: &NodeRead) -> LiveNode {
-    let name = n.metadata.name.clone().unwrap_or_default();
-    let annotation = |key: &str| n.metadata.annotations.as_ref().and_then(|a| a.get(key));
+    let meta = &n.metadata;
+    let name = meta
+        .name
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .unwrap_or_default();
+    let annotation = |key: &str| {
+        meta.annotations
+            .iter()
+            .flatten()
+            .find(|(k, _)| k.0 == key)
+            .map(|(_, v)| v.0.to_string())
+    };
     let status = n.status.as_ref();
     let info = status.and_then(|s| s.node_info.as_ref());
-    let role = if label(n, "node-role.kubernetes.io/control-plane") {
+    let control_plane = meta
+        .labels
+        .iter()
+        .flatten()
+        .any(|(k, _)| k.0 == "node-role.kubernetes.io/control-plane");
+    let role = if control_plane {
         Role::Controlplane
     } else {
         Role::Worker
     };
     let ready = status
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-        .is_some_and(|c| c.status == "True");
+        .and_then(|cs| cs.iter().find(|c| c.type_.0 == "Ready"))
+        .is_some_and(|c| c.status.0 == "True");
     let internal_ip = status
         .and_then(|s| s.addresses.as_ref())
-        .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
-        .map(|a| a.address.clone());
+        .and_then(|a| a.iter().find(|a| a.type_.0 == "InternalIP"))
+        .map(|a| a.address.0.to_string());
+    let cordoned_for = annotation(CORDONED_BY_ICHOR);
     LiveNode {
         name,
         role,
         internal_ip,
-        kubelet: info.map(|i| i.kubelet_version.clone()).unwrap_or_default(),
-        talos: info.and_then(|i| talos_from_os_image(&i.os_image)),
-        boot_id: info.map(|i| i.boot_id.clone()).unwrap_or_default(),
+        kubelet: info
+            .map(|i| i.kubelet_version.0.to_string())
+            .unwrap_or_default(),
+        talos: info.and_then(|i| talos_from_os_image(&i.os_image.0)),
+        boot_id: info.map(|i| i.boot_id.0.to_string()).unwrap_or_default(),
         ready,
         cordoned: n
             .spec
             .as_ref()
             .and_then(|s| s.unschedulable)
             .unwrap_or(false),
-        cordoned_by_ichor: annotation(CORDONED_BY_ICHOR).is_some(),
-        cordoned_for: annotation(CORDONED_BY_ICHOR).cloned(),
-        hold: annotation(HOLD).cloned(),
+        cordoned_by_ichor: cordoned_for.is_some(),
+        cordoned_for,
+        hold: annotation(HOLD),
     }
 }
 
 impl KubeClient {
     pub async fn nodes(&self) -> Result<Vec<LiveNode>, KubeError> {
-        let list = nodes_api(&self.client)
+        let what = "list nodes";
+        let req = nodes_request()
             .list(&ListParams::default())
+            .map_err(|e| KubeError::from_kube(what, kube::Error::BuildRequest(e)))?;
+        let text = self
+            .client
+            .request_text(req)
             .await
-            .map_err(|e| KubeError::from_kube("list nodes", e))?;
+            .map_err(|e| KubeError::from_kube(what, e))?;
+        let list: NodeListRead = parse(what, &text)?;
         let mut out: Vec<LiveNode> = list.items.iter().map(live_node).collect();
         out.sort_by(|a, b| (a.role, &a.name).cmp(&(b.role, &b.name)));
         Ok(out)
@@ -432,11 +487,17 @@ impl KubeClient {
     /// One Node by name (`None`: no such Node): what a step watching its node reads, at the
     /// cost of one object whatever the cluster's size.
     pub async fn node(&self, name: &str) -> Result<Option<LiveNode>, KubeError> {
-        let n = nodes_api(&self.client)
-            .get_opt(name)
-            .await
-            .map_err(|e| KubeError::from_kube(format!("get node {name}"), e))?;
-        Ok(n.as_ref().map(live_node))
+        let what = format!("get node {name}");
+        let req = nodes_request()
+            .get(name, &kube::api::GetParams::default())
+            .map_err(|e| KubeError::from_kube(what.as_str(), kube::Error::BuildRequest(e)))?;
+        let text = match self.client.request_text(req).await {
+            Ok(text) => text,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
+            Err(e) => return Err(KubeError::from_kube(what, e)),
+        };
+        let node: NodeRead = parse(&what, &text)?;
+        Ok(Some(live_node(&node)))
     }
 
     /// Longhorn volumes (`longhorn.io/v1beta2`) with the nodes of the replicas holding them;
@@ -864,6 +925,70 @@ pub fn parse_deprecated_apis(text: &str) -> Vec<DeprecatedApi> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a Node is read as: the fields kept, from a Node carrying what a real one does
+    /// (managedFields, images, every condition), with an escape in an annotation's value
+    /// (then that string alone is copied while reading).
+    #[test]
+    fn a_node_is_read_as_the_fields_ichor_keeps() {
+        let node = serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {
+                "name": "cp-1", "uid": "u-1", "resourceVersion": "42",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "labels": {"kubernetes.io/hostname": "cp-1", "node-role.kubernetes.io/control-plane": ""},
+                "annotations": {HOLD: "a \"quoted\" reason", CORDONED_BY_ICHOR: "abc123"},
+                "managedFields": [{"manager": "kubelet", "operation": "Update",
+                                   "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:images": {}}}}],
+            },
+            "spec": {"unschedulable": true, "podCIDR": "10.244.0.0/24"},
+            "status": {
+                "conditions": [
+                    {"type": "MemoryPressure", "status": "False", "reason": "r", "message": "m"},
+                    {"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-01-01T00:00:00Z"},
+                ],
+                "addresses": [{"type": "Hostname", "address": "cp-1"}, {"type": "InternalIP", "address": "10.0.0.1"}],
+                "images": [{"names": ["ghcr.io/siderolabs/kubelet:v1.33.5"], "sizeBytes": 1}],
+                "nodeInfo": {"kubeletVersion": "v1.33.5", "osImage": "Talos (v1.12.6)", "bootID": "b-1",
+                             "kernelVersion": "6.12.48-talos"},
+            },
+        });
+        let list = serde_json::json!({"kind": "NodeList", "metadata": {"resourceVersion": "43"},
+                                      "items": [node, {"metadata": {"name": "w-1"}}]})
+        .to_string();
+        let read: NodeListRead = parse("list nodes", &list).unwrap();
+        let nodes: Vec<LiveNode> = read.items.iter().map(live_node).collect();
+        assert_eq!(
+            nodes[0],
+            LiveNode {
+                name: "cp-1".into(),
+                role: Role::Controlplane,
+                internal_ip: Some("10.0.0.1".into()),
+                kubelet: "v1.33.5".into(),
+                talos: Some("v1.12.6".into()),
+                boot_id: "b-1".into(),
+                ready: true,
+                cordoned: true,
+                cordoned_by_ichor: true,
+                cordoned_for: Some("abc123".into()),
+                hold: Some("a \"quoted\" reason".into()),
+            }
+        );
+        // A Node with nothing but a name: a NotReady worker nobody cordoned.
+        assert_eq!(
+            (
+                nodes[1].role,
+                nodes[1].ready,
+                nodes[1].cordoned,
+                nodes[1].talos.clone()
+            ),
+            (Role::Worker, false, false, None)
+        );
+        let Err(bad) = parse::<NodeRead>("get node x", "{\"metadata\": 3}") else {
+            panic!("metadata that is not an object is refused")
+        };
+        assert!(bad.to_string().contains("get node x"), "{bad}");
+    }
 
     #[test]
     fn os_images_and_tags() {
