@@ -171,6 +171,50 @@ pub fn approx_size(v: &Value) -> usize {
 }
 
 type Key = (&'static str, String, String);
+
+/// A key's parts, borrowed: a lookup by (storage, namespace, name) then allocates nothing.
+/// Ordered as the tuple is, so `BTreeMap::get` may look a [`Key`] up through it.
+trait KeyParts {
+    fn parts(&self) -> (&str, &str, &str);
+}
+
+impl KeyParts for Key {
+    fn parts(&self) -> (&str, &str, &str) {
+        (self.0, &self.1, &self.2)
+    }
+}
+
+impl KeyParts for (&str, &str, &str) {
+    fn parts(&self) -> (&str, &str, &str) {
+        *self
+    }
+}
+
+impl<'a> std::borrow::Borrow<dyn KeyParts + 'a> for Key {
+    fn borrow(&self) -> &(dyn KeyParts + 'a) {
+        self
+    }
+}
+
+impl PartialEq for dyn KeyParts + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts() == other.parts()
+    }
+}
+
+impl Eq for dyn KeyParts + '_ {}
+
+impl PartialOrd for dyn KeyParts + '_ {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for dyn KeyParts + '_ {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.parts().cmp(&other.parts())
+    }
+}
 /// (storage, path, value) of an indexed field.
 type FieldKey = (&'static str, &'static str, String);
 
@@ -720,8 +764,7 @@ impl Store {
 
     /// The stored object itself, shared (no copy).
     pub fn shared(&self, plural: &'static str, ns: &str, name: &str) -> Option<&Arc<Value>> {
-        self.objects
-            .get(&(plural, ns.to_string(), name.to_string()))
+        self.objects.get(&(plural, ns, name) as &dyn KeyParts)
     }
 
     /// Objects of one resource, optionally in one namespace, that match both selectors.
