@@ -102,15 +102,26 @@ pub const TEMPLATE_HASH: &str = "twin.ichor.dev/template-hash";
 
 /// A short stable hash of an owner's pod template.
 pub fn template_hash(owner: &Value) -> String {
-    let text = owner
-        .at("/spec/template")
-        .map(Value::to_string)
-        .unwrap_or_default();
-    // FNV-1a: stable across runs, unlike the std hasher.
-    let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    });
-    format!("{:08x}", h as u32)
+    // FNV-1a over the template's compact JSON as it is written out (no copy of the text):
+    // stable across runs, unlike the std hasher.
+    struct Fnv(u64);
+    impl std::io::Write for Fnv {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            for &b in bytes {
+                self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+    if let Some(t) = owner.at("/spec/template") {
+        // Writing into the hasher cannot fail.
+        let _ = serde_json::to_writer(&mut h, t);
+    }
+    format!("{:08x}", h.0 as u32)
 }
 
 fn pod_template_hash(pod: &Value) -> Option<&str> {
@@ -3261,6 +3272,16 @@ mod tests {
         let c = json!({"spec": {"template": {"spec": {"containers": [{"image": "x:2"}]}}}});
         assert_eq!(template_hash(&a), template_hash(&b));
         assert_ne!(template_hash(&a), template_hash(&c));
+        // The FNV-1a of the template's compact text, so names made from it stay as they were.
+        let text = a["spec"]["template"].to_string();
+        let fnv = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+        });
+        assert_eq!(template_hash(&a), format!("{:08x}", fnv as u32));
+        assert_eq!(
+            template_hash(&json!({})),
+            format!("{:08x}", 0xcbf2_9ce4_8422_2325u64 as u32)
+        );
     }
 
     fn robustness(c: &Cluster, volume: &str) -> String {
