@@ -956,7 +956,10 @@ mod tests {
         let list = serde_json::json!({"kind": "NodeList", "metadata": {"resourceVersion": "43"},
                                       "items": [node, {"metadata": {"name": "w-1"}}]})
         .to_string();
-        let read: NodeListRead = parse("list nodes", &list).unwrap();
+        let read: NodeListRead = match parse("list nodes", &list) {
+            Ok(read) => read,
+            Err(e) => panic!("a list as the apiserver sends it reads: {e}"),
+        };
         let nodes: Vec<LiveNode> = read.items.iter().map(live_node).collect();
         assert_eq!(
             nodes[0],

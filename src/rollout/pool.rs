@@ -242,7 +242,7 @@ impl<'r, 'a> Run<'r, 'a> {
         loop {
             let gating = self.gating.load(std::sync::atomic::Ordering::SeqCst) > 0;
             // This run's own steps fill every slot: a look could start nothing, and reads
-            // every Node and volume; the next step to end wakes the pool anyway.
+            // every Node; the next step to end wakes the pool anyway.
             let full = running.len().saturating_sub(installing.len()) >= round;
             let worth_a_look = !(std::mem::take(&mut no_slot_freed) && full);
             if first.is_none() && !queue.is_empty() && !gating && worth_a_look {
@@ -499,27 +499,29 @@ impl<'r, 'a> Run<'r, 'a> {
                 keep.push(name);
                 continue;
             }
-            if let Some(Held::Slots(why)) = outage.slots(live) {
-                wait.get_or_insert(why);
-                keep.push(name);
-                continue;
-            }
-            let held_here;
-            let volumes: &[LiveVolume] = match e.volumes {
-                // Boxed: the look is awaited inside the pool's future, which every
-                // node's future is already part of.
-                VolumeProvider::Longhorn => {
-                    held_here = Box::pin(self.volumes_of(stage, name, true, &[])).await?;
-                    &held_here
-                }
-                _ => {
-                    if every_volume.is_none() {
-                        every_volume = Some(Box::pin(self.volumes(stage)).await?);
-                    }
-                    every_volume.as_deref().unwrap_or_default()
+            // The volumes are read only for a worker the slots let go.
+            let held = match outage.slots(live) {
+                Some(held) => Some(held),
+                None => {
+                    let held_here;
+                    let volumes: &[LiveVolume] = match e.volumes {
+                        // Boxed: the look is awaited inside the pool's future, which every
+                        // node's future is already part of.
+                        VolumeProvider::Longhorn => {
+                            held_here = Box::pin(self.volumes_of(stage, name, true, &[])).await?;
+                            &held_here
+                        }
+                        _ => {
+                            if every_volume.is_none() {
+                                every_volume = Some(Box::pin(self.volumes(stage)).await?);
+                            }
+                            every_volume.as_deref().unwrap_or_default()
+                        }
+                    };
+                    outage.verdict(live, volumes)
                 }
             };
-            match outage.verdict(live, volumes) {
+            match held {
                 Some(Held::Slots(why)) => {
                     wait.get_or_insert(why);
                     keep.push(name);

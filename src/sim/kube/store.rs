@@ -215,6 +215,7 @@ impl Ord for dyn KeyParts + '_ {
         self.parts().cmp(&other.parts())
     }
 }
+
 /// (storage, path, value) of an indexed field.
 type FieldKey = (&'static str, &'static str, String);
 
