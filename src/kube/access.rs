@@ -130,11 +130,11 @@ pub const ACCESS: &[Access] = &[
     Access {
         group: "longhorn.io",
         resource: "volumes",
-        verbs: &["list"],
+        verbs: &["list", "watch"],
         scope: Scope::Cluster,
         names: &[],
-        needed_by: "KubeClient::longhorn_volumes, KubeClient::longhorn_volumes_of (by name)",
-        why: "Longhorn volumes and their wanted replica count",
+        needed_by: "KubeClient::longhorn_volumes, KubeClient::longhorn_volumes_of (by name); KubeClient::changes_of (list, watch, by name)",
+        why: "Longhorn volumes, their wanted replica count and robustness",
         grant: Grant::Granted,
     },
     Access {

@@ -1,7 +1,7 @@
 //! Wake-ups for a step waiting on its node. A step looks at its node on a beat for minutes;
 //! most of those looks find nothing new. These metadata watches on what a look reads (the
-//! Node, the node's pods, the Longhorn replicas of the node and of its volumes, the
-//! VolumeAttachments) only say *that* something changed: the look that follows still reads
+//! Node, the node's pods, the Longhorn replicas of the node and of its volumes, those
+//! volumes, the VolumeAttachments) only say *that* something changed: the look that follows still reads
 //! everything afresh, so a lost or late event costs time, never a wrong decision.
 //!
 //! Each watch starts at the resourceVersion of a one-item list and re-lists when the server
@@ -30,6 +30,8 @@ use crate::clock::Clock;
 const WATCH_SECS: u32 = 290;
 /// The wait before a watch that failed is tried again.
 const RETRY: Duration = Duration::from_secs(5);
+/// The most Longhorn volumes a step watches one by one; past it, it watches them all.
+const VOLUME_WATCHES: usize = 8;
 
 /// Whether anything a step's look reads has changed since the step last asked. Dropping it
 /// ends its watches.
@@ -48,6 +50,7 @@ pub struct Scope(u8);
 impl Scope {
     pub const NODE: Scope = Scope(1);
     pub const PODS: Scope = Scope(2);
+    /// Longhorn's replicas and volumes.
     pub const REPLICAS: Scope = Scope(4);
     pub const ATTACHMENTS: Scope = Scope(8);
     pub const EVERYTHING: Scope = Scope(15);
@@ -156,8 +159,8 @@ impl<K> Watch<K> {
 
 impl KubeClient {
     /// Watches on what a look at `node` reads: its Node, its pods, the Longhorn replicas on
-    /// it and of `volumes`, and its VolumeAttachments (which select on no field but their
-    /// name: all are watched, and only the node's count).
+    /// it and of `volumes`, those volumes, and its VolumeAttachments (which select on no
+    /// field but their name: all are watched, and only the node's count).
     pub fn changes_of(&self, node: &str, volumes: &[String], clock: &Clock) -> Changes {
         let shared = Arc::new(Shared::default());
         let c = &self.client;
@@ -218,8 +221,36 @@ impl KubeClient {
             tasks.push(tokio::spawn(follow(
                 replicas(),
                 Watch::labels(format!("{LONGHORN_VOLUME_LABEL} in ({})", names.join(","))),
+                on.clone(),
+            )));
+        }
+        // The volumes themselves: Longhorn's volume controller writes a volume's robustness
+        // after its replica's change, a moment later, and a look judges both. A field
+        // selector names one object, so one watch per volume; past a handful, one watch on
+        // every volume (more wake-ups, none missed).
+        let volumes_api =
+            || Api::<DynamicObject>::all_with(c.clone(), &longhorn("Volume", "volumes"));
+        let mut every: Vec<&str> = volumes.iter().map(String::as_str).collect();
+        every.sort();
+        every.dedup();
+        if every.len() > VOLUME_WATCHES || !every.iter().all(|v| label_value(v)) {
+            tasks.push(tokio::spawn(follow(
+                volumes_api(),
+                Watch {
+                    fields: None,
+                    labels: None,
+                    keep: None,
+                },
                 on,
             )));
+        } else {
+            for v in every {
+                tasks.push(tokio::spawn(follow(
+                    volumes_api(),
+                    Watch::fields(format!("metadata.name={v}")),
+                    on.clone(),
+                )));
+            }
         }
         Changes { shared, tasks }
     }

@@ -184,7 +184,6 @@ impl Run<'_, '_> {
         // While it settles, the step looks when what it reads changes (its watches say so),
         // else after a quiet while: most looks of a waiting step used to find nothing.
         let changes = e.kube.changes_of(name, &marker.volumes, &e.clock);
-        let mut eager = false;
         loop {
             match decide(&obs, &marker) {
                 StepState::Done => {
@@ -199,7 +198,7 @@ impl Run<'_, '_> {
                         last_settling = w;
                     }
                     let scope = self.wakes_on(&obs.node, &marker, stage);
-                    self.settle(&changes, scope, &mut eager).await;
+                    self.settle(&changes, scope).await;
                 }
                 StepState::Act(Action::PrePull) => {
                     self.pre_pull(stage, &node, &installer, &key, &mut marker)
@@ -269,26 +268,25 @@ impl Run<'_, '_> {
             )
     }
 
-    /// Wait for a settling step's next look: at once on a change to what it reads (at least
-    /// [`LOOK_GAP`] after its last look), else on the next beat after a look a change
-    /// brought (a change often comes in parts: a replica, then its volume), else after
-    /// [`QUIET_BEATS`] beats. A node's timeout is judged at a look, so it is at most that
-    /// late.
-    async fn settle(&self, changes: &Changes, scope: Scope, eager: &mut bool) {
+    /// Wait for a settling step's next look: on a change to what it reads (at least
+    /// [`LOOK_GAP`] after its last look, so a burst of changes is one look), else after
+    /// [`QUIET_BEATS`] beats. Every part of a change a look judges is watched (a replica and
+    /// then its volume are two changes), so nothing waits on a beat after a change. A node's
+    /// timeout is judged at a look, so it is at most that late.
+    async fn settle(&self, changes: &Changes, scope: Scope) {
         let e = self.engine;
         let last = e.clock.now();
-        let beats = if *eager { 1 } else { QUIET_BEATS };
         let quiet = async {
-            for _ in 0..beats {
+            for _ in 0..QUIET_BEATS {
                 e.clock.sleep_to_beat(e.observe_every).await;
             }
         };
-        *eager = tokio::select! {
+        let changed = tokio::select! {
             _ = quiet => false,
             _ = changes.changed(scope) => true,
         };
         let gap = e.clock.now().since(last);
-        if *eager && gap < LOOK_GAP {
+        if changed && gap < LOOK_GAP {
             e.clock.sleep(LOOK_GAP - gap).await;
         }
     }

@@ -1210,6 +1210,33 @@ async fn a_steps_watches_report_the_changes_to_its_node_and_a_refused_watch_as_o
     kube.cordon("w-1", "test").await?;
     tokio::time::timeout(guard, changes.changed(Scope::NODE)).await?;
     assert!(!changes.take(), "the wake-up took what was pending");
+    // One of its volumes, not a replica of it: Longhorn's volume controller writes the
+    // volume apart from its replicas, and a look judges both.
+    let kc = kube::config::Kubeconfig::read_from(twin.kubeconfig())?;
+    let raw = kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?,
+    )?;
+    let volumes: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(
+        raw,
+        "longhorn-system",
+        &kube::api::ApiResource {
+            group: "longhorn.io".into(),
+            version: "v1beta2".into(),
+            api_version: "longhorn.io/v1beta2".into(),
+            kind: "Volume".into(),
+            plural: "volumes".into(),
+        },
+    );
+    volumes
+        .patch(
+            "pvc-postgres",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({"metadata": {"annotations": {"test": "1"}}}),
+            ),
+        )
+        .await?;
+    tokio::time::timeout(guard, changes.changed(Scope::REPLICAS)).await?;
     // Its pods, replicas and attachments: a reboot fails the replica and takes the pods.
     talos.reboot("10.0.10.21", call()).await?;
     twin.advance(Duration::from_secs(1));

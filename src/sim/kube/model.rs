@@ -281,19 +281,24 @@ impl DeploymentSets {
     }
 
     /// (namespace, name) of the Deployments to look at again, in store order: those that
-    /// changed and those whose ReplicaSets (or their pods) changed.
-    fn touched(&self, store: &Store, dirty: &Dirty) -> BTreeSet<(String, String)> {
+    /// changed and those whose ReplicaSets changed, and with `pods`, those whose pods did.
+    fn touched(&self, store: &Store, dirty: &Dirty, pods: bool) -> BTreeSet<(String, String)> {
         if dirty.all {
             return store
                 .iter("deployments")
                 .map(|d| (namespace_of(d).to_string(), name_of(d).to_string()))
                 .collect();
         }
-        let mut touched: BTreeSet<(String, String)> = dirty
-            .owners_to_look_at(store, "deployments", "Deployment")
-            .into_iter()
-            .collect();
-        for (ns, rs) in dirty.owners_to_look_at(store, "replicasets", "ReplicaSet") {
+        let changed = |plural, kind| {
+            if pods {
+                dirty.owners_to_look_at(store, plural, kind)
+            } else {
+                dirty.objects_to_look_at(store, plural, kind)
+            }
+        };
+        let mut touched: BTreeSet<(String, String)> =
+            changed("deployments", "Deployment").into_iter().collect();
+        for (ns, rs) in changed("replicasets", "ReplicaSet") {
             if let Some(d) = self.owner.get(&(ns.clone(), rs)) {
                 touched.insert((ns, d.clone()));
             }
@@ -1463,8 +1468,9 @@ impl Cluster {
                 "deployments" => "Deployment",
                 _ => continue,
             };
-            d.owners
-                .insert((kind.to_string(), e.namespace.clone(), name.to_string()));
+            let key = (kind.to_string(), e.namespace.clone(), name.to_string());
+            d.objects.insert(key.clone());
+            d.owners.insert(key);
         }
         d
     }
@@ -1628,12 +1634,15 @@ impl Cluster {
         self.deployment_sets
             .refresh(&self.store, &mut self.deployments_moved);
         let mut touched = std::mem::take(&mut self.deployments_moved);
-        touched.extend(self.deployment_sets.touched(&self.store, dirty));
+        // The pass reads the Deployment and its ReplicaSets, never their pods: a pod's
+        // change (Ready, gone) leaves it as it was.
+        touched.extend(self.deployment_sets.touched(&self.store, dirty, false));
         for (ns, dname) in touched {
             #[cfg(test)]
             self.judged.push(format!("deployment pass {ns}/{dname}"));
             let mine = self.deployment_sets.of(&ns, &dname);
-            let Some(d) = self.store.get("deployments", &ns, &dname).cloned() else {
+            // Shared, not copied: most passes change nothing.
+            let Some(d) = self.store.shared("deployments", &ns, &dname).cloned() else {
                 continue;
             };
             let want = replicas_of(&d, self.behaviour.max_replicas);
@@ -1667,7 +1676,7 @@ impl Cluster {
                 continue;
             }
             for rs_name in &mine {
-                let Some(rs) = self.store.get("replicasets", &ns, rs_name).cloned() else {
+                let Some(rs) = self.store.shared("replicasets", &ns, rs_name).cloned() else {
                     continue;
                 };
                 // The ReplicaSet's template carries pod-template-hash on top of the Deployment's.
@@ -1682,7 +1691,7 @@ impl Cluster {
                 if replicas_of(&rs, self.behaviour.max_replicas) != want
                     || rs.at("/spec/template") != Some(&rs_template)
                 {
-                    let mut rs2 = rs.clone();
+                    let mut rs2 = Value::clone(&rs);
                     set_path(&mut rs2, &["spec", "replicas"], json!(want));
                     set_path(&mut rs2, &["spec", "template"], rs_template);
                     if let Some(m) = rs2.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -2633,7 +2642,7 @@ impl Cluster {
                 updates.extend(status.map(|o2| (plural, o2)));
             }
         }
-        for (ns, name) in self.deployment_sets.touched(store, dirty) {
+        for (ns, name) in self.deployment_sets.touched(store, dirty, true) {
             let Some(d) = store.get("deployments", &ns, &name) else {
                 continue;
             };
@@ -2883,6 +2892,8 @@ struct Dirty {
     nodes: bool,
     /// (kind, namespace, name) of controllers whose object or pods changed.
     owners: BTreeSet<(String, String, String)>,
+    /// (kind, namespace, name) of controllers whose object itself changed.
+    objects: BTreeSet<(String, String, String)>,
     /// Every change to a pod, oldest first, with the object as that change left it.
     pods: Vec<(EventType, Arc<Value>)>,
     /// (namespace, name) of the PodDisruptionBudgets that changed.
@@ -2908,14 +2919,34 @@ impl Dirty {
         plural: &'static str,
         kind: &str,
     ) -> Vec<(String, String)> {
+        self.of_kind(store, plural, kind, &self.owners)
+    }
+
+    /// As [`Dirty::owners_to_look_at`], for the controllers whose object itself changed
+    /// (their pods' changes left out).
+    fn objects_to_look_at(
+        &self,
+        store: &Store,
+        plural: &'static str,
+        kind: &str,
+    ) -> Vec<(String, String)> {
+        self.of_kind(store, plural, kind, &self.objects)
+    }
+
+    fn of_kind(
+        &self,
+        store: &Store,
+        plural: &'static str,
+        kind: &str,
+        set: &BTreeSet<(String, String, String)>,
+    ) -> Vec<(String, String)> {
         if self.all || (self.nodes && kind == "DaemonSet") {
             return store
                 .iter(plural)
                 .map(|o| (namespace_of(o).to_string(), name_of(o).to_string()))
                 .collect();
         }
-        self.owners
-            .range((kind.to_string(), String::new(), String::new())..)
+        set.range((kind.to_string(), String::new(), String::new())..)
             .take_while(|(k, _, _)| k == kind)
             .map(|(_, ns, name)| (ns.clone(), name.clone()))
             .collect()
@@ -3429,7 +3460,8 @@ mod tests {
             judged(&c, mark)
         );
 
-        // A CoreDNS pod turns NotReady: its Deployment and its budget look, and only they.
+        // A CoreDNS pod turns NotReady: its budget looks, and only it (the Deployment's
+        // pass reads its ReplicaSets, not their pods).
         let mark = c.judged.len();
         let healthy = current_healthy(&c, "kube-system", "coredns");
         let coredns = pod_labelled(&c, "kube-system", "coredns");
@@ -3437,13 +3469,7 @@ mod tests {
             set_condition(p, "Ready", false, "ContainersNotReady", t0.plus(s(20)))
         });
         assert_eq!(current_healthy(&c, "kube-system", "coredns"), healthy - 1);
-        assert_eq!(
-            judged(&c, mark),
-            [
-                "deployment pass kube-system/coredns",
-                "pdb status kube-system/coredns"
-            ]
-        );
+        assert_eq!(judged(&c, mark), ["pdb status kube-system/coredns"]);
 
         // A web pod relabelled out of its budget's selector: the budget selected it, so it
         // looks again and counts one healthy pod fewer.

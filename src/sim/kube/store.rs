@@ -264,7 +264,7 @@ pub struct Store {
     pub dry_run: bool,
     /// Each listed object's JSON, with the stored version it was written from (dropped
     /// when the object is written again or deleted).
-    json: HashMap<Key, (Arc<Value>, Arc<[u8]>)>,
+    json: BTreeMap<Key, (Arc<Value>, Arc<[u8]>)>,
     /// Pods by their controller, (namespace, kind, name) → pod names, so the controllers
     /// find their pods without scanning every pod.
     pod_owners: HashMap<(String, String, String), BTreeSet<String>>,
@@ -431,7 +431,7 @@ impl Store {
                 .collect(),
             any_notice: watch::Sender::new(1000),
             dry_run: false,
-            json: HashMap::new(),
+            json: BTreeMap::new(),
             pod_owners: HashMap::new(),
             by_field: HashMap::new(),
             claim_pods: BTreeSet::new(),
@@ -516,12 +516,9 @@ impl Store {
         storage: &'static str,
         obj: &Arc<Value>,
     ) -> Result<Arc<[u8]>, serde_json::Error> {
-        let key = (
-            storage,
-            namespace_of(obj).to_string(),
-            name_of(obj).to_string(),
-        );
-        if let Some((of, json)) = self.json.get(&key) {
+        // Looked up by borrowed parts: a list of 500 Nodes allocates no keys to find them.
+        let parts = (storage, namespace_of(obj), name_of(obj));
+        if let Some((of, json)) = self.json.get(&parts as &dyn KeyParts) {
             if Arc::ptr_eq(of, obj) {
                 return Ok(json.clone());
             }
@@ -530,9 +527,10 @@ impl Store {
         // Kept only for the version stored now.
         if self
             .objects
-            .get(&key)
+            .get(&parts as &dyn KeyParts)
             .is_some_and(|stored| Arc::ptr_eq(stored, obj))
         {
+            let key = (storage, parts.1.to_string(), parts.2.to_string());
             self.json.insert(key, (obj.clone(), json.clone()));
         }
         Ok(json)
