@@ -148,6 +148,13 @@ impl<K> Watch<K> {
             keep: None,
         }
     }
+    fn every() -> Watch<K> {
+        Watch {
+            fields: None,
+            labels: None,
+            keep: None,
+        }
+    }
     fn labels(l: String) -> Watch<K> {
         Watch {
             fields: None,
@@ -210,13 +217,10 @@ impl KubeClient {
                 on.clone(),
             )));
         }
-        let mut names: Vec<&str> = volumes
-            .iter()
-            .map(String::as_str)
-            .filter(|v| label_value(v))
-            .collect();
-        names.sort();
-        names.dedup();
+        let mut every: Vec<&str> = volumes.iter().map(String::as_str).collect();
+        every.sort();
+        every.dedup();
+        let names: Vec<&str> = every.iter().copied().filter(|v| label_value(v)).collect();
         if !names.is_empty() {
             tasks.push(tokio::spawn(follow(
                 replicas(),
@@ -226,25 +230,14 @@ impl KubeClient {
         }
         // The volumes themselves: Longhorn's volume controller writes a volume's robustness
         // after its replica's change, a moment later, and a look judges both. A field
-        // selector names one object, so one watch per volume; past a handful, one watch on
-        // every volume (more wake-ups, none missed).
+        // selector names one object, so one watch per volume; past a handful, or for a name
+        // a selector cannot carry, one watch on every volume (more wake-ups, none missed).
         let volumes_api =
             || Api::<DynamicObject>::all_with(c.clone(), &longhorn("Volume", "volumes"));
-        let mut every: Vec<&str> = volumes.iter().map(String::as_str).collect();
-        every.sort();
-        every.dedup();
-        if every.len() > VOLUME_WATCHES || !every.iter().all(|v| label_value(v)) {
-            tasks.push(tokio::spawn(follow(
-                volumes_api(),
-                Watch {
-                    fields: None,
-                    labels: None,
-                    keep: None,
-                },
-                on,
-            )));
+        if every.len() > VOLUME_WATCHES || names.len() < every.len() {
+            tasks.push(tokio::spawn(follow(volumes_api(), Watch::every(), on)));
         } else {
-            for v in every {
+            for v in names {
                 tasks.push(tokio::spawn(follow(
                     volumes_api(),
                     Watch::fields(format!("metadata.name={v}")),

@@ -1635,7 +1635,10 @@ impl Cluster {
             .refresh(&self.store, &mut self.deployments_moved);
         let mut touched = std::mem::take(&mut self.deployments_moved);
         // The pass reads the Deployment and its ReplicaSets, never their pods: a pod's
-        // change (Ready, gone) leaves it as it was.
+        // change (Ready, gone) leaves it as it was. Upstream's controller is woken by a pod
+        // only when one is deleted under the Recreate strategy, which the twin does not
+        // model (kubernetes v1.33.5 pkg/controller/deployment/deployment_controller.go
+        // `deletePod`); the counts are the status pass's.
         touched.extend(self.deployment_sets.touched(&self.store, dirty, false));
         for (ns, dname) in touched {
             #[cfg(test)]
