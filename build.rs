@@ -17,6 +17,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Small first buffers per call (src/talos/codec.rs).
+        .codec_path("crate::talos::codec::SmallCodec")
         .compile_fds(fds)?;
     Ok(())
 }

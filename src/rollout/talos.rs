@@ -23,6 +23,9 @@ struct Observed {
 /// pulls off the critical path, few enough not to flood a registry or the nodes' uplinks.
 const PRE_PULL_AHEAD: usize = 4;
 
+/// Pulls ahead recorded in one write of the rollout record.
+const PRE_PULLS_PER_WRITE: usize = 32;
+
 /// The least time between two looks of a step woken by changes: a burst of them (a
 /// drain's pods going) is one look.
 const LOOK_GAP: std::time::Duration = std::time::Duration::from_secs(1);
@@ -35,7 +38,8 @@ const QUIET_BEATS: u32 = 12;
 impl Run<'_, '_> {
     /// Before any node goes down: the installer pulled on every node still to upgrade, a few
     /// at a time, so no node's turn waits on its pull (the pull moves nothing; each is
-    /// recorded as `prePulled` in the node's step, which has not begun). A pull that fails
+    /// recorded as `prePulled` in the node's step, which has not begun, a batch of them per
+    /// write). A pull that fails
     /// here is only said: the node's own step pulls again, and pauses on a failure before
     /// anything is disrupted.
     pub(super) async fn pre_pull_ahead(
@@ -62,7 +66,7 @@ impl Run<'_, '_> {
             return Ok(());
         }
         let live = self.live_nodes(stage).await?;
-        let results: Vec<Flow<Option<String>>> = stream::iter(todo)
+        let mut pulls = stream::iter(todo)
             .map(|name: String| {
                 let live = &live;
                 async move {
@@ -80,14 +84,12 @@ impl Run<'_, '_> {
                         Ok(i) => i,
                         Err(_) => return Ok(None), // said by the node's own step
                     };
-                    let key = format!("{prefix}/{name}");
                     match e
                         .talos
                         .pull_image(&addr, &installer, ImageNamespace::System, v.upgrade_api, pulling(node))
                         .await
                     {
                         Ok(_) => {
-                            self.mark_ahead(stage, &key, |m| m.pre_pulled = true).await?;
                             self.say(Progress::Note(format!(
                                 "{prefix} {name}: pre-pulled {installer} ahead of its turn"
                             )));
@@ -102,14 +104,32 @@ impl Run<'_, '_> {
                     }
                 }
             })
-            .buffer_unordered(PRE_PULL_AHEAD)
-            .collect()
-            .await;
+            .buffer_unordered(PRE_PULL_AHEAD);
+        // Recorded a batch at a time: each write is the whole record, which on 500 nodes is
+        // large, and a pull lost to a restart is only pulled again (the image is there).
         let mut pulled = 0;
-        for r in results {
-            if r?.is_some() {
-                pulled += 1;
+        let mut unrecorded: Vec<String> = Vec::new();
+        let mut stop = None;
+        while let Some(r) = pulls.next().await {
+            match r {
+                Ok(Some(name)) => {
+                    pulled += 1;
+                    unrecorded.push(name);
+                }
+                Ok(None) => {}
+                Err(s) => {
+                    stop.get_or_insert(s);
+                }
             }
+            if unrecorded.len() >= PRE_PULLS_PER_WRITE {
+                self.mark_pre_pulled(stage, std::mem::take(&mut unrecorded))
+                    .await?;
+            }
+        }
+        drop(pulls);
+        self.mark_pre_pulled(stage, unrecorded).await?;
+        if let Some(s) = stop {
+            return Err(s);
         }
         if pulled > 0 {
             self.say(Progress::Note(format!(
@@ -118,6 +138,23 @@ impl Run<'_, '_> {
             )));
         }
         Ok(())
+    }
+
+    /// `prePulled` on the steps of `nodes` not begun, in one write.
+    async fn mark_pre_pulled(&self, stage: StageId, nodes: Vec<String>) -> Flow<()> {
+        if nodes.is_empty() {
+            return Ok(());
+        }
+        let prefix = step_prefix(stage);
+        self.write(stage, |r| {
+            for name in &nodes {
+                let m = r.steps.entry(format!("{prefix}/{name}")).or_default();
+                if m.started_at.is_none() {
+                    m.pre_pulled = true;
+                }
+            }
+        })
+        .await
     }
 
     /// Note on a step not begun what was done ahead of its turn, in one write: a step that

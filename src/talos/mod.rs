@@ -4,6 +4,7 @@
 
 pub mod archive;
 pub mod client;
+pub mod codec;
 pub mod config;
 pub mod machine_config;
 pub mod proto;

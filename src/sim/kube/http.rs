@@ -24,7 +24,7 @@ use super::patch::{json_patch, merge_patch, strategic_merge_patch};
 use super::rbac::{self, User};
 use super::resources::{groups, lookup, ResourceType, RESOURCES};
 use super::select::{FieldSelector, LabelSelector};
-use super::store::{name_of, namespace_of, rv_of, set_path, ApiError, At, EventType, WatchEvent};
+use super::store::{name_of, namespace_of, rv_of, set_path, ApiError, At, EventType};
 use super::table::table;
 use crate::clock::Clock;
 
@@ -1534,15 +1534,22 @@ fn watch(
                 }
             };
             // The events come from the history, so a slow watcher holds no objects of its
-            // own.
+            // own; its selectors are judged there, so it copies only what it sends.
             let (events, now_rv) = {
                 let c = sh.cluster.lock().unwrap_or_else(|e| e.into_inner());
-                (
-                    c.store.history_since(rt.storage, ns.as_deref(), last),
-                    c.store.resource_version(),
-                )
+                let events = c
+                    .store
+                    .events_since(rt.storage, ns.as_deref(), last)
+                    .map(|evs| {
+                        evs.filter_map(|ev| {
+                            let kind = filter.translate(ev.kind, &ev.object)?;
+                            Some((kind, ev.object.clone()))
+                        })
+                        .collect::<Vec<_>>()
+                    });
+                (events, c.store.resource_version())
             };
-            let events: Vec<WatchEvent> = match events {
+            let events = match events {
                 Ok(evs) => evs,
                 // Too slow a reader: what it missed is gone; it must re-list.
                 Err(e) => {
@@ -1550,11 +1557,8 @@ fn watch(
                     return;
                 }
             };
-            for ev in events {
-                let Some(kind) = filter.translate(ev.kind, &ev.object) else {
-                    continue;
-                };
-                if tx.send(Ok(line(kind, &ev.object))).await.is_err() {
+            for (kind, object) in events {
+                if tx.send(Ok(line(kind, &object))).await.is_err() {
                     return;
                 }
             }

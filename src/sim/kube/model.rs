@@ -166,8 +166,12 @@ pub struct Cluster {
     /// detach falls due, another pass would change nothing and is skipped.
     attach_quiet: Option<u64>,
     /// The pods with a claim as the last attach/detach pass read them: (namespace, name) →
-    /// their [`attach_view`].
-    attach_pods: HashMap<(String, String), (String, bool)>,
+    /// their [`attach_view`], uid and the VolumeAttachments they want (by name), worked out
+    /// again when the view or uid changes or a claim or PersistentVolume changed
+    /// (`attach_claims_at`).
+    attach_pods: HashMap<(String, String), AttachPod>,
+    /// The last change to claims and PersistentVolumes when `attach_pods` was worked out.
+    attach_claims_at: u64,
     /// Every Node's brief, brought up to date from the Nodes changed since it was last
     /// read: a pass does not read 500 Nodes to place one pod, nor rebuild 500 briefs for
     /// one heartbeat.
@@ -515,6 +519,7 @@ impl Cluster {
             judged: Vec::new(),
             attach_quiet: None,
             attach_pods: HashMap::new(),
+            attach_claims_at: 0,
             node_view: None,
             detach_due: BTreeMap::new(),
             terminating: BTreeMap::new(),
@@ -1429,6 +1434,7 @@ impl Cluster {
         self.settled_at = None;
         self.statuses_at = None;
         self.attach_quiet = None;
+        self.attach_pods.clear();
     }
 
     /// What changed after `rv` (everything when unknown or older than the history).
@@ -2368,47 +2374,7 @@ impl Cluster {
     /// The CSI volumes (PersistentVolume name, driver, volume handle) a pod's
     /// PersistentVolumeClaims are bound to.
     fn csi_volumes_of(&self, pod: &Value) -> Vec<(String, String, String, bool)> {
-        let ns = namespace_of(pod);
-        let mut out = Vec::new();
-        for v in pod
-            .at("/spec/volumes")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let Some(claim) = v
-                .at("/persistentVolumeClaim/claimName")
-                .and_then(Value::as_str)
-            else {
-                continue;
-            };
-            let Some(pv_name) = self
-                .store
-                .get("persistentvolumeclaims", ns, claim)
-                .and_then(|c| c.at("/spec/volumeName"))
-                .and_then(Value::as_str)
-                .filter(|n| !n.is_empty())
-            else {
-                continue;
-            };
-            let Some(pv) = self.store.get("persistentvolumes", "", pv_name) else {
-                continue;
-            };
-            let text = |p: &str| pv.at(p).and_then(Value::as_str).unwrap_or("").to_string();
-            let (driver, handle) = (text("/spec/csi/driver"), text("/spec/csi/volumeHandle"));
-            if driver.is_empty() || handle.is_empty() {
-                continue;
-            }
-            let rwo = pv
-                .at("/spec/accessModes")
-                .and_then(Value::as_array)
-                .is_some_and(|m| {
-                    m.iter()
-                        .any(|m| m == "ReadWriteOnce" || m == "ReadWriteOncePod")
-                });
-            out.push((pv_name.to_string(), driver, handle, rwo));
-        }
-        out
+        csi_volumes_of(&self.store, pod)
     }
 
     /// Whether `pod` must wait to start on `node`: a ReadWriteOnce CSI volume of it is
@@ -2433,13 +2399,15 @@ impl Cluster {
     /// VolumeAttachment whose PersistentVolume is not a CSI one the twin knows is left alone.
     fn attach_detach(&mut self, now: Timestamp) {
         use sha2::Digest;
-        type Want = (String, String, String, String, bool);
+        type Want = AttachWant;
         let due = self.detach_due.values().any(|t| *t <= now);
         if let Some(rv) = self.attach_quiet {
             // A pod with a claim matters when it came, went, moved to a node or finished
             // since the last pass read it, not when it only turned Ready.
             let as_read = |ns: &str, pod: &str| {
-                self.attach_pods.get(&(ns.to_string(), pod.to_string()))
+                self.attach_pods
+                    .get(&(ns.to_string(), pod.to_string()))
+                    .map(|(view, _, _)| view)
                     == self.store.get("pods", ns, pod).map(attach_view).as_ref()
             };
             let unchanged = self.store.changes_since(rv).is_some_and(|mut changes| {
@@ -2456,27 +2424,55 @@ impl Cluster {
         #[cfg(test)]
         self.judged.push("attach pass".to_string());
         let before = self.store.resource_version();
-        let mut wanted: BTreeMap<String, Want> = BTreeMap::new();
-        // Only pods with a claim can want a volume attached.
-        self.attach_pods.clear();
-        for pod in self.store.pods_with_claims() {
-            self.attach_pods.insert(
-                (namespace_of(pod).to_string(), name_of(pod).to_string()),
-                attach_view(pod),
-            );
-            let node = node_of(pod);
-            let phase = pod.at("/status/phase").and_then(Value::as_str);
-            if node.is_empty() || matches!(phase, Some("Succeeded" | "Failed")) {
-                continue;
-            }
-            for (pv, driver, handle, rwo) in self.csi_volumes_of(pod) {
-                let digest = sha2::Sha256::digest(format!("{handle}{driver}{node}").as_bytes());
-                wanted.insert(
-                    format!("csi-{}", hex::encode(digest)),
-                    (pv, driver, handle, node.to_string(), rwo),
-                );
-            }
+        // What each pod with a claim wants holds while its view and every claim and
+        // PersistentVolume stay as they were: only the pods that moved are worked out again.
+        let claims_at = self
+            .store
+            .last_change("persistentvolumeclaims")
+            .max(self.store.last_change("persistentvolumes"));
+        if claims_at != self.attach_claims_at {
+            self.attach_pods.clear();
+            self.attach_claims_at = claims_at;
         }
+        let mut present: HashSet<(String, String)> = HashSet::new();
+        for pod in self.store.pods_with_claims() {
+            let key = (namespace_of(pod).to_string(), name_of(pod).to_string());
+            let view = attach_view(pod);
+            // A pod made again under the same name (a StatefulSet's) may mount other claims.
+            let uid = pod
+                .at("/metadata/uid")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let known = self
+                .attach_pods
+                .get(&key)
+                .is_some_and(|(v, u, _)| *v == view && u == uid);
+            if !known {
+                let (node, done) = (&view.0, view.1);
+                let wants = if node.is_empty() || done {
+                    Vec::new()
+                } else {
+                    csi_volumes_of(&self.store, pod)
+                        .into_iter()
+                        .map(|(pv, driver, handle, rwo)| {
+                            let digest =
+                                sha2::Sha256::digest(format!("{handle}{driver}{node}").as_bytes());
+                            let name = format!("csi-{}", hex::encode(digest));
+                            (name, (pv, driver, handle, node.clone(), rwo))
+                        })
+                        .collect()
+                };
+                self.attach_pods
+                    .insert(key.clone(), (view, uid.to_string(), wants));
+            }
+            present.insert(key);
+        }
+        self.attach_pods.retain(|k, _| present.contains(k));
+        let wanted: BTreeMap<String, Want> = self
+            .attach_pods
+            .values()
+            .flat_map(|(_, _, wants)| wants.iter().cloned())
+            .collect();
         let mut longhorn_node: Vec<(String, String)> = Vec::new();
         for (name, (pv, driver, handle, node, rwo)) in &wanted {
             self.detach_due.remove(name);
@@ -2976,6 +2972,56 @@ struct PodBrief {
     template: Option<String>,
     terminating: bool,
 }
+/// The CSI volumes a pod mounts through its claims: (PersistentVolume, driver, volume
+/// handle, ReadWriteOnce).
+fn csi_volumes_of(store: &Store, pod: &Value) -> Vec<(String, String, String, bool)> {
+    let ns = namespace_of(pod);
+    let mut out = Vec::new();
+    for v in pod
+        .at("/spec/volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let Some(claim) = v
+            .at("/persistentVolumeClaim/claimName")
+            .and_then(Value::as_str)
+        else {
+            continue;
+        };
+        let Some(pv_name) = store
+            .get("persistentvolumeclaims", ns, claim)
+            .and_then(|c| c.at("/spec/volumeName"))
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+        else {
+            continue;
+        };
+        let Some(pv) = store.get("persistentvolumes", "", pv_name) else {
+            continue;
+        };
+        let text = |p: &str| pv.at(p).and_then(Value::as_str).unwrap_or("").to_string();
+        let (driver, handle) = (text("/spec/csi/driver"), text("/spec/csi/volumeHandle"));
+        if driver.is_empty() || handle.is_empty() {
+            continue;
+        }
+        let rwo = pv
+            .at("/spec/accessModes")
+            .and_then(Value::as_array)
+            .is_some_and(|m| {
+                m.iter()
+                    .any(|m| m == "ReadWriteOnce" || m == "ReadWriteOncePod")
+            });
+        out.push((pv_name.to_string(), driver, handle, rwo));
+    }
+    out
+}
+
+/// A VolumeAttachment a pod wants: (PersistentVolume, driver, handle, node, ReadWriteOnce).
+type AttachWant = (String, String, String, String, bool);
+/// A pod with a claim as the attach/detach pass read it: its view, its uid, and the
+/// attachments (by name) it wants.
+type AttachPod = ((String, bool), String, Vec<(String, AttachWant)>);
 
 /// What the attach/detach pass reads of a pod with a claim: its node, and whether it is
 /// done (Succeeded or Failed: its volumes may detach).
@@ -3559,6 +3605,62 @@ mod tests {
         let moved = attached(&c);
         assert_eq!(moved.len(), 1, "{moved:?}");
         assert_ne!(moved[0], first);
+        Ok(())
+    }
+
+    #[test]
+    fn a_pod_made_again_under_its_name_is_attached_for_the_claims_it_mounts_now(
+    ) -> Result<(), ApiError> {
+        let t0 = Timestamp(1_767_225_600_000);
+        let s = Duration::from_secs;
+        let mut c = super::super::seed::KubeSeed::nodes(1, 3)
+            .longhorn_volume_attached("vol-a", 3, "worker-1")
+            .longhorn_volume_attached("vol-b", 3, "worker-2")
+            .build(Behaviour::default(), t0)?;
+        c.sync(t0.plus(s(60)));
+        // (node, PersistentVolume) of every VolumeAttachment.
+        let attached = |c: &Cluster| -> Vec<(String, String)> {
+            let mut v: Vec<(String, String)> = c
+                .store
+                .iter("volumeattachments")
+                .map(|va| {
+                    let pv = va.at("/spec/source/persistentVolumeName");
+                    let pv = pv.and_then(Value::as_str).unwrap_or("");
+                    (node_of(va).to_string(), pv.to_string())
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let before = attached(&c);
+        assert_eq!(before.len(), 2, "{before:?}");
+        let pv_of = |node: &str| {
+            before
+                .iter()
+                .find(|(n, _)| n == node)
+                .map(|(_, pv)| pv.clone())
+                .unwrap_or_default()
+        };
+        let (pv_a, pv_b) = (pv_of("worker-1"), pv_of("worker-2"));
+        // Both pods go and, before any pass sees it, a pod named as vol-a's comes back on
+        // worker-1 mounting vol-b's claim: same name, same node, another claim.
+        let b_pod = c.store.get("pods", "default", "vol-b-user").cloned();
+        let b_pod = b_pod.unwrap_or_default();
+        let mut again = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "vol-a-user", "namespace": "default"},
+            "spec": b_pod.get("spec").cloned().unwrap_or_default(),
+        });
+        set_path(&mut again, &["spec", "nodeName"], json!("worker-1"));
+        c.batch(t0.plus(s(61)), |c| {
+            for pod in ["vol-a-user", "vol-b-user"] {
+                c.delete_pod("default", pod, Some(Duration::ZERO), t0.plus(s(61)))?;
+            }
+            c.upsert(again, t0.plus(s(61)))
+        })?;
+        c.sync(t0.plus(s(600)));
+        assert_eq!(attached(&c), [("worker-1".to_string(), pv_b.clone())]);
+        assert_ne!(pv_a, pv_b);
         Ok(())
     }
 

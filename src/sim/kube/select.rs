@@ -173,6 +173,10 @@ impl LabelSelector {
 
     /// Match against an object's labels without copying them.
     pub fn matches_object(&self, obj: &Value) -> bool {
+        // Every list without a selector asks, once per object.
+        if self.0.is_empty() {
+            return true;
+        }
         let labels = obj.at("/metadata/labels").and_then(Value::as_object);
         let get = |k: &str| labels.and_then(|m| m.get(k)).and_then(Value::as_str);
         self.0.iter().all(|r| match r {
@@ -288,23 +292,26 @@ impl FieldSelector {
     }
 
     pub fn matches(&self, obj: &Value) -> bool {
+        // Walked in place: a watch tests every event of its resource, a list every object.
         self.0.iter().all(|(path, eq, want)| {
-            let pointer = match path.as_str() {
+            let found = match path.as_str() {
                 // Events' `source` selects on the reporting component.
-                "source" => "/source/component".to_string(),
-                p => format!("/{}", p.replace('.', "/")),
+                "source" => obj.get("source").and_then(|s| s.get("component")),
+                p => p.split(['.', '/']).try_fold(obj, |cur, k| match cur {
+                    Value::Object(m) => m.get(k),
+                    Value::Array(a) => k.parse::<usize>().ok().and_then(|i| a.get(i)),
+                    _ => None,
+                }),
             };
-            let have = match obj.at(&pointer) {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Bool(b)) => b.to_string(),
-                Some(Value::Number(n)) => n.to_string(),
+            let same = match found {
+                Some(Value::String(s)) => s == want,
+                Some(Value::Bool(b)) => want == if *b { "true" } else { "false" },
+                Some(Value::Number(n)) => n.to_string() == *want,
                 // An absent field compares as the empty string (or false for booleans).
-                _ if path == "spec.unschedulable" || path == "spec.hostNetwork" => {
-                    "false".to_string()
-                }
-                _ => String::new(),
+                _ if path == "spec.unschedulable" || path == "spec.hostNetwork" => want == "false",
+                _ => want.is_empty(),
             };
-            (have == *want) == *eq
+            same == *eq
         })
     }
 }

@@ -262,9 +262,10 @@ pub struct Store {
     last_change: HashMap<&'static str, u64>,
     /// `dryRun=All`: writes are checked and answered but not stored.
     pub dry_run: bool,
-    /// Each listed object's JSON, with the stored version it was written from (dropped
-    /// when the object is written again or deleted).
-    json: BTreeMap<Key, (Arc<Value>, Arc<[u8]>)>,
+    /// Each listed object's JSON, by the stored version it was written from (its address:
+    /// the entry holds that version, so the address is not reused while it is here), and
+    /// dropped when the object is written again or deleted. Found without comparing keys.
+    json: HashMap<usize, (Arc<Value>, Arc<[u8]>)>,
     /// Pods by their controller, (namespace, kind, name) → pod names, so the controllers
     /// find their pods without scanning every pod.
     pod_owners: HashMap<(String, String, String), BTreeSet<String>>,
@@ -274,6 +275,11 @@ pub struct Store {
     /// (namespace, name) of the pods that mount a PersistentVolumeClaim: the only ones the
     /// attach-detach controller looks at.
     claim_pods: BTreeSet<(String, String)>,
+}
+
+/// A stored version's identity while it is held: its address.
+fn version_of(obj: &Arc<Value>) -> usize {
+    Arc::as_ptr(obj) as usize
 }
 
 /// The owner with `controller: true`: (kind, name).
@@ -431,7 +437,7 @@ impl Store {
                 .collect(),
             any_notice: watch::Sender::new(1000),
             dry_run: false,
-            json: BTreeMap::new(),
+            json: HashMap::new(),
             pod_owners: HashMap::new(),
             by_field: HashMap::new(),
             claim_pods: BTreeSet::new(),
@@ -487,10 +493,11 @@ impl Store {
     }
 
     fn store(&mut self, key: Key, obj: Arc<Value>, size: usize) {
-        self.json.remove(&key);
         let old = self.sizes.insert(key.clone(), size).unwrap_or(0);
         self.live_bytes = self.live_bytes.saturating_sub(old).saturating_add(size);
-        self.objects.insert(key, obj);
+        if let Some(was) = self.objects.insert(key, obj) {
+            self.json.remove(&version_of(&was));
+        }
     }
 
     /// The namespaces objects of `plural` are in (`""` for cluster-scoped ones), in key
@@ -516,22 +523,20 @@ impl Store {
         storage: &'static str,
         obj: &Arc<Value>,
     ) -> Result<Arc<[u8]>, serde_json::Error> {
-        // Looked up by borrowed parts: a list of 500 Nodes allocates no keys to find them.
-        let parts = (storage, namespace_of(obj), name_of(obj));
-        if let Some((of, json)) = self.json.get(&parts as &dyn KeyParts) {
-            if Arc::ptr_eq(of, obj) {
-                return Ok(json.clone());
-            }
+        // Found by the version's address: a list of 500 Nodes compares no keys.
+        if let Some((_, json)) = self.json.get(&version_of(obj)) {
+            return Ok(json.clone());
         }
         let json: Arc<[u8]> = serde_json::to_vec(&**obj)?.into();
         // Kept only for the version stored now.
+        let parts = (storage, namespace_of(obj), name_of(obj));
         if self
             .objects
             .get(&parts as &dyn KeyParts)
             .is_some_and(|stored| Arc::ptr_eq(stored, obj))
         {
-            let key = (storage, parts.1.to_string(), parts.2.to_string());
-            self.json.insert(key, (obj.clone(), json.clone()));
+            self.json
+                .insert(version_of(obj), (obj.clone(), json.clone()));
         }
         Ok(json)
     }
@@ -600,6 +605,17 @@ impl Store {
         ns: Option<&str>,
         rv: u64,
     ) -> Result<Vec<WatchEvent>, ApiError> {
+        Ok(self.events_since(plural, ns, rv)?.cloned().collect())
+    }
+
+    /// [`Store::history_since`] in place: a watcher keeps only the events its selectors
+    /// pass, rather than a copy of every event of its resource.
+    pub fn events_since<'a>(
+        &'a self,
+        plural: &'a str,
+        ns: Option<&'a str>,
+        rv: u64,
+    ) -> Result<impl Iterator<Item = &'a WatchEvent> + 'a, ApiError> {
         let compacted = self.compacted_by.get(plural).copied().unwrap_or(0);
         if rv < compacted {
             return Err(ApiError::expired(format!(
@@ -611,9 +627,7 @@ impl Store {
             .history
             .range(start..)
             .map(|(e, _)| e)
-            .filter(|e| e.plural == plural && ns.is_none_or(|n| n == e.namespace))
-            .cloned()
-            .collect())
+            .filter(move |e| e.plural == plural && ns.is_none_or(|n| n == e.namespace)))
     }
 
     /// The changes after `rv`, oldest first; `None` when the history no longer reaches back
@@ -1022,7 +1036,7 @@ impl Store {
         let Some(last) = self.objects.remove(&key) else {
             return Err(ApiError::not_found(rt, name));
         };
-        self.json.remove(&key);
+        self.json.remove(&version_of(&last));
         let size = self.sizes.remove(&key).unwrap_or(0);
         self.live_bytes = self.live_bytes.saturating_sub(size);
         self.index(rt.storage, &last, false);
