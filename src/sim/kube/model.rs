@@ -165,11 +165,13 @@ pub struct Cluster {
     /// a pod with a claim, a claim, a PersistentVolume or a VolumeAttachment changes, or a
     /// detach falls due, another pass would change nothing and is skipped.
     attach_quiet: Option<u64>,
-    /// The pods with a claim as the last attach/detach pass read them: (namespace, name) →
-    /// their [`attach_view`], uid and the VolumeAttachments they want (by name), worked out
-    /// again when the view or uid changes or a claim or PersistentVolume changed
-    /// (`attach_claims_at`).
-    attach_pods: HashMap<(String, String), AttachPod>,
+    /// The pods with a claim as the last attach/detach pass read them, by uid (a pod made
+    /// again under its name is another pod): their [`attach_view`] and the
+    /// VolumeAttachments they want (by name), worked out again when the view changes or a
+    /// claim or PersistentVolume changed (`attach_claims_at`).
+    attach_pods: HashMap<String, AttachPod>,
+    /// Attach/detach passes so far: a pod read by the last one is still there.
+    attach_passes: u64,
     /// The last change to claims and PersistentVolumes when `attach_pods` was worked out.
     attach_claims_at: u64,
     /// Every Node's brief, brought up to date from the Nodes changed since it was last
@@ -520,6 +522,7 @@ impl Cluster {
             attach_quiet: None,
             attach_pods: HashMap::new(),
             attach_claims_at: 0,
+            attach_passes: 0,
             node_view: None,
             detach_due: BTreeMap::new(),
             terminating: BTreeMap::new(),
@@ -2399,16 +2402,16 @@ impl Cluster {
     /// VolumeAttachment whose PersistentVolume is not a CSI one the twin knows is left alone.
     fn attach_detach(&mut self, now: Timestamp) {
         use sha2::Digest;
-        type Want = AttachWant;
         let due = self.detach_due.values().any(|t| *t <= now);
         if let Some(rv) = self.attach_quiet {
             // A pod with a claim matters when it came, went, moved to a node or finished
             // since the last pass read it, not when it only turned Ready.
             let as_read = |ns: &str, pod: &str| {
-                self.attach_pods
-                    .get(&(ns.to_string(), pod.to_string()))
-                    .map(|(view, _, _)| view)
-                    == self.store.get("pods", ns, pod).map(attach_view).as_ref()
+                self.store.get("pods", ns, pod).is_some_and(|p| {
+                    self.attach_pods
+                        .get(uid_of(p))
+                        .is_some_and(|read| read.reads(p))
+                })
             };
             let unchanged = self.store.changes_since(rv).is_some_and(|mut changes| {
                 changes.all(|e| match e.plural {
@@ -2425,7 +2428,8 @@ impl Cluster {
         self.judged.push("attach pass".to_string());
         let before = self.store.resource_version();
         // What each pod with a claim wants holds while its view and every claim and
-        // PersistentVolume stay as they were: only the pods that moved are worked out again.
+        // PersistentVolume stay as they were: only the pods that moved are worked out again,
+        // and the rest is read in place.
         let claims_at = self
             .store
             .last_change("persistentvolumeclaims")
@@ -2434,47 +2438,46 @@ impl Cluster {
             self.attach_pods.clear();
             self.attach_claims_at = claims_at;
         }
-        let mut present: HashSet<(String, String)> = HashSet::new();
+        self.attach_passes += 1;
+        let pass = self.attach_passes;
         for pod in self.store.pods_with_claims() {
-            let key = (namespace_of(pod).to_string(), name_of(pod).to_string());
-            let view = attach_view(pod);
-            // A pod made again under the same name (a StatefulSet's) may mount other claims.
-            let uid = pod
-                .at("/metadata/uid")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            let known = self
-                .attach_pods
-                .get(&key)
-                .is_some_and(|(v, u, _)| *v == view && u == uid);
-            if !known {
-                let (node, done) = (&view.0, view.1);
-                let wants = if node.is_empty() || done {
-                    Vec::new()
-                } else {
-                    csi_volumes_of(&self.store, pod)
-                        .into_iter()
-                        .map(|(pv, driver, handle, rwo)| {
-                            let digest =
-                                sha2::Sha256::digest(format!("{handle}{driver}{node}").as_bytes());
-                            let name = format!("csi-{}", hex::encode(digest));
-                            (name, (pv, driver, handle, node.clone(), rwo))
-                        })
-                        .collect()
-                };
-                self.attach_pods
-                    .insert(key.clone(), (view, uid.to_string(), wants));
+            if let Some(read) = self.attach_pods.get_mut(uid_of(pod)) {
+                if read.reads(pod) {
+                    read.pass = pass;
+                    continue;
+                }
             }
-            present.insert(key);
+            let (node, done) = attach_view(pod);
+            let wants = if node.is_empty() || done {
+                Vec::new()
+            } else {
+                csi_volumes_of(&self.store, pod)
+                    .into_iter()
+                    .map(|(pv, driver, handle, rwo)| {
+                        let digest =
+                            sha2::Sha256::digest(format!("{handle}{driver}{node}").as_bytes());
+                        let name = format!("csi-{}", hex::encode(digest));
+                        (name, (pv, driver, handle, node.clone(), rwo))
+                    })
+                    .collect()
+            };
+            let read = AttachPod {
+                node,
+                done,
+                pass,
+                wants,
+            };
+            self.attach_pods.insert(uid_of(pod).to_string(), read);
         }
-        self.attach_pods.retain(|k, _| present.contains(k));
-        let wanted: BTreeMap<String, Want> = self
+        self.attach_pods.retain(|_, read| read.pass == pass);
+        let wanted: BTreeMap<&str, &AttachWant> = self
             .attach_pods
             .values()
-            .flat_map(|(_, _, wants)| wants.iter().cloned())
+            .flat_map(|read| read.wants.iter().map(|(name, w)| (name.as_str(), w)))
             .collect();
         let mut longhorn_node: Vec<(String, String)> = Vec::new();
-        for (name, (pv, driver, handle, node, rwo)) in &wanted {
+        for (&name, &want) in &wanted {
+            let (pv, driver, handle, node, rwo) = want;
             self.detach_due.remove(name);
             if self.store.get("volumeattachments", "", name).is_some() {
                 continue;
@@ -3019,18 +3022,39 @@ fn csi_volumes_of(store: &Store, pod: &Value) -> Vec<(String, String, String, bo
 
 /// A VolumeAttachment a pod wants: (PersistentVolume, driver, handle, node, ReadWriteOnce).
 type AttachWant = (String, String, String, String, bool);
-/// A pod with a claim as the attach/detach pass read it: its view, its uid, and the
-/// attachments (by name) it wants.
-type AttachPod = ((String, bool), String, Vec<(String, AttachWant)>);
+/// A pod with a claim as the attach/detach pass read it: its [`attach_view`], the last pass
+/// that found it, and the attachments (by name) it wants.
+struct AttachPod {
+    node: String,
+    done: bool,
+    pass: u64,
+    wants: Vec<(String, AttachWant)>,
+}
+
+impl AttachPod {
+    /// Whether `pod` is still as read: what it wants has not changed.
+    fn reads(&self, pod: &Value) -> bool {
+        self.node == node_of(pod) && self.done == pod_done(pod)
+    }
+}
+
+fn uid_of(obj: &Value) -> &str {
+    obj.at("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+fn pod_done(pod: &Value) -> bool {
+    matches!(
+        pod.at("/status/phase").and_then(Value::as_str),
+        Some("Succeeded" | "Failed")
+    )
+}
 
 /// What the attach/detach pass reads of a pod with a claim: its node, and whether it is
 /// done (Succeeded or Failed: its volumes may detach).
 fn attach_view(pod: &Value) -> (String, bool) {
-    let done = matches!(
-        pod.at("/status/phase").and_then(Value::as_str),
-        Some("Succeeded" | "Failed")
-    );
-    (node_of(pod).to_string(), done)
+    (node_of(pod).to_string(), pod_done(pod))
 }
 
 /// Whether the pod tolerates `node.kubernetes.io/unschedulable:NoSchedule`, the taint a
