@@ -39,9 +39,8 @@ impl Run<'_, '_> {
     /// Before any node goes down: the installer pulled on every node still to upgrade, a few
     /// at a time, so no node's turn waits on its pull (the pull moves nothing; each is
     /// recorded as `prePulled` in the node's step, which has not begun, a batch of them per
-    /// write). A pull that fails
-    /// here is only said: the node's own step pulls again, and pauses on a failure before
-    /// anything is disrupted.
+    /// write). A pull that fails here is only said: the node's own step pulls again, and
+    /// pauses on a failure before anything is disrupted.
     pub(super) async fn pre_pull_ahead(
         &self,
         stage: StageId,
@@ -70,20 +69,15 @@ impl Run<'_, '_> {
             .map(|name: String| {
                 let live = &live;
                 async move {
-                    let Some(node) = live.iter().find(|n| n.name == name) else {
-                        return Ok(None); // the node's own step says it is gone
-                    };
+                    // The node's own step says it is gone.
+                    let node = live.iter().find(|n| n.name == name)?;
                     let addr = address(node);
-                    let Ok(v) = e.talos.version(&addr, around(node)).await else {
-                        return Ok(None);
-                    };
+                    let v = e.talos.version(&addr, around(node)).await.ok()?;
                     if crate::releaseset::Version::parse(&v.tag).ok().as_ref() == Some(target) {
-                        return Ok(None);
+                        return None;
                     }
-                    let installer = match self.installer(stage, node).await {
-                        Ok(i) => i,
-                        Err(_) => return Ok(None), // said by the node's own step
-                    };
+                    // A failure is said by the node's own step.
+                    let installer = self.installer(stage, node).await.ok()?;
                     match e
                         .talos
                         .pull_image(&addr, &installer, ImageNamespace::System, v.upgrade_api, pulling(node))
@@ -93,13 +87,13 @@ impl Run<'_, '_> {
                             self.say(Progress::Note(format!(
                                 "{prefix} {name}: pre-pulled {installer} ahead of its turn"
                             )));
-                            Ok(Some(name))
+                            Some(name)
                         }
                         Err(err) => {
                             self.say(Progress::Note(format!(
                                 "{prefix} {name}: pre-pulling {installer} ahead failed ({err}); its own step pulls again"
                             )));
-                            Ok(None)
+                            None
                         }
                     }
                 }
@@ -109,28 +103,17 @@ impl Run<'_, '_> {
         // large, and a pull lost to a restart is only pulled again (the image is there).
         let mut pulled = 0;
         let mut unrecorded: Vec<String> = Vec::new();
-        let mut stop = None;
-        while let Some(r) = pulls.next().await {
-            match r {
-                Ok(Some(name)) => {
-                    pulled += 1;
-                    unrecorded.push(name);
-                }
-                Ok(None) => {}
-                Err(s) => {
-                    stop.get_or_insert(s);
-                }
-            }
+        while let Some(done) = pulls.next().await {
+            unrecorded.extend(done);
             if unrecorded.len() >= PRE_PULLS_PER_WRITE {
+                pulled += unrecorded.len();
                 self.mark_pre_pulled(stage, std::mem::take(&mut unrecorded))
                     .await?;
             }
         }
         drop(pulls);
+        pulled += unrecorded.len();
         self.mark_pre_pulled(stage, unrecorded).await?;
-        if let Some(s) = stop {
-            return Err(s);
-        }
         if pulled > 0 {
             self.say(Progress::Note(format!(
                 "the installer is pulled ahead on {pulled} {}, {PRE_PULL_AHEAD} at a time",
