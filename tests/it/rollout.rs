@@ -650,10 +650,16 @@ async fn two_pass_rolls_talos_then_kubernetes_without_breaking_an_invariant() ->
     }
     let rec = s.record().await?;
     assert!(rec.steps.contains_key("talos/w-2") && rec.steps.contains_key("kubelet/w-3"));
-    // The pulls ahead are recorded, a batch per write, before any step begins.
+    // The pulls ahead are recorded, a batch per write, before any step begins: no node's
+    // own step pulls again (its pull would be said without "ahead of its turn").
     for o in s.twin.talos.observe() {
         let step = rec.steps.get(&format!("talos/{}", o.name));
         assert!(step.is_some_and(|m| m.pre_pulled), "{}: {step:?}", o.name);
+        let pulls: Vec<&String> = all
+            .iter()
+            .filter(|l| l.contains(&format!("talos {}: pre-pulled", o.name)))
+            .collect();
+        assert_eq!(pulls.len(), 1, "{pulls:#?}");
     }
     Ok(())
 }

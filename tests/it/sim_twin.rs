@@ -1212,12 +1212,8 @@ async fn a_steps_watches_report_the_changes_to_its_node_and_a_refused_watch_as_o
     assert!(!changes.take(), "the wake-up took what was pending");
     // One of its volumes, not a replica of it: Longhorn's volume controller writes the
     // volume apart from its replicas, and a look judges both.
-    let kc = kube::config::Kubeconfig::read_from(twin.kubeconfig())?;
-    let raw = kube::Client::try_from(
-        kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?,
-    )?;
     let volumes: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(
-        raw,
+        kube_client(&twin).await?,
         "longhorn-system",
         &kube::api::ApiResource {
             group: "longhorn.io".into(),

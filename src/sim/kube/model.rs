@@ -2374,16 +2374,10 @@ impl Cluster {
         out.into_iter().collect()
     }
 
-    /// The CSI volumes (PersistentVolume name, driver, volume handle) a pod's
-    /// PersistentVolumeClaims are bound to.
-    fn csi_volumes_of(&self, pod: &Value) -> Vec<(String, String, String, bool)> {
-        csi_volumes_of(&self.store, pod)
-    }
-
     /// Whether `pod` must wait to start on `node`: a ReadWriteOnce CSI volume of it is
     /// still attached to another node (the attach-detach controller's Multi-Attach error).
     fn attached_elsewhere(&self, pod: &Value, node: &str) -> bool {
-        let vols = self.csi_volumes_of(pod);
+        let vols = csi_volumes_of(&self.store, pod);
         vols.iter().filter(|v| v.3).any(|(pv, ..)| {
             self.store.iter("volumeattachments").any(|va| {
                 va.at("/spec/source/persistentVolumeName")
@@ -2975,6 +2969,7 @@ struct PodBrief {
     template: Option<String>,
     terminating: bool,
 }
+
 /// The CSI volumes a pod mounts through its claims: (PersistentVolume, driver, volume
 /// handle, ReadWriteOnce).
 fn csi_volumes_of(store: &Store, pod: &Value) -> Vec<(String, String, String, bool)> {
