@@ -375,13 +375,15 @@ impl KubeClient {
         if !refused.is_empty() {
             return Ok(DrainOutcome::Refused { pods: refused });
         }
+        // The first round evicts what the refusal check just listed; each later round lists
+        // again (what went, what a controller put back).
+        let mut listed = Some(first);
         loop {
-            let pods: Vec<PodRef> = self
-                .pods_on(node)
-                .await?
-                .into_iter()
-                .filter(|p| !p.stays)
-                .collect();
+            let pods = match listed.take() {
+                Some(pods) => pods,
+                None => self.pods_on(node).await?,
+            };
+            let pods: Vec<PodRef> = pods.into_iter().filter(|p| !p.stays).collect();
             if pods.is_empty() {
                 return Ok(DrainOutcome::Drained { evicted });
             }

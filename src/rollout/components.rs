@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::nodes::{address, around, pulling};
+use super::nodes::{address, around, pulling, Before};
 use super::step::{self, NodeObservation, StepState};
 use super::{Flow, Progress, Run};
 use crate::kube::LiveNode;
@@ -163,7 +163,8 @@ impl Run<'_, '_> {
             set_images(&mc.yaml, &tag, components).is_ok_and(|e| e.is_noop())
         };
         let node_obs = if components == [Component::Kubelet] {
-            Some(self.observe(stage, node, marker).await?)
+            // Boxed, as every look (see `observe_talos`).
+            Some(Box::pin(self.observe(stage, node, marker, Before::Unknown)).await?)
         } else {
             None
         };

@@ -941,8 +941,10 @@ impl Run<'_, '_> {
                                 _ => Ok(()),
                             }
                         };
-                        let (done, installed) =
-                            tokio::join!(self.batch(id, step, |n| self.talos_node(id, n)), install);
+                        let (done, installed) = tokio::join!(
+                            self.batch(id, step, |n| self.talos_node(id, n, None)),
+                            install
+                        );
                         if let Err(Stop::LockLost(h)) = installed {
                             return Err(Stop::LockLost(h));
                         }
@@ -951,8 +953,8 @@ impl Run<'_, '_> {
                         }
                         between(step).await?;
                     }
-                    self.pool(id, &workers, |n| self.talos_node(id, n), &gates, total)
-                        .await?;
+                    let seen = |n, seen| self.talos_node(id, n, seen);
+                    self.pool(id, &workers, seen, &gates, total).await?;
                 }
                 StageId::KubeApiserver => {
                     self.before_kubernetes().await?;
@@ -988,17 +990,19 @@ impl Run<'_, '_> {
                         self.batch(id, step, kubelet).await?;
                         between(step).await?;
                     }
-                    self.pool(id, &workers, kubelet, &gates, total).await?;
+                    self.pool(id, &workers, |n, _| kubelet(n), &gates, total)
+                        .await?;
                 }
                 StageId::Workers => {
                     // Every apiserver on the target before any worker's kubelet moves.
                     self.apiservers_on_target(id).await?;
                     for step in steps {
-                        self.batch(id, step, |n| self.talos_node(id, n)).await?;
+                        self.batch(id, step, |n| self.talos_node(id, n, None))
+                            .await?;
                         between(step).await?;
                     }
-                    self.pool(id, &workers, |n| self.talos_node(id, n), &gates, total)
-                        .await?;
+                    let seen = |n, seen| self.talos_node(id, n, seen);
+                    self.pool(id, &workers, seen, &gates, total).await?;
                 }
                 StageId::Verify => {
                     self.verify().await?;

@@ -36,6 +36,19 @@ pub(super) fn address(node: &LiveNode) -> String {
         .unwrap_or_else(|| node.name.clone())
 }
 
+/// What a step knows of its next look before making it: what the look then reads
+/// alongside the Talos API instead of after its answer.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Before<'o> {
+    /// Nothing: the Talos API first, then what its answer says to read.
+    Unknown,
+    /// The step has just begun: the node is about to be drained, so its Node, pods and
+    /// volumes are read.
+    Begun,
+    /// The step's last look: this one likely reads what it read.
+    Look(&'o NodeObservation),
+}
+
 impl Run<'_, '_> {
     /// What ichor's cordon mark says on a node this rollout cordoned: its target commit.
     pub(super) fn rollout_id(&self) -> &str {
@@ -90,16 +103,17 @@ impl Run<'_, '_> {
     }
 
     /// Before a node starts: not paused, inside a window, not held. Waits are reported and
-    /// recorded; a pause request stops here.
-    pub(super) async fn may_start(&self, stage: StageId, node: &str) -> Flow<()> {
+    /// recorded; a pause request stops here. `true`: it had to wait.
+    pub(super) async fn may_start(&self, stage: StageId, node: &str) -> Flow<bool> {
         self.may_go(stage, node, true).await
     }
 
     /// The right to go on with a step on `node`: not paused, inside a window, not held,
     /// and, for a step that takes the node out (`disrupts`), within `maxUnavailable` and
     /// the volume rule. A step that takes nothing down (kube-proxy's switch, the manifest
-    /// sync) still obeys the first three, as every step does.
-    pub(super) async fn may_go(&self, stage: StageId, node: &str, disrupts: bool) -> Flow<()> {
+    /// sync) still obeys the first three, as every step does. `true`: it had to wait.
+    pub(super) async fn may_go(&self, stage: StageId, node: &str, disrupts: bool) -> Flow<bool> {
+        let mut waited = false;
         loop {
             if let Some(why) = self.engine.pause_requested.and_then(|f| f()) {
                 return Err(self.pause(stage, Some(node), why));
@@ -129,6 +143,7 @@ impl Run<'_, '_> {
                     .clock
                     .sleep(wait.max(Duration::from_secs(1)))
                     .await;
+                waited = true;
                 continue;
             }
             let live = self.live_node(stage, node).await?;
@@ -140,6 +155,7 @@ impl Run<'_, '_> {
             if let Some(wait) = broken {
                 self.waiting(stage, Some(wait)).await?;
                 self.engine.clock.sleep(WAIT_EVERY).await;
+                waited = true;
                 continue;
             }
             if let Some(reason) = &live.hold {
@@ -153,9 +169,11 @@ impl Run<'_, '_> {
                 )
                 .await?;
                 self.engine.clock.sleep(WAIT_EVERY).await;
+                waited = true;
                 continue;
             }
-            return self.waiting(stage, None).await;
+            self.waiting(stage, None).await?;
+            return Ok(waited);
         }
     }
 
@@ -230,12 +248,14 @@ impl Run<'_, '_> {
         }
     }
 
-    pub(super) async fn observe(
+    /// The node's Talos API at a look: its boot id and the version it runs (`None` each
+    /// while it does not answer). On a boot already seen, the version is the one read on it
+    /// (a node runs what it booted until it boots again); a new boot is asked afresh.
+    pub(super) async fn talos_look(
         &self,
         stage: StageId,
         node: &LiveNode,
-        marker: &StepMarker,
-    ) -> Flow<NodeObservation> {
+    ) -> Flow<(Option<String>, Option<String>)> {
         let e = self.engine;
         let addr = address(node);
         let opts = around(node);
@@ -248,8 +268,6 @@ impl Run<'_, '_> {
                 format!("the Talos API refuses ichor's credentials: {err}; renew the talosconfig ichor reads (docs/cluster-access.md), then resume"),
             )
         };
-        // The boot id first: on a boot already seen, the version is the one read on it (a
-        // node runs what it booted until it boots again); a new boot is asked afresh.
         let boot_id = match e.talos.boot_id(&addr, opts).await {
             Ok(b) => Some(b),
             Err(err) if err.refuses_credentials() => return Err(refused(err)),
@@ -267,35 +285,46 @@ impl Run<'_, '_> {
             (Some(_), Some(v)) => Some(v),
             (Some(b), None) => match e.talos.version(&addr, opts).await {
                 Ok(v) => {
-                    if let Ok(mut booted) = self.booted.lock() {
-                        booted.insert(node.name.clone(), (b.clone(), v.tag.clone()));
-                    }
+                    self.remember_boot(&node.name, b, &v.tag);
                     Some(v.tag)
                 }
                 Err(err) if err.refuses_credentials() => return Err(refused(err)),
                 Err(_) => None,
             },
         };
-        // A Talos step reads only what can change its next move (the rules in step.rs); a
-        // kubelet's step (the components stage) reads the Node and its pods every time.
-        let target = &self.target.talos;
-        let talos_step = matches!(stage, StageId::Talos | StageId::Workers);
-        let kubelet_tag = (stage == StageId::Workers).then(|| self.target.kubernetes.tag());
         // A boot id without a version (down between the two calls) is a node not answering.
         let boot_id = talos.as_ref().and(boot_id);
-        if talos_step && !step::reads_kubernetes(target, talos.as_deref(), marker) {
-            // Down, or installing and rebooting: whether it rebooted is all that decides.
-            return Ok(NodeObservation {
-                boot_id,
-                ..NodeObservation::unread(talos)
-            });
+        Ok((boot_id, talos))
+    }
+
+    /// The version `node` reported on boot `boot`: it runs it until it boots again.
+    pub(super) fn remember_boot(&self, node: &str, boot: &str, tag: &str) {
+        if let Ok(mut booted) = self.booted.lock() {
+            booted.insert(node.to_string(), (boot.to_string(), tag.to_string()));
         }
+    }
+
+    /// A look's Kubernetes reads, asked together so a look costs the slowest of them, not
+    /// their sum: the Node (and whether the node is upgraded in place), with `pods` the
+    /// pods a drain would move, with `volumes` the node's volumes (`Some(held)`, as
+    /// [`Run::volumes_of`] asks them). Never a list of every Node, but where the cluster's
+    /// only node may be upgraded in place: a step looks every few seconds, and on 500 nodes
+    /// such a list is megabytes.
+    #[allow(clippy::type_complexity)] // three reads, each its own answer
+    async fn kube_look(
+        &self,
+        stage: StageId,
+        node: &LiveNode,
+        marker: &StepMarker,
+        pods: bool,
+        volumes: Option<bool>,
+    ) -> (
+        Flow<(Option<LiveNode>, bool)>,
+        Flow<Option<usize>>,
+        Flow<Option<(bool, Vec<LiveVolume>)>>,
+    ) {
+        let e = self.engine;
         let name = node.name.as_str();
-        let on_talos_target =
-            talos_step && step::talos_at_target(talos.as_deref(), target) == Some(true);
-        // One Node and (before the upgrade) its pods, asked together: a look costs the
-        // slower of them, not their sum. Never a list of every Node: a step looks every few
-        // seconds, and on 500 nodes such a list is megabytes.
         let live = async {
             if e.policy.accept_single_node_downtime {
                 let nodes = self.live_nodes(stage).await?;
@@ -308,23 +337,103 @@ impl Run<'_, '_> {
                 Ok((live, false))
             }
         };
-        let pods = || async {
-            let pods = self
-                .kube(stage, Some(name), "list the node's pods", || {
-                    e.kube.pods_on(name)
-                })
-                .await?;
-            Ok(pods.into_iter().filter(|p| !p.stays).count())
-        };
-        let pods_now = async {
-            if on_talos_target {
-                Ok(None)
+        let pods = async {
+            if pods {
+                self.pods_to_move(stage, name).await.map(Some)
             } else {
-                pods().await.map(Some)
+                Ok(None)
             }
         };
-        let (live, pods_now) = tokio::join!(live, pods_now);
-        let ((live, in_place), pods_now) = (live?, pods_now?);
+        let volumes = async {
+            match volumes {
+                Some(held) => self
+                    .volumes_of(stage, name, held, &marker.volumes)
+                    .await
+                    .map(|v| Some((held, v))),
+                None => Ok(None),
+            }
+        };
+        tokio::join!(live, pods, volumes)
+    }
+
+    /// The pods on `name` a drain would move.
+    async fn pods_to_move(&self, stage: StageId, name: &str) -> Flow<usize> {
+        let pods = self
+            .kube(stage, Some(name), "list the node's pods", || {
+                self.engine.kube.pods_on(name)
+            })
+            .await?;
+        Ok(pods.into_iter().filter(|p| !p.stays).count())
+    }
+
+    /// The node as a step decides from it; `before` says what the step knows of this look
+    /// before it is made.
+    pub(super) async fn observe(
+        &self,
+        stage: StageId,
+        node: &LiveNode,
+        marker: &StepMarker,
+        before: Before<'_>,
+    ) -> Flow<NodeObservation> {
+        let e = self.engine;
+        // A Talos step reads only what can change its next move (the rules in step.rs); a
+        // kubelet's step (the components stage) reads the Node and its pods every time.
+        let target = &self.target.talos;
+        let talos_step = matches!(stage, StageId::Talos | StageId::Workers);
+        let kubelet_tag = (stage == StageId::Workers).then(|| self.target.kubernetes.tag());
+        let name = node.name.as_str();
+        // A kubelet's step reads the Kubernetes side every time; a Talos step whenever the
+        // node answers, before its upgrade is requested and once it runs the target
+        // (`step::reads_kubernetes`). When the step expects that, both sides are asked at
+        // once, so a look costs one round of requests, not two; the volumes too, when the
+        // last look read them (or the step has just begun), asked as that look asked them.
+        // A node that does not answer drops what was read alongside, and what the rules do
+        // not read this time is not used.
+        let (early, early_pods, early_volumes) = match before {
+            Before::Unknown => (!talos_step || !marker.upgrade_requested, true, None),
+            Before::Begun => (true, true, Some(true)),
+            Before::Look(o) => {
+                let on_target = step::talos_at_target(o.talos.as_deref(), target) == Some(true);
+                let early = !talos_step || !marker.upgrade_requested || on_target;
+                let pods = !talos_step
+                    || !on_target
+                    || step::reads_pods(target, o, kubelet_tag.as_deref());
+                let volumes = if talos_step {
+                    step::reads_volumes(target, o, marker)
+                } else {
+                    o.pods_to_move > 0
+                };
+                let held = !talos_step || o.pods_to_move > 0;
+                (early, pods, (early && volumes).then_some(held))
+            }
+        };
+        let ((boot_id, talos), early_reads) = if early {
+            // Boxed, as the reads of every look: a debug build's worker stack holds each
+            // future's frame.
+            let kube = Box::pin(self.kube_look(stage, node, marker, early_pods, early_volumes));
+            let (talos, kube) = tokio::join!(self.talos_look(stage, node), kube);
+            (talos?, Some(kube))
+        } else {
+            (self.talos_look(stage, node).await?, None)
+        };
+        if talos_step && !step::reads_kubernetes(target, talos.as_deref(), marker) {
+            // Down, or installing and rebooting: whether it rebooted is all that decides.
+            return Ok(NodeObservation {
+                boot_id,
+                ..NodeObservation::unread(talos)
+            });
+        }
+        let on_talos_target =
+            talos_step && step::talos_at_target(talos.as_deref(), target) == Some(true);
+        let (live, pods_read, volumes_read) = match early_reads {
+            Some((live, pods, volumes)) => (live?, pods?, volumes?),
+            None => {
+                let (live, pods_now, _) =
+                    Box::pin(self.kube_look(stage, node, marker, !on_talos_target, None)).await;
+                (live?, pods_now?, None)
+            }
+        };
+        let (live, in_place) = live;
         // Ready only from a kubelet heard since this boot: after a reboot the Node's Ready
         // stays the pre-reboot one until the node-monitor grace period passes, and the
         // kubelet reports the boot it runs on in `nodeInfo.bootID` (kubernetes/kubernetes
@@ -341,10 +450,12 @@ impl Run<'_, '_> {
             kubelet: live.as_ref().map(|n| n.kubelet.clone()).unwrap_or_default(),
             ..NodeObservation::unread(talos)
         };
-        obs.pods_to_move = match pods_now {
-            Some(n) => n,
-            None if step::reads_pods(target, &obs, kubelet_tag.as_deref()) => pods().await?,
-            None => 0,
+        // Off the Talos target the pods always count; on it, as the rule says.
+        let pods_count = !on_talos_target || step::reads_pods(target, &obs, kubelet_tag.as_deref());
+        obs.pods_to_move = match pods_read {
+            Some(n) if pods_count => n,
+            None if pods_count => self.pods_to_move(stage, name).await?,
+            _ => 0,
         };
         let volumes = async {
             let wanted = if talos_step {
@@ -355,10 +466,10 @@ impl Run<'_, '_> {
             // What the node holds now matters only while its pods are still to move (a
             // healthy copy elsewhere?); afterwards only the volumes its start held.
             let held = !talos_step || obs.pods_to_move > 0;
-            if wanted {
-                self.volumes_of(stage, name, held, &marker.volumes).await
-            } else {
-                Ok(Vec::new())
+            match volumes_read {
+                _ if !wanted => Ok(Vec::new()),
+                Some((read_held, read)) if read_held == held => Ok(read),
+                _ => self.volumes_of(stage, name, held, &marker.volumes).await,
             }
         };
         let attachments = async {
@@ -409,8 +520,35 @@ impl Run<'_, '_> {
         if marker.started_at.is_some() {
             return Ok(());
         }
-        self.may_start(stage, &node.name).await?;
-        let volumes = self.volumes_of(stage, &node.name, true, &[]).await?;
+        // The right to start, the node's volumes and its boot id, asked together: one
+        // round of requests instead of three in a row. What is recorded must be read once
+        // the start is granted, so a start that had to wait (a window, a hold, the rules)
+        // reads them again.
+        let need_boot = marker.boot_id_before.is_none();
+        let boot_id = || async {
+            if need_boot {
+                self.engine
+                    .talos
+                    .boot_id(&address(node), around(node))
+                    .await
+                    .ok()
+            } else {
+                None
+            }
+        };
+        let volumes = || self.volumes_of(stage, &node.name, true, &[]);
+        // Boxed: the right to start reads nodes and volumes itself (see `observe`).
+        let (waited, volumes_now, boot_now) = tokio::join!(
+            Box::pin(self.may_start(stage, &node.name)),
+            volumes(),
+            boot_id()
+        );
+        let (volumes, boot_id) = if waited? {
+            tokio::join!(volumes(), boot_id())
+        } else {
+            (volumes_now, boot_now)
+        };
+        let volumes = volumes?;
         let held: Vec<&LiveVolume> = volumes
             .iter()
             .filter(|v| v.nodes.iter().any(|n| n == &node.name))
@@ -431,13 +569,8 @@ impl Run<'_, '_> {
             .filter(|v| !v.single_replica)
             .map(|v| v.name.clone())
             .collect();
-        if marker.boot_id_before.is_none() {
-            marker.boot_id_before = self
-                .engine
-                .talos
-                .boot_id(&address(node), around(node))
-                .await
-                .ok();
+        if need_boot {
+            marker.boot_id_before = boot_id;
         }
         self.store_marker(stage, key, marker).await
     }

@@ -194,7 +194,8 @@ async fn alongside<'s, T>(
 
 impl<'r, 'a> Run<'r, 'a> {
     /// The workers of `steps` (the stage's worker batches, in plan order), each driven by
-    /// `f`, started as slots free. `gates` counts the disruptive units for the `between`
+    /// `f` (given the Node as the pool's look saw it, a moment before), started as slots
+    /// free. `gates` counts the disruptive units for the `between`
     /// health gate, which follows each worker.
     pub(super) async fn pool<'s, F, Fut>(
         &'s self,
@@ -205,7 +206,7 @@ impl<'r, 'a> Run<'r, 'a> {
         total: usize,
     ) -> Flow<()>
     where
-        F: Fn(&'s str) -> Fut,
+        F: Fn(&'s str, Option<LiveNode>) -> Fut,
         Fut: Future<Output = Flow<()>> + Send + 's,
     {
         let prefix = format!("{}/", super::step_prefix(stage));
@@ -258,7 +259,7 @@ impl<'r, 'a> Run<'r, 'a> {
                         Vec::new()
                     }
                 };
-                for name in &started {
+                for (name, _) in &started {
                     installed.remove(name);
                 }
                 if installs && self.window_open() {
@@ -276,8 +277,8 @@ impl<'r, 'a> Run<'r, 'a> {
                         }));
                     }
                 }
-                for name in started {
-                    let node = f(name);
+                for (name, seen) in started {
+                    let node = f(name, seen);
                     running.push(Box::pin(async move {
                         let r = node.await;
                         self.active.lock().await.remove(name);
@@ -422,7 +423,7 @@ impl<'r, 'a> Run<'r, 'a> {
         begun: &BTreeSet<String>,
         busy: &BTreeSet<&'s str>,
         idle: bool,
-    ) -> Flow<Vec<&'s str>> {
+    ) -> Flow<Vec<(&'s str, Option<LiveNode>)>> {
         let e = self.engine;
         if let Some(why) = e.pause_requested.and_then(|f| f()) {
             return Err(self.pause(stage, queue.first().copied(), why));
@@ -453,7 +454,7 @@ impl<'r, 'a> Run<'r, 'a> {
         // every replica of each (Longhorn: a few objects by label); without Longhorn's
         // labels, every volume, once per look.
         let mut every_volume: Option<Vec<LiveVolume>> = None;
-        let mut go = Vec::new();
+        let mut go: Vec<(&'s str, Option<LiveNode>)> = Vec::new();
         // Full slots and the ichor node's turn are the pool's normal state, said only when
         // nothing runs; a hold or a volume holding a node back is said while others run.
         let mut wait: Option<String> = None;
@@ -468,17 +469,17 @@ impl<'r, 'a> Run<'r, 'a> {
             }
             let Some(live) = outage.node(name) else {
                 // Its own step says it is gone.
-                go.push(name);
+                go.push((name, None));
                 continue;
             };
             if begun.contains(name) {
                 active.insert(name.to_string());
                 outage.begin(name);
-                go.push(name);
+                go.push((name, Some(live.clone())));
                 continue;
             }
             if self.on_stage_target(stage, live) {
-                go.push(name);
+                go.push((name, Some(live.clone())));
                 continue;
             }
             if Some(name) == me && !(last && idle) {
@@ -533,7 +534,7 @@ impl<'r, 'a> Run<'r, 'a> {
                 None => {
                     active.insert(name.to_string());
                     outage.begin(name);
-                    go.push(name);
+                    go.push((name, Some(live.clone())));
                 }
             }
         }
@@ -551,7 +552,7 @@ impl<'r, 'a> Run<'r, 'a> {
                 cluster = %e.cluster,
                 stage = stage_key(stage),
                 "starting {}",
-                go.join(", ")
+                go.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
             );
         }
         Ok(go)

@@ -3,7 +3,7 @@
 //! MachineService/Upgrade before), reboot, back Ready, uncordon — with etcd checked and
 //! leadership moved off before a control plane goes down.
 
-use super::nodes::{address, around, pulling};
+use super::nodes::{address, around, pulling, Before};
 use super::step::{self, Action, StepState};
 use super::{step_prefix, Flow, Progress, Run};
 use crate::kube::changes::{Changes, Scope};
@@ -158,15 +158,25 @@ impl Run<'_, '_> {
     }
 
     /// Drive one node to the target Talos (the Talos stage), or one worker to the target
-    /// Talos and kubelet in one drain (the one-drain [`StageId::Workers`] stage).
-    pub(super) async fn talos_node(&self, stage: StageId, name: &str) -> Flow<()> {
+    /// Talos and kubelet in one drain (the one-drain [`StageId::Workers`] stage). `seen`:
+    /// the Node as the pool saw it when it started the step, read a moment ago (its name,
+    /// role and address are what the step takes from it; every look reads it afresh).
+    pub(super) async fn talos_node(
+        &self,
+        stage: StageId,
+        name: &str,
+        seen: Option<LiveNode>,
+    ) -> Flow<()> {
         let e = self.engine;
         let target = &self.target.talos;
         let kubelet_tag = self.target.kubernetes.tag();
         let timeout = e.policy.node_timeout.as_duration();
         let prefix = step_prefix(stage);
         let key = format!("{prefix}/{name}");
-        let node = self.live_node(stage, name).await?;
+        let node = match seen {
+            Some(node) => node,
+            None => self.live_node(stage, name).await?,
+        };
         let mut marker = self.marker(&key).await;
         let decide = |obs: &Observed, marker: &step::StepMarker| match &obs.kubelet {
             Some(k) => step::worker_node(
@@ -181,7 +191,6 @@ impl Run<'_, '_> {
             ),
             None => step::talos_node(target, &obs.node, marker, self.now(), timeout),
         };
-        let mut obs = self.observe_talos(stage, &node, &marker).await?;
         let done = |what: &str| Progress::UnitDone {
             node: Some(name.to_string()),
             stage,
@@ -191,13 +200,34 @@ impl Run<'_, '_> {
             StageId::Workers => format!("on Talos {target} and kubelet {kubelet_tag}"),
             _ => format!("on {target}"),
         };
-        if decide(&obs, &marker) == StepState::Done {
+        let begun = marker.started_at.is_some();
+        if !begun {
+            // Before its start the only question is whether the node is done already, and
+            // done needs the target Talos: a node that reports another begins without the
+            // rest of a look (its Node, pods and volumes are read once it has begun).
+            let (_, talos) = self.talos_look(stage, &node).await?;
+            if step::talos_at_target(talos.as_deref(), target) != Some(false)
+                && decide(
+                    &self
+                        .observe_talos(stage, &node, &marker, Before::Unknown)
+                        .await?,
+                    &marker,
+                ) == StepState::Done
+            {
+                self.say(done(&on));
+                return Ok(());
+            }
+            self.begin(stage, &key, &node, &mut marker).await?;
+        }
+        let first = if begun {
+            Before::Unknown
+        } else {
+            Before::Begun
+        };
+        let mut obs = self.observe_talos(stage, &node, &marker, first).await?;
+        if begun && decide(&obs, &marker) == StepState::Done {
             self.say(done(&on));
             return Ok(());
-        }
-        if marker.started_at.is_none() {
-            self.begin(stage, &key, &node, &mut marker).await?;
-            obs = self.observe_talos(stage, &node, &marker).await?;
         }
         let installer = self.installer(stage, &node).await?;
         let mut last_settling = String::new();
@@ -258,7 +288,9 @@ impl Run<'_, '_> {
             }
             // What changed so far, this look reads.
             changes.take();
-            obs = self.observe_talos(stage, &node, &marker).await?;
+            obs = self
+                .observe_talos(stage, &node, &marker, Before::Look(&obs.node))
+                .await?;
         }
     }
 
@@ -319,8 +351,11 @@ impl Run<'_, '_> {
         stage: StageId,
         node: &LiveNode,
         marker: &step::StepMarker,
+        before: Before<'_>,
     ) -> Flow<Observed> {
-        let obs = self.observe(stage, node, marker).await?;
+        // Boxed: a look's reads in flight together make a large future, and every step
+        // awaits several looks (a debug build's worker stack would not hold it).
+        let obs = Box::pin(self.observe(stage, node, marker, before)).await?;
         if stage != StageId::Workers {
             return Ok(Observed {
                 node: obs,
@@ -473,7 +508,7 @@ impl Run<'_, '_> {
             Err(err) => {
                 // A repeated request may meet a node already on its way down, or still in
                 // the upgrade sequence the first request started.
-                let now = self.observe(stage, node, marker).await?;
+                let now = Box::pin(self.observe(stage, node, marker, Before::Unknown)).await?;
                 let going = now.talos.is_none() || now.boot_id != marker.boot_id_before;
                 if again && (going || self.upgrading(node).await) {
                     marker.upgrade_confirmed = true;
@@ -670,6 +705,10 @@ impl Run<'_, '_> {
             return Ok(true);
         };
         let addr = address(&node);
+        // The boot id first, then the version: remembered for the node's own step, the
+        // version then belongs to that boot or a later one (a look on a later boot misses
+        // the remembered one and asks again), never to an earlier one.
+        let boot = e.talos.boot_id(&addr, around(&node)).await;
         let Ok(v) = e.talos.version(&addr, around(&node)).await else {
             return Ok(true);
         };
@@ -681,9 +720,10 @@ impl Run<'_, '_> {
         if on_target {
             return Ok(true);
         }
-        let Ok(boot) = e.talos.boot_id(&addr, around(&node)).await else {
+        let Ok(boot) = boot else {
             return Ok(true);
         };
+        self.remember_boot(name, &boot, &v.tag);
         let Ok(installer) = self.installer(stage, &node).await else {
             return Ok(true); // said by the node's own step
         };
