@@ -537,7 +537,8 @@ impl Run<'_, '_> {
             }
         };
         let volumes = || self.volumes_of(stage, &node.name, true, &[]);
-        // Boxed: the right to start reads nodes and volumes itself (see `observe`).
+        // Boxed: the right to start reads nodes and volumes itself, and a debug build's
+        // worker stack holds each future's frame.
         let (waited, volumes_now, boot_now) = tokio::join!(
             Box::pin(self.may_start(stage, &node.name)),
             volumes(),

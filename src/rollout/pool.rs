@@ -445,9 +445,28 @@ impl<'r, 'a> Run<'r, 'a> {
             }
             return Ok(Vec::new());
         }
-        let nodes = self.live_nodes(stage).await?;
-        let max = e.policy.max_unavailable.get() as usize;
         let me = self.plan.ichor_node.as_deref();
+        // The look's likely starter is the queue's first worker free to go: its volumes are
+        // read beside the Nodes (by label, Longhorn only), not after them, and used if the
+        // slots let it go.
+        let likely = match e.volumes {
+            VolumeProvider::Longhorn => queue
+                .iter()
+                .copied()
+                .find(|n| !busy.contains(n) && !begun.contains(*n) && Some(*n) != me),
+            _ => None,
+        };
+        let likely_volumes = async {
+            match likely {
+                Some(name) => Box::pin(self.volumes_of(stage, name, true, &[]))
+                    .await
+                    .map(Some),
+                None => Ok(None),
+            }
+        };
+        let (nodes, likely_volumes) = tokio::join!(self.live_nodes(stage), likely_volumes);
+        let (nodes, mut likely_volumes) = (nodes?, likely_volumes?);
+        let max = e.policy.max_unavailable.get() as usize;
         let mut active = self.active.lock().await;
         let mut outage = Outage::new(&nodes, &active, max);
         // The volume rule reads, for a worker the slots let go, the volumes it holds with
@@ -509,7 +528,11 @@ impl<'r, 'a> Run<'r, 'a> {
                         // Boxed: the look is awaited inside the pool's future, which every
                         // node's future is already part of.
                         VolumeProvider::Longhorn => {
-                            held_here = Box::pin(self.volumes_of(stage, name, true, &[])).await?;
+                            let read = likely_volumes.take_if(|_| likely == Some(name));
+                            held_here = match read {
+                                Some(read) => read,
+                                None => Box::pin(self.volumes_of(stage, name, true, &[])).await?,
+                            };
                             &held_here
                         }
                         _ => {
