@@ -1030,6 +1030,80 @@ async fn a_held_node_is_waited_on_and_the_wait_is_reported() -> TestResult {
     Ok(())
 }
 
+/// A step's start records the boot id the node runs once its start is granted: a node
+/// rebooted by someone while it was held starts from its new boot. A boot id kept from
+/// before the wait would read as "rebooted" before the upgrade had rebooted it, and the
+/// step would pause on a fallback that never happened.
+#[tokio::test]
+async fn a_node_rebooted_while_held_starts_from_its_new_boot() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(s.raw.clone());
+    let hold = |on: bool| json!({"metadata": {"annotations": {ichor::kube::HOLD: if on { Value::from("console work") } else { Value::Null }}}});
+    nodes
+        .patch(
+            "cp-2",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(hold(true)),
+        )
+        .await?;
+    let lines = Lines::default();
+    let notify = tokio::sync::Notify::new();
+    let report = |p: Progress| {
+        if matches!(&p, Progress::Waiting(w) if w.contains("cp-2 is held")) {
+            notify.notify_one();
+        }
+        lines.push(p);
+    };
+    let engine = s.engine(&report);
+    let boot_of = |name: &str| {
+        s.twin
+            .talos
+            .observe()
+            .into_iter()
+            .find(|o| o.name == name)
+            .map(|o| (o.up, o.boot_id))
+    };
+    let release = async {
+        notify.notified().await;
+        let before = boot_of("cp-2");
+        let rebooted = s
+            .twin
+            .talos
+            .with_model(|m| m.find("cp-2").map(|i| m.reboot(i).is_ok()));
+        // Back up on a new boot (time moves with the clock) before the hold goes.
+        for _ in 0..100 {
+            s.twin.clock.sleep(Duration::from_secs(30)).await;
+            if boot_of("cp-2")
+                .is_some_and(|(up, b)| up && Some(&b) != before.as_ref().map(|x| &x.1))
+            {
+                break;
+            }
+        }
+        let after = boot_of("cp-2");
+        let _ = nodes
+            .patch(
+                "cp-2",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(hold(false)),
+            )
+            .await;
+        (rebooted, before, after)
+    };
+    let (outcome, side) = run_alongside(&s, &engine, release).await?;
+    let (rebooted, before, after) = side.ok_or("the hold was never reported")?;
+    assert_eq!(rebooted, Some(true));
+    assert!(
+        before.as_ref().map(|b| &b.1) != after.as_ref().map(|a| &a.1)
+            && after.as_ref().is_some_and(|a| a.0),
+        "cp-2 came back on a new boot: {before:?} → {after:?}"
+    );
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn paused_in_cluster_yaml_stops_before_the_next_node() -> TestResult {
     let s = setup(TwinConfig::default()).await?;
