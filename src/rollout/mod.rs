@@ -953,8 +953,8 @@ impl Run<'_, '_> {
                         }
                         between(step).await?;
                     }
-                    let seen = |n, seen| self.talos_node(id, n, seen);
-                    self.pool(id, &workers, seen, &gates, total).await?;
+                    let node_step = |n, seen| self.talos_node(id, n, seen);
+                    self.pool(id, &workers, node_step, &gates, total).await?;
                 }
                 StageId::KubeApiserver => {
                     self.before_kubernetes().await?;
@@ -1001,8 +1001,8 @@ impl Run<'_, '_> {
                             .await?;
                         between(step).await?;
                     }
-                    let seen = |n, seen| self.talos_node(id, n, seen);
-                    self.pool(id, &workers, seen, &gates, total).await?;
+                    let node_step = |n, seen| self.talos_node(id, n, seen);
+                    self.pool(id, &workers, node_step, &gates, total).await?;
                 }
                 StageId::Verify => {
                     self.verify().await?;

@@ -42,6 +42,10 @@ pub(super) fn address(node: &LiveNode) -> String {
 pub(super) enum Before<'o> {
     /// Nothing: the Talos API first, then what its answer says to read.
     Unknown,
+    /// The step has not begun: the only question is whether the node is done already,
+    /// which needs the target Talos, so a node that reports another reads nothing more
+    /// (its Node, pods and volumes are read once it has begun).
+    Start,
     /// The step has just begun: the node is about to be drained, so its Node, pods and
     /// volumes are read.
     Begun,
@@ -251,7 +255,7 @@ impl Run<'_, '_> {
     /// The node's Talos API at a look: its boot id and the version it runs (`None` each
     /// while it does not answer). On a boot already seen, the version is the one read on it
     /// (a node runs what it booted until it boots again); a new boot is asked afresh.
-    pub(super) async fn talos_look(
+    async fn talos_look(
         &self,
         stage: StageId,
         node: &LiveNode,
@@ -391,6 +395,7 @@ impl Run<'_, '_> {
         // not read this time is not used.
         let (early, early_pods, early_volumes) = match before {
             Before::Unknown => (!talos_step || !marker.upgrade_requested, true, None),
+            Before::Start => (false, false, None),
             Before::Begun => (true, true, Some(true)),
             Before::Look(o) => {
                 let on_target = step::talos_at_target(o.talos.as_deref(), target) == Some(true);
@@ -416,8 +421,11 @@ impl Run<'_, '_> {
         } else {
             (self.talos_look(stage, node).await?, None)
         };
-        if talos_step && !step::reads_kubernetes(target, talos.as_deref(), marker) {
-            // Down, or installing and rebooting: whether it rebooted is all that decides.
+        let not_done = matches!(before, Before::Start)
+            && step::talos_at_target(talos.as_deref(), target) == Some(false);
+        if talos_step && (not_done || !step::reads_kubernetes(target, talos.as_deref(), marker)) {
+            // Not begun and not on the target, or down, or installing and rebooting:
+            // whether it is done, or whether it rebooted, is all that decides.
             return Ok(NodeObservation {
                 boot_id,
                 ..NodeObservation::unread(talos)

@@ -202,18 +202,10 @@ impl Run<'_, '_> {
         };
         let begun = marker.started_at.is_some();
         if !begun {
-            // Before its start the only question is whether the node is done already, and
-            // done needs the target Talos: a node that reports another begins without the
-            // rest of a look (its Node, pods and volumes are read once it has begun).
-            let (_, talos) = self.talos_look(stage, &node).await?;
-            if step::talos_at_target(talos.as_deref(), target) != Some(false)
-                && decide(
-                    &self
-                        .observe_talos(stage, &node, &marker, Before::Unknown)
-                        .await?,
-                    &marker,
-                ) == StepState::Done
-            {
+            let obs = self
+                .observe_talos(stage, &node, &marker, Before::Start)
+                .await?;
+            if decide(&obs, &marker) == StepState::Done {
                 self.say(done(&on));
                 return Ok(());
             }

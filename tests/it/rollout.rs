@@ -972,18 +972,24 @@ async fn no_node_starts_outside_a_maintenance_window() -> TestResult {
     Ok(())
 }
 
+/// Hold `node` with `reason` (ichor's hold annotation), or let it go (`None`).
+async fn hold(s: &Setup, node: &str, reason: Option<&str>) -> Result<(), kube::Error> {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(s.raw.clone());
+    let patch = json!({"metadata": {"annotations": {ichor::kube::HOLD: reason}}});
+    nodes
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+        .map(|_| ())
+}
+
 #[tokio::test]
 async fn a_held_node_is_waited_on_and_the_wait_is_reported() -> TestResult {
     let s = setup(TwinConfig::default()).await?;
-    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(s.raw.clone());
-    let hold = |on: bool| json!({"metadata": {"annotations": {ichor::kube::HOLD: if on { Value::from("backup running") } else { Value::Null }}}});
-    nodes
-        .patch(
-            "w-2",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(hold(true)),
-        )
-        .await?;
+    hold(&s, "w-2", Some("backup running")).await?;
     let lines = Lines::default();
     let notify = tokio::sync::Notify::new();
     let report = |p: Progress| {
@@ -1010,13 +1016,7 @@ async fn a_held_node_is_waited_on_and_the_wait_is_reported() -> TestResult {
                 break;
             }
         }
-        let _ = nodes
-            .patch(
-                "w-2",
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(hold(false)),
-            )
-            .await;
+        let _ = hold(&s, "w-2", None).await;
         waiting
     };
     let (outcome, waiting) = run_alongside(&s, &engine, release).await?;
@@ -1037,15 +1037,7 @@ async fn a_held_node_is_waited_on_and_the_wait_is_reported() -> TestResult {
 #[tokio::test]
 async fn a_node_rebooted_while_held_starts_from_its_new_boot() -> TestResult {
     let s = setup(TwinConfig::default()).await?;
-    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(s.raw.clone());
-    let hold = |on: bool| json!({"metadata": {"annotations": {ichor::kube::HOLD: if on { Value::from("console work") } else { Value::Null }}}});
-    nodes
-        .patch(
-            "cp-2",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(hold(true)),
-        )
-        .await?;
+    hold(&s, "cp-2", Some("console work")).await?;
     let lines = Lines::default();
     let notify = tokio::sync::Notify::new();
     let report = |p: Progress| {
@@ -1080,13 +1072,7 @@ async fn a_node_rebooted_while_held_starts_from_its_new_boot() -> TestResult {
             }
         }
         let after = boot_of("cp-2");
-        let _ = nodes
-            .patch(
-                "cp-2",
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(hold(false)),
-            )
-            .await;
+        let _ = hold(&s, "cp-2", None).await;
         (rebooted, before, after)
     };
     let (outcome, side) = run_alongside(&s, &engine, release).await?;
