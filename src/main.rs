@@ -412,9 +412,7 @@ fn sim(
         None
     };
     let options = TwinOptions { config, github };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = runtime(None)?;
     runtime.block_on(async move {
         // Listen for Ctrl-C before saying we serve, so an interrupt right after the banner
         // stops the twin cleanly instead of killing the process.
@@ -670,6 +668,22 @@ fn json<T: serde::Serialize>(v: &T) -> anyhow::Result<String> {
     Ok(serde_json::to_string_pretty(v)? + "\n")
 }
 
+/// The runtime a command runs on: `workers` threads (the machine's cores when `None`),
+/// each with a stack of [`WORKER_STACK`].
+fn runtime(workers: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = workers {
+        builder.worker_threads(n);
+    }
+    builder.thread_stack_size(WORKER_STACK).enable_all().build()
+}
+
+/// A rollout's futures nest deep (a stage, its pool, a node's step, a look, a client
+/// call), and a debug build keeps every temporary of an async function in its poll frame:
+/// tokio's default 2 MiB per worker left `ichor demo` in a debug build about a quarter to
+/// spare. Stack is reserved, not committed, so the margin costs no memory.
+const WORKER_STACK: usize = 8 << 20;
+
 fn print(text: &str) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
@@ -830,10 +844,7 @@ impl Live {
             }
             return Ok(None);
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
+        let runtime = runtime(Some(2))?;
         let kube = runtime.block_on(ichor::kube::KubeClient::connect(Some(kubeconfig)))?;
         // An unreachable cluster is said once, plainly; its live items then wait.
         if let Some(line) = runtime.block_on(kube.unreachable()) {

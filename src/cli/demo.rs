@@ -66,10 +66,7 @@ pub fn demo(dir: Option<std::path::PathBuf>) -> anyhow::Result<ExitCode> {
         ));
     }
     super::print(&out)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let runtime = super::runtime(Some(2))?;
     runtime.block_on(the_loop(&path, &fixture))?;
     Ok(ExitCode::SUCCESS)
 }

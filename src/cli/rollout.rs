@@ -167,10 +167,7 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
             change.base
         )
     })?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let runtime = super::runtime(Some(2))?;
     runtime.block_on(async move {
         let kube = match ichor::kube::KubeClient::connect(Some(kubeconfig)).await {
             Ok(k) => k,

@@ -49,10 +49,7 @@ pub fn run(config: &Path, check_only: bool) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let runtime = super::runtime(Some(2))?;
     runtime.block_on(async move {
         let running = match controller::start(cfg, Clock::system()).await {
             Ok(r) => r,

@@ -920,6 +920,8 @@ impl Run<'_, '_> {
                     self.health_between(id, &after, &mut done, total).await
                 }
             };
+            // Each stage's work is boxed: held inline, every arm's future sat in this
+            // function's poll frame, which in a debug build came near tokio's 2 MiB stack.
             match id {
                 StageId::Talos => {
                     while !steps.is_empty() {
@@ -941,10 +943,13 @@ impl Run<'_, '_> {
                                 _ => Ok(()),
                             }
                         };
-                        let (done, installed) = tokio::join!(
-                            self.batch(id, step, |n| self.talos_node(id, n, None)),
-                            install
-                        );
+                        let (done, installed) = Box::pin(async {
+                            tokio::join!(
+                                self.batch(id, step, |n| self.talos_node(id, n, None)),
+                                install
+                            )
+                        })
+                        .await;
                         if let Err(Stop::LockLost(h)) = installed {
                             return Err(Stop::LockLost(h));
                         }
@@ -954,32 +959,36 @@ impl Run<'_, '_> {
                         between(step).await?;
                     }
                     let node_step = |n, seen| self.talos_node(id, n, seen);
-                    self.pool(id, &workers, node_step, &gates, total).await?;
+                    Box::pin(self.pool(id, &workers, node_step, &gates, total)).await?;
                 }
                 StageId::KubeApiserver => {
                     self.before_kubernetes().await?;
                     for step in steps {
-                        self.batch(id, step, |n| self.component(id, n, &[Component::ApiServer]))
-                            .await?;
+                        Box::pin(
+                            self.batch(id, step, |n| {
+                                self.component(id, n, &[Component::ApiServer])
+                            }),
+                        )
+                        .await?;
                         between(step).await?;
                     }
                 }
                 StageId::KubeControllerManagerScheduler => {
                     for step in steps {
-                        self.batch(id, step, |n| {
+                        Box::pin(self.batch(id, step, |n| {
                             self.component(
                                 id,
                                 n,
                                 &[Component::ControllerManager, Component::Scheduler],
                             )
-                        })
+                        }))
                         .await?;
                         between(step).await?;
                     }
                 }
                 StageId::KubeProxyManifests => {
                     for step in steps {
-                        self.proxy_and_manifests(step).await?;
+                        Box::pin(self.proxy_and_manifests(step)).await?;
                         between(step).await?;
                     }
                 }
@@ -987,26 +996,24 @@ impl Run<'_, '_> {
                     self.apiservers_on_target(id).await?;
                     let kubelet = |n| self.component(id, n, &[Component::Kubelet]);
                     for step in steps {
-                        self.batch(id, step, kubelet).await?;
+                        Box::pin(self.batch(id, step, kubelet)).await?;
                         between(step).await?;
                     }
-                    self.pool(id, &workers, |n, _| kubelet(n), &gates, total)
-                        .await?;
+                    Box::pin(self.pool(id, &workers, |n, _| kubelet(n), &gates, total)).await?;
                 }
                 StageId::Workers => {
                     // Every apiserver on the target before any worker's kubelet moves.
                     self.apiservers_on_target(id).await?;
                     for step in steps {
-                        self.batch(id, step, |n| self.talos_node(id, n, None))
-                            .await?;
+                        Box::pin(self.batch(id, step, |n| self.talos_node(id, n, None))).await?;
                         between(step).await?;
                     }
                     let node_step = |n, seen| self.talos_node(id, n, seen);
-                    self.pool(id, &workers, node_step, &gates, total).await?;
+                    Box::pin(self.pool(id, &workers, node_step, &gates, total)).await?;
                 }
                 StageId::Verify => {
-                    self.verify().await?;
-                    self.health_after(id).await?;
+                    Box::pin(self.verify()).await?;
+                    Box::pin(self.health_after(id)).await?;
                 }
             }
             let now = self.now();

@@ -209,7 +209,7 @@ impl Run<'_, '_> {
                 self.say(done(&on));
                 return Ok(());
             }
-            self.begin(stage, &key, &node, &mut marker).await?;
+            Box::pin(self.begin(stage, &key, &node, &mut marker)).await?;
         }
         let first = if begun {
             Before::Unknown
@@ -221,11 +221,13 @@ impl Run<'_, '_> {
             self.say(done(&on));
             return Ok(());
         }
-        let installer = self.installer(stage, &node).await?;
+        let installer = Box::pin(self.installer(stage, &node)).await?;
         let mut last_settling = String::new();
         // While it settles, the step looks when what it reads changes (its watches say so),
         // else after a quiet while: most looks of a waiting step used to find nothing.
         let changes = e.kube.changes_of(name, &marker.volumes, &e.clock);
+        // Each action is boxed, as the looks are: inline, they all sat in this function's
+        // poll frame, which a debug build's 2 MiB worker stack must hold.
         loop {
             match decide(&obs, &marker) {
                 StepState::Done => {
@@ -243,14 +245,13 @@ impl Run<'_, '_> {
                     self.settle(&changes, scope).await;
                 }
                 StepState::Act(Action::PrePull) => {
-                    self.pre_pull(stage, &node, &installer, &key, &mut marker)
-                        .await?;
+                    Box::pin(self.pre_pull(stage, &node, &installer, &key, &mut marker)).await?;
                 }
                 StepState::Act(Action::Cordon) => {
                     // Judged before anything is disrupted: a control plane whose reboot
                     // would cost etcd its quorum is not even cordoned.
                     if node.role == Role::Controlplane {
-                        self.etcd_may_lose(&node, false).await?;
+                        Box::pin(self.etcd_may_lose(&node, false)).await?;
                     }
                     self.check_lock(stage, name).await?;
                     self.kube(stage, Some(name), "cordon", || {
@@ -261,14 +262,13 @@ impl Run<'_, '_> {
                 }
                 StepState::Act(Action::Drain) => {
                     self.check_lock(stage, name).await?;
-                    self.drain(stage, name, Some(&changes)).await?;
+                    Box::pin(self.drain(stage, name, Some(&changes))).await?;
                 }
                 StepState::Act(Action::SwitchKubelet) => {
-                    self.switch(stage, &node, &[Component::Kubelet], "kubelet")
-                        .await?;
+                    Box::pin(self.switch(stage, &node, &[Component::Kubelet], "kubelet")).await?;
                 }
                 StepState::Act(Action::Upgrade) => {
-                    self.request_upgrade(stage, &node, &installer, &key, &mut marker)
+                    Box::pin(self.request_upgrade(stage, &node, &installer, &key, &mut marker))
                         .await?;
                 }
                 StepState::Act(Action::Uncordon) => {
