@@ -12,6 +12,7 @@ pub mod inventory;
 pub mod lease;
 pub mod manifests;
 pub mod objects;
+mod transport;
 
 use std::path::Path;
 
@@ -165,7 +166,7 @@ impl KubeClient {
         let mut config = config;
         config.default_retry = false;
         let server = server_of(&config.cluster_url);
-        let client = kube::Client::try_from(config).map_err(|e| KubeError::Config {
+        let client = transport::client_of(config).map_err(|e| KubeError::Config {
             path: kubeconfig.map_or("(inferred)".into(), |p| p.display().to_string()),
             message: e.to_string(),
         })?;
@@ -193,7 +194,7 @@ impl KubeClient {
             .map_err(|e| err(crate::releaseset::excerpt(&e.to_string(), 200)))?;
         config.default_retry = false;
         let server = server_of(&config.cluster_url);
-        let client = kube::Client::try_from(config).map_err(|e| err(e.to_string()))?;
+        let client = transport::client_of(config).map_err(|e| err(e.to_string()))?;
         Ok(KubeClient {
             client,
             server,
