@@ -7,8 +7,8 @@
 //! Each watch starts at the resourceVersion of a one-item list and re-lists when the server
 //! ends it or says the version is gone (410; kube-apiserver `staging/src/k8s.io/apiserver/
 //! pkg/storage/cacher`, "too old resource version"), as a client of the watch API must. A
-//! watch that cannot be held (refused, unreachable) reports a change on every beat, which
-//! is polling as before.
+//! watch that cannot be held (refused, unreachable, or past this client's
+//! [`WATCH_STREAMS`]) reports a change on every beat, which is polling as before.
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -32,6 +32,35 @@ const WATCH_SECS: u32 = 290;
 const RETRY: Duration = Duration::from_secs(5);
 /// The most Longhorn volumes a step watches one by one; past it, it watches them all.
 const VOLUME_WATCHES: usize = 8;
+/// The most watches one client holds at once. Over HTTP/2 they share one connection with
+/// every other request, and kube-apiserver allows 250 streams on a connection unless
+/// `--http2-max-streams-per-connection` says otherwise (`k8s.io/apiserver/pkg/server/
+/// secure_serving.go`); a request past the limit waits for a stream to end, and a watch
+/// ends only after minutes. A step holds up to 13, so a large `maxUnavailable` could
+/// otherwise starve the lease renewal and the looks; past this, a step's watch falls back
+/// to looking on every beat, and 50 streams stay free for requests.
+pub const WATCH_STREAMS: usize = 200;
+
+/// The watch streams a client may still open (see [`WATCH_STREAMS`]).
+#[derive(Clone)]
+pub struct Slots(Arc<tokio::sync::Semaphore>);
+
+impl Default for Slots {
+    fn default() -> Self {
+        Slots::new(WATCH_STREAMS)
+    }
+}
+
+impl Slots {
+    pub fn new(streams: usize) -> Slots {
+        Slots(Arc::new(tokio::sync::Semaphore::new(streams)))
+    }
+
+    /// How many watch streams may open now.
+    pub fn free(&self) -> usize {
+        self.0.available_permits()
+    }
+}
 
 /// Whether anything a step's look reads has changed since the step last asked. Dropping it
 /// ends its watches.
@@ -176,6 +205,7 @@ impl KubeClient {
             shared: shared.clone(),
             clock: clock.clone(),
             scope: Scope::PODS,
+            slots: self.watch_slots.clone(),
         };
         let mut tasks = vec![
             tokio::spawn(follow(
@@ -257,6 +287,8 @@ struct Follower {
     clock: Clock,
     /// What this watch's changes are to.
     scope: Scope,
+    /// The client's watch streams: one is held while the watch is open.
+    slots: Slots,
 }
 
 /// What one watch reports: a change that counts, one that does not, a bookmark, or its end.
@@ -299,9 +331,20 @@ where
         shared,
         clock,
         scope,
+        slots,
     } = on;
     let mut opened = false;
     loop {
+        // Every stream taken: look on every beat until one frees.
+        let Ok(_slot) = slots.0.clone().try_acquire_owned() else {
+            if !opened {
+                opened = true;
+                shared.one_open();
+            }
+            shared.saw(scope);
+            clock.sleep(RETRY).await;
+            continue;
+        };
         // From now on: the list's version, so the watch replays nothing already there.
         let from = match api.list_metadata(&lp).await {
             Ok(list) => list.metadata.resource_version.unwrap_or_default(),

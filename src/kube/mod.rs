@@ -132,6 +132,8 @@ pub struct KubeClient {
     pub(crate) leases: lease::Observed,
     /// Each lease as this client last wrote it, for the holder's one-write renewal.
     pub(crate) written: lease::Written,
+    /// Watch streams this client may hold at once ([`changes::WATCH_STREAMS`]).
+    pub(crate) watch_slots: changes::Slots,
 }
 
 impl std::fmt::Debug for KubeClient {
@@ -175,6 +177,7 @@ impl KubeClient {
             server,
             leases: Default::default(),
             written: Default::default(),
+            watch_slots: Default::default(),
         })
     }
 
@@ -200,7 +203,20 @@ impl KubeClient {
             server,
             leases: Default::default(),
             written: Default::default(),
+            watch_slots: Default::default(),
         })
+    }
+
+    /// At most `streams` watches at once instead of [`changes::WATCH_STREAMS`]: for an API
+    /// server that allows fewer streams per connection.
+    pub fn with_watch_streams(mut self, streams: usize) -> KubeClient {
+        self.watch_slots = changes::Slots::new(streams);
+        self
+    }
+
+    /// How many more watches this client may open now.
+    pub fn free_watch_streams(&self) -> usize {
+        self.watch_slots.free()
     }
 
     /// `None` when the API server answers at all (an answer, even a refusal, is an

@@ -36,6 +36,11 @@ pub struct NetLimits {
     pub keepalive: Duration,
     /// Connections served at once; further clients wait in the listen backlog.
     pub max_connections: usize,
+    /// HTTP/2 streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS).
+    /// kube-apiserver's default is 250, Go's own default made explicit
+    /// (`k8s.io/apiserver/pkg/server/secure_serving.go`; `--http2-max-streams-per-connection`
+    /// changes it); a client's further requests wait for a stream to end.
+    pub http2_max_streams: u32,
 }
 
 impl Default for NetLimits {
@@ -46,6 +51,7 @@ impl Default for NetLimits {
             idle_timeout: Duration::from_secs(300),
             keepalive: Duration::from_secs(60),
             max_connections: 1024,
+            http2_max_streams: 250,
         }
     }
 }
@@ -200,12 +206,13 @@ pub fn tls_incoming(
 }
 
 /// Serves `app` over HTTP/1.1 and HTTP/2 (over TLS when `tls` is given) until `stop` turns
-/// true, within `limits`.
+/// true, within `limits`; counts each connection accepted in `accepted`.
 pub async fn serve_http(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     app: Router,
     limits: NetLimits,
+    accepted: Arc<std::sync::atomic::AtomicU64>,
     mut stop: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
@@ -215,6 +222,7 @@ pub async fn serve_http(
             n = accept(&listener, &slots) => n,
         };
         let Some((tcp, slot)) = next else { return };
+        accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tls = tls.clone();
         let app = app.clone();
         let stop = stop.clone();
@@ -266,7 +274,10 @@ async fn serve_connection<S>(
         .header_read_timeout(limits.header_timeout);
     // No HTTP/2 pings here: a ping's answer would count as activity and keep an idle
     // connection open for good; the idle timeout already ends dead ones.
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.http2_max_streams);
     let svc = hyper_util::service::TowerToHyperService::new(app);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
     tokio::pin!(conn);

@@ -7,6 +7,7 @@ mod forge_github;
 mod gate;
 mod github_real;
 mod health;
+mod kube_transport;
 mod listener;
 mod live;
 mod notes;

@@ -270,7 +270,12 @@ impl GithubTwin {
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(shared.clone().run_deliveries(stop.subscribe()));
         let server = tokio::spawn(crate::sim::net::serve_http(
-            listener, None, app, config.net, stopped,
+            listener,
+            None,
+            app,
+            config.net,
+            Default::default(),
+            stopped,
         ));
         tracing::info!(%addr, "github twin listening");
         Ok(GithubTwin {

@@ -48,6 +48,8 @@ pub struct Shared {
     pub tokens: Mutex<super::rbac::Tokens>,
     /// The gauges tests set through `POST /_twin/gauges` (served at `/_twin/metrics`).
     pub gauges: Mutex<std::collections::BTreeMap<String, f64>>,
+    /// TCP connections accepted so far.
+    pub connections: Arc<AtomicU64>,
 }
 
 /// The apiserver's request body limit (kube-apiserver `--max-request-body-bytes`'s 3 MiB
@@ -104,9 +106,18 @@ pub async fn serve(
     tls: Arc<rustls::ServerConfig>,
     app: Router,
     limits: NetLimits,
+    accepted: Arc<AtomicU64>,
     stop: watch::Receiver<bool>,
 ) {
-    net::serve_http(listener, Some(TlsAcceptor::from(tls)), app, limits, stop).await
+    net::serve_http(
+        listener,
+        Some(TlsAcceptor::from(tls)),
+        app,
+        limits,
+        accepted,
+        stop,
+    )
+    .await
 }
 
 fn respond(code: u16, content_type: &str, body: impl Into<Body>) -> Response<Body> {

@@ -136,13 +136,21 @@ impl KubeTwin {
             audit: Default::default(),
             tokens: Default::default(),
             gauges: Default::default(),
+            connections: Default::default(),
         });
         let url = format!("https://{addr}");
         let kubeconfig = state_dir.join("kubeconfig");
         write_kubeconfig(&kubeconfig, &url, &cert.ca_pem, &token)?;
         let app = http::router(shared.clone());
         let (stop, stopped) = watch::channel(false);
-        let server = tokio::spawn(http::serve(listener, tls_config, app, limits, stopped));
+        let server = tokio::spawn(http::serve(
+            listener,
+            tls_config,
+            app,
+            limits,
+            shared.connections.clone(),
+            stopped,
+        ));
         let driver = tokio::spawn(drive(shared.clone()));
         Ok(KubeTwin {
             url,
@@ -169,6 +177,11 @@ impl KubeTwin {
     /// something is due on the clock.
     pub fn driver_wakeups(&self) -> u64 {
         self.shared.driver_wakeups.load(Ordering::Relaxed)
+    }
+
+    /// How many TCP connections the API server has accepted.
+    pub fn connections(&self) -> u64 {
+        self.shared.connections.load(Ordering::Relaxed)
     }
 
     /// Every distinct request the API server answered after authentication (and the

@@ -777,7 +777,12 @@ impl Cluster {
         }
         self.silent_since.entry(node.to_string()).or_insert(now);
         self.replicas_fail_on(node, now);
-        self.invalidate();
+        // A silent kubelet is no object change, and of the passes only node_lifecycle and
+        // Longhorn's (which compares the silent kubelets itself) read it: a sync is due now,
+        // for them and for the grace period's deadline, but nothing else is dirty. Looking at
+        // everything here cost every owner's status and every DaemonSet's count on each
+        // reboot, O(cluster) per node.
+        self.next_due = Some(now);
         self.sync(now);
         Ok(())
     }
@@ -2141,18 +2146,25 @@ impl Cluster {
                 return;
             }
         }
-        // Name, readiness and role of each node: all Longhorn reads.
-        let nodes: Vec<(&str, bool, bool)> = briefs
-            .iter()
-            .map(|n| (n.name.as_str(), n.ready, n.control_plane))
-            .collect();
         // Longhorn sees a node go the moment it does (its manager pod there stops), not after
-        // the Node's grace period: a node counts once it is Ready and heard from.
-        let ready: BTreeSet<&str> = nodes
-            .iter()
-            .filter(|(name, ready, _)| *ready && !self.silent_since.contains_key(*name))
-            .map(|(name, ..)| *name)
-            .collect();
+        // the Node's grace period: a node counts once it is Ready and heard from. Worked out
+        // again only when a Node's brief or the silent kubelets changed: most passes follow
+        // a replica or a volume, and the set is the cluster's size.
+        let ready = match &self.longhorn_seen {
+            Some(last)
+                if briefs_changed <= last.nodes_changed
+                    && last.silent.iter().eq(self.silent_since.keys()) =>
+            {
+                last.ready.clone()
+            }
+            _ => Arc::new(
+                briefs
+                    .iter()
+                    .filter(|n| n.ready && !self.silent_since.contains_key(&n.name))
+                    .map(|n| n.name.clone())
+                    .collect(),
+            ),
+        };
         let before = self.store.resource_version();
         // A replica deleted while it re-synced has nothing left to finish.
         let store = &self.store;
@@ -2162,7 +2174,7 @@ impl Cluster {
         self.longhorn_seen = Some(LonghornSeen {
             at: before,
             nodes_changed: briefs_changed,
-            ready: ready.iter().map(|n| n.to_string()).collect(),
+            ready: ready.clone(),
             silent: self.silent_since.keys().cloned().collect(),
             never: self.faults.replicas_never_rebuild.clone(),
         });
@@ -2239,13 +2251,15 @@ impl Cluster {
                         .filter(|r| replica_failed_at(r).is_empty())
                         .filter_map(|r| r.at("/spec/nodeID").and_then(Value::as_str))
                         .collect();
-                    let has_workers = nodes.iter().any(|(_, _, cp)| !cp);
-                    let target = nodes
+                    let has_workers = briefs.iter().any(|n| !n.control_plane);
+                    let target = briefs
                         .iter()
-                        .find(|(name, _, cp)| {
-                            ready.contains(name) && !used.contains(name) && (!has_workers || !cp)
+                        .find(|n| {
+                            ready.contains(&n.name)
+                                && !used.contains(n.name.as_str())
+                                && (!has_workers || !n.control_plane)
                         })
-                        .map(|t| t.0.to_string());
+                        .map(|n| n.name.clone());
                     let failed = replicas
                         .iter()
                         .find(|r| !replica_failed_at(r).is_empty())
@@ -2310,7 +2324,7 @@ impl Cluster {
     /// change nothing.
     fn longhorn_volumes_to_look_at(
         &self,
-        ready: &BTreeSet<&str>,
+        ready: &Arc<BTreeSet<String>>,
         now: Timestamp,
     ) -> Vec<(String, String)> {
         let all = || {
@@ -2343,16 +2357,12 @@ impl Cluster {
                 _ => {}
             }
         }
-        let moved = ready
-            .iter()
-            .filter(|n| !last.ready.contains(**n))
-            .map(|n| n.to_string())
-            .chain(
-                last.ready
-                    .iter()
-                    .filter(|n| !ready.contains(n.as_str()))
-                    .cloned(),
-            );
+        // The same set as the last pass's: no node came or went.
+        let moved: Vec<String> = if Arc::ptr_eq(ready, &last.ready) {
+            Vec::new()
+        } else {
+            ready.symmetric_difference(&last.ready).cloned().collect()
+        };
         for node in moved {
             out.extend(
                 self.store
@@ -3290,7 +3300,8 @@ fn container_statuses(pod: &Value, now: Timestamp) -> Value {
 struct LonghornSeen {
     at: u64,
     nodes_changed: u64,
-    ready: BTreeSet<String>,
+    /// Shared with the next pass while no node comes or goes for Longhorn.
+    ready: Arc<BTreeSet<String>>,
     silent: BTreeSet<String>,
     never: BTreeSet<String>,
 }
@@ -3566,6 +3577,46 @@ mod tests {
             daemon_set_status(&c, "kube-system", "cilium"),
             daemon_set_counted_afresh(&c, "kube-system", "cilium")
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_node_going_down_costs_what_it_touches_not_the_whole_cluster() -> Result<(), ApiError> {
+        let t0 = Timestamp(1_767_225_600_000);
+        let s = Duration::from_secs;
+        let mut c = super::super::seed::KubeSeed::typical(1, 5).build(Behaviour::default(), t0)?;
+        c.sync(t0.plus(s(1)));
+        assert_eq!(daemon_set_status(&c, "kube-system", "cilium"), (6, 6, 6));
+
+        // Its kubelet goes silent: no object changed, so no owner's status, DaemonSet count
+        // or budget is looked at again.
+        let mark = c.judged.len();
+        c.node_down("worker-2", t0.plus(s(10)))?;
+        assert_eq!(c.judged[mark..].to_vec(), Vec::<String>::new());
+
+        // The grace period is still kept: the Node turns NotReady when it ends, its pods
+        // follow, and the status counted from the pods that changed is the count afresh.
+        let grace = c.behaviour.node_monitor_grace;
+        assert!(c
+            .next_due()
+            .is_some_and(|d| d <= t0.plus(s(10)).plus(grace)));
+        c.sync(t0.plus(s(11)).plus(grace));
+        let node = c.get("nodes", "", "worker-2").unwrap_or_default();
+        assert!(!is_ready(&node), "{node}");
+        assert_eq!(daemon_set_status(&c, "kube-system", "cilium"), (6, 5, 6));
+        assert_eq!(
+            daemon_set_status(&c, "kube-system", "cilium"),
+            daemon_set_counted_afresh(&c, "kube-system", "cilium")
+        );
+
+        // A node that holds nothing changes no object at all when it goes: its grace period
+        // is kept all the same.
+        let mut c = super::super::seed::KubeSeed::nodes(1, 2).build(Behaviour::default(), t0)?;
+        c.sync(t0.plus(s(1)));
+        c.node_down("worker-1", t0.plus(s(10)))?;
+        c.sync(t0.plus(s(11)).plus(grace));
+        let node = c.get("nodes", "", "worker-1").unwrap_or_default();
+        assert!(!is_ready(&node), "{node}");
         Ok(())
     }
 
