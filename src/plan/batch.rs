@@ -22,9 +22,18 @@ pub struct Batches {
     pub lower_bound: usize,
 }
 
-/// Split `nodes` into batches. `last`, if present among the nodes, ends up in the final
-/// batch (the node running ichor goes last).
+/// Split `nodes` into batches. `last`, if present among the nodes, is the final batch on
+/// its own: the node running ichor goes once every other worker is done (its drain moves
+/// ichor itself, so nothing else may be under way then; `rollout/pool.rs`), which is a
+/// round of its own in any arrangement, and the lower bound counts it.
 pub fn plan_batches(nodes: &[Placeable], max_unavailable: usize, last: Option<&str>) -> Batches {
+    if let Some(me) = last.filter(|me| nodes.len() > 1 && nodes.iter().any(|n| n.name == *me)) {
+        let others: Vec<Placeable> = nodes.iter().filter(|n| n.name != me).cloned().collect();
+        let mut b = plan_batches(&others, max_unavailable, None);
+        b.batches.push(vec![me.to_string()]);
+        b.lower_bound += 1;
+        return b;
+    }
     let k = max_unavailable.max(1);
     if nodes.is_empty() {
         return Batches {
@@ -115,12 +124,6 @@ pub fn plan_batches(nodes: &[Placeable], max_unavailable: usize, last: Option<&s
             names
         })
         .collect();
-    if let Some(last) = last {
-        if let Some(pos) = out.iter().position(|b| b.iter().any(|n| n == last)) {
-            let b = out.remove(pos);
-            out.push(b);
-        }
-    }
     Batches {
         batches: out,
         lower_bound,
@@ -175,5 +178,29 @@ mod tests {
         let owned = nodes(&[("w-1", &[]), ("w-2", &[]), ("w-3", &[])]);
         let b = plan_batches(&place(&owned), 1, Some("w-1"));
         assert_eq!(b.batches.last().unwrap(), &vec!["w-1".to_string()]);
+    }
+
+    #[test]
+    fn the_named_node_is_a_round_of_its_own_and_the_bound_counts_it() {
+        let owned = nodes(&[
+            ("w-1", &[]),
+            ("w-2", &[]),
+            ("w-3", &[]),
+            ("w-4", &[]),
+            ("w-5", &[]),
+            ("w-6", &[]),
+        ]);
+        let b = plan_batches(&place(&owned), 5, Some("w-3"));
+        assert_eq!(b.batches.len(), 2);
+        assert_eq!(b.batches[0], ["w-1", "w-2", "w-4", "w-5", "w-6"]);
+        assert_eq!(b.batches[1], ["w-3"]);
+        // Six nodes fit two batches of five, but the last one must go alone after the
+        // other five: no arrangement uses fewer than two rounds, and two is what it takes.
+        assert_eq!(b.lower_bound, 2);
+        let b = plan_batches(&place(&owned[..5]), 5, Some("w-3"));
+        assert_eq!((b.batches.len(), b.lower_bound), (2, 2));
+        // Alone, it is simply the one batch.
+        let b = plan_batches(&place(&owned[..1]), 5, Some("w-1"));
+        assert_eq!((b.batches.len(), b.lower_bound), (1, 1));
     }
 }
