@@ -112,7 +112,7 @@ pub fn plan_batches(nodes: &[Placeable], max_unavailable: usize, last: Option<&s
             open.retain(|&x| x != b);
         }
     }
-    let mut out: Vec<Vec<String>> = batches
+    let out: Vec<Vec<String>> = batches
         .into_iter()
         .map(|b| {
             let mut names: Vec<String> = b
