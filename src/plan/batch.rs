@@ -112,7 +112,7 @@ pub fn plan_batches(nodes: &[Placeable], max_unavailable: usize, last: Option<&s
             open.retain(|&x| x != b);
         }
     }
-    let out: Vec<Vec<String>> = batches
+    let mut out: Vec<Vec<String>> = batches
         .into_iter()
         .map(|b| {
             let mut names: Vec<String> = b
@@ -124,6 +124,11 @@ pub fn plan_batches(nodes: &[Placeable], max_unavailable: usize, last: Option<&s
             names
         })
         .collect();
+    // The batches short of `k` first: first-fit leaves at its end the nodes that share a
+    // volume with each other, one short batch each. The rollout starts workers in the
+    // plan's order as slots free, so at the end they would each go alone, one after the
+    // other, with every other slot idle; first, the rest of the queue fills around them.
+    out.sort_by_key(|b| b.len() >= k);
     Batches {
         batches: out,
         lower_bound,
@@ -171,6 +176,26 @@ mod tests {
         assert_eq!(b.batches.len(), 3);
         assert!(b.batches.iter().all(|x| x.len() <= 2));
         assert_eq!(b.lower_bound, 3);
+    }
+
+    #[test]
+    fn short_batches_go_first_so_the_queue_fills_around_them() {
+        let owned = nodes(&[
+            ("w-1", &[]),
+            ("w-2", &[]),
+            ("w-3", &[]),
+            ("w-5", &["v"]),
+            ("w-6", &["v"]),
+        ]);
+        let b = plan_batches(&place(&owned), 3, None);
+        assert_eq!(b.batches, [vec!["w-3", "w-6"], vec!["w-1", "w-2", "w-5"]]);
+        // The node running ichor stays last, on its own.
+        let b = plan_batches(&place(&owned), 3, Some("w-1"));
+        assert_eq!(
+            b.batches.last().map(Vec::as_slice),
+            Some(&["w-1".to_string()][..])
+        );
+        assert!(b.batches[0].len() < 3);
     }
 
     #[test]
