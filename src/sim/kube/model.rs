@@ -1436,8 +1436,9 @@ impl Cluster {
     /// Forget what is settled: the next sync looks at everything.
     ///
     /// Longhorn's pass keeps what it saw: besides the store's changes it compares the
-    /// silent kubelets and the fault it reads itself, so a node going down touches only the
-    /// volumes with a replica there.
+    /// silent kubelets and the fault it reads itself, so a kubelet fault touches only the
+    /// volumes with a replica on the nodes it silenced or brought back. (A node going down
+    /// does not invalidate: see [`Cluster::node_down`].)
     fn invalidate(&mut self) {
         self.settled_at = None;
         self.statuses_at = None;
