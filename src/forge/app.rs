@@ -204,16 +204,9 @@ mod tests {
     use super::*;
     use ring::signature::{KeyPair as _, UnparsedPublicKey, RSA_PKCS1_2048_8192_SHA256};
 
-    /// A fresh RSA key in PEM from `openssl`, or `None` (with a notice) without it.
-    fn openssl_key(args: &[&str]) -> Option<String> {
-        match std::process::Command::new("openssl").args(args).output() {
-            Ok(out) if out.status.success() => String::from_utf8(out.stdout).ok(),
-            _ => {
-                eprintln!("NOTICE: openssl is not available; skipping the key round trip");
-                None
-            }
-        }
-    }
+    /// Test-only keys made with OpenSSL (testdata/keys/README.md).
+    const PKCS1: &str = include_str!("../../testdata/keys/github-app.pkcs1.pem");
+    const PKCS8: &str = include_str!("../../testdata/keys/github-app.pkcs8.pem");
 
     fn decode(part: &str) -> Vec<u8> {
         base64::engine::general_purpose::URL_SAFE_NO_PAD
@@ -248,22 +241,12 @@ mod tests {
 
     #[test]
     fn pkcs1_key_signs_a_jwt_that_ring_verifies() {
-        if let Some(pem) = openssl_key(&["genrsa", "-traditional", "2048"]) {
-            round_trip(&pem, "-----BEGIN RSA PRIVATE KEY-----");
-        }
+        round_trip(PKCS1, "-----BEGIN RSA PRIVATE KEY-----");
     }
 
     #[test]
     fn pkcs8_key_signs_a_jwt_that_ring_verifies() {
-        if let Some(pem) = openssl_key(&[
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-        ]) {
-            round_trip(&pem, "-----BEGIN PRIVATE KEY-----");
-        }
+        round_trip(PKCS8, "-----BEGIN PRIVATE KEY-----");
     }
 
     #[test]

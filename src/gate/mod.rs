@@ -1,6 +1,8 @@
 //! The gate: read both revisions of a cluster from Git, diff them into a bump, and judge it
-//! against the compatibility data. Today the facts are static (documents, policies, the
-//! optional inventory); live facts from the cluster join the same verdict later.
+//! against the compatibility data. This module holds the static judgement (documents,
+//! policies, the optional inventory: what Git alone can tell); [`live`] adds the facts read
+//! from the cluster (nodes, etcd, what each node runs, the lock, the CNI, removed APIs, the
+//! `before` health checks) to the same verdict when ichor can reach it.
 //!
 //! Trust: whatever decides a verdict — the repository's `policies/` and the inventory,
 //! rollout policy and volumes in `cluster.yaml` — is read from the *base* revision. A pull

@@ -2,10 +2,11 @@
 //! long it should take. Pure data derived from the bump, the cluster's rollout policy and
 //! the nodes; the rollout engine re-derives the same steps from observed state.
 //!
-//! Order (DESIGN.md, "The rollout"): Talos on control planes one at a time, then workers in
-//! batches; then Kubernetes: (a) kube-apiserver on each control plane, (b) controller-manager
-//! and scheduler on each control plane, (c) kube-proxy (unless the CNI replaces it) and the
-//! bootstrap manifests, (d) kubelets, control planes then workers; then a final verification.
+//! Order (docs/architecture.md, "The rollout"): Talos on control planes one at a time, then
+//! workers in batches; then Kubernetes: (a) kube-apiserver on each control plane, (b)
+//! controller-manager and scheduler on each control plane, (c) kube-proxy (unless the CNI
+//! replaces it) and the bootstrap manifests, (d) kubelets, control planes then workers; then
+//! a final verification.
 //!
 //! A bump that moves Talos and Kubernetes drains each worker once instead of twice: Talos
 //! moves on the control planes only, the Kubernetes stages follow, and then each worker

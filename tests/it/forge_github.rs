@@ -141,19 +141,9 @@ async fn sleeping_until(clock: &Clock) -> ichor::clock::Timestamp {
     }
 }
 
-/// A fresh RSA key in PKCS#1 PEM, or `None` (with a notice) when `openssl` is missing.
-fn openssl_pkcs1_key() -> Option<String> {
-    match std::process::Command::new("openssl")
-        .args(["genrsa", "-traditional", "2048"])
-        .output()
-    {
-        Ok(out) if out.status.success() => String::from_utf8(out.stdout).ok(),
-        _ => {
-            eprintln!("NOTICE: openssl is not available; skipping the GitHub App test");
-            None
-        }
-    }
-}
+/// Test-only RSA keys in PKCS#1 PEM, made with OpenSSL (testdata/keys/README.md).
+const APP_KEY: &str = include_str!("../../testdata/keys/github-app.pkcs1.pem");
+const OTHER_APP_KEY: &str = include_str!("../../testdata/keys/github-app-other.pkcs1.pem");
 
 // ----- statuses -----
 
@@ -342,9 +332,7 @@ fn app_config(twin: &GithubTwin, pem: &str) -> GithubConfig {
 
 #[tokio::test]
 async fn app_auth_end_to_end_with_token_refresh() -> TestResult {
-    let Some(pem) = openssl_pkcs1_key() else {
-        return Ok(());
-    };
+    let pem = APP_KEY.to_string();
     let fx = fixture()?;
     let clock = Clock::manual();
     let twin = twin_with(&fx, &clock, app_twin_config(&pem)?).await?;
@@ -386,9 +374,7 @@ async fn app_auth_end_to_end_with_token_refresh() -> TestResult {
 
 #[tokio::test]
 async fn a_jwt_signed_by_another_key_is_a_clear_auth_error() -> TestResult {
-    let (Some(known), Some(other)) = (openssl_pkcs1_key(), openssl_pkcs1_key()) else {
-        return Ok(());
-    };
+    let (known, other) = (APP_KEY.to_string(), OTHER_APP_KEY.to_string());
     let fx = fixture()?;
     let clock = Clock::manual();
     let twin = twin_with(&fx, &clock, app_twin_config(&known)?).await?;
@@ -722,9 +708,7 @@ async fn raw(
 
 #[tokio::test]
 async fn the_twin_checks_jwt_times_and_token_scope_as_github_does() -> TestResult {
-    let Some(pem) = openssl_pkcs1_key() else {
-        return Ok(());
-    };
+    let pem = APP_KEY.to_string();
     let fx = fixture()?;
     let clock = Clock::manual();
     let twin = twin_with(&fx, &clock, app_twin_config(&pem)?).await?;

@@ -2,7 +2,6 @@
 //! `kubectl apply` in the twin, PromQL against a real Prometheus scraping the twin's
 //! `/_twin/metrics`, and the rollout's `between` gate pausing and resuming on them.
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -27,9 +26,10 @@ async fn kubectl(s: &Setup, args: &[&str], input: Option<&str>) -> Result<String
     let kubeconfig = s.twin.kubeconfig().to_path_buf();
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let input = input.map(str::to_string);
+    let kubectl_path = crate::tools::KUBECTL.path();
     tokio::task::spawn_blocking(move || -> Result<String, String> {
         let cache = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let mut cmd = Command::new("kubectl");
+        let mut cmd = Command::new(kubectl_path);
         cmd.arg("--kubeconfig")
             .arg(&kubeconfig)
             .arg("--cache-dir")
@@ -104,6 +104,7 @@ async fn read(s: &Setup, c: &HealthCheck) -> Reading {
 }
 
 #[tokio::test]
+#[ignore = "needs kubectl: scripts/test installs it"]
 async fn cel_reads_a_cnpg_cluster_and_a_config_map_made_with_kubectl() -> TestResult {
     let s = setup(TwinConfig::default()).await?;
     let out = kubectl(&s, &["apply", "-f", "-"], Some(CNPG)).await?;
@@ -188,6 +189,7 @@ async fn cel_reads_a_cnpg_cluster_and_a_config_map_made_with_kubectl() -> TestRe
 }
 
 #[tokio::test]
+#[ignore = "needs kubectl: scripts/test installs it"]
 async fn a_flapping_object_counts_only_after_holding_for_stable_for() -> TestResult {
     let s = setup(TwinConfig::default()).await?;
     kubectl(&s, &["apply", "-f", "-"], Some(&config_map("true"))).await?;
@@ -252,17 +254,6 @@ impl Drop for Prometheus {
     }
 }
 
-fn prometheus_binary() -> Result<PathBuf, Error> {
-    if let Ok(p) = std::env::var("ICHOR_PROMETHEUS") {
-        return Ok(PathBuf::from(p));
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|d| d.join("prometheus"))
-        .find(|p| p.is_file())
-        .ok_or_else(|| "no prometheus on PATH and ICHOR_PROMETHEUS unset: `apt-get install prometheus` (.ci/run does)".into())
-}
-
 fn free_port() -> Result<u16, Error> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -285,7 +276,7 @@ async fn start_prometheus(s: &Setup) -> Result<Prometheus, Error> {
     std::fs::write(&config_file, config)?;
     let port = free_port()?;
     let log = std::fs::File::create(dir.path().join("prometheus.log"))?;
-    let child = Command::new(prometheus_binary()?)
+    let child = Command::new(crate::tools::PROMETHEUS.path())
         .arg(format!("--config.file={}", config_file.display()))
         .arg(format!(
             "--storage.tsdb.path={}",
@@ -347,6 +338,7 @@ async fn ask(s: &Setup, c: &HealthCheck, now: Timestamp) -> Reading {
 }
 
 #[tokio::test]
+#[ignore = "needs prometheus: scripts/test installs it"]
 async fn promql_is_judged_from_a_real_prometheus_scraping_the_twin() -> TestResult {
     let s = setup(TwinConfig::default()).await?;
     set_gauge(&s, "ceph_health_status", json!(0)).await?;
@@ -455,6 +447,7 @@ fn upgraded(s: &Setup) -> usize {
 }
 
 #[tokio::test]
+#[ignore = "needs kubectl: scripts/test installs it"]
 async fn a_failing_check_between_nodes_is_waited_on_and_the_rollout_resumes_by_itself() -> TestResult
 {
     let s = setup(TwinConfig::default()).await?;
@@ -500,6 +493,7 @@ async fn a_failing_check_between_nodes_is_waited_on_and_the_rollout_resumes_by_i
 }
 
 #[tokio::test]
+#[ignore = "needs kubectl: scripts/test installs it"]
 async fn a_check_that_stays_failing_pauses_the_rollout_naming_it_and_its_value() -> TestResult {
     let s = setup(TwinConfig::default()).await?;
     kubectl(&s, &["apply", "-f", "-"], Some(&config_map("true"))).await?;
@@ -601,6 +595,7 @@ impl Receiver {
 }
 
 #[tokio::test]
+#[ignore = "needs kubectl: scripts/test installs it"]
 async fn a_receiver_gets_each_rollout_event_once_and_no_secret() -> TestResult {
     use ichor::controller::config::notify::{self, Destination, NotificationsConfig};
     use ichor::controller::metrics::Metrics;
@@ -737,6 +732,7 @@ async fn a_receiver_gets_each_rollout_event_once_and_no_secret() -> TestResult {
 }
 
 #[tokio::test]
+#[ignore = "needs kubectl: scripts/test installs it"]
 async fn the_before_checks_are_live_items_of_the_gate() -> TestResult {
     use ichor::gate::live;
     use ichor::policy::Status;
@@ -777,6 +773,7 @@ async fn the_before_checks_are_live_items_of_the_gate() -> TestResult {
 }
 
 #[tokio::test]
+#[ignore = "needs prometheus: scripts/test installs it"]
 async fn a_query_prometheus_cannot_parse_pauses_at_once_as_an_error_of_cluster_yaml() -> TestResult
 {
     let s = setup(TwinConfig::default()).await?;
@@ -801,6 +798,7 @@ async fn a_query_prometheus_cannot_parse_pauses_at_once_as_an_error_of_cluster_y
 }
 
 #[tokio::test]
+#[ignore = "needs kubectl: scripts/test installs it"]
 async fn an_engine_restarted_mid_gate_resumes_the_same_gate_and_deadline() -> TestResult {
     let s = setup(TwinConfig::default()).await?;
     kubectl(&s, &["apply", "-f", "-"], Some(&config_map("true"))).await?;
@@ -998,6 +996,7 @@ const CHECK: &str = "spec:\n  healthChecks:\n    - name: app-health\n      when:
 /// Issue 18 item 4, over GitHub: the sticky comment of the merged PR lists each health check
 /// with its gate, state and last value, as the rollout read it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs kubectl: scripts/test installs it"]
 async fn the_sticky_comment_lists_each_health_check_with_its_state_and_value() -> TestResult {
     use ichor::sim::github::{StatusState, RENOVATE_LOGIN};
     let hub = crate::controller::Hub::start().await?;

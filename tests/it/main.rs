@@ -27,6 +27,7 @@ mod sim_twin;
 mod sim_wire;
 mod talos_client;
 mod talos_truth;
+mod tools;
 mod transport;
 mod traps;
 

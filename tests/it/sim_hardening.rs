@@ -20,8 +20,6 @@ use serde_json::{json, Value};
 
 use crate::sim_wire::{snapshot, talos_channel, Error, TestResult, Wire};
 
-const KUBECTL: &str = "/usr/bin/kubectl";
-
 fn homelab_folder() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/repos/homelab/tree/clusters/homelab")
 }
@@ -121,6 +119,7 @@ async fn merging_through_the_emulator_never_touches_the_users_repository() -> Te
 // ---- 12: certificates relative to now -----------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs kubectl: scripts/test installs it"]
 async fn a_twin_whose_clock_is_a_year_ahead_still_serves_kubectl_and_talos() -> TestResult {
     let now = SystemTime::now().duration_since(UNIX_EPOCH)?;
     let year = Duration::from_secs(365 * 86_400);
@@ -131,8 +130,8 @@ async fn a_twin_whose_clock_is_a_year_ahead_still_serves_kubectl_and_talos() -> 
     let mut talos = MachineServiceClient::new(talos_channel(twin.talosconfig(), None).await?);
     let version = talos.version(tonic::Request::new(())).await?.into_inner();
     assert_eq!(version.messages.len(), 1);
-    if Path::new(KUBECTL).exists() {
-        let out = std::process::Command::new(KUBECTL)
+    {
+        let out = std::process::Command::new(crate::tools::KUBECTL.path())
             .arg("--kubeconfig")
             .arg(twin.kubeconfig())
             .arg("--cache-dir")
@@ -146,8 +145,6 @@ async fn a_twin_whose_clock_is_a_year_ahead_still_serves_kubectl_and_talos() -> 
             String::from_utf8_lossy(&out.stderr)
         );
         assert_eq!(text.lines().count(), 7, "{text}");
-    } else {
-        eprintln!("SKIPPED the kubectl half: {KUBECTL} is absent");
     }
     Ok(())
 }
@@ -243,6 +240,7 @@ async fn yaml_alias_bombs_are_refused_by_both_apis() -> TestResult {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs kubectl: scripts/test installs it"]
 async fn a_1_mib_apply_works_and_bodies_over_3_mib_get_413() -> TestResult {
     let (twin, state) = start(Clock::manual(), TwinOptions::default()).await?;
     let config_map = |name: &str, size: usize| {
@@ -262,12 +260,9 @@ async fn a_1_mib_apply_works_and_bodies_over_3_mib_get_413() -> TestResult {
     assert_eq!(big.body["kind"], "Status");
     assert_eq!(big.body["code"], 413);
     assert_eq!(big.body["reason"], "RequestEntityTooLarge");
-    if !Path::new(KUBECTL).exists() {
-        eprintln!("SKIPPED the kubectl half: {KUBECTL} is absent");
-        return Ok(());
-    }
+    let kubectl_path = crate::tools::KUBECTL.path();
     let kubectl = |args: &[&str]| {
-        std::process::Command::new(KUBECTL)
+        std::process::Command::new(&kubectl_path)
             .arg("--kubeconfig")
             .arg(twin.kubeconfig())
             .arg("--cache-dir")

@@ -432,6 +432,7 @@ async fn configured_faults_reach_both_sides() -> TestResult {
 /// `ichor sim` as a user runs it: it prints the endpoints, kubectl works with the kubeconfig
 /// it wrote, and Ctrl-C (SIGINT) stops it cleanly.
 #[test]
+#[ignore = "needs kubectl: scripts/test installs it"]
 fn ichor_sim_serves_until_interrupted() -> TestResult {
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
@@ -461,8 +462,8 @@ fn ichor_sim_serves_until_interrupted() -> TestResult {
         "{printed}"
     );
     let kubeconfig = state.path().join("kubeconfig");
-    if Path::new("/usr/bin/kubectl").exists() {
-        let out = Command::new("/usr/bin/kubectl")
+    {
+        let out = Command::new(crate::tools::KUBECTL.path())
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .args(["get", "nodes", "-o", "wide"])
