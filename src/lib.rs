@@ -23,7 +23,8 @@
 //!    post the results back.
 //! 5. **The twin**, [`sim`]: a simulated Talos cluster behind the real Talos and Kubernetes
 //!    APIs, and a GitHub emulator, for `ichor demo`, `ichor sim`, the tests and the benches.
-//!    Nothing above imports it.
+//!    Nothing above imports it. [`rehearse`] runs the real engine against it under faults
+//!    drawn from a seed, judging the safety rules from the twin's own state.
 //! 6. **Shared helpers**: [`clock`] (the one clock: simulated in the twin, so nothing sleeps
 //!    on wall time), [`escape`] (every format PR content is printed into), [`secret`]
 //!    (values that never print), [`state`] (the private state directory).
@@ -57,7 +58,8 @@ pub mod rollout;
 // The loop.
 pub mod controller;
 
-// The twin.
+// The twin, and the rehearsal that runs the engine against it.
+pub mod rehearse;
 pub mod sim;
 
 // Shared helpers.

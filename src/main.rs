@@ -13,6 +13,8 @@ use ichor::policy::Outcome;
 
 #[path = "cli/demo.rs"]
 mod demo_cmd;
+#[path = "cli/rehearse.rs"]
+mod rehearse_cmd;
 #[path = "cli/rollout.rs"]
 mod rollout_cmd;
 #[path = "cli/run.rs"]
@@ -176,6 +178,49 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+    /// Rehearse a bump on a twin of the cluster, many times, each seed under its own random
+    /// faults (engine kills, PDBs that block, nodes that do not return, silent kubelets, an
+    /// unhealthy etcd member, API error bursts, slow applies, replicas not rebuilt, an
+    /// operator's cordon), judging every safety rule from the twin's own state.
+    ///
+    /// The twin is built from the base revision's cluster folder; the real engine rolls the
+    /// head's release set out over the real protocols. When it pauses, the rehearsal clears
+    /// the injected faults and resumes; a pause no injected fault explains is a finding.
+    /// --seed N replays one seed and prints its whole event log.
+    ///
+    /// Exit status: 0 every seed held, 1 a rule broke, a rollout could not finish once its
+    /// faults were cleared, or a pause went unexplained, 2 invalid input or usage.
+    Rehearse {
+        /// The GitOps repository (bare or with a work tree, or any folder inside it).
+        #[arg(long, value_name = "DIR", default_value = ".")]
+        repo: PathBuf,
+        /// What the cluster runs now (the twin is built from it), e.g. main.
+        #[arg(long, value_name = "REV")]
+        base: String,
+        /// The change to rehearse, e.g. renovate/talos.
+        #[arg(long, value_name = "REV")]
+        head: String,
+        /// The cluster (folder under clusters/) when the repository holds several.
+        #[arg(long, value_name = "NAME")]
+        cluster: Option<String>,
+        /// The seeds to run, A..B with both ends included (default 1..20).
+        #[arg(long, value_name = "A..B")]
+        seeds: Option<String>,
+        /// Replay one seed and print its whole event log.
+        #[arg(long, value_name = "N")]
+        seed: Option<u64>,
+        /// Seeds rehearsed at once, each on a thread of its own (default: the cores).
+        #[arg(long, value_name = "N")]
+        jobs: Option<usize>,
+        /// The faults to draw from, comma-separated (default: all): engineKilled,
+        /// pdbBlocks, nodeNeverReturns, kubeletSilent, etcdUnhealthy, apiErrors, slowApply,
+        /// replicasNeverRebuild, operatorCordon.
+        #[arg(long, value_name = "LIST")]
+        faults: Option<String>,
+        /// text: a progress bar, then a summary; json: one document for CI (docs/rehearse.md).
+        #[arg(long, value_enum, default_value_t = RehearseOutput::Text)]
+        output: RehearseOutput,
+    },
     /// The controller: watch the repository, gate every PR with a commit status and one
     /// sticky comment, roll out what reaches the protected branch, report it back.
     ///
@@ -210,6 +255,12 @@ struct Access {
     /// A bearer token (a file) for the Prometheus of cluster.yaml's health checks.
     #[arg(long, value_name = "PATH")]
     prometheus_token_file: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RehearseOutput {
+    Text,
+    Json,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -258,11 +309,16 @@ fn main() -> ExitCode {
     // Diagnostics go to stderr; RUST_LOG (e.g. `RUST_LOG=ichor=debug`) turns them up. The
     // controller logs at info, as JSON lines when nobody watches a terminal.
     let controller = matches!(cli.command, Command::Run { .. });
+    // A rehearsal's engine retries through injected faults on purpose; what it does is in
+    // each seed's event log, not on stderr.
+    let rehearsal = matches!(cli.command, Command::Rehearse { .. });
     // kube-rs logs every failed connection as an error of its own; ichor reports each
     // failure itself, once and with what it was doing, so kube-rs's lines are off.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         if controller {
             "info,kube_client=off"
+        } else if rehearsal {
+            "error,kube_client=off"
         } else {
             "warn,kube_client=off"
         }
@@ -337,6 +393,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config,
         } => sim(cluster, speed, state_dir, github, config),
         Command::Demo { dir } => demo_cmd::demo(dir),
+        Command::Rehearse {
+            repo,
+            base,
+            head,
+            cluster,
+            seeds,
+            seed,
+            jobs,
+            faults,
+            output,
+        } => rehearse_cmd::rehearse(rehearse_cmd::Args {
+            repo,
+            base,
+            head,
+            cluster,
+            seeds,
+            seed,
+            jobs,
+            faults,
+            json: output == RehearseOutput::Json,
+        }),
         Command::Rollout {
             repo,
             rev,
