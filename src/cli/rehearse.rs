@@ -44,7 +44,9 @@ fn parse_seeds(text: &str) -> Result<(u64, u64), String> {
         return Err(format!("--seeds {text:?}: the end comes before the start"));
     }
     if b - a >= MAX_SEEDS {
-        return Err(format!("--seeds {text:?}: at most {MAX_SEEDS} seeds at once"));
+        return Err(format!(
+            "--seeds {text:?}: at most {MAX_SEEDS} seeds at once"
+        ));
     }
     Ok((a, b))
 }
@@ -166,7 +168,10 @@ fn render(opts: &Options, reports: &[SeedReport], s: &Summary) -> String {
             .join(", ")
     ));
     let rules_broken: usize = reports.iter().map(|r| r.violations.len()).sum();
-    out.push_str(&format!("  completed      {} of {}\n", s.completed, s.seeds));
+    out.push_str(&format!(
+        "  completed      {} of {}\n",
+        s.completed, s.seeds
+    ));
     out.push_str(&format!(
         "  rules broken   {rules_broken}{}\n",
         if rules_broken > 0 {
@@ -237,7 +242,9 @@ mod tests {
     fn seeds_are_a_closed_range_bounded_in_size() {
         assert_eq!(parse_seeds("1..100"), Ok((1, 100)));
         assert_eq!(parse_seeds("7..7"), Ok((7, 7)));
-        assert!(parse_seeds("9..1").unwrap_err().contains("before the start"));
+        assert!(parse_seeds("9..1")
+            .unwrap_err()
+            .contains("before the start"));
         assert!(parse_seeds("1-9").unwrap_err().contains("A..B"));
         assert!(parse_seeds("a..9").unwrap_err().contains("\"a\""));
         assert!(parse_seeds("0..18446744073709551615")

@@ -32,6 +32,21 @@ impl std::fmt::Display for Violation {
     }
 }
 
+/// The shipped compatibility data, parsed once per process: the checker runs every tick.
+fn shipped_policies() -> Option<&'static Policies> {
+    static POLICIES: std::sync::OnceLock<Option<Policies>> = std::sync::OnceLock::new();
+    POLICIES.get_or_init(|| Policies::shipped().ok()).as_ref()
+}
+
+/// Where an operator's cordon stands ([`Judge::operator_cordon`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cordon {
+    Setting,
+    Standing,
+    Lifting,
+    Gone,
+}
+
 /// Who made a node unavailable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum By {
@@ -44,11 +59,14 @@ enum By {
 #[derive(Debug)]
 pub struct Judge {
     max_unavailable: usize,
-    policies: Option<Policies>,
+    policies: Option<&'static Policies>,
     /// Nodes a fault makes unavailable right now (a silent kubelet, an operator's cordon).
     fault_out: BTreeSet<String>,
-    /// Nodes the operator cordoned and has not uncordoned: ichor must never uncordon them.
+    /// Nodes an operator is cordoning, has cordoned or is uncordoning: not ichor's
+    /// disruption.
     operator_cordons: BTreeSet<String>,
+    /// Of those, the cordons in place: ichor must never lift them.
+    standing_cordons: BTreeSet<String>,
     /// Control planes whose etcd member a fault cut off.
     etcd_cut_off: BTreeSet<String>,
     /// Since which tick each unavailable node is so.
@@ -62,9 +80,10 @@ impl Judge {
     pub fn new(max_unavailable: usize) -> Judge {
         Judge {
             max_unavailable,
-            policies: Policies::shipped().ok(),
+            policies: shipped_policies(),
             fault_out: BTreeSet::new(),
             operator_cordons: BTreeSet::new(),
+            standing_cordons: BTreeSet::new(),
             etcd_cut_off: BTreeSet::new(),
             out_since: BTreeMap::new(),
             tick: 0,
@@ -72,34 +91,63 @@ impl Judge {
         }
     }
 
-    /// What the injected faults do right now.
-    pub fn set_faults(
-        &mut self,
-        fault_out: BTreeSet<String>,
-        operator_cordons: BTreeSet<String>,
-        etcd_cut_off: BTreeSet<String>,
-    ) {
+    /// What the injected faults do right now: nodes they make unavailable (a silent
+    /// kubelet), and control planes whose etcd member they cut off.
+    pub fn set_faults(&mut self, fault_out: BTreeSet<String>, etcd_cut_off: BTreeSet<String>) {
         self.fault_out = fault_out;
-        self.operator_cordons = operator_cordons;
         self.etcd_cut_off = etcd_cut_off;
+    }
+
+    /// An operator's cordon on `node`, as it moves: `Setting` before the request (its
+    /// cordon is then not ichor's disruption), `Standing` once it is in place (ichor must
+    /// keep it), `Lifting` before the operator's own uncordon, `Gone` after it.
+    pub fn operator_cordon(&mut self, node: &str, state: Cordon) {
+        let node = node.to_string();
+        match state {
+            Cordon::Setting => {
+                self.operator_cordons.insert(node);
+            }
+            Cordon::Standing => {
+                self.operator_cordons.insert(node.clone());
+                self.standing_cordons.insert(node);
+            }
+            Cordon::Lifting => {
+                self.standing_cordons.remove(&node);
+            }
+            Cordon::Gone => {
+                self.standing_cordons.remove(&node);
+                self.operator_cordons.remove(&node);
+            }
+        }
     }
 
     /// Every rule, against the twin as it is now.
     pub fn judge(&mut self, twin: &Twin) -> Vec<Violation> {
         self.tick += 1;
         let obs = twin.talos.observe();
-        let (cordoned, replicas) = twin.kube.with(|c, _| {
-            let cordoned: BTreeSet<String> = c
-                .list("nodes", None)
-                .iter()
-                .filter(|n| {
-                    n.pointer("/spec/unschedulable")
-                        .and_then(serde_json::Value::as_bool)
-                        .unwrap_or(false)
-                })
-                .filter_map(|n| n.pointer("/metadata/name").and_then(|v| v.as_str()))
-                .map(str::to_string)
-                .collect();
+        let (cordoned, not_ready, replicas) = twin.kube.with(|c, _| {
+            let nodes = c.list("nodes", None);
+            let named = |pred: &dyn Fn(&serde_json::Value) -> bool| -> BTreeSet<String> {
+                nodes
+                    .iter()
+                    .filter(|n| pred(n))
+                    .filter_map(|n| n.pointer("/metadata/name").and_then(|v| v.as_str()))
+                    .map(str::to_string)
+                    .collect()
+            };
+            let cordoned = named(&|n| {
+                n.pointer("/spec/unschedulable")
+                    .and_then(serde_json::Value::as_bool)
+                    .unwrap_or(false)
+            });
+            // The Node's Ready condition: a kubelet gone silent leaves its machine up.
+            let not_ready = named(&|n| {
+                !n.pointer("/status/conditions")
+                    .and_then(|c| c.as_array())
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            });
             let replicas: Vec<(String, String)> = c
                 .list("replicas", None)
                 .iter()
@@ -110,16 +158,15 @@ impl Judge {
                     ))
                 })
                 .collect();
-            (cordoned, replicas)
+            (cordoned, not_ready, replicas)
         });
-        let down = |o: &NodeObservation| !(o.up && o.ready);
+        let down = |o: &NodeObservation| !(o.up && o.ready) || not_ready.contains(&o.name);
         // Unavailable now, and since when. A node only an operator cordoned still runs its
         // workloads: it is not disrupted, and ichor leaves it alone.
         let out_now: BTreeSet<&str> = obs
             .iter()
             .filter(|o| {
-                down(o)
-                    || (cordoned.contains(&o.name) && !self.operator_cordons.contains(&o.name))
+                down(o) || (cordoned.contains(&o.name) && !self.operator_cordons.contains(&o.name))
             })
             .map(|o| o.name.as_str())
             .collect();
@@ -151,7 +198,9 @@ impl Judge {
             let detail = format!("{what}: {members:?}");
             match by {
                 By::Ichor => out.push(Violation { rule, detail }),
-                By::Fault => self.attributed.push(format!("{rule} (by a fault) {detail}")),
+                By::Fault => self
+                    .attributed
+                    .push(format!("{rule} (by a fault) {detail}")),
             }
         };
 
@@ -233,7 +282,7 @@ impl Judge {
                     });
                 }
             }
-            if let (Some(p), Some(t)) = (&self.policies, version(&o.talos_version)) {
+            if let (Some(p), Some(t)) = (self.policies, version(&o.talos_version)) {
                 for k in apiservers.iter().chain(std::iter::once(&kubelet)) {
                     if p.supports("talos", &t, k) == Some(false) {
                         out.push(Violation {
@@ -259,7 +308,7 @@ impl Judge {
             });
         }
         // An operator's cordon stays until the operator lifts it.
-        for n in &self.operator_cordons {
+        for n in &self.standing_cordons {
             if !cordoned.contains(n) {
                 out.push(Violation {
                     rule: "operatorCordon",

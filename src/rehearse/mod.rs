@@ -34,10 +34,15 @@ use crate::sim::talos::Role;
 use crate::sim::twin::{ClusterFolder, Twin, TwinConfig, TwinOptions};
 use crate::talos::TalosClient;
 
-pub use invariants::{Judge, Violation};
+pub use invariants::{Cordon, Judge, Violation};
 pub use schedule::{Fault, FaultKind};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a rehearsal could not run (not what it found: that is in the reports).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RehearseError(pub String);
 
 /// What to rehearse.
 #[derive(Debug, Clone)]
@@ -125,7 +130,11 @@ const HOLDER: &str = "ichor-rehearse";
 
 /// Check what can be checked before any seed runs: the repository, both revisions, the
 /// cluster, its documents. An error here is bad input.
-pub fn check(opts: &Options) -> Result<(), Error> {
+pub fn check(opts: &Options) -> Result<(), RehearseError> {
+    checked(opts).map_err(|e| RehearseError(e.to_string()))
+}
+
+fn checked(opts: &Options) -> Result<(), Error> {
     let repo = Repo::open(&opts.repo)?;
     let change = gate::load(&repo, &opts.base, &opts.head, opts.cluster.as_deref())?;
     if change.cluster_doc.is_none() {
@@ -139,10 +148,13 @@ pub fn check(opts: &Options) -> Result<(), Error> {
 }
 
 /// Rehearse one seed on the current (single-threaded) runtime.
-pub async fn rehearse_seed(opts: &Options, seed: u64) -> Result<SeedReport, Error> {
-    let state = tempfile::tempdir()?;
-    let world = World::build(opts, state.path()).await?;
-    world.run(opts, seed).await
+pub async fn rehearse_seed(opts: &Options, seed: u64) -> Result<SeedReport, RehearseError> {
+    let run = async {
+        let state = tempfile::tempdir()?;
+        let world = World::build(opts, state.path()).await?;
+        world.run(opts, seed).await
+    };
+    run.await.map_err(|e: Error| RehearseError(e.to_string()))
 }
 
 /// Rehearse `seeds` on `jobs` threads, each seed on a runtime of its own (one thread, the
@@ -152,11 +164,10 @@ pub fn rehearse_seeds(
     seeds: &[u64],
     jobs: usize,
     done: &(dyn Fn(&SeedReport) + Sync),
-) -> Result<Vec<SeedReport>, Error> {
+) -> Result<Vec<SeedReport>, RehearseError> {
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: std::sync::Mutex<BTreeMap<usize, Result<SeedReport, String>>> =
-        Default::default();
-    std::thread::scope(|scope| -> Result<(), Error> {
+    let results: std::sync::Mutex<BTreeMap<usize, Result<SeedReport, String>>> = Default::default();
+    std::thread::scope(|scope| -> Result<(), RehearseError> {
         let mut handles = Vec::new();
         for _ in 0..jobs.max(1).min(seeds.len().max(1)) {
             let (next, results) = (&next, &results);
@@ -180,18 +191,22 @@ pub fn rehearse_seeds(
                     if let Ok(mut m) = results.lock() {
                         m.insert(i, r);
                     }
-                })?;
+                })
+                .map_err(|e| RehearseError(format!("start a rehearsal thread: {e}")))?;
             handles.push(h);
         }
         for h in handles {
-            h.join().map_err(|_| "a rehearsal thread panicked")?;
+            h.join()
+                .map_err(|_| RehearseError("a rehearsal thread panicked".into()))?;
         }
         Ok(())
     })?;
-    let results = results.into_inner().map_err(|_| "a rehearsal thread panicked")?;
+    let results = results
+        .into_inner()
+        .map_err(|_| RehearseError("a rehearsal thread panicked".into()))?;
     let mut out = Vec::new();
     for (i, r) in results {
-        out.push(r.map_err(|e| format!("seed {}: {e}", seeds[i]))?);
+        out.push(r.map_err(|e| RehearseError(format!("seed {}: {e}", seeds[i])))?);
     }
     Ok(out)
 }
@@ -333,7 +348,8 @@ impl World {
                 .collect()
         };
         let (pdbs, volumes) = self.twin.kube.with(|c, _| {
-            let field = |v: &Value, p: &str| v.pointer(p).and_then(Value::as_str).map(str::to_string);
+            let field =
+                |v: &Value, p: &str| v.pointer(p).and_then(Value::as_str).map(str::to_string);
             let pdbs = c
                 .list("poddisruptionbudgets", None)
                 .iter()
@@ -414,10 +430,20 @@ impl World {
             }
             let (log, engine_clock) = (&run.log, clock.clone());
             let report = move |p: Progress| {
-                say(log, engine_clock.now().since(t0).as_secs(), format!("engine: {p}"));
+                say(
+                    log,
+                    engine_clock.now().since(t0).as_secs(),
+                    format!("engine: {p}"),
+                );
             };
-            let mut engine = Rollout::new(&self.kube, &self.talos, clock.clone(), &self.change.cluster, HOLDER)
-                .for_cluster(&doc);
+            let mut engine = Rollout::new(
+                &self.kube,
+                &self.talos,
+                clock.clone(),
+                &self.change.cluster,
+                HOLDER,
+            )
+            .for_cluster(&doc);
             engine.report = Some(&report);
             let ended = tokio::select! {
                 r = engine.run(&self.plan, &target, Some(&self.change), resume) => Some(r),
@@ -552,7 +578,9 @@ impl Run<'_> {
     fn violation(&self, rule: &'static str, action: String) {
         let at = self.offset();
         self.say(format!("VIOLATION {rule}: {action}"));
-        self.violations.borrow_mut().push(ViolationSeen { rule, at, action });
+        self.violations
+            .borrow_mut()
+            .push(ViolationSeen { rule, at, action });
     }
 
     /// Every rule, now; a rule newly broken is recorded once per stretch it stays broken.
@@ -650,23 +678,34 @@ impl Run<'_> {
 
     /// Send the twin the current state of `kind`'s faults (after `changed` struck or
     /// cleared), and tell the checker what the faults do now.
-    async fn post_kind(&self, kind: FaultKind, changed: Option<&Fault>, on: bool) -> Result<(), Error> {
+    async fn post_kind(
+        &self,
+        kind: FaultKind,
+        changed: Option<&Fault>,
+        on: bool,
+    ) -> Result<(), Error> {
         if kind == FaultKind::OperatorCordon {
-            // The checker holds ichor to a cordon only once it stands, and lets go of it
-            // before the operator lifts it.
-            if !on {
-                self.tell_judge();
-            }
+            // The checker excuses the cordon from before it is set to after it is lifted,
+            // and holds ichor to it only while it stands.
             if let Some(node) = changed.and_then(|f| f.target.as_deref()) {
+                let (before, after) = if on {
+                    (Cordon::Setting, Cordon::Standing)
+                } else {
+                    (Cordon::Lifting, Cordon::Gone)
+                };
+                self.judge.borrow_mut().operator_cordon(node, before);
                 self.cordon(node, on).await?;
-            }
-            if on {
-                self.tell_judge();
+                self.judge.borrow_mut().operator_cordon(node, after);
             }
             return Ok(());
         }
         self.tell_judge();
-        let active: Vec<Fault> = self.active.borrow().iter().map(|(f, _)| f.clone()).collect();
+        let active: Vec<Fault> = self
+            .active
+            .borrow()
+            .iter()
+            .map(|(f, _)| f.clone())
+            .collect();
         let mut refs: Vec<&Fault> = active.iter().collect();
         // A burst is not "active" for a duration: it is sent once, with its count.
         if kind == FaultKind::ApiErrors && on {
@@ -689,11 +728,9 @@ impl Run<'_> {
                 .filter_map(|(f, _)| f.target.clone())
                 .collect()
         };
-        self.judge.borrow_mut().set_faults(
-            of(FaultKind::KubeletSilent),
-            of(FaultKind::OperatorCordon),
-            of(FaultKind::EtcdUnhealthy),
-        );
+        self.judge
+            .borrow_mut()
+            .set_faults(of(FaultKind::KubeletSilent), of(FaultKind::EtcdUnhealthy));
     }
 
     async fn post(&self, doc: Value) -> Result<(), Error> {
@@ -706,7 +743,8 @@ impl Run<'_> {
 
     /// An operator's `kubectl cordon` / `uncordon`.
     async fn cordon(&self, node: &str, on: bool) -> Result<(), Error> {
-        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(self.world.raw.clone());
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+            kube::Api::all(self.world.raw.clone());
         nodes
             .patch(
                 node,
@@ -724,10 +762,16 @@ impl Run<'_> {
         for f in &cleared {
             self.say(format!("operator clears {f}"));
         }
-        for f in cleared.iter().filter(|f| f.kind == FaultKind::OperatorCordon) {
+        for f in cleared
+            .iter()
+            .filter(|f| f.kind == FaultKind::OperatorCordon)
+        {
             self.post_kind(f.kind, Some(f), false).await?;
         }
-        for k in kinds.into_iter().filter(|k| *k != FaultKind::OperatorCordon) {
+        for k in kinds
+            .into_iter()
+            .filter(|k| *k != FaultKind::OperatorCordon)
+        {
             self.post_kind(k, None, false).await?;
         }
         self.tell_judge();
@@ -748,7 +792,9 @@ impl Run<'_> {
                     p.node.as_deref() == Some(t) || p.reason.contains(short)
                 });
                 let described = f.kind == FaultKind::ApiErrors
-                    && (reason.contains("500") || reason.contains("429") || reason.contains("too many"));
+                    && (reason.contains("500")
+                        || reason.contains("429")
+                        || reason.contains("too many"));
                 named || described
             })
             .map(|f| f.to_string())

@@ -187,7 +187,7 @@ impl Fault {
                     .iter()
                     .filter(|f| f.kind == kind)
                     .filter_map(|f| f.burst)
-                    .last()
+                    .next_back()
                     .unwrap_or((0, 500));
                 json!({"apiErrorBurst": {"count": count, "status": status, "retryAfter": "2s"}})
             }
@@ -335,8 +335,8 @@ mod tests {
             pdbs: vec![],
             ..targets()
         };
-        assert!((0..50).all(|s| draw(s, &[FaultKind::PdbBlocks], &none, Duration::from_secs(600))
-            .is_empty()));
+        assert!((0..50)
+            .all(|s| draw(s, &[FaultKind::PdbBlocks], &none, Duration::from_secs(600)).is_empty()));
     }
 
     #[test]

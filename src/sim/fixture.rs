@@ -155,6 +155,104 @@ impl Fixture {
         .unwrap_or_else(|e| panic!("embedded homelab fixture: {e}"))
     }
 
+    /// A generated fleet: 3 control planes and `workers` workers (at most 999), one Longhorn
+    /// volume per three workers with a replica on workers i, i + n and i + 2n, no
+    /// maintenance window. `main` runs Talos v1.12.6 and Kubernetes v1.33.5; branch
+    /// `bump/talos` moves Talos to v1.12.9, `bump/grouped` Talos to v1.12.9 and Kubernetes
+    /// to v1.33.7. For the rehearsal's tests and benchmarks.
+    pub fn fleet(workers: usize, max_unavailable: u32) -> Fixture {
+        use std::fmt::Write as _;
+        let workers = workers.clamp(1, 999);
+        let mut inv = String::new();
+        for i in 1..=3 {
+            let _ = writeln!(
+                inv,
+                "      - {{name: cp-{i}, role: controlplane, address: 10.0.10.{}}}",
+                10 + i
+            );
+        }
+        let volumes = workers.div_ceil(3);
+        for i in 0..workers {
+            let _ = writeln!(
+                inv,
+                "      - {{name: w-{i:03}, role: worker, address: 10.0.{}.{}, volumes: [pvc-{:03}]}}",
+                11 + i / 200,
+                1 + i % 200,
+                i % volumes
+            );
+        }
+        let cluster = format!(
+            "apiVersion: ichor.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: fleet
+spec:
+  talos:
+    endpoints: [10.0.10.11, 10.0.10.12, 10.0.10.13]
+    installerImage: factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba
+  cni:
+    handover:
+      mode: automatic
+      argocdApplication: {{name: cilium, namespace: argocd}}
+    replacesKubeProxy: true
+  rollout:
+    maxUnavailable: {max_unavailable}
+    drainTimeout: 15m
+    nodeTimeout: 45m
+    # The twin's `web` Deployment keeps scratch data in an emptyDir, as a cache would.
+    drain: {{deleteEmptyDirData: true}}
+  volumes:
+    provider: longhorn
+  inventory:
+    nodes:
+{inv}"
+        );
+        const RELEASE_SET: &str = "apiVersion: ichor.dev/v1alpha1
+kind: ReleaseSet
+metadata:
+  name: fleet
+spec:
+  talos: v1.12.6
+  kubernetes: v1.33.5
+  cni: {name: cilium, version: 1.18.3}
+  addons:
+    - {name: cert-manager, version: v1.20.2}
+    - {name: longhorn, version: v1.10.3}
+";
+        const HISTORY: &str = "people:
+  me: {name: Fleet, email: fleet@example.com}
+main:
+  - {message: the cluster, author: me, date: \"2026-01-01T00:00:00Z\", tree: true}
+branches:
+  - name: bump/talos
+    expect: pass
+    title: talos
+    commits:
+      - message: talos v1.12.9
+        author: me
+        date: \"2026-01-02T00:00:00Z\"
+        edits:
+          - {file: clusters/fleet/release-set.yaml, find: \"talos: v1.12.6\", replace: \"talos: v1.12.9\"}
+  - name: bump/grouped
+    expect: pass
+    title: grouped
+    commits:
+      - message: talos v1.12.9, kubernetes v1.33.7
+        author: me
+        date: \"2026-01-02T00:00:00Z\"
+        edits:
+          - {file: clusters/fleet/release-set.yaml, find: \"talos: v1.12.6\", replace: \"talos: v1.12.9\"}
+          - {file: clusters/fleet/release-set.yaml, find: \"kubernetes: v1.33.5\", replace: \"kubernetes: v1.33.7\"}
+";
+        let tree = [
+            ("clusters/fleet/cluster.yaml", cluster.as_str()),
+            ("clusters/fleet/release-set.yaml", RELEASE_SET),
+        ];
+        // Generated here from constants: failing to parse it is a defect of this function.
+        Fixture::parse("fleet", &tree, HISTORY)
+            .unwrap_or_else(|e| panic!("generated fleet fixture: {e}"))
+    }
+
     /// Write the history into a new (non-bare) repository at `dest`, with `main` checked out.
     pub fn build(&self, dest: &Path) -> Result<Repository, FixtureError> {
         // Writing history over an existing repository would fail half-way with a git error

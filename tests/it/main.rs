@@ -14,6 +14,7 @@ mod notes;
 mod policies;
 mod props;
 mod rbac;
+mod rehearse;
 mod render;
 mod renovate;
 mod rollout;

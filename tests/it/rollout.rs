@@ -12,6 +12,7 @@ use ichor::clock::Clock;
 use ichor::gate::{self, live};
 use ichor::kube::KubeClient;
 use ichor::plan::PlanOptions;
+use ichor::rehearse::Judge;
 use ichor::rollout::record::{self, RecordState};
 use ichor::rollout::{Progress, Rollout, RunOutcome, Target};
 use ichor::sim::talos::Role;
@@ -24,118 +25,14 @@ use crate::homelab;
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 type Error = Box<dyn std::error::Error>;
 
-/// What the twin itself says about safety at one instant.
+/// What the twin itself says about safety at one instant: the rules `ichor rehearse`
+/// judges (`ichor::rehearse::invariants`), with no fault injected to blame instead.
 fn violations(twin: &Twin, max_unavailable: usize) -> Vec<String> {
-    let obs = twin.talos.observe();
-    let (cordoned, replicas) = twin.kube.with(|c, _| {
-        let cordoned: BTreeSet<String> = c
-            .list("nodes", None)
-            .iter()
-            .filter(|n| {
-                n.pointer("/spec/unschedulable")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false)
-            })
-            .filter_map(|n| n.pointer("/metadata/name").and_then(Value::as_str))
-            .map(str::to_string)
-            .collect();
-        // (volume, node) of every Longhorn replica.
-        let replicas: Vec<(String, String)> = c
-            .list("replicas", None)
-            .iter()
-            .filter_map(|r| {
-                Some((
-                    r.pointer("/spec/volumeName")?.as_str()?.to_string(),
-                    r.pointer("/spec/nodeID")?.as_str()?.to_string(),
-                ))
-            })
-            .collect();
-        (cordoned, replicas)
-    });
-    let down = |o: &ichor::sim::talos::NodeObservation| !(o.up && o.ready);
-    let cps_down: Vec<&str> = obs
-        .iter()
-        .filter(|o| o.role == Role::ControlPlane && down(o))
-        .map(|o| o.name.as_str())
-        .collect();
-    let workers_out: Vec<&str> = obs
-        .iter()
-        .filter(|o| o.role == Role::Worker && (down(o) || cordoned.contains(&o.name)))
-        .map(|o| o.name.as_str())
-        .collect();
-    let mut out = Vec::new();
-    if cps_down.len() > 1 {
-        out.push(format!("two control planes down: {cps_down:?}"));
-    }
-    if workers_out.len() > max_unavailable {
-        out.push(format!(
-            "more than {max_unavailable} workers unavailable: {workers_out:?}"
-        ));
-    }
-    // A single member has no quorum to keep while its node reboots.
-    let cps = obs.iter().filter(|o| o.role == Role::ControlPlane).count();
-    if cps > 1 && !twin.talos.with_model(|m| m.etcd_has_quorum()) {
-        out.push("etcd lost quorum".into());
-    }
-    // Never two holders of one volume down together.
-    let down_nodes: BTreeSet<&str> = obs
-        .iter()
-        .filter(|o| down(o))
-        .map(|o| o.name.as_str())
-        .collect();
-    let mut holders_down: std::collections::BTreeMap<&str, BTreeSet<&str>> = Default::default();
-    for (v, n) in &replicas {
-        if down_nodes.contains(n.as_str()) {
-            holders_down.entry(v).or_default().insert(n);
-        }
-    }
-    for (v, nodes) in holders_down {
-        if nodes.len() > 1 {
-            out.push(format!("two holders of volume {v} down: {nodes:?}"));
-        }
-    }
-    // Never a kubelet newer than any apiserver; every (Talos, Kubernetes) pair supported.
-    let version =
-        |s: &str| ichor::releaseset::Version::parse(s.rsplit(':').next().unwrap_or(s)).ok();
-    let apiservers: Vec<ichor::releaseset::Version> = obs
-        .iter()
-        .flat_map(|o| o.static_pods.iter())
-        .filter(|p| p.component == ichor::sim::talos::Component::ApiServer)
-        .filter_map(|p| version(&p.image))
-        .collect();
-    // Parsed once: the checker runs after every tick.
-    static POLICIES: std::sync::OnceLock<Option<ichor::policy::Policies>> =
-        std::sync::OnceLock::new();
-    let policies = POLICIES.get_or_init(|| ichor::policy::Policies::shipped().ok());
-    for o in &obs {
-        let Some(kubelet) = version(&o.kubelet_version) else {
-            continue;
-        };
-        if let Some(oldest) = apiservers.iter().min() {
-            if kubelet > *oldest {
-                out.push(format!(
-                    "kubelet {kubelet} on {} is newer than apiserver {oldest}",
-                    o.name
-                ));
-            }
-        }
-        if let (Some(p), Some(t)) = (policies, version(&o.talos_version)) {
-            for k in apiservers.iter().chain(std::iter::once(&kubelet)) {
-                if p.supports("talos", &t, k) == Some(false) {
-                    out.push(format!("{} runs Talos {t} with Kubernetes {k}", o.name));
-                }
-            }
-        }
-    }
-    // No pod deleted except through an eviction; nothing forced.
-    for e in twin.kube.audit().entries() {
-        if e.resource == "pods" && e.subresource.is_empty() && e.verb == "delete" {
-            out.push(format!("pod {}/{} deleted directly", e.namespace, e.name));
-        }
-    }
-    out.sort();
-    out.dedup();
-    out
+    Judge::new(max_unavailable)
+        .judge(twin)
+        .into_iter()
+        .map(|v| v.to_string())
+        .collect()
 }
 
 pub struct Setup {
