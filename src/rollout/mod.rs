@@ -1074,7 +1074,9 @@ impl Run<'_, '_> {
         else {
             return 0;
         };
-        let Some(leader) = view.leader().map(|m| m.hostname.clone()) else {
+        // The Node that runs the leading member, by identity (its name may differ from the
+        // member's: an FQDN, a capital letter).
+        let Some(leader) = view.leader_node().map(str::to_string) else {
             return 0;
         };
         if steps[0].nodes.first() != Some(&leader) {

@@ -60,7 +60,9 @@ fn violations(twin: &Twin, max_unavailable: usize) -> Vec<String> {
         .collect();
     let workers_out: Vec<&str> = obs
         .iter()
-        .filter(|o| o.role == Role::Worker && (down(o) || cordoned.contains(&o.name)))
+        .filter(|o| {
+            o.role == Role::Worker && (down(o) || cordoned.contains(&twin.node_name(&o.name)))
+        })
         .map(|o| o.name.as_str())
         .collect();
     let mut out = Vec::new();
@@ -78,14 +80,15 @@ fn violations(twin: &Twin, max_unavailable: usize) -> Vec<String> {
         out.push("etcd lost quorum".into());
     }
     // Never two holders of one volume down together.
-    let down_nodes: BTreeSet<&str> = obs
+    // Replicas name Nodes, which may differ from the hostnames (`registerWithFQDN`).
+    let down_nodes: BTreeSet<String> = obs
         .iter()
         .filter(|o| down(o))
-        .map(|o| o.name.as_str())
+        .map(|o| twin.node_name(&o.name))
         .collect();
     let mut holders_down: std::collections::BTreeMap<&str, BTreeSet<&str>> = Default::default();
     for (v, n) in &replicas {
-        if down_nodes.contains(n.as_str()) {
+        if down_nodes.contains(n) {
             holders_down.entry(v).or_default().insert(n);
         }
     }
