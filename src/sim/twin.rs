@@ -660,6 +660,7 @@ impl Twin {
             .await?,
         );
         place_replicas(&kube, folder, fqdn);
+        stamp_bootstrap_ownership(&talos, &kube);
         talos.set_admin_kubeconfig(admin_kubeconfig(folder.cluster.name(), &kube));
         kube.set_fault_hook(Arc::new(TwinFaults {
             talos: talos.clone(),
@@ -931,6 +932,64 @@ impl FaultHook for TwinFaults {
             w.drop_next(u32::try_from(f.dropped_webhooks).unwrap_or(u32::MAX));
         }
     }
+}
+
+/// Talos's bootstrap created each object of its manifests with
+/// `Create(…, CreateOptions{FieldManager: "talos"})` (siderolabs/talos@032c99a0:internal/app/
+/// machined/pkg/controllers/k8s/manifest_apply.go `apply`): a `talos`/Update entry owning the
+/// fields the manifest sets. Every seeded object a control plane's manifests name gets one.
+fn stamp_bootstrap_ownership(talos: &TalosTwin, kube: &KubeTwin) {
+    let texts: Vec<String> = talos.read(|m| {
+        (0..m.nodes().len())
+            .find(|&i| m.node(i).is_control_plane())
+            .map(|i| {
+                talos::bootstrap_manifests(m, i)
+                    .into_iter()
+                    .map(|(_, y)| y)
+                    .collect()
+            })
+            .unwrap_or_default()
+    });
+    let objects: Vec<serde_json::Value> = texts
+        .iter()
+        .filter_map(|y| serde_yaml::from_str::<serde_json::Value>(y).ok())
+        .flat_map(|v| match v {
+            serde_json::Value::Array(items) => items,
+            one => vec![one],
+        })
+        .collect();
+    kube.with(|c, now| {
+        c.batch(now, |c| {
+            for o in &objects {
+                let text = |p: &str| o.pointer(p).and_then(|v| v.as_str()).unwrap_or("");
+                let api_version = text("/apiVersion");
+                let Some(rt) = kube::resources::by_kind(api_version, text("/kind")) else {
+                    continue;
+                };
+                let ns = if rt.namespaced {
+                    text("/metadata/namespace")
+                } else {
+                    ""
+                };
+                let Some(mut live) = c.get(rt.plural, ns, text("/metadata/name")) else {
+                    continue;
+                };
+                let seeded = kube::apply::leaves(&live);
+                let owned: Vec<Vec<String>> = kube::apply::leaves(o)
+                    .into_iter()
+                    .filter(|p| seeded.contains(p))
+                    .collect();
+                live["metadata"]["managedFields"] = json!([{
+                    "manager": "talos", "operation": "Update", "apiVersion": api_version,
+                    "time": now.rfc3339(), "fieldsType": "FieldsV1",
+                    "fieldsV1": kube::apply::fields_v1(&owned)}]);
+                if let Some(m) = live.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+                    m.remove("resourceVersion");
+                }
+                let _ = c.upsert(live, now);
+            }
+        })
+    });
 }
 
 /// Put the Longhorn replicas on the nodes the inventory names (the seed spreads them
