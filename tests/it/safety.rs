@@ -219,6 +219,51 @@ async fn a_mark_on_a_schedulable_node_is_cleared_and_only_this_rollouts_cordon_i
     Ok(())
 }
 
+/// Real kubectl against the twin, on a blocking thread so the twin keeps answering.
+async fn kubectl(s: &Setup, args: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
+    let kubeconfig = s.twin.kubeconfig().to_path_buf();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        let cache = tempfile::tempdir()?;
+        std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--cache-dir")
+            .arg(cache.path())
+            .args(&args)
+            .output()
+    })
+    .await??;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// (f): ichor cordoned w-1 and paused; the operator `kubectl uncordon`s it (the mark stays)
+/// and later `kubectl cordon`s it for maintenance. That cordon is theirs: `spec.unschedulable`
+/// now belongs to kubectl's field manager, so neither the inventory nor the uncordon of this
+/// very rollout takes it for ichor's.
+#[tokio::test]
+async fn an_operators_cordon_over_this_rollouts_old_mark_is_never_undone() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let rollout = s.target().commit;
+    s.kube.cordon("w-1", &rollout).await?;
+    kubectl(&s, &["uncordon", "w-1"]).await?;
+    kubectl(&s, &["cordon", "w-1"]).await?;
+    let w1 =
+        |nodes: Vec<ichor::kube::inventory::LiveNode>| nodes.into_iter().find(|n| n.name == "w-1");
+    let n = w1(s.kube.nodes().await?).ok_or("no w-1")?;
+    assert!(n.cordoned && n.cordoned_for.is_none(), "{n:?}");
+    assert!(!s.kube.uncordon("w-1", &rollout).await?);
+    let n = w1(s.kube.nodes().await?).ok_or("no w-1")?;
+    assert!(n.cordoned, "the operator's cordon was undone: {n:?}");
+    // ichor's own cordon, untouched by anyone, is still its own to undo.
+    s.kube.cordon("w-2", &rollout).await?;
+    assert!(s.kube.uncordon("w-2", &rollout).await?);
+    Ok(())
+}
+
 /// Item 4: pods with emptyDir data pause the drain, naming them and the key that accepts
 /// the loss; nothing is evicted.
 #[tokio::test]

@@ -259,13 +259,20 @@ pub fn record_update(
         .filter(|p| p.first().is_none_or(|k| k != "status"))
         .filter(|p| value_at(before, p) != value_at(new, p))
         .collect();
-    if changed.is_empty() {
+    // A field the write removed leaves every manager's set, as upstream's field manager
+    // drops paths no longer in the object.
+    let removed: Vec<Path> = leaves(before)
+        .into_iter()
+        .filter(|p| value_at(new, p).is_none())
+        .collect();
+    if changed.is_empty() && removed.is_empty() {
         return;
     }
     let mut out: Vec<Value> = Vec::new();
     let mut mine: Vec<Path> = Vec::new();
     for e in entries_of(old) {
         let mut paths = paths_of(e.get("fieldsV1").unwrap_or(&Value::Null));
+        paths.retain(|p| !removed.contains(p));
         if manager_of(&e) == manager && operation_of(&e) == "Update" {
             mine = paths;
             continue;
@@ -282,7 +289,9 @@ pub fn record_update(
             mine.push(p);
         }
     }
-    out.push(entry(manager, "Update", api_version, &mine, now));
+    if !mine.is_empty() {
+        out.push(entry(manager, "Update", api_version, &mine, now));
+    }
     set_path(new, &["metadata", "managedFields"], Value::Array(out));
 }
 
