@@ -379,20 +379,21 @@ impl Rollout<'_> {
                 }
                 let was = s.record.state;
                 s.record.holder = self.holder.clone();
-                match was {
-                    RecordState::Paused => {
-                        // Each attempt gets its own deadline: a step resumed after its
-                        // node timeout would otherwise fail every settling state at once.
-                        for step in s.record.steps.values_mut() {
-                            if step.started_at.is_some() && step.finished_at.is_none() {
-                                step.started_at = Some(now.rfc3339());
-                            }
+                // Each attempt gets its own deadline, after a pause and after an engine that
+                // stopped (killed, its node lost, the lock lost) alike: a step continued
+                // after its node timeout would otherwise fail every settling state at once.
+                if matches!(was, RecordState::Paused | RecordState::Running) {
+                    for step in s.record.steps.values_mut() {
+                        if step.started_at.is_some() && step.finished_at.is_none() {
+                            step.started_at = Some(now.rfc3339());
                         }
-                        if let Some(g) = s.record.health.gate.as_mut() {
-                            g.started_at = now.rfc3339();
-                        }
-                        s.record.log(now, "resumed")
                     }
+                    if let Some(g) = s.record.health.gate.as_mut() {
+                        g.started_at = now.rfc3339();
+                    }
+                }
+                match was {
+                    RecordState::Paused => s.record.log(now, "resumed"),
                     RecordState::Running => s.record.log(now, "continued after the engine stopped"),
                     RecordState::Completed => s.record.log(now, "re-run: verifying"),
                 }

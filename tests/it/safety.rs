@@ -502,6 +502,46 @@ async fn a_pause_resumed_after_the_node_timeout_gets_a_fresh_deadline() -> TestR
     Ok(())
 }
 
+/// (h): an engine killed mid-step (an OOM kill, its node lost, its pod Pending for hours)
+/// leaves the record `Running`; the next engine, starting long after the node timeout,
+/// gives the step it continues a fresh deadline, as a resume from a pause does, instead of
+/// failing its first settling state at once.
+#[tokio::test]
+async fn an_engine_killed_mid_step_is_continued_with_a_fresh_deadline() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let drained = tokio::sync::Notify::new();
+    let lines = Lines::default();
+    let report = |p: Progress| {
+        if matches!(&p, Progress::Note(n) if n.contains(": drained (")) {
+            drained.notify_one();
+        }
+        lines.push(p);
+    };
+    let engine = s.engine(&report);
+    let target = s.target();
+    {
+        let run = engine.run(&s.plan, &target, Some(&s.change), false);
+        tokio::select! {
+            r = run => return Err(format!("finished before any drain: {r:?}").into()),
+            _ = drained.notified() => {}
+            _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!("the driver never ends"),
+        }
+    }
+    drop(engine);
+    // Killed: the record still says Running. The next engine starts two hours later (the
+    // node timeout is 45 minutes).
+    s.twin.advance(Duration::from_secs(2 * 3600));
+    let (o, seen, lines) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "invariants broken: {seen:?}");
+    assert!(
+        matches!(o, RunOutcome::Completed { .. }),
+        "{o:?}\n{:#?}",
+        lines.all()
+    );
+    crate::rollout::assert_finished(&s).await?;
+    Ok(())
+}
+
 /// Without `spec.talos.installerImage`, each node is upgraded with the installer repository
 /// its own configuration names (an Image Factory schematic keeps its extensions), tagged
 /// with the target — never a default it does not use.
