@@ -388,6 +388,10 @@ impl Rollout<'_> {
                             step.started_at = Some(now.rfc3339());
                         }
                     }
+                }
+                // A health gate keeps its deadline across a restart (it waits on the owner's
+                // check, not on a node ichor acts on); a resume asked for gets a fresh one.
+                if was == RecordState::Paused {
                     if let Some(g) = s.record.health.gate.as_mut() {
                         g.started_at = now.rfc3339();
                     }
