@@ -760,7 +760,25 @@ async fn before_kubernetes_an_etcd_wait_waits_and_the_rollout_goes_on() -> TestR
 /// kept failing".
 #[tokio::test]
 async fn a_pod_under_two_budgets_pauses_at_once_naming_them() -> TestResult {
-    let s = setup(TwinConfig::default()).await?;
+    two_budgets_pause(setup(TwinConfig::default()).await?).await
+}
+
+/// (d): the same, as deploy/'s ServiceAccount: naming the budgets needs pod `get` and PDB
+/// `list`, which deploy/rbac.yaml grants, so the pause is about the budgets, not a 403.
+#[tokio::test]
+async fn as_the_deployed_service_account_a_pod_under_two_budgets_pauses_naming_them() -> TestResult
+{
+    if !crate::rbac::have_kubectl() {
+        return Ok(());
+    }
+    let mut s = setup(TwinConfig::default()).await?;
+    let dir = tempfile::tempdir()?;
+    let sa = crate::rbac::deployed(&s, dir.path()).await?;
+    s.kube = ichor::kube::KubeClient::connect(Some(&sa)).await?;
+    two_budgets_pause(s).await
+}
+
+async fn two_budgets_pause(s: Setup) -> TestResult {
     let first = s.first_pdb()?;
     let (ns, name) = first.split_once('/').ok_or("namespace/name")?;
     let pdbs: kube::Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
