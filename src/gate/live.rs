@@ -48,23 +48,68 @@ pub struct EtcdView {
     pub members: Vec<EtcdMember>,
     /// Each control plane's own status, or why it could not be read: (node, status).
     pub statuses: Vec<(String, Result<EtcdStatus, String>)>,
+    /// Each control plane's address: (node, internal IP), to find its member by peer URL
+    /// when its own status does not answer.
+    pub addresses: Vec<(String, String)>,
+}
+
+/// The host of a peer URL (`https://10.0.0.1:2380`, `https://[fd00::1]:2380`).
+fn url_host(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(v6),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    }
+}
+
+fn same_address(a: &str, b: &str) -> bool {
+    match (a.parse::<std::net::IpAddr>(), b.parse::<std::net::IpAddr>()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a.eq_ignore_ascii_case(b),
+    }
 }
 
 impl EtcdView {
+    /// Whether `node` runs member `m`, by identity, never by name: Talos names the member
+    /// with the kernel hostname (siderolabs/talos@149ffa97:internal/app/machined/pkg/
+    /// system/services/etcd.go `argsForControlPlane`) while the Node is the lower-cased
+    /// hostname or FQDN (siderolabs/talos@021c73c3:internal/app/machined/pkg/controllers/
+    /// k8s/nodename.go). The member id the node's own EtcdStatus reports decides; a node
+    /// that did not answer is found by its address in the member's peer URLs (Talos
+    /// advertises the node's own address there).
+    fn runs(&self, node: &str, m: &EtcdMember) -> bool {
+        match self.statuses.iter().find(|(n, _)| n == node) {
+            Some((_, Ok(st))) => st.member_id == m.id,
+            _ => self
+                .addresses
+                .iter()
+                .filter(|(n, _)| n == node)
+                .any(|(_, ip)| m.peer_urls.iter().any(|u| same_address(url_host(u), ip))),
+        }
+    }
+
+    /// The member `node` runs, found by identity ([`Self::runs`]).
+    pub fn member_of(&self, node: &str) -> Option<&EtcdMember> {
+        self.members.iter().find(|m| self.runs(node, m))
+    }
+
+    /// The control plane that runs member `m`, and how it answered.
+    fn status_of(&self, m: &EtcdMember) -> Option<&(String, Result<EtcdStatus, String>)> {
+        self.statuses.iter().find(|(node, _)| self.runs(node, m))
+    }
+
     /// Each member of the member list with how it answered: `Ok` when the control plane
-    /// whose EtcdStatus names this member id reports no errors and it is a voter, else why
-    /// not. A member no control plane answers for (a machine replaced and never removed) is
-    /// judged as what it is: down, and counting toward quorum (etcd counts every member of
-    /// the cluster configuration: etcd-io/etcd server/etcdserver/api/membership/cluster.go
-    /// at v3.5.17, `Members`/`VotingMembers`).
+    /// that runs this member reports no errors and it is a voter, else why not. A member
+    /// no control plane answers for (a machine replaced and never removed) is judged as
+    /// what it is: down, and counting toward quorum (etcd counts every member of the
+    /// cluster configuration: etcd-io/etcd server/etcdserver/api/membership/cluster.go at
+    /// v3.5.17, `Members`/`VotingMembers`).
     pub fn member_health(&self) -> Vec<(&EtcdMember, Result<(), String>)> {
         self.members
             .iter()
             .map(|m| {
-                let status = self.statuses.iter().find(|(node, st)| match st {
-                    Ok(st) => st.member_id == m.id,
-                    Err(_) => *node == m.hostname,
-                });
+                let status = self.status_of(m);
                 let health = if m.is_learner {
                     Err("a learner, still joining".to_string())
                 } else {
@@ -91,12 +136,7 @@ impl EtcdView {
     pub fn stale_members(&self) -> Vec<&EtcdMember> {
         self.members
             .iter()
-            .filter(|m| {
-                !self.statuses.iter().any(|(node, st)| match st {
-                    Ok(st) => st.member_id == m.id,
-                    Err(_) => *node == m.hostname,
-                })
-            })
+            .filter(|m| self.status_of(m).is_none())
             .collect()
     }
 
@@ -107,9 +147,16 @@ impl EtcdView {
     pub fn may_take_down(&self, node: &str, own_may_be_down: bool) -> Result<(), String> {
         let health = self.member_health();
         let total = health.len();
+        let own = self.member_of(node).map(|m| m.id);
+        // A member that cannot be told apart is never assumed to be someone else's.
+        if own.is_none() && total > 1 {
+            return Err(format!(
+                "cannot tell which of etcd's {total} members {node} runs: its EtcdStatus did not answer and no member's peer URL carries its address; taking it down could lose quorum — check `talosctl etcd members`, then resume"
+            ));
+        }
         let sick: Vec<String> = health
             .iter()
-            .filter(|(m, _)| !(own_may_be_down && m.hostname == node))
+            .filter(|(m, _)| !(own_may_be_down && Some(m.id) == own))
             .filter_map(|(m, h)| h.as_ref().err().map(|e| format!("{} ({e})", m.hostname)))
             .collect();
         if !sick.is_empty() {
@@ -127,7 +174,7 @@ impl EtcdView {
         }
         let after = health
             .iter()
-            .filter(|(m, h)| h.is_ok() && m.hostname != node)
+            .filter(|(m, h)| h.is_ok() && Some(m.id) != own)
             .count();
         if after * 2 <= total {
             return Err(format!(
@@ -136,6 +183,12 @@ impl EtcdView {
             ));
         }
         Ok(())
+    }
+
+    /// The control plane whose member leads etcd.
+    pub fn leader_node(&self) -> Option<&str> {
+        let leader = self.leader()?;
+        self.status_of(leader).map(|(node, _)| node.as_str())
     }
 
     pub fn leader(&self) -> Option<&EtcdMember> {
@@ -430,7 +483,15 @@ pub async fn observe_etcd_around(
             .map_err(|e| e.to_string());
         statuses.push((cp.name.clone(), st));
     }
-    Ok(EtcdView { members, statuses })
+    let addresses = cps
+        .iter()
+        .filter_map(|cp| Some((cp.name.clone(), cp.internal_ip.clone()?)))
+        .collect();
+    Ok(EtcdView {
+        members,
+        statuses,
+        addresses,
+    })
 }
 
 /// The live nodes as the static node items take them, with their volumes.
@@ -753,7 +814,7 @@ fn etcd_item(etcd: &Result<EtcdView, String>) -> CheckItem {
         .filter_map(|(m, h)| h.err().map(|e| format!("{} ({e})", m.hostname)))
         // A control plane that does not answer and is not in the list is down too.
         .chain(view.statuses.iter().filter_map(|(n, s)| match s {
-            Err(e) if !view.members.iter().any(|m| m.hostname == *n) => {
+            Err(e) if view.member_of(n).is_none() => {
                 Some(format!("{n} ({})", crate::releaseset::excerpt(e, 120)))
             }
             _ => None,
@@ -806,6 +867,13 @@ fn etcd_item(etcd: &Result<EtcdView, String>) -> CheckItem {
     let leader = view
         .leader()
         .map_or("unknown".to_string(), |m| m.hostname.clone());
+    if n == 2 {
+        // The rollout refuses to take either down (`may_take_down`): say so now rather
+        // than start and pause on the first control plane.
+        return CheckItem::new(id, title, Status::Fail, format!("2 members (leader {leader}): with either down etcd loses quorum, so ichor will not reboot a control plane"))
+            .hint("add a third control plane (or go down to one and accept the API downtime), then retry")
+            .source("live");
+    }
     if n < 3 {
         return CheckItem::new(id, title, Status::Warn, format!("{n} member(s) (leader {leader}): with one down etcd loses quorum, so the Kubernetes API is unavailable while each control plane upgrades"))
             .hint("run three control planes for upgrades without API downtime")
@@ -1249,8 +1317,16 @@ mod tests {
         let one = EtcdView {
             members: vec![member(1, "cp-1", false)],
             statuses: vec![("cp-1".into(), Ok(status(1)))],
+            addresses: vec![],
         };
-        assert_eq!(etcd_item(&Ok(one)).status, Status::Warn);
+        assert_eq!(etcd_item(&Ok(one.clone())).status, Status::Warn);
+        // Two: the rollout will not take either down, and the gate says so.
+        let mut two = one;
+        two.members.push(member(2, "cp-2", false));
+        two.statuses.push(("cp-2".into(), Ok(status(2))));
+        let item = etcd_item(&Ok(two));
+        assert_eq!(item.status, Status::Fail, "{}", item.message);
+        assert!(item.message.contains("loses quorum"), "{}", item.message);
         let learner = EtcdView {
             members: vec![
                 member(1, "cp-1", false),
@@ -1269,6 +1345,7 @@ mod tests {
                     }),
                 ),
             ],
+            addresses: vec![],
         };
         let item = etcd_item(&Ok(learner));
         assert_eq!(item.status, Status::Wait);
@@ -1281,7 +1358,7 @@ mod tests {
         let member = |id, name: &str| EtcdMember {
             id,
             hostname: name.into(),
-            peer_urls: vec![],
+            peer_urls: vec![format!("https://10.0.0.{id}:2380")],
             is_learner: false,
         };
         let status = |id| EtcdStatus {
@@ -1304,6 +1381,9 @@ mod tests {
                 ("cp-2".into(), Ok(status(2))),
                 ("cp-3".into(), Ok(status(3))),
             ],
+            addresses: (1..=3)
+                .map(|i| (format!("cp-{i}"), format!("10.0.0.{i}")))
+                .collect(),
         };
         let why = view.may_take_down("cp-1", false).unwrap_err();
         assert!(
@@ -1335,5 +1415,58 @@ mod tests {
         going.statuses[0] = ("cp-1".into(), Err("unavailable".into()));
         assert!(going.may_take_down("cp-1", false).is_err());
         assert_eq!(going.may_take_down("cp-1", true), Ok(()));
+        // ... but a node whose member cannot be told apart is never let down.
+        going.addresses.clear();
+        assert!(going
+            .may_take_down("cp-1", true)
+            .unwrap_err()
+            .contains("cannot tell"));
+    }
+
+    /// Nodes registered under their FQDN (`registerWithFQDN`) or lower-cased from a
+    /// capitalised hostname never match their member by name; the member id each reports,
+    /// or its address in the peer URLs, finds it.
+    #[test]
+    fn a_node_is_matched_to_its_member_by_identity_not_by_name() {
+        let member = |id, name: &str| EtcdMember {
+            id,
+            hostname: name.into(),
+            peer_urls: vec![format!("https://[fd00::{id}]:2380")],
+            is_learner: false,
+        };
+        let status = |id| EtcdStatus {
+            member_id: id,
+            leader: 2,
+            is_learner: false,
+            errors: vec![],
+            version: String::new(),
+        };
+        let fqdn = |i| format!("cp-{i}.example.org");
+        let view = EtcdView {
+            members: vec![member(1, "CP-1"), member(2, "CP-2")],
+            statuses: vec![(fqdn(1), Ok(status(1))), (fqdn(2), Ok(status(2)))],
+            addresses: vec![(fqdn(1), "fd00::1".into()), (fqdn(2), "fd00:0::2".into())],
+        };
+        // Two members: the node's own member counts as going, so quorum would be lost.
+        let why = view.may_take_down(&fqdn(1), false).unwrap_err();
+        assert!(why.contains("quorum needs 2"), "{why}");
+        assert_eq!(view.leader_node(), Some(fqdn(2).as_str()));
+        assert_eq!(view.member_of(&fqdn(2)).map(|m| m.id), Some(2));
+        // Three, one of them on its way down after a restart: found by its peer URL, it
+        // is the one allowed not to answer.
+        let mut three = view.clone();
+        three.members.push(member(3, "CP-3"));
+        three.statuses.push((fqdn(3), Ok(status(3))));
+        three.addresses.push((fqdn(3), "fd00::3".into()));
+        three.statuses[0].1 = Err("unavailable".into());
+        assert_eq!(three.may_take_down(&fqdn(1), true), Ok(()));
+        assert!(three.stale_members().is_empty());
+        // An unhealthy other member still stops it.
+        three.statuses[2].1 = Ok(EtcdStatus {
+            errors: vec!["slow disk".into()],
+            ..status(3)
+        });
+        let why = three.may_take_down(&fqdn(1), true).unwrap_err();
+        assert!(why.contains("CP-3 (slow disk)"), "{why}");
     }
 }

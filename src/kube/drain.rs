@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::{KubeClient, KubeError, CORDONED_BY_ICHOR};
+use super::{KubeClient, KubeError, CORDONED_BY_ICHOR, FIELD_MANAGER};
 use crate::clock::Clock;
 
 /// First and largest wait between eviction attempts of a blocked pod.
@@ -153,6 +153,31 @@ fn budget_name(message: &str) -> Option<String> {
     Some(name.trim_end_matches([',', '.']).to_string())
 }
 
+fn as_ichor() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    }
+}
+
+/// Whether `spec.unschedulable` is still ichor's: its field manager owns the field. A Node
+/// that records no owner of it (managedFields stripped) is judged by the mark alone.
+fn cordon_is_ichors(n: &Node) -> bool {
+    let owners: Vec<&str> = n
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|e| {
+            e.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.pointer("/f:spec/f:unschedulable").is_some())
+        })
+        .filter_map(|e| e.manager.as_deref())
+        .collect();
+    owners.is_empty() || owners.contains(&FIELD_MANAGER)
+}
+
 impl KubeClient {
     /// Cordon `node` and mark it with the rollout it belongs to (`rollout`, the target
     /// commit). Idempotent; a node someone else cordoned stays theirs (no mark is added, so
@@ -190,13 +215,14 @@ impl KubeClient {
             },
             "spec": {"unschedulable": true}
         });
-        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        api.patch(node, &as_ichor(), &Patch::Merge(&patch))
             .await
             .map_err(|e| KubeError::from_kube(format!("cordon node {node}"), e))?;
         Ok(())
     }
 
-    /// Uncordon `node` if this rollout (`rollout`) cordoned it; `false` when it was not
+    /// Uncordon `node` if this rollout (`rollout`) cordoned it and the cordon is still the
+    /// one ichor wrote (its field manager owns `spec.unschedulable`); `false` when it was not
     /// ichor's to uncordon. A mark left on a schedulable node (someone uncordoned it by
     /// hand) is cleared, so a later cordon by an operator is never taken for ichor's.
     pub async fn uncordon(&self, node: &str, rollout: &str) -> Result<bool, KubeError> {
@@ -230,7 +256,7 @@ impl KubeClient {
         let Some(mark) = mark else {
             return Ok(false);
         };
-        let ours = cordoned && mark == rollout;
+        let ours = cordoned && mark == rollout && cordon_is_ichors(&n);
         if cordoned && !ours {
             return Ok(false);
         }
@@ -244,7 +270,7 @@ impl KubeClient {
         if ours {
             patch["spec"] = json!({"unschedulable": null});
         }
-        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        api.patch(node, &as_ichor(), &Patch::Merge(&patch))
             .await
             .map_err(|e| KubeError::from_kube(format!("uncordon node {node}"), e))?;
         Ok(ours)

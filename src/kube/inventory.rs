@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use serde_json::Value;
 
-use super::{KubeClient, KubeError, CORDONED_BY_ICHOR, HOLD};
+use super::{KubeClient, KubeError, CORDONED_BY_ICHOR, FIELD_MANAGER, HOLD};
 use crate::releaseset::{Role, Version};
 
 /// One node as the API server reports it.
@@ -341,6 +341,29 @@ struct NodeMetaRead<'a> {
     labels: Option<BTreeMap<Text<'a>, Text<'a>>>,
     #[serde(default, borrow)]
     annotations: Option<BTreeMap<Text<'a>, Text<'a>>>,
+    /// Only who owns `spec.unschedulable`; the rest of each entry is skipped.
+    #[serde(default, rename = "managedFields", borrow)]
+    managed_fields: Option<Vec<ManagedRead<'a>>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ManagedRead<'a> {
+    #[serde(default, borrow)]
+    manager: Text<'a>,
+    #[serde(default, rename = "fieldsV1")]
+    fields: Option<FieldsRead>,
+}
+
+#[derive(serde::Deserialize)]
+struct FieldsRead {
+    #[serde(default, rename = "f:spec")]
+    spec: Option<SpecFieldsRead>,
+}
+
+#[derive(serde::Deserialize)]
+struct SpecFieldsRead {
+    #[serde(default, rename = "f:unschedulable")]
+    unschedulable: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Clone, Debug, Default, serde::Deserialize)]
@@ -445,7 +468,27 @@ fn live_node(n: &NodeRead) -> LiveNode {
         .and_then(|s| s.addresses.as_ref())
         .and_then(|a| a.iter().find(|a| a.type_.0 == "InternalIP"))
         .map(|a| a.address.0.to_string());
-    let cordoned_for = annotation(CORDONED_BY_ICHOR);
+    let cordoned = n
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    // ichor's mark names its cordon only while ichor's field manager owns the field: an
+    // operator's cordon made after theirs is theirs (no owner recorded: the mark decides).
+    let owners: Vec<&str> = meta
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|e| {
+            e.fields
+                .as_ref()
+                .and_then(|f| f.spec.as_ref())
+                .is_some_and(|s| s.unschedulable.is_some())
+        })
+        .map(|e| e.manager.0.as_ref())
+        .collect();
+    let operators = cordoned && !owners.is_empty() && !owners.contains(&FIELD_MANAGER);
+    let cordoned_for = annotation(CORDONED_BY_ICHOR).filter(|_| !operators);
     LiveNode {
         name,
         role,
@@ -456,11 +499,7 @@ fn live_node(n: &NodeRead) -> LiveNode {
         talos: info.and_then(|i| talos_from_os_image(&i.os_image.0)),
         boot_id: info.map(|i| i.boot_id.0.to_string()).unwrap_or_default(),
         ready,
-        cordoned: n
-            .spec
-            .as_ref()
-            .and_then(|s| s.unschedulable)
-            .unwrap_or(false),
+        cordoned,
         cordoned_by_ichor: cordoned_for.is_some(),
         cordoned_for,
         hold: annotation(HOLD),

@@ -5,6 +5,18 @@
 //! stays where Talos left it, and only objects that differ: a dry run shows what the apply
 //! would make, and an object that would not change is not written.
 //!
+//! Talos's bootstrap created these objects as `talos` with operation Update; server-side apply
+//! keys a manager by name and operation, so `talos`/Apply would conflict with Talos's own
+//! fields. Before its first apply of an object ichor moves the `talos`/Update fields into
+//! the `talos`/Apply entry, as kubectl moves its client-side-apply manager's fields on
+//! `apply --server-side` (kubernetes/kubernetes@master:staging/src/k8s.io/client-go/util/
+//! csaupgrade/upgrade.go `UpgradeManagedFields`), in one write guarded by the object's
+//! resourceVersion. `talosctl upgrade-k8s` gets there by forcing every apply
+//! (siderolabs/talos@046495a8:pkg/cluster/kubernetes/talos_managed.go `syncManifestsSSA`
+//! through siderolabs/go-kubernetes kubernetes/ssa and fluxcd/pkg ssa/manager_apply.go,
+//! `client.ForceOwnership`); ichor forces nothing, so a field any other manager owns stays
+//! a conflict.
+//!
 //! As ADR 0057 says and as `talosctl upgrade-k8s` does (siderolabs/talos
 //! pkg/cluster/kubernetes, `--manifests-force` off by default), the sync runs with the admin
 //! kubeconfig Talos issues, never with ichor's own ServiceAccount, and never forces: a field
@@ -81,6 +93,63 @@ pub fn objects(manifests: &[(String, String)]) -> Result<Vec<Value>, KubeError> 
     Ok(out)
 }
 
+fn is_entry(e: &Value, manager: &str, operation: &str) -> bool {
+    e.get("manager").and_then(Value::as_str) == Some(manager)
+        && e.get("operation").and_then(Value::as_str) == Some(operation)
+        && e.get("subresource")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+}
+
+/// FieldsV1 sets joined: a deep union of their `f:`/`k:` trees.
+fn join_fields(into: &mut Value, from: &Value) {
+    let (Some(into), Some(from)) = (into.as_object_mut(), from.as_object()) else {
+        return;
+    };
+    for (k, v) in from {
+        match into.get_mut(k) {
+            Some(have) => join_fields(have, v),
+            None => {
+                into.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// `managed` with Talos's own Update fields moved into its Apply entry (made when there is
+/// none), or `None` when Talos owns nothing by Update. Other managers' entries stay as
+/// they are.
+pub fn taken_over(managed: &[Value]) -> Option<Vec<Value>> {
+    let update = |e: &Value| is_entry(e, TALOS_FIELD_MANAGER, "Update");
+    let first = managed.iter().find(|e| update(e))?;
+    let mut fields = serde_json::json!({});
+    let mut out: Vec<Value> = Vec::new();
+    let mut apply_at = None;
+    for e in managed {
+        if update(e) {
+            join_fields(&mut fields, e.get("fieldsV1").unwrap_or(&Value::Null));
+        } else {
+            if is_entry(e, TALOS_FIELD_MANAGER, "Apply") {
+                join_fields(&mut fields, e.get("fieldsV1").unwrap_or(&Value::Null));
+                apply_at = Some(out.len());
+            }
+            out.push(e.clone());
+        }
+    }
+    match apply_at.and_then(|i| out.get_mut(i)) {
+        Some(apply) => apply["fieldsV1"] = fields,
+        None => out.push(serde_json::json!({
+            "manager": TALOS_FIELD_MANAGER,
+            "operation": "Apply",
+            "apiVersion": first.get("apiVersion").cloned().unwrap_or(Value::Null),
+            "time": first.get("time").cloned().unwrap_or(Value::Null),
+            "fieldsType": "FieldsV1",
+            "fieldsV1": fields,
+        })),
+    }
+    Some(out)
+}
+
 /// The object without what the server owns, for comparing "before" and "after".
 fn comparable(v: &Value) -> Value {
     let mut v = v.clone();
@@ -145,6 +214,31 @@ impl KubeClient {
                 .get_opt(&name)
                 .await
                 .map_err(|e| KubeError::from_kube(format!("get {kind} {name}"), e))?;
+            // Talos's bootstrap ownership (`talos`/Update) becomes `talos`/Apply first; the
+            // resourceVersion makes a concurrent change a 409, and the sync is read again.
+            if let Some(b) = &before {
+                let managed: Vec<Value> = b
+                    .metadata
+                    .managed_fields
+                    .iter()
+                    .flatten()
+                    .filter_map(|e| serde_json::to_value(e).ok())
+                    .collect();
+                if let Some(fields) = taken_over(&managed) {
+                    let patch = serde_json::json!({"metadata": {
+                        "managedFields": fields,
+                        "resourceVersion": b.metadata.resource_version,
+                    }});
+                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map_err(|e| {
+                            KubeError::from_kube(
+                                format!("take over Talos's own fields of {kind} {name}"),
+                                e,
+                            )
+                        })?;
+                }
+            }
             // Not forced: another manager's field is a conflict (409), not ours to take.
             let params = PatchParams::apply(TALOS_FIELD_MANAGER);
             let changed = match &before {
@@ -204,6 +298,36 @@ mod tests {
             format!("{}1{}", "[".repeat(100), "]".repeat(100)),
         )];
         assert!(objects(&deep).is_err());
+    }
+
+    #[test]
+    fn talos_update_fields_move_into_its_apply_entry_and_others_stay() {
+        use serde_json::json;
+        let managed = vec![
+            json!({"manager": "talos", "operation": "Update", "apiVersion": "apps/v1",
+                   "time": "t0", "fieldsType": "FieldsV1",
+                   "fieldsV1": {"f:spec": {"f:template": {"f:spec": {"f:containers": {}}}}}}),
+            json!({"manager": "kubectl-edit", "operation": "Update", "apiVersion": "apps/v1",
+                   "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {"f:x": {}}}}}),
+            json!({"manager": "talos", "operation": "Apply", "apiVersion": "apps/v1",
+                   "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {"f:k8s-app": {}}}}}),
+        ];
+        let out = taken_over(&managed).unwrap_or_default();
+        assert_eq!(out.len(), 2, "{out:#?}");
+        assert_eq!(out[0]["manager"], "kubectl-edit");
+        assert_eq!(out[1]["operation"], "Apply");
+        assert_eq!(
+            out[1]["fieldsV1"],
+            json!({"f:metadata": {"f:labels": {"f:k8s-app": {}}},
+                   "f:spec": {"f:template": {"f:spec": {"f:containers": {}}}}})
+        );
+        // Nothing of Talos's by Update: nothing to move (a second run writes nothing).
+        assert_eq!(taken_over(&out), None);
+        // Only an Update entry: it becomes the Apply entry.
+        let only = taken_over(&managed[..1]).unwrap_or_default();
+        assert_eq!(only.len(), 1);
+        assert_eq!(only[0]["operation"], "Apply");
+        assert_eq!(only[0]["apiVersion"], "apps/v1");
     }
 
     #[test]

@@ -27,6 +27,13 @@ pub use lease::LockState;
 /// The annotation ichor puts on a node it cordoned, valued with the rollout (its target
 /// commit): ichor uncordons only what it cordoned in the same rollout.
 pub const CORDONED_BY_ICHOR: &str = "ichor.dev/cordoned";
+
+/// The field manager ichor cordons and uncordons with. A cordon stays ichor's only while
+/// this manager owns the Node's `spec.unschedulable`: an operator's `kubectl uncordon` and
+/// later `kubectl cordon` move the field to kubectl's manager (server-side field ownership:
+/// kubernetes/kubernetes@master:staging/src/k8s.io/apimachinery/pkg/util/managedfields),
+/// whatever ichor's mark still says.
+pub const FIELD_MANAGER: &str = "ichor";
 /// The annotation an operator puts on a node to hold it out of a rollout.
 pub const HOLD: &str = "ichor.dev/hold";
 

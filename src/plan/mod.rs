@@ -439,7 +439,7 @@ pub fn plan(
     // three or more, one can go while the rest keep quorum; with fewer, nothing can.
     let cp_guard = match cps.len() {
         0 | 1 => "the only control plane: the Kubernetes API is down until it is back",
-        2 => "etcd leadership moved off first; etcd loses quorum while it reboots",
+        2 => "refused while etcd has 2 members: either down loses quorum",
         _ => "etcd quorum checked, leadership moved off first",
     };
     if !talos_cps.is_empty() || !talos_workers.is_empty() {
@@ -672,8 +672,8 @@ pub fn plan(
             }
         )),
         ([_, _], _) if !talos_cps.is_empty() => warnings.push(
-            "2 control planes: etcd has no member to spare, so it loses quorum and the \
-             Kubernetes API stops while either reboots for Talos; 3 control planes keep quorum"
+            "2 control planes: etcd has no member to spare, so the rollout refuses to reboot \
+             either for Talos (it would lose quorum); add a third control plane first"
                 .into(),
         ),
         _ => {}

@@ -6,6 +6,9 @@
 //! decided by who made the last node of the group unavailable: when that node is one a
 //! fault explains, the moment is the operator's (reported, not a violation); when it is a
 //! node ichor disrupted, ichor went past the rule and it is a violation.
+//!
+//! Nodes are named by their machines' hostnames throughout (what Talos and etcd call them);
+//! the Kubernetes side's Node names are mapped back.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -160,6 +163,26 @@ impl Judge {
                 .collect();
             (cordoned, not_ready, replicas)
         });
+        // The Kubernetes side names Nodes, which may differ from the machines' hostnames
+        // (`registerWithFQDN`): every rule speaks of hostnames.
+        let hostname_of: BTreeMap<String, String> = obs
+            .iter()
+            .map(|o| (twin.node_name(&o.name), o.name.clone()))
+            .collect();
+        let to_hostnames = |names: BTreeSet<String>| -> BTreeSet<String> {
+            names
+                .into_iter()
+                .map(|n| hostname_of.get(&n).cloned().unwrap_or(n))
+                .collect()
+        };
+        let (cordoned, not_ready) = (to_hostnames(cordoned), to_hostnames(not_ready));
+        let replicas: Vec<(String, String)> = replicas
+            .into_iter()
+            .map(|(v, n)| {
+                let host = hostname_of.get(&n).cloned().unwrap_or(n);
+                (v, host)
+            })
+            .collect();
         let down = |o: &NodeObservation| !(o.up && o.ready) || not_ready.contains(&o.name);
         // Unavailable now, and since when. A node only an operator cordoned still runs its
         // workloads: it is not disrupted, and ichor leaves it alone.

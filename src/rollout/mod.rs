@@ -379,20 +379,25 @@ impl Rollout<'_> {
                 }
                 let was = s.record.state;
                 s.record.holder = self.holder.clone();
-                match was {
-                    RecordState::Paused => {
-                        // Each attempt gets its own deadline: a step resumed after its
-                        // node timeout would otherwise fail every settling state at once.
-                        for step in s.record.steps.values_mut() {
-                            if step.started_at.is_some() && step.finished_at.is_none() {
-                                step.started_at = Some(now.rfc3339());
-                            }
+                // Each attempt gets its own deadline, after a pause and after an engine that
+                // stopped (killed, its node lost, the lock lost) alike: a step continued
+                // after its node timeout would otherwise fail every settling state at once.
+                if matches!(was, RecordState::Paused | RecordState::Running) {
+                    for step in s.record.steps.values_mut() {
+                        if step.started_at.is_some() && step.finished_at.is_none() {
+                            step.started_at = Some(now.rfc3339());
                         }
-                        if let Some(g) = s.record.health.gate.as_mut() {
-                            g.started_at = now.rfc3339();
-                        }
-                        s.record.log(now, "resumed")
                     }
+                }
+                // A health gate keeps its deadline across a restart (it waits on the owner's
+                // check, not on a node ichor acts on); a resume asked for gets a fresh one.
+                if was == RecordState::Paused {
+                    if let Some(g) = s.record.health.gate.as_mut() {
+                        g.started_at = now.rfc3339();
+                    }
+                }
+                match was {
+                    RecordState::Paused => s.record.log(now, "resumed"),
                     RecordState::Running => s.record.log(now, "continued after the engine stopped"),
                     RecordState::Completed => s.record.log(now, "re-run: verifying"),
                 }
@@ -1074,7 +1079,9 @@ impl Run<'_, '_> {
         else {
             return 0;
         };
-        let Some(leader) = view.leader().map(|m| m.hostname.clone()) else {
+        // The Node that runs the leading member, by identity (its name may differ from the
+        // member's: an FQDN, a capital letter).
+        let Some(leader) = view.leader_node().map(str::to_string) else {
             return 0;
         };
         if steps[0].nodes.first() != Some(&leader) {

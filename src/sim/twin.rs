@@ -83,9 +83,32 @@ pub struct TwinConfig {
     /// `apiserver_requested_deprecated_apis` (to rehearse the removed-API warning).
     #[serde(default)]
     pub deprecated_api_requests: Vec<DeprecatedApiRequest>,
+    /// Nodes register with Kubernetes under their FQDN, as Talos does with
+    /// `machine.kubelet.registerWithFQDN: true`; Talos hostnames and etcd member names
+    /// stay short.
+    #[serde(default, rename = "registerWithFQDN")]
+    pub register_with_fqdn: Option<RegisterWithFqdn>,
     /// Connection limits of every listener (library only: not read from the file).
     #[serde(skip)]
     pub net: NetLimits,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RegisterWithFqdn {
+    /// The domain every hostname is qualified with (`example.org`).
+    pub domain: String,
+}
+
+/// The name a machine's Node registers under: Talos lower-cases the hostname, or its FQDN
+/// under `registerWithFQDN` (siderolabs/talos@021c73c3:internal/app/machined/pkg/
+/// controllers/k8s/nodename.go `NodenameController`), while etcd names the member with the
+/// hostname as it is.
+pub fn node_name(hostname: &str, fqdn: Option<&RegisterWithFqdn>) -> String {
+    match fqdn {
+        Some(f) => format!("{hostname}.{}", f.domain).to_lowercase(),
+        None => hostname.to_lowercase(),
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -143,6 +166,19 @@ impl TwinConfig {
                     limits::MAX_EXTRA_PODS
                 ),
             );
+        }
+        if let Some(f) = &self.register_with_fqdn {
+            let label_ok = |l: &str| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            };
+            if f.domain.len() > 200 || !f.domain.split('.').all(label_ok) {
+                bad(
+                    "registerWithFQDN.domain",
+                    "expected a DNS domain of at most 200 characters (labels of letters, digits and `-`)".to_string(),
+                );
+            }
         }
         if self.deprecated_api_requests.len() > limits::MAX_DEPRECATED_APIS {
             bad(
@@ -271,6 +307,8 @@ pub struct Twin {
     pub github_repo: Option<PathBuf>,
     pub state_dir: PathBuf,
     seen: Arc<Mutex<BTreeMap<String, Seen>>>,
+    /// How machines name their Nodes (`registerWithFQDN`).
+    fqdn: Option<RegisterWithFqdn>,
     projector: Option<JoinHandle<()>>,
     projector_wakeups: Arc<AtomicU64>,
 }
@@ -325,6 +363,7 @@ fn config_form(talos: &Version) -> ConfigForm {
 pub fn build_specs(
     folder: &ClusterFolder,
     extra_pods: u32,
+    fqdn: Option<&RegisterWithFqdn>,
 ) -> Result<(Vec<NodeSpec>, KubeSeed), SimError> {
     if extra_pods > limits::MAX_EXTRA_PODS {
         return Err(SimError::Spec(format!(
@@ -358,7 +397,7 @@ pub fn build_specs(
             config_form: config_form(talos_version),
         });
         seed = seed.node(
-            &n.name,
+            &node_name(&n.name, fqdn),
             if n.role == Role::Controlplane {
                 kube::Role::ControlPlane
             } else {
@@ -483,7 +522,8 @@ impl Twin {
         options: TwinOptions,
     ) -> Result<Twin, SimError> {
         let cfg = &options.config;
-        let (nodes, mut seed) = build_specs(folder, cfg.extra_pods)?;
+        let fqdn = cfg.register_with_fqdn.as_ref();
+        let (nodes, mut seed) = build_specs(folder, cfg.extra_pods, fqdn)?;
         let targets = FaultTargets {
             nodes: Some(nodes.iter().map(|n| n.name.clone()).collect()),
             control_planes: nodes
@@ -556,7 +596,7 @@ impl Twin {
         }
         seed.faults
             .kubelet_down
-            .extend(f.kubelet_down.iter().cloned());
+            .extend(f.kubelet_down.iter().map(|n| node_name(n, fqdn)));
         seed.faults
             .replicas_never_rebuild
             .extend(f.replicas_never_rebuild.iter().cloned());
@@ -619,7 +659,8 @@ impl Twin {
             )
             .await?,
         );
-        place_replicas(&kube, folder);
+        place_replicas(&kube, folder, fqdn);
+        stamp_bootstrap_ownership(&talos, &kube);
         talos.set_admin_kubeconfig(admin_kubeconfig(folder.cluster.name(), &kube));
         kube.set_fault_hook(Arc::new(TwinFaults {
             talos: talos.clone(),
@@ -633,6 +674,7 @@ impl Twin {
             github_repo,
             state_dir: state_dir.to_path_buf(),
             seen: Arc::new(Mutex::new(BTreeMap::new())),
+            fqdn: cfg.register_with_fqdn.clone(),
             projector: None,
             projector_wakeups: Arc::new(AtomicU64::new(0)),
         };
@@ -650,10 +692,11 @@ impl Twin {
         let talos = self.talos.clone();
         let kube = self.kube.clone();
         let wakeups = self.projector_wakeups.clone();
+        let fqdn = self.fqdn.clone();
         tokio::spawn(async move {
             while changes.changed().await.is_ok() {
                 wakeups.fetch_add(1, Ordering::Relaxed);
-                project_into(&seen, &talos, &kube);
+                project_into(&seen, &talos, &kube, fqdn.as_ref());
             }
         })
     }
@@ -670,7 +713,7 @@ impl Twin {
     /// Carry the Talos side's current state into Kubernetes.
     pub fn project(&self) {
         self.talos.sync();
-        project_into(&self.seen, &self.talos, &self.kube);
+        project_into(&self.seen, &self.talos, &self.kube, self.fqdn.as_ref());
     }
 
     /// Manual clock: move time forward by `d`, stopping at every moment either side has
@@ -751,6 +794,11 @@ impl Twin {
             self.advance(step);
             after_tick();
         }
+    }
+
+    /// The Node name of the machine `hostname` (Talos's side names machines by hostname).
+    pub fn node_name(&self, hostname: &str) -> String {
+        node_name(hostname, self.fqdn.as_ref())
     }
 
     pub fn kubeconfig(&self) -> &Path {
@@ -886,13 +934,76 @@ impl FaultHook for TwinFaults {
     }
 }
 
+/// Talos's bootstrap created each object of its manifests with
+/// `Create(…, CreateOptions{FieldManager: "talos"})` (siderolabs/talos@032c99a0:internal/app/
+/// machined/pkg/controllers/k8s/manifest_apply.go `apply`): a `talos`/Update entry owning the
+/// fields the manifest sets. Every seeded object a control plane's manifests name gets one.
+fn stamp_bootstrap_ownership(talos: &TalosTwin, kube: &KubeTwin) {
+    let texts: Vec<String> = talos.read(|m| {
+        (0..m.nodes().len())
+            .find(|&i| m.node(i).is_control_plane())
+            .map(|i| {
+                talos::bootstrap_manifests(m, i)
+                    .into_iter()
+                    .map(|(_, y)| y)
+                    .collect()
+            })
+            .unwrap_or_default()
+    });
+    let objects: Vec<serde_json::Value> = texts
+        .iter()
+        .filter_map(|y| serde_yaml::from_str::<serde_json::Value>(y).ok())
+        .flat_map(|v| match v {
+            serde_json::Value::Array(items) => items,
+            one => vec![one],
+        })
+        .collect();
+    kube.with(|c, now| {
+        c.batch(now, |c| {
+            for o in &objects {
+                let text = |p: &str| o.pointer(p).and_then(|v| v.as_str()).unwrap_or("");
+                let api_version = text("/apiVersion");
+                let Some(rt) = kube::resources::by_kind(api_version, text("/kind")) else {
+                    continue;
+                };
+                let ns = if rt.namespaced {
+                    text("/metadata/namespace")
+                } else {
+                    ""
+                };
+                let Some(mut live) = c.get(rt.plural, ns, text("/metadata/name")) else {
+                    continue;
+                };
+                let seeded = kube::apply::leaves(&live);
+                let owned: Vec<Vec<String>> = kube::apply::leaves(o)
+                    .into_iter()
+                    .filter(|p| seeded.contains(p))
+                    .collect();
+                live["metadata"]["managedFields"] = json!([{
+                    "manager": "talos", "operation": "Update", "apiVersion": api_version,
+                    "time": now.rfc3339(), "fieldsType": "FieldsV1",
+                    "fieldsV1": kube::apply::fields_v1(&owned)}]);
+                if let Some(m) = live.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+                    m.remove("resourceVersion");
+                }
+                let _ = c.upsert(live, now);
+            }
+        })
+    });
+}
+
 /// Put the Longhorn replicas on the nodes the inventory names (the seed spreads them
 /// round-robin).
-fn place_replicas(kube: &KubeTwin, folder: &ClusterFolder) {
+fn place_replicas(kube: &KubeTwin, folder: &ClusterFolder, fqdn: Option<&RegisterWithFqdn>) {
     if folder.cluster.spec.volumes.provider != VolumeProvider::Longhorn {
         return;
     }
-    let holders = volume_holders(folder);
+    let mut holders = volume_holders(folder);
+    for nodes in holders.values_mut() {
+        for n in nodes.iter_mut() {
+            *n = node_name(n, fqdn);
+        }
+    }
     kube.with(|c, now| c.batch(now, |c| place(c, now, &holders)));
 }
 
@@ -944,7 +1055,12 @@ impl Seen {
     }
 }
 
-fn project_into(seen: &Mutex<BTreeMap<String, Seen>>, talos: &TalosTwin, kube: &KubeTwin) {
+fn project_into(
+    seen: &Mutex<BTreeMap<String, Seen>>,
+    talos: &TalosTwin,
+    kube: &KubeTwin,
+    fqdn: Option<&RegisterWithFqdn>,
+) {
     let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
     // Observed under the lock: the background projector and `advance` never write an
     // older view of the machines over a newer one (a rebooted node Ready again). Only the
@@ -989,9 +1105,10 @@ fn project_into(seen: &Mutex<BTreeMap<String, Seen>>, talos: &TalosTwin, kube: &
                     upgrading,
                 };
                 // The first time, compare with what the Kubernetes side was seeded with.
+                let node = node_name(&o.name, fqdn);
                 let prev = match seen.get(&o.name) {
                     Some(p) => p.clone(),
-                    None => seeded(c, &o.name),
+                    None => seeded(c, &node),
                 };
                 if prev == next {
                     continue;
@@ -999,24 +1116,24 @@ fn project_into(seen: &Mutex<BTreeMap<String, Seen>>, talos: &TalosTwin, kube: &
                 // Talos's legacy upgrade sequence cordons and drains the node first; its
                 // evictions blocked by a budget are retried until the node goes down.
                 if next.upgrading || (prev.upgrading && !o.up) {
-                    talos_drain(c, &o.name, now);
+                    talos_drain(c, &node, now);
                 }
                 if prev.up && !o.up {
-                    let _ = c.node_down(&o.name, now);
+                    let _ = c.node_down(&node, now);
                 } else if prev.ready != next.ready {
-                    let _ = c.set_node_ready(&o.name, next.ready, now);
+                    let _ = c.set_node_ready(&node, next.ready, now);
                     if next.ready {
-                        talos_uncordon(c, &o.name, now);
+                        talos_uncordon(c, &node, now);
                     }
                 }
                 if prev.kubelet_version != o.kubelet_version {
-                    let _ = c.set_kubelet_version(&o.name, &o.kubelet_version, now);
+                    let _ = c.set_kubelet_version(&node, &o.kubelet_version, now);
                 }
                 if prev.talos_version != o.talos_version {
-                    let _ = c.set_os_image(&o.name, &format!("Talos ({})", o.talos_version), now);
+                    let _ = c.set_os_image(&node, &format!("Talos ({})", o.talos_version), now);
                 }
                 if prev.boot_id != o.boot_id {
-                    set_boot_id(c, &o.name, &o.boot_id, now);
+                    set_boot_id(c, &node, &o.boot_id, now);
                 }
                 if prev.static_pods != next.static_pods
                     || prev.config_version != next.config_version
@@ -1024,7 +1141,7 @@ fn project_into(seen: &Mutex<BTreeMap<String, Seen>>, talos: &TalosTwin, kube: &
                     // Talos stamps the mirror pod with the config version that produced it.
                     for (component, image, ready) in &next.static_pods {
                         let _ = c.upsert_mirror_pod(
-                            &o.name,
+                            &node,
                             component,
                             image,
                             &next.config_version.to_string(),

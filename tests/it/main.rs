@@ -3,6 +3,7 @@
 mod cli;
 mod controller;
 mod deploy;
+mod etcd_identity;
 mod forge_github;
 mod gate;
 mod github_real;

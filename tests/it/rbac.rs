@@ -61,7 +61,7 @@ async fn kubectl(
 
 /// `kubectl apply -k deploy/` with the admin kubeconfig, then a kubeconfig for ichor's
 /// ServiceAccount with a token from `kubectl create token`.
-async fn deployed(s: &Setup, dir: &Path) -> Result<PathBuf, Error> {
+pub(crate) async fn deployed(s: &Setup, dir: &Path) -> Result<PathBuf, Error> {
     let admin = s.twin.kubeconfig();
     let cache = dir.join("cache");
     let deploy = repo_root().join("deploy");

@@ -1564,6 +1564,27 @@ async fn setup_keeping_kube_proxy() -> Result<Setup, Error> {
 #[tokio::test]
 async fn kube_proxy_moves_on_every_control_plane_and_the_manifests_are_synced() -> TestResult {
     let s = setup_keeping_kube_proxy().await?;
+    // Talos's bootstrap created it: `talos`/Update owns its fields, which a `talos`/Apply
+    // changing the image conflicts with unless ichor takes them over first.
+    let raw: kube::Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        kube::Api::namespaced(s.raw.clone(), "kube-system");
+    let ops = |ds: k8s_openapi::api::apps::v1::DaemonSet| -> Vec<(String, String)> {
+        ds.metadata
+            .managed_fields
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| {
+                (
+                    m.manager.unwrap_or_default(),
+                    m.operation.unwrap_or_default(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        ops(raw.get("kube-proxy").await?),
+        [("talos".to_string(), "Update".to_string())]
+    );
     assert!(s
         .plan
         .steps()
@@ -1590,19 +1611,49 @@ async fn kube_proxy_moves_on_every_control_plane_and_the_manifests_are_synced() 
         .ok_or("no kube-proxy")?;
     assert_eq!(ds.version.as_deref(), Some("v1.33.7"));
     assert!(ds.rolled_out(), "{ds:?}");
-    // Applied as Talos's own field manager.
+    // Applied as Talos's own field manager, which now owns them by Apply.
+    let after = ops(raw.get("kube-proxy").await?);
+    assert!(
+        after.contains(&("talos".to_string(), "Apply".to_string())),
+        "{after:?}"
+    );
+    assert!(
+        !after.contains(&("talos".to_string(), "Update".to_string())),
+        "{after:?}"
+    );
+    Ok(())
+}
+
+/// Only Talos's own bootstrap ownership is taken over: a field another manager changed (an
+/// operator's `kubectl edit` of kube-proxy's image) stays a conflict, the stage pauses naming
+/// that manager, and the edit is left as it is.
+#[tokio::test]
+async fn another_managers_edit_of_a_bootstrap_object_pauses_the_sync_and_is_kept() -> TestResult {
+    let s = setup_keeping_kube_proxy().await?;
     let raw: kube::Api<k8s_openapi::api::apps::v1::DaemonSet> =
         kube::Api::namespaced(s.raw.clone(), "kube-system");
-    let managers: Vec<String> = raw
+    let edited = "registry.example/kube-proxy:hand-edited";
+    raw.patch(
+        "kube-proxy",
+        &kube::api::PatchParams {
+            field_manager: Some("kubectl-edit".into()),
+            ..Default::default()
+        },
+        &kube::api::Patch::Merge(json!({"spec": {"template": {"spec": {"containers": [
+            {"name": "kube-proxy", "image": edited}]}}}})),
+    )
+    .await?;
+    let (outcome, _, lines) = run_once(&s, false).await?;
+    let p = paused(outcome)?;
+    assert_eq!(p.stage, "kube-proxy-manifests", "{p:?}\n{:#?}", lines.all());
+    assert!(p.reason.contains("\"kubectl-edit\""), "{}", p.reason);
+    let image = raw
         .get("kube-proxy")
         .await?
-        .metadata
-        .managed_fields
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|m| m.manager)
-        .collect();
-    assert!(managers.iter().any(|m| m == "talos"), "{managers:?}");
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.first().and_then(|c| c.image.clone()));
+    assert_eq!(image.as_deref(), Some(edited));
     Ok(())
 }
 

@@ -219,6 +219,53 @@ async fn a_mark_on_a_schedulable_node_is_cleared_and_only_this_rollouts_cordon_i
     Ok(())
 }
 
+/// Real kubectl against the twin, on a blocking thread so the twin keeps answering.
+async fn kubectl(s: &Setup, args: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
+    let kubeconfig = s.twin.kubeconfig().to_path_buf();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let kubectl_path = crate::tools::KUBECTL.path();
+    let out = tokio::task::spawn_blocking(move || {
+        let cache = tempfile::tempdir()?;
+        std::process::Command::new(kubectl_path)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--cache-dir")
+            .arg(cache.path())
+            .args(&args)
+            .output()
+    })
+    .await??;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// (f): ichor cordoned w-1 and paused; the operator `kubectl uncordon`s it (the mark stays)
+/// and later `kubectl cordon`s it for maintenance. That cordon is theirs: `spec.unschedulable`
+/// now belongs to kubectl's field manager, so neither the inventory nor the uncordon of this
+/// very rollout takes it for ichor's.
+#[tokio::test]
+#[ignore = "needs kubectl: scripts/test installs it"]
+async fn an_operators_cordon_over_this_rollouts_old_mark_is_never_undone() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let rollout = s.target().commit;
+    s.kube.cordon("w-1", &rollout).await?;
+    kubectl(&s, &["uncordon", "w-1"]).await?;
+    kubectl(&s, &["cordon", "w-1"]).await?;
+    let w1 =
+        |nodes: Vec<ichor::kube::inventory::LiveNode>| nodes.into_iter().find(|n| n.name == "w-1");
+    let n = w1(s.kube.nodes().await?).ok_or("no w-1")?;
+    assert!(n.cordoned && n.cordoned_for.is_none(), "{n:?}");
+    assert!(!s.kube.uncordon("w-1", &rollout).await?);
+    let n = w1(s.kube.nodes().await?).ok_or("no w-1")?;
+    assert!(n.cordoned, "the operator's cordon was undone: {n:?}");
+    // ichor's own cordon, untouched by anyone, is still its own to undo.
+    s.kube.cordon("w-2", &rollout).await?;
+    assert!(s.kube.uncordon("w-2", &rollout).await?);
+    Ok(())
+}
+
 /// Item 4: pods with emptyDir data pause the drain, naming them and the key that accepts
 /// the loss; nothing is evicted.
 #[tokio::test]
@@ -457,6 +504,46 @@ async fn a_pause_resumed_after_the_node_timeout_gets_a_fresh_deadline() -> TestR
     Ok(())
 }
 
+/// (h): an engine killed mid-step (an OOM kill, its node lost, its pod Pending for hours)
+/// leaves the record `Running`; the next engine, starting long after the node timeout,
+/// gives the step it continues a fresh deadline, as a resume from a pause does, instead of
+/// failing its first settling state at once.
+#[tokio::test]
+async fn an_engine_killed_mid_step_is_continued_with_a_fresh_deadline() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let drained = tokio::sync::Notify::new();
+    let lines = Lines::default();
+    let report = |p: Progress| {
+        if matches!(&p, Progress::Note(n) if n.contains(": drained (")) {
+            drained.notify_one();
+        }
+        lines.push(p);
+    };
+    let engine = s.engine(&report);
+    let target = s.target();
+    {
+        let run = engine.run(&s.plan, &target, Some(&s.change), false);
+        tokio::select! {
+            r = run => return Err(format!("finished before any drain: {r:?}").into()),
+            _ = drained.notified() => {}
+            _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!("the driver never ends"),
+        }
+    }
+    drop(engine);
+    // Killed: the record still says Running. The next engine starts two hours later (the
+    // node timeout is 45 minutes).
+    s.twin.advance(Duration::from_secs(2 * 3600));
+    let (o, seen, lines) = run_once(&s, false).await?;
+    assert!(seen.is_empty(), "invariants broken: {seen:?}");
+    assert!(
+        matches!(o, RunOutcome::Completed { .. }),
+        "{o:?}\n{:#?}",
+        lines.all()
+    );
+    crate::rollout::assert_finished(&s).await?;
+    Ok(())
+}
+
 /// Without `spec.talos.installerImage`, each node is upgraded with the installer repository
 /// its own configuration names (an Image Factory schematic keeps its extensions), tagged
 /// with the target — never a default it does not use.
@@ -675,7 +762,23 @@ async fn before_kubernetes_an_etcd_wait_waits_and_the_rollout_goes_on() -> TestR
 /// kept failing".
 #[tokio::test]
 async fn a_pod_under_two_budgets_pauses_at_once_naming_them() -> TestResult {
-    let s = setup(TwinConfig::default()).await?;
+    two_budgets_pause(setup(TwinConfig::default()).await?).await
+}
+
+/// (d): the same, as deploy/'s ServiceAccount: naming the budgets needs pod `get` and PDB
+/// `list`, which deploy/rbac.yaml grants, so the pause is about the budgets, not a 403.
+#[tokio::test]
+#[ignore = "needs kubectl: scripts/test installs it"]
+async fn as_the_deployed_service_account_a_pod_under_two_budgets_pauses_naming_them() -> TestResult
+{
+    let mut s = setup(TwinConfig::default()).await?;
+    let dir = tempfile::tempdir()?;
+    let sa = crate::rbac::deployed(&s, dir.path()).await?;
+    s.kube = ichor::kube::KubeClient::connect(Some(&sa)).await?;
+    two_budgets_pause(s).await
+}
+
+async fn two_budgets_pause(s: Setup) -> TestResult {
     let first = s.first_pdb()?;
     let (ns, name) = first.split_once('/').ok_or("namespace/name")?;
     let pdbs: kube::Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =

@@ -1130,7 +1130,8 @@ async fn server_side_apply_creates_then_merges_and_records_the_field_manager() {
     assert_eq!(body["reason"], "Conflict");
     assert_eq!(
         body["message"],
-        "Apply failed with 1 conflict: conflict with \"talos\" using v1: .data.a"
+        // talos applied `a` (an Apply manager is named alone, as upstream's printManager does).
+        "Apply failed with 1 conflict: conflict with \"talos\": .data.a"
     );
     assert_eq!(body["details"]["causes"][0]["field"], ".data.a");
     let forced = api

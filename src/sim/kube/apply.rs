@@ -2,6 +2,11 @@
 //! (FieldsV1: `{"f:data": {"f:a": {}}}`). Applying a value another manager owns is a conflict
 //! unless forced; fields a manager stops applying are removed when nobody else owns them.
 //! Lists are owned whole (the apiserver tracks list items by key; the twin does not).
+//!
+//! A manager is its name *and* its operation, as upstream keys them (kubernetes/kubernetes@
+//! master:staging/src/k8s.io/apimachinery/pkg/util/managedfields/internal/managedfields.go
+//! `BuildManagerIdentifier`): `talos`/Apply conflicts with `talos`/Update (how Talos's
+//! bootstrap creates its objects) like with any other manager.
 
 use serde_json::{json, Map, Value};
 
@@ -15,6 +20,9 @@ type Path = Vec<String>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conflict {
     pub manager: String,
+    /// `Update` or `Apply`: upstream names an Update manager with its apiVersion and time.
+    pub operation: String,
+    pub time: String,
     pub api_version: String,
     /// `.data.a`
     pub field: String,
@@ -161,12 +169,19 @@ pub fn apply(
     let empty = json!({});
     let cur = current.unwrap_or(&empty);
     let mut conflicts = Vec::new();
-    for e in entries.iter().filter(|e| manager_of(e) != manager) {
+    let own = |e: &Value| manager_of(e) == manager && operation_of(e) == "Apply";
+    for e in entries.iter().filter(|e| !own(e)) {
         let owned = paths_of(e.get("fieldsV1").unwrap_or(&Value::Null));
         for p in applied.iter().filter(|p| owned.contains(p)) {
             if value_at(cur, p) != value_at(config, p) {
                 conflicts.push(Conflict {
                     manager: manager_of(e).to_string(),
+                    operation: operation_of(e).to_string(),
+                    time: e
+                        .get("time")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string(),
                     api_version: e
                         .get("apiVersion")
                         .and_then(Value::as_str)
@@ -189,7 +204,7 @@ pub fn apply(
         .unwrap_or_default();
     let others: Vec<Path> = entries
         .iter()
-        .filter(|e| manager_of(e) != manager)
+        .filter(|e| !own(e))
         .flat_map(|e| paths_of(e.get("fieldsV1").unwrap_or(&Value::Null)))
         .collect();
     for p in before
@@ -207,7 +222,7 @@ pub fn apply(
     let mut out: Vec<Value> = Vec::new();
     let mut placed = false;
     for e in entries {
-        if manager_of(&e) == manager && operation_of(&e) == "Apply" {
+        if own(&e) {
             out.push(entry(manager, "Apply", api_version, &applied, now));
             placed = true;
             continue;
@@ -244,13 +259,20 @@ pub fn record_update(
         .filter(|p| p.first().is_none_or(|k| k != "status"))
         .filter(|p| value_at(before, p) != value_at(new, p))
         .collect();
-    if changed.is_empty() {
+    // A field the write removed leaves every manager's set, as upstream's field manager
+    // drops paths no longer in the object.
+    let removed: Vec<Path> = leaves(before)
+        .into_iter()
+        .filter(|p| value_at(new, p).is_none())
+        .collect();
+    if changed.is_empty() && removed.is_empty() {
         return;
     }
     let mut out: Vec<Value> = Vec::new();
     let mut mine: Vec<Path> = Vec::new();
     for e in entries_of(old) {
         let mut paths = paths_of(e.get("fieldsV1").unwrap_or(&Value::Null));
+        paths.retain(|p| !removed.contains(p));
         if manager_of(&e) == manager && operation_of(&e) == "Update" {
             mine = paths;
             continue;
@@ -267,29 +289,47 @@ pub fn record_update(
             mine.push(p);
         }
     }
-    out.push(entry(manager, "Update", api_version, &mine, now));
+    if !mine.is_empty() {
+        out.push(entry(manager, "Update", api_version, &mine, now));
+    }
     set_path(new, &["metadata", "managedFields"], Value::Array(out));
 }
 
-/// The apiserver's conflict message.
-pub fn conflict_message(conflicts: &[Conflict]) -> String {
-    let lines: Vec<String> = conflicts
-        .iter()
-        .map(|c| {
-            format!(
-                "conflict with \"{}\" using {}: {}",
-                c.manager, c.api_version, c.field
-            )
-        })
-        .collect();
-    match lines.as_slice() {
-        [one] => format!("Apply failed with 1 conflict: {one}"),
-        many => format!(
-            "Apply failed with {} conflicts: {}",
-            many.len(),
-            many.join("\n")
-        ),
+/// How upstream names a conflicting manager: an Update manager with its apiVersion and
+/// time, an Apply manager by name (kubernetes/kubernetes@master:staging/src/k8s.io/
+/// apimachinery/pkg/util/managedfields/internal/conflict.go `printManager`).
+pub fn manager_text(c: &Conflict) -> String {
+    match (c.operation.as_str(), c.time.is_empty()) {
+        ("Update", true) => format!("\"{}\" using {}", c.manager, c.api_version),
+        ("Update", false) => format!("\"{}\" using {} at {}", c.manager, c.api_version, c.time),
+        _ => format!("\"{}\"", c.manager),
     }
+}
+
+/// The apiserver's conflict message (same file, `ConflictMessage`): one conflict on a
+/// line, several grouped by manager.
+pub fn conflict_message(conflicts: &[Conflict]) -> String {
+    if let [one] = conflicts {
+        return format!(
+            "Apply failed with 1 conflict: conflict with {}: {}",
+            manager_text(one),
+            one.field
+        );
+    }
+    let mut by: std::collections::BTreeMap<String, Vec<&str>> = Default::default();
+    for c in conflicts {
+        by.entry(manager_text(c)).or_default().push(&c.field);
+    }
+    let mut lines = Vec::new();
+    for (m, fields) in by {
+        lines.push(format!("conflicts with {m}:"));
+        lines.extend(fields.iter().map(|f| format!("- {f}")));
+    }
+    format!(
+        "Apply failed with {} conflicts: {}",
+        conflicts.len(),
+        lines.join("\n")
+    )
 }
 
 #[cfg(test)]
@@ -350,7 +390,27 @@ mod tests {
         .unwrap_or_default();
         assert_eq!(
             conflict_message(&err),
-            "Apply failed with 1 conflict: conflict with \"a\" using v1: .data.x"
+            "Apply failed with 1 conflict: conflict with \"a\": .data.x"
+        );
+        // The same name by another operation is another manager.
+        let mut created = json!({"data": {"x": "1"}});
+        record_update(None, &mut created, "a", "v1", now);
+        let err = apply(
+            Some(&created),
+            &json!({"data": {"x": "2"}}),
+            "a",
+            "v1",
+            false,
+            now,
+        )
+        .err()
+        .unwrap_or_default();
+        assert_eq!(
+            conflict_message(&err),
+            format!(
+                "Apply failed with 1 conflict: conflict with \"a\" using v1 at {}: .data.x",
+                now.rfc3339()
+            )
         );
         let forced =
             apply(Some(&a), &json!({"data": {"x": "2"}}), "b", "v1", true, now).unwrap_or_default();

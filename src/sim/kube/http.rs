@@ -1294,14 +1294,15 @@ fn patch(
                     "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"));
             };
             let force = q.flag("force");
-            let applied = super::apply::apply(old.as_ref(), &p, manager, &rt.api_version(), force, now)
-                .map_err(|conflicts| ApiError {
-                    details: Some(json!({"causes": conflicts.iter().map(|c| json!({
+            let applied =
+                super::apply::apply(old.as_ref(), &p, manager, &rt.api_version(), force, now)
+                    .map_err(|conflicts| ApiError {
+                        details: Some(json!({"causes": conflicts.iter().map(|c| json!({
                         "reason": "FieldManagerConflict",
-                        "message": format!("conflict with \"{}\" using {}", c.manager, c.api_version),
+                        "message": format!("conflict with {}", super::apply::manager_text(c)),
                         "field": c.field})).collect::<Vec<_>>()})),
-                    ..ApiError::new(409, "Conflict", super::apply::conflict_message(&conflicts))
-                })?;
+                        ..ApiError::new(409, "Conflict", super::apply::conflict_message(&conflicts))
+                    })?;
             match old.clone() {
                 None => {
                     let mut obj = applied;

@@ -19,6 +19,9 @@
 pub mod config;
 pub mod model;
 mod server;
+/// What a control plane renders as its bootstrap manifests (the whole twin seeds their
+/// objects' ownership from them).
+pub(crate) use server::manifests as bootstrap_manifests;
 mod textdiff;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

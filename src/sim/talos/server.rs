@@ -725,7 +725,7 @@ pub const DEFAULT_COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.12.1
 /// renders the bare item list; the resource is non-sensitive). Workers render none. kube-proxy and CoreDNS
 /// follow the active config and drop out when `cluster.proxy.disabled` (or
 /// `KubeProxyConfig.enabled: false`) / `cluster.coreDNS.disabled` are set.
-fn manifests(m: &TalosCluster, node: usize) -> Vec<(&'static str, String)> {
+pub(crate) fn manifests(m: &TalosCluster, node: usize) -> Vec<(&'static str, String)> {
     let n = m.node(node);
     if !n.is_control_plane() {
         return Vec::new();
