@@ -83,9 +83,21 @@ pub struct TwinConfig {
     /// `apiserver_requested_deprecated_apis` (to rehearse the removed-API warning).
     #[serde(default)]
     pub deprecated_api_requests: Vec<DeprecatedApiRequest>,
+    /// Node → the boot loader it boots with (`grub`, the default, or `sdboot`): which slot
+    /// an install writes and what a second install on one boot destroys follow it.
+    #[serde(default)]
+    pub bootloader: BTreeMap<String, BootloaderName>,
     /// Connection limits of every listener (library only: not read from the file).
     #[serde(skip)]
     pub net: NetLimits,
+}
+
+/// A boot loader as `--config` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BootloaderName {
+    Grub,
+    Sdboot,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -153,6 +165,14 @@ impl TwinConfig {
                     limits::MAX_DEPRECATED_APIS
                 ),
             );
+        }
+        for name in self.bootloader.keys() {
+            if targets.nodes.as_ref().is_some_and(|n| !n.contains(name)) {
+                bad(
+                    &format!("bootloader.{name}"),
+                    format!("no Talos node is named {name:?}"),
+                );
+            }
         }
         let t = &self.timings;
         for (name, d) in [
@@ -597,6 +617,17 @@ impl Twin {
             None => None,
         };
         let talos = Arc::new(TalosTwin::start(clock.clone(), nodes, state_dir, topts).await?);
+        talos.with_model(|m| {
+            for (node, loader) in &cfg.bootloader {
+                m.set_bootloader(
+                    node,
+                    match loader {
+                        BootloaderName::Grub => crate::sim::talos::Bootloader::Grub,
+                        BootloaderName::Sdboot => crate::sim::talos::Bootloader::SdBoot,
+                    },
+                );
+            }
+        });
         // The machines are configured as the cluster folder says the CNI runs.
         if folder.cluster.spec.cni.replaces_kube_proxy {
             talos

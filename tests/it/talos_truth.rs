@@ -324,10 +324,9 @@ async fn ichor_upgrades_a_talos_1_13_node_through_the_installers_instance() -> T
     )
     .await?;
     assert!(!progress.is_empty());
-    let installed = sim.twin.with_model(|m| {
-        m.node_by_name("w-1")
-            .and_then(|n| n.installed_version.clone())
-    });
+    let installed = sim
+        .twin
+        .with_model(|m| m.node_by_name("w-1").and_then(|n| n.installed_version()));
     assert_eq!(installed.as_deref(), Some("v1.13.4"));
     Ok(())
 }
