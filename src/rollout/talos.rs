@@ -524,7 +524,7 @@ impl Run<'_, '_> {
             marker.install_sent_boot = Some(boot.clone());
         }
         self.store_marker(stage, key, marker).await?;
-        match self.upgrade(node, installer, &install).await {
+        match self.upgrade(node, installer, &install).await? {
             Ok(()) => {
                 marker.upgrade_confirmed = true;
                 self.say(Progress::Note(format!(
@@ -555,7 +555,10 @@ impl Run<'_, '_> {
             // is done, the old version gets its install on the new boot.
             Err(crate::talos::TalosError::Installer {
                 class, code, last, ..
-            }) if class.retryable() && matches!(install, Install::Send(_)) => {
+            }) if class.retryable()
+                && !crate::talos::client::InstallerFailure::version_refused(&last)
+                && matches!(install, Install::Send(_)) =>
+            {
                 self.say(Progress::Note(format!(
                     "{} {name}: the installer exited with code {code} ({}{}); rebooting to try again on a fresh boot",
                     step_prefix(stage),
@@ -732,44 +735,56 @@ impl Run<'_, '_> {
     /// already: then its end is waited for) then ichor's own reboot, into whatever the
     /// install wrote — the step judges the version the node comes back on; before 1.13, the
     /// legacy call.
+    ///
+    /// A control plane's etcd is judged again between its install (minutes) and its reboot:
+    /// neither Talos's install nor its Reboot checks etcd, so this is the only guard.
     pub(super) async fn upgrade(
         &self,
         node: &LiveNode,
         installer: &str,
         install: &Install,
-    ) -> Result<(), crate::talos::TalosError> {
+    ) -> Flow<Result<(), crate::talos::TalosError>> {
         let e = self.engine;
         let addr = address(node);
-        match install {
-            Install::Done => e.talos.reboot(&addr, around(node)).await,
-            Install::Sent => {
-                self.install_exited(node).await?;
-                e.talos.reboot(&addr, around(node)).await
-            }
-            Install::Send(_) => {
-                match self.install(node, installer).await {
-                    Ok(()) => {}
-                    // The installer ran to its end and failed: said, not retried on this boot.
-                    Err(err @ crate::talos::TalosError::Installer { .. }) => return Err(err),
-                    // Taken or not, it may run on: wait for it, then boot what it wrote.
-                    Err(err) => {
-                        self.say(Progress::Note(format!(
-                            "talos {}: the install ended without its exit code ({err}); waiting for it to exit, then rebooting into what it wrote",
-                            node.name
-                        )));
-                        self.install_exited(node).await?;
-                    }
+        let written = match install {
+            Install::Done => Ok(()),
+            Install::Sent => self.install_exited(node).await,
+            Install::Send(_) => match self.install(node, installer).await {
+                Ok(()) => Ok(()),
+                // The installer ran to its end and failed: said, not retried on this boot.
+                Err(err @ crate::talos::TalosError::Installer { .. }) => Err(err),
+                // Taken or not, it may run on: wait for it, then boot what it wrote.
+                Err(err) => {
+                    self.say(Progress::Note(format!(
+                        "talos {}: the install ended without its exit code ({err}); waiting for it to exit, then rebooting into what it wrote",
+                        node.name
+                    )));
+                    self.install_exited(node).await
                 }
-                e.talos.reboot(&addr, around(node)).await
-            }
+            },
             // Talos ≤ 1.12 cordons, drains and reboots by itself; ichor has drained
             // already, so there is one drain owner and its drain finds nothing to move.
-            Install::NotHere => e
-                .talos
-                .upgrade_legacy(&addr, installer, around(node))
-                .await
-                .map(|_| ()),
+            // The call pulls and validates the installer before it answers (siderolabs/
+            // talos@v1.12.11:internal/app/machined/internal/server/v1alpha1/
+            // v1alpha1_server.go `Upgrade`, internal/pkg/install/pull.go), into the system
+            // containerd that is emptied at every boot: it gets a pull's deadline, as Omni
+            // gives it minutes; a 30 s deadline cancelled every slow pull, and each retry
+            // pulled again.
+            Install::NotHere => {
+                return Ok(e
+                    .talos
+                    .upgrade_legacy(&addr, installer, pulling(node))
+                    .await
+                    .map(|_| ()))
+            }
+        };
+        if let Err(err) = written {
+            return Ok(Err(err));
         }
+        if node.role == Role::Controlplane && *install != Install::Done {
+            self.etcd_ready_for(node, false).await?;
+        }
+        Ok(e.talos.reboot(&addr, around(node)).await)
     }
 
     /// Ahead of a worker's turn (Talos ≥ 1.13): the target installed while the node still

@@ -92,6 +92,9 @@ pub struct TwinConfig {
     pub net: NetLimits,
 }
 
+/// `timings.installerPull` unless configured: the legacy Upgrade's pull inside the call.
+pub const DEFAULT_INSTALLER_PULL: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A boot loader as `--config` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -122,6 +125,8 @@ pub struct TimingsConfig {
     pub install: Option<HumanDuration>,
     pub static_pod_restart: Option<HumanDuration>,
     pub kubelet_restart: Option<HumanDuration>,
+    /// Legacy Upgrade: pulling the installer into the system containerd, inside the call.
+    pub installer_pull: Option<HumanDuration>,
 }
 
 impl TwinConfig {
@@ -181,6 +186,7 @@ impl TwinConfig {
             ("install", t.install),
             ("staticPodRestart", t.static_pod_restart),
             ("kubeletRestart", t.kubelet_restart),
+            ("installerPull", t.installer_pull),
         ] {
             if let Some(d) = d.filter(|d| d.0 > fault_limits::MAX_DURATION) {
                 bad(
@@ -540,6 +546,7 @@ impl Twin {
         set(&mut topts.timings.install, t.install);
         set(&mut topts.timings.static_pod_restart, t.static_pod_restart);
         set(&mut topts.timings.kubelet_restart, t.kubelet_restart);
+        topts.timings.installer_pull = t.installer_pull.map_or(DEFAULT_INSTALLER_PULL, |d| d.0);
         // Validated above: every name exists and every number is in range.
         let f = &cfg.faults;
         topts
@@ -548,6 +555,9 @@ impl Twin {
             .extend(f.nodes_never_return.iter().cloned());
         for (n, d) in &f.slow_apply {
             topts.faults.slow_apply.insert(n.clone(), d.0);
+        }
+        for (n, d) in &f.slow_installer_pull {
+            topts.faults.slow_installer_pull.insert(n.clone(), d.0);
         }
         topts
             .faults
@@ -866,6 +876,13 @@ impl FaultHook for TwinFaults {
                     for (n, d) in map {
                         m.set_slow_apply(n, Some(d.0));
                     }
+                }
+                if given.contains("slowInstallerPull") {
+                    m.faults.slow_installer_pull = f
+                        .slow_installer_pull
+                        .iter()
+                        .map(|(n, d)| (n.clone(), d.0))
+                        .collect();
                 }
                 if given.contains("failingImages") {
                     m.faults.failing_images = f.failing_images.iter().cloned().collect();

@@ -152,6 +152,26 @@ impl InstallerFailure {
         )
     }
 
+    /// Whether the installer's last messages say its version preflight refused this host
+    /// (the upgrade path itself): permanent, though 1.14 exits 4 (environment) for it
+    /// (siderolabs/talos@v1.14.0-rc.1:cmd/installer/pkg/install/preflight.go `talosVersion`
+    /// tags `UpgradeableFrom`'s refusal EnvironmentTag; pkg/machinery/compatibility
+    /// `UpgradeableFrom`: "too old to upgrade", "too new to downgrade", "blacklisted",
+    /// "not supported").
+    pub fn version_refused(last: &[String]) -> bool {
+        last.iter().any(|l| {
+            l.contains("pre-flight checks failed")
+                && [
+                    "too old to upgrade",
+                    "too new to downgrade",
+                    "blacklisted",
+                    "not supported",
+                ]
+                .iter()
+                .any(|w| l.contains(w))
+        })
+    }
+
     pub fn describe(self) -> &'static str {
         match self {
             InstallerFailure::Unknown => {

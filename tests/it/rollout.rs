@@ -1485,6 +1485,104 @@ async fn a_retryable_installer_failure_is_tried_again_on_a_fresh_boot_only() -> 
     Ok(())
 }
 
+/// N1: the legacy MachineService/Upgrade pulls the installer inside the call (the twin
+/// takes `slowInstallerPull` on its clock and lets the caller's grpc-timeout, judged on
+/// that clock, cancel the pull): with a 45 s pull on w-1 the call needs more than 30 s, and
+/// the rollout completes.
+#[tokio::test]
+async fn a_legacy_upgrade_whose_installer_pull_takes_45s_completes() -> TestResult {
+    let config = TwinConfig::parse("twin.yaml", "faults:\n  slowInstallerPull: {w-1: 45s}\n")?;
+    let s = setup(config).await?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let engine = s.engine(&report);
+    let (outcome, _) = run_checked(&s, &engine, false).await?;
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}\n{}",
+        lines.all().join("\n")
+    );
+    let log = std::fs::read_to_string(s.twin.talos.audit_log_path())?;
+    let upgrades: Vec<Value> = log
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<Vec<Value>, _>>()?
+        .into_iter()
+        .filter(|l| l["method"] == "machine.MachineService/Upgrade" && l["node"] == "w-1")
+        .collect();
+    assert_eq!(
+        upgrades.len(),
+        1,
+        "one legacy Upgrade reached w-1: {upgrades:?}"
+    );
+    assert_eq!(upgrades[0]["code"], 0);
+    assert_finished(&s).await?;
+    Ok(())
+}
+
+/// N5: etcd is judged again between a control plane's install and its reboot. Another
+/// member turns unhealthy while the first control plane installs in its own step: the
+/// rollout pauses on etcd and that control plane is never rebooted (two of three members
+/// down would lose quorum).
+#[tokio::test]
+async fn a_member_lost_during_a_control_planes_install_stops_its_reboot() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let s = setup_on_1_13(dir.path(), "talos: v1.13.9", "kubernetes: v1.33.7").await?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let engine = s.engine(&report);
+    let target = s.target();
+    let hit = RefCell::new(None::<(String, String)>);
+    let outcome = tokio::select! {
+        r = engine.run(&s.plan, &target, Some(&s.change), false) => r?,
+        _ = s.twin.drive(Duration::from_secs(2), || {
+            if hit.borrow().is_some() {
+                return;
+            }
+            let cordoned: BTreeSet<String> = s.twin.kube.with(|c, _| {
+                c.list("nodes", None)
+                    .iter()
+                    .filter(|n| n.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true))
+                    .filter_map(|n| n.pointer("/metadata/name").and_then(Value::as_str).map(str::to_string))
+                    .collect()
+            });
+            let found = s.twin.talos.with_model(|m| {
+                let installing = m
+                    .nodes()
+                    .iter()
+                    .find(|n| n.installing && n.is_control_plane() && cordoned.contains(&n.name))?
+                    .name
+                    .clone();
+                let other = m
+                    .nodes()
+                    .iter()
+                    .find(|n| n.is_control_plane() && n.name != installing && !n.installing)?
+                    .name
+                    .clone();
+                m.set_etcd_unhealthy(&other, true);
+                Some((installing, other))
+            });
+            *hit.borrow_mut() = found;
+        }) => unreachable!(),
+    };
+    let (installing, other) = hit
+        .into_inner()
+        .ok_or("no control plane installed in its step")?;
+    let p = paused(outcome)?;
+    assert!(p.reason.contains("etcd"), "{}", p.reason);
+    let log = std::fs::read_to_string(s.twin.talos.audit_log_path())?;
+    let rebooted = log.lines().any(|l| {
+        serde_json::from_str::<Value>(l).is_ok_and(|v| {
+            v["method"] == "machine.MachineService/Reboot" && v["node"] == installing.as_str()
+        })
+    });
+    assert!(
+        !rebooted,
+        "{installing} was rebooted while {other}'s member was down"
+    );
+    Ok(())
+}
+
 /// Run the engine until it has requested its first Talos upgrade, then stop it there (as a
 /// crash would); the node it asked.
 async fn stop_at_the_first_upgrade_request(s: &Setup) -> Result<String, Error> {

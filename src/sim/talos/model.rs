@@ -54,6 +54,9 @@ pub struct Timings {
     pub kubelet_restart: Duration,
     /// A component that starts on an image missing from its own store pulls it first.
     pub image_pull: Duration,
+    /// The legacy MachineService/Upgrade pulls its installer into the system containerd
+    /// inside the call, before it answers (`installerPull`).
+    pub installer_pull: Duration,
 }
 
 impl Default for Timings {
@@ -65,6 +68,9 @@ impl Default for Timings {
             static_pod_restart: Duration::from_secs(20),
             kubelet_restart: Duration::from_secs(15),
             image_pull: Duration::from_secs(30),
+            // The bare Talos twin answers at once; the whole twin (`ichor sim`, `Twin`)
+            // takes `timings.installerPull`, 30 s unless configured.
+            installer_pull: Duration::ZERO,
         }
     }
 }
@@ -76,6 +82,9 @@ pub struct Faults {
     pub never_return: BTreeSet<String>,
     /// Nodes whose ApplyConfiguration blocks this long (on the twin's clock) before acting.
     pub slow_apply: BTreeMap<String, Duration>,
+    /// Nodes whose legacy Upgrade pulls its installer this long instead of
+    /// `timings.installer_pull` (`slowInstallerPull`).
+    pub slow_installer_pull: BTreeMap<String, Duration>,
     /// Image references whose pull fails with NotFound.
     pub failing_images: BTreeSet<String>,
     /// Control planes whose etcd member is cut off from its peers: still a member, but it
@@ -1169,6 +1178,26 @@ impl TalosCluster {
         Ok(actor)
     }
 
+    /// How long the legacy Upgrade on `node` pulls `image` before it answers: nothing when
+    /// the system containerd holds it already (emptied at every boot), else
+    /// `timings.installer_pull` or the node's `slowInstallerPull`.
+    pub fn legacy_installer_pull(&self, node: usize, image: &str) -> Option<Duration> {
+        let held = pulled_names(image).is_some_and(|(_, names)| {
+            self.image(node, ImageStore::SystemContainerd, &names[0])
+                .is_some()
+        });
+        if held {
+            return None;
+        }
+        Some(
+            self.faults
+                .slow_installer_pull
+                .get(&self.nodes[node].name)
+                .copied()
+                .unwrap_or(self.timings.installer_pull),
+        )
+    }
+
     fn installer_version(&self, node: usize, image: &str) -> Result<String, TalosError> {
         if image.is_empty() {
             return Err(TalosError::InvalidArgument(
@@ -1260,7 +1289,17 @@ impl TalosCluster {
             .map(|t| (upgradeable_from(&self.nodes[node].talos_version, &t), t))
         {
             Some((Ok(()), t)) => t,
-            Some((Err(m), _)) => return Ok(Err((1, m))),
+            // A 1.14 installer's version preflight is tagged EnvironmentTag: exit 4
+            // (siderolabs/talos@v1.14.0-rc.1:cmd/installer/pkg/install/preflight.go `Run`,
+            // `talosVersion`); before 1.14 every failure exits 1.
+            Some((Err(m), t)) => {
+                return Ok(Err(match parse_version(&t) {
+                    Some((1, minor, _)) if minor >= 14 => {
+                        (4, format!("pre-flight checks failed: {m}"))
+                    }
+                    _ => (1, m),
+                }))
+            }
             None => {
                 return Ok(Err((
                     1,

@@ -132,6 +132,27 @@ impl Shared {
     }
 }
 
+/// The caller's `grpc-timeout` (gRPC over HTTP/2: digits and a unit, H M S m u n), read as
+/// a span of the twin's clock: a deadline judged on simulated time, as a real node judges
+/// it on its own.
+fn grpc_timeout(md: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let v = md.get("grpc-timeout")?.to_str().ok()?;
+    if v.len() < 2 || v.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = v.split_at(v.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 fn status(e: TalosError) -> Status {
     match e {
         TalosError::Unavailable(m) => Status::unavailable(m),
@@ -618,12 +639,35 @@ impl NodeApi {
         &self,
         node: usize,
         req: machine::UpgradeRequest,
+        deadline: Option<Duration>,
     ) -> Result<machine::Upgrade, Status> {
         let request = serde_json::json!({
             "image": req.image, "preserve": req.preserve, "stage": req.stage, "force": req.force,
         });
         let actor_id = self
             .audited(node, "machine.MachineService/Upgrade", request, async {
+                // The installer is pulled (and validated) before the call answers
+                // (siderolabs/talos@v1.12.11:internal/app/machined/internal/server/v1alpha1/
+                // v1alpha1_server.go `Upgrade` → internal/pkg/install/pull.go
+                // `PullAndValidateInstallerImage`), on the twin's clock; the caller's
+                // grpc-timeout, judged on that clock too, cancels the pull.
+                let pull = self.read_model(|m| {
+                    m.check_up(node).ok()?;
+                    m.legacy_installer_pull(node, &req.image)
+                });
+                if let Some(d) = pull {
+                    let _parked = self.shared.clock.parked();
+                    match deadline {
+                        Some(t) if t < d => {
+                            self.shared.clock.sleep(t).await;
+                            return Err(Status::deadline_exceeded(format!(
+                                "context deadline exceeded: pulling {}",
+                                req.image
+                            )));
+                        }
+                        _ => self.shared.clock.sleep(d).await,
+                    }
+                }
                 self.sync_with(|m| m.upgrade_legacy(node, &req.image, req.force))
                     .map_err(status)
             })
@@ -1340,9 +1384,10 @@ impl machine::machine_service_server::MachineService for NodeApi {
         &self,
         request: Request<machine::UpgradeRequest>,
     ) -> Result<Response<machine::UpgradeResponse>, Status> {
+        let deadline = grpc_timeout(request.metadata());
         let messages = self
             .unary(request, Access::Admin, |api, node, request| async move {
-                api.upgrade_one(node, request).await
+                api.upgrade_one(node, request, deadline).await
             })
             .await?;
         Ok(Response::new(machine::UpgradeResponse { messages }))
