@@ -70,6 +70,9 @@ pub struct StepRecord {
     /// target at its next reboot, so its step only reboots it from this boot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub installed_boot: Option<String>,
+    /// The boot an install was sent on, before the call: one install per boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install_sent_boot: Option<String>,
     /// Volumes with a replica on the node when the step began.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<String>,

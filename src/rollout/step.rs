@@ -49,12 +49,18 @@ pub struct StepMarker {
     /// The boot the target was installed ahead on (Talos ≥ 1.13, LifecycleService): from
     /// this boot, a reboot is all the upgrade still needs.
     pub installed_boot: Option<String>,
+    /// The boot an install (LifecycleService/Upgrade) was sent on, recorded before the call:
+    /// at most one install reaches a node per boot, since a second one overwrites the slot
+    /// the node would fall back to (GRUB) or deletes the booted UKI (sd-boot). On this boot
+    /// the step only waits for that install and reboots into what it wrote.
+    pub install_sent_boot: Option<String>,
     /// Volumes with a replica on the node when the step began: they must be healthy again
     /// before the node is given back.
     pub volumes: Vec<String>,
     /// This engine saw the upgrade call succeed. Not stored: an engine that restarts after
     /// recording `upgrade_requested` cannot know whether the call reached the node, so a
-    /// node still up on its old boot re-gets the (idempotent) upgrade.
+    /// node still up on its old boot is asked again — a reboot into what an install sent on
+    /// this boot wrote (`install_sent_boot`), never a second install.
     pub upgrade_confirmed: bool,
 }
 
@@ -66,6 +72,7 @@ impl StepMarker {
             upgrade_requested: self.upgrade_requested,
             pre_pulled: self.pre_pulled,
             installed_boot: self.installed_boot.clone(),
+            install_sent_boot: self.install_sent_boot.clone(),
             volumes: self.volumes.clone(),
             finished_at: None,
             extra: Default::default(),
@@ -79,6 +86,7 @@ impl StepMarker {
             upgrade_requested: r.upgrade_requested,
             pre_pulled: r.pre_pulled,
             installed_boot: r.installed_boot.clone(),
+            install_sent_boot: r.install_sent_boot.clone(),
             volumes: r.volumes.clone(),
             upgrade_confirmed: false,
         }

@@ -35,6 +35,20 @@ const LOOK_GAP: std::time::Duration = std::time::Duration::from_secs(1);
 /// on another node), and a watch may miss what it should see.
 const QUIET_BEATS: u32 = 12;
 
+/// What an upgrade request does about the install (Talos ≥ 1.13), judged from the boot
+/// the node runs and the step's marker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Install {
+    /// Talos ≤ 1.12: the legacy Upgrade installs and reboots in one call.
+    NotHere,
+    /// Installed (exit code 0) on this boot: a reboot is all it needs.
+    Done,
+    /// Sent on this boot, its end unknown: wait for it to exit, then reboot.
+    Sent,
+    /// Nothing sent on this boot (the boot it goes on, recorded before the call).
+    Send(String),
+}
+
 impl Run<'_, '_> {
     /// Before any node goes down: the installer pulled on every node still to upgrade, a few
     /// at a time, so no node's turn waits on its pull (the pull moves nothing; each is
@@ -471,31 +485,95 @@ impl Run<'_, '_> {
             }
             Err(stop) => return Err(stop),
         };
-        // Installed ahead on the boot the node still runs: a reboot is all it needs.
-        let installed = match &marker.installed_boot {
-            Some(b) => self
-                .engine
-                .talos
-                .boot_id(&address(node), around(node))
-                .await
-                .is_ok_and(|now| &now == b),
-            None => false,
+        // On Talos ≥ 1.13 at most one install reaches a node per boot: the boot is read
+        // first, and an install already sent on it (ahead, or by an engine that stopped
+        // mid-call) is waited for and rebooted into, never sent again.
+        let install = match api {
+            UpgradeApi::Machine => Install::NotHere,
+            UpgradeApi::Lifecycle => {
+                let boot = match self
+                    .engine
+                    .talos
+                    .boot_id(&address(node), around(node))
+                    .await
+                {
+                    Ok(b) => b,
+                    Err(_) if again => {
+                        marker.upgrade_confirmed = true;
+                        return Ok(());
+                    }
+                    Err(err) => {
+                        return Err(self.pause(
+                            stage,
+                            Some(name),
+                            format!("cannot read the node's boot id, so cannot tell whether an install already reached this boot; nothing was sent: {err}"),
+                        ))
+                    }
+                };
+                if marker.installed_boot.as_ref() == Some(&boot) {
+                    Install::Done
+                } else if marker.install_sent_boot.as_ref() == Some(&boot) {
+                    Install::Sent
+                } else {
+                    Install::Send(boot)
+                }
+            }
         };
         marker.upgrade_requested = true;
+        if let Install::Send(boot) = &install {
+            marker.install_sent_boot = Some(boot.clone());
+        }
         self.store_marker(stage, key, marker).await?;
-        match self.upgrade(node, installer, api, installed).await {
+        match self.upgrade(node, installer, &install).await? {
             Ok(()) => {
                 marker.upgrade_confirmed = true;
                 self.say(Progress::Note(format!(
                     "{} {name}: upgrade to {target} requested ({})",
                     step_prefix(stage),
-                    match (api, installed) {
-                        (UpgradeApi::Lifecycle, false) => "LifecycleService, then reboot",
-                        (UpgradeApi::Lifecycle, true) => "installed ahead, reboot",
+                    match (api, &install) {
+                        (UpgradeApi::Lifecycle, Install::Send(_)) =>
+                            "LifecycleService, then reboot",
+                        (UpgradeApi::Lifecycle, Install::Done) => "installed ahead, reboot",
+                        (UpgradeApi::Lifecycle, _) =>
+                            "installed on this boot already, reboot into what it wrote",
                         (UpgradeApi::Machine, _) => "MachineService/Upgrade, which reboots",
                     }
                 )));
+                // An install whose end nobody saw may have failed: the boot is judged as it
+                // comes — the target is done, the old version gets its install on the new
+                // boot (one per boot still), within the node timeout.
+                if install == Install::Sent {
+                    marker.upgrade_requested = false;
+                    marker.installed_boot = None;
+                    self.store_marker(stage, key, marker).await?;
+                }
                 Ok(())
+            }
+            // A retryable installer failure is tried again on a fresh boot, never on this
+            // one (it may have written the switch already): the drained node is rebooted
+            // into whatever the installer left, and the step judges it — the target booted
+            // is done, the old version gets its install on the new boot.
+            Err(crate::talos::TalosError::Installer {
+                class, code, last, ..
+            }) if class.retryable()
+                && !crate::talos::client::InstallerFailure::version_refused(&last)
+                && matches!(install, Install::Send(_)) =>
+            {
+                self.say(Progress::Note(format!(
+                    "{} {name}: the installer exited with code {code} ({}{}); rebooting to try again on a fresh boot",
+                    step_prefix(stage),
+                    class.describe(),
+                    last.last().map(|l| format!(": {l}")).unwrap_or_default()
+                )));
+                if let Err(err) = self.engine.talos.reboot(&address(node), around(node)).await {
+                    return Err(self.pause(
+                        stage,
+                        Some(name),
+                        format!("the installer exited with code {code} and the reboot to try again on a fresh boot was refused: {err}"),
+                    ));
+                }
+                marker.upgrade_requested = false;
+                self.store_marker(stage, key, marker).await
             }
             Err(err) => {
                 // A repeated request may meet a node already on its way down, or still in
@@ -597,9 +675,13 @@ impl Run<'_, '_> {
     }
 
     /// Install the target on a Talos ≥ 1.13 node (LifecycleService/Upgrade): the node keeps
-    /// serving, and boots the target at its next reboot. A retryable installer failure
-    /// (environment, dependency, I/O, install) is tried again with backoff within the node
-    /// timeout; any other is returned.
+    /// serving, and boots the target at its next reboot. Sent once: the caller has recorded
+    /// the boot it is sent on, and nothing here asks again — a second install on the same
+    /// boot overwrites the slot the node would fall back to (GRUB flips from grub.cfg's
+    /// Default, siderolabs/talos@main:internal/app/machined/pkg/runtime/v1alpha1/bootloader/
+    /// grub/upgrade.go) or deletes the booted UKI (…/bootloader/sdboot/sdboot.go), and
+    /// upstream runs an install on after its caller went away
+    /// (@v1.13.9:internal/app/lifecycle/container.go `runInstallerContainer`).
     pub(super) async fn install(
         &self,
         node: &LiveNode,
@@ -612,71 +694,97 @@ impl Run<'_, '_> {
             deadline: e.policy.node_timeout.as_duration(),
             ..around(node)
         };
+        let name = e
+            .talos
+            .pull_installer(&addr, installer, around(node))
+            .await?;
+        e.talos.install_pulled(&addr, &name, long).await.map(|_| ())
+    }
+
+    /// Wait for an install sent on this boot to exit (the lifecycle service's lock free),
+    /// asked without risking a second install; within the node timeout.
+    async fn install_exited(&self, node: &LiveNode) -> Result<(), crate::talos::TalosError> {
+        let e = self.engine;
+        let addr = address(node);
         let give_up = self.now().plus(e.policy.node_timeout.as_duration());
-        let mut wait = std::time::Duration::from_secs(10);
+        let wait = std::time::Duration::from_secs(10);
         loop {
-            match e.talos.upgrade_lifecycle(&addr, installer, long).await {
-                Ok(_) => return Ok(()),
-                Err(crate::talos::TalosError::Installer { class, code, .. })
-                    if class.retryable() && self.now().plus(wait) < give_up =>
-                {
+            match e.talos.lifecycle_idle(&addr, around(node)).await {
+                Ok(true) => return Ok(()),
+                Ok(false) if self.now().plus(wait) < give_up => {
                     self.say(Progress::Note(format!(
-                        "talos {}: the installer exited with code {code} ({}); trying again in {}s",
+                        "talos {}: the install sent on this boot still runs; looking again in {}s",
                         node.name,
-                        class.describe(),
                         wait.as_secs()
                     )));
                     e.clock.sleep(wait).await;
-                    wait = (wait * 2).min(std::time::Duration::from_secs(300));
                 }
-                // An install the node still runs for a stream it has not yet seen close
-                // (an engine restarted a moment ago; upstream cancels it once it does):
-                // wait, then ask again, which re-installs the same version.
-                Err(crate::talos::TalosError::Refused {
-                    code: tonic::Code::FailedPrecondition,
-                    message,
-                    ..
-                }) if message.contains("already in progress")
-                    && self.now().plus(wait) < give_up =>
-                {
-                    self.say(Progress::Note(format!(
-                        "talos {}: an install is already running on the node; asking again in {}s",
-                        node.name,
-                        wait.as_secs()
-                    )));
-                    e.clock.sleep(wait).await;
+                Ok(false) => {
+                    return Err(crate::talos::TalosError::Reply {
+                        node: node.name.clone(),
+                        call: "LifecycleService/Upgrade",
+                        message: "the install sent on this boot still runs after the node timeout; its installer may be stuck".into(),
+                    })
                 }
                 Err(err) => return Err(err),
             }
         }
     }
 
-    /// The upgrade itself: on Talos ≥ 1.13 the install (skipped when `installed` says it
-    /// was done ahead on this very boot) then ichor's own reboot; before, the legacy call.
+    /// The upgrade itself: on Talos ≥ 1.13 the install (unless one was sent on this boot
+    /// already: then its end is waited for) then ichor's own reboot, into whatever the
+    /// install wrote — the step judges the version the node comes back on; before 1.13, the
+    /// legacy call.
+    ///
+    /// A control plane's etcd is judged again between its install (minutes) and its reboot:
+    /// neither Talos's install nor its Reboot checks etcd, so this is the only guard.
     pub(super) async fn upgrade(
         &self,
         node: &LiveNode,
         installer: &str,
-        api: UpgradeApi,
-        installed: bool,
-    ) -> Result<(), crate::talos::TalosError> {
+        install: &Install,
+    ) -> Flow<Result<(), crate::talos::TalosError>> {
         let e = self.engine;
         let addr = address(node);
-        match api {
-            UpgradeApi::Lifecycle => {
-                if !installed {
-                    self.install(node, installer).await?;
+        let written = match install {
+            Install::Done => Ok(()),
+            Install::Sent => self.install_exited(node).await,
+            Install::Send(_) => match self.install(node, installer).await {
+                Ok(()) => Ok(()),
+                // The installer ran to its end and failed: said, not retried on this boot.
+                Err(err @ crate::talos::TalosError::Installer { .. }) => Err(err),
+                // Taken or not, it may run on: wait for it, then boot what it wrote.
+                Err(err) => {
+                    self.say(Progress::Note(format!(
+                        "talos {}: the install ended without its exit code ({err}); waiting for it to exit, then rebooting into what it wrote",
+                        node.name
+                    )));
+                    self.install_exited(node).await
                 }
-                e.talos.reboot(&addr, around(node)).await
-            }
+            },
             // Talos ≤ 1.12 cordons, drains and reboots by itself; ichor has drained
             // already, so there is one drain owner and its drain finds nothing to move.
-            UpgradeApi::Machine => e
-                .talos
-                .upgrade_legacy(&addr, installer, around(node))
-                .await
-                .map(|_| ()),
+            // The call pulls and validates the installer before it answers (siderolabs/
+            // talos@v1.12.11:internal/app/machined/internal/server/v1alpha1/
+            // v1alpha1_server.go `Upgrade`, internal/pkg/install/pull.go), into the system
+            // containerd that is emptied at every boot: it gets a pull's deadline, as Omni
+            // gives it minutes; a 30 s deadline cancelled every slow pull, and each retry
+            // pulled again.
+            Install::NotHere => {
+                return Ok(e
+                    .talos
+                    .upgrade_legacy(&addr, installer, pulling(node))
+                    .await
+                    .map(|_| ()))
+            }
+        };
+        if let Err(err) = written {
+            return Ok(Err(err));
         }
+        if node.role == Role::Controlplane && *install != Install::Done {
+            self.etcd_ready_for(node, false).await?;
+        }
+        Ok(e.talos.reboot(&addr, around(node)).await)
     }
 
     /// Ahead of a worker's turn (Talos ≥ 1.13): the target installed while the node still
@@ -715,12 +823,43 @@ impl Run<'_, '_> {
         let Ok(boot) = boot else {
             return Ok(true);
         };
+        // Sent on this boot already (by an engine that stopped mid-install): never again.
+        // Its end is waited for here as the install itself would have been; the node's own
+        // step reboots into what it wrote.
+        if m.install_sent_boot.as_ref() == Some(&boot) {
+            match self.install_exited(&node).await {
+                Ok(()) => self.say(Progress::Note(format!(
+                    "{prefix} {name}: the install sent ahead of its turn on this boot has exited; its turn reboots into what it installed"
+                ))),
+                Err(err) => self.say(Progress::Note(format!(
+                    "{prefix} {name}: the install sent ahead of its turn on this boot: {err}; its own step waits for it"
+                ))),
+            }
+            return Ok(true);
+        }
         self.remember_boot(name, &boot, &v.tag);
         let Ok(installer) = self.installer(stage, &node).await else {
             return Ok(true); // said by the node's own step
         };
         // Writing the node's disk is acting on it: only while the lock is ours.
         self.check_lock(stage, name).await?;
+        // Pulled first: a failed pull sends nothing. Then the boot recorded, then the call.
+        if let Err(err) = e
+            .talos
+            .pull_installer(&addr, &installer, around(&node))
+            .await
+        {
+            self.say(Progress::Note(format!(
+                "{prefix} {name}: pulling {installer} ahead failed ({err}); its own step installs"
+            )));
+            return Ok(true);
+        }
+        let sent = boot.clone();
+        self.mark_ahead(stage, &key, |m| m.install_sent_boot = Some(sent))
+            .await?;
+        if self.marker(&key).await.started_at.is_some() {
+            return Ok(true); // the step began meanwhile: it installs
+        }
         match self.install(&node, &installer).await {
             Ok(()) => {
                 self.mark_ahead(stage, &key, |m| m.installed_boot = Some(boot))
@@ -730,7 +869,7 @@ impl Run<'_, '_> {
                 )));
             }
             Err(err) => self.say(Progress::Note(format!(
-                "{prefix} {name}: installing {installer} ahead failed ({err}); its own step installs again"
+                "{prefix} {name}: installing {installer} ahead failed ({err}); its own step waits for it to exit and reboots into what it wrote"
             ))),
         }
         Ok(true)

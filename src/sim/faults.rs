@@ -41,6 +41,10 @@ pub struct FaultsConfig {
     /// Nodes whose ApplyConfiguration blocks this long before acting.
     #[serde(default)]
     pub slow_apply: BTreeMap<String, HumanDuration>,
+    /// Nodes whose legacy MachineService/Upgrade pulls its installer this long (instead of
+    /// `timings.installerPull`) inside the call.
+    #[serde(default)]
+    pub slow_installer_pull: BTreeMap<String, HumanDuration>,
     /// Image references whose pull fails with NotFound.
     #[serde(default)]
     pub failing_images: Vec<String>,
@@ -240,6 +244,19 @@ impl FaultsConfig {
         {
             let map = &self.slow_apply;
             let field = path("slowApply");
+            if map.len() > limits::MAX_ENTRIES {
+                bad(field.clone(), too_many(map.len()));
+            }
+            for (n, d) in map.iter().take(limits::MAX_ENTRIES) {
+                check_node(format!("{field}.{n}"), n, &mut bad);
+                if d.0 > limits::MAX_DURATION {
+                    bad(format!("{field}.{n}"), too_long(d.0, limits::MAX_DURATION));
+                }
+            }
+        }
+        {
+            let map = &self.slow_installer_pull;
+            let field = path("slowInstallerPull");
             if map.len() > limits::MAX_ENTRIES {
                 bad(field.clone(), too_many(map.len()));
             }
@@ -585,6 +602,7 @@ impl FaultsConfig {
         [
             "nodesNeverReturn",
             "slowApply",
+            "slowInstallerPull",
             "failingImages",
             "etcdUnhealthy",
             "etcdStaleMembers",

@@ -88,9 +88,24 @@ pub struct TwinConfig {
     /// stay short.
     #[serde(default, rename = "registerWithFQDN")]
     pub register_with_fqdn: Option<RegisterWithFqdn>,
+    /// Node → the boot loader it boots with (`grub`, the default, or `sdboot`): which slot
+    /// an install writes and what a second install on one boot destroys follow it.
+    #[serde(default)]
+    pub bootloader: BTreeMap<String, BootloaderName>,
     /// Connection limits of every listener (library only: not read from the file).
     #[serde(skip)]
     pub net: NetLimits,
+}
+
+/// `timings.installerPull` unless configured: the legacy Upgrade's pull inside the call.
+pub const DEFAULT_INSTALLER_PULL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A boot loader as `--config` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BootloaderName {
+    Grub,
+    Sdboot,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -133,6 +148,8 @@ pub struct TimingsConfig {
     pub install: Option<HumanDuration>,
     pub static_pod_restart: Option<HumanDuration>,
     pub kubelet_restart: Option<HumanDuration>,
+    /// Legacy Upgrade: pulling the installer into the system containerd, inside the call.
+    pub installer_pull: Option<HumanDuration>,
 }
 
 impl TwinConfig {
@@ -190,6 +207,14 @@ impl TwinConfig {
                 ),
             );
         }
+        for name in self.bootloader.keys() {
+            if targets.nodes.as_ref().is_some_and(|n| !n.contains(name)) {
+                bad(
+                    &format!("bootloader.{name}"),
+                    format!("no Talos node is named {name:?}"),
+                );
+            }
+        }
         let t = &self.timings;
         for (name, d) in [
             ("upgrade", t.upgrade),
@@ -197,6 +222,7 @@ impl TwinConfig {
             ("install", t.install),
             ("staticPodRestart", t.static_pod_restart),
             ("kubeletRestart", t.kubelet_restart),
+            ("installerPull", t.installer_pull),
         ] {
             if let Some(d) = d.filter(|d| d.0 > fault_limits::MAX_DURATION) {
                 bad(
@@ -560,6 +586,7 @@ impl Twin {
         set(&mut topts.timings.install, t.install);
         set(&mut topts.timings.static_pod_restart, t.static_pod_restart);
         set(&mut topts.timings.kubelet_restart, t.kubelet_restart);
+        topts.timings.installer_pull = t.installer_pull.map_or(DEFAULT_INSTALLER_PULL, |d| d.0);
         // Validated above: every name exists and every number is in range.
         let f = &cfg.faults;
         topts
@@ -568,6 +595,9 @@ impl Twin {
             .extend(f.nodes_never_return.iter().cloned());
         for (n, d) in &f.slow_apply {
             topts.faults.slow_apply.insert(n.clone(), d.0);
+        }
+        for (n, d) in &f.slow_installer_pull {
+            topts.faults.slow_installer_pull.insert(n.clone(), d.0);
         }
         topts
             .faults
@@ -637,6 +667,17 @@ impl Twin {
             None => None,
         };
         let talos = Arc::new(TalosTwin::start(clock.clone(), nodes, state_dir, topts).await?);
+        talos.with_model(|m| {
+            for (node, loader) in &cfg.bootloader {
+                m.set_bootloader(
+                    node,
+                    match loader {
+                        BootloaderName::Grub => crate::sim::talos::Bootloader::Grub,
+                        BootloaderName::Sdboot => crate::sim::talos::Bootloader::SdBoot,
+                    },
+                );
+            }
+        });
         // The machines are configured as the cluster folder says the CNI runs.
         if folder.cluster.spec.cni.replaces_kube_proxy {
             talos
@@ -883,6 +924,13 @@ impl FaultHook for TwinFaults {
                     for (n, d) in map {
                         m.set_slow_apply(n, Some(d.0));
                     }
+                }
+                if given.contains("slowInstallerPull") {
+                    m.faults.slow_installer_pull = f
+                        .slow_installer_pull
+                        .iter()
+                        .map(|(n, d)| (n.clone(), d.0))
+                        .collect();
                 }
                 if given.contains("failingImages") {
                     m.faults.failing_images = f.failing_images.iter().cloned().collect();

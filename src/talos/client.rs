@@ -152,6 +152,26 @@ impl InstallerFailure {
         )
     }
 
+    /// Whether the installer's last messages say its version preflight refused this host
+    /// (the upgrade path itself): permanent, though 1.14 exits 4 (environment) for it
+    /// (siderolabs/talos@v1.14.0-rc.1:cmd/installer/pkg/install/preflight.go `talosVersion`
+    /// tags `UpgradeableFrom`'s refusal EnvironmentTag; pkg/machinery/compatibility
+    /// `UpgradeableFrom`: "too old to upgrade", "too new to downgrade", "blacklisted",
+    /// "not supported").
+    pub fn version_refused(last: &[String]) -> bool {
+        last.iter().any(|l| {
+            l.contains("pre-flight checks failed")
+                && [
+                    "too old to upgrade",
+                    "too new to downgrade",
+                    "blacklisted",
+                    "not supported",
+                ]
+                .iter()
+                .any(|w| l.contains(w))
+        })
+    }
+
     pub fn describe(self) -> &'static str {
         match self {
             InstallerFailure::Unknown => {
@@ -941,16 +961,38 @@ impl TalosClient {
         image: &str,
         opts: CallOptions<'_>,
     ) -> Result<Vec<String>, TalosError> {
-        let name = self
-            .pull_image(
-                node,
-                image,
-                INSTALLER_NAMESPACE,
-                UpgradeApi::Lifecycle,
-                opts,
-            )
-            .await?;
-        let name = name.as_str();
+        let name = self.pull_installer(node, image, opts).await?;
+        self.install_pulled(node, &name, opts).await
+    }
+
+    /// Pulls the installer where LifecycleService/Upgrade looks for it; the name it is
+    /// stored under (`name@digest`).
+    pub async fn pull_installer(
+        &self,
+        node: &str,
+        image: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<String, TalosError> {
+        self.pull_image(
+            node,
+            image,
+            INSTALLER_NAMESPACE,
+            UpgradeApi::Lifecycle,
+            opts,
+        )
+        .await
+    }
+
+    /// LifecycleService/Upgrade of an installer already pulled (`name` as the pull returned
+    /// it). Sent once: a stream that breaks after the node took the request is not retried
+    /// on another endpoint (the install runs on without its caller, and a second install on
+    /// the same boot overwrites the fallback), it ends as "no exit code".
+    pub async fn install_pulled(
+        &self,
+        node: &str,
+        name: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<Vec<String>, TalosError> {
         self.call(node, "LifecycleService/Upgrade", opts, |c| async move {
             let mut stream = LifecycleServiceClient::new(c)
                 .upgrade(self.request(
@@ -967,11 +1009,19 @@ impl TalosClient {
                 .into_inner();
             use super::proto::machine::lifecycle_service_install_progress::Response as P;
             let mut progress = Vec::new();
-            while let Some(m) = stream.message().await? {
-                match m.progress.and_then(|p| p.response) {
-                    Some(P::Message(text)) => progress.push(text),
-                    Some(P::ExitCode(code)) => return Ok((progress, Some(code))),
-                    None => {}
+            loop {
+                match stream.message().await {
+                    Ok(Some(m)) => match m.progress.and_then(|p| p.response) {
+                        Some(P::Message(text)) => progress.push(text),
+                        Some(P::ExitCode(code)) => return Ok((progress, Some(code))),
+                        None => {}
+                    },
+                    Ok(None) => break,
+                    // Taken by the node, then broken: never asked again from here.
+                    Err(e) => {
+                        progress.push(format!("stream broke: {}", e.message()));
+                        break;
+                    }
                 }
             }
             // Upstream sends the exit code last; a stream without one did not finish.
@@ -996,9 +1046,56 @@ impl TalosClient {
             None => Err(reply(
                 node,
                 "LifecycleService/Upgrade",
-                "the installer's progress ended without an exit code",
+                &format!(
+                    "the installer's progress ended without an exit code{}",
+                    progress
+                        .last()
+                        .map(|l| format!(" ({})", l.trim()))
+                        .unwrap_or_default()
+                ),
             )),
         })
+    }
+
+    /// Whether the node's lifecycle service is free, asked without risking an install: an
+    /// Upgrade with no image name. Upstream takes the service's lock first and answers
+    /// FailedPrecondition "another installation/upgrade is already in progress" while an
+    /// installer runs; past the lock it refuses the empty name with InvalidArgument
+    /// "installer image name is required" (siderolabs/talos@v1.13.9:
+    /// internal/app/lifecycle/lifecycle.go `Upgrade`).
+    pub async fn lifecycle_idle(
+        &self,
+        node: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<bool, TalosError> {
+        let r = self
+            .call(node, "LifecycleService/Upgrade", opts, |c| async move {
+                let answer = LifecycleServiceClient::new(c)
+                    .upgrade(self.request(
+                        LifecycleServiceUpgradeRequest {
+                            containerd: Some(INSTALLER_NAMESPACE.instance()),
+                            source: Some(InstallArtifactsSource {
+                                image_name: String::new(),
+                            }),
+                        },
+                        node,
+                        opts.deadline,
+                    )?)
+                    .await;
+                match answer {
+                    Ok(_) => Ok(Err("the node took an Upgrade without an image".to_string())),
+                    Err(e) if e.code() == tonic::Code::InvalidArgument => Ok(Ok(true)),
+                    Err(e)
+                        if e.code() == tonic::Code::FailedPrecondition
+                            && e.message().contains("already in progress") =>
+                    {
+                        Ok(Ok(false))
+                    }
+                    Err(e) => Err(e),
+                }
+            })
+            .await?;
+        r.map_err(|m| reply(node, "LifecycleService/Upgrade", &m))
     }
 
     pub async fn reboot(&self, node: &str, opts: CallOptions<'_>) -> Result<(), TalosError> {

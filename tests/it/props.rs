@@ -187,6 +187,7 @@ fn full_strategy() -> impl Strategy<Value = Full> {
                     upgrade_requested: requested,
                     pre_pulled,
                     installed_boot: installed.then(|| "a".to_string()),
+                    install_sent_boot: None,
                     volumes: strs(held.clone()),
                     upgrade_confirmed: confirmed,
                 };

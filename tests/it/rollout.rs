@@ -1160,8 +1160,8 @@ async fn killed_at_every_step_boundary_and_mid_step_it_still_finishes_safely() -
 
 /// On Talos ≥ 1.13 the next nodes install ahead of their turn: killed between a node's
 /// install ahead and its turn (a control plane's and a worker's), and at every other new
-/// boundary, the next run reboots what was installed or installs again, and never breaks a
-/// rule.
+/// boundary, the next run reboots into what was installed (an install cut short is waited
+/// for, never sent again on the same boot), and never breaks a rule.
 #[tokio::test]
 async fn killed_between_an_install_ahead_and_its_turn_it_still_finishes_safely() -> TestResult {
     let dir = tempfile::tempdir()?;
@@ -1190,6 +1190,293 @@ async fn killed_between_an_install_ahead_and_its_turn_it_still_finishes_safely()
             "no kill between an install ahead on{who}… and its turn: {points:#?}"
         );
     }
+    Ok(())
+}
+
+/// Installs per (node, boot) in the twin's call log: every LifecycleService/Upgrade the
+/// node took (code 0) that named an installer (an empty name only asks whether the service
+/// is free; "already in progress" installs nothing).
+fn installs_per_boot(
+    s: &Setup,
+) -> Result<std::collections::BTreeMap<(String, String), usize>, Error> {
+    let log = std::fs::read_to_string(s.twin.talos.audit_log_path())?;
+    let mut per = std::collections::BTreeMap::new();
+    for line in log.lines() {
+        let l: Value = serde_json::from_str(line)?;
+        if l["method"] == "machine.LifecycleService/Upgrade"
+            && l["request"]["image"]
+                .as_str()
+                .is_some_and(|i| !i.is_empty())
+            && l["code"] == 0
+        {
+            let key = (
+                l["node"].as_str().unwrap_or_default().to_string(),
+                l["bootId"].as_str().unwrap_or_default().to_string(),
+            );
+            *per.entry(key).or_insert(0) += 1;
+        }
+    }
+    Ok(per)
+}
+
+/// N2: killed while an install runs — ahead of a node's turn, and in the node's own step —
+/// the next run waits for that install and reboots into what it wrote: at most one install
+/// reaches a node per boot (the twin's call log), and every node's fallback slot still
+/// holds the version it ran before the rollout (a second install on one boot would have
+/// overwritten it: GRUB flips from grub.cfg's Default).
+#[tokio::test]
+async fn killed_during_installs_it_sends_at_most_one_install_per_node_per_boot() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let s = setup_on_1_13(dir.path(), "talos: v1.13.9", "kubernetes: v1.33.7").await?;
+    let before: Vec<(String, String)> = s
+        .twin
+        .talos
+        .observe()
+        .into_iter()
+        .map(|o| (o.name, o.talos_version))
+        .collect();
+    let target = s.target();
+    // (node, in its own step) where an incarnation was killed mid-install.
+    let mut killed: BTreeSet<(String, bool)> = BTreeSet::new();
+    let outcome = loop {
+        let report = |_: Progress| {};
+        let engine = s.engine(&report);
+        let hit = RefCell::new(None::<(String, bool)>);
+        let look = || {
+            if hit.borrow().is_some() || killed.len() >= 8 {
+                return;
+            }
+            let running: Vec<String> = s.twin.talos.with_model(|m| {
+                m.nodes()
+                    .iter()
+                    .filter(|n| n.installing)
+                    .map(|n| n.name.clone())
+                    .collect()
+            });
+            let cordoned: BTreeSet<String> = s.twin.kube.with(|c, _| {
+                c.list("nodes", None)
+                    .iter()
+                    .filter(|n| {
+                        n.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true)
+                    })
+                    .filter_map(|n| {
+                        n.pointer("/metadata/name")
+                            .and_then(Value::as_str)
+                            .map(str::to_string)
+                    })
+                    .collect()
+            });
+            for n in running {
+                let key = (n.clone(), cordoned.contains(&n));
+                if !killed.contains(&key) {
+                    *hit.borrow_mut() = Some(key);
+                    return;
+                }
+            }
+        };
+        let killer = async {
+            loop {
+                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                if hit.borrow().is_some() {
+                    return;
+                }
+            }
+        };
+        let r = tokio::select! {
+            r = engine.run(&s.plan, &target, Some(&s.change), false) => Some(r),
+            _ = s.twin.drive(Duration::from_secs(2), look) => unreachable!(),
+            _ = killer => None,
+        };
+        drop(engine);
+        match r {
+            Some(r) => break r?,
+            None => {
+                if let Some(k) = hit.into_inner() {
+                    killed.insert(k);
+                }
+            }
+        }
+    };
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?} after kills at {killed:?}"
+    );
+    assert!(
+        killed.iter().any(|(_, own)| !own) && killed.iter().any(|(_, own)| *own),
+        "killed during an install ahead and one in a node's own step: {killed:?}"
+    );
+    let per = installs_per_boot(&s)?;
+    let twice: Vec<_> = per.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "installs per boot: {twice:?} (killed at {killed:?})"
+    );
+    for (name, was) in &before {
+        let fallback = s.twin.talos.with_model(|m| {
+            m.node_by_name(name)
+                .and_then(|n| n.boot.fallback().map(str::to_string))
+        });
+        assert_eq!(fallback.as_ref(), Some(was), "{name}'s fallback slot");
+    }
+    assert_finished(&s).await?;
+    Ok(())
+}
+
+/// N2 (d): a retryable installer exit code (6, I/O) is tried again on a fresh boot, never on
+/// the boot it failed on (the installer may have written the switch before it failed): the
+/// drained node is rebooted into whatever it left, and the next install goes on the new
+/// boot. Every control plane's installer fails until the node goes down: the first one
+/// fails in its own step, the others ahead of their turn.
+#[tokio::test]
+async fn a_retryable_installer_failure_is_tried_again_on_a_fresh_boot_only() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let s = setup_on_1_13(dir.path(), "talos: v1.13.9", "kubernetes: v1.33.7").await?;
+    let cps = ["cp-1", "cp-2", "cp-3"];
+    s.twin.talos.with_model(|m| {
+        for cp in cps {
+            m.set_installer_exit_code(cp, Some(6));
+        }
+    });
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let engine = s.engine(&report);
+    let target = s.target();
+    let outcome = tokio::select! {
+        r = engine.run(&s.plan, &target, Some(&s.change), false) => r?,
+        _ = s.twin.drive(Duration::from_secs(2), || {
+            s.twin.talos.with_model(|m| {
+                for cp in cps {
+                    if m.node_by_name(cp).is_some_and(|n| !n.up) {
+                        m.set_installer_exit_code(cp, None);
+                    }
+                }
+            });
+        }) => unreachable!(),
+    };
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}\n{}",
+        lines.all().join("\n")
+    );
+    assert!(
+        lines.any("rebooting to try again on a fresh boot"),
+        "no control plane failed in its own step:\n{}",
+        lines.all().join("\n")
+    );
+    let per = installs_per_boot(&s)?;
+    for cp in cps {
+        let on: Vec<_> = per.iter().filter(|((n, _), _)| n == cp).collect();
+        assert!(on.len() >= 2, "{cp} was installed on two boots: {on:?}");
+        assert!(
+            on.iter().all(|(_, n)| **n == 1),
+            "installs per boot: {on:?}"
+        );
+        let fallback = s.twin.talos.with_model(|m| {
+            m.node_by_name(cp)
+                .and_then(|n| n.boot.fallback().map(str::to_string))
+        });
+        assert_eq!(fallback.as_deref(), Some("v1.13.4"), "{cp}");
+    }
+    assert_finished(&s).await?;
+    Ok(())
+}
+
+/// N1: the legacy MachineService/Upgrade pulls the installer inside the call (the twin
+/// takes `slowInstallerPull` on its clock and lets the caller's grpc-timeout, judged on
+/// that clock, cancel the pull): with a 45 s pull on w-1 the call needs more than 30 s, and
+/// the rollout completes.
+#[tokio::test]
+async fn a_legacy_upgrade_whose_installer_pull_takes_45s_completes() -> TestResult {
+    let config = TwinConfig::parse("twin.yaml", "faults:\n  slowInstallerPull: {w-1: 45s}\n")?;
+    let s = setup(config).await?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let engine = s.engine(&report);
+    let (outcome, _) = run_checked(&s, &engine, false).await?;
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}\n{}",
+        lines.all().join("\n")
+    );
+    let log = std::fs::read_to_string(s.twin.talos.audit_log_path())?;
+    let upgrades: Vec<Value> = log
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<Vec<Value>, _>>()?
+        .into_iter()
+        .filter(|l| l["method"] == "machine.MachineService/Upgrade" && l["node"] == "w-1")
+        .collect();
+    assert_eq!(
+        upgrades.len(),
+        1,
+        "one legacy Upgrade reached w-1: {upgrades:?}"
+    );
+    assert_eq!(upgrades[0]["code"], 0);
+    assert_finished(&s).await?;
+    Ok(())
+}
+
+/// N5: etcd is judged again between a control plane's install and its reboot. Another
+/// member turns unhealthy while the first control plane installs in its own step: the
+/// rollout pauses on etcd and that control plane is never rebooted (two of three members
+/// down would lose quorum).
+#[tokio::test]
+async fn a_member_lost_during_a_control_planes_install_stops_its_reboot() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let s = setup_on_1_13(dir.path(), "talos: v1.13.9", "kubernetes: v1.33.7").await?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let engine = s.engine(&report);
+    let target = s.target();
+    let hit = RefCell::new(None::<(String, String)>);
+    let outcome = tokio::select! {
+        r = engine.run(&s.plan, &target, Some(&s.change), false) => r?,
+        _ = s.twin.drive(Duration::from_secs(2), || {
+            if hit.borrow().is_some() {
+                return;
+            }
+            let cordoned: BTreeSet<String> = s.twin.kube.with(|c, _| {
+                c.list("nodes", None)
+                    .iter()
+                    .filter(|n| n.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true))
+                    .filter_map(|n| n.pointer("/metadata/name").and_then(Value::as_str).map(str::to_string))
+                    .collect()
+            });
+            let found = s.twin.talos.with_model(|m| {
+                let installing = m
+                    .nodes()
+                    .iter()
+                    .find(|n| n.installing && n.is_control_plane() && cordoned.contains(&n.name))?
+                    .name
+                    .clone();
+                let other = m
+                    .nodes()
+                    .iter()
+                    .find(|n| n.is_control_plane() && n.name != installing && !n.installing)?
+                    .name
+                    .clone();
+                m.set_etcd_unhealthy(&other, true);
+                Some((installing, other))
+            });
+            *hit.borrow_mut() = found;
+        }) => unreachable!(),
+    };
+    let (installing, other) = hit
+        .into_inner()
+        .ok_or("no control plane installed in its step")?;
+    let p = paused(outcome)?;
+    assert!(p.reason.contains("etcd"), "{}", p.reason);
+    let log = std::fs::read_to_string(s.twin.talos.audit_log_path())?;
+    let rebooted = log.lines().any(|l| {
+        serde_json::from_str::<Value>(l).is_ok_and(|v| {
+            v["method"] == "machine.MachineService/Reboot" && v["node"] == installing.as_str()
+        })
+    });
+    assert!(
+        !rebooted,
+        "{installing} was rebooted while {other}'s member was down"
+    );
     Ok(())
 }
 

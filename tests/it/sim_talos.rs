@@ -544,12 +544,14 @@ async fn exit_code(
     Ok(exit)
 }
 
-/// An install whose caller goes away dies with its stream, as upstream runs the installer
-/// on the stream's context (siderolabs/talos v1.13.9 internal/app/lifecycle/lifecycle.go
-/// `Upgrade`): the next request is not refused as "already in progress", and a reboot
-/// boots what ran before.
+/// An install outlives its caller, as upstream waits for the installer on a detached
+/// context and holds the service's lock until it exits
+/// (siderolabs/talos@v1.13.9:internal/app/lifecycle/container.go `runInstallerContainer`,
+/// lifecycle.go `Upgrade`): a second request meanwhile is refused "already in progress",
+/// closing an unrelated Events or Watch stream does not touch it (N13), and the next
+/// reboot boots what it wrote.
 #[tokio::test]
-async fn a_lifecycle_upgrade_whose_caller_goes_is_cancelled() -> TestResult {
+async fn a_lifecycle_upgrade_outlives_its_caller_and_holds_the_lock_until_it_exits() -> TestResult {
     let sim = Sim::start(cluster("v1.13.2")).await?;
     let installer = "ghcr.io/siderolabs/installer:v1.14.0";
     pull_system(&sim, "w-1", installer).await?;
@@ -562,28 +564,108 @@ async fn a_lifecycle_upgrade_whose_caller_goes_is_cancelled() -> TestResult {
         sim.twin
             .read(|m| m.nodes().iter().any(|n| n.name == "w-1" && n.installing))
     };
-    assert!(installing());
     drop(stream);
-    // The cancellation travels over the connection: wait (at most 5 s) for the node to see it.
-    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while installing() && std::time::Instant::now() < give_up {
+    // An Events stream on the node, opened and closed while the installer runs.
+    let mut w1 = sim.machine("w-1").await?;
+    let mut events = w1
+        .events(EventsRequest {
+            tail_events: -1,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    events.message().await?;
+    drop(events);
+    // Whatever the closed streams could do, give it the time to arrive.
+    for _ in 0..50 {
         tokio::task::yield_now().await;
     }
-    assert!(!installing(), "the install outlived its caller");
-    // Past the moment it would have finished, nothing was written.
+    assert!(installing(), "the install died with a stream");
+    let again = LifecycleServiceClient::new(sim.channel("w-1").await?)
+        .upgrade(request())
+        .await
+        .err()
+        .ok_or("a second install was taken while one runs")?;
+    assert_eq!(again.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        again.message(),
+        "another installation/upgrade is already in progress"
+    );
+    // The installer exits: the lock is free (an empty image name is refused past it).
     sim.clock.advance(S(20));
-    let mut w1 = sim.machine("w-1").await?;
+    assert!(!installing());
+    let free = LifecycleServiceClient::new(sim.channel("w-1").await?)
+        .upgrade(upgrade_request(""))
+        .await
+        .err()
+        .ok_or("an empty installer image was taken")?;
+    assert_eq!(free.code(), tonic::Code::InvalidArgument, "{free:?}");
     w1.reboot(RebootRequest::default()).await?;
     sim.clock.advance(S(90));
-    assert_eq!(version_tag(&mut w1).await?, "v1.13.2");
+    assert_eq!(version_tag(&mut w1).await?, "v1.14.0");
+    let fallback = sim.twin.read(|m| {
+        m.node_by_name("w-1")
+            .and_then(|n| n.boot.fallback().map(str::to_string))
+    });
+    assert_eq!(fallback.as_deref(), Some("v1.13.2"));
+    Ok(())
+}
 
-    // A new request is taken (the lock went with the cancelled one) and runs to its end.
-    pull_system(&sim, "w-1", installer).await?;
-    let mut lifecycle = LifecycleServiceClient::new(sim.channel("w-1").await?);
-    let mut stream = lifecycle.upgrade(request()).await?.into_inner();
-    stream.message().await?;
-    sim.clock.advance(S(20));
-    assert_eq!(exit_code(&mut stream).await?, Some(0));
+/// A second install on one boot costs a GRUB node its way back: GRUB flips from grub.cfg's
+/// Default and overwrites the running slot (siderolabs/talos internal/app/machined/pkg/
+/// runtime/v1alpha1/bootloader/grub/upgrade.go `Upgrade`: `flip` before the assets). sd-boot
+/// keeps the booted UKI (…/sdboot/sdboot.go at 06023fd1898a: `Probe` defaults to
+/// `LoaderEntrySelected`). The call log counts what reached the node per boot.
+#[tokio::test]
+async fn a_second_install_on_one_boot_leaves_a_grub_node_no_fallback_and_the_log_shows_both(
+) -> TestResult {
+    let sim = Sim::start(cluster("v1.13.2")).await?;
+    let installer = "ghcr.io/siderolabs/installer:v1.14.0";
+    sim.twin
+        .with_model(|m| m.set_bootloader("cp-1", ichor::sim::talos::Bootloader::SdBoot));
+    for node in ["w-1", "cp-1"] {
+        pull_system(&sim, node, installer).await?;
+        for _ in 0..2 {
+            let mut stream = LifecycleServiceClient::new(sim.channel(node).await?)
+                .upgrade(upgrade_request(installer))
+                .await?
+                .into_inner();
+            stream.message().await?;
+            sim.clock.advance(S(20));
+            assert_eq!(exit_code(&mut stream).await?, Some(0));
+        }
+    }
+    let slots = |name: &str| {
+        sim.twin
+            .read(|m| m.node_by_name(name).map(|n| n.boot.clone()))
+    };
+    let grub = slots("w-1").ok_or("no w-1")?;
+    assert_eq!(grub.fallback(), Some("v1.14.0"), "GRUB: {grub:?}");
+    assert_eq!(
+        grub.default, grub.booted,
+        "GRUB wrote the running slot: {grub:?}"
+    );
+    let sdboot = slots("cp-1").ok_or("no cp-1")?;
+    assert_eq!(sdboot.fallback(), Some("v1.13.2"), "sd-boot: {sdboot:?}");
+    assert_eq!(sdboot.slots[sdboot.default].as_deref(), Some("v1.14.0"));
+
+    let log = std::fs::read_to_string(sim.twin.audit_log_path())?;
+    let installs: Vec<serde_json::Value> = log
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<Vec<serde_json::Value>, _>>()?
+        .into_iter()
+        .filter(|l| l["method"] == "machine.LifecycleService/Upgrade")
+        .collect();
+    assert_eq!(installs.len(), 4, "{log}");
+    for l in &installs {
+        assert_eq!(l["request"]["image"], installer);
+        assert_eq!(l["code"], 0);
+        assert!(l["bootId"].as_str().is_some_and(|b| b.len() == 36), "{l}");
+        assert!(l["at"].as_str().is_some_and(|a| a.ends_with('Z')), "{l}");
+    }
+    assert_eq!(installs[0]["node"], "w-1");
+    assert_eq!(installs[0]["bootId"], installs[1]["bootId"]);
     Ok(())
 }
 

@@ -9,6 +9,13 @@ use base64::Engine;
 use ichor::clock::Clock;
 use ichor::kube::changes::Scope;
 use ichor::sim::twin::{ClusterFolder, Twin, TwinConfig, TwinOptions};
+
+/// The legacy Upgrade answering at once (`timings.installerPull: 0s`): these tests call it
+/// on a manual clock nothing moves while the call waits.
+fn pull_at_once(mut config: TwinConfig) -> TwinConfig {
+    config.timings.installer_pull = Some(ichor::releaseset::HumanDuration(Duration::ZERO));
+    config
+}
 use ichor::talos::proto::cosi::resource::state_client::StateClient;
 use ichor::talos::proto::cosi::resource::GetRequest;
 use ichor::talos::proto::machine::apply_configuration_request::Mode;
@@ -662,7 +669,7 @@ fn unschedulable(n: &Value) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_legacy_upgrade_cordons_and_drains_the_node_before_it_goes_down() -> TestResult {
-    let (twin, _state) = start(TwinConfig::default()).await?;
+    let (twin, _state) = start(pull_at_once(TwinConfig::default())).await?;
     let mut talos = MachineServiceClient::new(talos_channel(twin.talosconfig()).await?);
     let before = running_movable(&twin, "w-1");
     assert!(!before.is_empty(), "the seed puts workloads on w-1");
@@ -723,7 +730,7 @@ async fn a_legacy_upgrade_cordons_and_drains_the_node_before_it_goes_down() -> T
 async fn a_legacy_upgrade_drain_respects_disruption_budgets() -> TestResult {
     let mut config = TwinConfig::default();
     config.faults.pdbs_never_allow = vec!["default/web".into()];
-    let (twin, _state) = start(config).await?;
+    let (twin, _state) = start(pull_at_once(config)).await?;
     let mut talos = MachineServiceClient::new(talos_channel(twin.talosconfig()).await?);
     let webs_on = |twin: &Twin| {
         running_movable(twin, "w-1")
@@ -865,7 +872,7 @@ async fn the_new_faults_are_validated_at_run_time_naming_the_field() -> TestResu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unhealthy_etcd_member_reports_no_leader_and_counts_as_down_for_quorum() -> TestResult {
-    let (twin, _state) = start(TwinConfig::default()).await?;
+    let (twin, _state) = start(pull_at_once(TwinConfig::default())).await?;
     let talos = ichor_talos(&twin)?;
     let (cp1, cp2, cp3) = ("10.0.10.11", "10.0.10.12", "10.0.10.13");
     let (code, text) = post_faults(&twin, &serde_json::json!({"etcdUnhealthy": ["cp-2"]})).await?;
@@ -926,7 +933,7 @@ async fn an_unhealthy_etcd_member_reports_no_leader_and_counts_as_down_for_quoru
 async fn a_wrong_version_fault_boots_another_version_after_the_install() -> TestResult {
     // The installer falls back to the old partition: w-1 boots v1.12.4 again.
     let config = TwinConfig::parse("twin.yaml", "faults:\n  wrongVersion: {w-1: v1.12.4}\n")?;
-    let (twin, _state) = start(config).await?;
+    let (twin, _state) = start(pull_at_once(config)).await?;
     let talos = ichor_talos(&twin)?;
     let w1 = "10.0.10.21";
     let boot = talos.boot_id(w1, call()).await?;

@@ -324,10 +324,9 @@ async fn ichor_upgrades_a_talos_1_13_node_through_the_installers_instance() -> T
     )
     .await?;
     assert!(!progress.is_empty());
-    let installed = sim.twin.with_model(|m| {
-        m.node_by_name("w-1")
-            .and_then(|n| n.installed_version.clone())
-    });
+    let installed = sim
+        .twin
+        .with_model(|m| m.node_by_name("w-1").and_then(|n| n.installed_version()));
     assert_eq!(installed.as_deref(), Some("v1.13.4"));
     Ok(())
 }
@@ -413,6 +412,37 @@ async fn an_installer_exit_code_names_its_class_and_last_messages() -> TestResul
             "{e}"
         );
     }
+    Ok(())
+}
+
+/// N7: a 1.14 installer's version preflight exits 4 (EnvironmentTag) with "pre-flight
+/// checks failed: …"; ichor reads that one as permanent, not as a retryable environment
+/// failure.
+#[tokio::test]
+async fn a_1_14_installers_version_refusal_exits_4_and_is_permanent() -> TestResult {
+    use ichor::talos::client::InstallerFailure;
+    let sim = start(cluster("v1.13.2")).await?;
+    // 1.16 takes hosts from 1.14 on.
+    let installer = "factory.talos.dev/metal-installer/abc:v1.16.0";
+    let e = sim
+        .client
+        .upgrade_lifecycle(W1, installer, long())
+        .await
+        .err()
+        .ok_or("a 1.13 host took a 1.16 installer")?;
+    match &e {
+        TalosError::Installer {
+            code, class, last, ..
+        } => {
+            assert_eq!((*code, *class), (4, InstallerFailure::Environment), "{e}");
+            assert!(InstallerFailure::version_refused(last), "{last:?}");
+        }
+        other => panic!("expected an installer failure, got {other:?}"),
+    }
+    // An environment failure of another kind stays retryable.
+    assert!(!InstallerFailure::version_refused(&[
+        "installer failed with exit code 4".to_string()
+    ]));
     Ok(())
 }
 

@@ -44,9 +44,13 @@ use crate::talos::proto::machine::machine_service_server::MachineServiceServer;
 
 pub use config::{Component, ConfigForm, MachineConfig};
 pub use model::{
-    ApplyMode, EtcdMemberView, Faults, ImageStore, Kubelet, MachineEvent, ModelError, Node,
-    NodeObservation, NodeSpec, Role, Stage, StaticPod, TalosCluster, TalosError, Timings,
+    ApplyMode, BootSlots, Bootloader, EtcdMemberView, Faults, ImageStore, Kubelet, MachineEvent,
+    ModelError, Node, NodeObservation, NodeSpec, Role, Stage, StaticPod, TalosCluster, TalosError,
+    Timings,
 };
+
+/// The twin's Talos call log under the state directory (see `server::Shared::audit`).
+pub const AUDIT_LOG: &str = "talos-audit.jsonl";
 
 /// Talos and the Go client both cap gRPC messages at 32 MiB.
 const MAX_MESSAGE: usize = 32 << 20;
@@ -85,6 +89,11 @@ pub enum TwinError {
     },
     #[error("configuring TLS for node {node}: {message}")]
     Tls { node: String, message: String },
+    #[error("opening the Talos call log {path}: {source}")]
+    AuditLog {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// A running Talos twin: the model and one mTLS gRPC endpoint per node.
@@ -130,6 +139,16 @@ impl TalosTwin {
             clock,
             changed,
             admin_kubeconfig: Mutex::new(None),
+            audit: std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(state_dir.join(AUDIT_LOG))
+                .map_err(|source| TwinError::AuditLog {
+                    path: state_dir.join(AUDIT_LOG),
+                    source,
+                })
+                .map(Mutex::new)
+                .map(Some)?,
         });
         let ca = CertificateAuthority::new("talos", Some(&options.context), KeyAlgorithm::Ed25519)?;
         let node_time = NodeTime::starting_now(shared.clock.clone());
@@ -250,6 +269,12 @@ impl TalosTwin {
 
     pub fn talosconfig_path(&self) -> &Path {
         &self.talosconfig
+    }
+
+    /// The call log: one JSON object per line (`at`, `node`, `method`, `bootId`, `request`,
+    /// `code`), next to the talosconfig.
+    pub fn audit_log_path(&self) -> PathBuf {
+        self.talosconfig.with_file_name(AUDIT_LOG)
     }
 
     /// The OS CA certificate (PEM) clients trust.

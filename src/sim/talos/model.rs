@@ -54,6 +54,9 @@ pub struct Timings {
     pub kubelet_restart: Duration,
     /// A component that starts on an image missing from its own store pulls it first.
     pub image_pull: Duration,
+    /// The legacy MachineService/Upgrade pulls its installer into the system containerd
+    /// inside the call, before it answers (`installerPull`).
+    pub installer_pull: Duration,
 }
 
 impl Default for Timings {
@@ -65,6 +68,9 @@ impl Default for Timings {
             static_pod_restart: Duration::from_secs(20),
             kubelet_restart: Duration::from_secs(15),
             image_pull: Duration::from_secs(30),
+            // The bare Talos twin answers at once; the whole twin (`ichor sim`, `Twin`)
+            // takes `timings.installerPull`, 30 s unless configured.
+            installer_pull: Duration::ZERO,
         }
     }
 }
@@ -76,6 +82,9 @@ pub struct Faults {
     pub never_return: BTreeSet<String>,
     /// Nodes whose ApplyConfiguration blocks this long (on the twin's clock) before acting.
     pub slow_apply: BTreeMap<String, Duration>,
+    /// Nodes whose legacy Upgrade pulls its installer this long instead of
+    /// `timings.installer_pull` (`slowInstallerPull`).
+    pub slow_installer_pull: BTreeMap<String, Duration>,
     /// Image references whose pull fails with NotFound.
     pub failing_images: BTreeSet<String>,
     /// Control planes whose etcd member is cut off from its peers: still a member, but it
@@ -258,8 +267,11 @@ pub struct Node {
     pub static_pods: Vec<StaticPod>,
     /// Every name in every image store of the node → the reference it was pulled as.
     pub images: BTreeMap<(ImageStore, String), String>,
-    /// Version written to disk by an upgrade, booted at the next reboot.
-    pub installed_version: Option<String>,
+    /// The boot loader's slots: what each holds, which one boots next, which one this boot
+    /// came from.
+    pub boot: BootSlots,
+    /// An installer runs (LifecycleService/Upgrade): it holds the service's lock until it
+    /// exits, whether or not its caller is still there.
     pub installing: bool,
     /// Bumped by every install started or cancelled: an `InstallDone` of an earlier run
     /// is stale.
@@ -320,6 +332,87 @@ impl Node {
 
     pub fn static_pod(&self, c: Component) -> Option<&StaticPod> {
         self.static_pods.iter().find(|p| p.component == c)
+    }
+
+    /// The version the next boot starts when an install since this boot changed it.
+    pub fn installed_version(&self) -> Option<String> {
+        if !self.boot.written {
+            return None;
+        }
+        self.boot.slots[self.boot.default].clone()
+    }
+}
+
+/// Which boot loader a node boots with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Bootloader {
+    #[default]
+    Grub,
+    SdBoot,
+}
+
+/// A node's two boot slots (GRUB's labels A and B; sd-boot's UKIs on the ESP, of which an
+/// upgrade leaves at most two) with upstream's switching rules. Neither loader picks the
+/// slot to write from the one running:
+/// - GRUB flips from grub.cfg's `Default` and writes the new kernel there
+///   (siderolabs/talos@main:internal/app/machined/pkg/runtime/v1alpha1/bootloader/grub/
+///   upgrade.go `Upgrade` → boot_label.go `flip`, install.go `copyAssets`): a second install
+///   on one boot overwrites the running slot, so both hold the target.
+///   The node then has no version to fall back to (machined/revert.go).
+/// - sd-boot (siderolabs/talos internal/app/machined/pkg/runtime/v1alpha1/bootloader/sdboot/
+///   sdboot.go at 06023fd1898a: `Probe` takes the booted entry, `LoaderEntrySelected`, as
+///   its default; `install` removes every UKI but that one, writes the new one and makes it
+///   `LoaderEntryDefault`): a second install on one boot keeps the booted UKI.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BootSlots {
+    pub loader: Bootloader,
+    /// The Talos version each slot holds (`None`: empty).
+    pub slots: [Option<String>; 2],
+    /// The slot the next boot starts (grub.cfg `Default`, sd-boot `LoaderEntryDefault`).
+    pub default: usize,
+    /// The slot this boot started from.
+    pub booted: usize,
+    /// An install wrote a slot since this boot.
+    pub written: bool,
+}
+
+impl BootSlots {
+    fn new(version: &str) -> BootSlots {
+        BootSlots {
+            loader: Bootloader::Grub,
+            slots: [Some(version.to_string()), None],
+            default: 0,
+            booted: 0,
+            written: false,
+        }
+    }
+
+    /// The installer writes `version` and makes it the default, by the loader's rule.
+    fn install(&mut self, version: &str) {
+        self.written = true;
+        let other = 1 - self.default;
+        match self.loader {
+            Bootloader::Grub => {
+                self.slots[other] = Some(version.to_string());
+                self.default = other;
+            }
+            Bootloader::SdBoot => {
+                let booted = self.booted;
+                if self.slots[booted].as_deref() == Some(version) {
+                    // The booted UKI is this version: rewritten in place, the other deleted.
+                    self.slots[1 - booted] = None;
+                    self.default = booted;
+                } else {
+                    self.slots[1 - booted] = Some(version.to_string());
+                    self.default = 1 - booted;
+                }
+            }
+        }
+    }
+
+    /// The version a failed boot of the default slot falls back to: the other slot's.
+    pub fn fallback(&self) -> Option<&str> {
+        self.slots[1 - self.default].as_deref()
     }
 }
 
@@ -514,6 +607,7 @@ impl TalosCluster {
                 return Err(ModelError::DuplicateNode(spec.name.clone()));
             }
             let talos = normalize_tag(&spec.talos_version);
+            let spec_talos = talos.clone();
             if parse_version(&talos).is_none() {
                 return Err(ModelError::BadVersion(spec.name.clone(), talos));
             }
@@ -566,7 +660,7 @@ impl TalosCluster {
                 },
                 static_pods,
                 images: BTreeMap::new(),
-                installed_version: None,
+                boot: BootSlots::new(&spec_talos),
                 installing: false,
                 install_run: 0,
                 events: Vec::new(),
@@ -726,7 +820,7 @@ impl TalosCluster {
             } if self.nodes[node].boot_gen == gen && self.nodes[node].install_run == run => {
                 let n = &mut self.nodes[node];
                 n.installing = false;
-                n.installed_version = Some(version);
+                n.boot.install(&version);
             }
             Scheduled::TryRollback {
                 node,
@@ -948,10 +1042,12 @@ impl TalosCluster {
             .get(&self.nodes[node].name)
             .cloned();
         let n = &mut self.nodes[node];
-        if let Some(v) = n.installed_version.take() {
+        if let Some(v) = n.installed_version() {
             // The fault: what boots is not what was installed.
             n.talos_version = wrong.unwrap_or(v);
         }
+        n.boot.booted = n.boot.default;
+        n.boot.written = false;
         n.config = n.persistent_config.clone();
         n.config_version += 1;
         n.up = true;
@@ -1072,13 +1168,34 @@ impl TalosCluster {
         let now = self.now;
         let n = &mut self.nodes[node];
         n.stage = Stage::Upgrading;
-        n.installed_version = Some(target);
+        // The legacy sequence runs the same installer, by the same slot rules.
+        n.boot.install(&target);
         let gen = n.boot_gen;
         self.schedule(
             now.plus(self.timings.upgrade),
             Scheduled::GoDown { node, gen },
         );
         Ok(actor)
+    }
+
+    /// How long the legacy Upgrade on `node` pulls `image` before it answers: nothing when
+    /// the system containerd holds it already (emptied at every boot), else
+    /// `timings.installer_pull` or the node's `slowInstallerPull`.
+    pub fn legacy_installer_pull(&self, node: usize, image: &str) -> Option<Duration> {
+        let held = pulled_names(image).is_some_and(|(_, names)| {
+            self.image(node, ImageStore::SystemContainerd, &names[0])
+                .is_some()
+        });
+        if held {
+            return None;
+        }
+        Some(
+            self.faults
+                .slow_installer_pull
+                .get(&self.nodes[node].name)
+                .copied()
+                .unwrap_or(self.timings.installer_pull),
+        )
     }
 
     fn installer_version(&self, node: usize, image: &str) -> Result<String, TalosError> {
@@ -1131,8 +1248,10 @@ impl TalosCluster {
             .map(String::as_str)
     }
 
-    /// LifecycleService/Upgrade: starts writing `image`'s version to disk. Returns when the
-    /// install finishes; a later reboot boots it. Errors are gRPC errors, in the order
+    /// LifecycleService/Upgrade: starts writing `image`'s version to disk by the boot
+    /// loader's slot rules ([`BootSlots`]). Returns when the install finishes, whether or not
+    /// its caller still listens; until then the service's lock refuses another; a later
+    /// reboot boots it. Errors are gRPC errors, in the order
     /// siderolabs/talos v1.13.9 internal/app/lifecycle/lifecycle.go checks them; an installer
     /// failure is `Ok(Err((exit code, message)))` (a non-zero exit code on the stream).
     pub fn start_install(
@@ -1170,7 +1289,17 @@ impl TalosCluster {
             .map(|t| (upgradeable_from(&self.nodes[node].talos_version, &t), t))
         {
             Some((Ok(()), t)) => t,
-            Some((Err(m), _)) => return Ok(Err((1, m))),
+            // A 1.14 installer's version preflight is tagged EnvironmentTag: exit 4
+            // (siderolabs/talos@v1.14.0-rc.1:cmd/installer/pkg/install/preflight.go `Run`,
+            // `talosVersion`); before 1.14 every failure exits 1.
+            Some((Err(m), t)) => {
+                return Ok(Err(match parse_version(&t) {
+                    Some((1, minor, _)) if minor >= 14 => {
+                        (4, format!("pre-flight checks failed: {m}"))
+                    }
+                    _ => (1, m),
+                }))
+            }
             None => {
                 return Ok(Err((
                     1,
@@ -1193,19 +1322,6 @@ impl TalosCluster {
             },
         );
         Ok(Ok(at))
-    }
-
-    /// The caller of an install in progress went away. Upstream runs the installer on the
-    /// stream's context (siderolabs/talos v1.13.9 internal/app/lifecycle/lifecycle.go
-    /// `Upgrade`: `runInstallerContainer(ctx, …)` with `ctx := ss.Context()`), so the
-    /// install is cancelled, nothing is booted from it, and the service's lock is free for
-    /// the next request.
-    pub fn cancel_install(&mut self, node: usize) {
-        let n = &mut self.nodes[node];
-        if n.installing {
-            n.installing = false;
-            n.install_run += 1;
-        }
     }
 
     // ---- configuration ----
@@ -1513,10 +1629,23 @@ impl TalosCluster {
         Ok(())
     }
 
-    /// Whether `node` booted a UKI through systemd-boot (else GRUB).
+    /// Whether `node` booted a UKI through systemd-boot (else GRUB): its boot loader.
     pub fn set_booted_with_uki(&mut self, node: &str, on: bool) {
+        self.set_bootloader(
+            node,
+            if on {
+                Bootloader::SdBoot
+            } else {
+                Bootloader::Grub
+            },
+        );
+    }
+
+    /// The boot loader `node` boots with (`--config` `bootloader:`).
+    pub fn set_bootloader(&mut self, node: &str, loader: Bootloader) {
         if let Some(i) = self.find(node) {
-            self.nodes[i].booted_with_uki = on;
+            self.nodes[i].boot.loader = loader;
+            self.nodes[i].booted_with_uki = loader == Bootloader::SdBoot;
         }
     }
 

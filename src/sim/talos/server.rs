@@ -28,6 +28,16 @@ pub(crate) struct Shared {
     pub(crate) changed: watch::Sender<u64>,
     /// What MachineService/Kubeconfig returns on a control plane, once a Kubernetes API runs.
     pub(crate) admin_kubeconfig: Mutex<Option<String>>,
+    /// The call log, `<state-dir>/talos-audit.jsonl`: one JSON line per call that acts on a
+    /// node (or could), so a test or a rehearsal counts what reached each node per boot.
+    pub(crate) audit: Option<Mutex<std::fs::File>>,
+}
+
+/// What a call found on its node when it arrived.
+pub(crate) struct Receipt {
+    at: Timestamp,
+    node: String,
+    boot_id: String,
 }
 
 impl Shared {
@@ -64,6 +74,40 @@ impl Shared {
         self.lock().next_due()
     }
 
+    /// The node's name and boot id as a call finds them on arrival.
+    pub(crate) fn receipt(&self, node: usize) -> Receipt {
+        self.read(|m| Receipt {
+            at: m.now(),
+            node: m.node(node).name.clone(),
+            boot_id: m.node(node).boot_id.clone(),
+        })
+    }
+
+    /// Appends one line to the call log: the call as it arrived, and the gRPC code it was
+    /// answered with. A log that cannot be written is said once per call, never fatal.
+    pub(crate) fn audit(
+        &self,
+        r: &Receipt,
+        method: &str,
+        request: serde_json::Value,
+        code: tonic::Code,
+    ) {
+        use std::io::Write;
+        let Some(file) = &self.audit else { return };
+        let line = serde_json::json!({
+            "at": r.at.rfc3339(),
+            "node": r.node,
+            "method": method,
+            "bootId": r.boot_id,
+            "request": request,
+            "code": code as i32,
+        });
+        let mut f = file.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = writeln!(f, "{line}") {
+            tracing::warn!(error = %e, "talos twin: cannot append to the call log");
+        }
+    }
+
     /// Applies due events; wakes the streams only if something happened.
     pub(crate) fn sync_now(&self) {
         drop(self.lock_synced());
@@ -86,6 +130,27 @@ impl Shared {
             } => true,
         }
     }
+}
+
+/// The caller's `grpc-timeout` (gRPC over HTTP/2: digits and a unit, H M S m u n), read as
+/// a span of the twin's clock: a deadline judged on simulated time, as a real node judges
+/// it on its own.
+fn grpc_timeout(md: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let v = md.get("grpc-timeout")?.to_str().ok()?;
+    if v.len() < 2 || v.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = v.split_at(v.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 fn status(e: TalosError) -> Status {
@@ -339,6 +404,25 @@ impl NodeApi {
         node: usize,
         req: machine::ApplyConfigurationRequest,
     ) -> Result<machine::ApplyConfiguration, Status> {
+        let logged = serde_json::json!({
+            "mode": req.mode,
+            "dryRun": req.dry_run,
+            "tryModeTimeout": req.try_mode_timeout.as_ref().map(|d| d.seconds),
+        });
+        self.audited(
+            node,
+            "machine.MachineService/ApplyConfiguration",
+            logged,
+            self.apply_configuration_inner(node, req),
+        )
+        .await
+    }
+
+    async fn apply_configuration_inner(
+        &self,
+        node: usize,
+        req: machine::ApplyConfigurationRequest,
+    ) -> Result<machine::ApplyConfiguration, Status> {
         let mode = ApplyMode::from_i32(req.mode)
             .ok_or_else(|| Status::invalid_argument(format!("unknown apply mode {}", req.mode)))?;
         let try_timeout = req
@@ -372,8 +456,16 @@ impl NodeApi {
         _request: machine::EtcdForfeitLeadershipRequest,
     ) -> Result<machine::EtcdForfeitLeadership, Status> {
         let member = self
-            .sync_with(|m| m.forfeit_leadership(node))
-            .map_err(status)?;
+            .audited(
+                node,
+                "machine.MachineService/EtcdForfeitLeadership",
+                serde_json::json!({}),
+                async {
+                    self.sync_with(|m| m.forfeit_leadership(node))
+                        .map_err(status)
+                },
+            )
+            .await?;
         Ok(machine::EtcdForfeitLeadership {
             metadata: None,
             member,
@@ -449,9 +541,13 @@ impl NodeApi {
         node: usize,
         req: machine::ImagePullRequest,
     ) -> Result<machine::ImagePull, Status> {
-        let store = legacy_namespace(req.namespace)?;
-        self.sync_with(|m| m.pull_image(node, store, &req.reference))
-            .map_err(status)?;
+        let logged = serde_json::json!({ "image": req.reference, "namespace": req.namespace });
+        self.audited(node, "machine.MachineService/ImagePull", logged, async {
+            let store = legacy_namespace(req.namespace)?;
+            self.sync_with(|m| m.pull_image(node, store, &req.reference))
+                .map_err(status)
+        })
+        .await?;
         Ok(machine::ImagePull { metadata: None })
     }
 
@@ -461,17 +557,22 @@ impl NodeApi {
         request: machine::RebootRequest,
     ) -> Result<machine::Reboot, Status> {
         let mode = request.mode;
+        let logged = serde_json::json!({ "mode": mode });
         let actor_id = self
-            .sync_with(|m| {
-                if mode == machine::reboot_request::Mode::Force as i32 && m.node(node).minor() < 12
-                {
-                    return Err(TalosError::InvalidArgument(
-                        "reboot mode FORCE is supported since Talos v1.12".into(),
-                    ));
-                }
-                m.reboot(node)
+            .audited(node, "machine.MachineService/Reboot", logged, async {
+                self.sync_with(|m| {
+                    if mode == machine::reboot_request::Mode::Force as i32
+                        && m.node(node).minor() < 12
+                    {
+                        return Err(TalosError::InvalidArgument(
+                            "reboot mode FORCE is supported since Talos v1.12".into(),
+                        ));
+                    }
+                    m.reboot(node)
+                })
+                .map_err(status)
             })
-            .map_err(status)?;
+            .await?;
         Ok(machine::Reboot {
             metadata: None,
             actor_id,
@@ -538,10 +639,39 @@ impl NodeApi {
         &self,
         node: usize,
         req: machine::UpgradeRequest,
+        deadline: Option<Duration>,
     ) -> Result<machine::Upgrade, Status> {
+        let request = serde_json::json!({
+            "image": req.image, "preserve": req.preserve, "stage": req.stage, "force": req.force,
+        });
         let actor_id = self
-            .sync_with(|m| m.upgrade_legacy(node, &req.image, req.force))
-            .map_err(status)?;
+            .audited(node, "machine.MachineService/Upgrade", request, async {
+                // The installer is pulled (and validated) before the call answers
+                // (siderolabs/talos@v1.12.11:internal/app/machined/internal/server/v1alpha1/
+                // v1alpha1_server.go `Upgrade` → internal/pkg/install/pull.go
+                // `PullAndValidateInstallerImage`), on the twin's clock; the caller's
+                // grpc-timeout, judged on that clock too, cancels the pull.
+                let pull = self.read_model(|m| {
+                    m.check_up(node).ok()?;
+                    m.legacy_installer_pull(node, &req.image)
+                });
+                if let Some(d) = pull {
+                    let _parked = self.shared.clock.parked();
+                    match deadline {
+                        Some(t) if t < d => {
+                            self.shared.clock.sleep(t).await;
+                            return Err(Status::deadline_exceeded(format!(
+                                "context deadline exceeded: pulling {}",
+                                req.image
+                            )));
+                        }
+                        _ => self.shared.clock.sleep(d).await,
+                    }
+                }
+                self.sync_with(|m| m.upgrade_legacy(node, &req.image, req.force))
+                    .map_err(status)
+            })
+            .await?;
         Ok(machine::Upgrade {
             metadata: None,
             ack: "Upgrade request received".into(),
@@ -571,6 +701,25 @@ impl NodeApi {
 
     fn sync_with<R>(&self, f: impl FnOnce(&mut TalosCluster) -> R) -> R {
         self.shared.with(f)
+    }
+
+    /// Runs one call on `node` and logs it (with the node's boot id at receipt and the code
+    /// answered) in the call log.
+    async fn audited<T>(
+        &self,
+        node: usize,
+        method: &str,
+        request: serde_json::Value,
+        call: impl std::future::Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        let receipt = self.shared.receipt(node);
+        let r = call.await;
+        let code = match &r {
+            Ok(_) => tonic::Code::Ok,
+            Err(e) => e.code(),
+        };
+        self.shared.audit(&receipt, method, request, code);
+        r
     }
 
     /// A read-only call: the model brought up to the clock's time, without counting as a
@@ -1092,11 +1241,8 @@ impl machine::machine_service_server::MachineService for NodeApi {
                 }
                 tokio::select! {
                     alive = shared.wait_change(&mut changed) => if !alive { return },
-                    // The caller went: upstream's install dies with its stream.
-                    _ = tx.closed() => {
-                        shared.with(|m| m.cancel_install(node));
-                        return;
-                    }
+                    // The caller went; nothing else on the node notices (an install runs on).
+                    _ = tx.closed() => return,
                 }
             }
         });
@@ -1238,9 +1384,10 @@ impl machine::machine_service_server::MachineService for NodeApi {
         &self,
         request: Request<machine::UpgradeRequest>,
     ) -> Result<Response<machine::UpgradeResponse>, Status> {
+        let deadline = grpc_timeout(request.metadata());
         let messages = self
             .unary(request, Access::Admin, |api, node, request| async move {
-                api.upgrade_one(node, request).await
+                api.upgrade_one(node, request, deadline).await
             })
             .await?;
         Ok(Response::new(machine::UpgradeResponse { messages }))
@@ -1271,11 +1418,21 @@ impl machine::image_service_server::ImageService for NodeApi {
         let req = request.into_inner();
         // internal/app/images/images.go `Pull` (v1.13.9, v1.14.0-rc.1): the instance first,
         // then the pull; the last message names the image pinned by digest.
-        let (pinned, already) = self.sync_with(|m| {
-            lifecycle_check(m, node, "machine.ImageService")?;
-            let store = containerd_instance(req.containerd).map_err(status)?;
-            m.pull_image(node, store, &req.image_ref).map_err(status)
-        })?;
+        let logged = serde_json::json!({
+            "image": req.image_ref,
+            "containerd": req.containerd.map(|c| serde_json::json!({
+                "driver": c.driver, "namespace": c.namespace,
+            })),
+        });
+        let (pinned, already) = self
+            .audited(node, "machine.ImageService/Pull", logged, async {
+                self.sync_with(|m| {
+                    lifecycle_check(m, node, "machine.ImageService")?;
+                    let store = containerd_instance(req.containerd).map_err(status)?;
+                    m.pull_image(node, store, &req.image_ref).map_err(status)
+                })
+            })
+            .await?;
         use machine::image_service_pull_layer_progress::Status as Layer;
         use machine::image_service_pull_response::Response as Item;
         let progress = |status: Layer| machine::ImageServicePullResponse {
@@ -1321,14 +1478,24 @@ impl machine::lifecycle_service_server::LifecycleService for NodeApi {
         let node = self.route(&request, Access::Admin)?;
         let req = request.into_inner();
         let image = req.source.map(|s| s.image_name).unwrap_or_default();
+        let logged = serde_json::json!({
+            "image": image,
+            "containerd": req.containerd.map(|c| serde_json::json!({
+                "driver": c.driver, "namespace": c.namespace,
+            })),
+        });
         // internal/app/lifecycle/lifecycle.go `Upgrade` (v1.13.9, v1.14.0-rc.1): the image
         // name, then the installer container in the request's containerd instance, which
         // must already hold the image under exactly that name.
-        let started = self.sync_with(|m| {
-            lifecycle_check(m, node, "machine.LifecycleService")?;
-            m.start_install(node, containerd_instance(req.containerd), &image)
-                .map_err(status)
-        })?;
+        let started = self
+            .audited(node, "machine.LifecycleService/Upgrade", logged, async {
+                self.sync_with(|m| {
+                    lifecycle_check(m, node, "machine.LifecycleService")?;
+                    m.start_install(node, containerd_instance(req.containerd), &image)
+                        .map_err(status)
+                })
+            })
+            .await?;
         use machine::lifecycle_service_install_progress::Response as P;
         let msg = |p: P| {
             Ok(machine::LifecycleServiceUpgradeResponse {
@@ -1346,12 +1513,16 @@ impl machine::lifecycle_service_server::LifecycleService for NodeApi {
                     return;
                 }
             };
+            // The caller going away changes nothing on the node: upstream waits for the
+            // installer on a detached context and holds the service's lock until it exits
+            // (siderolabs/talos@v1.13.9:internal/app/lifecycle/container.go
+            // `runInstallerContainer`, `task.Wait(detachedCtx)`; lifecycle.go `Upgrade`,
+            // `defer s.lock.Unlock()`). The model finishes the install on its own clock.
             if tx
                 .send(msg(P::Message(format!("installing {image}"))))
                 .await
                 .is_err()
             {
-                shared.with(|m| m.cancel_install(node));
                 return;
             }
             {
@@ -1359,16 +1530,12 @@ impl machine::lifecycle_service_server::LifecycleService for NodeApi {
                 let _parked = shared.clock.parked();
                 tokio::select! {
                     _ = shared.clock.sleep_until(done_at) => {}
-                    // The caller went: upstream's install dies with its stream.
-                    _ = tx.closed() => {
-                        shared.with(|m| m.cancel_install(node));
-                        return;
-                    }
+                    _ = tx.closed() => return,
                 }
             }
             let finished = shared.with(|m| {
                 let n = m.node(node);
-                !n.installing && n.installed_version.is_some()
+                !n.installing && n.installed_version().is_some()
             });
             if finished {
                 let _ = tx
@@ -1638,11 +1805,8 @@ impl cosi::state_server::State for NodeApi {
             loop {
                 tokio::select! {
                     alive = shared.wait_change(&mut changed) => if !alive { return },
-                    // The caller went: upstream's install dies with its stream.
-                    _ = tx.closed() => {
-                        shared.with(|m| m.cancel_install(node));
-                        return;
-                    }
+                    // The caller went; nothing else on the node notices (an install runs on).
+                    _ = tx.closed() => return,
                 }
                 let (now, gone) = {
                     let m = shared.lock_synced();
