@@ -40,6 +40,7 @@ use crate::talos::TalosClient;
 pub use config::Config;
 pub use metrics::Metrics;
 pub use report::{GateReport, Reporters, RolloutReport};
+pub use rolling::{rollout_base, settings_at};
 
 /// Events waiting beyond this are refused at the webhook (503); the reconcile catches up.
 pub const QUEUE_CAPACITY: usize = 1024;
