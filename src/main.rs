@@ -558,6 +558,7 @@ fn plan(
     }
     let mut text = String::new();
     let mut plans = Vec::new();
+    let mut errors = Vec::new();
     let mut code = 0;
     for s in &review.sections {
         let name = ichor::escape::terminal(s.cluster.as_deref().unwrap_or("policies"));
@@ -566,6 +567,10 @@ fn plan(
             Err(e) => {
                 code = 2;
                 eprintln!("error: cluster {name}: {e}");
+                errors.push(gate::ClusterError {
+                    cluster: s.cluster.clone(),
+                    error: e.to_string(),
+                });
                 continue;
             }
         };
@@ -623,6 +628,10 @@ fn plan(
             Err(e) => {
                 code = 2;
                 eprintln!("error: {e}");
+                errors.push(gate::ClusterError {
+                    cluster: Some(change.cluster.clone()),
+                    error: e.to_string(),
+                });
             }
         }
     }
@@ -639,10 +648,16 @@ fn plan(
                 kind: "PlanReport",
                 base: (&review.base).into(),
                 head: (&review.head).into(),
+                outcome: if errors.is_empty() {
+                    gate::ReportOutcome::of(&review)
+                } else {
+                    gate::ReportOutcome::Invalid
+                },
                 plans: plans
                     .iter()
                     .map(|(gate, plan)| gate::ClusterPlan { gate: *gate, plan })
                     .collect(),
+                errors,
             };
             text = json(&report)?;
         }

@@ -690,6 +690,38 @@ pub fn exit_code(review: &Review) -> i32 {
     }
 }
 
+/// A report's outcome: the gate's, or `invalid` when a document could not be read (exit 2),
+/// so a script reading `.outcome` never lets a broken document through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReportOutcome {
+    Pass,
+    Waiting,
+    Blocked,
+    Invalid,
+}
+
+impl From<Outcome> for ReportOutcome {
+    fn from(o: Outcome) -> Self {
+        match o {
+            Outcome::Pass => ReportOutcome::Pass,
+            Outcome::Waiting => ReportOutcome::Waiting,
+            Outcome::Blocked => ReportOutcome::Blocked,
+        }
+    }
+}
+
+impl ReportOutcome {
+    /// The review's: `invalid` when any section could not be read, else the worst verdict.
+    pub fn of(review: &Review) -> Self {
+        if review.has_errors() {
+            ReportOutcome::Invalid
+        } else {
+            review.outcome().into()
+        }
+    }
+}
+
 /// `ichor check --output json`: the documented, stable shape (docs/cli.md).
 #[derive(Debug, Clone, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -698,7 +730,7 @@ pub struct CheckReport<'a> {
     pub kind: &'static str,
     pub base: RevJson,
     pub head: RevJson,
-    pub outcome: Outcome,
+    pub outcome: ReportOutcome,
     pub exit_code: i32,
     pub clusters: Vec<ClusterReport<'a>>,
 }
@@ -712,8 +744,7 @@ pub struct ClusterReport<'a> {
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub summary: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub outcome: Option<Outcome>,
+    pub outcome: ReportOutcome,
     pub exit_code: i32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub counts: Option<&'a policy::Counts>,
@@ -731,7 +762,7 @@ impl<'a> CheckReport<'a> {
                     cluster: s.cluster.as_deref(),
                     error: None,
                     summary: Some(&j.verdict.summary),
-                    outcome: Some(j.verdict.outcome),
+                    outcome: j.verdict.outcome.into(),
                     exit_code: j.verdict.outcome.exit_code(),
                     counts: Some(&j.verdict.counts),
                     changes: j.change.as_ref().map_or(&[], |c| &c.bump.changes),
@@ -741,7 +772,7 @@ impl<'a> CheckReport<'a> {
                     cluster: s.cluster.as_deref(),
                     error: Some(e.to_string()),
                     summary: None,
-                    outcome: None,
+                    outcome: ReportOutcome::Invalid,
                     exit_code: 2,
                     counts: None,
                     changes: &[],
@@ -754,7 +785,7 @@ impl<'a> CheckReport<'a> {
             kind: "CheckReport",
             base: (&review.base).into(),
             head: (&review.head).into(),
-            outcome: review.outcome(),
+            outcome: ReportOutcome::of(review),
             exit_code: exit_code(review),
             clusters,
         }
@@ -769,7 +800,21 @@ pub struct PlanReport<'a> {
     pub kind: &'static str,
     pub base: RevJson,
     pub head: RevJson,
+    /// `invalid` when a cluster's documents could not be read or planned, else the worst
+    /// gate outcome.
+    pub outcome: ReportOutcome,
     pub plans: Vec<ClusterPlan<'a>>,
+    /// What could not be planned, as printed on stderr.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<ClusterError>,
+}
+
+/// A cluster that could not be judged or planned, and why.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterError {
+    pub cluster: Option<String>,
+    pub error: String,
 }
 
 /// One cluster's plan, with the gate's outcome for the change it would roll out.

@@ -215,6 +215,46 @@ fn malformed_release_set_exits_2_naming_file_and_line() {
     assert!(stdout(&o).is_empty());
 }
 
+/// Issue 43 F5: a script reading `.outcome` never lets a broken document through, and the
+/// plan's JSON carries the error it printed on stderr.
+#[test]
+fn json_on_invalid_input_says_invalid_and_carries_the_error() {
+    let o = check("main", "chore/tidy-release-set", "json");
+    assert_eq!(o.status.code(), Some(2));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(v["outcome"], "invalid", "{v:#}");
+    assert_eq!(v["exitCode"], 2, "{v:#}");
+    let cluster = only_cluster(v);
+    assert_eq!(cluster["outcome"], "invalid", "{cluster:#}");
+    assert!(
+        cluster["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("the patch number is missing")),
+        "{cluster:#}"
+    );
+    let o = ichor(&[
+        "plan",
+        "--repo",
+        &repo(),
+        "--base",
+        "main",
+        "--head",
+        "chore/tidy-release-set",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(v["outcome"], "invalid", "{v:#}");
+    assert_eq!(v["errors"][0]["cluster"], "homelab", "{v:#}");
+    assert!(
+        v["errors"][0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("the patch number is missing")),
+        "{v:#}"
+    );
+}
+
 #[test]
 fn grouped_talos_and_kubernetes_pass_and_plan_talos_first() {
     let (code, v) = check_json("main", "renovate/talos");
