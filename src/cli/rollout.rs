@@ -312,7 +312,7 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
             }
             Ok(RunOutcome::Paused(p)) => {
                 println!(
-                    "\nPaused after {took} in stage {}{}:\n  {}\n\nThe cluster runs at full capacity meanwhile. Once that is fixed: ichor rollout --resume --rev {}",
+                    "\nPaused after {took} in stage {}{}:\n  {}\n\nThe cluster runs at full capacity meanwhile. Once that is fixed: ichor rollout --resume --rev {}\n(a fix in cluster.yaml takes effect once committed: resume with --rev at that commit, e.g. the protected branch)",
                     p.stage,
                     p.node.as_deref().map(|n| format!(" at {n}")).unwrap_or_default(),
                     ichor::escape::terminal(&p.reason),

@@ -35,7 +35,7 @@ pub enum GateError {
         rev: String,
         available: Vec<String>,
     },
-    #[error("clusters/{cluster}/cluster.yaml at {rev} {}; `plan` needs the node list (spec.inventory) until ichor reads it from the cluster", if *missing { "does not exist" } else { "has no spec.inventory" })]
+    #[error("clusters/{cluster}/cluster.yaml at {rev} {}; `plan` needs the node list: pass --kubeconfig (and --talosconfig) to read it from the cluster, or list the nodes in spec.inventory", if *missing { "does not exist" } else { "has no spec.inventory" })]
     NoInventory {
         cluster: String,
         rev: String,
@@ -77,6 +77,9 @@ pub struct Change {
     pub cluster_edits: Vec<&'static str>,
     /// The cluster does not exist at the base revision: it is judged on its own.
     pub new_cluster: bool,
+    /// Why `cluster.yaml` does not load at the base revision, when the head's does: the
+    /// change (most often the fix) is then judged with the head's, and says so.
+    pub base_cluster_error: Option<String>,
     pub policies: Policies,
     /// Whether the change edits `policies/` (which then applies only after merge).
     pub edits_policies: bool,
@@ -212,18 +215,29 @@ fn load_cluster(
     let new_cluster = base_release_set.is_none();
     let base_release_set = base_release_set.unwrap_or_else(|| head_release_set.clone());
     let head_cluster = read_cluster("head", head)?;
+    // A cluster.yaml broken on the base would make every change invalid, the one that fixes
+    // it too: with a valid head, the head's is used and the verdict says so.
+    let mut base_cluster_error = None;
     let base_cluster = if new_cluster {
         None
     } else {
-        read_cluster("base", base)?
+        match read_cluster("base", base) {
+            Ok(c) => c,
+            Err(e @ GateError::Document { .. }) if head_cluster.is_some() => {
+                base_cluster_error = Some(e.to_string());
+                None
+            }
+            Err(e) => return Err(e),
+        }
     };
     let cluster_edits = match (&base_cluster, &head_cluster) {
         (Some(b), Some(h)) => spec_edits(&b.spec, &h.spec),
+        (None, Some(_)) if base_cluster_error.is_some() => vec![],
         (None, Some(_)) if !new_cluster => vec!["cluster.yaml (added)"],
         (Some(_), None) => vec!["cluster.yaml (removed)"],
         _ => vec![],
     };
-    let (cluster_doc, cluster_doc_side) = if new_cluster {
+    let (cluster_doc, cluster_doc_side) = if new_cluster || base_cluster_error.is_some() {
         (head_cluster, "head")
     } else {
         (base_cluster, "base")
@@ -239,6 +253,7 @@ fn load_cluster(
         cluster_doc_side,
         cluster_edits,
         new_cluster,
+        base_cluster_error,
         policies: state.policies.clone(),
         edits_policies: state.edits,
         head_policies_error: state.head_error.clone(),
@@ -524,6 +539,21 @@ pub fn verdict(change: &Change) -> Verdict {
                 .hint("merge policy changes on their own first, then re-run the gate on this change"),
             ),
         }
+    }
+    if let Some(e) = &change.base_cluster_error {
+        items.push(
+            CheckItem::new(
+                "cluster-settings",
+                "cluster.yaml settings come from the protected branch",
+                Status::Warn,
+                format!(
+                    "clusters/{}/cluster.yaml does not load at the base revision, so this change is judged with the head's, for validity alone: {}",
+                    change.cluster,
+                    crate::releaseset::excerpt(e, 400)
+                ),
+            )
+            .hint("review the head's cluster.yaml as the settings every rollout will use once merged; merge the fix on its own"),
+        );
     }
     if !change.cluster_edits.is_empty() {
         items.push(

@@ -248,3 +248,173 @@ async fn a_plan_with_nothing_left_verifies_before_it_completes() -> TestResult {
     assert_eq!(s.record().await?.state, RecordState::Paused);
     Ok(())
 }
+
+/// A clone of the homelab fixture on `main`, under `dir`.
+fn clone_homelab(dir: &Path) -> Result<std::path::PathBuf, Error> {
+    let repo = dir.join("repo");
+    let clone = std::process::Command::new("git")
+        .args(["clone", "-q", "--branch", "main"])
+        .arg(homelab())
+        .arg(&repo)
+        .output()?;
+    if !clone.status.success() {
+        return Err(format!("git clone: {}", crate::stderr(&clone)).into());
+    }
+    Ok(repo)
+}
+
+/// F12: a cluster.yaml broken on main does not make the PR that fixes it invalid: the PR is
+/// judged with the head's cluster.yaml, and the verdict says so. A PR that leaves it broken
+/// stays invalid.
+#[test]
+fn a_broken_cluster_yaml_on_main_does_not_block_its_own_fix() -> TestResult {
+    let state = tempfile::tempdir()?;
+    let repo = clone_homelab(state.path())?;
+    let cluster_yaml = "clusters/homelab/cluster.yaml";
+    commit_edit(
+        &repo,
+        cluster_yaml,
+        "maxUnavailable: 1",
+        "maxUnavailible: 1",
+        "rollout: one at a time",
+    )?;
+    git(&repo, &["checkout", "-q", "-b", "fix"])?;
+    commit_edit(
+        &repo,
+        cluster_yaml,
+        "maxUnavailible: 1",
+        "maxUnavailable: 1",
+        "rollout: fix the key",
+    )?;
+    let path = repo.to_string_lossy().into_owned();
+    let check = |head: &str| {
+        crate::ichor(&[
+            "check", "--repo", &path, "--base", "main", "--head", head, "--output", "json",
+        ])
+    };
+    let o = check("fix");
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}{}",
+        crate::stdout(&o),
+        crate::stderr(&o)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["outcome"], "pass", "{v:#}");
+    let items = v["clusters"][0]["items"].as_array().ok_or("items")?;
+    let item = items
+        .iter()
+        .find(|i| i["id"] == "cluster-settings")
+        .ok_or_else(|| format!("no cluster-settings item: {v:#}"))?;
+    assert_eq!(item["status"], "warn");
+    let msg = item["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("does not load at the base revision")
+            && msg.contains("for validity alone")
+            && msg.contains("maxUnavailible"),
+        "{msg}"
+    );
+    // A change that leaves it broken is still invalid, naming the head.
+    git(&repo, &["checkout", "-q", "main"])?;
+    git(&repo, &["checkout", "-q", "-b", "other"])?;
+    commit_edit(
+        &repo,
+        cluster_yaml,
+        "# How ichor reaches",
+        "# How ichor reaches (and rolls)",
+        "docs: a comment",
+    )?;
+    let o = check("other");
+    assert_eq!(o.status.code(), Some(2), "{}", crate::stdout(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["outcome"], "invalid", "{v:#}");
+    let error = v["clusters"][0]["error"].as_str().unwrap_or("");
+    assert!(error.contains("maxUnavailible"), "{v:#}");
+    Ok(())
+}
+
+/// F3: a PR opened while another holder had the controller lease is gated once this
+/// replica takes the lease back, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pr_opened_while_the_lease_was_lost_is_gated_once_it_is_regained() -> TestResult {
+    use crate::controller::{until, Hub};
+    let hub = Hub::start().await?;
+    let a = hub.run("a").await?;
+    let leader = || {
+        a.ctx
+            .metrics
+            .value("ichor_leader", &[("cluster", "homelab")])
+    };
+    until(&hub.s, &a, "the lease", || leader() == 1.0).await?;
+    hub.s
+        .post_faults(json!({"stealLease": {
+            "namespace": live::ICHOR_NAMESPACE,
+            "name": "ichor-controller-homelab",
+            "holder": "someone-else"
+        }}))
+        .await?;
+    until(&hub.s, &a, "the lease lost", || leader() == 0.0).await?;
+    let pr = hub.open("renovate/talos").await?;
+    let before = a.ctx.metrics.total("ichor_reconciles_total");
+    a.ctx
+        .events
+        .send(ichor::controller::Event::Reconcile)
+        .await?;
+    until(&hub.s, &a, "a reconcile without the lease", || {
+        a.ctx.metrics.total("ichor_reconciles_total") > before
+    })
+    .await?;
+    assert!(
+        hub.status(&pr.head_sha, "ichor/gate").is_none(),
+        "gated without the lease"
+    );
+    // Nobody renews the stolen lease: it runs out, ichor takes it back, and the PR it saw
+    // meanwhile is judged.
+    until(&hub.s, &a, "the verdict once the lease is back", || {
+        hub.status(&pr.head_sha, "ichor/gate").is_some()
+    })
+    .await?;
+    assert_eq!(leader(), 1.0);
+    a.shutdown().await;
+    Ok(())
+}
+
+/// F13: a Calico twin runs its agent as Calico's manifests name it, where the gate and
+/// `ichor status` look for it.
+#[tokio::test]
+async fn a_calico_twin_runs_calico_node_where_the_gate_looks() -> TestResult {
+    let state = tempfile::tempdir()?;
+    let repo = clone_homelab(state.path())?;
+    let dir = repo.join("clusters/homelab");
+    let rs = dir.join("release-set.yaml");
+    let text = std::fs::read_to_string(&rs)?;
+    std::fs::write(&rs, text.replacen("name: cilium", "name: calico", 1))?;
+    let twin = Twin::start(
+        Clock::manual(),
+        &ClusterFolder::read(&dir)?,
+        &state.path().join("state"),
+        TwinOptions::default(),
+    )
+    .await?;
+    let daemonsets: Vec<(String, String)> = twin.kube.with(|c, _| {
+        c.list("daemonsets", None)
+            .iter()
+            .map(|d| {
+                let f = |p: &str| {
+                    d.pointer(p)
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("")
+                        .to_string()
+                };
+                (f("/metadata/namespace"), f("/metadata/name"))
+            })
+            .collect()
+    });
+    let found = live::cni_workload("calico")
+        .iter()
+        .any(|(ns, name)| daemonsets.contains(&(ns.to_string(), name.to_string())));
+    assert!(found, "{daemonsets:?}");
+    twin.shutdown().await;
+    Ok(())
+}
