@@ -22,7 +22,7 @@ mod run_cmd;
 
 /// Gate and roll out Talos Linux and Kubernetes upgrades from Git.
 #[derive(Parser)]
-#[command(name = "ichor", version, about, long_about = None)]
+#[command(name = "ichor", version = VERSION, about, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -304,6 +304,17 @@ enum PlanOutput {
 
 const EXIT_INVALID: u8 = 2;
 
+/// `--version`: the commit and how current the shipped compatibility data is, since every
+/// verdict depends on it (both from build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("ICHOR_COMMIT"),
+    ", compatibility data verified up to ",
+    env!("ICHOR_POLICIES_DATE"),
+    ")"
+);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Diagnostics go to stderr; RUST_LOG (e.g. `RUST_LOG=ichor=debug`) turns them up. The
@@ -563,9 +574,28 @@ fn sim(
     Ok(ExitCode::SUCCESS)
 }
 
+/// Judged as the controller judges a PR: the head against where it left the base (their
+/// merge base, src/controller/gating.rs), so a branch behind the base shows no phantom
+/// downgrades of what the base moved since.
 fn review(t: &Target) -> Result<Review, GateError> {
     let repo = Repo::open(&t.repo)?;
-    gate::review(&repo, &t.base, &t.head, t.cluster.as_deref())
+    let Some(fork) = merge_base(&repo, &t.base, &t.head) else {
+        return gate::review(&repo, &t.base, &t.head, t.cluster.as_deref());
+    };
+    let mut review = gate::review(&repo, &fork, &t.head, t.cluster.as_deref())?;
+    review.base.name = format!("the merge base of {} and {}", t.base, t.head);
+    Ok(review)
+}
+
+/// Where `head` (the working tree: HEAD) left `base`, when that is not `base` itself.
+fn merge_base(repo: &Repo, base: &str, head: &str) -> Option<String> {
+    let b = repo.resolve(base).ok()?.commit?;
+    let h = match repo.resolve(head).ok()?.commit {
+        Some(h) => h,
+        None => repo.resolve("HEAD").ok()?.commit?,
+    };
+    let m = repo.git2().merge_base(b, h).ok()?;
+    (m != b).then(|| m.to_string())
 }
 
 /// Every section of a review rendered with `render`, errors in place, then the overall line.
@@ -635,6 +665,7 @@ fn plan(
     }
     let mut text = String::new();
     let mut plans = Vec::new();
+    let mut errors = Vec::new();
     let mut code = 0;
     for s in &review.sections {
         let name = ichor::escape::terminal(s.cluster.as_deref().unwrap_or("policies"));
@@ -643,6 +674,10 @@ fn plan(
             Err(e) => {
                 code = 2;
                 eprintln!("error: cluster {name}: {e}");
+                errors.push(gate::ClusterError {
+                    cluster: s.cluster.clone(),
+                    error: e.to_string(),
+                });
                 continue;
             }
         };
@@ -700,6 +735,10 @@ fn plan(
             Err(e) => {
                 code = 2;
                 eprintln!("error: {e}");
+                errors.push(gate::ClusterError {
+                    cluster: Some(change.cluster.clone()),
+                    error: e.to_string(),
+                });
             }
         }
     }
@@ -716,10 +755,16 @@ fn plan(
                 kind: "PlanReport",
                 base: (&review.base).into(),
                 head: (&review.head).into(),
+                outcome: if errors.is_empty() {
+                    gate::ReportOutcome::of(&review)
+                } else {
+                    gate::ReportOutcome::Invalid
+                },
                 plans: plans
                     .iter()
                     .map(|(gate, plan)| gate::ClusterPlan { gate: *gate, plan })
                     .collect(),
+                errors,
             };
             text = json(&report)?;
         }

@@ -150,16 +150,32 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
         anyhow::bail!("rollout needs the Talos API too: pass --talosconfig (or set TALOSCONFIG)");
     };
     let repo = Repo::open(&a.repo)?;
-    let base = match &a.base {
-        Some(b) => b.clone(),
-        None => first_parent(&repo, &a.rev)?,
+    let mut change = match &a.base {
+        Some(b) => gate::load(&repo, b, &a.rev, a.cluster.as_deref())?,
+        None => {
+            // As `ichor run` chooses: from where Talos or Kubernetes last changed before REV,
+            // so commits on top of a bump (a fix to cluster.yaml, a README) leave its work
+            // in the change; the plan then takes what each node runs.
+            let first = first_parent(&repo, &a.rev)?;
+            let change = gate::load(&repo, &first, &a.rev, a.cluster.as_deref())?;
+            match change.head.commit {
+                Some(tip) => {
+                    let base =
+                        ichor::controller::rollout_base(&repo, &change.cluster, &tip.to_string())?;
+                    gate::load(&repo, &base, &a.rev, Some(&change.cluster))?
+                }
+                None => change,
+            }
+        }
     };
-    let change = gate::load(&repo, &base, &a.rev, a.cluster.as_deref())?;
     let commit = change
         .head
         .commit
         .map(|c| c.to_string())
         .ok_or_else(|| anyhow::anyhow!("--rev {}: a rollout runs a commit", a.rev))?;
+    // The rollout settings of the commit rolled out, so a remedy a pause asks for in
+    // cluster.yaml takes effect on `--resume --rev` with the fixed commit.
+    ichor::controller::settings_at(&repo, &mut change, &commit)?;
     let doc = change.cluster_doc.clone().ok_or_else(|| {
         anyhow::anyhow!(
             "cluster {}: no cluster.yaml at {}; the rollout needs its rollout policy",
@@ -218,12 +234,11 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
             println!("\ndry run: nothing was changed");
             return Ok(ExitCode::SUCCESS);
         }
-        if plan.stages.is_empty() && !a.resume {
-            println!("\nnothing to roll out: every node already runs the target");
-            return Ok(ExitCode::SUCCESS);
-        }
+        // Nothing left to change still runs the engine's verify (nothing is disrupted, so
+        // nothing is asked): only a cluster seen at the target is "done".
+        let nothing_left = plan.stages.is_empty();
         let tty = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
-        if !a.yes {
+        if !a.yes && !nothing_left {
             if !tty {
                 eprintln!("error: not a terminal, so no confirmation can be asked: pass --yes to roll out");
                 return Ok(ExitCode::from(EXIT_INVALID));
@@ -269,7 +284,7 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
             let _ = kube
                 .release_lease(gate::live::ICHOR_NAMESPACE, &gate::live::lock_name(&change.cluster), &me)
                 .await;
-            eprintln!("\ninterrupted after {took}: the rollout record keeps where it stood; `ichor rollout --resume` continues");
+            eprintln!("\ninterrupted after {took}: the rollout record keeps where it stood; `ichor rollout --resume --rev {}` continues", a.rev);
             return Ok(ExitCode::from(EXIT_INTERRUPTED));
         };
         match outcome {
@@ -297,7 +312,7 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
             }
             Ok(RunOutcome::Paused(p)) => {
                 println!(
-                    "\nPaused after {took} in stage {}{}:\n  {}\n\nThe cluster runs at full capacity meanwhile. Once that is fixed: ichor rollout --resume --rev {}",
+                    "\nPaused after {took} in stage {}{}:\n  {}\n\nThe cluster runs at full capacity meanwhile. Once that is fixed: ichor rollout --resume --rev {}\n(a fix in cluster.yaml takes effect once committed: resume with --rev at that commit, e.g. the protected branch)",
                     p.stage,
                     p.node.as_deref().map(|n| format!(" at {n}")).unwrap_or_default(),
                     ichor::escape::terminal(&p.reason),

@@ -2,6 +2,7 @@
 //! configured cluster it touches, with the live items when the cluster is reachable, and
 //! report the verdict, the checklist and the staged plan.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::forge::comment::{self, Sticky};
@@ -55,8 +56,19 @@ pub async fn gate_open(ctx: &Arc<Ctx>) -> Result<(), Error> {
         }
         None => branches(ctx)?,
     };
+    // Every flag is taken (no short cut): each is answered by this one clearing.
+    let regained = ctx
+        .clusters
+        .iter()
+        .filter(|c| c.regained.swap(false, Ordering::Relaxed))
+        .count()
+        > 0;
     let candidates = {
-        let st = ctx.state.lock().await;
+        let mut st = ctx.state.lock().await;
+        if regained {
+            // Heads seen without the lease were skipped for that cluster: judge them all.
+            st.judged.clear();
+        }
         fair_order(candidates, &st.judged, MAX_OPEN_PULLS)
     };
     let mut limited = None;

@@ -40,6 +40,7 @@ use crate::talos::TalosClient;
 pub use config::Config;
 pub use metrics::Metrics;
 pub use report::{GateReport, Reporters, RolloutReport};
+pub use rolling::{rollout_base, settings_at};
 
 /// Events waiting beyond this are refused at the webhook (503); the reconcile catches up.
 pub const QUEUE_CAPACITY: usize = 1024;
@@ -207,6 +208,10 @@ pub struct ClusterRuntime {
     pub stopping: AtomicBool,
     /// When this replica last took or renewed the cluster's controller lease.
     pub held_at: Mutex<Option<crate::clock::Timestamp>>,
+    /// The lease was taken after a time without it (a standby taking over, a lease stolen
+    /// or expired, the namespace created late): every open PR is judged again, since those
+    /// seen meanwhile were skipped.
+    pub regained: AtomicBool,
     /// `spec.rollout.paused` in cluster.yaml at the protected branch's tip, as last read.
     pub git_paused: AtomicBool,
     pub rollout: Mutex<Option<JoinHandle<()>>>,
@@ -337,7 +342,11 @@ impl Ctx {
                     "API errors by API and error.",
                     &[("api", "kubernetes"), ("error", e.kind())],
                 );
-                tracing::warn!(cluster = %cluster.name, error = %e, "cannot take the controller lease");
+                if e.kind() == "not_found" {
+                    tracing::error!(cluster = %cluster.name, error = %e, "cannot take the controller lease: the namespace {} does not exist in this cluster; create it (kubectl apply -f deploy/namespace.yaml, or kubectl create namespace {}) — until then no PR is gated for this cluster", le.namespace, le.namespace);
+                } else {
+                    tracing::warn!(cluster = %cluster.name, error = %e, "cannot take the controller lease");
+                }
                 false
             }
         };
@@ -347,7 +356,14 @@ impl Ctx {
             &[("cluster", &cluster.name)],
             if held { 1.0 } else { 0.0 },
         );
-        *lock(&cluster.held_at) = held.then_some(now);
+        let was = lock(&cluster.held_at).replace(now).is_some();
+        if !held {
+            *lock(&cluster.held_at) = None;
+        } else if !was {
+            cluster.regained.store(true, Ordering::Relaxed);
+            // Look now, not at the next poll.
+            let _ = self.events.try_send(Event::Reconcile);
+        }
         held
     }
 
@@ -479,6 +495,7 @@ pub async fn connect(
             paused_by: Mutex::new(None),
             git_paused: AtomicBool::new(false),
             held_at: Mutex::new(None),
+            regained: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             rollout: Mutex::new(None),
             decided_tip: Mutex::new(None),

@@ -160,7 +160,7 @@ async fn say_on_commit(
 /// The newest first-parent ancestor of `tip` whose Talos or Kubernetes differs from the
 /// tip's for `cluster` (at most [`MAX_BASE_WALK`] back): where the change that matters
 /// starts, even when later commits (a README, a pause toggle) came on top of it.
-fn rollout_base(repo: &crate::git::Repo, cluster: &str, tip: &str) -> Result<String, Error> {
+pub fn rollout_base(repo: &crate::git::Repo, cluster: &str, tip: &str) -> Result<String, Error> {
     let versions = |oid: git2::Oid| -> Option<(String, String)> {
         let rev = repo.resolve(&oid.to_string()).ok()?;
         let path = format!("clusters/{cluster}/release-set.yaml");
@@ -179,6 +179,23 @@ fn rollout_base(repo: &crate::git::Repo, cluster: &str, tip: &str) -> Result<Str
         commit = parent;
     }
     first_parent(repo, tip)
+}
+
+/// `change` with the rollout settings (`cluster.yaml`) of `tip`, the newest commit of the
+/// protected branch, whichever target the rollout carries: what a pause asks to change there
+/// (drain options, timeouts, `replacesKubeProxy`, health checks) takes effect when the fix
+/// is merged and the rollout resumes. Only commits of the protected branch get here, never a
+/// PR head. Without a `cluster.yaml` at `tip` the change keeps the one it has.
+pub fn settings_at(repo: &crate::git::Repo, change: &mut Change, tip: &str) -> Result<(), Error> {
+    let rev = repo.resolve(tip)?;
+    let path = format!("clusters/{}/cluster.yaml", change.cluster);
+    if let Some(text) = repo.read_file(&rev, &path)? {
+        change.cluster_doc = Some(crate::releaseset::Cluster::parse(&path, &text)?);
+        change.cluster_doc_side = "head";
+        // Merged: the edits apply now.
+        change.cluster_edits.clear();
+    }
+    Ok(())
 }
 
 /// How a pause through cluster.yaml starts its reason (setting it back resumes by itself).
@@ -225,7 +242,7 @@ pub async fn decide(
             RecordState::Running => {
                 // A crash or a kill mid-rollout: carry on with that target first.
                 head = r.target.commit.clone();
-                base = first_parent(&repo, &head)?;
+                base = rollout_base(&repo, &cluster.name, &head)?;
                 resume = true;
             }
             RecordState::Paused => {
@@ -235,7 +252,7 @@ pub async fn decide(
                 });
                 if by_shutdown || retry {
                     head = r.target.commit.clone();
-                    base = first_parent(&repo, &head)?;
+                    base = rollout_base(&repo, &cluster.name, &head)?;
                     resume = true;
                 } else if same {
                     return Ok(Some("paused; waiting for /ichor retry".into()));
@@ -257,7 +274,7 @@ pub async fn decide(
             }
         }
     }
-    let change = match gate::load(&repo, &base, &head, Some(&cluster.name)) {
+    let mut change = match gate::load(&repo, &base, &head, Some(&cluster.name)) {
         Ok(c) => c,
         // The cluster is not (or no longer) in the repository.
         Err(gate::GateError::UnknownCluster { .. }) => {
@@ -265,6 +282,7 @@ pub async fn decide(
         }
         Err(e) => return Err(e.into()),
     };
+    settings_at(&repo, &mut change, tip)?;
     // ichor never downgrades: a merge (a revert, say) that moves Talos or Kubernetes back
     // starts nothing, and says so on the commit.
     let backwards: Vec<String> = change

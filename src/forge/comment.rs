@@ -64,7 +64,11 @@ pub fn gate_description(v: &Verdict) -> String {
             v.summary,
             v.items.len(),
             if v.counts.warn > 0 {
-                format!(", {} warnings", v.counts.warn)
+                format!(
+                    ", {} warning{}",
+                    v.counts.warn,
+                    if v.counts.warn == 1 { "" } else { "s" }
+                )
             } else {
                 String::new()
             }

@@ -1202,15 +1202,21 @@ impl StatusReport {
                 )
             })
             .collect();
+        // What could not be read is said so, never as "none" or "free" (the error follows).
         out.push_str(&format!(
             "removed APIs requested  {}\n",
-            if removed.is_empty() {
+            if self.errors.contains_key("removedApis") {
+                "unknown (could not be read)".to_string()
+            } else if removed.is_empty() {
                 "none".to_string()
             } else {
                 t(&removed.join("; "))
             }
         ));
         out.push_str(&match &self.rollout_lock {
+            _ if self.errors.contains_key("rolloutLock") => {
+                "rollout lock  unknown (could not be read)\n".into()
+            }
             Some(h) => format!("rollout lock  held by {}\n", t(&h.holder)),
             None => "rollout lock  free\n".into(),
         });
@@ -1241,6 +1247,32 @@ impl StatusReport {
 
 #[cfg(test)]
 mod tests {
+    /// Issue 43 F10: a lock or removed-API list that could not be read is never shown as
+    /// "free" or "none".
+    #[test]
+    fn status_never_says_free_or_none_for_what_it_could_not_read() {
+        let mut errors = std::collections::BTreeMap::new();
+        errors.insert("rolloutLock", "unreachable".to_string());
+        errors.insert("removedApis", "unreachable".to_string());
+        let r = StatusReport {
+            api_version: "v",
+            kind: "StatusReport",
+            cluster: None,
+            nodes: vec![],
+            volumes: vec![],
+            etcd: None,
+            cni: None,
+            handover: None,
+            removed_apis_in_use: vec![],
+            rollout_lock: None,
+            errors,
+        };
+        let text = r.render_text();
+        assert!(!text.contains("lock  free"), "{text}");
+        assert!(!text.contains("requested  none"), "{text}");
+        assert!(text.contains("rollout lock  unknown"), "{text}");
+    }
+
     use super::*;
 
     fn node(name: &str, role: Role, talos: &str, kubelet: &str, volumes: &[&str]) -> Node {

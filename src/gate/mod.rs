@@ -37,7 +37,7 @@ pub enum GateError {
         rev: String,
         available: Vec<String>,
     },
-    #[error("clusters/{cluster}/cluster.yaml at {rev} {}; `plan` needs the node list (spec.inventory) until ichor reads it from the cluster", if *missing { "does not exist" } else { "has no spec.inventory" })]
+    #[error("clusters/{cluster}/cluster.yaml at {rev} {}; `plan` needs the node list: pass --kubeconfig (and --talosconfig) to read it from the cluster, or list the nodes in spec.inventory", if *missing { "does not exist" } else { "has no spec.inventory" })]
     NoInventory {
         cluster: String,
         rev: String,
@@ -79,6 +79,9 @@ pub struct Change {
     pub cluster_edits: Vec<&'static str>,
     /// The cluster does not exist at the base revision: it is judged on its own.
     pub new_cluster: bool,
+    /// Why `cluster.yaml` does not load at the base revision, when the head's does: the
+    /// change (most often the fix) is then judged with the head's, and says so.
+    pub base_cluster_error: Option<String>,
     pub policies: Policies,
     /// Whether the change edits `policies/` (which then applies only after merge).
     pub edits_policies: bool,
@@ -214,18 +217,29 @@ fn load_cluster(
     let new_cluster = base_release_set.is_none();
     let base_release_set = base_release_set.unwrap_or_else(|| head_release_set.clone());
     let head_cluster = read_cluster("head", head)?;
+    // A cluster.yaml broken on the base would make every change invalid, the one that fixes
+    // it too: with a valid head, the head's is used and the verdict says so.
+    let mut base_cluster_error = None;
     let base_cluster = if new_cluster {
         None
     } else {
-        read_cluster("base", base)?
+        match read_cluster("base", base) {
+            Ok(c) => c,
+            Err(e @ GateError::Document { .. }) if head_cluster.is_some() => {
+                base_cluster_error = Some(e.to_string());
+                None
+            }
+            Err(e) => return Err(e),
+        }
     };
     let cluster_edits = match (&base_cluster, &head_cluster) {
         (Some(b), Some(h)) => spec_edits(&b.spec, &h.spec),
+        (None, Some(_)) if base_cluster_error.is_some() => vec![],
         (None, Some(_)) if !new_cluster => vec!["cluster.yaml (added)"],
         (Some(_), None) => vec!["cluster.yaml (removed)"],
         _ => vec![],
     };
-    let (cluster_doc, cluster_doc_side) = if new_cluster {
+    let (cluster_doc, cluster_doc_side) = if new_cluster || base_cluster_error.is_some() {
         (head_cluster, "head")
     } else {
         (base_cluster, "base")
@@ -241,6 +255,7 @@ fn load_cluster(
         cluster_doc_side,
         cluster_edits,
         new_cluster,
+        base_cluster_error,
         policies: state.policies.clone(),
         edits_policies: state.edits,
         head_policies_error: state.head_error.clone(),
@@ -527,6 +542,21 @@ pub fn verdict(change: &Change) -> Verdict {
             ),
         }
     }
+    if let Some(e) = &change.base_cluster_error {
+        items.push(
+            CheckItem::new(
+                "cluster-settings",
+                "cluster.yaml settings come from the protected branch",
+                Status::Warn,
+                format!(
+                    "clusters/{}/cluster.yaml does not load at the base revision, so this change is judged with the head's, for validity alone: {}",
+                    change.cluster,
+                    crate::releaseset::excerpt(e, 400)
+                ),
+            )
+            .hint("review the head's cluster.yaml as the settings every rollout will use once merged; merge the fix on its own"),
+        );
+    }
     if !change.cluster_edits.is_empty() {
         items.push(
             CheckItem::new(
@@ -692,6 +722,38 @@ pub fn exit_code(review: &Review) -> i32 {
     }
 }
 
+/// A report's outcome: the gate's, or `invalid` when a document could not be read (exit 2),
+/// so a script reading `.outcome` never lets a broken document through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReportOutcome {
+    Pass,
+    Waiting,
+    Blocked,
+    Invalid,
+}
+
+impl From<Outcome> for ReportOutcome {
+    fn from(o: Outcome) -> Self {
+        match o {
+            Outcome::Pass => ReportOutcome::Pass,
+            Outcome::Waiting => ReportOutcome::Waiting,
+            Outcome::Blocked => ReportOutcome::Blocked,
+        }
+    }
+}
+
+impl ReportOutcome {
+    /// The review's: `invalid` when any section could not be read, else the worst verdict.
+    pub fn of(review: &Review) -> Self {
+        if review.has_errors() {
+            ReportOutcome::Invalid
+        } else {
+            review.outcome().into()
+        }
+    }
+}
+
 /// `ichor check --output json`: the documented, stable shape (docs/cli.md).
 #[derive(Debug, Clone, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -700,7 +762,7 @@ pub struct CheckReport<'a> {
     pub kind: &'static str,
     pub base: RevJson,
     pub head: RevJson,
-    pub outcome: Outcome,
+    pub outcome: ReportOutcome,
     pub exit_code: i32,
     pub clusters: Vec<ClusterReport<'a>>,
 }
@@ -714,8 +776,7 @@ pub struct ClusterReport<'a> {
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub summary: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub outcome: Option<Outcome>,
+    pub outcome: ReportOutcome,
     pub exit_code: i32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub counts: Option<&'a policy::Counts>,
@@ -733,7 +794,7 @@ impl<'a> CheckReport<'a> {
                     cluster: s.cluster.as_deref(),
                     error: None,
                     summary: Some(&j.verdict.summary),
-                    outcome: Some(j.verdict.outcome),
+                    outcome: j.verdict.outcome.into(),
                     exit_code: j.verdict.outcome.exit_code(),
                     counts: Some(&j.verdict.counts),
                     changes: j.change.as_ref().map_or(&[], |c| &c.bump.changes),
@@ -743,7 +804,7 @@ impl<'a> CheckReport<'a> {
                     cluster: s.cluster.as_deref(),
                     error: Some(e.to_string()),
                     summary: None,
-                    outcome: None,
+                    outcome: ReportOutcome::Invalid,
                     exit_code: 2,
                     counts: None,
                     changes: &[],
@@ -756,7 +817,7 @@ impl<'a> CheckReport<'a> {
             kind: "CheckReport",
             base: (&review.base).into(),
             head: (&review.head).into(),
-            outcome: review.outcome(),
+            outcome: ReportOutcome::of(review),
             exit_code: exit_code(review),
             clusters,
         }
@@ -771,7 +832,21 @@ pub struct PlanReport<'a> {
     pub kind: &'static str,
     pub base: RevJson,
     pub head: RevJson,
+    /// `invalid` when a cluster's documents could not be read or planned, else the worst
+    /// gate outcome.
+    pub outcome: ReportOutcome,
     pub plans: Vec<ClusterPlan<'a>>,
+    /// What could not be planned, as printed on stderr.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<ClusterError>,
+}
+
+/// A cluster that could not be judged or planned, and why.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterError {
+    pub cluster: Option<String>,
+    pub error: String,
 }
 
 /// One cluster's plan, with the gate's outcome for the change it would roll out.

@@ -419,9 +419,29 @@ pub fn plan(
     }
     let k8s = &bump.head.spec.kubernetes;
     let stale = |n: &Node| &n.kubelet != k8s;
+    // The work is what the nodes run against the target, not what two commits differ by: a
+    // rollout resumed on a newer commit (a fix to cluster.yaml, a README) still has the
+    // kubelets a paused bump left behind.
+    let kubernetes_moves = bump.kubernetes_moves() || nodes.iter().any(stale);
+    // Where each stage starts from, as observed: the oldest version still running.
+    let talos_from = nodes
+        .iter()
+        .filter(|n| behind(n))
+        .map(|n| &n.talos)
+        .min()
+        .unwrap_or(&bump.base.spec.talos);
+    let kubernetes_from = match bump.kubernetes_moves() {
+        true => &bump.base.spec.kubernetes,
+        false => nodes
+            .iter()
+            .filter(|n| stale(n))
+            .map(|n| &n.kubelet)
+            .min()
+            .unwrap_or(k8s),
+    };
     // Each worker drained once for Talos and its kubelet, when the mixed pair allows it.
     let moves_both = only(&workers, |n| behind(n) && stale(n));
-    let one_drain = bump.kubernetes_moves()
+    let one_drain = kubernetes_moves
         && !moves_both.is_empty()
         && match two_pass_reason(opts, spec, &moves_both, k8s) {
             None => {
@@ -476,20 +496,17 @@ pub fn plan(
             stages.push(Stage {
                 id: StageId::Talos,
                 title: if one_drain {
-                    format!(
-                        "Talos {} → {talos} on the control planes",
-                        bump.base.spec.talos
-                    )
+                    format!("Talos {talos_from} → {talos} on the control planes")
                 } else {
-                    format!("Talos {} → {talos}", bump.base.spec.talos)
+                    format!("Talos {talos_from} → {talos}")
                 },
                 steps,
             });
         }
     }
 
-    if bump.kubernetes_moves() {
-        let from = &bump.base.spec.kubernetes;
+    if kubernetes_moves {
+        let from = kubernetes_from;
         let per_cp = |t: &mut Timeline, prefix: &str, kind, what: &str, d| -> Vec<Step> {
             cps.iter()
                 .map(|n| {
@@ -622,8 +639,7 @@ pub fn plan(
             stages.push(Stage {
                 id: StageId::Workers,
                 title: format!(
-                    "workers, each drained once: Talos {} → {talos} and kubelet {from} → {k8s}",
-                    bump.base.spec.talos
+                    "workers, each drained once: Talos {talos_from} → {talos} and kubelet {from} → {k8s}"
                 ),
                 steps,
             });
@@ -651,21 +667,16 @@ pub fn plan(
         });
     } else {
         notes.push(format!(
-            "nothing to roll out: every node already runs Talos {talos}{}",
-            if bump.kubernetes_moves() {
-                String::new()
-            } else {
-                format!(" and Kubernetes stays at {k8s}")
-            }
+            "nothing to roll out: every node already runs Talos {talos} and kubelet {k8s}"
         ));
     }
-    let cp_restarts = !talos_cps.is_empty() || bump.kubernetes_moves();
+    let cp_restarts = !talos_cps.is_empty() || kubernetes_moves;
     match (cps.as_slice(), cp_restarts) {
         ([only], true) => warnings.push(format!(
             "{} is the only control plane: the Kubernetes API is unavailable while it {}; \
              running workloads keep running, but nothing can be scheduled or changed meanwhile",
             only.name,
-            match (!talos_cps.is_empty(), bump.kubernetes_moves()) {
+            match (!talos_cps.is_empty(), kubernetes_moves) {
                 (true, true) => "reboots for Talos and while kube-apiserver restarts",
                 (true, false) => "reboots for Talos",
                 _ => "restarts kube-apiserver",
@@ -1154,6 +1165,82 @@ mod tests {
         assert!(verify("local-path").contains("local-path volumes healthy"));
     }
 
+    /// Issue 43 F1: the work is what the nodes run against the target. A commit on top of
+    /// a paused kubelet bump changes no version, yet the workers the bump had not reached
+    /// are still planned, each stage titled from what runs.
+    #[test]
+    fn kubelets_left_behind_are_planned_when_the_commits_differ_in_no_version() {
+        let mut nodes = vec![
+            node("cp-1", Role::Controlplane, "v1.12.6"),
+            node("w-1", Role::Worker, "v1.12.6"),
+            node("w-2", Role::Worker, "v1.12.6"),
+        ];
+        nodes[0].kubelet = Version::parse("v1.33.7").unwrap();
+        let same = rs("v1.12.6", "v1.33.7");
+        let bump = Bump::between(&same, &same);
+        let p = plan(
+            "t",
+            &bump,
+            &spec("none", 1),
+            &nodes,
+            &PlanOptions::default(),
+        )
+        .unwrap();
+        let kubelets: Vec<&str> = p
+            .steps()
+            .filter(|s| s.kind == StepKind::Kubelet)
+            .flat_map(|s| s.nodes.iter().map(String::as_str))
+            .collect();
+        assert_eq!(kubelets, ["w-1", "w-2"], "{:#?}", p.stages);
+        let titles: Vec<&str> = p.stages.iter().map(|s| s.title.as_str()).collect();
+        assert!(
+            titles.contains(&"kube-apiserver v1.33.5 → v1.33.7"),
+            "{titles:?}"
+        );
+        assert_eq!(p.stages.last().map(|s| s.id), Some(StageId::Verify));
+        // Every node at the target: nothing to roll out, said as what runs.
+        for n in &mut nodes {
+            n.kubelet = Version::parse("v1.33.7").unwrap();
+        }
+        let p = plan(
+            "t",
+            &bump,
+            &spec("none", 1),
+            &nodes,
+            &PlanOptions::default(),
+        )
+        .unwrap();
+        assert!(p.stages.is_empty(), "{:#?}", p.stages);
+        assert_eq!(
+            p.notes,
+            ["nothing to roll out: every node already runs Talos v1.12.6 and kubelet v1.33.7"]
+        );
+    }
+
+    /// A resumed Talos stage is titled from the oldest version still running, not from the
+    /// commit's base (which would read `v1.12.9 → v1.12.9`).
+    #[test]
+    fn a_resumed_talos_stage_is_titled_from_what_runs() {
+        let nodes = vec![
+            node("cp-1", Role::Controlplane, "v1.12.9"),
+            node("w-1", Role::Worker, "v1.12.6"),
+        ];
+        let same = rs("v1.12.9", "v1.33.5");
+        let p = plan(
+            "t",
+            &Bump::between(&same, &same),
+            &spec("none", 1),
+            &nodes,
+            &PlanOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            p.stages[0].title, "Talos v1.12.6 → v1.12.9",
+            "{:#?}",
+            p.stages
+        );
+    }
+
     #[test]
     fn worker_steps_say_where_each_node_comes_from() {
         let mut nodes = vec![
@@ -1188,7 +1275,7 @@ mod tests {
         let headline = text.lines().nth(1).unwrap_or("");
         assert_eq!(
             headline,
-            "nothing to roll out: every node already runs Talos v1.12.6 and Kubernetes stays at v1.33.5"
+            "nothing to roll out: every node already runs Talos v1.12.6 and kubelet v1.33.5"
         );
         assert!(
             !text.contains("batch") && !text.contains("estimated"),

@@ -193,7 +193,7 @@ impl Verdict {
     fn headline(&self) -> String {
         let c = &self.counts;
         format!(
-            "{} — {} passed, {} warnings, {} waiting, {} failed",
+            "{} — {} passed, {} warning{}, {} waiting, {} failed",
             match self.outcome {
                 Outcome::Pass => "PASS",
                 Outcome::Waiting => "WAITING",
@@ -201,6 +201,7 @@ impl Verdict {
             },
             c.pass,
             c.warn,
+            if c.warn == 1 { "" } else { "s" },
             c.wait,
             c.fail
         )

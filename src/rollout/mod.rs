@@ -874,7 +874,13 @@ impl Run<'_, '_> {
         {
             self.pre_pull_ahead(stage.id, &stage.steps).await?;
         }
-        self.stages_in_order().await
+        self.stages_in_order().await?;
+        // "Completed" is written only after verify saw every node at the target: a plan with
+        // nothing left (a resume on a newer commit, a re-run) verifies too.
+        if !self.plan.stages.iter().any(|s| s.id == StageId::Verify) {
+            Box::pin(self.verify()).await?;
+        }
+        Ok(())
     }
 
     async fn stages_in_order(&self) -> Flow<()> {

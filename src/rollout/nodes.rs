@@ -627,7 +627,7 @@ impl Run<'_, '_> {
                     stage,
                     Some(name),
                     format!(
-                        "the drain of {name} would evict {}{}, which kubectl drain refuses too; nothing was evicted — move or delete {} yourself, or accept the loss in cluster.yaml with {}, then resume",
+                        "the drain of {name} would evict {}{}, which kubectl drain refuses too; nothing was evicted — move or delete {} yourself and resume, or accept the loss with {} in cluster.yaml on the protected branch, then resume from that commit (ichor rollout --resume --rev main; under ichor run the merge carries the rollout on)",
                         named.join(", "),
                         if pods.len() > 10 { format!(" and {} more", pods.len() - 10) } else { String::new() },
                         if pods.len() == 1 { "it" } else { "them" },
@@ -637,9 +637,10 @@ impl Run<'_, '_> {
             }
             DrainOutcome::Drained { evicted } => {
                 self.say(Progress::Note(format!(
-                    "{} {name}: drained ({} pods evicted)",
+                    "{} {name}: drained ({} pod{} evicted)",
                     stage_key(stage),
-                    evicted.len()
+                    evicted.len(),
+                    if evicted.len() == 1 { "" } else { "s" }
                 )));
                 Ok(())
             }

@@ -349,11 +349,12 @@ impl RolloutRecord {
         }
         if let Some(p) = &self.pause {
             out.push_str(&format!(
-                "  paused since {} in {}{}: {}\n  resume with `ichor rollout --resume` once that is fixed\n",
+                "  paused since {} in {}{}: {}\n  resume with `ichor rollout --resume --rev {}` once that is fixed (a fix in cluster.yaml: --rev at the commit that carries it)\n",
                 p.since,
                 p.stage,
                 p.node.as_deref().map(|n| format!(" at {n}")).unwrap_or_default(),
-                crate::escape::terminal(&p.reason)
+                crate::escape::terminal(&p.reason),
+                crate::escape::terminal(&self.target.commit.chars().take(12).collect::<String>())
             ));
         }
         for (name, c) in &self.health.checks {
@@ -562,6 +563,29 @@ mod tests {
             next = next.succeed(target(&format!("c{i}")), "me", Timestamp(9000));
         }
         assert_eq!(next.previous.len(), MAX_PREVIOUS);
+    }
+
+    /// Issue 43 F11: the hint a paused record prints is a command that runs as printed.
+    #[test]
+    fn a_pause_names_a_resume_command_that_runs() {
+        let mut r = RolloutRecord::new(
+            "home",
+            target("3f2a9c01d4e5b6a7c8d9e0f1a2b3c4d5e6f7a8b9"),
+            "me",
+            Timestamp(0),
+        );
+        r.state = RecordState::Paused;
+        r.pause = Some(Pause {
+            stage: "kubelet".into(),
+            node: Some("w-1".into()),
+            reason: "the drain waited".into(),
+            since: Timestamp(0).rfc3339(),
+        });
+        let text = r.render_text();
+        assert!(
+            text.contains("`ichor rollout --resume --rev 3f2a9c01d4e5`"),
+            "{text}"
+        );
     }
 
     #[test]

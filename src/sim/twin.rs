@@ -441,7 +441,7 @@ pub fn build_specs(
     let cni = &rs.cni;
     seed = seed.daemonset(
         "kube-system",
-        &cni.name,
+        cni_daemonset(&cni.name),
         &format!("{}:{}", cni_image(&cni.name), cni.version.tag()),
     );
     if !spec.cni.replaces_kube_proxy {
@@ -513,6 +513,16 @@ fn stage_all(
             .map_err(|e| format!("{node}: {e}"))?;
     }
     Ok(())
+}
+
+/// The CNI agent's DaemonSet as its own manifests name it: Calico's is `calico-node`
+/// (projectcalico/calico@v3.29.3:charts/calico/templates/calico-node.yaml, in kube-system);
+/// Cilium's is `cilium`. Others keep the CNI's name.
+fn cni_daemonset(name: &str) -> &str {
+    match name {
+        "calico" => "calico-node",
+        other => other,
+    }
 }
 
 fn cni_image(name: &str) -> String {

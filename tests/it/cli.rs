@@ -215,6 +215,72 @@ fn malformed_release_set_exits_2_naming_file_and_line() {
     assert!(stdout(&o).is_empty());
 }
 
+/// Issue 43 F4: a branch behind main is judged as the controller judges its PR, from the
+/// merge base: main's later bumps are not phantom downgrades of the branch.
+#[test]
+fn a_branch_behind_main_is_judged_from_the_merge_base() {
+    let o = check("main", "renovate/siderolabs-talos-1.x", "json");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        v["base"]["rev"]
+            .as_str()
+            .is_some_and(|r| r.contains("merge base of main")),
+        "{v:#}"
+    );
+    let cluster = only_cluster(v);
+    assert_eq!(
+        item(&cluster, "no-downgrade")["status"],
+        "pass",
+        "{cluster:#}"
+    );
+    assert_eq!(
+        item(&cluster, "talos-kubernetes")["status"],
+        "fail",
+        "{cluster:#}"
+    );
+}
+
+/// Issue 43 F5: a script reading `.outcome` never lets a broken document through, and the
+/// plan's JSON carries the error it printed on stderr.
+#[test]
+fn json_on_invalid_input_says_invalid_and_carries_the_error() {
+    let o = check("main", "chore/tidy-release-set", "json");
+    assert_eq!(o.status.code(), Some(2));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(v["outcome"], "invalid", "{v:#}");
+    assert_eq!(v["exitCode"], 2, "{v:#}");
+    let cluster = only_cluster(v);
+    assert_eq!(cluster["outcome"], "invalid", "{cluster:#}");
+    assert!(
+        cluster["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("the patch number is missing")),
+        "{cluster:#}"
+    );
+    let o = ichor(&[
+        "plan",
+        "--repo",
+        &repo(),
+        "--base",
+        "main",
+        "--head",
+        "chore/tidy-release-set",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(v["outcome"], "invalid", "{v:#}");
+    assert_eq!(v["errors"][0]["cluster"], "homelab", "{v:#}");
+    assert!(
+        v["errors"][0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("the patch number is missing")),
+        "{v:#}"
+    );
+}
+
 #[test]
 fn grouped_talos_and_kubernetes_pass_and_plan_talos_first() {
     let (code, v) = check_json("main", "renovate/talos");
@@ -659,5 +725,44 @@ fn several_clusters_need_cluster_and_cluster_yaml_is_optional_for_check() {
             && stderr(&o).contains("does not exist"),
         "{}",
         stderr(&o)
+    );
+}
+
+/// Issue 43 item 11: `--version` names the commit and the date of the compatibility data
+/// the binary ships (the newest `verified` date under policies/).
+#[test]
+fn version_names_the_commit_and_the_compatibility_data_date() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    let mut newest = String::new();
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{e}")) {
+        let text = std::fs::read_to_string(entry.map(|e| e.path()).unwrap_or_default())
+            .unwrap_or_default();
+        for line in text.lines() {
+            if let Some(d) = line.trim_start().strip_prefix("verified:") {
+                let d = d.trim().trim_matches('"').to_string();
+                if d > newest {
+                    newest = d;
+                }
+            }
+        }
+    }
+    assert_eq!(newest.len(), 10, "{newest}");
+    let o = ichor(&["--version"]);
+    assert_eq!(o.status.code(), Some(0));
+    let out = stdout(&o);
+    assert!(out.starts_with("ichor 0."), "{out}");
+    assert!(
+        out.contains(&format!("compatibility data verified up to {newest}")),
+        "{out}"
+    );
+    let commit = out
+        .split("commit ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .unwrap_or("");
+    assert!(
+        commit == "unknown"
+            || (commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit())),
+        "{out}"
     );
 }

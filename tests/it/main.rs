@@ -20,6 +20,7 @@ mod render;
 mod renovate;
 mod rollout;
 mod safety;
+mod says;
 mod sim_github;
 mod sim_hardening;
 mod sim_kube;
