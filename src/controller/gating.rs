@@ -203,11 +203,33 @@ pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<Judged, 
                 .iter()
                 .filter_map(|s| s.cluster.clone())
                 .collect();
-            // A required `ichor/gate` must not hold back a change that touches none of
-            // this ichor's clusters (docs, renovate.json, another instance's cluster).
+            // An edit of `policies/` applies to every cluster once merged: its verdict
+            // (a failure when they do not load) is every untouched cluster's.
+            let policy_verdict = review
+                .sections
+                .iter()
+                .find(|s| s.cluster.is_none())
+                .and_then(|s| s.result.as_ref().ok())
+                .map(|j| j.verdict.clone());
             for cluster in &ctx.clusters {
-                if !touched.contains(&cluster.name) && ctx.holds(cluster).await {
-                    untouched.push(cluster.name.clone());
+                if touched.contains(&cluster.name) || !ctx.holds(cluster).await {
+                    continue;
+                }
+                match &policy_verdict {
+                    Some(verdict) => {
+                        let section = gate::Section {
+                            cluster: Some(cluster.name.clone()),
+                            result: Ok(gate::Judged {
+                                verdict: verdict.clone(),
+                                change: None,
+                            }),
+                        };
+                        reports.push(judge(ctx, c, cluster, section, several).await);
+                    }
+                    // A required `ichor/gate` must not hold back a change that touches
+                    // none of this ichor's clusters (docs, renovate.json, another
+                    // instance's cluster).
+                    None => untouched.push(cluster.name.clone()),
                 }
             }
             for section in review.sections {
