@@ -108,6 +108,9 @@ pub struct ClusterConfig {
 pub struct Credentials {
     pub github: Option<GithubCredentials>,
     pub git: Option<GitCredentials>,
+    /// Git-only mode: the HMAC key of ichor's acks (64 hex digits), from a file that
+    /// outlives the state dir (a Kubernetes Secret); without it, `<stateDir>/ack.key`.
+    pub ack_key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -514,7 +514,8 @@ pub async fn connect(
             backwards: Mutex::new(None),
         }));
     }
-    let ledger = commands::CommandLedger::open(&cfg.state_dir)?;
+    let ledger =
+        commands::CommandLedger::open(&cfg.state_dir, cfg.credentials.ack_key_file.as_deref())?;
     let notes = (!cfg.uses_github() || cfg.notes).then(|| {
         Arc::new(report::NotesSink {
             mirror: mirror_dir.clone(),
