@@ -334,11 +334,26 @@ impl CommandLedger {
     const KEY_FILE: &'static str = "ack.key";
     const LEDGER_FILE: &'static str = "commands-handled";
 
-    /// The ledger in `state_dir`, with its key (created on first use, mode 0600).
-    pub fn open(state_dir: &std::path::Path) -> Result<CommandLedger, Error> {
+    /// The ledger in `state_dir`, with its key: read from `key_file` when given (a Secret,
+    /// so that acks stay ichor's own across a state dir that starts empty), else kept in
+    /// the state dir (created on first use, mode 0600).
+    pub fn open(
+        state_dir: &std::path::Path,
+        key_file: Option<&std::path::Path>,
+    ) -> Result<CommandLedger, Error> {
         let err = |e: crate::state::StateError| Error::Other(e.to_string());
-        let key_path = state_dir.join(Self::KEY_FILE);
-        let key = match crate::state::read_private(&key_path, 1024).map_err(err)? {
+        let key_path = key_file.map_or_else(|| state_dir.join(Self::KEY_FILE), |p| p.to_path_buf());
+        let kept = match key_file {
+            Some(path) => Some(
+                crate::secret::Secret::from_file(path)
+                    .map_err(|e| Error::Other(e.to_string()))?
+                    .expose()
+                    .as_bytes()
+                    .to_vec(),
+            ),
+            None => crate::state::read_private(&key_path, 1024).map_err(err)?,
+        };
+        let key = match kept {
             Some(bytes) => {
                 let text = String::from_utf8_lossy(&bytes);
                 let raw = hex::decode(text.trim())
@@ -469,4 +484,33 @@ pub async fn git_commands(ctx: &Arc<Ctx>) -> Result<(), Error> {
     }
     ctx.reporters.ack_commits(acks).await?;
     failed.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_file_keeps_the_acks_key_across_an_empty_state_dir(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let secret = tempfile::tempdir()?;
+        let key_file = secret.path().join("key");
+        std::fs::write(&key_file, format!("{}\n", "ab".repeat(32)))?;
+        let first = tempfile::tempdir()?;
+        let second = tempfile::tempdir()?;
+        let a = CommandLedger::open(first.path(), Some(&key_file))?;
+        let b = CommandLedger::open(second.path(), Some(&key_file))?;
+        assert_eq!(a.key.id(), b.key.id());
+        assert_eq!(a.key.id(), notes::AckKey::new([0xab; 32]).id());
+        assert!(!first.path().join(CommandLedger::KEY_FILE).exists());
+        // Without it, each state dir makes its own key: a restart on an emptyDir
+        // trusts none of its old acks.
+        let c = CommandLedger::open(first.path(), None)?;
+        let d = CommandLedger::open(second.path(), None)?;
+        assert_ne!(c.key.id(), d.key.id());
+        // A key file that is not 64 hex digits is refused, not replaced.
+        std::fs::write(&key_file, "short\n")?;
+        assert!(CommandLedger::open(first.path(), Some(&key_file)).is_err());
+        Ok(())
+    }
 }

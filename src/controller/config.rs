@@ -49,6 +49,30 @@ pub struct Config {
     /// environment.
     #[serde(default)]
     pub notifications: Option<notify::NotificationsConfig>,
+    /// What one peer's input may cost ichor.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LimitsConfig {
+    /// The most bytes one PR's head may send when fetched (each PR is fetched on its own,
+    /// so one oversized PR never stalls the branches or another PR).
+    #[serde(default = "default_pr_fetch_bytes")]
+    pub pr_fetch_bytes: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            pr_fetch_bytes: default_pr_fetch_bytes(),
+        }
+    }
+}
+
+fn default_pr_fetch_bytes() -> u64 {
+    256 << 20
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -84,6 +108,9 @@ pub struct ClusterConfig {
 pub struct Credentials {
     pub github: Option<GithubCredentials>,
     pub git: Option<GitCredentials>,
+    /// Git-only mode: the HMAC key of ichor's acks (64 hex digits), from a file that
+    /// outlives the state dir (a Kubernetes Secret); without it, `<stateDir>/ack.key`.
+    pub ack_key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

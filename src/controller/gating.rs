@@ -166,13 +166,6 @@ pub enum Judged {
 pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<Judged, Error> {
     let repo = ctx.repo()?;
     let head_oid = git2::Oid::from_str(&c.head)?;
-    if repo.git2().find_commit(head_oid).is_err() {
-        return Err(Error::Other(format!(
-            "head {} of {} is not in the mirror yet",
-            crate::escape::clip(&c.head, 12),
-            c.key
-        )));
-    }
     let base_tip = repo
         .resolve(&format!("refs/heads/{}", c.base_ref))
         .ok()
@@ -183,6 +176,45 @@ pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<Judged, 
         if !force && st.judged.get(&c.key) == Some(&(c.head.clone(), base_tip.to_string())) {
             return Ok(Judged::Unchanged);
         }
+    }
+    if let Some(pr) = c.pr {
+        match ctx.fetch_pull(pr, &c.head).await {
+            Ok(()) => {}
+            // Red, saying why, for every cluster: a head ichor will not fetch is no pass.
+            Err(e @ crate::git::GitError::FetchTooLarge { .. }) => {
+                let several = super::several_clusters(&repo, &format!("refs/heads/{}", c.base_ref));
+                let why =
+                    format!("too large to judge ({e}); raise limits.prFetchBytes to judge it");
+                let mut reports = Vec::new();
+                for cluster in &ctx.clusters {
+                    if ctx.holds(cluster).await {
+                        reports.push(invalid(c, &cluster.name, &why, several));
+                    }
+                }
+                for r in &reports {
+                    ctx.reporters.gate(r).await?;
+                }
+                ctx.state
+                    .lock()
+                    .await
+                    .judged
+                    .insert(c.key.clone(), (c.head.clone(), base_tip.to_string()));
+                return Ok(Judged::Posted {
+                    clusters: reports.iter().map(|r| r.cluster.clone()).collect(),
+                    untouched: vec![],
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    // Reopened: the PR's fetch may have added a pack this handle has not seen.
+    let repo = ctx.repo()?;
+    if repo.git2().find_commit(head_oid).is_err() {
+        return Err(Error::Other(format!(
+            "head {} of {} is not in the mirror yet",
+            crate::escape::clip(&c.head, 12),
+            c.key
+        )));
     }
     // Judge what the merge would change: the head against where it left the base.
     let base = repo
@@ -215,11 +247,33 @@ pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<Judged, 
                 .iter()
                 .filter_map(|s| s.cluster.clone())
                 .collect();
-            // A required `ichor/gate` must not hold back a change that touches none of
-            // this ichor's clusters (docs, renovate.json, another instance's cluster).
+            // An edit of `policies/` applies to every cluster once merged: its verdict
+            // (a failure when they do not load) is every untouched cluster's.
+            let policy_verdict = review
+                .sections
+                .iter()
+                .find(|s| s.cluster.is_none())
+                .and_then(|s| s.result.as_ref().ok())
+                .map(|j| j.verdict.clone());
             for cluster in &ctx.clusters {
-                if !touched.contains(&cluster.name) && ctx.holds(cluster).await {
-                    untouched.push(cluster.name.clone());
+                if touched.contains(&cluster.name) || !ctx.holds(cluster).await {
+                    continue;
+                }
+                match &policy_verdict {
+                    Some(verdict) => {
+                        let section = gate::Section {
+                            cluster: Some(cluster.name.clone()),
+                            result: Ok(gate::Judged {
+                                verdict: verdict.clone(),
+                                change: None,
+                            }),
+                        };
+                        reports.push(judge(ctx, c, cluster, section, several).await);
+                    }
+                    // A required `ichor/gate` must not hold back a change that touches
+                    // none of this ichor's clusters (docs, renovate.json, another
+                    // instance's cluster).
+                    None => untouched.push(cluster.name.clone()),
                 }
             }
             for section in review.sections {

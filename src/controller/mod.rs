@@ -374,10 +374,10 @@ impl Ctx {
         let github = self.github.is_some();
         let moves = tokio::task::spawn_blocking(move || {
             let mut specs = vec!["+refs/heads/*:refs/heads/*"];
-            if github {
-                // GitHub keeps every PR's head under refs/pull/, forks' too.
-                specs.push("+refs/pull/*/head:refs/pull/*/head");
-            } else {
+            // GitHub keeps every PR's head under refs/pull/, closed PRs' and forks' too:
+            // those are fetched one open PR at a time ([`Ctx::fetch_pull`]), so no PR can
+            // make the branches' fetch fail.
+            if !github {
                 specs.push("+refs/ichor/commands:refs/ichor/commands");
             }
             lock(&mirror).fetch(&remote, &specs)
@@ -386,6 +386,35 @@ impl Ctx {
         .map_err(|e| Error::Other(format!("the fetch stopped: {e}")))??;
         self.ready.store(true, Ordering::Relaxed);
         Ok(moves)
+    }
+
+    /// Fetch the head of open PR `number` on its own, under `limits.prFetchBytes`, unless
+    /// the mirror already has `sha` (the head the API reports).
+    pub async fn fetch_pull(&self, number: u64, sha: &str) -> Result<(), crate::git::GitError> {
+        let mirror = self.mirror.clone();
+        let remote = self.remote.clone();
+        let max_bytes = self.cfg.limits.pr_fetch_bytes;
+        let sha = sha.to_string();
+        tokio::task::spawn_blocking(move || {
+            let mirror = lock(&mirror);
+            let have = git2::Oid::from_str(&sha)
+                .ok()
+                .is_some_and(|oid| mirror.git2().find_commit(oid).is_ok());
+            if have {
+                return Ok(());
+            }
+            let limits = crate::git::remote::FetchLimits {
+                max_bytes,
+                ..mirror.limits()
+            };
+            let spec = format!("+refs/pull/{number}/head:refs/pull/{number}/head");
+            mirror.fetch_within(&remote, &[&spec], limits).map(|_| ())
+        })
+        .await
+        .map_err(|e| crate::git::GitError::Fetch {
+            url: String::new(),
+            message: format!("the fetch stopped: {e}"),
+        })?
     }
 
     pub fn repo(&self) -> Result<crate::git::Repo, Error> {
@@ -502,7 +531,8 @@ pub async fn connect(
             backwards: Mutex::new(None),
         }));
     }
-    let ledger = commands::CommandLedger::open(&cfg.state_dir)?;
+    let ledger =
+        commands::CommandLedger::open(&cfg.state_dir, cfg.credentials.ack_key_file.as_deref())?;
     let notes = (!cfg.uses_github() || cfg.notes).then(|| {
         Arc::new(report::NotesSink {
             mirror: mirror_dir.clone(),

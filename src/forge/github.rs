@@ -1402,7 +1402,12 @@ impl GithubClient {
             .uri(uri)
             .header(AUTHORIZATION, auth)
             .header(ACCEPT, "application/vnd.github+json")
-            .header("x-github-api-version", "2022-11-28");
+            .header("x-github-api-version", "2022-11-28")
+            // GitHub refuses a request without one, and asks that it name the client.
+            .header(
+                http::header::USER_AGENT,
+                concat!("ichor/", env!("CARGO_PKG_VERSION")),
+            );
         if let Some(c) = cached {
             builder = builder.header(IF_NONE_MATCH, c.etag.clone());
         }

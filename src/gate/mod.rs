@@ -87,6 +87,8 @@ pub struct Change {
     pub edits_policies: bool,
     /// Why the head's `policies/` would not load, when the change breaks them.
     pub head_policies_error: Option<String>,
+    /// Why the base's `policies/` do not load, when `policies` is the shipped data instead.
+    pub base_policies_error: Option<String>,
     pub bump: Bump,
 }
 
@@ -113,17 +115,33 @@ struct PolicyState {
     edits: bool,
     head_error: Option<String>,
     head: Option<Policies>,
+    /// The base's `policies/` do not load (why): `policies` is the shipped data.
+    base_error: Option<String>,
 }
 
 fn policy_state(repo: &Repo, base: &Rev, head: &Rev) -> Result<PolicyState, GateError> {
-    let base_files = repo.policy_files(base)?;
-    let policies = Policies::load(&base_files).map_err(doc_err("base", base))?;
+    let base_files = repo.policy_files(base).map_err(|e| e.to_string());
+    let base_loaded = base_files
+        .clone()
+        .and_then(|files| Policies::load(&files).map_err(|e| doc_err("base", base)(e).to_string()));
+    let (policies, base_error) = match base_loaded {
+        Ok(p) => (p, None),
+        // Broken policies on the protected branch must not make every PR `error`, the one
+        // that fixes them included: judge with the shipped data, and say so.
+        Err(why) => (
+            Policies::shipped().map_err(doc_err("shipped", base))?,
+            Some(why),
+        ),
+    };
     // A head that cannot even be listed (too many files, a link) is a broken policy edit.
     let head_files = match repo.policy_files(head) {
         Ok(files) => Ok(files),
         Err(e) => Err(e.to_string()),
     };
-    let edits = head_files.as_ref().map_or(true, |h| *h != base_files);
+    let edits = match (&base_files, &head_files) {
+        (Ok(b), Ok(h)) => b != h,
+        _ => true,
+    };
     let (head_policies, head_error) = match head_files {
         Ok(files) if edits => match Policies::load(&files) {
             Ok(p) => (Some(p), None),
@@ -137,6 +155,7 @@ fn policy_state(repo: &Repo, base: &Rev, head: &Rev) -> Result<PolicyState, Gate
         edits,
         head_error,
         head: head_policies,
+        base_error,
     })
 }
 
@@ -259,6 +278,7 @@ fn load_cluster(
         policies: state.policies.clone(),
         edits_policies: state.edits,
         head_policies_error: state.head_error.clone(),
+        base_policies_error: state.base_error.clone(),
         bump,
     })
 }
@@ -413,7 +433,9 @@ pub fn review_among(
             result,
         });
     }
-    if sections.is_empty() && state.edits && cluster.is_none() {
+    // The policy change is a section of its own when it is the whole change, and when its
+    // policies do not load: once merged they apply to every cluster, touched or not.
+    if (sections.is_empty() || state.head_error.is_some()) && state.edits && cluster.is_none() {
         sections.push(Section {
             cluster: None,
             result: Ok(Judged {
@@ -497,7 +519,21 @@ fn policy_only_verdict(
         }
         (None, None) => {}
     }
+    if let Some(why) = &state.base_error {
+        items.push(base_policies_item(why));
+    }
     Verdict::new("policies", "policies/ edited", items)
+}
+
+/// Said wherever the base's `policies/` do not load and the shipped data stood in.
+fn base_policies_item(why: &str) -> CheckItem {
+    CheckItem::new(
+        "base-policies",
+        "The protected branch's policies load",
+        Status::Warn,
+        format!("the base revision's policies/ do not load, so this change is judged with the shipped data only: {why}"),
+    )
+    .hint("merge a change that fixes policies/ first")
 }
 
 /// The static verdict for a change.
@@ -556,6 +592,9 @@ pub fn verdict(change: &Change) -> Verdict {
             )
             .hint("review the head's cluster.yaml as the settings every rollout will use once merged; merge the fix on its own"),
         );
+    }
+    if let Some(why) = &change.base_policies_error {
+        items.push(base_policies_item(why));
     }
     if !change.cluster_edits.is_empty() {
         items.push(

@@ -72,6 +72,12 @@ pub enum GitError {
     },
     #[error("cannot fetch from {url}: {message}")]
     Fetch { url: String, message: String },
+    #[error("cannot fetch {what} from {url}: it sends more than {max_bytes} bytes, ichor's bound")]
+    FetchTooLarge {
+        url: String,
+        what: String,
+        max_bytes: u64,
+    },
     #[error("cannot push to {url}: {message}")]
     Push { url: String, message: String },
     #[error("{path} has more than {max} refs; ichor reads at most that many")]

@@ -703,6 +703,17 @@ impl Mirror {
     /// pruning refs under the destinations that the remote no longer has, and return the
     /// refs under those destinations that moved, in name order. Tags are not followed.
     pub fn fetch(&self, remote: &Remote, refspecs: &[&str]) -> Result<Vec<RefMove>, GitError> {
+        self.fetch_within(remote, refspecs, self.limits)
+    }
+
+    /// [`Mirror::fetch`] under `limits` instead of the mirror's own; a pack over
+    /// `limits.max_bytes` is [`GitError::FetchTooLarge`] and moves no ref.
+    pub fn fetch_within(
+        &self,
+        remote: &Remote,
+        refspecs: &[&str],
+        limits: FetchLimits,
+    ) -> Result<Vec<RefMove>, GitError> {
         let shown = redact_url(&remote.url);
         let fail = |message: String| GitError::Fetch {
             url: shown.clone(),
@@ -738,18 +749,21 @@ impl Mirror {
             .iter()
             .filter(|h| sides.iter().any(|(src, _)| side_matches(src, h.name())))
             .count();
-        if advertised > self.limits.max_refs {
+        if advertised > limits.max_refs {
             return Err(fail(format!(
                 "the remote advertises {advertised} refs matching {refspecs:?}; ichor fetches at most {} (FetchLimits::max_refs)",
-                self.limits.max_refs
+                limits.max_refs
             )));
         }
 
         let (mut cbs, refusal) = callbacks_with_refusal(remote);
-        let budget = self.limits.max_bytes;
+        let budget = limits.max_bytes;
         let over = refusal.clone();
+        let too_large = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen_too_large = too_large.clone();
         cbs.transfer_progress(move |p| {
             if p.received_bytes() as u64 > budget {
+                seen_too_large.store(true, std::sync::atomic::Ordering::Relaxed);
                 over.set(format!(
                     "the remote sent more than {budget} bytes; ichor aborted the fetch (FetchLimits::max_bytes)"
                 ));
@@ -763,9 +777,17 @@ impl Mirror {
             .prune(FetchPrune::On)
             .download_tags(AutotagOption::None)
             .update_fetchhead(false);
-        conn.remote()
-            .fetch(refspecs, Some(&mut options), Some("ichor: fetch"))
-            .map_err(|e| fail(refusal.explain(&e)))?;
+        let fetched = conn
+            .remote()
+            .fetch(refspecs, Some(&mut options), Some("ichor: fetch"));
+        if fetched.is_err() && too_large.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(GitError::FetchTooLarge {
+                url: shown.clone(),
+                what: refspecs.join(" "),
+                max_bytes: budget,
+            });
+        }
+        fetched.map_err(|e| fail(refusal.explain(&e)))?;
         drop(conn);
 
         let after = ours(refs_snapshot(&self.repo)?);

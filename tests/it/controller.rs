@@ -685,6 +685,118 @@ async fn a_pr_gets_its_gate_and_one_comment_and_each_new_head_is_judged_afresh()
     Ok(())
 }
 
+/// A valid row of `policies/local.yaml`, and the same row made invalid on its line 2.
+const POLICY_ROW: &str = "compatibility:\n  - component: cilium\n    version: \"1.18\"\n    kubernetes: {min: \"1.30\", max: \"1.34\"}\n    source: our lab\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_edit_that_does_not_load_is_red_and_the_fix_for_a_broken_base_is_judged(
+) -> TestResult {
+    let hub = Hub::start().await?;
+    let running = hub.run("a").await?;
+    let broken = POLICY_ROW.replace("min: \"1.30\"", "min: \"1.35\"");
+    hub.gh
+        .push_commit(
+            REPO,
+            "policy-broken",
+            &[("policies/local.yaml", &broken)],
+            "policies: a row",
+            RENOVATE_LOGIN,
+        )
+        .await?;
+    let pr = hub.open("policy-broken").await?;
+    // It touches no cluster, but once merged its policies judge every cluster: red, naming
+    // the file and line (never "nothing to judge").
+    until(&hub.s, &running, "the policy PR's verdict", || {
+        hub.status(&pr.head_sha, "ichor/gate").is_some() && hub.sticky(pr.number).len() == 1
+    })
+    .await?;
+    let status = hub.status(&pr.head_sha, "ichor/gate").ok_or("no status")?;
+    assert_eq!(status.state, StatusState::Failure, "{status:?}");
+    let body = &hub.sticky(pr.number)[0];
+    assert!(body.contains("policies/local.yaml:2"), "{body}");
+
+    // Merged anyway (an admin's bypass): the PR that fixes it, branched from the broken
+    // base, is judged with the shipped data and says so, rather than `error`.
+    hub.gh.merge_pull_request(REPO, pr.number, "admin").await?;
+    hub.gh
+        .push_commit(
+            REPO,
+            "policy-fix",
+            &[("policies/local.yaml", POLICY_ROW)],
+            "policies: fix the row",
+            RENOVATE_LOGIN,
+        )
+        .await?;
+    let fix = hub.open("policy-fix").await?;
+    until(&hub.s, &running, "the fix PR's verdict", || {
+        hub.status(&fix.head_sha, "ichor/gate").is_some() && hub.sticky(fix.number).len() == 1
+    })
+    .await?;
+    let status = hub.status(&fix.head_sha, "ichor/gate").ok_or("no status")?;
+    assert_eq!(status.state, StatusState::Success, "{status:?}");
+    let body = &hub.sticky(fix.number)[0];
+    assert!(
+        body.contains("judged with the shipped data") && body.contains("policies/local.yaml:2"),
+        "{body}"
+    );
+    running.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pr_over_the_fetch_bound_is_red_and_every_other_pr_is_judged() -> TestResult {
+    let hub = Hub::start().await?;
+    // A fork's PR carrying a megabyte that does not compress much: only its own fetch
+    // (refs/pull/N/head) can bring it, and that fetch is over the bound.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let noise: String = (0..1 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b"0123456789abcdef"[(x & 15) as usize])
+        })
+        .collect();
+    hub.gh
+        .push_fork_commit(REPO, "mallory", "huge", &[("blob.txt", &noise)], "huge")
+        .await?;
+    let huge = hub
+        .gh
+        .open_fork_pull_request(REPO, "mallory", "huge", "main", "huge", "", "mallory")
+        .await?;
+    let good = hub.open(GOOD).await?;
+    // Open before ichor starts: its first fetch is where a PR could stall it.
+    let text = format!(
+        "{}limits:\n  prFetchBytes: 131072\n",
+        hub.config_text("a", "127.0.0.1:0")
+    );
+    let running = controller::start(
+        Config::parse("test-config.yaml", &text)?,
+        hub.s.twin.talos.clock().clone(),
+    )
+    .await?;
+    hub.gh.set_webhook(Some(WebhookTarget {
+        url: running.webhook_url().ok_or("no webhook listener")?,
+        secret: SECRET.into(),
+    }));
+    until(&hub.s, &running, "both verdicts", || {
+        hub.status(&huge.head_sha, "ichor/gate").is_some()
+            && is(
+                &hub.status(&good.head_sha, "ichor/gate"),
+                StatusState::Success,
+            )
+    })
+    .await?;
+    let red = hub
+        .status(&huge.head_sha, "ichor/gate")
+        .ok_or("no status")?;
+    assert_eq!(red.state, StatusState::Error, "{red:?}");
+    let why = red.description.unwrap_or_default();
+    assert!(why.contains("too large to judge"), "{why}");
+    running.shutdown().await;
+    Ok(())
+}
+
 /// `ichor run` with the homelab's Talos PR gated green and merged, its rollout paused on
 /// the cluster's one PodDisruptionBudget, which never allows a disruption for now:
 /// (hub, controller, the PR, its merge commit).

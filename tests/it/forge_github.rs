@@ -831,3 +831,39 @@ async fn a_renamed_repository_is_followed_through_githubs_redirects() -> TestRes
     assert_eq!(fresh.stats().requests - before, 2, "a 301, then the answer");
     Ok(())
 }
+
+#[tokio::test]
+async fn requests_name_ichor_and_a_request_without_a_user_agent_is_refused() -> TestResult {
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, GithubTwinConfig::default()).await?;
+    // As GitHub does: no `User-Agent`, no answer but 403.
+    let client: Client<_, axum::body::Body> = Client::builder(TokioExecutor::new()).build_http();
+    let req = hyper::Request::builder()
+        .uri(format!("{}/repos/{REPO}", twin.base_url()))
+        .header("authorization", format!("Bearer {}", twin.token()))
+        .body(axum::body::Body::empty())?;
+    let resp = tokio::time::timeout(Duration::from_secs(20), client.request(req)).await??;
+    assert_eq!(resp.status().as_u16(), 403);
+    let bytes = axum::body::to_bytes(axum::body::Body::new(resp.into_body()), 1 << 20).await?;
+    let body: serde_json::Value = serde_json::from_slice(&bytes)?;
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("User-Agent"),
+        "{body}"
+    );
+    // ichor's client names itself, so the same twin answers it.
+    let ichor = connect(&twin, &clock).await?;
+    assert_eq!(ichor.login(), twin.login());
+    assert!(ichor.open_pulls().await?.is_empty());
+    // octocrab appends its own `octocrab` after it; ichor's comes first.
+    assert_eq!(
+        twin.last_user_agent().first().map(String::as_str),
+        Some(concat!("ichor/", env!("CARGO_PKG_VERSION")))
+    );
+    Ok(())
+}

@@ -1155,6 +1155,7 @@ async fn conditional_requests_answer_304_for_free() -> TestResult {
     let auth = format!("Bearer {}", twin.token());
     let mut req = hyper::Request::get(format!("{}/repos/home/ops/pulls", twin.base_url()))
         .header("authorization", auth.as_str())
+        .header("user-agent", "ichor-test")
         .header("if-none-match", etag.as_str())
         .body(Body::empty())?;
     let resp = api.client.request(req).await?;
@@ -1174,6 +1175,7 @@ async fn conditional_requests_answer_304_for_free() -> TestResult {
         .await?;
     req = hyper::Request::get(format!("{}/repos/home/ops/pulls", twin.base_url()))
         .header("authorization", auth.as_str())
+        .header("user-agent", "ichor-test")
         .header("if-none-match", etag.as_str())
         .body(Body::empty())?;
     let resp = api.client.request(req).await?;

@@ -287,6 +287,30 @@ async fn gate(State(shared): S, mut req: Request, next: Next) -> Response {
         let w = shared.with_window(key, |w| *w);
         return with_rate_headers(e.into_response(), w.limit, w.used, w.reset_epoch_secs());
     }
+    *lock(&shared.last_user_agent) = req
+        .headers()
+        .get_all("user-agent")
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .collect();
+    // github/docs content/rest/using-the-rest-api/getting-started-with-the-rest-api.md,
+    // "User agent": a request without a `User-Agent` is refused with 403.
+    let agent = req
+        .headers()
+        .get("user-agent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .unwrap_or_default();
+    if agent.is_empty() {
+        let mut e = ApiError::new(
+            StatusCode::FORBIDDEN,
+            "Request forbidden by administrative rules. Please make sure your request has a User-Agent header",
+        );
+        e.body["documentation_url"] = json!(
+            "https://docs.github.com/rest/using-the-rest-api/getting-started-with-the-rest-api#user-agent"
+        );
+        return e.into_response();
+    }
     // GitHub does not charge `/rate_limit` against the limit.
     let counts = path != "/rate_limit";
     let conditional = (req.method() == Method::GET)

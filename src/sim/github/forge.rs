@@ -169,6 +169,8 @@ pub struct Shared {
     pub app_tokens: Mutex<Vec<IssuedToken>>,
     /// How many installation tokens were asked for and handed out.
     pub token_requests: std::sync::atomic::AtomicU64,
+    /// The `User-Agent` values of the last API request (all of them, as sent).
+    pub last_user_agent: Mutex<Vec<String>>,
     pub webhook: Mutex<Option<WebhookTarget>>,
     /// How payloads are serialized: GitHub's default for a repository hook is `form`.
     pub content_type: Mutex<webhook::ContentType>,
@@ -267,6 +269,7 @@ impl Shared {
             apps,
             app_tokens: Mutex::new(Vec::new()),
             token_requests: std::sync::atomic::AtomicU64::new(0),
+            last_user_agent: Mutex::new(Vec::new()),
             webhook: Mutex::new(webhook),
             content_type: Mutex::new(webhook::ContentType::Json),
             held: Mutex::new(Vec::new()),

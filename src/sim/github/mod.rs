@@ -609,6 +609,11 @@ impl GithubTwin {
         self.shared.add_collaborator(repo, login, role)
     }
 
+    /// The `User-Agent` headers of the last API request.
+    pub fn last_user_agent(&self) -> Vec<String> {
+        lock(&self.shared.last_user_agent).clone()
+    }
+
     /// How many installation access tokens the twin handed out.
     pub fn installation_token_requests(&self) -> u64 {
         self.shared
