@@ -252,9 +252,13 @@ struct Access {
     /// A talosconfig for the cluster (read as talosctl reads it).
     #[arg(long, value_name = "PATH", env = "TALOSCONFIG")]
     talosconfig: Option<PathBuf>,
-    /// A bearer token (a file) for the Prometheus of cluster.yaml's health checks.
-    #[arg(long, value_name = "PATH")]
+    /// A bearer token (a file) for the Prometheus of cluster.yaml's health checks, sent
+    /// only to `--prometheus-url`.
+    #[arg(long, value_name = "PATH", requires = "prometheus_url")]
     prometheus_token_file: Option<PathBuf>,
+    /// The Prometheus the token belongs to: a check naming another URL gets no token.
+    #[arg(long, value_name = "URL", requires = "prometheus_token_file")]
+    prometheus_url: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -452,7 +456,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             two_pass,
             time_scale,
             clock_start,
-            prometheus_token_file: access.prometheus_token_file,
+            prometheus: access.prometheus_url.zip(access.prometheus_token_file),
         }),
         Command::Run { config, check } => run_cmd::run(&config, check),
         Command::Policies { command } => policies(command),
@@ -955,7 +959,7 @@ struct Live {
     kube: ichor::kube::KubeClient,
     talos: Option<ichor::talos::TalosClient>,
     /// For the `before` health checks' Prometheus (`--prometheus-token-file`).
-    prometheus_token: Option<ichor::secret::Secret>,
+    prometheus_credential: Option<ichor::prometheus::Credential>,
 }
 
 impl Live {
@@ -982,18 +986,15 @@ impl Live {
             }
             None => None,
         };
-        let prometheus_token = match &access.prometheus_token_file {
-            Some(f) => Some(
-                ichor::secret::Secret::from_file(f)
-                    .map_err(|e| anyhow::anyhow!("--prometheus-token-file: {e}"))?,
-            ),
-            None => None,
-        };
+        let prometheus_credential = rollout_cmd::credential(
+            access.prometheus_url.as_deref(),
+            access.prometheus_token_file.as_deref(),
+        )?;
         Ok(Some(Live {
             runtime,
             kube,
             talos,
-            prometheus_token,
+            prometheus_credential,
         }))
     }
 
@@ -1018,7 +1019,7 @@ impl Live {
             let Ok(j) = &mut s.result else { continue };
             let Some(change) = &j.change else { continue };
             let subject = gate::live::Subject::of(change)
-                .with_prometheus_token(self.prometheus_token.clone());
+                .with_prometheus_credential(self.prometheus_credential.clone());
             let facts = self.runtime.block_on(gate::live::observe(
                 &self.kube,
                 self.talos.as_ref(),
@@ -1059,8 +1060,8 @@ fn status(
     if let Some(path) = repo {
         let repo = Repo::open(path)?;
         let change = gate::load(&repo, rev, rev, cluster)?;
-        subject =
-            gate::live::Subject::of(&change).with_prometheus_token(live.prometheus_token.clone());
+        subject = gate::live::Subject::of(&change)
+            .with_prometheus_credential(live.prometheus_credential.clone());
     } else if let Some(c) = cluster {
         subject.cluster = c.to_string();
     }

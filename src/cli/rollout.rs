@@ -31,7 +31,23 @@ pub struct Args {
     pub two_pass: bool,
     pub time_scale: Option<f64>,
     pub clock_start: Option<String>,
-    pub prometheus_token_file: Option<PathBuf>,
+    /// `--prometheus-url` and `--prometheus-token-file`: the token and where it may go.
+    pub prometheus: Option<(String, PathBuf)>,
+}
+
+/// The Prometheus credential of `--prometheus-url` and `--prometheus-token-file`.
+pub fn credential(
+    url: Option<&str>,
+    token_file: Option<&std::path::Path>,
+) -> anyhow::Result<Option<ichor::prometheus::Credential>> {
+    let (Some(url), Some(file)) = (url, token_file) else {
+        return Ok(None);
+    };
+    let token = ichor::secret::Secret::from_file(file)
+        .map_err(|e| anyhow::anyhow!("--prometheus-token-file: {e}"))?;
+    ichor::prometheus::Credential::new(url, token)
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("--prometheus-url: {e}"))
 }
 
 pub const EXIT_BLOCKED: u8 = 1;
@@ -196,14 +212,12 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
         let talos = ichor::talos::TalosClient::new(ctx, clock.clone());
 
         // The live gate first.
-        let prometheus_token = match &a.prometheus_token_file {
-            Some(f) => Some(ichor::secret::Secret::from_file(f).map_err(|e| {
-                anyhow::anyhow!("--prometheus-token-file: {e}")
-            })?),
+        let prometheus_credential = match &a.prometheus {
+            Some((url, file)) => credential(Some(url), Some(file))?,
             None => None,
         };
         let subject =
-            gate::live::Subject::of(&change).with_prometheus_token(prometheus_token.clone());
+            gate::live::Subject::of(&change).with_prometheus_credential(prometheus_credential.clone());
         let facts = gate::live::observe(&kube, Some(&talos), &subject).await;
         if let Err(e) = &facts.nodes {
             // One line: the API server and the OS's own words when it cannot be reached.
@@ -271,7 +285,7 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
             .for_cluster(&doc);
         engine.report = Some(&report);
         engine.pause_requested = Some(&pause_requested);
-        engine.prometheus_token = prometheus_token;
+        engine.prometheus_credential = prometheus_credential;
         let started = clock.now();
         let outcome = tokio::select! {
             r = engine.run(&plan, &target, Some(&change), a.resume) => Some(r),

@@ -97,10 +97,18 @@ pub struct ClusterConfig {
     /// `false`: gate only, never roll out.
     #[serde(default = "yes")]
     pub act: bool,
-    /// A bearer token for the Prometheus the cluster's health checks query (a file; the
-    /// repository never carries it).
+    /// The Prometheus the cluster's health checks may query with a bearer token: the token
+    /// (a file; the repository never carries it) goes only to this URL.
     #[serde(default)]
-    pub prometheus_token_file: Option<PathBuf>,
+    pub prometheus: Option<Endpoint>,
+}
+
+/// A URL and the bearer token bound to it (`crate::prometheus::Credential`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Endpoint {
+    pub url: String,
+    pub token_file: PathBuf,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -263,9 +271,9 @@ impl Config {
         }
         for c in &self.clusters {
             files.extend(
-                c.prometheus_token_file
-                    .as_deref()
-                    .map(|f| ("clusters[].prometheusTokenFile", f)),
+                c.prometheus
+                    .as_ref()
+                    .map(|p| ("clusters[].prometheus.tokenFile", p.token_file.as_path())),
             );
         }
         #[cfg(unix)]
@@ -393,6 +401,13 @@ impl Config {
                     pos,
                     format!("clusters[{i}].name `{}`: expected a DNS label (lowercase letters, digits and `-`), as clusters/<name>/ is", crate::escape::clip(&c.name, 70)),
                 ));
+            }
+            if let Some(p) = &c.prometheus {
+                // The same rule the token is sent by, refused here rather than withheld later.
+                crate::prometheus::Credential::new(&p.url, crate::secret::Secret::new(""))
+                    .map_err(|why| {
+                        DocumentError::at(file, pos, format!("clusters[{i}].prometheus.url: {why}"))
+                    })?;
             }
             if !seen.insert(&c.name) {
                 return Err(DocumentError::at(

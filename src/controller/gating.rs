@@ -426,11 +426,18 @@ async fn judge(
         ));
     }
     let mut live_nodes = None;
-    if let Some(change) = &judged.change {
+    if let Some(change) = judged.change.as_ref().filter(|c| c.new_cluster) {
+        // Its cluster.yaml is the PR's own: its checks' URLs and expressions must not run
+        // with the controller's access. Only what the base revision holds is read live.
+        notes.push(format!(
+            "clusters/{}/ is new in this PR: it is judged from its files only; live checks and health checks start once it is on {}.",
+            change.cluster, c.base_ref
+        ));
+    } else if let Some(change) = &judged.change {
         match &cluster.kube {
             Some(kube) => {
-                let subject = gate::live::Subject::of(change).with_prometheus_token(
-                    super::config::notify::prometheus_token(ctx, &cluster.name),
+                let subject = gate::live::Subject::of(change).with_prometheus_credential(
+                    super::config::notify::prometheus_credential(ctx, &cluster.name),
                 );
                 let facts = gate::live::observe(kube, cluster.talos.as_deref(), &subject).await;
                 let items: Vec<CheckItem> = gate::live::items(change, &facts)

@@ -299,20 +299,23 @@ async fn deliver(
     Err(format!("{TRIES} tries, the last: {last}"))
 }
 
-/// The bearer token for the Prometheus of `cluster`'s health checks, from the controller's
-/// config (`clusters[].prometheusTokenFile`); unreadable is said once here, never the token.
-pub fn prometheus_token(ctx: &Ctx, cluster: &str) -> Option<Secret> {
-    let file = ctx
+/// The bearer token for the Prometheus of `cluster`'s health checks, bound to its URL, from
+/// the controller's config (`clusters[].prometheus`); unreadable is said here, never the token.
+pub fn prometheus_credential(ctx: &Ctx, cluster: &str) -> Option<crate::prometheus::Credential> {
+    let p = ctx
         .cfg
         .clusters
         .iter()
         .find(|c| c.name == cluster)?
-        .prometheus_token_file
+        .prometheus
         .clone()?;
-    match Secret::from_file(&file) {
-        Ok(s) => Some(s),
+    let bound = Secret::from_file(&p.token_file)
+        .map_err(|e| e.to_string())
+        .and_then(|t| crate::prometheus::Credential::new(&p.url, t));
+    match bound {
+        Ok(c) => Some(c),
         Err(e) => {
-            tracing::warn!(cluster, "cannot read the Prometheus token file: {e}");
+            tracing::warn!(cluster, "no Prometheus credential: {e}");
             None
         }
     }
@@ -326,20 +329,28 @@ mod tests {
 
     #[test]
     fn the_config_names_where_each_url_comes_from() {
-        let base = "repository:\n  path: /srv/repo\nclusters:\n  - name: homelab\n    prometheusTokenFile: /etc/ichor/prom-token\n    act: false\n";
+        let base = "repository:\n  path: /srv/repo\nclusters:\n  - name: homelab\n    prometheus:\n      url: https://prometheus.example:9090\n      tokenFile: /etc/ichor/prom-token\n    act: false\n";
         let ok = format!("{base}notifications:\n  webhook:\n    urlFile: /etc/ichor/hook\n  slack:\n    urlEnv: ICHOR_SLACK_URL\n");
         let c = crate::controller::config::Config::parse("ichor.yaml", &ok).unwrap();
         let n = c.notifications.unwrap();
         assert!(n.webhook.unwrap().url_file.is_some());
         assert_eq!(n.slack.unwrap().url_env.as_deref(), Some("ICHOR_SLACK_URL"));
-        assert!(c.clusters[0].prometheus_token_file.is_some());
+        assert!(c.clusters[0].prometheus.is_some());
         let both = format!("{base}notifications:\n  webhook:\n    urlFile: /a\n    urlEnv: B\n");
         let e = crate::controller::config::Config::parse("ichor.yaml", &both).unwrap_err();
         assert!(
             e.to_string().contains("exactly one of urlFile or urlEnv"),
             "{e}"
         );
-        assert_eq!(e.line, Some(7));
+        assert_eq!(e.line, Some(9));
+        // A token bound to plain http off loopback is refused where it is configured.
+        let http = base.replace("https://prometheus.example", "http://prometheus.example");
+        let e = crate::controller::config::Config::parse("ichor.yaml", &http).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("clusters[0].prometheus.url: plain http"),
+            "{e}"
+        );
         let inline =
             format!("{base}notifications:\n  slack:\n    url: https://hooks.slack.com/x\n");
         assert!(crate::controller::config::Config::parse("ichor.yaml", &inline).is_err());

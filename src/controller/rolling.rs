@@ -517,7 +517,7 @@ async fn execute(
         ))
     })?;
     let subject = gate::live::Subject::of(change)
-        .with_prometheus_token(notify::prometheus_token(ctx, &cluster.name));
+        .with_prometheus_credential(notify::prometheus_credential(ctx, &cluster.name));
     let facts = gate::live::observe(kube, Some(talos), &subject).await;
     let mut verdict = gate::verdict(change);
     verdict.extend(gate::live::items_for_holder(change, &facts, &ctx.identity));
@@ -700,7 +700,7 @@ async fn execute(
             .for_cluster(&doc);
         engine.report = Some(&report);
         engine.pause_requested = Some(&pause_requested);
-        engine.prometheus_token = notify::prometheus_token(ctx, &cluster.name);
+        engine.prometheus_credential = notify::prometheus_credential(ctx, &cluster.name);
         engine.run(&plan, &target, Some(change), resume).await
     };
     drop(report);

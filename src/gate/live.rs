@@ -240,9 +240,9 @@ pub struct Subject {
     pub handover: Option<Option<crate::releaseset::ObjectRef>>,
     /// The `before` health checks (`spec.healthChecks`), read as live items.
     pub health_checks: Vec<crate::health::HealthCheck>,
-    /// The bearer token for a Prometheus behind auth (the controller's config, or
-    /// `--prometheus-token-file`); never from the repository.
-    pub prometheus_token: Option<crate::secret::Secret>,
+    /// The bearer token for a Prometheus behind auth, bound to its URL (the controller's
+    /// config, or `--prometheus-url` with `--prometheus-token-file`); never from the repository.
+    pub prometheus_credential: Option<crate::prometheus::Credential>,
 }
 
 impl Subject {
@@ -271,13 +271,16 @@ impl Subject {
                         .collect()
                 })
                 .unwrap_or_default(),
-            prometheus_token: None,
+            prometheus_credential: None,
         }
     }
 
-    /// The same subject, reading Prometheus with `token`.
-    pub fn with_prometheus_token(mut self, token: Option<crate::secret::Secret>) -> Subject {
-        self.prometheus_token = token;
+    /// The same subject, reading Prometheus with `credential` (bound to its URL).
+    pub fn with_prometheus_credential(
+        mut self,
+        credential: Option<crate::prometheus::Credential>,
+    ) -> Subject {
+        self.prometheus_credential = credential;
         self
     }
 }
@@ -345,8 +348,13 @@ pub async fn observe(
     let mut health = Vec::new();
     for c in &subject.health_checks {
         let now = crate::clock::Clock::system().now();
-        let r = crate::rollout::health::read_check(kube, subject.prometheus_token.as_ref(), c, now)
-            .await;
+        let r = crate::rollout::health::read_check(
+            kube,
+            subject.prometheus_credential.as_ref(),
+            c,
+            now,
+        )
+        .await;
         health.push((c.clone(), r));
     }
     LiveFacts {

@@ -32,7 +32,7 @@ static CEL_RUNNING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(C
 /// Read one check now: its objects through `crate::kube`, or Prometheus's answer.
 pub async fn read_check(
     kube: &crate::kube::KubeClient,
-    prometheus_token: Option<&crate::secret::Secret>,
+    prometheus_credential: Option<&crate::prometheus::Credential>,
     check: &HealthCheck,
     now: Timestamp,
 ) -> Reading {
@@ -71,7 +71,7 @@ pub async fn read_check(
         return match crate::prometheus::query(
             &p.url,
             &p.query,
-            prometheus_token,
+            prometheus_credential,
             crate::prometheus::QUERY_TIMEOUT,
         )
         .await
@@ -318,7 +318,7 @@ impl Run<'_, '_> {
             let now = self.now();
             let mut readings = Vec::new();
             for c in &checks {
-                let r = read_check(e.kube, e.prometheus_token.as_ref(), c, now).await;
+                let r = read_check(e.kube, e.prometheus_credential.as_ref(), c, now).await;
                 let entry = since.entry(c.name.clone()).or_default();
                 let v = health::judge_stability(&r, entry, c.stable_for.as_duration(), now);
                 readings.push((*c, r, v));

@@ -254,7 +254,7 @@ pub struct Rollout<'a> {
     /// `spec.healthChecks` of the cluster (crate::health), judged at the gates.
     pub health_checks: Vec<crate::health::HealthCheck>,
     /// The bearer token for a Prometheus behind auth (the controller's config).
-    pub prometheus_token: Option<crate::secret::Secret>,
+    pub prometheus_credential: Option<crate::prometheus::Credential>,
     /// One renewal at a time: the nodes of a batch check the lock together.
     renewing: Mutex<()>,
 }
@@ -280,7 +280,7 @@ impl<'a> Rollout<'a> {
             report: None,
             observe_every: Duration::from_secs(5),
             health_checks: Vec::new(),
-            prometheus_token: None,
+            prometheus_credential: None,
             renewing: Mutex::new(()),
         }
     }

@@ -65,7 +65,7 @@ impl Run<'_, '_> {
         }
         let e = self.engine;
         let subject = crate::gate::live::Subject::of(change)
-            .with_prometheus_token(e.prometheus_token.clone());
+            .with_prometheus_credential(e.prometheus_credential.clone());
         let start = self.now();
         let timeout = e.policy.node_timeout.as_duration();
         loop {
@@ -142,7 +142,7 @@ impl Run<'_, '_> {
         };
         let e = self.engine;
         let subject = crate::gate::live::Subject::of(change)
-            .with_prometheus_token(e.prometheus_token.clone());
+            .with_prometheus_credential(e.prometheus_credential.clone());
         let start = self.now();
         let timeout = e.policy.node_timeout.as_duration();
         loop {

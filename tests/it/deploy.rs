@@ -709,7 +709,7 @@ async fn every_request_the_client_sends_is_granted_by_access() -> TestResult {
         volumes: ichor::releaseset::VolumeProvider::LocalPath,
         handover: None,
         health_checks: vec![],
-        prometheus_token: None,
+        prometheus_credential: None,
     };
     live::observe(&kube, Some(&talos), &any).await;
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use ichor::clock::{Clock, Timestamp};
 use ichor::health::{HealthCheck, Reading};
+use ichor::prometheus::Credential;
 use ichor::rollout::health::read_check;
 use ichor::rollout::RunOutcome;
 use ichor::sim::twin::TwinConfig;
@@ -963,24 +964,24 @@ async fn the_prometheus_token_is_sent_as_a_bearer_and_never_reported() -> TestRe
         let _ = axum::serve(listener, app).await;
     });
     let c = prometheus_check(&format!("http://{addr}"), "up", Some("1m"))?;
-    let secret = ichor::secret::Secret::new(token);
+    let secret = Credential::new(&format!("http://{addr}"), ichor::secret::Secret::new(token))?;
     let r = read_check(&s.kube, Some(&secret), &c, Clock::system().now()).await;
     assert!(r.pass, "{r:?}");
     let r = read_check(&s.kube, None, &c, Clock::system().now()).await;
     assert!(!r.pass && r.value.contains("HTTP 401"), "{r:?}");
     assert!(!format!("{r:?}").contains(token));
     // The gate's live item reads with the token too (the controller's config, or
-    // `--prometheus-token-file`), so a `before` check behind auth does not wait forever.
-    let subject = |t: Option<ichor::secret::Secret>| {
+    // `--prometheus-url` with `--prometheus-token-file`), so a `before` check behind auth does not wait forever.
+    let subject = |t: Option<Credential>| {
         ichor::gate::live::Subject {
             cluster: "homelab".into(),
             cni: None,
             volumes: Default::default(),
             handover: None,
             health_checks: vec![c.clone()],
-            prometheus_token: None,
+            prometheus_credential: None,
         }
-        .with_prometheus_token(t)
+        .with_prometheus_credential(t)
     };
     for (t, pass) in [(Some(secret.clone()), true), (None, false)] {
         let facts = ichor::gate::live::observe(&s.kube, None, &subject(t)).await;
@@ -1045,6 +1046,184 @@ async fn the_sticky_comment_lists_each_health_check_with_its_state_and_value() -
     assert!(
         body.contains("| health check | gate | state | last value |")
             && body.contains("| `app-health` | between | ✅ holds | "),
+        "{body}"
+    );
+    running.shutdown().await;
+    Ok(())
+}
+
+/// A plain listener on loopback that records each connection's request head and answers
+/// every one with `reply`: what ichor sent, or that it never connected.
+struct Recorder {
+    url: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Recorder {
+    async fn start(reply: String) -> Result<Recorder, Error> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let seen: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+        let record = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let record = record.clone();
+                let reply = reply.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => head.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    if let Ok(mut r) = record.lock() {
+                        r.push(String::from_utf8_lossy(&head).to_lowercase());
+                    }
+                    let _ = sock.write_all(reply.as_bytes()).await;
+                });
+            }
+        });
+        Ok(Recorder { url, seen })
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.seen.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+}
+
+const UNAUTHORIZED: &str =
+    "HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
+/// Issue 46 item 1: the token is bound to its Prometheus. A check naming another URL reads
+/// without it, and a redirect from the bound Prometheus to another origin is not followed.
+#[tokio::test]
+async fn the_prometheus_token_goes_only_to_the_url_it_is_bound_to() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let token = "prom-tok-77ab";
+    let other = Recorder::start(UNAUTHORIZED.into()).await?;
+    let bound = Recorder::start(format!(
+        "HTTP/1.1 307 Temporary Redirect\r\nlocation: {}/api/v1/query?query=up\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        other.url
+    ))
+    .await?;
+    let credential = Credential::new(&bound.url, ichor::secret::Secret::new(token))?;
+    let now = Clock::system().now();
+    // A check that names another listener: asked, without the token.
+    let c = prometheus_check(&other.url, "up", None)?;
+    let r = read_check(&s.kube, Some(&credential), &c, now).await;
+    assert!(!r.pass, "{r:?}");
+    let asked = other.requests();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert!(
+        !asked[0].contains("authorization") && !asked[0].contains(token),
+        "{asked:?}"
+    );
+    // The bound Prometheus gets the token; its redirect elsewhere is an answer, not followed.
+    let c = prometheus_check(&bound.url, "up", None)?;
+    let r = read_check(&s.kube, Some(&credential), &c, now).await;
+    assert!(!r.pass, "{r:?}");
+    let got = bound.requests();
+    assert!(
+        got.len() == 1 && got[0].contains(&format!("authorization: bearer {token}")),
+        "{got:?}"
+    );
+    assert_eq!(other.requests().len(), 1, "the redirect was followed");
+    assert!(!format!("{r:?}").contains(token));
+    Ok(())
+}
+
+/// Issue 46 item 1, over GitHub: a fork PR adds the folder of a cluster the controller is
+/// configured for (with a Prometheus credential bound to the very listener the PR's check
+/// names). The PR's own cluster.yaml is never run live: the listener gets no connection,
+/// so no token, and the comment says live checks start once the cluster is on the base.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_pr_adding_a_cluster_gets_no_live_check_and_no_token() -> TestResult {
+    let hub = crate::controller::Hub::start().await?;
+    let trap = Recorder::start(UNAUTHORIZED.into()).await?;
+    let token_file = hub.dir.path().join("prom-token");
+    std::fs::write(&token_file, "prom-tok-fork")?;
+    let edge = format!(
+        "  - name: edge\n    kubeconfig: {}\n    act: false\n    prometheus:\n      url: {}\n      tokenFile: {}\npollInterval:",
+        hub.s.twin.kubeconfig().display(),
+        trap.url,
+        token_file.display()
+    );
+    let text = hub
+        .config_text("a", "127.0.0.1:0")
+        .replacen("pollInterval:", &edge, 1);
+    let running = ichor::controller::start(
+        ichor::controller::Config::parse("test-config.yaml", &text)?,
+        hub.s.twin.talos.clock().clone(),
+    )
+    .await?;
+    hub.gh.set_webhook(Some(ichor::sim::github::WebhookTarget {
+        url: running.webhook_url().ok_or("no webhook listener")?,
+        secret: "webhook-secret-do-not-print".into(),
+    }));
+    let fixture = git2::Repository::open(crate::homelab())?;
+    let file = |path: &str| -> Result<String, Error> {
+        let blob = fixture
+            .revparse_single(&format!("main:clusters/homelab/{path}"))?
+            .peel_to_blob()?;
+        Ok(std::str::from_utf8(blob.content())?.replace("name: homelab", "name: edge"))
+    };
+    let release_set = file("release-set.yaml")?;
+    let cluster = file("cluster.yaml")?.replacen(
+        "spec:\n",
+        &format!(
+            "spec:\n  healthChecks:\n    - name: exfil\n      when: [before]\n      prometheus:\n        url: {}\n        query: up\n",
+            trap.url
+        ),
+        1,
+    );
+    hub.gh
+        .push_fork_commit(
+            "acme/homelab",
+            "mallory",
+            "edge",
+            &[
+                ("clusters/edge/release-set.yaml", &release_set),
+                ("clusters/edge/cluster.yaml", &cluster),
+            ],
+            "add edge",
+        )
+        .await?;
+    let pr = hub
+        .gh
+        .open_fork_pull_request(
+            "acme/homelab",
+            "mallory",
+            "edge",
+            "main",
+            "add edge",
+            "",
+            "mallory",
+        )
+        .await?;
+    let sticky = || {
+        hub.gh
+            .comments("acme/homelab", pr.number)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.body)
+            .find(|b| b.contains("<!-- ichor:sticky cluster=edge -->"))
+    };
+    crate::controller::until(&hub.s, &running, "the new cluster's verdict", || {
+        sticky().is_some()
+    })
+    .await?;
+    assert_eq!(
+        trap.requests(),
+        Vec::<String>::new(),
+        "the PR's check ran live"
+    );
+    let body = sticky().unwrap_or_default();
+    assert!(
+        body.contains("clusters/edge/ is new in this PR")
+            && body.contains("live checks and health checks start once it is on main"),
         "{body}"
     );
     running.shutdown().await;
