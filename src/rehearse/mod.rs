@@ -414,6 +414,7 @@ impl World {
             pending: RefCell::new(faults.clone()),
             active: RefCell::new(Vec::new()),
             applied: RefCell::new(Vec::new()),
+            void_cordons: RefCell::new(BTreeSet::new()),
         };
         for f in &faults {
             run.say(format!("scheduled {f} at +{}s", f.at.as_secs()));
@@ -564,6 +565,8 @@ struct Run<'w> {
     active: RefCell<Vec<(Fault, Option<Timestamp>)>>,
     /// Every fault that struck so far (a pause may come after its fault cleared).
     applied: RefCell<Vec<Fault>>,
+    /// Operator cordons that found the node cordoned already, so sent nothing.
+    void_cordons: RefCell<BTreeSet<String>>,
 }
 
 impl Run<'_> {
@@ -688,6 +691,16 @@ impl Run<'_> {
             // The checker excuses the cordon from before it is set to after it is lifted,
             // and holds ichor to it only while it stands.
             if let Some(node) = changed.and_then(|f| f.target.as_deref()) {
+                if on && self.cordoned(node).await? {
+                    // `kubectl cordon` on a cordoned node says "already cordoned" and sends
+                    // nothing: no cordon of the operator's stands, and none is lifted later.
+                    self.say(format!("operator: {node} already cordoned, nothing sent"));
+                    self.void_cordons.borrow_mut().insert(node.to_string());
+                    return Ok(());
+                }
+                if !on && self.void_cordons.borrow_mut().remove(node) {
+                    return Ok(());
+                }
                 let (before, after) = if on {
                     (Cordon::Setting, Cordon::Standing)
                 } else {
@@ -739,6 +752,14 @@ impl Run<'_> {
             .body(serde_json::to_vec(&doc)?)?;
         self.world.raw.request_text(req).await?;
         Ok(())
+    }
+
+    /// Whether the Node of machine `node` is cordoned now.
+    async fn cordoned(&self, node: &str) -> Result<bool, Error> {
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+            kube::Api::all(self.world.raw.clone());
+        let n = nodes.get(&self.world.twin.node_name(node)).await?;
+        Ok(n.spec.and_then(|s| s.unschedulable).unwrap_or(false))
     }
 
     /// An operator's `kubectl cordon` / `uncordon`.
