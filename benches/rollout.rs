@@ -19,7 +19,6 @@
 //!    the makespan, against the actual end, as a share of the makespan.
 
 use std::cell::RefCell;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Mutex;
@@ -37,109 +36,18 @@ use ichor::talos::TalosClient;
 
 type Error = Box<dyn std::error::Error>;
 
-const CLUSTER: &str = "bench";
+const CLUSTER: &str = "fleet";
 const TALOS_BUMP: &str = "bump/talos";
 const GROUPED_BUMP: &str = "bump/grouped";
 /// The engine's identity in the lock.
 const HOLDER: &str = "ichor-bench";
 
-/// cluster.yaml as the homelab's (no maintenance window), with a generated inventory: 3
-/// control planes and `workers` workers; `workers / 3` volumes (rounded up), each with a
-/// replica on workers i, i + n, i + 2n.
-fn cluster_yaml(workers: usize, max_unavailable: u32) -> String {
-    let mut inv = String::new();
-    for i in 1..=3 {
-        let _ = writeln!(
-            inv,
-            "      - {{name: cp-{i}, role: controlplane, address: 10.0.10.{}}}",
-            10 + i
-        );
-    }
-    let volumes = workers.div_ceil(3);
-    for i in 0..workers {
-        let _ = writeln!(
-            inv,
-            "      - {{name: w-{i:03}, role: worker, address: 10.0.{}.{}, volumes: [pvc-{:03}]}}",
-            11 + i / 200,
-            1 + i % 200,
-            i % volumes
-        );
-    }
-    format!(
-        "apiVersion: ichor.dev/v1alpha1
-kind: Cluster
-metadata:
-  name: {CLUSTER}
-spec:
-  talos:
-    endpoints: [10.0.10.11, 10.0.10.12, 10.0.10.13]
-    installerImage: factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba
-  cni:
-    handover:
-      mode: automatic
-      argocdApplication: {{name: cilium, namespace: argocd}}
-    replacesKubeProxy: true
-  rollout:
-    maxUnavailable: {max_unavailable}
-    drainTimeout: 15m
-    nodeTimeout: 45m
-    # The twin's `web` Deployment keeps scratch data in an emptyDir, as a cache would.
-    drain: {{deleteEmptyDirData: true}}
-  volumes:
-    provider: longhorn
-  inventory:
-    nodes:
-{inv}"
-    )
-}
-
-const RELEASE_SET: &str = "apiVersion: ichor.dev/v1alpha1
-kind: ReleaseSet
-metadata:
-  name: bench
-spec:
-  talos: v1.12.6
-  kubernetes: v1.33.5
-  cni: {name: cilium, version: 1.18.3}
-  addons:
-    - {name: cert-manager, version: v1.20.2}
-    - {name: longhorn, version: v1.10.3}
-";
-
-/// A git repository at `dir`: `main` runs the cluster above; branch `bump/talos` moves
+/// The generated fleet ([`Fixture::fleet`]) at `dir`: 3 control planes and `workers`
+/// workers, `workers / 3` Longhorn volumes (rounded up) each with a replica on workers i,
+/// i + n, i + 2n, `maxUnavailable: 5`, no maintenance window; branch `bump/talos` moves
 /// Talos to v1.12.9, `bump/grouped` Talos to v1.12.9 and Kubernetes to v1.33.7.
 fn repo(dir: &Path, workers: usize) -> Result<(), Error> {
-    let history = "people:
-  me: {name: Bench, email: bench@example.com}
-main:
-  - {message: the cluster, author: me, date: \"2026-01-01T00:00:00Z\", tree: true}
-branches:
-  - name: bump/talos
-    expect: pass
-    title: talos
-    commits:
-      - message: talos v1.12.9
-        author: me
-        date: \"2026-01-02T00:00:00Z\"
-        edits:
-          - {file: clusters/bench/release-set.yaml, find: \"talos: v1.12.6\", replace: \"talos: v1.12.9\"}
-  - name: bump/grouped
-    expect: pass
-    title: grouped
-    commits:
-      - message: talos v1.12.9, kubernetes v1.33.7
-        author: me
-        date: \"2026-01-02T00:00:00Z\"
-        edits:
-          - {file: clusters/bench/release-set.yaml, find: \"talos: v1.12.6\", replace: \"talos: v1.12.9\"}
-          - {file: clusters/bench/release-set.yaml, find: \"kubernetes: v1.33.5\", replace: \"kubernetes: v1.33.7\"}
-";
-    let cluster = cluster_yaml(workers, 5);
-    let tree = [
-        ("clusters/bench/cluster.yaml", cluster.as_str()),
-        ("clusters/bench/release-set.yaml", RELEASE_SET),
-    ];
-    Fixture::parse(CLUSTER, &tree, history)?.build(dir)?;
+    Fixture::fleet(workers, 5).build(dir)?;
     Ok(())
 }
 
