@@ -72,12 +72,18 @@ fn bench(name: &str, repo: &Path, head: &str, seeds: u64, jobs: usize) -> Result
         m(s.makespan_max)
     );
     for r in reports.iter().filter(|r| !r.holds()) {
+        let unexplained = r
+            .pauses
+            .iter()
+            .find(|p| p.fault.is_none())
+            .map(|p| &p.cause);
         println!(
-            "{name}: seed {} {:?}: {:?} {:?} — replay with `ichor rehearse --repo <the fixture> --base main --head {head} --seed {}`",
+            "{name}: seed {} {:?}: violation {:?}, stuck {:?}, unexplained pause {:?} — replay with `ichor rehearse --repo <the fixture> --base main --head {head} --seed {}`",
             r.seed,
             r.outcome,
             r.violations.first(),
             r.stuck,
+            unexplained,
             r.seed
         );
     }
