@@ -191,18 +191,10 @@ enum Command {
     /// Exit status: 0 every seed held, 1 a rule broke, a rollout could not finish once its
     /// faults were cleared, or a pause went unexplained, 2 invalid input or usage.
     Rehearse {
-        /// The GitOps repository (bare or with a work tree, or any folder inside it).
-        #[arg(long, value_name = "DIR", default_value = ".")]
-        repo: PathBuf,
-        /// What the cluster runs now (the twin is built from it), e.g. main.
-        #[arg(long, value_name = "REV")]
-        base: String,
-        /// The change to rehearse, e.g. renovate/talos.
-        #[arg(long, value_name = "REV")]
-        head: String,
-        /// The cluster (folder under clusters/) when the repository holds several.
-        #[arg(long, value_name = "NAME")]
-        cluster: Option<String>,
+        /// --base is what the cluster runs now (the twin is built from it), --head the change
+        /// to rehearse.
+        #[command(flatten)]
+        target: Target,
         /// The seeds to run, A..B with both ends included (default 1..20).
         #[arg(long, value_name = "A..B")]
         seeds: Option<String>,
@@ -409,10 +401,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => sim(cluster, speed, state_dir, github, config),
         Command::Demo { dir } => demo_cmd::demo(dir),
         Command::Rehearse {
-            repo,
-            base,
-            head,
-            cluster,
+            target:
+                Target {
+                    repo,
+                    base,
+                    head,
+                    cluster,
+                },
             seeds,
             seed,
             jobs,
