@@ -42,6 +42,7 @@ fn bench(name: &str, repo: &Path, head: &str, seeds: u64, jobs: usize) -> Result
         cluster: None,
         alphabet: FaultKind::ALL.to_vec(),
         keep_log: false,
+        planted: None,
     };
     let list: Vec<u64> = (1..=seeds).collect();
     let before = peak_rss_kib();

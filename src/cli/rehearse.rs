@@ -84,6 +84,7 @@ pub fn rehearse(a: Args) -> anyhow::Result<ExitCode> {
         cluster: a.cluster,
         alphabet,
         keep_log: replay,
+        planted: None,
     };
     if let Err(e) = rehearse::check(&opts) {
         return Ok(invalid(e));

@@ -25,6 +25,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::clock::{Clock, Timestamp};
+use crate::gate::live::{lock_name, ICHOR_NAMESPACE};
 use crate::gate::{self, live};
 use crate::git::Repo;
 use crate::kube::KubeClient;
@@ -34,7 +35,7 @@ use crate::sim::talos::Role;
 use crate::sim::twin::{ClusterFolder, Twin, TwinConfig, TwinOptions};
 use crate::talos::TalosClient;
 
-pub use invariants::{Cordon, Judge, Violation};
+pub use invariants::{Cordon, Judge, LeaseRule, Violation};
 pub use schedule::{Fault, FaultKind};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -56,6 +57,9 @@ pub struct Options {
     /// Keep each seed's full event log in its report (always kept for a seed that broke a
     /// rule or got stuck).
     pub keep_log: bool,
+    /// A bug planted in the engine, to show the checker catches it (tests only).
+    #[doc(hidden)]
+    pub planted: Option<crate::rollout::PlantedBug>,
 }
 
 /// How one seed ended.
@@ -127,6 +131,9 @@ pub const NEVER_ENDING: Duration = Duration::from_secs(24 * 3600);
 pub const MAX_INCARNATIONS: usize = 40;
 /// The engine's Lease holder in a rehearsal.
 const HOLDER: &str = "ichor-rehearse";
+/// How long the operator takes to look at a pause before clearing its faults and resuming:
+/// meanwhile nothing may be disrupted (`quietWhilePaused`).
+pub const OPERATOR_REACTS: Duration = Duration::from_secs(300);
 
 /// Check what can be checked before any seed runs: the repository, both revisions, the
 /// cluster, its documents. An error here is bad input.
@@ -368,11 +375,28 @@ impl World {
                 .collect();
             (pdbs, volumes)
         });
+        let versions = obs
+            .iter()
+            .map(|o| {
+                let v = o.talos_version.trim_start_matches('v');
+                (o.name.clone(), format!("v{v}"))
+            })
+            .collect();
+        let legacy_upgrade = obs.iter().any(|o| {
+            crate::sim::talos::config::parse_version(&o.talos_version)
+                .is_some_and(|(major, minor, _)| major == 1 && minor <= 12)
+        });
         schedule::Targets {
             control_planes: of(Role::ControlPlane),
             workers: of(Role::Worker),
             pdbs,
             volumes,
+            versions,
+            lease: Some(format!(
+                "{ICHOR_NAMESPACE}/{}",
+                lock_name(&self.change.cluster)
+            )),
+            legacy_upgrade,
         }
     }
 
@@ -405,11 +429,20 @@ impl World {
         );
         let clock = self.twin.clock.clone();
         let t0 = clock.now();
+        let target = self.target();
         let run = Run {
             world: &self,
             t0,
             log: std::sync::Mutex::new(Vec::new()),
-            judge: RefCell::new(Judge::new(max_unavailable)),
+            judge: RefCell::new(Judge::new(max_unavailable).watch_calls(
+                self.twin.talos.audit_log_path(),
+                Some(target.talos.to_string()),
+                Some(LeaseRule {
+                    namespace: ICHOR_NAMESPACE.to_string(),
+                    name: lock_name(&self.change.cluster),
+                    holder: HOLDER.to_string(),
+                }),
+            )),
             violations: RefCell::new(Vec::new()),
             pending: RefCell::new(faults.clone()),
             active: RefCell::new(Vec::new()),
@@ -419,7 +452,6 @@ impl World {
         for f in &faults {
             run.say(format!("scheduled {f} at +{}s", f.at.as_secs()));
         }
-        let target = self.target();
         let mut pauses = Vec::new();
         let mut resume = false;
         let mut stuck = None;
@@ -446,6 +478,7 @@ impl World {
             )
             .for_cluster(&doc);
             engine.report = Some(&report);
+            engine.planted = opts.planted;
             let ended = tokio::select! {
                 r = engine.run(&self.plan, &target, Some(&self.change), resume) => Some(r),
                 _ = self.twin.drive(Duration::from_secs(2), || run.judge_now()) => unreachable!("the driver never ends"),
@@ -490,12 +523,27 @@ impl World {
                         cause,
                         fault,
                     });
+                    run.operator_reacts().await;
                     run.clear_all().await?;
+                    run.judge.borrow_mut().paused(false, clock.now());
                     resume = true;
                 }
                 Some(Ok(RunOutcome::Refused(why))) => {
-                    stuck = Some(format!("refused: {why}"));
-                    break;
+                    // The lock taken by someone else: the controller tries again once it is
+                    // free, as a new engine reading the record.
+                    let Some(fault) = run.explain_refusal(&why) else {
+                        stuck = Some(format!("refused: {why}"));
+                        break;
+                    };
+                    run.say(format!("refused: {why} — explained by {fault}"));
+                    pauses.push(PauseSeen {
+                        at: clock.now().since(t0).as_secs(),
+                        cause: format!("refused: {why}"),
+                        fault: Some(fault),
+                    });
+                    run.wait(crate::rollout::LOCK_DURATION + Duration::from_secs(5))
+                        .await;
+                    resume = false;
                 }
                 Some(Err(e)) => {
                     // As an operator would: run it again (the record says where it stood).
@@ -505,7 +553,9 @@ impl World {
                         cause: format!("error: {e}"),
                         fault: run.explain_error(),
                     });
+                    run.operator_reacts().await;
                     run.clear_all().await?;
+                    run.judge.borrow_mut().paused(false, clock.now());
                     resume = true;
                 }
             }
@@ -584,6 +634,25 @@ impl Run<'_> {
         self.violations
             .borrow_mut()
             .push(ViolationSeen { rule, at, action });
+    }
+
+    /// The operator's reaction time after a pause: the world goes on (and is judged), the
+    /// engine is gone, nothing may be disrupted.
+    async fn operator_reacts(&self) {
+        self.judge
+            .borrow_mut()
+            .paused(true, self.world.twin.clock.now());
+        self.wait(OPERATOR_REACTS).await;
+    }
+
+    /// Let `d` of simulated time pass with no engine, judging every tick.
+    async fn wait(&self, d: Duration) {
+        let clock = &self.world.twin.clock;
+        tokio::select! {
+            biased;
+            _ = self.world.twin.drive(Duration::from_secs(2), || self.judge_now()) => {}
+            _ = clock.sleep(d) => {}
+        }
     }
 
     /// Every rule, now; a rule newly broken is recorded once per stretch it stays broken.
@@ -712,6 +781,26 @@ impl Run<'_> {
             }
             return Ok(());
         }
+        if kind == FaultKind::OperatorHold {
+            if let Some(node) = changed.and_then(|f| f.target.as_deref()) {
+                let now = || self.world.twin.clock.now();
+                let (before, after) = if on {
+                    (Cordon::Setting, Cordon::Standing)
+                } else {
+                    (Cordon::Lifting, Cordon::Gone)
+                };
+                self.judge.borrow_mut().operator_hold(node, before, now());
+                self.hold(node, on).await?;
+                self.judge.borrow_mut().operator_hold(node, after, now());
+            }
+            return Ok(());
+        }
+        if kind == FaultKind::BarePod {
+            if let Some(node) = changed.and_then(|f| f.target.as_deref()) {
+                self.bare_pod(node, on).await?;
+            }
+            return Ok(());
+        }
         self.tell_judge();
         let active: Vec<Fault> = self
             .active
@@ -720,8 +809,8 @@ impl Run<'_> {
             .map(|(f, _)| f.clone())
             .collect();
         let mut refs: Vec<&Fault> = active.iter().collect();
-        // A burst is not "active" for a duration: it is sent once, with its count.
-        if kind == FaultKind::ApiErrors && on {
+        // A burst or a stolen lock is not "active" for a duration: it is sent once.
+        if matches!(kind, FaultKind::ApiErrors | FaultKind::LeaseStolen) && on {
             if let Some(f) = changed {
                 refs.push(f);
             }
@@ -762,13 +851,60 @@ impl Run<'_> {
         Ok(n.spec.and_then(|s| s.unschedulable).unwrap_or(false))
     }
 
+    /// An operator's `kubectl annotate node N ichor.dev/hold=…` (or its removal).
+    async fn hold(&self, node: &str, on: bool) -> Result<(), Error> {
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+            kube::Api::all(self.world.raw.clone());
+        let value = on.then_some("rehearsal: an operator holds this node");
+        nodes
+            .patch(
+                &self.world.twin.node_name(node),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(
+                    json!({"metadata": {"annotations": {crate::kube::HOLD: value}}}),
+                ),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// A pod with no controller bound to `node` (someone's `kubectl run` with a node
+    /// name), or the operator's deletion of it.
+    async fn bare_pod(&self, node: &str, on: bool) -> Result<(), Error> {
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(self.world.raw.clone(), "default");
+        let name = format!("rehearsal-bare-{node}");
+        if on {
+            let pod = json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {
+                    "nodeName": self.world.twin.node_name(node),
+                    "containers": [{"name": "shell", "image": "docker.io/library/busybox:1.36"}]
+                }
+            });
+            pods.create(&Default::default(), &serde_json::from_value(pod)?)
+                .await?;
+        } else {
+            self.judge.borrow_mut().operator_deleted_pod();
+            match pods.delete(&name, &Default::default()).await {
+                Ok(_) => {}
+                // Gone already (its node's drain or a reboot took it): nothing to delete.
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
     /// An operator's `kubectl cordon` / `uncordon`.
     async fn cordon(&self, node: &str, on: bool) -> Result<(), Error> {
         let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
             kube::Api::all(self.world.raw.clone());
         nodes
             .patch(
-                node,
+                &self.world.twin.node_name(node),
                 &kube::api::PatchParams::default(),
                 &kube::api::Patch::Merge(json!({"spec": {"unschedulable": on}})),
             )
@@ -783,16 +919,16 @@ impl Run<'_> {
         for f in &cleared {
             self.say(format!("operator clears {f}"));
         }
-        for f in cleared
-            .iter()
-            .filter(|f| f.kind == FaultKind::OperatorCordon)
-        {
+        let acted = |k: FaultKind| {
+            matches!(
+                k,
+                FaultKind::OperatorCordon | FaultKind::OperatorHold | FaultKind::BarePod
+            )
+        };
+        for f in cleared.iter().filter(|f| acted(f.kind)) {
             self.post_kind(f.kind, Some(f), false).await?;
         }
-        for k in kinds
-            .into_iter()
-            .filter(|k| *k != FaultKind::OperatorCordon)
-        {
+        for k in kinds.into_iter().filter(|k| !acted(*k)) {
             self.post_kind(k, None, false).await?;
         }
         self.tell_judge();
@@ -812,12 +948,30 @@ impl Run<'_> {
                     let short = t.rsplit('/').next().unwrap_or(t);
                     p.node.as_deref() == Some(t) || p.reason.contains(short)
                 });
-                let described = f.kind == FaultKind::ApiErrors
-                    && (reason.contains("500")
-                        || reason.contains("429")
-                        || reason.contains("too many"));
+                let described = match f.kind {
+                    FaultKind::ApiErrors => {
+                        reason.contains("500")
+                            || reason.contains("429")
+                            || reason.contains("too many")
+                    }
+                    FaultKind::LeaseStolen => reason.contains(schedule::THIEF),
+                    _ => false,
+                };
                 named || described
             })
+            .map(|f| f.to_string())
+    }
+
+    /// A refusal is explained by a stolen lock it names.
+    fn explain_refusal(&self, why: &str) -> Option<String> {
+        if !why.contains(schedule::THIEF) {
+            return None;
+        }
+        self.applied
+            .borrow()
+            .iter()
+            .rev()
+            .find(|f| f.kind == FaultKind::LeaseStolen)
             .map(|f| f.to_string())
     }
 

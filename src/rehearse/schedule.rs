@@ -37,10 +37,26 @@ pub enum FaultKind {
     ReplicasNeverRebuild,
     /// An operator cordons a node by hand (and uncordons it when the fault clears).
     OperatorCordon,
+    /// Someone else takes the rollout lock (the Lease) and never renews it: it lapses.
+    LeaseStolen,
+    /// A node's next boot falls back to the version it ran (A/B fallback), until cleared.
+    BootsWrongVersion,
+    /// A node's installer ends with an exit code (1 unclassified … 7 install), until cleared.
+    InstallerFails,
+    /// An etcd member no machine answers for (a control plane replaced, never removed): it
+    /// counts toward quorum until the operator removes it.
+    EtcdStaleMember,
+    /// A legacy (Talos ≤ 1.12) Upgrade's installer pull takes minutes.
+    SlowInstallerPull,
+    /// An operator puts `ichor.dev/hold` on a node (and removes it when the fault clears).
+    OperatorHold,
+    /// A pod with no controller appears on a node (a drain refuses it); the operator
+    /// deletes it when the fault clears.
+    BarePod,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 16] = [
         FaultKind::EngineKilled,
         FaultKind::PdbBlocks,
         FaultKind::NodeNeverReturns,
@@ -50,6 +66,13 @@ impl FaultKind {
         FaultKind::SlowApply,
         FaultKind::ReplicasNeverRebuild,
         FaultKind::OperatorCordon,
+        FaultKind::LeaseStolen,
+        FaultKind::BootsWrongVersion,
+        FaultKind::InstallerFails,
+        FaultKind::EtcdStaleMember,
+        FaultKind::SlowInstallerPull,
+        FaultKind::OperatorHold,
+        FaultKind::BarePod,
     ];
 
     pub fn name(self) -> &'static str {
@@ -63,6 +86,13 @@ impl FaultKind {
             FaultKind::SlowApply => "slowApply",
             FaultKind::ReplicasNeverRebuild => "replicasNeverRebuild",
             FaultKind::OperatorCordon => "operatorCordon",
+            FaultKind::LeaseStolen => "leaseStolen",
+            FaultKind::BootsWrongVersion => "bootsWrongVersion",
+            FaultKind::InstallerFails => "installerFails",
+            FaultKind::EtcdStaleMember => "etcdStaleMember",
+            FaultKind::SlowInstallerPull => "slowInstallerPull",
+            FaultKind::OperatorHold => "operatorHold",
+            FaultKind::BarePod => "barePod",
         }
     }
 
@@ -104,7 +134,18 @@ pub struct Targets {
     /// `namespace/name`.
     pub pdbs: Vec<String>,
     pub volumes: Vec<String>,
+    /// Each node's Talos version before the rollout (what a fallback boots).
+    pub versions: std::collections::BTreeMap<String, String>,
+    /// The rollout lock, `namespace/name`.
+    pub lease: Option<String>,
+    /// Whether any node runs Talos 1.12 or older (the legacy Upgrade pulls inside the call).
+    pub legacy_upgrade: bool,
 }
+
+/// The holder a stolen lock names.
+pub const THIEF: &str = "rehearsal-thief";
+/// The stale etcd member's hostname.
+pub const STALE_MEMBER: &str = "cp-replaced";
 
 /// One fault of a schedule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -126,6 +167,10 @@ pub struct Fault {
     /// Requests an API burst fails, and with which status.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub burst: Option<(u32, u16)>,
+    /// The installer's exit code, the version a fallback boots, a pull's delay: the
+    /// fault's one parameter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub with: Option<String>,
 }
 
 fn as_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -148,6 +193,9 @@ impl fmt::Display for Fault {
         if let Some((n, code)) = self.burst {
             write!(f, " ({n} requests answered {code})")?;
         }
+        if let Some(w) = &self.with {
+            write!(f, " ({w})")?;
+        }
         if let Some(l) = self.lasts {
             write!(f, " for {}s", l.as_secs())?;
         }
@@ -167,8 +215,35 @@ impl Fault {
                 .filter_map(|f| f.target.clone())
                 .collect()
         };
+        let of_kind = || active.iter().filter(|f| f.kind == kind);
+        let with_map = || -> serde_json::Map<String, Value> {
+            of_kind()
+                .filter_map(|f| Some((f.target.clone()?, json!(f.with.clone()?))))
+                .collect()
+        };
         Some(match kind {
-            FaultKind::EngineKilled | FaultKind::OperatorCordon => return None,
+            FaultKind::EngineKilled
+            | FaultKind::OperatorCordon
+            | FaultKind::OperatorHold
+            | FaultKind::BarePod => return None,
+            // Sent once when it strikes; it lapses by itself.
+            FaultKind::LeaseStolen => {
+                let f = of_kind().next_back()?;
+                let (namespace, name) = f.target.as_deref()?.split_once('/')?;
+                json!({"stealLease": {"namespace": namespace, "name": name, "holder": THIEF}})
+            }
+            FaultKind::BootsWrongVersion => json!({ "wrongVersion": with_map() }),
+            FaultKind::SlowInstallerPull => json!({ "slowInstallerPull": with_map() }),
+            FaultKind::InstallerFails => {
+                let codes: serde_json::Map<String, Value> = of_kind()
+                    .filter_map(|f| {
+                        let code: i64 = f.with.as_deref()?.parse().ok()?;
+                        Some((f.target.clone()?, json!(code)))
+                    })
+                    .collect();
+                json!({ "installerExitCode": codes })
+            }
+            FaultKind::EtcdStaleMember => json!({"etcdStaleMembers": targets()}),
             FaultKind::PdbBlocks => json!({"pdbsNeverAllow": targets()}),
             FaultKind::NodeNeverReturns => json!({"nodesNeverReturn": targets()}),
             FaultKind::KubeletSilent => json!({"kubeletDown": targets()}),
@@ -216,6 +291,13 @@ pub fn draw(seed: u64, alphabet: &[FaultKind], targets: &Targets, horizon: Durat
                 !targets.workers.is_empty() || !targets.control_planes.is_empty()
             }
             FaultKind::EngineKilled | FaultKind::ApiErrors => true,
+            FaultKind::LeaseStolen => targets.lease.is_some(),
+            FaultKind::EtcdStaleMember => !targets.control_planes.is_empty(),
+            FaultKind::SlowInstallerPull => targets.legacy_upgrade,
+            FaultKind::BarePod => !targets.workers.is_empty(),
+            FaultKind::BootsWrongVersion | FaultKind::InstallerFails | FaultKind::OperatorHold => {
+                !targets.workers.is_empty() || !targets.control_planes.is_empty()
+            }
         })
         .collect();
     if usable.is_empty() {
@@ -228,7 +310,8 @@ pub fn draw(seed: u64, alphabet: &[FaultKind], targets: &Targets, horizon: Durat
         let kind = usable[rng.random_range(0..usable.len())];
         let at = Duration::from_secs(rng.random_range(0..horizon));
         let lasts = Some(Duration::from_secs(rng.random_range(60..=1800)));
-        let mut pick = |list: &[String]| list[rng.random_range(0..list.len())].clone();
+        let pick =
+            |rng: &mut StdRng, list: &[String]| list[rng.random_range(0..list.len())].clone();
         let any_node: Vec<String> = targets
             .control_planes
             .iter()
@@ -242,6 +325,7 @@ pub fn draw(seed: u64, alphabet: &[FaultKind], targets: &Targets, horizon: Durat
                 target: None,
                 lasts: None,
                 burst: None,
+                with: None,
             },
             FaultKind::ApiErrors => {
                 let n = rng.random_range(1..=20);
@@ -252,39 +336,103 @@ pub fn draw(seed: u64, alphabet: &[FaultKind], targets: &Targets, horizon: Durat
                     target: None,
                     lasts: None,
                     burst: Some((n, status)),
+                    with: None,
                 }
             }
             FaultKind::PdbBlocks => Fault {
                 at,
                 kind,
-                target: Some(pick(&targets.pdbs)),
+                target: Some(pick(&mut rng, &targets.pdbs)),
                 lasts,
                 burst: None,
+                with: None,
             },
             FaultKind::EtcdUnhealthy => Fault {
                 at,
                 kind,
-                target: Some(pick(&targets.control_planes)),
+                target: Some(pick(&mut rng, &targets.control_planes)),
                 lasts,
                 burst: None,
+                with: None,
             },
             FaultKind::ReplicasNeverRebuild => Fault {
                 at,
                 kind,
-                target: Some(pick(&targets.volumes)),
+                target: Some(pick(&mut rng, &targets.volumes)),
                 lasts,
                 burst: None,
+                with: None,
             },
             FaultKind::KubeletSilent
             | FaultKind::NodeNeverReturns
             | FaultKind::SlowApply
-            | FaultKind::OperatorCordon => Fault {
+            | FaultKind::OperatorCordon
+            | FaultKind::OperatorHold => Fault {
                 at,
                 kind,
-                target: Some(pick(&any_node)),
+                target: Some(pick(&mut rng, &any_node)),
                 lasts,
                 burst: None,
+                with: None,
             },
+            FaultKind::LeaseStolen => Fault {
+                at,
+                kind,
+                target: targets.lease.clone(),
+                lasts: None,
+                burst: None,
+                with: None,
+            },
+            FaultKind::EtcdStaleMember => Fault {
+                at,
+                kind,
+                target: Some(STALE_MEMBER.to_string()),
+                lasts,
+                burst: None,
+                with: None,
+            },
+            FaultKind::BarePod => Fault {
+                at,
+                kind,
+                target: Some(pick(&mut rng, &targets.workers)),
+                lasts,
+                burst: None,
+                with: None,
+            },
+            FaultKind::BootsWrongVersion => {
+                let node = pick(&mut rng, &any_node);
+                let version = targets.versions.get(&node).cloned();
+                Fault {
+                    at,
+                    kind,
+                    target: Some(node),
+                    lasts,
+                    burst: None,
+                    with: version,
+                }
+            }
+            FaultKind::InstallerFails => {
+                let code = rng.random_range(1..=7u8);
+                Fault {
+                    at,
+                    kind,
+                    target: Some(pick(&mut rng, &any_node)),
+                    lasts,
+                    burst: None,
+                    with: Some(code.to_string()),
+                }
+            }
+            FaultKind::SlowInstallerPull => {
+                let secs = rng.random_range(30..=600u64);
+                Fault {
+                    at,
+                    kind,
+                    target: Some(pick(&mut rng, &any_node)),
+                    lasts,
+                    burst: None,
+                    with: Some(format!("{secs}s")),
+                }
+            }
         };
         // One fault per (kind, target) at a time keeps clearing simple and unambiguous.
         if !out
@@ -308,6 +456,9 @@ mod tests {
             workers: vec!["w-1".into(), "w-2".into()],
             pdbs: vec!["default/web".into()],
             volumes: vec!["pvc-1".into()],
+            versions: [("w-1".to_string(), "v1.12.6".to_string())].into(),
+            lease: Some("ichor-system/ichor-rollout-home".into()),
+            legacy_upgrade: true,
         }
     }
 
@@ -358,6 +509,7 @@ mod tests {
             target: Some(t.into()),
             lasts: None,
             burst: None,
+            with: None,
         };
         let (a, b) = (f("default/a"), f("default/b"));
         assert_eq!(

@@ -255,8 +255,21 @@ pub struct Rollout<'a> {
     pub health_checks: Vec<crate::health::HealthCheck>,
     /// The bearer token for a Prometheus behind auth (the controller's config).
     pub prometheus_credential: Option<crate::prometheus::Credential>,
+    /// A bug planted on purpose, so a test can show the rehearsal's checker catches it.
+    /// Nothing outside tests sets it.
+    #[doc(hidden)]
+    pub planted: Option<PlantedBug>,
     /// One renewal at a time: the nodes of a batch check the lock together.
     renewing: Mutex<()>,
+}
+
+/// The engine bugs a test may plant ([`Rollout::planted`]): each breaks one safety rule
+/// the rehearsal's checker must then catch.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlantedBug {
+    /// The start rules forget `maxUnavailable`.
+    IgnoreMaxUnavailable,
 }
 
 impl<'a> Rollout<'a> {
@@ -281,7 +294,16 @@ impl<'a> Rollout<'a> {
             observe_every: Duration::from_secs(5),
             health_checks: Vec::new(),
             prometheus_credential: None,
+            planted: None,
             renewing: Mutex::new(()),
+        }
+    }
+
+    /// `maxUnavailable`, as the start rules read it.
+    fn max_unavailable(&self) -> usize {
+        match self.planted {
+            Some(PlantedBug::IgnoreMaxUnavailable) => usize::MAX,
+            None => self.policy.max_unavailable.get() as usize,
         }
     }
 

@@ -197,7 +197,7 @@ impl Run<'_, '_> {
         }
         let nodes = self.live_nodes(stage).await?;
         let volumes = self.volumes_of(stage, &node.name, true, &[]).await?;
-        let max = self.engine.policy.max_unavailable.get() as usize;
+        let max = self.engine.max_unavailable();
         let why = super::pool::rule_verdict(node, &nodes, &volumes, &active, max)
             .map(super::pool::Held::reason);
         if why.is_none() {

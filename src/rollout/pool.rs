@@ -466,7 +466,7 @@ impl<'r, 'a> Run<'r, 'a> {
         };
         let (nodes, likely_volumes) = tokio::join!(self.live_nodes(stage), likely_volumes);
         let (nodes, mut likely_volumes) = (nodes?, likely_volumes?);
-        let max = e.policy.max_unavailable.get() as usize;
+        let max = e.max_unavailable();
         let mut active = self.active.lock().await;
         let mut outage = Outage::new(&nodes, &active, max);
         // The volume rule reads, for a worker the slots let go, the volumes it holds with

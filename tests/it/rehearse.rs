@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use ichor::rehearse::{self, Cordon, FaultKind, Judge, Options, SeedOutcome, SeedReport, Summary};
+use ichor::rollout::PlantedBug;
 use ichor::sim::twin::TwinConfig;
 use serde_json::{json, Value};
 
@@ -23,6 +24,7 @@ fn homelab_options() -> Options {
         cluster: None,
         alphabet: FaultKind::ALL.to_vec(),
         keep_log: true,
+        planted: None,
     }
 }
 
@@ -256,4 +258,50 @@ fn json_output_is_one_document_with_every_seed_and_a_summary() -> TestResult {
     assert_eq!(doc["summary"]["completed"], 2);
     assert_eq!(doc["summary"]["violations"], 0);
     Ok(())
+}
+
+/// A bug planted in the engine's start rule is caught by the checker, from the twin's
+/// ground truth, and named by its rule; the same seeds without it hold.
+fn planted(bug: PlantedBug, alphabet: &[FaultKind], rule: &str, seeds: &[u64]) -> TestResult {
+    let dir = tempfile::tempdir()?;
+    ichor::sim::fixture::Fixture::fleet(8, 1).build(dir.path())?;
+    let honest = Options {
+        repo: dir.path().to_path_buf(),
+        head: "bump/grouped".into(),
+        alphabet: alphabet.to_vec(),
+        ..homelab_options()
+    };
+    let buggy = Options {
+        planted: Some(bug),
+        ..honest.clone()
+    };
+    let caught = rehearse::rehearse_seeds(&buggy, seeds, 2, &|_| {})?;
+    let broke: Vec<u64> = caught
+        .iter()
+        .filter(|r| r.violations.iter().any(|v| v.rule == rule))
+        .map(|r| r.seed)
+        .collect();
+    assert!(
+        !broke.is_empty(),
+        "the planted {bug:?} went unseen: {}",
+        caught
+            .iter()
+            .map(|r| format!("seed {} {:?}\n{}", r.seed, r.outcome, r.log.join("\n")))
+            .collect::<Vec<_>>()
+            .join("\n\n")
+    );
+    eprintln!("the planted {bug:?} broke {rule} on seeds {broke:?}");
+    let clean = rehearse::rehearse_seeds(&honest, &broke, 2, &|_| {})?;
+    assert!(Summary::of(&clean).holds(), "{}", not_holding(&clean));
+    Ok(())
+}
+
+#[test]
+fn a_planted_bug_that_forgets_max_unavailable_is_caught() -> TestResult {
+    planted(
+        PlantedBug::IgnoreMaxUnavailable,
+        &[FaultKind::KubeletSilent],
+        "maxUnavailable",
+        &[1, 2],
+    )
 }
