@@ -52,6 +52,38 @@ pub struct Config {
     /// What one peer's input may cost ichor.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// What the gate does beside its verdict.
+    #[serde(default)]
+    pub gate: GateConfig,
+}
+
+/// `gate:` in the controller's config.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GateConfig {
+    /// Rehearse each gated PR on a twin of its cluster under random faults, after its
+    /// verdict is posted (docs/rehearse.md). Off unless given.
+    #[serde(default)]
+    pub rehearse: Option<GateRehearse>,
+}
+
+/// `gate.rehearse:` — how much a PR's rehearsal may cost.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GateRehearse {
+    /// Seeds per head (1 to [`MAX_REHEARSE_SEEDS`]).
+    pub seeds: u32,
+    /// Wall time one head's rehearsal may take; the seeds not started by then are left
+    /// out, and the line says how many ran.
+    #[serde(default = "default_rehearse_timeout")]
+    pub timeout: HumanDuration,
+}
+
+/// The most seeds `gate.rehearse.seeds` may ask for per head.
+pub const MAX_REHEARSE_SEEDS: u32 = 1000;
+
+fn default_rehearse_timeout() -> HumanDuration {
+    HumanDuration(std::time::Duration::from_secs(600))
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -319,6 +351,23 @@ impl Config {
         };
         if let Some(n) = &self.notifications {
             n.validate().map_err(|m| at("notifications:", m))?;
+        }
+        if let Some(r) = &self.gate.rehearse {
+            if !(1..=MAX_REHEARSE_SEEDS).contains(&r.seeds) {
+                return Err(at(
+                    "seeds:",
+                    format!(
+                        "gate.rehearse.seeds: expected 1 to {MAX_REHEARSE_SEEDS}, got {}",
+                        r.seeds
+                    ),
+                ));
+            }
+            if r.timeout.0.is_zero() || r.timeout.0 > std::time::Duration::from_secs(6 * 3600) {
+                return Err(at(
+                    "timeout:",
+                    "gate.rehearse.timeout: expected more than 0s and at most 6h".to_string(),
+                ));
+            }
         }
         let r = &self.repository;
         match (&r.url, &r.path) {
@@ -656,6 +705,22 @@ mod tests {
         assert!(e.contains("credentials") && !e.contains("hunter2"), "{e}");
         let e = err("repository:\n  path: /srv/lab.git\nclusters:\n  - name: lab\n    act: false\npollInterval: 1s\n");
         assert!(e.starts_with("c.yaml:6:"), "{e}");
+    }
+
+    #[test]
+    fn gate_rehearse_is_off_unless_given_and_bounded() {
+        assert!(Config::parse("c.yaml", GOOD)
+            .unwrap()
+            .gate
+            .rehearse
+            .is_none());
+        let on = format!("{GOOD}gate:\n  rehearse:\n    seeds: 20\n");
+        let r = Config::parse("c.yaml", &on).unwrap().gate.rehearse.unwrap();
+        assert_eq!((r.seeds, r.timeout.0.as_secs()), (20, 600));
+        for bad in ["seeds: 0", "seeds: 1001", "seeds: 5\n    timeout: 0s"] {
+            let e = err(&format!("{GOOD}gate:\n  rehearse:\n    {bad}\n"));
+            assert!(e.contains("c.yaml:") && e.contains("gate.rehearse."), "{e}");
+        }
     }
 
     #[test]

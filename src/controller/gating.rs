@@ -361,6 +361,10 @@ pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<Judged, 
                 .await
                 .stickies
                 .insert((pr, r.cluster.clone()), r.sticky.clone());
+            // A change with a plan may be rehearsed, after (never before) its verdict.
+            if matches!(r.state, StatusState::Success | StatusState::Pending) {
+                super::rehearsing::spawn(ctx, pr, &r.cluster, &base, &r.head);
+            }
         }
     }
     let mut st = ctx.state.lock().await;

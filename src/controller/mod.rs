@@ -15,6 +15,7 @@ pub mod config;
 mod gating;
 pub mod http;
 pub mod metrics;
+mod rehearsing;
 mod report;
 mod rolling;
 
@@ -285,6 +286,8 @@ pub struct Ctx {
     /// Counts handled batches, rollout reports and webhook bodies starting and ending to
     /// be read: tests and the demo wait on it instead of sleeping.
     pub activity: watch::Sender<u64>,
+    /// One `gate.rehearse` at a time (rehearsing.rs).
+    pub rehearsal: tokio::sync::Semaphore,
 }
 
 impl Ctx {
@@ -570,6 +573,7 @@ pub async fn connect(
         limits,
         body_reads: http::BodyReads::new(limits.webhook_in_flight),
         activity: watch::channel(0).0,
+        rehearsal: tokio::sync::Semaphore::new(1),
     }))
 }
 

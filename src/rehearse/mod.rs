@@ -278,6 +278,59 @@ impl Summary {
     pub fn holds(&self) -> bool {
         self.completed == self.seeds && self.unexplained_pauses == 0
     }
+
+    /// The one line a gated PR's comment carries (Markdown): how many times it was
+    /// rehearsed, what broke, the makespan, and how to replay the first seed that did not
+    /// hold. `asked` seeds were asked for; fewer ran when the time budget ran out.
+    pub fn gate_line(&self, reports: &[SeedReport], asked: usize, replay: &str) -> String {
+        let span = |s: Option<u64>| {
+            s.map(|s| crate::releaseset::HumanDuration(Duration::from_secs(s)).to_string())
+                .unwrap_or_else(|| "-".into())
+        };
+        let times = if self.seeds == 1 { "time" } else { "times" };
+        let mut line = format!("Rehearsed {} {times} with random faults", self.seeds);
+        if self.seeds < asked {
+            line.push_str(&format!(
+                " ({} of {asked} seeds within the time budget)",
+                self.seeds
+            ));
+        }
+        let broken: usize = reports.iter().map(|r| r.violations.len()).sum();
+        let rules = if broken == 1 { "rule" } else { "rules" };
+        line.push_str(&format!(": {broken} {rules} broken"));
+        if self.stuck > 0 {
+            line.push_str(&format!(", {} stuck", self.stuck));
+        }
+        if self.unexplained_pauses > 0 {
+            line.push_str(&format!(
+                ", {} unexplained pause{}",
+                self.unexplained_pauses,
+                if self.unexplained_pauses == 1 {
+                    ""
+                } else {
+                    "s"
+                }
+            ));
+        }
+        line.push_str(&format!(
+            "; makespan p50 {}, p90 {} (simulated, under faults)",
+            span(self.makespan_p50),
+            span(self.makespan_p90)
+        ));
+        if let Some(r) = reports.iter().find(|r| !r.holds()) {
+            let what = r
+                .violations
+                .first()
+                .map(|v| v.rule.to_string())
+                .unwrap_or_else(|| format!("{:?}", r.outcome).to_lowercase());
+            line.push_str(&format!(
+                ". First: seed {} ({what}); replay with: {replay} --seed {}",
+                r.seed, r.seed
+            ));
+        }
+        line.push('.');
+        line
+    }
 }
 
 /// The twin of the cluster and ichor's clients on it, ready to roll.

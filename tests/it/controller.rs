@@ -1410,3 +1410,52 @@ async fn git_only_pauses_and_resumes_through_cluster_yaml() -> TestResult {
     running.shutdown().await;
     Ok(())
 }
+
+/// `gate.rehearse`: the verdict comes first and is never held back; then the PR's comment
+/// gains one line saying how rehearsing its change under random faults went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gated_pr_is_rehearsed_after_its_verdict_and_its_comment_says_how_it_went() -> TestResult
+{
+    let hub = Hub::start().await?;
+    let text = format!(
+        "{}gate:\n  rehearse:\n    seeds: 1\n",
+        hub.config_text("a", "127.0.0.1:0")
+    );
+    let running = controller::start(
+        Config::parse("test-config.yaml", &text)?,
+        hub.s.twin.talos.clock().clone(),
+    )
+    .await?;
+    hub.gh.set_webhook(Some(WebhookTarget {
+        url: running.webhook_url().ok_or("no webhook listener")?,
+        secret: SECRET.into(),
+    }));
+    let good = hub.open(GOOD).await?;
+    until(&hub.s, &running, "the verdict", || {
+        is(
+            &hub.status(&good.head_sha, "ichor/gate"),
+            StatusState::Success,
+        ) && hub.sticky(good.number).len() == 1
+    })
+    .await?;
+    until(&hub.s, &running, "the rehearsal's line", || {
+        hub.sticky(good.number)
+            .join("")
+            .contains("Rehearsed 1 time with random faults: 0 rules broken; makespan p50")
+    })
+    .await?;
+    let body = hub.sticky(good.number).join("");
+    assert_eq!(hub.sticky(good.number).len(), 1, "edited in place");
+    assert!(
+        body.contains("```mermaid"),
+        "the plan is still there: {body}"
+    );
+    assert!(
+        is(
+            &hub.status(&good.head_sha, "ichor/gate"),
+            StatusState::Success
+        ),
+        "the verdict is the gate's alone"
+    );
+    Ok(())
+}
