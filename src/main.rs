@@ -73,6 +73,9 @@ enum Command {
         /// Show the plan even when the gate blocks the change (it is still not run).
         #[arg(long)]
         allow_blocked: bool,
+        /// The time the calendar counts from (maintenance windows), instead of now.
+        #[arg(long, value_name = "RFC3339", hide = true)]
+        now: Option<String>,
     },
     /// Roll a merged change out on the live cluster: the live gate first, then the staged
     /// plan (Talos, then Kubernetes), resumable from the record it keeps in the cluster.
@@ -377,14 +380,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ichor_node,
             two_pass,
             allow_blocked,
-        } => plan(
-            &target,
-            &access,
-            output,
-            ichor_node,
-            two_pass,
-            allow_blocked,
-        ),
+            now,
+        } => {
+            let now = match now {
+                Some(t) => ichor::clock::Timestamp::parse_rfc3339(&t)
+                    .ok_or_else(|| anyhow::anyhow!("--now {t}: expected YYYY-MM-DDTHH:MM:SSZ"))?,
+                None => ichor::clock::Clock::system().now(),
+            };
+            plan(
+                &target,
+                &access,
+                output,
+                ichor_node,
+                two_pass,
+                allow_blocked,
+                now,
+            )
+        }
         Command::Status {
             access,
             repo,
@@ -641,6 +653,7 @@ fn plan(
     ichor_node: Option<String>,
     two_pass: bool,
     allow_blocked: bool,
+    now: ichor::clock::Timestamp,
 ) -> anyhow::Result<ExitCode> {
     let mut review = review(target)?;
     let live = Live::connect(access, &review)?;
@@ -730,7 +743,13 @@ fn plan(
         };
         let nodes = live_nodes.as_ref().and_then(|n| n.as_deref());
         match gate::plan_with(change, &opts, nodes) {
-            Ok(p) => plans.push((outcome, p)),
+            Ok(mut p) => {
+                // The calendar with the windows of the rollout settings the plan judged by.
+                if let Some(doc) = &change.cluster_doc {
+                    p.schedule(&doc.spec.rollout.maintenance_windows, now);
+                }
+                plans.push((outcome, p))
+            }
             Err(e) => {
                 code = 2;
                 eprintln!("error: {e}");

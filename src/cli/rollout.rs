@@ -242,7 +242,9 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
             two_pass: a.two_pass,
             ..PlanOptions::default()
         };
-        let plan = gate::plan_with(&change, &opts, nodes.as_deref())?;
+        let mut plan = gate::plan_with(&change, &opts, nodes.as_deref())?;
+        // On the calendar from now: the prompt, --dry-run and the plan say when it starts.
+        plan.schedule(&doc.spec.rollout.maintenance_windows, clock.now());
         print!("\n{}", plan.render_text());
         if a.dry_run {
             println!("\ndry run: nothing was changed");
@@ -257,7 +259,13 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
                 eprintln!("error: not a terminal, so no confirmation can be asked: pass --yes to roll out");
                 return Ok(ExitCode::from(EXIT_INVALID));
             }
-            if !confirm(&format!("\nRoll this out on cluster {}?", change.cluster))? {
+            // What "y" commits to, in calendar time, where windows decide it.
+            let when = plan
+                .schedule
+                .as_ref()
+                .map(|s| format!("\nThe rollout {}.", s.describe()))
+                .unwrap_or_default();
+            if !confirm(&format!("{when}\nRoll this out on cluster {}?", change.cluster))? {
                 eprintln!("not confirmed: nothing was changed");
                 return Ok(ExitCode::SUCCESS);
             }

@@ -547,7 +547,9 @@ async fn execute(
         let ctx = ctx.clone();
         let cluster = cluster.clone();
         // Until the engine's first estimate: the plan's own.
+        let windows = doc.spec.rollout.maintenance_windows.clone();
         let mut eta = crate::plan::eta::Eta::new(&plan, ctx.clock.now())
+            .with_windows(&windows)
             .estimate(ctx.clock.now())
             .short();
         tokio::spawn(async move {

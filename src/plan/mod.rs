@@ -18,11 +18,13 @@
 mod batch;
 pub mod eta;
 mod render;
+pub mod window;
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 
+use crate::clock::Timestamp;
 use crate::escape;
 use crate::policy::KubeRange;
 use crate::releaseset::{
@@ -126,11 +128,66 @@ pub struct Plan {
     /// node of its stage, so ichor is evicted at the very end.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ichor_node: Option<String>,
+    /// Where the estimate falls on the calendar with the maintenance windows, once
+    /// [`Plan::schedule`] was told the time (a plan for a PR comment has none: it depends
+    /// on when the change merges).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Schedule>,
+}
+
+/// The plan's working time on the calendar: only a window starts a step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Schedule {
+    /// When the schedule was made (RFC 3339).
+    pub from: String,
+    /// When the first step may start: `from` inside a window, else when the next opens.
+    pub starts_at: String,
+    /// When the rollout should end, counting only the time a window lets it work.
+    pub ends_at: String,
+    /// The windows the rollout needs (each starts at least one step).
+    pub windows: usize,
+}
+
+impl Schedule {
+    /// "starts in the next maintenance window, Sat 06:00 UTC (…); ends ≈ …; needs 1
+    /// maintenance window".
+    pub fn describe(&self) -> String {
+        render::schedule_text(self)
+    }
 }
 
 impl Plan {
     pub fn steps(&self) -> impl Iterator<Item = &Step> {
         self.stages.iter().flat_map(|s| s.steps.iter())
+    }
+
+    /// The steps as the calendar sees them: every step but the final verify starts only
+    /// inside a window (src/rollout/nodes.rs `may_go`; the pool, the sync and every
+    /// component step ask it).
+    pub fn work(&self) -> Vec<window::Work> {
+        self.steps()
+            .map(|s| window::Work {
+                secs: s.duration_secs,
+                gated: s.kind != StepKind::Verify,
+            })
+            .collect()
+    }
+
+    /// Lay the plan on the calendar from `now` with `windows` (none: nothing to say, the
+    /// rollout may run any time).
+    pub fn schedule(&mut self, windows: &[crate::releaseset::MaintenanceWindow], now: Timestamp) {
+        if windows.is_empty() || self.stages.is_empty() {
+            self.schedule = None;
+            return;
+        }
+        let c = window::calendar(windows, now, &self.work());
+        self.schedule = Some(Schedule {
+            from: now.rfc3339(),
+            starts_at: c.first_start.rfc3339(),
+            ends_at: c.ends_at.rfc3339(),
+            windows: c.windows,
+        });
     }
 
     pub fn render_text(&self) -> String {
@@ -690,7 +747,7 @@ pub fn plan(
         _ => {}
     }
     if !spec.rollout.maintenance_windows.is_empty() && !stages.is_empty() {
-        notes.push("the rollout acts only inside the maintenance windows; the estimate counts working time only".into());
+        notes.push("the rollout acts only inside the maintenance windows (a node starts only inside one, then finishes); the estimate counts working time only".into());
     }
     let changes: Vec<String> = bump
         .changes
@@ -760,6 +817,7 @@ pub fn plan(
             .ichor_node
             .clone()
             .filter(|me| nodes.iter().any(|n| &n.name == me)),
+        schedule: None,
     })
 }
 
@@ -799,6 +857,7 @@ pub(crate) mod tests_support {
             notes: vec![],
             warnings: vec![],
             ichor_node: None,
+            schedule: None,
         }
     }
 }

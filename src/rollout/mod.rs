@@ -28,7 +28,8 @@ pub mod step;
 mod talos;
 pub mod terminal;
 mod verify;
-pub mod window;
+/// Maintenance windows live with the plan, whose estimates count them (pure, no I/O).
+pub use crate::plan::window;
 
 use std::future::Future;
 use std::time::Duration;
@@ -439,7 +440,8 @@ impl Rollout<'_> {
             },
         };
         // What an earlier run of this rollout finished counts as done, not in the pace.
-        let mut eta = crate::plan::eta::Eta::new(plan, now);
+        let mut eta =
+            crate::plan::eta::Eta::new(plan, now).with_windows(&self.policy.maintenance_windows);
         for (key, step) in &stored.record.steps {
             let began = step
                 .started_at
