@@ -746,6 +746,13 @@ pub fn plan(
         ),
         _ => {}
     }
+    let estimate_secs = match with_health_gates(&mut stages, &spec.health_checks) {
+        Some((secs, note)) => {
+            notes.push(note);
+            secs
+        }
+        None => t.at,
+    };
     if !spec.rollout.maintenance_windows.is_empty() && !stages.is_empty() {
         notes.push("the rollout acts only inside the maintenance windows (a node starts only inside one, then finishes); the estimate counts working time only".into());
     }
@@ -809,7 +816,7 @@ pub fn plan(
         workers: workers.len(),
         stages,
         worker_batches: report,
-        estimate_secs: t.at,
+        estimate_secs,
         pairings,
         notes,
         warnings,
@@ -819,6 +826,88 @@ pub fn plan(
             .filter(|me| nodes.iter().any(|n| &n.name == me)),
         schedule: None,
     })
+}
+
+/// The least a health gate of `phase` waits: its checks are read together, and each must
+/// hold for its `stableFor`, counted from the gate's first reading (src/rollout/health.rs).
+fn gate_secs(checks: &[crate::health::HealthCheck], phase: crate::health::Phase) -> u64 {
+    checks
+        .iter()
+        .filter(|c| c.applies(phase))
+        .map(|c| c.stable_for.0.as_secs())
+        .max()
+        .unwrap_or(0)
+}
+
+/// The health gates' least time added where the engine waits at them: `before` ahead of
+/// the first step, `between` after every disruptive unit but the last (a step, or each
+/// worker of a pooled batch, one gate at a time: src/rollout/mod.rs `stages_in_order`),
+/// `after` at verify. Offsets move with it. `None` when no gate costs anything; else the new
+/// total and a note saying what it holds.
+fn with_health_gates(
+    stages: &mut [Stage],
+    checks: &[crate::health::HealthCheck],
+) -> Option<(u64, String)> {
+    use crate::health::Phase;
+    let (before, between, after) = (
+        gate_secs(checks, Phase::Before),
+        gate_secs(checks, Phase::Between),
+        gate_secs(checks, Phase::After),
+    );
+    if stages.is_empty() || before + between + after == 0 {
+        return None;
+    }
+    let units = |s: &Step| {
+        if s.is_worker_batch() {
+            s.nodes.len()
+        } else {
+            1
+        }
+    };
+    let total: usize = stages
+        .iter()
+        .flat_map(|st| st.steps.iter())
+        .filter(|s| s.kind != StepKind::Verify)
+        .map(units)
+        .sum();
+    let last = total.saturating_sub(1);
+    let (mut at, mut seen, mut gates) = (before, 0usize, 0usize);
+    for step in stages.iter_mut().flat_map(|st| st.steps.iter_mut()) {
+        if step.kind == StepKind::Verify {
+            step.duration_secs = step.duration_secs.saturating_add(after);
+        } else {
+            let n = units(step);
+            let here = (seen + n).min(last) - seen.min(last);
+            seen += n;
+            gates += here;
+            step.duration_secs = step
+                .duration_secs
+                .saturating_add((here as u64).saturating_mul(between));
+        }
+        step.start_secs = at;
+        at = at.saturating_add(step.duration_secs);
+    }
+    let mut parts = Vec::new();
+    if before > 0 {
+        parts.push(format!("{} before", render::dur(before)));
+    }
+    if between > 0 && gates > 0 {
+        parts.push(format!(
+            "{} at each of {} after a node or batch",
+            render::dur(between),
+            count(gates, "gate")
+        ));
+    }
+    if after > 0 {
+        parts.push(format!("{} at the final verify", render::dur(after)));
+    }
+    Some((
+        at,
+        format!(
+            "the estimate includes the health gates' stableFor: {} (each gate counts stableFor from its own first reading)",
+            parts.join(", ")
+        ),
+    ))
 }
 
 /// Plans for other modules' unit tests.
@@ -1030,6 +1119,55 @@ mod tests {
             &opts,
         );
         assert!(p.stages.iter().all(|s| s.id != StageId::Workers));
+    }
+
+    #[test]
+    fn the_estimate_includes_the_health_gates_stable_for() {
+        let checks = "  healthChecks:\n    - {name: a, when: [before, after], stableFor: 2m, kubernetes: {apiVersion: v1, kind: Node, name: cp-1, expression: 'true'}}\n    - {name: b, when: [between], stableFor: 30s, kubernetes: {apiVersion: v1, kind: Node, name: cp-1, expression: 'true'}}\n";
+        let rollout = "  rollout: {maxUnavailable: 2}\n";
+        let (base, head) = (rs("v1.12.6", "v1.33.5"), rs("v1.12.9", "v1.33.5"));
+        let plain = build(&base, &head, &cluster(rollout));
+        let gated = build(&base, &head, &cluster(&format!("{rollout}{checks}")));
+        // 3 control planes and 4 workers: a `between` gate after each but the last.
+        assert_eq!(
+            gated.estimate_secs,
+            plain.estimate_secs + 120 + 6 * 30 + 120,
+            "{gated:#?}"
+        );
+        let first = gated.steps().next().unwrap();
+        assert_eq!(first.start_secs, 120, "the before gate comes first");
+        // The timeline stays gap-free and ends at the estimate.
+        let steps: Vec<&Step> = gated.steps().collect();
+        for pair in steps.windows(2) {
+            assert_eq!(
+                pair[1].start_secs,
+                pair[0].start_secs + pair[0].duration_secs
+            );
+        }
+        let last = steps[steps.len() - 1];
+        assert_eq!(last.kind, StepKind::Verify);
+        assert_eq!(last.start_secs + last.duration_secs, gated.estimate_secs);
+        // A batch of two workers waits at a gate after each of them, but the last unit
+        // of all has none.
+        let batches: Vec<(&Step, &Step)> = gated
+            .steps()
+            .zip(plain.steps())
+            .filter(|(g, _)| g.is_worker_batch())
+            .collect();
+        let added: Vec<u64> = batches
+            .iter()
+            .map(|(g, p)| g.duration_secs - p.duration_secs)
+            .collect();
+        let last_nodes = batches[batches.len() - 1].0.nodes.len() as u64;
+        assert_eq!(added[added.len() - 1], (last_nodes - 1) * 30);
+        assert!(
+            gated.notes.iter().any(|n| n.contains(
+                "2m before, 30s at each of 6 gates after a node or batch, 2m at the final verify"
+            )),
+            "{:?}",
+            gated.notes
+        );
+        assert!(!plain.notes.iter().any(|n| n.contains("health gates")));
     }
 
     #[test]
