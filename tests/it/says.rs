@@ -563,3 +563,59 @@ async fn a_dry_run_on_a_weekday_says_the_rollout_waits_for_the_window() -> TestR
     twin.shutdown().await;
     Ok(())
 }
+
+/// F6: Git-only mode pushes its verdicts as git notes into `repository.path`, and git
+/// refuses a push into a repository with a work tree. `ichor run --check` (and the start)
+/// refuse such a path, and one that is no repository, with the way out; a bare clone of it
+/// is valid.
+#[test]
+fn git_only_mode_refuses_a_repository_path_it_could_never_publish_to() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let work_tree = clone_homelab(dir.path())?;
+    let bare = dir.path().join("homelab.git");
+    let clone = std::process::Command::new("git")
+        .args(["clone", "-q", "--bare"])
+        .arg(&work_tree)
+        .arg(&bare)
+        .output()?;
+    if !clone.status.success() {
+        return Err(format!("git clone --bare: {}", crate::stderr(&clone)).into());
+    }
+    let check = |repo: &Path| -> Result<std::process::Output, Error> {
+        let config = dir.path().join("config.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "repository:\n  path: {}\nclusters:\n  - name: homelab\n    act: false\nstateDir: {}\n",
+                repo.display(),
+                dir.path().join("state").display()
+            ),
+        )?;
+        Ok(crate::ichor(&[
+            "run",
+            "--config",
+            &config.to_string_lossy(),
+            "--check",
+        ]))
+    };
+    let o = check(&work_tree)?;
+    assert_eq!(o.status.code(), Some(2), "{}", crate::stdout(&o));
+    let err = crate::stderr(&o);
+    assert!(
+        err.contains("has a work tree")
+            && err.contains("Git-only mode")
+            && err.contains("git clone --bare"),
+        "{err}"
+    );
+    let o = check(&dir.path().join("nowhere"))?;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        crate::stderr(&o).contains("not a git repository"),
+        "{}",
+        crate::stderr(&o)
+    );
+    let o = check(&bare)?;
+    assert_eq!(o.status.code(), Some(0), "{}", crate::stderr(&o));
+    assert!(crate::stdout(&o).contains("valid (1 cluster, Git-only mode"));
+    Ok(())
+}
