@@ -657,7 +657,10 @@ fn plan(
 ) -> anyhow::Result<ExitCode> {
     let mut review = review(target)?;
     let live = Live::connect(access, &review)?;
-    let live_nodes = live.as_ref().map(|l| l.judge(&mut review));
+    let (live_nodes, etcd_leader) = match live.as_ref().map(|l| l.judge(&mut review)) {
+        Some((nodes, leader)) => (Some(nodes), leader),
+        None => (None, None),
+    };
     // With several clusters, the node running ichor belongs to one of them.
     let has_node =
         |c: &gate::Change, n: &str| c.nodes().is_some_and(|ns| ns.iter().any(|x| x.name == n));
@@ -739,6 +742,7 @@ fn plan(
                 .clone()
                 .filter(|n| has_node(change, n) || !node_somewhere),
             two_pass,
+            etcd_leader: etcd_leader.clone(),
             ..PlanOptions::default()
         };
         let nodes = live_nodes.as_ref().and_then(|n| n.as_deref());
@@ -1026,9 +1030,11 @@ impl Live {
         Live::open(access)
     }
 
-    /// Add the live items to every cluster section; the live nodes, for the plan.
-    fn judge(&self, review: &mut Review) -> Option<Vec<ichor::releaseset::Node>> {
+    /// Add the live items to every cluster section; the live nodes and etcd's leader, for
+    /// the plan.
+    fn judge(&self, review: &mut Review) -> (Option<Vec<ichor::releaseset::Node>>, Option<String>) {
         let mut nodes = None;
+        let mut leader = None;
         for s in &mut review.sections {
             let Ok(j) = &mut s.result else { continue };
             let Some(change) = &j.change else { continue };
@@ -1054,8 +1060,9 @@ impl Live {
             }
             j.verdict.extend(items);
             nodes = gate::live::live_nodes(&facts);
+            leader = gate::live::etcd_leader(&facts);
         }
-        nodes
+        (nodes, leader)
     }
 }
 

@@ -240,6 +240,7 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
         let opts = PlanOptions {
             ichor_node: a.ichor_node.clone(),
             two_pass: a.two_pass,
+            etcd_leader: gate::live::etcd_leader(&facts),
             ..PlanOptions::default()
         };
         let mut plan = gate::plan_with(&change, &opts, nodes.as_deref())?;

@@ -532,6 +532,7 @@ async fn execute(
     }
     let opts = PlanOptions {
         ichor_node: std::env::var("ICHOR_NODE_NAME").ok(),
+        etcd_leader: gate::live::etcd_leader(&facts),
         ..PlanOptions::default()
     };
     let plan = gate::plan_with(change, &opts, gate::live::live_nodes(&facts).as_deref())?;

@@ -220,6 +220,10 @@ pub struct PlanOptions {
     /// one-drain order needs every worker's current Talos to run the target kubelet. Empty:
     /// not known, so the two-pass order.
     pub kubernetes_by_talos: Vec<(MinorVersion, KubeRange)>,
+    /// The control plane whose etcd member leads, when read live: the run takes it last
+    /// among the control planes' Talos steps (src/rollout/mod.rs `leader_last`), so the
+    /// plan lists it last too.
+    pub etcd_leader: Option<String>,
 }
 
 impl PlanOptions {
@@ -521,6 +525,15 @@ pub fn plan(
     };
     if !talos_cps.is_empty() || !talos_workers.is_empty() {
         let mut steps = Vec::new();
+        // As the run goes: the leader of etcd after every other control plane (it moves
+        // leadership once, not at every reboot), even after the node running ichor.
+        let mut talos_cps = talos_cps.clone();
+        if let Some(leader) = &opts.etcd_leader {
+            if let Some(pos) = talos_cps.iter().position(|n| &n.name == leader) {
+                let n = talos_cps.remove(pos);
+                talos_cps.push(n);
+            }
+        }
         for n in &talos_cps {
             steps.push(t.step(
                 format!("talos/{}", n.name),
@@ -1119,6 +1132,28 @@ mod tests {
             &opts,
         );
         assert!(p.stages.iter().all(|s| s.id != StageId::Workers));
+    }
+
+    #[test]
+    fn the_etcd_leader_is_planned_last_among_the_control_planes_talos_steps() {
+        let c = cluster("  rollout: {maxUnavailable: 2}\n");
+        let (base, head) = (rs("v1.12.6", "v1.33.5"), rs("v1.12.9", "v1.33.7"));
+        let opts = PlanOptions {
+            etcd_leader: Some("cp-1".into()),
+            ..PlanOptions::default()
+        };
+        let p = build_with(&base, &head, &c, &opts);
+        let cps: Vec<&str> = p.stages[0]
+            .steps
+            .iter()
+            .filter(|s| s.id.starts_with("talos/cp-"))
+            .map(|s| s.id.as_str())
+            .collect();
+        assert_eq!(cps, ["talos/cp-2", "talos/cp-3", "talos/cp-1"]);
+        // The Kubernetes stages keep the plain order: the run takes them as planned.
+        assert_eq!(p.stages[1].steps[0].id, "apiserver/cp-1");
+        let plain = build(&base, &head, &c);
+        assert_eq!(plain.stages[0].steps[0].id, "talos/cp-1");
     }
 
     #[test]

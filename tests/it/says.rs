@@ -527,7 +527,8 @@ fn the_plan_says_when_the_window_opens_and_when_the_rollout_ends_on_the_calendar
 }
 
 /// F8: `ichor rollout --dry-run` on a weekday says when the window opens before anything is
-/// confirmed (the prompt carries the same sentence).
+/// confirmed (the prompt carries the same sentence). F14: its plan lists the control planes
+/// as the run takes them, etcd's leader last.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dry_run_on_a_weekday_says_the_rollout_waits_for_the_window() -> TestResult {
     let state = tempfile::tempdir()?;
@@ -549,9 +550,33 @@ async fn a_dry_run_on_a_weekday_says_the_rollout_waits_for_the_window() -> TestR
         "kubernetes: v1.33.7",
         "fix(deps): update kubelet ( v1.33.5 → v1.33.7 )",
     )?;
+    commit_edit(
+        &repo,
+        "clusters/homelab/release-set.yaml",
+        "talos: v1.12.6",
+        "talos: v1.12.9",
+        "fix(deps): update talos ( v1.12.6 → v1.12.9 )",
+    )?;
     let home = state.path().join("home");
     std::fs::create_dir_all(&home)?;
     let r = rollout(&twin, &clock, &repo, &home, &["--dry-run"]).await?;
+    // F14: the control planes in the order the run takes them, etcd's leader last.
+    let leader = twin
+        .talos
+        .observe()
+        .into_iter()
+        .find(|o| o.etcd_leader)
+        .map(|o| o.name)
+        .ok_or("no etcd leader")?;
+    let cps: Vec<&str> = r
+        .out
+        .lines()
+        .filter_map(|l| l.split("control plane ").nth(1))
+        .filter(|rest| rest.contains("Talos"))
+        .filter_map(|rest| rest.split(':').next())
+        .collect();
+    assert_eq!(cps.len(), 3, "{}", r.out);
+    assert_eq!(cps.last().copied(), Some(leader.as_str()), "{}", r.out);
     assert_eq!(r.code, Some(0), "{}", r.out);
     assert!(
         r.out
