@@ -1066,6 +1066,32 @@ impl Live {
     }
 }
 
+/// The clusters with a rollout record in `ichor-system`, by the records' names.
+async fn recorded_clusters(
+    kube: &ichor::kube::KubeClient,
+) -> Result<Vec<String>, ichor::kube::KubeError> {
+    let prefix = gate::live::lock_name("");
+    let maps = kube
+        .objects(
+            "v1",
+            "ConfigMap",
+            Some(gate::live::ICHOR_NAMESPACE),
+            None,
+            None,
+            ichor::health::MAX_MATCHES,
+        )
+        .await?;
+    let mut names: Vec<String> = maps
+        .iter()
+        .filter_map(|m| m.pointer("/metadata/name").and_then(|n| n.as_str()))
+        .filter_map(|n| n.strip_prefix(&prefix))
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
 /// `ichor status`: what the cluster runs right now.
 fn status(
     access: &Access,
@@ -1085,6 +1111,26 @@ fn status(
             .with_prometheus_credential(live.prometheus_credential.clone());
     } else if let Some(c) = cluster {
         subject.cluster = c.to_string();
+    }
+    // Without --repo or --cluster, the rollout records say which cluster this is: each is
+    // the ConfigMap `ichor-system/ichor-rollout-<cluster>`.
+    let mut which = None;
+    if subject.cluster.is_empty() {
+        match live.runtime.block_on(recorded_clusters(&live.kube)) {
+            Ok(names) if names.len() == 1 => subject.cluster = names[0].clone(),
+            Ok(names) if names.len() > 1 => {
+                which = Some(format!(
+                    "Rollout records for clusters {}: choose one with --cluster\n",
+                    names
+                        .iter()
+                        .map(|n| ichor::escape::terminal(n))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            }
+            // None, or none readable: the live part is shown alone, as before.
+            _ => {}
+        }
     }
     let facts = live.runtime.block_on(gate::live::observe(
         &live.kube,
@@ -1119,6 +1165,9 @@ fn status(
                 Ok(Some(s)) => t.push_str(&format!("\n{}", s.record.render_text())),
                 Ok(None) => {}
                 Err(e) => t.push_str(&format!("\nRollout record: {e}\n")),
+            }
+            if let Some(w) = &which {
+                t.push_str(&format!("\n{w}"));
             }
             t
         }

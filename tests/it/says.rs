@@ -225,6 +225,28 @@ async fn a_resume_on_a_newer_commit_ends_at_the_target_and_never_says_done_befor
         .ok_or("no record")?
         .record;
     assert_eq!(rec.state, RecordState::Completed);
+    // F10: `ichor status` without --repo finds the record by its name.
+    let twin_kubeconfig = twin.kubeconfig().to_path_buf();
+    let status = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ichor"))
+            .args(["status", "--kubeconfig"])
+            .arg(twin_kubeconfig)
+            .env_remove("KUBECONFIG")
+            .env_remove("TALOSCONFIG")
+            .output()
+    })
+    .await??;
+    let out = crate::stdout(&status);
+    assert_eq!(
+        status.status.code(),
+        Some(0),
+        "{out}{}",
+        crate::stderr(&status)
+    );
+    assert!(
+        out.contains("homelab") && out.contains("Rollout to ") && out.contains("completed"),
+        "{out}"
+    );
     twin.shutdown().await;
     Ok(())
 }
