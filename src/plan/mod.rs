@@ -174,6 +174,43 @@ impl Plan {
             .collect()
     }
 
+    /// What is left once the steps `done` says an earlier run finished are taken out: the
+    /// rest keeps its order, its offsets close up, and a note counts what was left out.
+    /// The final verify always stays.
+    pub fn left(&self, done: impl Fn(StageId, &Step) -> bool) -> Plan {
+        let mut p = self.clone();
+        let mut gone = 0;
+        for stage in &mut p.stages {
+            let id = stage.id;
+            let before = stage.steps.len();
+            stage
+                .steps
+                .retain(|s| s.kind == StepKind::Verify || !done(id, s));
+            gone += before - stage.steps.len();
+        }
+        if gone == 0 {
+            return p;
+        }
+        p.stages.retain(|s| !s.steps.is_empty());
+        // A resumed rollout has passed its `before` gate: the rest starts at once.
+        let mut at = 0u64;
+        p.schedule = None;
+        for step in p.stages.iter_mut().flat_map(|s| s.steps.iter_mut()) {
+            step.start_secs = at;
+            at = at.saturating_add(step.duration_secs);
+        }
+        p.estimate_secs = at;
+        p.notes.insert(
+            0,
+            format!(
+                "resumed: {} an earlier run finished {} left out",
+                count(gone, "step"),
+                if gone == 1 { "is" } else { "are" }
+            ),
+        );
+        p
+    }
+
     /// Lay the plan on the calendar from `now` with `windows` (none: nothing to say, the
     /// rollout may run any time).
     pub fn schedule(&mut self, windows: &[crate::releaseset::MaintenanceWindow], now: Timestamp) {
@@ -1132,6 +1169,23 @@ mod tests {
             &opts,
         );
         assert!(p.stages.iter().all(|s| s.id != StageId::Workers));
+    }
+
+    #[test]
+    fn what_is_left_closes_up_and_keeps_verify() {
+        let c = cluster("  rollout: {maxUnavailable: 2}\n");
+        let p = build(&rs("v1.12.6", "v1.33.5"), &rs("v1.12.9", "v1.33.5"), &c);
+        let left = p.left(|stage, s| stage == StageId::Talos && s.id.starts_with("talos/cp-"));
+        let ids: Vec<&str> = left.steps().map(|s| s.id.as_str()).collect();
+        assert!(!ids.iter().any(|i| i.starts_with("talos/cp-")), "{ids:?}");
+        assert_eq!(ids.last(), Some(&"verify"));
+        assert_eq!(left.steps().next().map(|s| s.start_secs), Some(0));
+        assert_eq!(left.estimate_secs, p.estimate_secs - 3 * 480);
+        assert!(left.notes[0].contains("3 steps an earlier run finished are left out"));
+        // Everything done still verifies.
+        let all = p.left(|_, _| true);
+        assert_eq!(all.steps().count(), 1);
+        assert_eq!(p.left(|_, _| false), p);
     }
 
     #[test]

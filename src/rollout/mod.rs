@@ -208,6 +208,25 @@ pub fn clean_identity(s: &str) -> String {
         .collect()
 }
 
+/// The stage and node of a record's step key (`talos/cp-1`, `kube-apiserver/cp-2`,
+/// `manifests`), as the engine writes them.
+pub fn stage_of_record_key(key: &str) -> Option<(StageId, Option<&str>)> {
+    let (prefix, node) = match key.split_once('/') {
+        Some((p, n)) => (p, Some(n)),
+        None => (key, None),
+    };
+    let stage = match prefix {
+        "talos" => StageId::Talos,
+        "kube-apiserver" => StageId::KubeApiserver,
+        "kube-controller-manager" => StageId::KubeControllerManagerScheduler,
+        "kube-proxy" | "manifests" => StageId::KubeProxyManifests,
+        "kubelet" => StageId::Kubelet,
+        "worker" => StageId::Workers,
+        _ => return None,
+    };
+    Some((stage, node))
+}
+
 pub fn stage_key(id: StageId) -> &'static str {
     match id {
         StageId::Talos => "talos",
@@ -451,18 +470,8 @@ impl Rollout<'_> {
             if step.finished_at.is_none() && began.is_none() {
                 continue;
             }
-            let (prefix, node) = match key.split_once('/') {
-                Some((p, n)) => (p, Some(n)),
-                None => (key.as_str(), None),
-            };
-            let stage = match prefix {
-                "talos" => StageId::Talos,
-                "kube-apiserver" => StageId::KubeApiserver,
-                "kube-controller-manager" => StageId::KubeControllerManagerScheduler,
-                "kube-proxy" | "manifests" => StageId::KubeProxyManifests,
-                "kubelet" => StageId::Kubelet,
-                "worker" => StageId::Workers,
-                _ => continue,
+            let Some((stage, node)) = stage_of_record_key(key) else {
+                continue;
             };
             match (began, node) {
                 // Out since an earlier run: its time so far counts toward its need.

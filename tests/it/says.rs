@@ -182,6 +182,23 @@ async fn a_resume_on_a_newer_commit_ends_at_the_target_and_never_says_done_befor
     assert!(first.out.contains("emptyDir"), "{}", first.out);
     assert!(!off_target(&twin, talos, kubelet).is_empty());
 
+    // F11: a resume of the same commit shows what is left, not the steps already done
+    // (the control planes' components went before the workers' drains paused).
+    let again = rollout(&twin, &clock, &repo, &home, &["--resume"]).await?;
+    never_done_early(&again, "a resume of the same commit");
+    assert_eq!(again.code, Some(3), "{}", again.out);
+    assert!(
+        first.out.contains("kube-apiserver on cp-1"),
+        "{}",
+        first.out
+    );
+    assert!(
+        !again.out.contains("kube-apiserver on cp-1")
+            && again.out.contains("an earlier run finished"),
+        "{}",
+        again.out
+    );
+
     // An unrelated commit on top: the paused bump's work is still there.
     std::fs::write(repo.join("NOTES.md"), "What runs where.\n")?;
     git(&repo, &["add", "NOTES.md"])?;
