@@ -73,6 +73,9 @@ enum Command {
         /// Show the plan even when the gate blocks the change (it is still not run).
         #[arg(long)]
         allow_blocked: bool,
+        /// The time the calendar counts from (maintenance windows), instead of now.
+        #[arg(long, value_name = "RFC3339", hide = true)]
+        now: Option<String>,
     },
     /// Roll a merged change out on the live cluster: the live gate first, then the staged
     /// plan (Talos, then Kubernetes), resumable from the record it keeps in the cluster.
@@ -377,14 +380,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ichor_node,
             two_pass,
             allow_blocked,
-        } => plan(
-            &target,
-            &access,
-            output,
-            ichor_node,
-            two_pass,
-            allow_blocked,
-        ),
+            now,
+        } => {
+            let now = match now {
+                Some(t) => ichor::clock::Timestamp::parse_rfc3339(&t)
+                    .ok_or_else(|| anyhow::anyhow!("--now {t}: expected YYYY-MM-DDTHH:MM:SSZ"))?,
+                None => ichor::clock::Clock::system().now(),
+            };
+            plan(
+                &target,
+                &access,
+                output,
+                ichor_node,
+                two_pass,
+                allow_blocked,
+                now,
+            )
+        }
         Command::Status {
             access,
             repo,
@@ -641,10 +653,14 @@ fn plan(
     ichor_node: Option<String>,
     two_pass: bool,
     allow_blocked: bool,
+    now: ichor::clock::Timestamp,
 ) -> anyhow::Result<ExitCode> {
     let mut review = review(target)?;
     let live = Live::connect(access, &review)?;
-    let live_nodes = live.as_ref().map(|l| l.judge(&mut review));
+    let (live_nodes, etcd_leader) = match live.as_ref().map(|l| l.judge(&mut review)) {
+        Some((nodes, leader)) => (Some(nodes), leader),
+        None => (None, None),
+    };
     // With several clusters, the node running ichor belongs to one of them.
     let has_node =
         |c: &gate::Change, n: &str| c.nodes().is_some_and(|ns| ns.iter().any(|x| x.name == n));
@@ -726,11 +742,18 @@ fn plan(
                 .clone()
                 .filter(|n| has_node(change, n) || !node_somewhere),
             two_pass,
+            etcd_leader: etcd_leader.clone(),
             ..PlanOptions::default()
         };
         let nodes = live_nodes.as_ref().and_then(|n| n.as_deref());
         match gate::plan_with(change, &opts, nodes) {
-            Ok(p) => plans.push((outcome, p)),
+            Ok(mut p) => {
+                // The calendar with the windows of the rollout settings the plan judged by.
+                if let Some(doc) = &change.cluster_doc {
+                    p.schedule(&doc.spec.rollout.maintenance_windows, now);
+                }
+                plans.push((outcome, p))
+            }
             Err(e) => {
                 code = 2;
                 eprintln!("error: {e}");
@@ -1007,9 +1030,11 @@ impl Live {
         Live::open(access)
     }
 
-    /// Add the live items to every cluster section; the live nodes, for the plan.
-    fn judge(&self, review: &mut Review) -> Option<Vec<ichor::releaseset::Node>> {
+    /// Add the live items to every cluster section; the live nodes and etcd's leader, for
+    /// the plan.
+    fn judge(&self, review: &mut Review) -> (Option<Vec<ichor::releaseset::Node>>, Option<String>) {
         let mut nodes = None;
+        let mut leader = None;
         for s in &mut review.sections {
             let Ok(j) = &mut s.result else { continue };
             let Some(change) = &j.change else { continue };
@@ -1035,9 +1060,36 @@ impl Live {
             }
             j.verdict.extend(items);
             nodes = gate::live::live_nodes(&facts);
+            leader = gate::live::etcd_leader(&facts);
         }
-        nodes
+        (nodes, leader)
     }
+}
+
+/// The clusters with a rollout record in `ichor-system`, by the records' names.
+async fn recorded_clusters(
+    kube: &ichor::kube::KubeClient,
+) -> Result<Vec<String>, ichor::kube::KubeError> {
+    let prefix = gate::live::lock_name("");
+    let maps = kube
+        .objects(
+            "v1",
+            "ConfigMap",
+            Some(gate::live::ICHOR_NAMESPACE),
+            None,
+            None,
+            ichor::health::MAX_MATCHES,
+        )
+        .await?;
+    let mut names: Vec<String> = maps
+        .iter()
+        .filter_map(|m| m.pointer("/metadata/name").and_then(|n| n.as_str()))
+        .filter_map(|n| n.strip_prefix(&prefix))
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    Ok(names)
 }
 
 /// `ichor status`: what the cluster runs right now.
@@ -1059,6 +1111,26 @@ fn status(
             .with_prometheus_credential(live.prometheus_credential.clone());
     } else if let Some(c) = cluster {
         subject.cluster = c.to_string();
+    }
+    // Without --repo or --cluster, the rollout records say which cluster this is: each is
+    // the ConfigMap `ichor-system/ichor-rollout-<cluster>`.
+    let mut which = None;
+    if subject.cluster.is_empty() {
+        match live.runtime.block_on(recorded_clusters(&live.kube)) {
+            Ok(names) if names.len() == 1 => subject.cluster = names[0].clone(),
+            Ok(names) if names.len() > 1 => {
+                which = Some(format!(
+                    "Rollout records for clusters {}: choose one with --cluster\n",
+                    names
+                        .iter()
+                        .map(|n| ichor::escape::terminal(n))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            }
+            // None, or none readable: the live part is shown alone, as before.
+            _ => {}
+        }
     }
     let facts = live.runtime.block_on(gate::live::observe(
         &live.kube,
@@ -1093,6 +1165,9 @@ fn status(
                 Ok(Some(s)) => t.push_str(&format!("\n{}", s.record.render_text())),
                 Ok(None) => {}
                 Err(e) => t.push_str(&format!("\nRollout record: {e}\n")),
+            }
+            if let Some(w) = &which {
+                t.push_str(&format!("\n{w}"));
             }
             t
         }

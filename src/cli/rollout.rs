@@ -145,6 +145,35 @@ fn confirm(prompt: &str) -> anyhow::Result<bool> {
     Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES"))
 }
 
+/// The plan less the steps the record of this rollout (the same commit) has finished, laid
+/// on the calendar again; the whole plan when the record cannot be read or is another's.
+async fn left_to_do(
+    kube: &ichor::kube::KubeClient,
+    cluster: &str,
+    commit: &str,
+    plan: &ichor::plan::Plan,
+    doc: &ichor::releaseset::Cluster,
+    clock: &Clock,
+) -> ichor::plan::Plan {
+    let record = match ichor::rollout::record::load(kube, cluster).await {
+        Ok(Some(s)) if s.record.target.commit == commit => s.record,
+        _ => return plan.clone(),
+    };
+    let finished: Vec<(ichor::plan::StageId, Option<&str>)> = record
+        .steps
+        .iter()
+        .filter(|(_, m)| m.finished_at.is_some())
+        .filter_map(|(k, _)| ichor::rollout::stage_of_record_key(k))
+        .collect();
+    let is_done = |stage, node: &str| finished.contains(&(stage, Some(node)));
+    let mut left = plan.left(|stage, step| match step.nodes.as_slice() {
+        [] => finished.contains(&(stage, None)),
+        nodes => nodes.iter().all(|n| is_done(stage, n)),
+    });
+    left.schedule(&doc.spec.rollout.maintenance_windows, clock.now());
+    left
+}
+
 pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
     let clock = match (a.time_scale, &a.clock_start) {
         (Some(s), None) => {
@@ -240,10 +269,19 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
         let opts = PlanOptions {
             ichor_node: a.ichor_node.clone(),
             two_pass: a.two_pass,
+            etcd_leader: gate::live::etcd_leader(&facts),
             ..PlanOptions::default()
         };
-        let plan = gate::plan_with(&change, &opts, nodes.as_deref())?;
-        print!("\n{}", plan.render_text());
+        let mut plan = gate::plan_with(&change, &opts, nodes.as_deref())?;
+        // On the calendar from now: the prompt, --dry-run and the plan say when it starts.
+        plan.schedule(&doc.spec.rollout.maintenance_windows, clock.now());
+        // A resume shows what is left: the steps this rollout's record has finished are
+        // taken out of what is printed (the engine still observes every one).
+        let shown = match a.resume {
+            true => left_to_do(&kube, &change.cluster, &commit, &plan, &doc, &clock).await,
+            false => plan.clone(),
+        };
+        print!("\n{}", shown.render_text());
         if a.dry_run {
             println!("\ndry run: nothing was changed");
             return Ok(ExitCode::SUCCESS);
@@ -257,7 +295,13 @@ pub fn rollout(a: Args) -> anyhow::Result<ExitCode> {
                 eprintln!("error: not a terminal, so no confirmation can be asked: pass --yes to roll out");
                 return Ok(ExitCode::from(EXIT_INVALID));
             }
-            if !confirm(&format!("\nRoll this out on cluster {}?", change.cluster))? {
+            // What "y" commits to, in calendar time, where windows decide it.
+            let when = shown
+                .schedule
+                .as_ref()
+                .map(|s| format!("\nThe rollout {}.", s.describe()))
+                .unwrap_or_default();
+            if !confirm(&format!("{when}\nRoll this out on cluster {}?", change.cluster))? {
                 eprintln!("not confirmed: nothing was changed");
                 return Ok(ExitCode::SUCCESS);
             }

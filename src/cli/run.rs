@@ -17,6 +17,12 @@ pub fn run(config: &Path, check_only: bool) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_INVALID));
         }
     };
+    // Refused here and at the start alike: a notes sink that can never publish is not a
+    // warning to find in the log later.
+    if let Err(why) = notes_target(&cfg) {
+        eprintln!("error: {}", ichor::escape::terminal(&why));
+        return Ok(ExitCode::from(EXIT_INVALID));
+    }
     for w in cfg.warnings() {
         if check_only {
             eprintln!("warning: {}", ichor::escape::terminal(&w));
@@ -67,4 +73,31 @@ pub fn run(config: &Path, check_only: bool) -> anyhow::Result<ExitCode> {
         running.shutdown().await;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Where ichor's git notes go must take them. With `repository.path` they are pushed into
+/// it (Git-only mode, or `notes: true`), and git's local transport refuses a push into a
+/// repository with a work tree (libgit2/libgit2@v1.9.7:src/libgit2/transports/local.c, as
+/// bundled by libgit2-sys 0.18.8: "local push doesn't (yet) support pushing to non-bare
+/// repos"), so such a path, or one that is no repository at all, is refused with the way
+/// out.
+fn notes_target(cfg: &Config) -> Result<(), String> {
+    let publishes = !cfg.uses_github() || cfg.notes;
+    let (None, Some(path)) = (&cfg.repository.url, &cfg.repository.path) else {
+        return Ok(());
+    };
+    match git2::Repository::open(path) {
+        Err(e) => Err(format!(
+            "repository.path {}: not a git repository ({})",
+            path.display(),
+            e.message()
+        )),
+        Ok(r) if publishes && !r.is_bare() => Err(format!(
+            "repository.path {} has a work tree, and ichor publishes its verdicts as git notes pushed into it ({}), which git refuses for a repository with a work tree; point repository.path at a bare clone (`git clone --bare {} /srv/<name>.git`, then push your branches there) or poll it with repository.url",
+            path.display(),
+            if cfg.uses_github() { "notes: true" } else { "Git-only mode" },
+            path.display()
+        )),
+        Ok(_) => Ok(()),
+    }
 }

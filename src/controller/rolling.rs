@@ -532,6 +532,7 @@ async fn execute(
     }
     let opts = PlanOptions {
         ichor_node: std::env::var("ICHOR_NODE_NAME").ok(),
+        etcd_leader: gate::live::etcd_leader(&facts),
         ..PlanOptions::default()
     };
     let plan = gate::plan_with(change, &opts, gate::live::live_nodes(&facts).as_deref())?;
@@ -547,7 +548,9 @@ async fn execute(
         let ctx = ctx.clone();
         let cluster = cluster.clone();
         // Until the engine's first estimate: the plan's own.
+        let windows = doc.spec.rollout.maintenance_windows.clone();
         let mut eta = crate::plan::eta::Eta::new(&plan, ctx.clock.now())
+            .with_windows(&windows)
             .estimate(ctx.clock.now())
             .short();
         tokio::spawn(async move {

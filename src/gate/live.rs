@@ -503,6 +503,13 @@ pub async fn observe_etcd_around(
 }
 
 /// The live nodes as the static node items take them, with their volumes.
+/// The Node whose etcd member leads, when etcd was read: the plan lists it last among the
+/// control planes' Talos steps, as the run takes it.
+pub fn etcd_leader(facts: &LiveFacts) -> Option<String> {
+    let view = facts.etcd.as_ref()?.as_ref().ok()?;
+    view.leader_node().map(str::to_string)
+}
+
 pub fn live_nodes(facts: &LiveFacts) -> Option<Vec<Node>> {
     let nodes = facts.nodes.as_ref().ok()?;
     let volumes = facts.volumes.as_ref().ok();

@@ -13,8 +13,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::{Plan, StageId};
+use super::window::{self, Work};
+use super::{Plan, StageId, StepKind};
 use crate::clock::Timestamp;
+use crate::releaseset::MaintenanceWindow;
 
 /// A pace outside this band is taken as a measurement accident (a step that found its node
 /// already done, a pause counted as work): the estimate never runs wild on one odd step.
@@ -40,6 +42,11 @@ struct Tracked {
     started: BTreeMap<String, Timestamp>,
     /// How long each node this run saw from start to finish took (seconds).
     took: Vec<u64>,
+    /// When each of those nodes started and finished: its time outside the windows was
+    /// work too.
+    spans: Vec<(Timestamp, Timestamp)>,
+    /// It starts only inside a maintenance window (every step but verify).
+    gated: bool,
 }
 
 /// The rollout's progress against its plan.
@@ -49,6 +56,8 @@ pub struct Eta {
     started: Timestamp,
     /// The planned total (seconds).
     planned_total: u64,
+    /// Only these windows start a step: the end counts window time only.
+    windows: Vec<MaintenanceWindow>,
 }
 
 /// What [`Eta::estimate`] says.
@@ -61,6 +70,11 @@ pub struct Estimate {
     pub total: usize,
     /// Whether the pace comes from this rollout (false: the plan's estimate as it is).
     pub observed: bool,
+    /// With maintenance windows: when the next opens, while none is open and a step
+    /// still waits for one.
+    pub next_window: Option<Timestamp>,
+    /// With maintenance windows: how many the rest needs (0 without windows).
+    pub windows: usize,
 }
 
 impl Eta {
@@ -82,6 +96,8 @@ impl Eta {
                     nodes: s.nodes.len().max(1),
                     started: BTreeMap::new(),
                     took: Vec::new(),
+                    spans: Vec::new(),
+                    gated: s.kind != StepKind::Verify,
                 })
             })
             .collect();
@@ -95,7 +111,36 @@ impl Eta {
             steps,
             started,
             planned_total,
+            windows: Vec::new(),
         }
+    }
+
+    /// With the cluster's maintenance windows: the end counts only the time they let the
+    /// rollout work, and the pace leaves out the waits between them.
+    pub fn with_windows(mut self, windows: &[MaintenanceWindow]) -> Eta {
+        self.windows = windows.to_vec();
+        self
+    }
+
+    /// Wall time from `from` to `to` that the rollout could work: all of it without
+    /// windows; with them, the window time and the time nodes ran past a window's end.
+    fn working(&self, from: Timestamp, to: Timestamp) -> f64 {
+        if self.windows.is_empty() {
+            return to.since(from).as_secs_f64();
+        }
+        let open = window::open_time(&self.windows, from, to);
+        let past_end: std::time::Duration = self
+            .steps
+            .iter()
+            .flat_map(|s| s.spans.iter())
+            .map(|&(a, b)| (a.max(from), b.min(to)))
+            .filter(|(a, b)| a < b)
+            .map(|(a, b)| {
+                b.since(a)
+                    .saturating_sub(window::open_time(&self.windows, a, b))
+            })
+            .sum();
+        (open + past_end).min(to.since(from)).as_secs_f64()
     }
 
     /// A node of `stage` began its step at `at` (an earlier run's start counts: the node
@@ -137,6 +182,7 @@ impl Eta {
             step.waiting.remove(n);
             if let Some(began) = step.started.remove(n).filter(|_| !earlier) {
                 step.took.push(at.since(began).as_secs());
+                step.spans.push((began, at));
             }
         }
         if step.unit || step.waiting.is_empty() {
@@ -181,15 +227,17 @@ impl Eta {
             .max();
         let (pace, mut observed) = match last_done {
             Some(at) if planned_done > 0 => {
-                let actual = at.since(self.started).as_secs_f64();
+                let actual = self.working(self.started, at);
                 let pace = (actual / planned_done as f64).clamp(PACE.0, PACE.1);
                 (pace, true)
             }
             _ => (1.0, false),
         };
         // The phase under way has been going since the last step finished (or the start).
-        let mut under_way = now.since(last_done.unwrap_or(self.started)).as_secs_f64();
+        let mut under_way = self.working(last_done.unwrap_or(self.started), now);
         let mut left = 0.0;
+        // What is left of each open step, in order, for the calendar.
+        let mut work: Vec<Work> = Vec::new();
         for phase in self.phases() {
             let open: Vec<&Tracked> = phase.iter().filter(|s| s.done_at.is_none()).collect();
             if open.is_empty() {
@@ -226,14 +274,45 @@ impl Eta {
                 (work / slots as f64).max(longest)
             };
             left += phase_left;
+            // Shared out over the open steps as planned; a step with a node under way
+            // needs no window to go on.
+            let planned: u64 = open.iter().map(|s| s.planned_secs).sum();
+            for s in &open {
+                let share = match planned {
+                    0 => phase_left / open.len() as f64,
+                    p => phase_left * s.planned_secs as f64 / p as f64,
+                };
+                work.push(Work {
+                    secs: share.round() as u64,
+                    gated: s.gated && s.started.is_empty(),
+                });
+            }
         }
         let remaining = Duration::from_secs_f64(left);
+        let (end, next_window, windows) = if self.windows.is_empty() {
+            (now.plus(remaining), None, 0)
+        } else {
+            let c = window::calendar(&self.windows, now, &work);
+            let waits = work.iter().any(|w| w.gated)
+                && matches!(
+                    window::state(&self.windows, now),
+                    window::WindowState::Closed { .. }
+                );
+            // The calendar rounds each share to a second; never end before the work does.
+            (
+                c.ends_at.max(now.plus(remaining)),
+                waits.then(|| window::next_open(&self.windows, now)),
+                c.windows,
+            )
+        };
         Estimate {
             remaining,
-            end: now.plus(remaining),
+            end,
             done,
             total,
             observed,
+            next_window,
+            windows,
         }
     }
 
@@ -251,15 +330,33 @@ impl Eta {
 }
 
 impl Estimate {
-    /// "23/60 nodes, done ≈ 14:20 UTC": for a status description.
+    /// "23/60 done, ends ≈ 14:20 UTC": for a status description. With windows the end may
+    /// be days away, so it carries the date, and a wait names the window it waits for:
+    /// "1/7 done, ends ≈ 2026-12-12 07:40 UTC, next window Sat 06:00 UTC".
     pub fn short(&self) -> String {
         let t = self.end.rfc3339();
-        format!(
-            "{}/{} done, ends ≈ {} UTC",
-            self.done,
-            self.total,
-            &t[11..16]
-        )
+        let mut out = if self.windows == 0 && self.next_window.is_none() {
+            format!(
+                "{}/{} done, ends ≈ {} UTC",
+                self.done,
+                self.total,
+                &t[11..16]
+            )
+        } else {
+            format!(
+                "{}/{} done, ends ≈ {} {} UTC",
+                self.done,
+                self.total,
+                &t[..10],
+                &t[11..16]
+            )
+        };
+        if let Some(w) = self.next_window {
+            let d = window::describe(w);
+            let day_time = d.split(" (").next().unwrap_or(&d);
+            out.push_str(&format!(", next window {day_time}"));
+        }
+        out
     }
 }
 
@@ -324,6 +421,7 @@ mod tests {
             notes: vec![],
             warnings: vec![],
             ichor_node: None,
+            schedule: None,
         }
     }
 
@@ -430,5 +528,61 @@ mod tests {
         // A node past the median needs nothing more; the one not begun still needs all.
         let e = eta.estimate(at(2000));
         assert!((e.remaining.as_secs_f64() - (420.0 + sync)).abs() < 0.01);
+    }
+
+    fn saturday(minutes: u64) -> Vec<MaintenanceWindow> {
+        use crate::releaseset::{HumanDuration, TimeOfDay, Weekday};
+        vec![MaintenanceWindow {
+            days: vec![Weekday::Sat],
+            start: TimeOfDay { hour: 6, minute: 0 },
+            duration: HumanDuration::from_secs(minutes * 60),
+        }]
+    }
+
+    fn utc(text: &str) -> Timestamp {
+        Timestamp::parse_rfc3339(text).unwrap()
+    }
+
+    #[test]
+    fn with_windows_the_end_counts_window_time_and_the_wait_is_named() {
+        // Merged on a Tuesday; the window opens on Saturday at 06:00 for an hour.
+        let eta = Eta::new(&plan(), utc("2026-12-01T12:00:00Z")).with_windows(&saturday(60));
+        let e = eta.estimate(utc("2026-12-01T12:00:00Z"));
+        assert_eq!(e.remaining, Duration::from_secs(1000));
+        assert_eq!(e.next_window, Some(utc("2026-12-05T06:00:00Z")));
+        assert_eq!(e.end, utc("2026-12-05T06:16:40Z"));
+        assert_eq!(e.windows, 1);
+        assert_eq!(
+            e.short(),
+            "0/6 done, ends ≈ 2026-12-05 06:16 UTC, next window Sat 06:00 UTC"
+        );
+        // Days of waiting are no work done: the estimate is whole on Friday.
+        let e = eta.estimate(utc("2026-12-04T12:00:00Z"));
+        assert_eq!(e.remaining, Duration::from_secs(1000));
+        assert_eq!(e.end, utc("2026-12-05T06:16:40Z"));
+        // Inside the window, its time counts against the step under way.
+        let e = eta.estimate(utc("2026-12-05T06:01:40Z"));
+        assert_eq!(e.remaining, Duration::from_secs(900));
+        assert_eq!(e.next_window, None);
+    }
+
+    #[test]
+    fn with_windows_the_pace_leaves_out_the_wait_and_a_short_window_takes_another_week() {
+        let mut eta = Eta::new(&plan(), utc("2026-12-01T12:00:00Z")).with_windows(&saturday(15));
+        eta.unit_started(StageId::Talos, "cp-1", utc("2026-12-05T06:00:00Z"));
+        eta.unit_done(StageId::Talos, Some("cp-1"), utc("2026-12-05T06:10:00Z"));
+        let e = eta.estimate(utc("2026-12-05T06:10:00Z"));
+        // 300 planned seconds took 600 of window time (not the four days since the start):
+        // pace 2, so 700 planned seconds are 1400 more.
+        assert_eq!(e.remaining, Duration::from_secs(1400));
+        // The first batch starts in this window (06:10–06:20); the second waits a week,
+        // and the sync follows it inside that window.
+        assert_eq!(e.end, utc("2026-12-12T06:13:20Z"));
+        assert_eq!((e.windows, e.next_window), (2, None));
+        // Once the window closed with the batch still out, the next opening is named.
+        eta.unit_started(StageId::Talos, "w-1", utc("2026-12-05T06:10:00Z"));
+        eta.unit_started(StageId::Talos, "w-2", utc("2026-12-05T06:10:00Z"));
+        let e = eta.estimate(utc("2026-12-05T06:16:00Z"));
+        assert_eq!(e.next_window, Some(utc("2026-12-12T06:00:00Z")));
     }
 }

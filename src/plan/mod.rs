@@ -18,11 +18,13 @@
 mod batch;
 pub mod eta;
 mod render;
+pub mod window;
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 
+use crate::clock::Timestamp;
 use crate::escape;
 use crate::policy::KubeRange;
 use crate::releaseset::{
@@ -126,11 +128,103 @@ pub struct Plan {
     /// node of its stage, so ichor is evicted at the very end.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ichor_node: Option<String>,
+    /// Where the estimate falls on the calendar with the maintenance windows, once
+    /// [`Plan::schedule`] was told the time (a plan for a PR comment has none: it depends
+    /// on when the change merges).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Schedule>,
+}
+
+/// The plan's working time on the calendar: only a window starts a step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Schedule {
+    /// When the schedule was made (RFC 3339).
+    pub from: String,
+    /// When the first step may start: `from` inside a window, else when the next opens.
+    pub starts_at: String,
+    /// When the rollout should end, counting only the time a window lets it work.
+    pub ends_at: String,
+    /// The windows the rollout needs (each starts at least one step).
+    pub windows: usize,
+}
+
+impl Schedule {
+    /// "starts in the next maintenance window, Sat 06:00 UTC (…); ends ≈ …; needs 1
+    /// maintenance window".
+    pub fn describe(&self) -> String {
+        render::schedule_text(self)
+    }
 }
 
 impl Plan {
     pub fn steps(&self) -> impl Iterator<Item = &Step> {
         self.stages.iter().flat_map(|s| s.steps.iter())
+    }
+
+    /// The steps as the calendar sees them: every step but the final verify starts only
+    /// inside a window (src/rollout/nodes.rs `may_go`; the pool, the sync and every
+    /// component step ask it).
+    pub fn work(&self) -> Vec<window::Work> {
+        self.steps()
+            .map(|s| window::Work {
+                secs: s.duration_secs,
+                gated: s.kind != StepKind::Verify,
+            })
+            .collect()
+    }
+
+    /// What is left once the steps `done` says an earlier run finished are taken out: the
+    /// rest keeps its order, its offsets close up, and a note counts what was left out.
+    /// The final verify always stays.
+    pub fn left(&self, done: impl Fn(StageId, &Step) -> bool) -> Plan {
+        let mut p = self.clone();
+        let mut gone = 0;
+        for stage in &mut p.stages {
+            let id = stage.id;
+            let before = stage.steps.len();
+            stage
+                .steps
+                .retain(|s| s.kind == StepKind::Verify || !done(id, s));
+            gone += before - stage.steps.len();
+        }
+        if gone == 0 {
+            return p;
+        }
+        p.stages.retain(|s| !s.steps.is_empty());
+        // A resumed rollout has passed its `before` gate: the rest starts at once.
+        let mut at = 0u64;
+        p.schedule = None;
+        for step in p.stages.iter_mut().flat_map(|s| s.steps.iter_mut()) {
+            step.start_secs = at;
+            at = at.saturating_add(step.duration_secs);
+        }
+        p.estimate_secs = at;
+        p.notes.insert(
+            0,
+            format!(
+                "resumed: {} an earlier run finished {} left out",
+                count(gone, "step"),
+                if gone == 1 { "is" } else { "are" }
+            ),
+        );
+        p
+    }
+
+    /// Lay the plan on the calendar from `now` with `windows` (none: nothing to say, the
+    /// rollout may run any time).
+    pub fn schedule(&mut self, windows: &[crate::releaseset::MaintenanceWindow], now: Timestamp) {
+        if windows.is_empty() || self.stages.is_empty() {
+            self.schedule = None;
+            return;
+        }
+        let c = window::calendar(windows, now, &self.work());
+        self.schedule = Some(Schedule {
+            from: now.rfc3339(),
+            starts_at: c.first_start.rfc3339(),
+            ends_at: c.ends_at.rfc3339(),
+            windows: c.windows,
+        });
     }
 
     pub fn render_text(&self) -> String {
@@ -163,6 +257,10 @@ pub struct PlanOptions {
     /// one-drain order needs every worker's current Talos to run the target kubelet. Empty:
     /// not known, so the two-pass order.
     pub kubernetes_by_talos: Vec<(MinorVersion, KubeRange)>,
+    /// The control plane whose etcd member leads, when read live: the run takes it last
+    /// among the control planes' Talos steps (src/rollout/mod.rs `leader_last`), so the
+    /// plan lists it last too.
+    pub etcd_leader: Option<String>,
 }
 
 impl PlanOptions {
@@ -464,6 +562,15 @@ pub fn plan(
     };
     if !talos_cps.is_empty() || !talos_workers.is_empty() {
         let mut steps = Vec::new();
+        // As the run goes: the leader of etcd after every other control plane (it moves
+        // leadership once, not at every reboot), even after the node running ichor.
+        let mut talos_cps = talos_cps.clone();
+        if let Some(leader) = &opts.etcd_leader {
+            if let Some(pos) = talos_cps.iter().position(|n| &n.name == leader) {
+                let n = talos_cps.remove(pos);
+                talos_cps.push(n);
+            }
+        }
         for n in &talos_cps {
             steps.push(t.step(
                 format!("talos/{}", n.name),
@@ -689,8 +796,15 @@ pub fn plan(
         ),
         _ => {}
     }
+    let estimate_secs = match with_health_gates(&mut stages, &spec.health_checks) {
+        Some((secs, note)) => {
+            notes.push(note);
+            secs
+        }
+        None => t.at,
+    };
     if !spec.rollout.maintenance_windows.is_empty() && !stages.is_empty() {
-        notes.push("the rollout acts only inside the maintenance windows; the estimate counts working time only".into());
+        notes.push("the rollout acts only inside the maintenance windows (a node starts only inside one, then finishes); the estimate counts working time only".into());
     }
     let changes: Vec<String> = bump
         .changes
@@ -752,7 +866,7 @@ pub fn plan(
         workers: workers.len(),
         stages,
         worker_batches: report,
-        estimate_secs: t.at,
+        estimate_secs,
         pairings,
         notes,
         warnings,
@@ -760,7 +874,90 @@ pub fn plan(
             .ichor_node
             .clone()
             .filter(|me| nodes.iter().any(|n| &n.name == me)),
+        schedule: None,
     })
+}
+
+/// The least a health gate of `phase` waits: its checks are read together, and each must
+/// hold for its `stableFor`, counted from the gate's first reading (src/rollout/health.rs).
+fn gate_secs(checks: &[crate::health::HealthCheck], phase: crate::health::Phase) -> u64 {
+    checks
+        .iter()
+        .filter(|c| c.applies(phase))
+        .map(|c| c.stable_for.0.as_secs())
+        .max()
+        .unwrap_or(0)
+}
+
+/// The health gates' least time added where the engine waits at them: `before` ahead of
+/// the first step, `between` after every disruptive unit but the last (a step, or each
+/// worker of a pooled batch, one gate at a time: src/rollout/mod.rs `stages_in_order`),
+/// `after` at verify. Offsets move with it. `None` when no gate costs anything; else the new
+/// total and a note saying what it holds.
+fn with_health_gates(
+    stages: &mut [Stage],
+    checks: &[crate::health::HealthCheck],
+) -> Option<(u64, String)> {
+    use crate::health::Phase;
+    let (before, between, after) = (
+        gate_secs(checks, Phase::Before),
+        gate_secs(checks, Phase::Between),
+        gate_secs(checks, Phase::After),
+    );
+    if stages.is_empty() || before + between + after == 0 {
+        return None;
+    }
+    let units = |s: &Step| {
+        if s.is_worker_batch() {
+            s.nodes.len()
+        } else {
+            1
+        }
+    };
+    let total: usize = stages
+        .iter()
+        .flat_map(|st| st.steps.iter())
+        .filter(|s| s.kind != StepKind::Verify)
+        .map(units)
+        .sum();
+    let last = total.saturating_sub(1);
+    let (mut at, mut seen, mut gates) = (before, 0usize, 0usize);
+    for step in stages.iter_mut().flat_map(|st| st.steps.iter_mut()) {
+        if step.kind == StepKind::Verify {
+            step.duration_secs = step.duration_secs.saturating_add(after);
+        } else {
+            let n = units(step);
+            let here = (seen + n).min(last) - seen.min(last);
+            seen += n;
+            gates += here;
+            step.duration_secs = step
+                .duration_secs
+                .saturating_add((here as u64).saturating_mul(between));
+        }
+        step.start_secs = at;
+        at = at.saturating_add(step.duration_secs);
+    }
+    let mut parts = Vec::new();
+    if before > 0 {
+        parts.push(format!("{} before", render::dur(before)));
+    }
+    if between > 0 && gates > 0 {
+        parts.push(format!(
+            "{} at each of {} after a node or batch",
+            render::dur(between),
+            count(gates, "gate")
+        ));
+    }
+    if after > 0 {
+        parts.push(format!("{} at the final verify", render::dur(after)));
+    }
+    Some((
+        at,
+        format!(
+            "the estimate includes the health gates' stableFor: {} (each gate counts stableFor from its own first reading)",
+            parts.join(", ")
+        ),
+    ))
 }
 
 /// Plans for other modules' unit tests.
@@ -799,6 +996,7 @@ pub(crate) mod tests_support {
             notes: vec![],
             warnings: vec![],
             ichor_node: None,
+            schedule: None,
         }
     }
 }
@@ -971,6 +1169,94 @@ mod tests {
             &opts,
         );
         assert!(p.stages.iter().all(|s| s.id != StageId::Workers));
+    }
+
+    #[test]
+    fn what_is_left_closes_up_and_keeps_verify() {
+        let c = cluster("  rollout: {maxUnavailable: 2}\n");
+        let p = build(&rs("v1.12.6", "v1.33.5"), &rs("v1.12.9", "v1.33.5"), &c);
+        let left = p.left(|stage, s| stage == StageId::Talos && s.id.starts_with("talos/cp-"));
+        let ids: Vec<&str> = left.steps().map(|s| s.id.as_str()).collect();
+        assert!(!ids.iter().any(|i| i.starts_with("talos/cp-")), "{ids:?}");
+        assert_eq!(ids.last(), Some(&"verify"));
+        assert_eq!(left.steps().next().map(|s| s.start_secs), Some(0));
+        assert_eq!(left.estimate_secs, p.estimate_secs - 3 * 480);
+        assert!(left.notes[0].contains("3 steps an earlier run finished are left out"));
+        // Everything done still verifies.
+        let all = p.left(|_, _| true);
+        assert_eq!(all.steps().count(), 1);
+        assert_eq!(p.left(|_, _| false), p);
+    }
+
+    #[test]
+    fn the_etcd_leader_is_planned_last_among_the_control_planes_talos_steps() {
+        let c = cluster("  rollout: {maxUnavailable: 2}\n");
+        let (base, head) = (rs("v1.12.6", "v1.33.5"), rs("v1.12.9", "v1.33.7"));
+        let opts = PlanOptions {
+            etcd_leader: Some("cp-1".into()),
+            ..PlanOptions::default()
+        };
+        let p = build_with(&base, &head, &c, &opts);
+        let cps: Vec<&str> = p.stages[0]
+            .steps
+            .iter()
+            .filter(|s| s.id.starts_with("talos/cp-"))
+            .map(|s| s.id.as_str())
+            .collect();
+        assert_eq!(cps, ["talos/cp-2", "talos/cp-3", "talos/cp-1"]);
+        // The Kubernetes stages keep the plain order: the run takes them as planned.
+        assert_eq!(p.stages[1].steps[0].id, "apiserver/cp-1");
+        let plain = build(&base, &head, &c);
+        assert_eq!(plain.stages[0].steps[0].id, "talos/cp-1");
+    }
+
+    #[test]
+    fn the_estimate_includes_the_health_gates_stable_for() {
+        let checks = "  healthChecks:\n    - {name: a, when: [before, after], stableFor: 2m, kubernetes: {apiVersion: v1, kind: Node, name: cp-1, expression: 'true'}}\n    - {name: b, when: [between], stableFor: 30s, kubernetes: {apiVersion: v1, kind: Node, name: cp-1, expression: 'true'}}\n";
+        let rollout = "  rollout: {maxUnavailable: 2}\n";
+        let (base, head) = (rs("v1.12.6", "v1.33.5"), rs("v1.12.9", "v1.33.5"));
+        let plain = build(&base, &head, &cluster(rollout));
+        let gated = build(&base, &head, &cluster(&format!("{rollout}{checks}")));
+        // 3 control planes and 4 workers: a `between` gate after each but the last.
+        assert_eq!(
+            gated.estimate_secs,
+            plain.estimate_secs + 120 + 6 * 30 + 120,
+            "{gated:#?}"
+        );
+        let first = gated.steps().next().unwrap();
+        assert_eq!(first.start_secs, 120, "the before gate comes first");
+        // The timeline stays gap-free and ends at the estimate.
+        let steps: Vec<&Step> = gated.steps().collect();
+        for pair in steps.windows(2) {
+            assert_eq!(
+                pair[1].start_secs,
+                pair[0].start_secs + pair[0].duration_secs
+            );
+        }
+        let last = steps[steps.len() - 1];
+        assert_eq!(last.kind, StepKind::Verify);
+        assert_eq!(last.start_secs + last.duration_secs, gated.estimate_secs);
+        // A batch of two workers waits at a gate after each of them, but the last unit
+        // of all has none.
+        let batches: Vec<(&Step, &Step)> = gated
+            .steps()
+            .zip(plain.steps())
+            .filter(|(g, _)| g.is_worker_batch())
+            .collect();
+        let added: Vec<u64> = batches
+            .iter()
+            .map(|(g, p)| g.duration_secs - p.duration_secs)
+            .collect();
+        let last_nodes = batches[batches.len() - 1].0.nodes.len() as u64;
+        assert_eq!(added[added.len() - 1], (last_nodes - 1) * 30);
+        assert!(
+            gated.notes.iter().any(|n| n.contains(
+                "2m before, 30s at each of 6 gates after a node or batch, 2m at the final verify"
+            )),
+            "{:?}",
+            gated.notes
+        );
+        assert!(!plain.notes.iter().any(|n| n.contains("health gates")));
     }
 
     #[test]

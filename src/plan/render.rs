@@ -2,7 +2,8 @@
 //! Markdown (ordered steps + the gantt). Every string from the documents goes through
 //! `crate::escape` for the format it lands in.
 
-use super::{count, Plan};
+use super::{count, Plan, Schedule};
+use crate::clock::Timestamp;
 use crate::escape::{self, MermaidIds};
 
 const MINUTE: u64 = 60;
@@ -59,6 +60,36 @@ fn other_notes(p: &Plan) -> impl Iterator<Item = &String> {
     p.notes.iter().filter(move |n| Some(n.as_str()) != said)
 }
 
+/// Where the estimate falls with the maintenance windows: when the first step starts, when
+/// the last ends, and how many windows that takes. Only times and counts, so it needs no
+/// escaping.
+pub(super) fn schedule_text(s: &Schedule) -> String {
+    let when = |t: &str| {
+        Timestamp::parse_rfc3339(t)
+            .map(super::window::describe)
+            .unwrap_or_else(|| t.to_string())
+    };
+    let start = if s.starts_at == s.from {
+        "starts now, inside a maintenance window".to_string()
+    } else {
+        format!(
+            "starts in the next maintenance window, {}",
+            when(&s.starts_at)
+        )
+    };
+    format!(
+        "{start}; ends ≈ {}; needs {}",
+        when(&s.ends_at),
+        count(s.windows, "maintenance window")
+    )
+}
+
+fn calendar_line(p: &Plan) -> Option<String> {
+    p.schedule
+        .as_ref()
+        .map(|s| format!("calendar: {}", schedule_text(s)))
+}
+
 /// One line about the cluster, the batches and the estimate. The wording is ours; only the
 /// numbers come from the plan, so it needs no escaping.
 fn headline(p: &Plan) -> String {
@@ -93,6 +124,9 @@ pub fn text(p: &Plan) -> String {
         t(&p.summary),
         headline(p)
     );
+    if let Some(line) = calendar_line(p) {
+        out.push_str(&format!("{line}\n"));
+    }
     for w in &p.warnings {
         out.push_str(&format!("warning: {}\n", t(w)));
     }
@@ -233,6 +267,9 @@ pub fn markdown(p: &Plan) -> String {
         md(&p.summary),
         headline(p)
     );
+    if let Some(line) = calendar_line(p) {
+        out.push_str(&format!("{line}\n\n"));
+    }
     if !p.warnings.is_empty() {
         // GitHub shows this as a warning box; elsewhere it is a block quote.
         out.push_str("> [!WARNING]\n");

@@ -28,7 +28,8 @@ pub mod step;
 mod talos;
 pub mod terminal;
 mod verify;
-pub mod window;
+/// Maintenance windows live with the plan, whose estimates count them (pure, no I/O).
+pub use crate::plan::window;
 
 use std::future::Future;
 use std::time::Duration;
@@ -205,6 +206,25 @@ pub fn clean_identity(s: &str) -> String {
         .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
         .take(60)
         .collect()
+}
+
+/// The stage and node of a record's step key (`talos/cp-1`, `kube-apiserver/cp-2`,
+/// `manifests`), as the engine writes them.
+pub fn stage_of_record_key(key: &str) -> Option<(StageId, Option<&str>)> {
+    let (prefix, node) = match key.split_once('/') {
+        Some((p, n)) => (p, Some(n)),
+        None => (key, None),
+    };
+    let stage = match prefix {
+        "talos" => StageId::Talos,
+        "kube-apiserver" => StageId::KubeApiserver,
+        "kube-controller-manager" => StageId::KubeControllerManagerScheduler,
+        "kube-proxy" | "manifests" => StageId::KubeProxyManifests,
+        "kubelet" => StageId::Kubelet,
+        "worker" => StageId::Workers,
+        _ => return None,
+    };
+    Some((stage, node))
 }
 
 pub fn stage_key(id: StageId) -> &'static str {
@@ -461,7 +481,8 @@ impl Rollout<'_> {
             },
         };
         // What an earlier run of this rollout finished counts as done, not in the pace.
-        let mut eta = crate::plan::eta::Eta::new(plan, now);
+        let mut eta =
+            crate::plan::eta::Eta::new(plan, now).with_windows(&self.policy.maintenance_windows);
         for (key, step) in &stored.record.steps {
             let began = step
                 .started_at
@@ -471,18 +492,8 @@ impl Rollout<'_> {
             if step.finished_at.is_none() && began.is_none() {
                 continue;
             }
-            let (prefix, node) = match key.split_once('/') {
-                Some((p, n)) => (p, Some(n)),
-                None => (key.as_str(), None),
-            };
-            let stage = match prefix {
-                "talos" => StageId::Talos,
-                "kube-apiserver" => StageId::KubeApiserver,
-                "kube-controller-manager" => StageId::KubeControllerManagerScheduler,
-                "kube-proxy" | "manifests" => StageId::KubeProxyManifests,
-                "kubelet" => StageId::Kubelet,
-                "worker" => StageId::Workers,
-                _ => continue,
+            let Some((stage, node)) = stage_of_record_key(key) else {
+                continue;
             };
             match (began, node) {
                 // Out since an earlier run: its time so far counts toward its need.

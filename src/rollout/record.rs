@@ -174,8 +174,15 @@ pub struct RecordEta {
     /// Nodes (or syncs) done, and in all.
     pub done: usize,
     pub total: usize,
-    /// RFC 3339.
+    /// RFC 3339; with maintenance windows, counting only the time they let it work.
     pub ends_at: String,
+    /// RFC 3339: when the next maintenance window opens, while none is open and a step
+    /// waits for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_window_at: Option<String>,
+    /// The maintenance windows the rest needs (absent without windows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub windows: Option<usize>,
 }
 
 impl RecordEta {
@@ -184,6 +191,8 @@ impl RecordEta {
             done: e.done,
             total: e.total,
             ends_at: e.end.rfc3339(),
+            next_window_at: e.next_window.map(|t| t.rfc3339()),
+            windows: (e.windows > 0 || e.next_window.is_some()).then_some(e.windows),
         }
     }
 }
@@ -340,9 +349,27 @@ impl RolloutRecord {
         ));
         if let Some(e) = &self.eta {
             out.push_str(&format!(
-                "  {}/{} done, ends ≈ {}\n",
+                "  {}/{} done, ends ≈ {}",
                 e.done, e.total, e.ends_at
             ));
+            if let Some(n) = e.windows {
+                out.push_str(&format!(
+                    ", counting maintenance-window time only ({} to go)",
+                    crate::plan::count(n, "window")
+                ));
+            }
+            out.push('\n');
+            // Only the engine's own timestamp, re-read: nothing to escape.
+            if let Some(t) = e
+                .next_window_at
+                .as_deref()
+                .and_then(crate::clock::Timestamp::parse_rfc3339)
+            {
+                out.push_str(&format!(
+                    "  next maintenance window opens {}\n",
+                    crate::plan::window::describe(t)
+                ));
+            }
         }
         if let Some(w) = &self.waiting {
             out.push_str(&format!("  waiting: {}\n", crate::escape::terminal(w)));

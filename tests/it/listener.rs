@@ -9,7 +9,6 @@
 //! hang reaches.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::Duration;
 
 use ichor::clock::Clock;
@@ -539,11 +538,14 @@ async fn ichor_run_check_says_whether_a_webhook_listener_is_bound() -> TestResul
         without.contains("GitHub mode; no webhook secret: no webhook listener, polls every 10m"),
         "{without}"
     );
+    // Git-only mode pushes its notes into repository.path: a bare repository.
+    let bare = front.dir.path().join("homelab.git");
+    git2::Repository::init_bare(&bare)?;
     let git_only = check(
         "git-only.yaml",
         format!(
             "repository:\n  path: {}\nclusters:\n  - name: homelab\n    act: false\n",
-            Path::new("/srv/homelab.git").display()
+            bare.display()
         ),
     )?;
     assert!(

@@ -854,6 +854,8 @@ async fn no_node_starts_outside_a_maintenance_window() -> TestResult {
         "{:#?}",
         lines.all()
     );
+    // The engine's ETA knows the windows (issue 43 F8): its end carries the date.
+    assert!(lines.any("done, ends ≈ 2026-01-03 "), "{:#?}", lines.all());
     let opens = ichor::clock::Timestamp::parse_rfc3339("2026-01-03T06:00:00Z").ok_or("date")?;
     for (key, step) in s.record().await?.steps {
         let at = step

@@ -182,6 +182,23 @@ async fn a_resume_on_a_newer_commit_ends_at_the_target_and_never_says_done_befor
     assert!(first.out.contains("emptyDir"), "{}", first.out);
     assert!(!off_target(&twin, talos, kubelet).is_empty());
 
+    // F11: a resume of the same commit shows what is left, not the steps already done
+    // (the control planes' components went before the workers' drains paused).
+    let again = rollout(&twin, &clock, &repo, &home, &["--resume"]).await?;
+    never_done_early(&again, "a resume of the same commit");
+    assert_eq!(again.code, Some(3), "{}", again.out);
+    assert!(
+        first.out.contains("kube-apiserver on cp-1"),
+        "{}",
+        first.out
+    );
+    assert!(
+        !again.out.contains("kube-apiserver on cp-1")
+            && again.out.contains("an earlier run finished"),
+        "{}",
+        again.out
+    );
+
     // An unrelated commit on top: the paused bump's work is still there.
     std::fs::write(repo.join("NOTES.md"), "What runs where.\n")?;
     git(&repo, &["add", "NOTES.md"])?;
@@ -225,6 +242,28 @@ async fn a_resume_on_a_newer_commit_ends_at_the_target_and_never_says_done_befor
         .ok_or("no record")?
         .record;
     assert_eq!(rec.state, RecordState::Completed);
+    // F10: `ichor status` without --repo finds the record by its name.
+    let twin_kubeconfig = twin.kubeconfig().to_path_buf();
+    let status = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ichor"))
+            .args(["status", "--kubeconfig"])
+            .arg(twin_kubeconfig)
+            .env_remove("KUBECONFIG")
+            .env_remove("TALOSCONFIG")
+            .output()
+    })
+    .await??;
+    let out = crate::stdout(&status);
+    assert_eq!(
+        status.status.code(),
+        Some(0),
+        "{out}{}",
+        crate::stderr(&status)
+    );
+    assert!(
+        out.contains("homelab") && out.contains("Rollout to ") && out.contains("completed"),
+        "{out}"
+    );
     twin.shutdown().await;
     Ok(())
 }
@@ -416,5 +455,231 @@ async fn a_calico_twin_runs_calico_node_where_the_gate_looks() -> TestResult {
         .any(|(ns, name)| daemonsets.contains(&(ns.to_string(), name.to_string())));
     assert!(found, "{daemonsets:?}");
     twin.shutdown().await;
+    Ok(())
+}
+
+/// `ichor plan --output json` on `repo`: the one plan it shows.
+fn plan_json(repo: &Path, head: &str, now: &str) -> Result<serde_json::Value, Error> {
+    let o = crate::ichor(&[
+        "plan",
+        "--repo",
+        &repo.to_string_lossy(),
+        "--base",
+        "main",
+        "--head",
+        head,
+        "--now",
+        now,
+        "--output",
+        "json",
+    ]);
+    if o.status.code() != Some(0) {
+        return Err(format!("plan: {}", crate::stderr(&o)).into());
+    }
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+    Ok(v["plans"][0].clone())
+}
+
+fn at(text: &str) -> Result<ichor::clock::Timestamp, Error> {
+    ichor::clock::Timestamp::parse_rfc3339(text).ok_or_else(|| format!("not a time: {text}").into())
+}
+
+/// F8: the plan lays its estimate on the calendar. Merged on a Tuesday, the homelab's
+/// weekend window (sat, sun 06:00 for 6h) starts it on Saturday and it ends one estimate
+/// later; inside the window it starts now. With a 5-minute window each step needs a window
+/// of its own, and the plan says how many and when the last one ends.
+#[test]
+fn the_plan_says_when_the_window_opens_and_when_the_rollout_ends_on_the_calendar() -> TestResult {
+    let tuesday = "2026-12-01T12:00:00Z";
+    let p = plan_json(homelab(), "renovate/talos", tuesday)?;
+    let s = &p["schedule"];
+    assert_eq!(s["startsAt"], "2026-12-05T06:00:00Z", "{p:#}");
+    let secs = p["estimateSecs"].as_u64().ok_or("estimateSecs")?;
+    let ends = at(s["endsAt"].as_str().ok_or("endsAt")?)?;
+    assert_eq!(
+        ends,
+        at("2026-12-05T06:00:00Z")?.plus(std::time::Duration::from_secs(secs))
+    );
+    assert_eq!(s["windows"], 1, "{p:#}");
+    let o = crate::ichor(&[
+        "plan",
+        "--repo",
+        &homelab().to_string_lossy(),
+        "--base",
+        "main",
+        "--head",
+        "renovate/talos",
+        "--now",
+        tuesday,
+    ]);
+    let text = crate::stdout(&o);
+    assert!(
+        text.contains("calendar: starts in the next maintenance window, Sat 06:00 UTC (2026-12-05T06:00:00Z); ends ≈ Sat ")
+            && text.contains("needs 1 maintenance window\n"),
+        "{text}"
+    );
+    let inside = plan_json(homelab(), "renovate/talos", "2026-12-05T07:00:00Z")?;
+    assert_eq!(inside["schedule"]["startsAt"], "2026-12-05T07:00:00Z");
+
+    // A 5-minute window: every step but verify starts in a window of its own, two a
+    // weekend, so the rollout needs weeks.
+    let dir = tempfile::tempdir()?;
+    let repo = clone_homelab(dir.path())?;
+    commit_edit(
+        &repo,
+        "clusters/homelab/cluster.yaml",
+        "duration: 6h",
+        "duration: 5m",
+        "rollout: a 5-minute window",
+    )?;
+    git(&repo, &["checkout", "-q", "-b", "bump"])?;
+    commit_edit(
+        &repo,
+        "clusters/homelab/release-set.yaml",
+        "talos: v1.12.6",
+        "talos: v1.12.9",
+        "fix(deps): update talos ( v1.12.6 → v1.12.9 )",
+    )?;
+    let p = plan_json(&repo, "bump", tuesday)?;
+    let steps: Vec<&serde_json::Value> = p["stages"]
+        .as_array()
+        .ok_or("stages")?
+        .iter()
+        .flat_map(|s| s["steps"].as_array().into_iter().flatten())
+        .collect();
+    let gated = steps.iter().filter(|s| s["kind"] != "verify").count();
+    assert!(gated > 2, "{p:#}");
+    let s = &p["schedule"];
+    assert_eq!(s["windows"], gated, "{p:#}");
+    assert_eq!(s["startsAt"], "2026-12-05T06:00:00Z", "{p:#}");
+    // The last step's window is the gated-th of Saturdays and Sundays from 5 December.
+    let weekend = (gated as u64 - 1) / 2;
+    let last_window = at("2026-12-05T06:00:00Z")?.plus(std::time::Duration::from_secs(
+        weekend * 7 * 86_400 + ((gated as u64 - 1) % 2) * 86_400,
+    ));
+    let ends = at(s["endsAt"].as_str().ok_or("endsAt")?)?;
+    assert!(
+        ends > last_window && ends < last_window.plus(std::time::Duration::from_secs(3600)),
+        "{p:#}"
+    );
+    Ok(())
+}
+
+/// F8: `ichor rollout --dry-run` on a weekday says when the window opens before anything is
+/// confirmed (the prompt carries the same sentence). F14: its plan lists the control planes
+/// as the run takes them, etcd's leader last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_on_a_weekday_says_the_rollout_waits_for_the_window() -> TestResult {
+    let state = tempfile::tempdir()?;
+    let repo = clone_homelab(state.path())?;
+    let dir = repo.join("clusters/homelab");
+    let tuesday = at("2026-12-01T12:00:00Z")?;
+    let clock = Clock::scaled_at(SPEED, tuesday)?;
+    let twin = Twin::start(
+        clock.clone(),
+        &ClusterFolder::read(&dir)?,
+        &state.path().join("state"),
+        TwinOptions::default(),
+    )
+    .await?;
+    commit_edit(
+        &repo,
+        "clusters/homelab/release-set.yaml",
+        "kubernetes: v1.33.5",
+        "kubernetes: v1.33.7",
+        "fix(deps): update kubelet ( v1.33.5 → v1.33.7 )",
+    )?;
+    commit_edit(
+        &repo,
+        "clusters/homelab/release-set.yaml",
+        "talos: v1.12.6",
+        "talos: v1.12.9",
+        "fix(deps): update talos ( v1.12.6 → v1.12.9 )",
+    )?;
+    let home = state.path().join("home");
+    std::fs::create_dir_all(&home)?;
+    let r = rollout(&twin, &clock, &repo, &home, &["--dry-run"]).await?;
+    // F14: the control planes in the order the run takes them, etcd's leader last.
+    let leader = twin
+        .talos
+        .observe()
+        .into_iter()
+        .find(|o| o.etcd_leader)
+        .map(|o| o.name)
+        .ok_or("no etcd leader")?;
+    let cps: Vec<&str> = r
+        .out
+        .lines()
+        .filter_map(|l| l.split("control plane ").nth(1))
+        .filter(|rest| rest.contains("Talos"))
+        .filter_map(|rest| rest.split(':').next())
+        .collect();
+    assert_eq!(cps.len(), 3, "{}", r.out);
+    assert_eq!(cps.last().copied(), Some(leader.as_str()), "{}", r.out);
+    assert_eq!(r.code, Some(0), "{}", r.out);
+    assert!(
+        r.out
+            .contains("calendar: starts in the next maintenance window, Sat 06:00 UTC (2026-12-05T06:00:00Z); ends ≈ Sat "),
+        "{}",
+        r.out
+    );
+    assert!(r.out.contains("dry run: nothing was changed"), "{}", r.out);
+    twin.shutdown().await;
+    Ok(())
+}
+
+/// F6: Git-only mode pushes its verdicts as git notes into `repository.path`, and git
+/// refuses a push into a repository with a work tree. `ichor run --check` (and the start)
+/// refuse such a path, and one that is no repository, with the way out; a bare clone of it
+/// is valid.
+#[test]
+fn git_only_mode_refuses_a_repository_path_it_could_never_publish_to() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let work_tree = clone_homelab(dir.path())?;
+    let bare = dir.path().join("homelab.git");
+    let clone = std::process::Command::new("git")
+        .args(["clone", "-q", "--bare"])
+        .arg(&work_tree)
+        .arg(&bare)
+        .output()?;
+    if !clone.status.success() {
+        return Err(format!("git clone --bare: {}", crate::stderr(&clone)).into());
+    }
+    let check = |repo: &Path| -> Result<std::process::Output, Error> {
+        let config = dir.path().join("config.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "repository:\n  path: {}\nclusters:\n  - name: homelab\n    act: false\nstateDir: {}\n",
+                repo.display(),
+                dir.path().join("state").display()
+            ),
+        )?;
+        Ok(crate::ichor(&[
+            "run",
+            "--config",
+            &config.to_string_lossy(),
+            "--check",
+        ]))
+    };
+    let o = check(&work_tree)?;
+    assert_eq!(o.status.code(), Some(2), "{}", crate::stdout(&o));
+    let err = crate::stderr(&o);
+    assert!(
+        err.contains("has a work tree")
+            && err.contains("Git-only mode")
+            && err.contains("git clone --bare"),
+        "{err}"
+    );
+    let o = check(&dir.path().join("nowhere"))?;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        crate::stderr(&o).contains("not a git repository"),
+        "{}",
+        crate::stderr(&o)
+    );
+    let o = check(&bare)?;
+    assert_eq!(o.status.code(), Some(0), "{}", crate::stderr(&o));
+    assert!(crate::stdout(&o).contains("valid (1 cluster, Git-only mode"));
     Ok(())
 }
