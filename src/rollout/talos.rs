@@ -897,8 +897,9 @@ impl Run<'_, '_> {
             .await
             .map_err(|err| fail(format!("cannot read the configuration on disk: {err}")))?;
         let Some(persistent) = persistent else {
-            // Talos before 1.10 keeps no separate persistent resource.
-            return Ok(());
+            return self
+                .no_try_since_boot(stage, node, addr, active, opts)
+                .await;
         };
         let paths =
             crate::talos::machine_config::pending_changes(&active.yaml, &persistent.yaml)
@@ -909,6 +910,43 @@ impl Run<'_, '_> {
         Err(fail(format!(
             "unrelated pending configuration change on {node}: {} (a STAGED configuration waiting for the next reboot, or a TRY running); a NO_REBOOT apply would overwrite it — reboot the node to apply it or apply the active configuration again to drop it, then resume",
             crate::releaseset::excerpt(&paths.join(", "), 300)
+        )))
+    }
+
+    /// A node without the `persistent` resource: Talos before 1.10 has none, and from 1.10
+    /// it exists only once an apply in this boot persisted something — a configuration
+    /// read from STATE at boot is set active once and not persisted again
+    /// (siderolabs/talos@v1.13.9:internal/app/machined/pkg/controllers/config/acquire.go
+    /// `Run`). The active resource is then created at version 1 and bumped by every later
+    /// SetConfig (cosi-project/runtime pkg/state/impl/inmem/collection.go `Create`,
+    /// `Update`), and the only apply that sets it without persisting is a TRY
+    /// (v1alpha1_server.go `ApplyConfiguration`; runtime `RollbackToConfigAfter`). So a
+    /// version above 1 means a TRY ran in this boot, and may still run: ichor's dry run
+    /// would cancel its rollback and its NO_REBOOT apply would persist it. Pauses.
+    async fn no_try_since_boot(
+        &self,
+        stage: StageId,
+        node: &str,
+        addr: &str,
+        active: &MachineConfig,
+        opts: CallOptions<'_>,
+    ) -> Flow<()> {
+        let fail = |why: String| self.pause(stage, Some(node), why);
+        let tag = self
+            .engine
+            .talos
+            .version(addr, opts)
+            .await
+            .map_err(|err| fail(format!("cannot read the node's Talos version: {err}")))?
+            .tag;
+        let before_1_10 =
+            crate::releaseset::Version::parse(&tag).is_ok_and(|v| (v.major(), v.minor()) < (1, 10));
+        if before_1_10 || active.version.trim() == "1" {
+            return Ok(());
+        }
+        Err(fail(format!(
+            "unrelated pending configuration change on {node}: its active configuration changed in this boot (version {}) and nothing was persisted — a TRY (talosctl apply-config --mode try) running or rolled back; ichor's dry run would cancel its rollback and its NO_REBOOT apply would make it permanent — let the TRY roll back (or reboot the node), apply the configuration to keep with NO_REBOOT, then resume",
+            crate::releaseset::excerpt(&active.version, 20)
         )))
     }
 

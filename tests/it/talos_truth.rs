@@ -456,8 +456,8 @@ async fn a_staged_configuration_shows_as_the_persistent_one_and_its_paths() -> T
         sim.client
             .persistent_machine_config(W1, opts())
             .await?
-            .is_some(),
-        "Talos ≥ 1.10 serves the persistent configuration"
+            .is_none(),
+        "a node booted from STATE has no persistent configuration until an apply"
     );
     sim.twin.with_model(|m| {
         m.stage_config(
@@ -561,5 +561,105 @@ async fn a_change_staged_by_an_operator_pauses_the_kubernetes_switch_instead_of_
             .map(|n| String::from_utf8_lossy(n.persistent_config.raw()).contains("renamed"))
     });
     assert_eq!(kept, Some(true));
+    Ok(())
+}
+
+/// N3: upstream keeps no `persistent` MachineConfig until an apply in this boot
+/// (siderolabs/talos@v1.13.9:internal/app/machined/pkg/controllers/config/acquire.go
+/// `Run`), and a TRY sets only the active one. The `tryConfig` fault is an operator's
+/// `talosctl apply-config --mode try`; it rolls back after `tryTimeout`.
+#[tokio::test]
+async fn a_try_on_a_freshly_booted_node_leaves_no_persistent_configuration_and_rolls_back(
+) -> TestResult {
+    let config = TwinConfig::parse(
+        "twin.yaml",
+        "faults:\n  tryConfig: {cp-1: {machine.network.hostname: tried}}\n  tryTimeout: 10m\n",
+    )?;
+    let s = crate::rollout::setup(config).await?;
+    let cp1 = s
+        .twin
+        .talos
+        .observe()
+        .into_iter()
+        .find(|o| o.name == "cp-1")
+        .ok_or("no cp-1")?
+        .ip
+        .to_string();
+    let active = s.talos.machine_config(&cp1, opts()).await?;
+    assert!(active.yaml.contains("tried"), "the TRY is active");
+    assert_eq!(active.version, "2", "created at boot, set again by the TRY");
+    assert!(
+        s.talos
+            .persistent_machine_config(&cp1, opts())
+            .await?
+            .is_none(),
+        "nothing persisted in this boot"
+    );
+    s.twin.advance(Duration::from_secs(10 * 60));
+    let active = s.talos.machine_config(&cp1, opts()).await?;
+    assert!(
+        !active.yaml.contains("tried"),
+        "rolled back after tryTimeout"
+    );
+    assert_eq!(active.version, "3");
+    Ok(())
+}
+
+/// N3 / item 3: an operator's TRY on a freshly booted control plane (no `persistent`
+/// resource, the active configuration changed since boot) pauses a Kubernetes bump before
+/// any dry run or apply reaches the node — a non-TRY apply, dry runs included, cancels the
+/// TRY's rollback and a NO_REBOOT apply would persist it — and the TRY still rolls back.
+#[tokio::test]
+async fn an_operators_try_on_a_freshly_booted_control_plane_pauses_a_kubernetes_bump_and_is_not_made_permanent(
+) -> TestResult {
+    use ichor::rollout::RunOutcome;
+    let dir = tempfile::tempdir()?;
+    let s =
+        crate::rollout::setup_on_1_13(dir.path(), "talos: v1.13.4", "kubernetes: v1.33.7").await?;
+    let tried = "tried-by-an-operator";
+    s.twin.talos.with_model(|m| {
+        m.try_config(
+            "cp-1",
+            &[(
+                "machine.network.hostname".to_string(),
+                serde_yaml::Value::String(tried.into()),
+            )],
+            Duration::from_secs(4 * 3600),
+        )
+    })?;
+    let (outcome, _, lines) = crate::rollout::run_once(&s, false).await?;
+    match outcome {
+        RunOutcome::Paused(p) => {
+            assert_eq!(p.node.as_deref(), Some("cp-1"), "{p:?}");
+            assert!(
+                p.reason.contains("unrelated pending configuration change")
+                    && p.reason.contains("TRY"),
+                "{}",
+                p.reason
+            );
+        }
+        other => panic!("expected a pause, got {other:?}\n{:#?}", lines.all()),
+    }
+    // Nothing but reads reached cp-1's configuration: no dry run, no apply.
+    let log = std::fs::read_to_string(s.twin.talos.audit_log_path())?;
+    let applies = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| {
+            l["node"] == "cp-1" && l["method"] == "machine.MachineService/ApplyConfiguration"
+        })
+        .count();
+    assert_eq!(applies, 0, "an ApplyConfiguration reached cp-1");
+    // The TRY rolls back as the operator asked: nothing made it permanent.
+    s.twin.advance(Duration::from_secs(4 * 3600));
+    let kept = s.twin.talos.with_model(|m| {
+        m.node_by_name("cp-1").map(|n| {
+            (
+                String::from_utf8_lossy(n.config.raw()).contains(tried),
+                String::from_utf8_lossy(n.persistent_config.raw()).contains(tried),
+            )
+        })
+    });
+    assert_eq!(kept, Some((false, false)), "the TRY was made permanent");
     Ok(())
 }
