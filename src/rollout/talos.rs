@@ -519,6 +519,11 @@ impl Run<'_, '_> {
                 }
             }
         };
+        if !again {
+            if let Some(said) = self.pending_at_reboot(node).await {
+                self.say(Progress::Note(format!("{} {said}", step_prefix(stage))));
+            }
+        }
         marker.upgrade_requested = true;
         if let Install::Send(boot) = &install {
             marker.install_sent_boot = Some(boot.clone());
@@ -590,6 +595,42 @@ impl Run<'_, '_> {
                         format!("the upgrade to {installer} was refused: {err}"),
                     ))
                 }
+            }
+        }
+    }
+
+    /// What the reboot this step ends with does to an operator's pending configuration,
+    /// said before the upgrade is requested: a STAGED configuration on disk becomes the
+    /// active one at the next boot, and a TRY (never persisted) is gone with the boot
+    /// (siderolabs/talos@v1.13.9:internal/app/machined/internal/server/v1alpha1/
+    /// v1alpha1_server.go `ApplyConfiguration`, …/controllers/config/acquire.go). Reads
+    /// that fail say nothing: this only informs, the reboot is the step's.
+    async fn pending_at_reboot(&self, node: &LiveNode) -> Option<String> {
+        let talos = self.engine.talos;
+        let (addr, opts) = (address(node), around(node));
+        let active = talos.machine_config(&addr, opts).await.ok()?;
+        let name = &node.name;
+        match talos.persistent_machine_config(&addr, opts).await.ok()? {
+            Some(on_disk) => {
+                let paths =
+                    crate::talos::machine_config::pending_changes(&active.yaml, &on_disk.yaml)
+                        .ok()?;
+                (!paths.is_empty()).then(|| {
+                    format!(
+                        "{name}: its STAGED configuration applies at this reboot ({}); an operator staged it, ichor does not undo it",
+                        crate::releaseset::excerpt(&paths.join(", "), 300)
+                    )
+                })
+            }
+            None => {
+                let tag = talos.version(&addr, opts).await.ok()?.tag;
+                let modern = crate::releaseset::Version::parse(&tag)
+                    .is_ok_and(|v| (v.major(), v.minor()) >= (1, 10));
+                (modern && active.version.trim() != "1").then(|| {
+                    format!(
+                        "{name}: its active configuration changed in this boot without being persisted (a TRY); the reboot ends it and the node boots its configuration on disk"
+                    )
+                })
             }
         }
     }

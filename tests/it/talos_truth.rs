@@ -663,3 +663,42 @@ async fn an_operators_try_on_a_freshly_booted_control_plane_pauses_a_kubernetes_
     assert_eq!(kept, Some((false, false)), "the TRY was made permanent");
     Ok(())
 }
+
+/// Item 3: a Talos upgrade's reboot applies an operator's STAGED configuration (Talos
+/// boots what is on disk): ichor says so, naming the node and the paths, before it
+/// requests the upgrade — and leaves the change to Talos.
+#[tokio::test]
+async fn a_reboot_that_applies_an_operators_staged_configuration_says_so() -> TestResult {
+    use ichor::rollout::RunOutcome;
+    let config = TwinConfig::parse(
+        "twin.yaml",
+        "faults:\n  stagedConfig: {cp-2: {machine.network.hostname: staged-by-an-operator}}\n",
+    )?;
+    let s = crate::rollout::setup(config).await?;
+    let lines = crate::rollout::Lines::default();
+    let report = |p| lines.push(p);
+    let engine = s.engine(&report);
+    let (outcome, _) = crate::rollout::run_checked(&s, &engine, false).await?;
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}\n{}",
+        lines.all().join("\n")
+    );
+    let said: Vec<String> = lines
+        .all()
+        .into_iter()
+        .filter(|l| l.contains("STAGED configuration applies at this reboot"))
+        .collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].contains("cp-2") && said[0].contains("machine.network.hostname"),
+        "{said:?}"
+    );
+    // Talos booted it, as the operator staged it.
+    let active = s.twin.talos.with_model(|m| {
+        m.node_by_name("cp-2")
+            .map(|n| String::from_utf8_lossy(n.config.raw()).contains("staged-by-an-operator"))
+    });
+    assert_eq!(active, Some(true));
+    Ok(())
+}
