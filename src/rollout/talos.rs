@@ -361,7 +361,27 @@ impl Run<'_, '_> {
     ) -> Flow<Observed> {
         // Boxed: a look's reads in flight together make a large future, and every step
         // awaits several looks (a debug build's worker stack would not hold it).
-        let obs = Box::pin(self.observe(stage, node, marker, before)).await?;
+        let mut obs = Box::pin(self.observe(stage, node, marker, before)).await?;
+        // Done needs Talos's own word too, read only when all else says done: on the
+        // target, on a new boot, the Node Ready. A read that fails is a machine not
+        // known ready.
+        let rebooted =
+            matches!((&marker.boot_id_before, &obs.boot_id), (Some(b), Some(n)) if b != n);
+        if marker.started_at.is_some()
+            && rebooted
+            && obs.ready
+            && step::talos_at_target(obs.talos.as_deref(), &self.target.talos) == Some(true)
+        {
+            obs.talos_unready = match self
+                .engine
+                .talos
+                .machine_unready(&address(node), around(node))
+                .await
+            {
+                Ok(unmet) => unmet,
+                Err(err) => Some(format!("its MachineStatus could not be read: {err}")),
+            };
+        }
         if stage != StageId::Workers {
             return Ok(Observed {
                 node: obs,

@@ -86,6 +86,10 @@ pub struct FaultsConfig {
     /// after `tryTimeout`.
     #[serde(default)]
     pub try_config: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+    /// Control plane → how long its etcd member takes to catch up after each boot: its
+    /// kubelet is Ready at once, its member (and Talos's MachineStatus) only then.
+    #[serde(default)]
+    pub etcd_catch_up: BTreeMap<String, HumanDuration>,
     /// How long a `tryConfig` runs before Talos rolls it back (default 1m, Talos's
     /// `constants.ConfigTryTimeout`), on the twin's clock.
     #[serde(default)]
@@ -378,6 +382,31 @@ impl FaultsConfig {
             }
         }
         {
+            let map = &self.etcd_catch_up;
+            let field = path("etcdCatchUp");
+            if map.len() > limits::MAX_ENTRIES {
+                bad(field.clone(), too_many(map.len()));
+            }
+            for (n, d) in map.iter().take(limits::MAX_ENTRIES) {
+                let field = format!("{field}.{n}");
+                match &targets.nodes {
+                    Some(nodes) if nodes.contains(n) && !targets.control_planes.contains(n) => {
+                        bad(
+                            field.clone(),
+                            format!(
+                                "{n:?} is a worker: only control planes run an etcd member (expected one of: {})",
+                                joined(&targets.control_planes)
+                            ),
+                        )
+                    }
+                    _ => check_node(field.clone(), n, &mut bad),
+                }
+                if d.0 > limits::MAX_DURATION {
+                    bad(field, too_long(d.0, limits::MAX_DURATION));
+                }
+            }
+        }
+        {
             let list = &self.etcd_stale_members;
             let field = path("etcdStaleMembers");
             if list.len() > limits::MAX_ENTRIES {
@@ -659,6 +688,7 @@ impl FaultsConfig {
             "installerExitCode",
             "stagedConfig",
             "tryConfig",
+            "etcdCatchUp",
         ]
         .iter()
         .any(|f| given.contains(*f))

@@ -640,6 +640,9 @@ impl Twin {
             .faults
             .etcd_unhealthy
             .extend(f.etcd_unhealthy.iter().cloned());
+        for (n, d) in &f.etcd_catch_up {
+            topts.faults.etcd_catch_up.insert(n.clone(), d.0);
+        }
         topts
             .faults
             .etcd_stale_members
@@ -994,6 +997,14 @@ impl FaultHook for TwinFaults {
                 if given.contains("stagedConfig") {
                     // Validated paths; a value the config loader refuses leaves it unstaged.
                     let _ = stage_all(m, &f.staged_config);
+                }
+                if given.contains("etcdCatchUp") {
+                    // From each node's next boot on.
+                    m.faults.etcd_catch_up = f
+                        .etcd_catch_up
+                        .iter()
+                        .map(|(n, d)| (n.clone(), d.0))
+                        .collect();
                 }
                 if given.contains("tryConfig") {
                     // Validated paths; a value the node refuses leaves nothing tried.

@@ -702,3 +702,35 @@ async fn a_reboot_that_applies_an_operators_staged_configuration_says_so() -> Te
     assert_eq!(active, Some(true));
     Ok(())
 }
+
+/// N8: a control plane counts back only when Talos says the machine is ready, which
+/// includes its etcd service (siderolabs/talos@v1.13.9:internal/app/machined/pkg/
+/// controllers/runtime/machine_status.go). With every member catching up for a minute
+/// after its boot while its kubelet is Ready at once, the rollout waits for each and
+/// completes — before, the next control plane's etcd check paused it.
+#[tokio::test]
+async fn a_control_plane_whose_etcd_is_still_catching_up_is_waited_for_not_paused_on() -> TestResult
+{
+    use ichor::rollout::RunOutcome;
+    let config = TwinConfig::parse(
+        "twin.yaml",
+        "faults:\n  etcdCatchUp: {cp-1: 60s, cp-2: 60s, cp-3: 60s}\n",
+    )?;
+    let s = crate::rollout::setup(config).await?;
+    let lines = crate::rollout::Lines::default();
+    let report = |p| lines.push(p);
+    let engine = s.engine(&report);
+    let (outcome, broken) = crate::rollout::run_checked(&s, &engine, false).await?;
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}\n{}",
+        lines.all().join("\n")
+    );
+    assert!(broken.is_empty(), "{broken:?}");
+    assert!(
+        lines.any("waiting for Talos to report the machine ready (services: etcd not healthy)"),
+        "{}",
+        lines.all().join("\n")
+    );
+    Ok(())
+}

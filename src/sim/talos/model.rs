@@ -99,6 +99,10 @@ pub struct Faults {
     /// Node → the exit code its installer ends with (`installerExitCode`), as 1.14
     /// installers report a class of failure.
     pub installer_exit_code: BTreeMap<String, i32>,
+    /// Control plane → how long its etcd member takes to catch up after each boot
+    /// (`etcdCatchUp`): the kubelet is Ready at once, the member is out of touch (and
+    /// Talos's MachineStatus not ready) until then.
+    pub etcd_catch_up: BTreeMap<String, Duration>,
 }
 
 /// Errors a node returns; the server maps each to its gRPC code.
@@ -297,6 +301,8 @@ pub struct Node {
     /// `runtime/SecurityStates.talos.dev` `bootedWithUKI` reports it (siderolabs/talos
     /// internal/app/machined/pkg/controllers/runtime/security_state.go, v1.13.9).
     pub booted_with_uki: bool,
+    /// Until when this boot's etcd member is still catching up (`etcdCatchUp`).
+    pub etcd_catching_up_until: Option<Timestamp>,
     /// Bumped whenever the node goes down; scheduled work for an older value is dropped.
     boot_gen: u64,
     try_token: u64,
@@ -505,6 +511,11 @@ pub struct EtcdMemberView {
 
 #[derive(Clone, Debug, PartialEq)]
 enum Scheduled {
+    /// The `etcdCatchUp` member of this boot is in touch again.
+    EtcdCaughtUp {
+        node: usize,
+        gen: u64,
+    },
     GoDown {
         node: usize,
         gen: u64,
@@ -692,6 +703,7 @@ impl TalosCluster {
                 events_epoch: 0,
                 etcd_member_id: fnv1a(&spec.name),
                 booted_with_uki: false,
+                etcd_catching_up_until: None,
                 boot_gen: 0,
                 try_token: 0,
             });
@@ -847,6 +859,10 @@ impl TalosCluster {
                 n.installing = false;
                 n.boot.install(&version);
             }
+            Scheduled::EtcdCaughtUp { node, gen } if self.nodes[node].boot_gen == gen => {
+                self.nodes[node].etcd_catching_up_until = None;
+                self.elect_leader();
+            }
             Scheduled::TryRollback {
                 node,
                 gen,
@@ -905,9 +921,13 @@ impl TalosCluster {
             .collect()
     }
 
-    /// Whether the `etcdUnhealthy` fault cuts this node's member off.
+    /// Whether the `etcdUnhealthy` fault cuts this node's member off, or it is still
+    /// catching up after its boot (`etcdCatchUp`).
     pub fn etcd_unhealthy(&self, node: usize) -> bool {
         self.faults.etcd_unhealthy.contains(&self.nodes[node].name)
+            || self.nodes[node]
+                .etcd_catching_up_until
+                .is_some_and(|until| self.now < until)
     }
 
     /// More than half of the control planes are up and healthy.
@@ -1087,6 +1107,8 @@ impl TalosCluster {
             n.kubelet.version = v;
         }
         n.kubelet.healthy = true;
+        let catch_up = self.faults.etcd_catch_up.get(&n.name).copied();
+        n.etcd_catching_up_until = catch_up.map(|d| now.plus(d));
         let mut pods = Vec::new();
         for p in &mut n.static_pods {
             p.image = n.config.image(p.component).unwrap_or_default();
@@ -1096,6 +1118,9 @@ impl TalosCluster {
         }
         self.boot_events(node);
         self.elect_leader();
+        if let Some(d) = catch_up {
+            self.schedule(now.plus(d), Scheduled::EtcdCaughtUp { node, gen });
+        }
         for (component, r) in pods {
             self.schedule(
                 now.plus(restart),
@@ -1662,7 +1687,8 @@ impl TalosCluster {
         let n = &mut self.nodes[i];
         n.config = n.config.with_values(paths, &n.talos_version)?;
         n.persistent_config = n.config.clone();
-        n.config_version += 1;
+        // As booted with it: the active resource stays at its boot version (1), since a
+        // version above 1 with nothing persisted is what a TRY leaves.
         Ok(())
     }
 

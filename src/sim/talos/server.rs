@@ -1077,11 +1077,30 @@ fn machine_status_resource(m: &TalosCluster, node: usize) -> cosi::Resource {
         Stage::Rebooting => "rebooting",
         Stage::Upgrading => "upgrading",
     };
-    let ready = n.ready();
+    // Upstream's checks that the twin models: the etcd service on a control plane
+    // ("services": "etcd not healthy") and the Node's Ready ("nodeReady") —
+    // siderolabs/talos@v1.13.9:internal/app/machined/pkg/controllers/runtime/
+    // machine_status.go `getReadinessChecks`, `servicesCheck`, `nodeReadyCheck`.
+    let mut unmet = Vec::new();
+    if n.is_control_plane() && n.up && m.etcd_unhealthy(node) {
+        unmet.push(("services", "etcd not healthy".to_string()));
+    }
+    if !n.ready() {
+        unmet.push(("nodeReady", format!("node {:?} is not ready", n.name)));
+    }
+    let ready = unmet.is_empty();
     let unmet = if ready {
         "[]".to_string()
     } else {
-        "\n        - name: nodeReady\n          reason: node is not ready".to_string()
+        unmet
+            .iter()
+            .map(|(name, reason)| {
+                format!(
+                    "\n        - name: {name}\n          reason: {}",
+                    serde_yaml::to_string(reason).unwrap_or_default().trim_end()
+                )
+            })
+            .collect::<String>()
     };
     let at = timestamp(m.now());
     cosi::Resource {
