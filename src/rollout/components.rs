@@ -352,6 +352,7 @@ mod tests {
             attachments: vec![],
             degraded_volumes: vec![],
             kubelet: "v1.33.5".into(),
+            talos_unready: None,
         }
     }
 

@@ -35,6 +35,10 @@ pub struct NodeObservation {
     pub degraded_volumes: Vec<String>,
     /// The kubelet version the Node reports (`status.nodeInfo.kubeletVersion`).
     pub kubelet: String,
+    /// Talos's own MachineStatus says the machine is not ready yet (its unmet conditions:
+    /// on a control plane the etcd service among them); read once the node runs the
+    /// target on a new boot and its Node is Ready. `None`: ready, or not read.
+    pub talos_unready: Option<String>,
 }
 
 /// Remembered from when the step began (the rollout record holds it across restarts).
@@ -160,6 +164,23 @@ pub fn talos_node(
                     ))
                 } else {
                     StepState::Settling("waiting for the node to be Ready".into())
+                };
+            }
+            // Talos's readiness, which on a control plane includes its etcd service
+            // (siderolabs/talos@v1.13.9:internal/app/machined/pkg/controllers/runtime/
+            // machine_status.go `getReadinessChecks`): a member still catching up is not
+            // back, so the next control plane waits here instead of pausing on etcd.
+            if let Some(why) = &obs.talos_unready {
+                return if timed_out {
+                    StepState::Failed(format!(
+                        "the node runs Talos {target} and its Node is Ready, but Talos has not reported the machine ready for {}s (node timeout {}s): {why}; check it with talosctl get machinestatus, then resume",
+                        elapsed.as_secs(),
+                        node_timeout.as_secs()
+                    ))
+                } else {
+                    StepState::Settling(format!(
+                        "waiting for Talos to report the machine ready ({why})"
+                    ))
                 };
             }
             if !obs.degraded_volumes.is_empty() {
@@ -397,6 +418,7 @@ impl NodeObservation {
             attachments: Vec::new(),
             degraded_volumes: Vec::new(),
             kubelet: String::new(),
+            talos_unready: None,
         }
     }
 }
@@ -430,6 +452,7 @@ mod tests {
             attachments: vec![],
             degraded_volumes: vec![],
             kubelet: "v1.33.5".into(),
+            talos_unready: None,
         }
     }
 

@@ -361,7 +361,27 @@ impl Run<'_, '_> {
     ) -> Flow<Observed> {
         // Boxed: a look's reads in flight together make a large future, and every step
         // awaits several looks (a debug build's worker stack would not hold it).
-        let obs = Box::pin(self.observe(stage, node, marker, before)).await?;
+        let mut obs = Box::pin(self.observe(stage, node, marker, before)).await?;
+        // Done needs Talos's own word too, read only when all else says done: on the
+        // target, on a new boot, the Node Ready. A read that fails is a machine not
+        // known ready.
+        let rebooted =
+            matches!((&marker.boot_id_before, &obs.boot_id), (Some(b), Some(n)) if b != n);
+        if marker.started_at.is_some()
+            && rebooted
+            && obs.ready
+            && step::talos_at_target(obs.talos.as_deref(), &self.target.talos) == Some(true)
+        {
+            obs.talos_unready = match self
+                .engine
+                .talos
+                .machine_unready(&address(node), around(node))
+                .await
+            {
+                Ok(unmet) => unmet,
+                Err(err) => Some(format!("its MachineStatus could not be read: {err}")),
+            };
+        }
         if stage != StageId::Workers {
             return Ok(Observed {
                 node: obs,
@@ -519,6 +539,11 @@ impl Run<'_, '_> {
                 }
             }
         };
+        if !again {
+            if let Some(said) = self.pending_at_reboot(node).await {
+                self.say(Progress::Note(format!("{} {said}", step_prefix(stage))));
+            }
+        }
         marker.upgrade_requested = true;
         if let Install::Send(boot) = &install {
             marker.install_sent_boot = Some(boot.clone());
@@ -590,6 +615,42 @@ impl Run<'_, '_> {
                         format!("the upgrade to {installer} was refused: {err}"),
                     ))
                 }
+            }
+        }
+    }
+
+    /// What the reboot this step ends with does to an operator's pending configuration,
+    /// said before the upgrade is requested: a STAGED configuration on disk becomes the
+    /// active one at the next boot, and a TRY (never persisted) is gone with the boot
+    /// (siderolabs/talos@v1.13.9:internal/app/machined/internal/server/v1alpha1/
+    /// v1alpha1_server.go `ApplyConfiguration`, …/controllers/config/acquire.go). Reads
+    /// that fail say nothing: this only informs, the reboot is the step's.
+    async fn pending_at_reboot(&self, node: &LiveNode) -> Option<String> {
+        let talos = self.engine.talos;
+        let (addr, opts) = (address(node), around(node));
+        let active = talos.machine_config(&addr, opts).await.ok()?;
+        let name = &node.name;
+        match talos.persistent_machine_config(&addr, opts).await.ok()? {
+            Some(on_disk) => {
+                let paths =
+                    crate::talos::machine_config::pending_changes(&active.yaml, &on_disk.yaml)
+                        .ok()?;
+                (!paths.is_empty()).then(|| {
+                    format!(
+                        "{name}: its STAGED configuration applies at this reboot ({}); an operator staged it, ichor does not undo it",
+                        crate::releaseset::excerpt(&paths.join(", "), 300)
+                    )
+                })
+            }
+            None => {
+                let tag = talos.version(&addr, opts).await.ok()?.tag;
+                let modern = crate::releaseset::Version::parse(&tag)
+                    .is_ok_and(|v| (v.major(), v.minor()) >= (1, 10));
+                (modern && active.version.trim() != "1").then(|| {
+                    format!(
+                        "{name}: its active configuration changed in this boot without being persisted (a TRY); the reboot ends it and the node boots its configuration on disk"
+                    )
+                })
             }
         }
     }
@@ -897,8 +958,9 @@ impl Run<'_, '_> {
             .await
             .map_err(|err| fail(format!("cannot read the configuration on disk: {err}")))?;
         let Some(persistent) = persistent else {
-            // Talos before 1.10 keeps no separate persistent resource.
-            return Ok(());
+            return self
+                .no_try_since_boot(stage, node, addr, active, opts)
+                .await;
         };
         let paths =
             crate::talos::machine_config::pending_changes(&active.yaml, &persistent.yaml)
@@ -909,6 +971,43 @@ impl Run<'_, '_> {
         Err(fail(format!(
             "unrelated pending configuration change on {node}: {} (a STAGED configuration waiting for the next reboot, or a TRY running); a NO_REBOOT apply would overwrite it — reboot the node to apply it or apply the active configuration again to drop it, then resume",
             crate::releaseset::excerpt(&paths.join(", "), 300)
+        )))
+    }
+
+    /// A node without the `persistent` resource: Talos before 1.10 has none, and from 1.10
+    /// it exists only once an apply in this boot persisted something — a configuration
+    /// read from STATE at boot is set active once and not persisted again
+    /// (siderolabs/talos@v1.13.9:internal/app/machined/pkg/controllers/config/acquire.go
+    /// `Run`). The active resource is then created at version 1 and bumped by every later
+    /// SetConfig (cosi-project/runtime pkg/state/impl/inmem/collection.go `Create`,
+    /// `Update`), and the only apply that sets it without persisting is a TRY
+    /// (v1alpha1_server.go `ApplyConfiguration`; runtime `RollbackToConfigAfter`). So a
+    /// version above 1 means a TRY ran in this boot, and may still run: ichor's dry run
+    /// would cancel its rollback and its NO_REBOOT apply would persist it. Pauses.
+    async fn no_try_since_boot(
+        &self,
+        stage: StageId,
+        node: &str,
+        addr: &str,
+        active: &MachineConfig,
+        opts: CallOptions<'_>,
+    ) -> Flow<()> {
+        let fail = |why: String| self.pause(stage, Some(node), why);
+        let tag = self
+            .engine
+            .talos
+            .version(addr, opts)
+            .await
+            .map_err(|err| fail(format!("cannot read the node's Talos version: {err}")))?
+            .tag;
+        let before_1_10 =
+            crate::releaseset::Version::parse(&tag).is_ok_and(|v| (v.major(), v.minor()) < (1, 10));
+        if before_1_10 || active.version.trim() == "1" {
+            return Ok(());
+        }
+        Err(fail(format!(
+            "unrelated pending configuration change on {node}: its active configuration changed in this boot (version {}) and nothing was persisted — a TRY (talosctl apply-config --mode try) running or rolled back; ichor's dry run would cancel its rollback and its NO_REBOOT apply would make it permanent — let the TRY roll back (or reboot the node), apply the configuration to keep with NO_REBOOT, then resume",
+            crate::releaseset::excerpt(&active.version, 20)
         )))
     }
 

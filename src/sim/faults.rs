@@ -81,6 +81,19 @@ pub struct FaultsConfig {
     /// dotted v1alpha1 paths (`machine.network.hostname`) set to these values.
     #[serde(default)]
     pub staged_config: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+    /// Node → a TRY configuration an operator applied to it (`talosctl apply-config --mode
+    /// try`): the active configuration with these dotted v1alpha1 paths set, rolled back
+    /// after `tryTimeout`.
+    #[serde(default)]
+    pub try_config: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+    /// Control plane → how long its etcd member takes to catch up after each boot: its
+    /// kubelet is Ready at once, its member (and Talos's MachineStatus) only then.
+    #[serde(default)]
+    pub etcd_catch_up: BTreeMap<String, HumanDuration>,
+    /// How long a `tryConfig` runs before Talos rolls it back (default 1m, Talos's
+    /// `constants.ConfigTryTimeout`), on the twin's clock.
+    #[serde(default)]
+    pub try_timeout: Option<HumanDuration>,
     /// Longhorn volumes whose failed replicas are never rebuilt: not where they were once the
     /// node returns, nor elsewhere.
     #[serde(default)]
@@ -369,6 +382,31 @@ impl FaultsConfig {
             }
         }
         {
+            let map = &self.etcd_catch_up;
+            let field = path("etcdCatchUp");
+            if map.len() > limits::MAX_ENTRIES {
+                bad(field.clone(), too_many(map.len()));
+            }
+            for (n, d) in map.iter().take(limits::MAX_ENTRIES) {
+                let field = format!("{field}.{n}");
+                match &targets.nodes {
+                    Some(nodes) if nodes.contains(n) && !targets.control_planes.contains(n) => {
+                        bad(
+                            field.clone(),
+                            format!(
+                                "{n:?} is a worker: only control planes run an etcd member (expected one of: {})",
+                                joined(&targets.control_planes)
+                            ),
+                        )
+                    }
+                    _ => check_node(field.clone(), n, &mut bad),
+                }
+                if d.0 > limits::MAX_DURATION {
+                    bad(field, too_long(d.0, limits::MAX_DURATION));
+                }
+            }
+        }
+        {
             let list = &self.etcd_stale_members;
             let field = path("etcdStaleMembers");
             if list.len() > limits::MAX_ENTRIES {
@@ -472,6 +510,46 @@ impl FaultsConfig {
                                 .to_string(),
                         );
                     }
+                }
+            }
+        }
+        {
+            let map = &self.try_config;
+            let field = path("tryConfig");
+            if map.len() > limits::MAX_ENTRIES {
+                bad(field.clone(), too_many(map.len()));
+            }
+            for (n, paths) in map.iter().take(limits::MAX_ENTRIES) {
+                let field = format!("{field}.{n}");
+                check_node(field.clone(), n, &mut bad);
+                if paths.is_empty() || paths.len() > limits::MAX_ENTRIES {
+                    bad(
+                        field.clone(),
+                        format!(
+                            "expected 1 to {} paths of the v1alpha1 document",
+                            limits::MAX_ENTRIES
+                        ),
+                    );
+                }
+                for p in paths.keys().take(limits::MAX_ENTRIES) {
+                    if !config_path(p) {
+                        bad(
+                            format!("{field}.{p}"),
+                            "expected a dotted path under machine or cluster, like machine.network.hostname"
+                                .to_string(),
+                        );
+                    }
+                }
+            }
+            if let Some(d) = self.try_timeout {
+                if d.0.is_zero() || d.0 > limits::MAX_DURATION {
+                    bad(
+                        path("tryTimeout"),
+                        format!(
+                            "expected more than 0s and at most {}s",
+                            limits::MAX_DURATION.as_secs()
+                        ),
+                    );
                 }
             }
         }
@@ -609,10 +687,21 @@ impl FaultsConfig {
             "wrongVersion",
             "installerExitCode",
             "stagedConfig",
+            "tryConfig",
+            "etcdCatchUp",
         ]
         .iter()
         .any(|f| given.contains(*f))
     }
+}
+
+/// A dotted path of the v1alpha1 document a fault may set (`machine.network.hostname`).
+fn config_path(p: &str) -> bool {
+    let segments: Vec<&str> = p.split('.').collect();
+    p.len() <= limits::MAX_NAME
+        && (2..=16).contains(&segments.len())
+        && segments.iter().all(|s| !s.is_empty())
+        && matches!(segments[0], "machine" | "cluster")
 }
 
 fn joined(names: &BTreeSet<String>) -> String {
@@ -726,6 +815,28 @@ mod tests {
             r#"{"pdbsNeverAllow": ["default/web"], "apiErrorBurst": {"count": 5, "status": 429, "retryAfter": "2s"}}"#,
         )?;
         assert_eq!(ok.validate(&targets(), Origin::Config, "faults"), Ok(()));
+        Ok(())
+    }
+
+    #[test]
+    fn a_try_names_a_node_and_paths_and_its_timeout_is_bounded() -> Result<(), serde_json::Error> {
+        let f = parse(
+            r#"{"tryConfig": {"nope": {"machine.network.hostname": "x"}, "w-1": {"hostname": "x"}},
+                "tryTimeout": "0s"}"#,
+        )?;
+        let e = f
+            .validate(&targets(), Origin::Runtime, "")
+            .err()
+            .map(|e| e.0)
+            .unwrap_or_default();
+        let fields: Vec<&str> = e.iter().map(|e| e.field.as_str()).collect();
+        assert!(fields.contains(&"tryConfig.nope"), "{fields:?}");
+        assert!(fields.contains(&"tryConfig.w-1.hostname"), "{fields:?}");
+        assert!(fields.contains(&"tryTimeout"), "{fields:?}");
+        let ok = parse(
+            r#"{"tryConfig": {"w-1": {"machine.network.hostname": "x"}}, "tryTimeout": "5m"}"#,
+        )?;
+        assert!(ok.validate(&targets(), Origin::Runtime, "").is_ok());
         Ok(())
     }
 

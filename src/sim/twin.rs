@@ -515,6 +515,29 @@ fn stage_all(
     Ok(())
 }
 
+/// Apply the `tryConfig` fault's TRY on each node it names, as `talosctl apply-config
+/// --mode try` would, rolled back after `tryTimeout` (default 1m).
+fn try_all(
+    m: &mut talos::TalosCluster,
+    tries: &BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+    timeout: Option<Duration>,
+) -> Result<(), String> {
+    let timeout = timeout.unwrap_or(Duration::from_secs(60));
+    for (node, paths) in tries {
+        let values: Vec<(String, serde_yaml::Value)> = paths
+            .iter()
+            .map(|(p, v)| {
+                serde_yaml::to_value(v)
+                    .map(|v| (p.clone(), v))
+                    .map_err(|e| format!("{node}.{p}: {e}"))
+            })
+            .collect::<Result<_, _>>()?;
+        m.try_config(node, &values, timeout)
+            .map_err(|e| format!("{node}: {e}"))?;
+    }
+    Ok(())
+}
+
 /// The CNI agent's DaemonSet as its own manifests name it: Calico's is `calico-node`
 /// (projectcalico/calico@v3.29.3:charts/calico/templates/calico-node.yaml, in kube-system);
 /// Cilium's is `cilium`. Others keep the CNI's name.
@@ -617,6 +640,9 @@ impl Twin {
             .faults
             .etcd_unhealthy
             .extend(f.etcd_unhealthy.iter().cloned());
+        for (n, d) in &f.etcd_catch_up {
+            topts.faults.etcd_catch_up.insert(n.clone(), d.0);
+        }
         topts
             .faults
             .etcd_stale_members
@@ -699,6 +725,13 @@ impl Twin {
             talos
                 .with_model(|m| stage_all(m, &staged))
                 .map_err(|e| SimError::Spec(format!("faults.stagedConfig: {e}")))?;
+        }
+        if !f.try_config.is_empty() {
+            let tries = f.try_config.clone();
+            let timeout = f.try_timeout.map(|d| d.0);
+            talos
+                .with_model(|m| try_all(m, &tries, timeout))
+                .map_err(|e| SimError::Spec(format!("faults.tryConfig: {e}")))?;
         }
         let kube = Arc::new(
             KubeTwin::start_with_limits(
@@ -964,6 +997,18 @@ impl FaultHook for TwinFaults {
                 if given.contains("stagedConfig") {
                     // Validated paths; a value the config loader refuses leaves it unstaged.
                     let _ = stage_all(m, &f.staged_config);
+                }
+                if given.contains("etcdCatchUp") {
+                    // From each node's next boot on.
+                    m.faults.etcd_catch_up = f
+                        .etcd_catch_up
+                        .iter()
+                        .map(|(n, d)| (n.clone(), d.0))
+                        .collect();
+                }
+                if given.contains("tryConfig") {
+                    // Validated paths; a value the node refuses leaves nothing tried.
+                    let _ = try_all(m, &f.try_config, f.try_timeout.map(|d| d.0));
                 }
                 if given.contains("etcdStaleMembers") {
                     let list = &f.etcd_stale_members;

@@ -1241,6 +1241,66 @@ impl TalosClient {
             .map(str::to_string))
     }
 
+    /// Talos's own readiness (COSI `runtime/MachineStatuses.runtime.talos.dev/machine`):
+    /// `Ok(None)` when the machine is running and ready, else what is unmet (its
+    /// `unmetConditions` as "name: reason", or the stage). Upstream's checks are time,
+    /// network, the services apid, machined, kubelet (and etcd, trustd on a control plane),
+    /// static pods and the Node's Ready (siderolabs/talos@v1.13.9:internal/app/machined/
+    /// pkg/controllers/runtime/machine_status.go). A node without the resource: `Ok(None)`.
+    pub async fn machine_unready(
+        &self,
+        node: &str,
+        opts: CallOptions<'_>,
+    ) -> Result<Option<String>, TalosError> {
+        let Some(r) = self
+            .get_resource(
+                node,
+                "runtime",
+                "MachineStatuses.runtime.talos.dev",
+                "machine",
+                opts,
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let yaml = r.spec.map(|s| s.yaml_spec).unwrap_or_default();
+        let spec: serde_yaml::Value = serde_yaml::from_str(&yaml)
+            .map_err(|e| reply(node, "cosi Get", &format!("MachineStatus spec: {e}")))?;
+        let stage = spec.get("stage").and_then(serde_yaml::Value::as_str);
+        let status = spec.get("status");
+        let ready = status
+            .and_then(|s| s.get("ready"))
+            .and_then(serde_yaml::Value::as_bool)
+            .unwrap_or(false);
+        if ready && stage == Some("running") {
+            return Ok(None);
+        }
+        let unmet: Vec<String> = status
+            .and_then(|s| s.get("unmetConditions"))
+            .and_then(serde_yaml::Value::as_sequence)
+            .map(|conds| {
+                conds
+                    .iter()
+                    .map(|c| {
+                        let field = |k: &str| {
+                            c.get(k)
+                                .and_then(serde_yaml::Value::as_str)
+                                .unwrap_or_default()
+                        };
+                        format!("{}: {}", field("name"), field("reason"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let said = if unmet.is_empty() {
+            format!("stage {}", stage.unwrap_or("unknown"))
+        } else {
+            unmet.join("; ")
+        };
+        Ok(Some(crate::releaseset::excerpt(&said, 300)))
+    }
+
     /// Every COSI resource of a kind in a namespace.
     pub async fn list_resources(
         &self,

@@ -206,6 +206,7 @@ fn full_strategy() -> impl Strategy<Value = Full> {
                     attachments: strs(attachments),
                     degraded_volumes: degraded,
                     kubelet: kubelet.to_string(),
+                    talos_unready: None,
                 };
                 Full {
                     obs,

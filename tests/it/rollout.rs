@@ -1570,7 +1570,7 @@ async fn a_single_control_plane_cluster_upgrades_end_to_end_through_its_only_end
 /// [`setup`] from a repository (under `dir`) whose `main` runs the homelab on Talos v1.13.4
 /// and Kubernetes v1.33.5, with a Renovate PR that sets `talos` and `kubernetes` (each a
 /// `key: version` line of the release set; the current one leaves it).
-async fn setup_on_1_13(
+pub(crate) async fn setup_on_1_13(
     dir: &std::path::Path,
     talos: &str,
     kubernetes: &str,

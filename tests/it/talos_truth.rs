@@ -456,8 +456,8 @@ async fn a_staged_configuration_shows_as_the_persistent_one_and_its_paths() -> T
         sim.client
             .persistent_machine_config(W1, opts())
             .await?
-            .is_some(),
-        "Talos ≥ 1.10 serves the persistent configuration"
+            .is_none(),
+        "a node booted from STATE has no persistent configuration until an apply"
     );
     sim.twin.with_model(|m| {
         m.stage_config(
@@ -561,5 +561,176 @@ async fn a_change_staged_by_an_operator_pauses_the_kubernetes_switch_instead_of_
             .map(|n| String::from_utf8_lossy(n.persistent_config.raw()).contains("renamed"))
     });
     assert_eq!(kept, Some(true));
+    Ok(())
+}
+
+/// N3: upstream keeps no `persistent` MachineConfig until an apply in this boot
+/// (siderolabs/talos@v1.13.9:internal/app/machined/pkg/controllers/config/acquire.go
+/// `Run`), and a TRY sets only the active one. The `tryConfig` fault is an operator's
+/// `talosctl apply-config --mode try`; it rolls back after `tryTimeout`.
+#[tokio::test]
+async fn a_try_on_a_freshly_booted_node_leaves_no_persistent_configuration_and_rolls_back(
+) -> TestResult {
+    let config = TwinConfig::parse(
+        "twin.yaml",
+        "faults:\n  tryConfig: {cp-1: {machine.network.hostname: tried}}\n  tryTimeout: 10m\n",
+    )?;
+    let s = crate::rollout::setup(config).await?;
+    let cp1 = s
+        .twin
+        .talos
+        .observe()
+        .into_iter()
+        .find(|o| o.name == "cp-1")
+        .ok_or("no cp-1")?
+        .ip
+        .to_string();
+    let active = s.talos.machine_config(&cp1, opts()).await?;
+    assert!(active.yaml.contains("tried"), "the TRY is active");
+    assert_eq!(active.version, "2", "created at boot, set again by the TRY");
+    assert!(
+        s.talos
+            .persistent_machine_config(&cp1, opts())
+            .await?
+            .is_none(),
+        "nothing persisted in this boot"
+    );
+    s.twin.advance(Duration::from_secs(10 * 60));
+    let active = s.talos.machine_config(&cp1, opts()).await?;
+    assert!(
+        !active.yaml.contains("tried"),
+        "rolled back after tryTimeout"
+    );
+    assert_eq!(active.version, "3");
+    Ok(())
+}
+
+/// N3 / item 3: an operator's TRY on a freshly booted control plane (no `persistent`
+/// resource, the active configuration changed since boot) pauses a Kubernetes bump before
+/// any dry run or apply reaches the node — a non-TRY apply, dry runs included, cancels the
+/// TRY's rollback and a NO_REBOOT apply would persist it — and the TRY still rolls back.
+#[tokio::test]
+async fn an_operators_try_on_a_freshly_booted_control_plane_pauses_a_kubernetes_bump_and_is_not_made_permanent(
+) -> TestResult {
+    use ichor::rollout::RunOutcome;
+    let dir = tempfile::tempdir()?;
+    let s =
+        crate::rollout::setup_on_1_13(dir.path(), "talos: v1.13.4", "kubernetes: v1.33.7").await?;
+    let tried = "tried-by-an-operator";
+    s.twin.talos.with_model(|m| {
+        m.try_config(
+            "cp-1",
+            &[(
+                "machine.network.hostname".to_string(),
+                serde_yaml::Value::String(tried.into()),
+            )],
+            Duration::from_secs(4 * 3600),
+        )
+    })?;
+    let (outcome, _, lines) = crate::rollout::run_once(&s, false).await?;
+    match outcome {
+        RunOutcome::Paused(p) => {
+            assert_eq!(p.node.as_deref(), Some("cp-1"), "{p:?}");
+            assert!(
+                p.reason.contains("unrelated pending configuration change")
+                    && p.reason.contains("TRY"),
+                "{}",
+                p.reason
+            );
+        }
+        other => panic!("expected a pause, got {other:?}\n{:#?}", lines.all()),
+    }
+    // Nothing but reads reached cp-1's configuration: no dry run, no apply.
+    let log = std::fs::read_to_string(s.twin.talos.audit_log_path())?;
+    let applies = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| {
+            l["node"] == "cp-1" && l["method"] == "machine.MachineService/ApplyConfiguration"
+        })
+        .count();
+    assert_eq!(applies, 0, "an ApplyConfiguration reached cp-1");
+    // The TRY rolls back as the operator asked: nothing made it permanent.
+    s.twin.advance(Duration::from_secs(4 * 3600));
+    let kept = s.twin.talos.with_model(|m| {
+        m.node_by_name("cp-1").map(|n| {
+            (
+                String::from_utf8_lossy(n.config.raw()).contains(tried),
+                String::from_utf8_lossy(n.persistent_config.raw()).contains(tried),
+            )
+        })
+    });
+    assert_eq!(kept, Some((false, false)), "the TRY was made permanent");
+    Ok(())
+}
+
+/// Item 3: a Talos upgrade's reboot applies an operator's STAGED configuration (Talos
+/// boots what is on disk): ichor says so, naming the node and the paths, before it
+/// requests the upgrade — and leaves the change to Talos.
+#[tokio::test]
+async fn a_reboot_that_applies_an_operators_staged_configuration_says_so() -> TestResult {
+    use ichor::rollout::RunOutcome;
+    let config = TwinConfig::parse(
+        "twin.yaml",
+        "faults:\n  stagedConfig: {cp-2: {machine.network.hostname: staged-by-an-operator}}\n",
+    )?;
+    let s = crate::rollout::setup(config).await?;
+    let lines = crate::rollout::Lines::default();
+    let report = |p| lines.push(p);
+    let engine = s.engine(&report);
+    let (outcome, _) = crate::rollout::run_checked(&s, &engine, false).await?;
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}\n{}",
+        lines.all().join("\n")
+    );
+    let said: Vec<String> = lines
+        .all()
+        .into_iter()
+        .filter(|l| l.contains("STAGED configuration applies at this reboot"))
+        .collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].contains("cp-2") && said[0].contains("machine.network.hostname"),
+        "{said:?}"
+    );
+    // Talos booted it, as the operator staged it.
+    let active = s.twin.talos.with_model(|m| {
+        m.node_by_name("cp-2")
+            .map(|n| String::from_utf8_lossy(n.config.raw()).contains("staged-by-an-operator"))
+    });
+    assert_eq!(active, Some(true));
+    Ok(())
+}
+
+/// N8: a control plane counts back only when Talos says the machine is ready, which
+/// includes its etcd service (siderolabs/talos@v1.13.9:internal/app/machined/pkg/
+/// controllers/runtime/machine_status.go). With every member catching up for a minute
+/// after its boot while its kubelet is Ready at once, the rollout waits for each and
+/// completes — before, the next control plane's etcd check paused it.
+#[tokio::test]
+async fn a_control_plane_whose_etcd_is_still_catching_up_is_waited_for_not_paused_on() -> TestResult
+{
+    use ichor::rollout::RunOutcome;
+    let config = TwinConfig::parse(
+        "twin.yaml",
+        "faults:\n  etcdCatchUp: {cp-1: 60s, cp-2: 60s, cp-3: 60s}\n",
+    )?;
+    let s = crate::rollout::setup(config).await?;
+    let lines = crate::rollout::Lines::default();
+    let report = |p| lines.push(p);
+    let engine = s.engine(&report);
+    let (outcome, broken) = crate::rollout::run_checked(&s, &engine, false).await?;
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "{outcome:?}\n{}",
+        lines.all().join("\n")
+    );
+    assert!(broken.is_empty(), "{broken:?}");
+    assert!(
+        lines.any("waiting for Talos to report the machine ready (services: etcd not healthy)"),
+        "{}",
+        lines.all().join("\n")
+    );
     Ok(())
 }

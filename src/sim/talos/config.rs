@@ -110,6 +110,9 @@ pub enum ConfigError {
     /// A test named a node the twin does not have (a typo would otherwise pass unseen).
     #[error("the twin has no node {0:?}")]
     NoSuchNode(String),
+    /// The node refused the apply (its answer).
+    #[error("{0}")]
+    Refused(String),
     #[error("config is missing the v1alpha1 document (version: v1alpha1)")]
     MissingV1Alpha1,
     #[error("{kind} document conflicts with v1alpha1 field {path}: set one or the other")]

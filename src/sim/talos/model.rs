@@ -99,6 +99,10 @@ pub struct Faults {
     /// Node → the exit code its installer ends with (`installerExitCode`), as 1.14
     /// installers report a class of failure.
     pub installer_exit_code: BTreeMap<String, i32>,
+    /// Control plane → how long its etcd member takes to catch up after each boot
+    /// (`etcdCatchUp`): the kubelet is Ready at once, the member is out of touch (and
+    /// Talos's MachineStatus not ready) until then.
+    pub etcd_catch_up: BTreeMap<String, Duration>,
 }
 
 /// Errors a node returns; the server maps each to its gRPC code.
@@ -261,7 +265,19 @@ pub struct Node {
     pub config: MachineConfig,
     /// Configuration on disk: differs from the active one after STAGED or TRY.
     pub persistent_config: MachineConfig,
-    /// Bumped on every change of the active configuration (COSI resource version).
+    /// Whether the COSI `persistent` MachineConfig exists: only once an apply in this boot
+    /// persisted something (STAGED, NO_REBOOT, REBOOT). A config read from STATE at boot
+    /// is set active and not persisted again (siderolabs/talos@v1.13.9:internal/app/
+    /// machined/pkg/controllers/config/acquire.go `Run`: "if the only source is state, we
+    /// do not need to persist it"); a TRY sets only the active one.
+    pub persistent_resource: bool,
+    /// The `persistent` resource's version: 1 when an apply creates it, bumped by each
+    /// later one.
+    pub persistent_version: u64,
+    /// The active configuration's COSI resource version: 1 at boot (the in-memory state
+    /// is new and acquire.go creates it once), bumped by every later SetConfig (a TRY, its
+    /// rollback, NO_REBOOT) as cosi-project/runtime pkg/state/impl/inmem/collection.go
+    /// `Create`/`Update` count.
     pub config_version: u64,
     pub kubelet: Kubelet,
     pub static_pods: Vec<StaticPod>,
@@ -285,12 +301,25 @@ pub struct Node {
     /// `runtime/SecurityStates.talos.dev` `bootedWithUKI` reports it (siderolabs/talos
     /// internal/app/machined/pkg/controllers/runtime/security_state.go, v1.13.9).
     pub booted_with_uki: bool,
+    /// Until when this boot's etcd member is still catching up (`etcdCatchUp`).
+    pub etcd_catching_up_until: Option<Timestamp>,
     /// Bumped whenever the node goes down; scheduled work for an older value is dropped.
     boot_gen: u64,
     try_token: u64,
 }
 
 impl Node {
+    /// SetPersistedConfig: the on-disk config and its COSI resource, created or updated.
+    fn persist(&mut self, config: MachineConfig) {
+        self.persistent_config = config;
+        self.persistent_version = if self.persistent_resource {
+            self.persistent_version + 1
+        } else {
+            1
+        };
+        self.persistent_resource = true;
+    }
+
     pub fn is_control_plane(&self) -> bool {
         self.role == Role::ControlPlane
     }
@@ -482,6 +511,11 @@ pub struct EtcdMemberView {
 
 #[derive(Clone, Debug, PartialEq)]
 enum Scheduled {
+    /// The `etcdCatchUp` member of this boot is in touch again.
+    EtcdCaughtUp {
+        node: usize,
+        gen: u64,
+    },
     GoDown {
         node: usize,
         gen: u64,
@@ -650,6 +684,8 @@ impl TalosCluster {
                 up: true,
                 stage: Stage::Running,
                 persistent_config: config.clone(),
+                persistent_resource: false,
+                persistent_version: 0,
                 config,
                 config_version: 1,
                 kubelet: Kubelet {
@@ -667,6 +703,7 @@ impl TalosCluster {
                 events_epoch: 0,
                 etcd_member_id: fnv1a(&spec.name),
                 booted_with_uki: false,
+                etcd_catching_up_until: None,
                 boot_gen: 0,
                 try_token: 0,
             });
@@ -822,6 +859,10 @@ impl TalosCluster {
                 n.installing = false;
                 n.boot.install(&version);
             }
+            Scheduled::EtcdCaughtUp { node, gen } if self.nodes[node].boot_gen == gen => {
+                self.nodes[node].etcd_catching_up_until = None;
+                self.elect_leader();
+            }
             Scheduled::TryRollback {
                 node,
                 gen,
@@ -880,9 +921,13 @@ impl TalosCluster {
             .collect()
     }
 
-    /// Whether the `etcdUnhealthy` fault cuts this node's member off.
+    /// Whether the `etcdUnhealthy` fault cuts this node's member off, or it is still
+    /// catching up after its boot (`etcdCatchUp`).
     pub fn etcd_unhealthy(&self, node: usize) -> bool {
         self.faults.etcd_unhealthy.contains(&self.nodes[node].name)
+            || self.nodes[node]
+                .etcd_catching_up_until
+                .is_some_and(|until| self.now < until)
     }
 
     /// More than half of the control planes are up and healthy.
@@ -1049,7 +1094,9 @@ impl TalosCluster {
         n.boot.booted = n.boot.default;
         n.boot.written = false;
         n.config = n.persistent_config.clone();
-        n.config_version += 1;
+        // A new boot's in-memory state: the active config created once, nothing persisted.
+        n.config_version = 1;
+        n.persistent_resource = false;
         n.up = true;
         n.stage = Stage::Running;
         n.boot_id = new_uuid();
@@ -1060,6 +1107,8 @@ impl TalosCluster {
             n.kubelet.version = v;
         }
         n.kubelet.healthy = true;
+        let catch_up = self.faults.etcd_catch_up.get(&n.name).copied();
+        n.etcd_catching_up_until = catch_up.map(|d| now.plus(d));
         let mut pods = Vec::new();
         for p in &mut n.static_pods {
             p.image = n.config.image(p.component).unwrap_or_default();
@@ -1069,6 +1118,9 @@ impl TalosCluster {
         }
         self.boot_events(node);
         self.elect_leader();
+        if let Some(d) = catch_up {
+            self.schedule(now.plus(d), Scheduled::EtcdCaughtUp { node, gen });
+        }
         for (component, r) in pods {
             self.schedule(
                 now.plus(restart),
@@ -1412,10 +1464,10 @@ impl TalosCluster {
         }
         match chosen {
             ApplyMode::Staged => {
-                self.nodes[node].persistent_config = new;
+                self.nodes[node].persist(new);
             }
             ApplyMode::Reboot => {
-                self.nodes[node].persistent_config = new;
+                self.nodes[node].persist(new);
                 self.go_down(node, new_uuid());
             }
             ApplyMode::Try => {
@@ -1435,7 +1487,7 @@ impl TalosCluster {
                 );
             }
             _ => {
-                self.nodes[node].persistent_config = new.clone();
+                self.nodes[node].persist(new.clone());
                 self.activate_config(node, new, now);
             }
         }
@@ -1595,11 +1647,30 @@ impl TalosCluster {
             return Ok(());
         };
         let n = &mut self.nodes[i];
-        n.persistent_config = if paths.is_empty() {
+        let staged = if paths.is_empty() {
             n.config.clone()
         } else {
             n.config.with_values(paths, &n.talos_version)?
         };
+        n.persist(staged);
+        Ok(())
+    }
+
+    /// An operator's `talosctl apply-config --mode try` on `node`: the active configuration
+    /// with `paths` set, through ApplyConfiguration's TRY, rolled back after `timeout`.
+    pub fn try_config(
+        &mut self,
+        node: &str,
+        paths: &[(String, serde_yaml::Value)],
+        timeout: Duration,
+    ) -> Result<(), ConfigError> {
+        let Some(i) = self.find(node) else {
+            return Err(ConfigError::NoSuchNode(node.to_string()));
+        };
+        let n = &self.nodes[i];
+        let trial = n.config.with_values(paths, &n.talos_version)?;
+        self.apply_configuration(i, trial.raw(), ApplyMode::Try, false, Some(timeout))
+            .map_err(|e| ConfigError::Refused(e.to_string()))?;
         Ok(())
     }
 
@@ -1616,7 +1687,8 @@ impl TalosCluster {
         let n = &mut self.nodes[i];
         n.config = n.config.with_values(paths, &n.talos_version)?;
         n.persistent_config = n.config.clone();
-        n.config_version += 1;
+        // As booted with it: the active resource stays at its boot version (1), since a
+        // version above 1 with nothing persisted is what a TRY leaves.
         Ok(())
     }
 
@@ -1904,6 +1976,36 @@ mod tests {
             original,
             "a later apply cancels the rollback"
         );
+    }
+
+    #[test]
+    fn the_persistent_resource_exists_only_after_an_apply_in_this_boot() {
+        let mut c = cluster("v1.13.2");
+        let n = |c: &TalosCluster| {
+            let n = c.node(0);
+            (n.persistent_resource, n.config_version)
+        };
+        assert_eq!(
+            n(&c),
+            (false, 1),
+            "a config from STATE is not persisted again"
+        );
+        let original = c.node(0).config.clone();
+        let bumped = String::from_utf8_lossy(original.raw())
+            .replace("kube-apiserver:v1.33.1", "kube-apiserver:v1.34.0");
+        c.apply_configuration(0, bumped.as_bytes(), ApplyMode::Try, false, Some(S(60)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(n(&c), (false, 2), "a TRY sets only the active one");
+        c.sync(Timestamp(0).plus(S(60)));
+        assert_eq!(n(&c), (false, 3), "its rollback sets it again");
+        c.apply_configuration(0, original.raw(), ApplyMode::NoReboot, false, None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(n(&c), (true, 4));
+        assert_eq!(c.node(0).persistent_version, 1);
+        c.reboot(0).unwrap_or_else(|e| panic!("{e}"));
+        c.sync(Timestamp(0).plus(S(3600)));
+        assert!(c.node(0).up);
+        assert_eq!(n(&c), (false, 1), "a new boot starts over");
     }
 
     #[test]

@@ -819,10 +819,13 @@ fn machine_config_resource(
     id: &str,
 ) -> Result<cosi::Resource, Status> {
     let n = m.node(node);
-    let config = match id {
-        "v1alpha1" => &n.config,
-        // The on-disk copy exists as a resource since 1.10.
-        "persistent" if n.minor() >= 10 => &n.persistent_config,
+    let (config, version) = match id {
+        "v1alpha1" => (&n.config, n.config_version),
+        // The on-disk copy exists as a resource since 1.10, and only once an apply in this
+        // boot persisted something (acquire.go does not persist a config read from STATE).
+        "persistent" if n.minor() >= 10 && n.persistent_resource => {
+            (&n.persistent_config, n.persistent_version)
+        }
         _ => {
             return Err(Status::not_found(format!(
                 "resource {MACHINE_CONFIG_TYPE}(config/{id}@undefined) doesn't exist"
@@ -845,7 +848,7 @@ fn machine_config_resource(
             namespace: "config".into(),
             r#type: MACHINE_CONFIG_TYPE.into(),
             id: id.into(),
-            version: n.config_version.to_string(),
+            version: version.to_string(),
             owner: String::new(),
             phase: "running".into(),
             created: Some(at),
@@ -1074,11 +1077,30 @@ fn machine_status_resource(m: &TalosCluster, node: usize) -> cosi::Resource {
         Stage::Rebooting => "rebooting",
         Stage::Upgrading => "upgrading",
     };
-    let ready = n.ready();
+    // Upstream's checks that the twin models: the etcd service on a control plane
+    // ("services": "etcd not healthy") and the Node's Ready ("nodeReady") —
+    // siderolabs/talos@v1.13.9:internal/app/machined/pkg/controllers/runtime/
+    // machine_status.go `getReadinessChecks`, `servicesCheck`, `nodeReadyCheck`.
+    let mut unmet = Vec::new();
+    if n.is_control_plane() && n.up && m.etcd_unhealthy(node) {
+        unmet.push(("services", "etcd not healthy".to_string()));
+    }
+    if !n.ready() {
+        unmet.push(("nodeReady", format!("node {:?} is not ready", n.name)));
+    }
+    let ready = unmet.is_empty();
     let unmet = if ready {
         "[]".to_string()
     } else {
-        "\n        - name: nodeReady\n          reason: node is not ready".to_string()
+        unmet
+            .iter()
+            .map(|(name, reason)| {
+                format!(
+                    "\n        - name: {name}\n          reason: {}",
+                    serde_yaml::to_string(reason).unwrap_or_default().trim_end()
+                )
+            })
+            .collect::<String>()
     };
     let at = timestamp(m.now());
     cosi::Resource {
@@ -1693,7 +1715,8 @@ impl cosi::state_server::State for NodeApi {
         }
         let items = self.read_model(|m| {
             let mut ids = vec!["v1alpha1"];
-            if m.node(node).minor() >= 10 {
+            let n = m.node(node);
+            if n.minor() >= 10 && n.persistent_resource {
                 ids.push("persistent");
             }
             ids.into_iter()
@@ -1736,6 +1759,8 @@ impl cosi::state_server::State for NodeApi {
         let ids: Vec<String> = match &req.id {
             Some(id) => vec![id.clone()],
             None => {
+                // A kind watch covers `persistent` too: it shows up (Created) once an apply
+                // persists something.
                 let persistent = self.read_model(|m| m.node(node).minor() >= 10);
                 let mut ids = vec!["v1alpha1".to_string()];
                 if persistent {
@@ -1831,7 +1856,13 @@ impl cosi::state_server::State for NodeApi {
                         })
                     };
                     if version(old) != version(new) {
-                        let e = event(cosi::EventType::Updated, new.clone(), old.clone());
+                        // COSI's events: a new resource Created, a gone one Destroyed
+                        // (carrying what it was), else Updated with the old one.
+                        let e = match (old, new) {
+                            (None, Some(_)) => event(cosi::EventType::Created, new.clone(), None),
+                            (Some(_), None) => event(cosi::EventType::Destroyed, old.clone(), None),
+                            _ => event(cosi::EventType::Updated, new.clone(), old.clone()),
+                        };
                         if tx
                             .send(Ok(cosi::WatchResponse { event: vec![e] }))
                             .await
