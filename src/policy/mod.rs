@@ -5,6 +5,7 @@
 pub mod audit;
 mod checks;
 mod data;
+pub mod path;
 mod verdict;
 
 pub use checks::{
