@@ -649,16 +649,22 @@ pub fn verdict(change: &Change) -> Verdict {
             ),
         );
     }
-    items.extend(policy::evaluate_with(
-        &change.bump,
-        &change.policies,
-        nodes.as_deref(),
-        &policy::Context::system(
+    let ctx = policy::Context {
+        talos_minors_per_reboot: change.cluster_doc.as_ref().map_or(1, |d| {
+            u64::from(d.spec.rollout.talos_minors_per_reboot.get())
+        }),
+        ..policy::Context::system(
             change
                 .cluster_doc
                 .as_ref()
                 .and_then(|d| d.spec.talos.installer_image.as_deref()),
-        ),
+        )
+    };
+    items.extend(policy::evaluate_with(
+        &change.bump,
+        &change.policies,
+        nodes.as_deref(),
+        &ctx,
     ));
     Verdict::new(&change.cluster, change.bump.summary(), items)
 }

@@ -3,6 +3,7 @@
 //! of the data's health (`audit`).
 
 pub mod audit;
+pub mod chain;
 mod checks;
 mod data;
 pub mod path;
