@@ -324,6 +324,7 @@ mod tests {
             notes: vec![],
             warnings: vec![],
             ichor_node: None,
+            path: None,
         }
     }
 

@@ -126,6 +126,11 @@ pub struct Plan {
     /// node of its stage, so ichor is evicted at the very end.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ichor_node: Option<String>,
+    /// A change that skips minors: the chain's states in order, from the one the cluster
+    /// runs to the target (`crate::policy::path`). The stages above are the change as one
+    /// jump, which ichor does not roll out yet (docs/rollout.md, "Chains").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<Vec<crate::policy::path::State>>,
 }
 
 impl Plan {
@@ -760,6 +765,7 @@ pub fn plan(
             .ichor_node
             .clone()
             .filter(|me| nodes.iter().any(|n| &n.name == me)),
+        path: None,
     })
 }
 
@@ -799,6 +805,7 @@ pub(crate) mod tests_support {
             notes: vec![],
             warnings: vec![],
             ichor_node: None,
+            path: None,
         }
     }
 }

@@ -275,7 +275,7 @@ mod tests {
         assert_eq!(hop.status, Status::Fail);
         assert!(
             hop.title
-                .contains("Kubernetes v1.33.5 → 1.34.1 on control planes"),
+                .contains("Kubernetes v1.33.5 → v1.34.1 on control planes"),
             "{hop:?}"
         );
         assert!(!items.iter().any(|i| i.id == "chain-hops"), "{items:#?}");

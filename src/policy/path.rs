@@ -95,7 +95,9 @@ impl Rules {
                     (
                         r.version,
                         Landing {
-                            version: r.latest.clone(),
+                            // Spelled as image tags and release sets spell them (`v1.13.10`).
+                            version: Version::parse(&r.latest.tag())
+                                .unwrap_or_else(|_| r.latest.clone()),
                             source: format!("newest known patch: {}", r.source),
                         },
                     )

@@ -133,14 +133,14 @@ fn skipped_kubernetes_minor_fails() {
     assert_eq!(chain["status"], "fail");
     let message = chain["message"].as_str().unwrap_or("");
     assert!(
-        message.contains("Kubernetes v1.33.5 → 1.34.1 on control planes"),
+        message.contains("Kubernetes v1.33.5 → v1.34.1 on control planes"),
         "{chain}"
     );
     assert!(
         chain["hint"]
             .as_str()
             .unwrap_or("")
-            .contains("starting with a change to spec.kubernetes 1.34.1"),
+            .contains("starting with a change to spec.kubernetes v1.34.1"),
         "{chain}"
     );
     assert_eq!(v["changes"][0]["minors"], 2);
@@ -156,7 +156,7 @@ fn skipped_talos_minor_fails() {
         chain["message"]
             .as_str()
             .unwrap_or("")
-            .contains("Talos v1.12.6 → 1.13.10 on control planes"),
+            .contains("Talos v1.12.6 → v1.13.10 on control planes"),
         "{chain}"
     );
 }
@@ -772,4 +772,42 @@ fn version_names_the_commit_and_the_compatibility_data_date() {
             || (commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit())),
         "{out}"
     );
+}
+
+/// The demo's Talos skip: `plan --output json` gains `path`, the chain's states from the one
+/// the cluster runs to the target, each with what its hop moves.
+#[test]
+fn a_skip_plans_its_chain_as_path() {
+    let o = ichor(&[
+        "plan",
+        "--repo",
+        &repo(),
+        "--base",
+        "main",
+        "--head",
+        "renovate/siderolabs-talos-1.14.x",
+        "--output",
+        "json",
+        "--allow-blocked",
+    ]);
+    let report: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&o), stderr(&o)));
+    let path = report["plans"][0]["path"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no path in {report:#}"))
+        .clone();
+    assert_eq!(path.len(), 5, "{path:#?}");
+    assert_eq!(path[0]["controlPlanes"]["talos"], "v1.12.6");
+    assert_eq!(path[0]["workers"]["kubelet"], "v1.33.5");
+    assert!(path[0]["moves"].is_null());
+    assert_eq!(path[1]["controlPlanes"]["talos"], "v1.13.10");
+    assert_eq!(path[1]["moves"]["on"], "controlPlanes");
+    assert_eq!(path[1]["workers"]["talos"], "v1.12.6");
+    assert_eq!(path[4]["workers"]["talos"], "v1.14.3");
+    assert_eq!(path[4]["moves"]["on"], "workers");
+    let drains = path
+        .iter()
+        .filter(|s| s["moves"]["on"] == "workers")
+        .count();
+    assert_eq!(drains, 2, "one drain per Talos minor walked");
 }
