@@ -649,16 +649,22 @@ pub fn verdict(change: &Change) -> Verdict {
             ),
         );
     }
-    items.extend(policy::evaluate_with(
-        &change.bump,
-        &change.policies,
-        nodes.as_deref(),
-        &policy::Context::system(
+    let ctx = policy::Context {
+        talos_minors_per_reboot: change.cluster_doc.as_ref().map_or(1, |d| {
+            u64::from(d.spec.rollout.talos_minors_per_reboot.get())
+        }),
+        ..policy::Context::system(
             change
                 .cluster_doc
                 .as_ref()
                 .and_then(|d| d.spec.talos.installer_image.as_deref()),
-        ),
+        )
+    };
+    items.extend(policy::evaluate_with(
+        &change.bump,
+        &change.policies,
+        nodes.as_deref(),
+        &ctx,
     ));
     Verdict::new(&change.cluster, change.bump.summary(), items)
 }
@@ -691,6 +697,7 @@ pub fn plan_with(
             .map(|d| d.spec.clone())
             .unwrap_or_default();
         let mut p = plan::plan(&change.cluster, &change.bump, &spec, nodes, opts)?;
+        with_path(change, &mut p);
         match change.nodes() {
             Some(listed) => {
                 let drift = live::inventory_drift(&listed, nodes);
@@ -722,13 +729,33 @@ pub fn plan_with(
         .as_ref()
         .ok_or_else(|| no_inventory(true))?;
     let nodes = change.nodes().ok_or_else(|| no_inventory(false))?;
-    Ok(plan::plan(
-        &change.cluster,
-        &change.bump,
-        &doc.spec,
-        &nodes,
-        opts,
-    )?)
+    let mut p = plan::plan(&change.cluster, &change.bump, &doc.spec, &nodes, opts)?;
+    with_path(change, &mut p);
+    Ok(p)
+}
+
+/// A change that skips minors: the plan gains the chain's states, and its notes say what
+/// the chain costs (docs/rollout.md, "Chains").
+fn with_path(change: &Change, p: &mut Plan) {
+    if !policy::chain::needed(&change.bump) {
+        return;
+    }
+    let per = change.cluster_doc.as_ref().map_or(1, |d| {
+        u64::from(d.spec.rollout.talos_minors_per_reboot.get())
+    });
+    match policy::chain::path_for(&change.bump, &change.policies, per) {
+        Ok(path) => {
+            p.warnings.push(format!(
+                "this change skips minors: it needs a chain of {} hops with each worker drained {} time(s), which ichor does not roll out yet; the stages below are the change as one jump",
+                path.hops(),
+                path.worker_drains()
+            ));
+            p.path = Some(path.states);
+        }
+        Err(e) => p.warnings.push(format!(
+            "this change skips minors and no supported chain leads to it: the hop {e}"
+        )),
+    }
 }
 
 /// The version of the JSON reports (`check` and `plan --output json`). The shapes are a

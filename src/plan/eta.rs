@@ -422,6 +422,7 @@ mod tests {
             warnings: vec![],
             ichor_node: None,
             schedule: None,
+            path: None,
         }
     }
 

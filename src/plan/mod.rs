@@ -133,6 +133,11 @@ pub struct Plan {
     /// on when the change merges).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub schedule: Option<Schedule>,
+    /// A change that skips minors: the chain's states in order, from the one the cluster
+    /// runs to the target (`crate::policy::path`). The stages above are the change as one
+    /// jump, which ichor does not roll out yet (docs/rollout.md, "Chains").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<Vec<crate::policy::path::State>>,
 }
 
 /// The plan's working time on the calendar: only a window starts a step.
@@ -875,6 +880,7 @@ pub fn plan(
             .clone()
             .filter(|me| nodes.iter().any(|n| &n.name == me)),
         schedule: None,
+        path: None,
     })
 }
 
@@ -997,6 +1003,7 @@ pub(crate) mod tests_support {
             warnings: vec![],
             ichor_node: None,
             schedule: None,
+            path: None,
         }
     }
 }

@@ -130,6 +130,25 @@ pub fn text(p: &Plan) -> String {
     for w in &p.warnings {
         out.push_str(&format!("warning: {}\n", t(w)));
     }
+    if let Some(path) = &p.path {
+        out.push_str("\nChain (control planes Talos/Kubernetes | workers Talos/kubelet):\n");
+        for (i, st) in path.iter().enumerate() {
+            let hop = if i == 0 {
+                "now".to_string()
+            } else {
+                i.to_string()
+            };
+            let moves = st.moves.as_ref().map(|m| m.to_string()).unwrap_or_default();
+            out.push_str(&format!(
+                "  {hop:>3}. {}/{} | {}/{}  {}\n",
+                st.control_planes.talos,
+                st.control_planes.kubernetes,
+                st.workers.talos,
+                st.workers.kubelet,
+                t(&moves)
+            ));
+        }
+    }
     let mut n = 0;
     for (i, stage) in p.stages.iter().enumerate() {
         out.push_str(&format!("\nStage {} — {}\n", i + 1, t(&stage.title)));
@@ -281,6 +300,9 @@ pub fn markdown(p: &Plan) -> String {
         }
         out.push('\n');
     }
+    if let Some(path) = &p.path {
+        out.push_str(&chain_markdown(path));
+    }
     let mut n = 0;
     for stage in &p.stages {
         out.push_str(&format!("**{}**\n\n", md(&stage.title)));
@@ -301,6 +323,33 @@ pub fn markdown(p: &Plan) -> String {
     if !p.stages.is_empty() {
         out.push_str(&format!("\n```mermaid\n{}```\n", mermaid(p)));
     }
+    out
+}
+
+/// The chain as a table of states: hop, Talos on control planes / workers, Kubernetes
+/// apiservers / kubelets, what moves.
+fn chain_markdown(path: &[crate::policy::path::State]) -> String {
+    let md = escape::md_text;
+    let mut out = String::from(
+        "**Chain of hops** (each state supported, mixed states included)\n\n| hop | Talos: control planes | Talos: workers | Kubernetes: apiservers | kubelets: workers | what moves |\n|---|---|---|---|---|---|\n",
+    );
+    for (i, st) in path.iter().enumerate() {
+        let hop = if i == 0 {
+            "now".to_string()
+        } else {
+            i.to_string()
+        };
+        let moves = st.moves.as_ref().map(|m| m.to_string()).unwrap_or_default();
+        out.push_str(&format!(
+            "| {hop} | {} | {} | {} | {} | {} |\n",
+            md(&st.control_planes.talos.to_string()),
+            md(&st.workers.talos.to_string()),
+            md(&st.control_planes.kubernetes.to_string()),
+            md(&st.workers.kubelet.to_string()),
+            md(&moves)
+        ));
+    }
+    out.push('\n');
     out
 }
 

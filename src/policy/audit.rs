@@ -104,6 +104,14 @@ pub fn entries(p: &Policies) -> Vec<Entry> {
         verified: n.verified,
         confidence: Some(n.confidence),
     }));
+    out.extend(p.latest_patches.iter().map(|r| Entry {
+        kind: "latestPatch",
+        key: format!("{} {}", r.component, r.version),
+        origin: r.origin.clone(),
+        source: r.source.clone(),
+        verified: r.verified,
+        confidence: Some(r.confidence),
+    }));
     out
 }
 

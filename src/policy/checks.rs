@@ -22,6 +22,9 @@ pub struct Context<'a> {
     /// `cluster.yaml` `spec.talos.installerImage` (without tag), for upgrade notes about
     /// installer images; `None` when unknown.
     pub installer_image: Option<&'a str>,
+    /// `cluster.yaml` `spec.rollout.talosMinorsPerReboot` for a chain's worker hops (0 or
+    /// 1: one minor per reboot).
+    pub talos_minors_per_reboot: u64,
 }
 
 impl<'a> Context<'a> {
@@ -30,6 +33,7 @@ impl<'a> Context<'a> {
         Context {
             today: Some(today),
             installer_image: None,
+            talos_minors_per_reboot: 1,
         }
     }
 
@@ -38,6 +42,7 @@ impl<'a> Context<'a> {
         Context {
             today: Some(Date::today_utc()),
             installer_image,
+            talos_minors_per_reboot: 1,
         }
     }
 
@@ -62,13 +67,22 @@ pub fn evaluate_with(
     nodes: Option<&[Node]>,
     ctx: &Context,
 ) -> Vec<CheckItem> {
-    let mut items = vec![
-        no_downgrade(bump),
-        kubernetes_step(bump, policies),
-        talos_step(bump, policies),
-        talos_kubernetes_pairing(bump, policies),
-        cni(bump, policies),
-    ];
+    // A change that skips minors is judged as the chain of hops it needs (its path and
+    // every intermediate state); the live node items look at the chain's first step.
+    let chain = super::chain::needed(bump);
+    let first_step = chain
+        .then(|| super::chain::path_for(bump, policies, ctx.talos_minors_per_reboot).ok())
+        .flatten()
+        .map(|path| super::chain::first_step(bump, &path));
+    let mut items = vec![no_downgrade(bump)];
+    if chain {
+        items.extend(super::chain::items(bump, policies, ctx));
+    } else {
+        items.push(kubernetes_step(bump, policies));
+        items.push(talos_step(bump, policies));
+        items.push(talos_kubernetes_pairing(bump, policies));
+    }
+    items.push(cni(bump, policies));
     for addon in &bump.head.spec.addons {
         items.push(addon_item(bump, policies, addon));
     }
@@ -78,8 +92,9 @@ pub fn evaluate_with(
         items.extend(end_of_life(bump, policies, today));
     }
     if let Some(nodes) = nodes {
-        items.push(nodes_talos(bump, policies, nodes));
-        items.push(kubelet_skew(bump, policies, nodes));
+        let step = first_step.as_ref().unwrap_or(bump);
+        items.push(nodes_talos(step, policies, nodes));
+        items.push(kubelet_skew(step, policies, nodes));
     }
     items
 }

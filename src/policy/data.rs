@@ -39,6 +39,10 @@ pub const SHIPPED: &[(&str, &str)] = &[
         "policies/lifecycle.yaml",
         include_str!("../../policies/lifecycle.yaml"),
     ),
+    (
+        "policies/releases.yaml",
+        include_str!("../../policies/releases.yaml"),
+    ),
 ];
 
 /// A calendar day in UTC, written `YYYY-MM-DD`: when a row's source was read, when a release
@@ -400,6 +404,9 @@ pub struct SkewPolicy {
     pub kubernetes_max_minor_step: u64,
     pub talos_max_minor_step: u64,
     pub kubelet_max_older_before_upgrade: u64,
+    /// How many minors a kubelet may lag the oldest apiserver at any time (the skew page's
+    /// kubelet section: N-3 since 1.28).
+    pub kubelet_max_older: u64,
     pub kubelet_newer_allowed: bool,
     pub source: String,
     pub verified: Option<Date>,
@@ -412,6 +419,7 @@ struct SkewLayer {
     kubernetes_max_minor_step: Option<u64>,
     talos_max_minor_step: Option<u64>,
     kubelet_max_older_before_upgrade: Option<u64>,
+    kubelet_max_older: Option<u64>,
     kubelet_newer_allowed: Option<bool>,
     source: Option<String>,
     verified: Option<Date>,
@@ -666,6 +674,29 @@ pub struct TalosNote {
     pub origin: String,
 }
 
+/// The newest known patch of one Talos or Kubernetes minor: where a chained upgrade lands
+/// when it passes through that minor (Talos: "upgrade to the latest patch release of all
+/// intermediate minor releases", siderolabs/docs upgrading-talos.mdx).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LatestPatch {
+    /// `talos` or `kubernetes`.
+    pub component: String,
+    pub version: MinorVersion,
+    pub latest: Version,
+    pub source: String,
+    #[serde(default)]
+    pub verified: Option<Date>,
+    #[serde(default)]
+    pub confidence: Confidence,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    #[serde(default, skip_serializing)]
+    pub disabled: bool,
+    #[serde(skip_deserializing)]
+    pub origin: String,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PolicyFile {
@@ -683,6 +714,8 @@ struct PolicyFile {
     components: Vec<ComponentInfo>,
     #[serde(default, rename = "talosUpgradeNotes")]
     talos_notes: Vec<TalosNote>,
+    #[serde(default, rename = "latestPatches")]
+    latest_patches: Vec<LatestPatch>,
 }
 
 /// Everything ichor knows, merged from the shipped data and the repository's overrides.
@@ -696,6 +729,7 @@ pub struct Policies {
     pub end_of_life: Vec<EolRow>,
     pub components: Vec<ComponentInfo>,
     pub talos_notes: Vec<TalosNote>,
+    pub latest_patches: Vec<LatestPatch>,
 }
 
 /// One layer of policy files: (path, text) pairs.
@@ -726,6 +760,13 @@ impl Policies {
         merged.apply_layer(&shipped)?;
         merged.apply_layer(repo_files)?;
         merged.finish()
+    }
+
+    /// The newest known patch of `component` (`talos` or `kubernetes`) at `minor`.
+    pub fn latest_patch(&self, component: &str, minor: MinorVersion) -> Option<&LatestPatch> {
+        self.latest_patches
+            .iter()
+            .find(|r| r.component == component && r.version == minor)
     }
 
     pub fn talos_row(&self, minor: MinorVersion) -> Option<&TalosRow> {
@@ -831,6 +872,7 @@ struct Merged {
     end_of_life: BTreeMap<(String, String), EolRow>,
     components: BTreeMap<String, ComponentInfo>,
     talos_notes: BTreeMap<String, TalosNote>,
+    latest_patches: BTreeMap<(String, MinorVersion), LatestPatch>,
 }
 
 /// Insert or (with `disabled`) remove a row by key.
@@ -851,6 +893,7 @@ impl Merged {
         let mut eol_seen = BTreeMap::new();
         let mut component_seen = BTreeMap::new();
         let mut note_seen = BTreeMap::new();
+        let mut patch_seen = BTreeMap::new();
         for (path, text) in files {
             let file: PolicyFile = if text.trim().is_empty() {
                 PolicyFile::default()
@@ -866,6 +909,7 @@ impl Merged {
                 l.kubelet_max_older_before_upgrade = s
                     .kubelet_max_older_before_upgrade
                     .or(l.kubelet_max_older_before_upgrade);
+                l.kubelet_max_older = s.kubelet_max_older.or(l.kubelet_max_older);
                 l.kubelet_newer_allowed = s.kubelet_newer_allowed.or(l.kubelet_newer_allowed);
                 if s.source.is_some() {
                     // The source and its verification date travel together.
@@ -971,6 +1015,21 @@ impl Merged {
                 let off = n.disabled;
                 put(&mut self.talos_notes, key, n, off);
             }
+            for mut r in file.latest_patches {
+                let key = (r.component.clone(), r.version);
+                duplicate(
+                    &mut patch_seen,
+                    key.clone(),
+                    path,
+                    text,
+                    "latestPatches",
+                    &format!("version: \"{}\"", r.version),
+                    || format!("latestPatches row for {} {}", key.0, key.1),
+                )?;
+                r.origin = path.clone();
+                let off = r.disabled;
+                put(&mut self.latest_patches, key, r, off);
+            }
         }
         Ok(())
     }
@@ -981,6 +1040,7 @@ impl Merged {
             kubernetes_max_minor_step: s.kubernetes_max_minor_step.unwrap_or(1),
             talos_max_minor_step: s.talos_max_minor_step.unwrap_or(1),
             kubelet_max_older_before_upgrade: s.kubelet_max_older_before_upgrade.unwrap_or(2),
+            kubelet_max_older: s.kubelet_max_older.unwrap_or(3),
             kubelet_newer_allowed: s.kubelet_newer_allowed.unwrap_or(false),
             source: s.source.unwrap_or_else(|| "ichor defaults".into()),
             verified: s.verified,
@@ -1007,6 +1067,7 @@ impl Merged {
             end_of_life,
             components: self.components.into_values().collect(),
             talos_notes: self.talos_notes.into_values().collect(),
+            latest_patches: self.latest_patches.into_values().collect(),
         })
     }
 }
@@ -1070,6 +1131,30 @@ fn validate_file(path: &str, text: &str, file: &PolicyFile) -> Result<(), Docume
         *n += 1;
         locate_in(text, section, &needle, *n - 1)
     };
+    for r in &file.latest_patches {
+        let pos = at("latestPatches", format!("version: \"{}\"", r.version));
+        if r.component != "talos" && r.component != "kubernetes" {
+            return Err(DocumentError::at(
+                path,
+                pos,
+                format!(
+                    "latestPatches row {} {}: component must be `talos` or `kubernetes`",
+                    excerpt(&r.component, 40),
+                    r.version
+                ),
+            ));
+        }
+        if r.latest.minor_version() != r.version {
+            return Err(DocumentError::at(
+                path,
+                pos,
+                format!(
+                    "latestPatches row {} {}: latest {} is not a {} patch",
+                    r.component, r.version, r.latest, r.version
+                ),
+            ));
+        }
+    }
     for row in &file.talos {
         let pos = at("talos", format!("version: \"{}\"", row.version));
         range(&row.kubernetes, format!("talos row {}", row.version), pos)?;

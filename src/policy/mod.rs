@@ -3,8 +3,10 @@
 //! of the data's health (`audit`).
 
 pub mod audit;
+pub mod chain;
 mod checks;
 mod data;
+pub mod path;
 mod verdict;
 
 pub use checks::{

@@ -129,6 +129,29 @@ pub struct ReleaseSetSpec {
     pub cni: Component,
     #[serde(default)]
     pub addons: Vec<Component>,
+    /// Intermediate versions a chained upgrade passes through, pinned by the user; each
+    /// minor not pinned lands on its newest known patch (policies' `latestPatches`).
+    #[serde(default, skip_serializing_if = "Via::is_empty")]
+    pub via: Via,
+}
+
+/// The most pinned versions `spec.via` may hold per component: more than any chain walks.
+pub const MAX_VIA: usize = 16;
+
+/// `spec.via: {talos: [v1.13.10], kubernetes: [v1.34.6, v1.35.4]}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Via {
+    #[serde(default)]
+    pub talos: Vec<Version>,
+    #[serde(default)]
+    pub kubernetes: Vec<Version>,
+}
+
+impl Via {
+    pub fn is_empty(&self) -> bool {
+        self.talos.is_empty() && self.kubernetes.is_empty()
+    }
 }
 
 /// A named, versioned piece: the CNI or an add-on.
@@ -149,6 +172,31 @@ impl ReleaseSet {
     fn validate(&self, file: &str, text: &str) -> Result<(), DocumentError> {
         check_name(file, text, &self.metadata.name)?;
         check_component_name(file, text, &self.spec.cni.name, 0)?;
+        for (what, pins) in [
+            ("talos", &self.spec.via.talos),
+            ("kubernetes", &self.spec.via.kubernetes),
+        ] {
+            if pins.len() > MAX_VIA {
+                return Err(DocumentError::at(
+                    file,
+                    locate(text, "via:", 0),
+                    format!(
+                        "spec.via.{what} lists {} versions; at most {MAX_VIA}",
+                        pins.len()
+                    ),
+                ));
+            }
+            let mut minors = BTreeSet::new();
+            for v in pins {
+                if !minors.insert(v.minor_version()) {
+                    return Err(DocumentError::at(
+                        file,
+                        locate(text, "via:", 0),
+                        format!("spec.via.{what} pins {} twice; a chain passes each minor once, so pin one patch per minor", v.minor_version()),
+                    ));
+                }
+            }
+        }
         let mut seen = BTreeSet::new();
         for (i, addon) in self.spec.addons.iter().enumerate() {
             check_component_name(file, text, &addon.name, 0)?;
@@ -342,6 +390,19 @@ pub struct RolloutPolicy {
     /// kubelet. By default each worker is drained once for both (docs/rollout.md).
     #[serde(default)]
     pub two_pass: bool,
+    /// How many Talos minors a worker may move in one reboot on a chained upgrade: 1 (the
+    /// default, every minor walked as Talos's docs advise) or 2 where the target's
+    /// `upgradeFrom` accepts the worker's Talos.
+    #[serde(default = "default_talos_minors_per_reboot")]
+    pub talos_minors_per_reboot: NonZeroU32,
+}
+
+/// The most Talos minors one reboot may move (Talos installers accept hosts at most two
+/// minors older: `MinimumHostUpgradeVersion` in pkg/machinery/compatibility).
+pub const MAX_TALOS_MINORS_PER_REBOOT: u32 = 2;
+
+fn default_talos_minors_per_reboot() -> NonZeroU32 {
+    NonZeroU32::MIN
 }
 
 /// The drain's opt-ins, named after `kubectl drain`'s flags (kubernetes/kubectl
@@ -372,6 +433,7 @@ impl Default for RolloutPolicy {
             drain: DrainPolicy::default(),
             accept_single_node_downtime: false,
             two_pass: false,
+            talos_minors_per_reboot: default_talos_minors_per_reboot(),
         }
     }
 }
@@ -574,6 +636,16 @@ impl Cluster {
             }
         }
         let r = &spec.rollout;
+        if r.talos_minors_per_reboot.get() > MAX_TALOS_MINORS_PER_REBOOT {
+            return Err(DocumentError::at(
+                file,
+                locate(text, "talosMinorsPerReboot:", 0),
+                format!(
+                    "spec.rollout.talosMinorsPerReboot is {}; at most {MAX_TALOS_MINORS_PER_REBOOT} (a Talos installer upgrades hosts at most two minors older)",
+                    r.talos_minors_per_reboot
+                ),
+            ));
+        }
         if r.node_timeout < r.drain_timeout {
             return Err(DocumentError::at(
                 file,

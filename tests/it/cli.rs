@@ -127,14 +127,21 @@ fn kubernetes_minor_blocked_by_the_cni_names_the_version_needed() {
 fn skipped_kubernetes_minor_fails() {
     let (code, v) = check_json("main", "renovate/ghcr.io-siderolabs-kubelet-1.35.x");
     assert_eq!(code, 1);
-    let step = item(&v, "kubernetes-step");
-    assert_eq!(step["status"], "fail");
+    // A skip is judged as the chain it needs: Kubernetes through 1.34 at its newest known
+    // patch; it still blocks, since the rollout engine does not walk chains yet.
+    let chain = item(&v, "chain");
+    assert_eq!(chain["status"], "fail");
+    let message = chain["message"].as_str().unwrap_or("");
     assert!(
-        step["message"]
+        message.contains("Kubernetes v1.33.5 → v1.34.1 on control planes"),
+        "{chain}"
+    );
+    assert!(
+        chain["hint"]
             .as_str()
             .unwrap_or("")
-            .contains("skips 1.34"),
-        "{step}"
+            .contains("starting with a change to spec.kubernetes v1.34.1"),
+        "{chain}"
     );
     assert_eq!(v["changes"][0]["minors"], 2);
 }
@@ -143,14 +150,14 @@ fn skipped_kubernetes_minor_fails() {
 fn skipped_talos_minor_fails() {
     let (code, v) = check_json("main", "renovate/siderolabs-talos-1.14.x");
     assert_eq!(code, 1);
-    let step = item(&v, "talos-step");
-    assert_eq!(step["status"], "fail");
+    let chain = item(&v, "chain");
+    assert_eq!(chain["status"], "fail");
     assert!(
-        step["message"]
+        chain["message"]
             .as_str()
             .unwrap_or("")
-            .contains("skips 1.13"),
-        "{step}"
+            .contains("Talos v1.12.6 → v1.13.10 on control planes"),
+        "{chain}"
     );
 }
 
@@ -765,4 +772,42 @@ fn version_names_the_commit_and_the_compatibility_data_date() {
             || (commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit())),
         "{out}"
     );
+}
+
+/// The demo's Talos skip: `plan --output json` gains `path`, the chain's states from the one
+/// the cluster runs to the target, each with what its hop moves.
+#[test]
+fn a_skip_plans_its_chain_as_path() {
+    let o = ichor(&[
+        "plan",
+        "--repo",
+        &repo(),
+        "--base",
+        "main",
+        "--head",
+        "renovate/siderolabs-talos-1.14.x",
+        "--output",
+        "json",
+        "--allow-blocked",
+    ]);
+    let report: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&o), stderr(&o)));
+    let path = report["plans"][0]["path"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no path in {report:#}"))
+        .clone();
+    assert_eq!(path.len(), 5, "{path:#?}");
+    assert_eq!(path[0]["controlPlanes"]["talos"], "v1.12.6");
+    assert_eq!(path[0]["workers"]["kubelet"], "v1.33.5");
+    assert!(path[0]["moves"].is_null());
+    assert_eq!(path[1]["controlPlanes"]["talos"], "v1.13.10");
+    assert_eq!(path[1]["moves"]["on"], "controlPlanes");
+    assert_eq!(path[1]["workers"]["talos"], "v1.12.6");
+    assert_eq!(path[4]["workers"]["talos"], "v1.14.3");
+    assert_eq!(path[4]["moves"]["on"], "workers");
+    let drains = path
+        .iter()
+        .filter(|s| s["moves"]["on"] == "workers")
+        .count();
+    assert_eq!(drains, 2, "one drain per Talos minor walked");
 }
