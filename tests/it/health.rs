@@ -125,7 +125,7 @@ async fn cel_reads_a_cnpg_cluster_and_a_config_map_made_with_kubectl() -> TestRe
 
     // No status yet: the field is missing, which is an error of the expression, not a pass.
     let r = read(&s, &ready).await;
-    assert!(!r.pass && r.value.starts_with("error:"), "{r:?}");
+    assert!(!r.passes() && r.value.starts_with("error:"), "{r:?}");
     let guarded = kubernetes_check(
         CNPG_MAIN,
         "has(object.status) && has(object.status.readyInstances) && object.status.readyInstances == object.spec.instances",
@@ -151,7 +151,7 @@ async fn cel_reads_a_cnpg_cluster_and_a_config_map_made_with_kubectl() -> TestRe
         )
         .await?;
         let r = read(&s, &ready).await;
-        assert_eq!(r.pass, want, "{n} ready: {r:?}");
+        assert_eq!(r.passes(), want, "{n} ready: {r:?}");
         assert!(
             r.read.contains("ichor-system/main")
                 && r.read.contains(&format!("\"readyInstances\":{n}")),
@@ -164,7 +164,7 @@ async fn cel_reads_a_cnpg_cluster_and_a_config_map_made_with_kubectl() -> TestRe
         "        apiVersion: v1\n        kind: ConfigMap\n        namespace: ichor-system\n        labelSelector: app=pg\n",
         "object.data.ok == \"true\"",
     )?;
-    assert!(read(&s, &by_label).await.pass);
+    assert!(read(&s, &by_label).await.passes());
     kubectl(&s, &["apply", "-f", "-"], Some(&config_map("false"))).await?;
     let r = read(&s, &by_label).await;
     assert_eq!(r.value, "false", "{r:?}");
@@ -180,7 +180,7 @@ async fn cel_reads_a_cnpg_cluster_and_a_config_map_made_with_kubectl() -> TestRe
         "true",
     )?;
     let r = read(&s, &no_kind).await;
-    assert!(!r.pass && r.value.contains("not served"), "{r:?}");
+    assert!(!r.passes() && r.value.contains("not served"), "{r:?}");
 
     // Only a bool passes.
     let number = kubernetes_check(CNPG_MAIN, "object.status.readyInstances")?;
@@ -198,9 +198,9 @@ async fn a_flapping_object_counts_only_after_holding_for_stable_for() -> TestRes
         "    - name: flappy\n      stableFor: 1m\n      kubernetes:\n        apiVersion: v1\n        kind: ConfigMap\n        namespace: ichor-system\n        name: db-state\n        expression: 'object.data.ok == \"true\"'\n",
     )?;
     let clock = s.twin.talos.clock().clone();
-    let mut since = None;
+    let mut run = ichor::health::Run::default();
     let mut verdict = |r: &Reading, now: Timestamp| {
-        ichor::health::judge_stability(r, &mut since, c.stable_for.as_duration(), now)
+        ichor::health::judge_stability(r, &mut run, c.stable_for.as_duration(), c.error_limit, now)
     };
     use ichor::health::Verdict;
     let r = read(&s, &c).await;
@@ -303,7 +303,7 @@ async fn wait_for(p: &Prometheus, query: &str) -> Result<(), Error> {
     for _ in 0..60 {
         if let Ok(a) = ichor::prometheus::query(&p.url, query, None, Duration::from_secs(2)).await {
             let r = ichor::health::judge_prometheus(a.status, &a.body, Clock::system().now(), None);
-            if r.pass {
+            if r.passes() {
                 return Ok(());
             }
         }
@@ -354,7 +354,7 @@ async fn promql_is_judged_from_a_real_prometheus_scraping_the_twin() -> TestResu
         Some("2m"),
     )?;
     let r = ask(&s, &ceph_ok, wall()).await;
-    assert!(r.pass, "{r:?}");
+    assert!(r.passes(), "{r:?}");
     assert_eq!(r.value, "1 sample");
 
     // The twin's state as kube-state-metrics and Longhorn export it.
@@ -367,13 +367,13 @@ async fn promql_is_judged_from_a_real_prometheus_scraping_the_twin() -> TestResu
     let r = ask(&s, &ready, wall()).await;
     assert_eq!(r.value, format!("{nodes} samples"), "{r:?}");
     let healthy = prometheus_check(&p.url, "longhorn_volume_robustness == 1", None)?;
-    assert!(ask(&s, &healthy, wall()).await.pass);
+    assert!(ask(&s, &healthy, wall()).await.passes());
 
     // Fail: the gauge moves, Prometheus scrapes it, the result is empty.
     set_gauge(&s, "ceph_health_status", json!(1)).await?;
     wait_for(&p, "ichor_twin_gauge{name=\"ceph_health_status\"} == 1").await?;
     let r = ask(&s, &ceph_ok, wall()).await;
-    assert!(!r.pass);
+    assert!(!r.passes());
     assert_eq!(r.value, "0 samples");
 
     // Stale: Prometheus stamps its answer with its wall clock; ichor's clock is 10 min on.
@@ -382,21 +382,75 @@ async fn promql_is_judged_from_a_real_prometheus_scraping_the_twin() -> TestResu
         "ichor_twin_gauge{name=\"ceph_health_status\"}",
         Some("2m"),
     )?;
-    assert!(ask(&s, &any, wall()).await.pass);
+    assert!(ask(&s, &any, wall()).await.passes());
     let r = ask(&s, &any, wall().plus(Duration::from_secs(600))).await;
-    assert!(!r.pass && r.value.starts_with("stale:"), "{r:?}");
+    assert!(!r.passes() && r.value.starts_with("stale:"), "{r:?}");
 
     // A query Prometheus cannot parse: its 400 bad_data, said as such.
     let bad = prometheus_check(&p.url, "sum(ichor_twin_gauge", None)?;
     let r = ask(&s, &bad, wall()).await;
-    assert!(!r.pass);
+    assert!(!r.passes());
     assert!(r.value.starts_with("query error bad_data:"), "{r:?}");
 
     // Nobody listening: said, not hung.
     let port = free_port()?;
     let gone = prometheus_check(&format!("http://127.0.0.1:{port}"), "up", None)?;
     let r = ask(&s, &gone, wall()).await;
-    assert!(!r.pass && r.value.contains("did not answer"), "{r:?}");
+    assert!(!r.passes() && r.value.contains("did not answer"), "{r:?}");
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs prometheus: scripts/test installs it"]
+async fn a_failure_query_with_a_sample_is_failed_and_an_answer_that_cannot_judge_is_unknown(
+) -> TestResult {
+    use ichor::health::Outcome;
+    let s = setup(TwinConfig::default()).await?;
+    set_gauge(&s, "ceph_health_status", json!(0)).await?;
+    let p = start_prometheus(&s).await?;
+    wait_for(&p, "ichor_twin_gauge{name=\"ceph_health_status\"} == 0").await?;
+    let wall = || Clock::system().now();
+    let gauge = "ichor_twin_gauge{name=\"ceph_health_status\"}";
+    let mut c = prometheus_check(&p.url, &format!("{gauge} == 0"), None)?;
+    if let Some(q) = c.prometheus.as_mut() {
+        q.failure_query = Some(format!("{gauge} == 2"));
+    }
+    // Healthy: the failure query is empty, the query has its sample.
+    let r = ask(&s, &c, wall()).await;
+    assert_eq!(r.outcome, Outcome::Pass, "{r:?}");
+
+    // Unhealthy (1): failing, worth waiting for.
+    set_gauge(&s, "ceph_health_status", json!(1)).await?;
+    wait_for(&p, &format!("{gauge} == 1")).await?;
+    let r = ask(&s, &c, wall()).await;
+    assert_eq!(r.outcome, Outcome::Fail, "{r:?}");
+
+    // Broken (2): the failure query has a sample, failed at once.
+    set_gauge(&s, "ceph_health_status", json!(2)).await?;
+    wait_for(&p, &format!("{gauge} == 2")).await?;
+    let r = ask(&s, &c, wall()).await;
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    assert!(r.value.starts_with("failureQuery has 1 sample"), "{r:?}");
+
+    // A failure query Prometheus cannot parse is the cluster.yaml's error, named so.
+    if let Some(q) = c.prometheus.as_mut() {
+        q.failure_query = Some("sum(up".into());
+    }
+    let r = ask(&s, &c, wall()).await;
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    assert!(
+        r.value.starts_with("failureQuery: query error bad_data:"),
+        "{r:?}"
+    );
+
+    // An answer for another time, or none at all: unknown, never a pass.
+    let any = prometheus_check(&p.url, gauge, Some("2m"))?;
+    let r = ask(&s, &any, wall().plus(Duration::from_secs(600))).await;
+    assert_eq!(r.outcome, Outcome::Unknown, "{r:?}");
+    let port = free_port()?;
+    let gone = prometheus_check(&format!("http://127.0.0.1:{port}"), "up", None)?;
+    let r = ask(&s, &gone, wall()).await;
+    assert_eq!(r.outcome, Outcome::Unknown, "{r:?}");
     Ok(())
 }
 
@@ -542,6 +596,91 @@ async fn a_check_that_stays_failing_pauses_the_rollout_naming_it_and_its_value()
         "{outcome:?}"
     );
     crate::rollout::assert_finished(&s).await?;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs kubectl: scripts/test installs it"]
+async fn a_failure_expression_pauses_at_once_without_waiting_out_the_timeout() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    kubectl(&s, &["apply", "-f", "-"], Some(&config_map("true"))).await?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let mut engine = s.engine(&report);
+    let mut c = between_check("20m")?;
+    if let Some(k) = c.kubernetes.as_mut() {
+        k.failure_expression = Some("object.data.ok == 'broken'".into());
+    }
+    engine.health_checks = vec![c];
+    let clock = s.twin.talos.clock().clone();
+    let side = async {
+        first_node_upgraded(&s).await;
+        kubectl(&s, &["apply", "-f", "-"], Some(&config_map("broken"))).await?;
+        Ok::<_, Error>(clock.now())
+    };
+    let (outcome, side) = run_alongside(&s, &engine, side).await?;
+    let broken_at = side.ok_or("the side task did not finish")??;
+    let p = paused(outcome)?;
+    assert!(
+        p.reason.contains(
+            "health check `db-ready` (between) failed: failureExpression is true for ichor-system/db-state"
+        ),
+        "{}",
+        p.reason
+    );
+    // At once: far inside the 20 minutes the check may otherwise fail for.
+    let waited = clock.now().since(broken_at);
+    assert!(
+        waited < Duration::from_secs(5 * 60),
+        "paused after {waited:?}"
+    );
+    assert!(upgraded(&s) < s.twin.talos.observe().len());
+    let rec = s.record().await?;
+    assert_eq!(rec.health.checks["db-ready"].state, "failed");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_check_that_cannot_judge_is_tolerated_error_limit_times_then_failing_and_never_passes(
+) -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let port = free_port()?;
+    // Nobody listens: every reading is unknown.
+    let gone = check(&format!(
+        "    - name: prom\n      when: [before]\n      timeout: 2m\n      errorLimit: 2\n      prometheus:\n        url: http://127.0.0.1:{port}\n        query: up\n"
+    ))?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let mut engine = s.engine(&report);
+    engine.health_checks = vec![gone];
+    let (outcome, _) = crate::rollout::run_checked(&s, &engine, false).await?;
+    let p = paused(outcome)?;
+    assert!(
+        p.reason
+            .contains("health check `prom` (before) has not held"),
+        "{}",
+        p.reason
+    );
+    assert_eq!(upgraded(&s), 0, "an unknown check never passes");
+    // The record's states, as each change was said: two tolerated, then failing.
+    let states: Vec<String> = lines
+        .all()
+        .into_iter()
+        .filter_map(|l| l.strip_prefix("health checks: ").map(str::to_string))
+        .collect();
+    assert_eq!(
+        states,
+        vec!["prom unknown", "prom unknown", "prom failing"],
+        "{:?}",
+        lines.all()
+    );
+    // Only the reading past the limit is news: one failing notice, after the tolerated ones.
+    let failing = lines
+        .all()
+        .iter()
+        .filter(|l| l.contains("health check prom failing"))
+        .count();
+    assert_eq!(failing, 1, "{:?}", lines.all());
     Ok(())
 }
 
@@ -966,9 +1105,9 @@ async fn the_prometheus_token_is_sent_as_a_bearer_and_never_reported() -> TestRe
     let c = prometheus_check(&format!("http://{addr}"), "up", Some("1m"))?;
     let secret = Credential::new(&format!("http://{addr}"), ichor::secret::Secret::new(token))?;
     let r = read_check(&s.kube, Some(&secret), &c, Clock::system().now()).await;
-    assert!(r.pass, "{r:?}");
+    assert!(r.passes(), "{r:?}");
     let r = read_check(&s.kube, None, &c, Clock::system().now()).await;
-    assert!(!r.pass && r.value.contains("HTTP 401"), "{r:?}");
+    assert!(!r.passes() && r.value.contains("HTTP 401"), "{r:?}");
     assert!(!format!("{r:?}").contains(token));
     // The gate's live item reads with the token too (the controller's config, or
     // `--prometheus-url` with `--prometheus-token-file`), so a `before` check behind auth does not wait forever.
@@ -986,7 +1125,7 @@ async fn the_prometheus_token_is_sent_as_a_bearer_and_never_reported() -> TestRe
     for (t, pass) in [(Some(secret.clone()), true), (None, false)] {
         let facts = ichor::gate::live::observe(&s.kube, None, &subject(t)).await;
         let (_, r) = facts.health.first().ok_or("no reading")?;
-        assert_eq!(r.pass, pass, "{r:?}");
+        assert_eq!(r.passes(), pass, "{r:?}");
     }
     Ok(())
 }
@@ -1114,7 +1253,7 @@ async fn the_prometheus_token_goes_only_to_the_url_it_is_bound_to() -> TestResul
     // A check that names another listener: asked, without the token.
     let c = prometheus_check(&other.url, "up", None)?;
     let r = read_check(&s.kube, Some(&credential), &c, now).await;
-    assert!(!r.pass, "{r:?}");
+    assert!(!r.passes(), "{r:?}");
     let asked = other.requests();
     assert_eq!(asked.len(), 1, "{asked:?}");
     assert!(
@@ -1124,7 +1263,7 @@ async fn the_prometheus_token_goes_only_to_the_url_it_is_bound_to() -> TestResul
     // The bound Prometheus gets the token; its redirect elsewhere is an answer, not followed.
     let c = prometheus_check(&bound.url, "up", None)?;
     let r = read_check(&s.kube, Some(&credential), &c, now).await;
-    assert!(!r.pass, "{r:?}");
+    assert!(!r.passes(), "{r:?}");
     let got = bound.requests();
     assert!(
         got.len() == 1 && got[0].contains(&format!("authorization: bearer {token}")),
