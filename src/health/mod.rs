@@ -7,6 +7,7 @@
 //! `crate::kube`, the answers through `crate::prometheus`, and the waiting is the rollout's
 //! (`crate::rollout`'s health stage).
 
+mod alertmanager_answer;
 mod cel_eval;
 mod prometheus_answer;
 
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::clock::Timestamp;
 use crate::releaseset::{excerpt, DocumentError, HumanDuration};
 
+pub use alertmanager_answer::judge as judge_alerts;
 pub use cel_eval::{
     compile, evaluate, evaluate_failure, CelError, MAX_COMPREHENSIONS, MAX_EXPRESSION_BYTES,
 };
@@ -26,6 +28,9 @@ pub use prometheus_answer::{judge as judge_prometheus, Sample};
 pub const MAX_CHECKS: usize = 32;
 /// The longest PromQL query accepted (Prometheus takes it in a URL).
 pub const MAX_QUERY_BYTES: usize = 4096;
+/// The most matchers one Alertmanager check may give, and the longest one.
+pub const MAX_MATCHERS: usize = 16;
+pub const MAX_MATCHER_BYTES: usize = 256;
 /// The most objects a `labelSelector` may match; more is a failure (every one is judged).
 pub const MAX_MATCHES: usize = 100;
 
@@ -85,6 +90,8 @@ pub struct HealthCheck {
     pub kubernetes: Option<KubernetesCheck>,
     #[serde(default)]
     pub prometheus: Option<PrometheusCheck>,
+    #[serde(default)]
+    pub alertmanager: Option<AlertmanagerCheck>,
 }
 
 /// A CEL expression over one object, or every object a label selector matches.
@@ -121,6 +128,21 @@ pub struct PrometheusCheck {
     pub failure_query: Option<String>,
 }
 
+/// Alertmanager's own view of what is firing: the check passes when no active alert
+/// matches every matcher, leaving out the silenced (unless `include_silenced`) and the
+/// inhibited ones — what Prometheus's `ALERTS` cannot say (kured#499).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AlertmanagerCheck {
+    pub url: String,
+    /// Label matchers as Alertmanager's filter takes them: `severity="critical"`,
+    /// `alertname=~"Kube.*"`, `namespace!="dev"`.
+    #[serde(default)]
+    pub matchers: Vec<String>,
+    #[serde(default)]
+    pub include_silenced: bool,
+}
+
 impl HealthCheck {
     pub fn applies(&self, phase: Phase) -> bool {
         self.when.contains(&phase)
@@ -148,6 +170,12 @@ impl HealthCheck {
             format!("{} {} {at}{what}", k.api_version, k.kind)
         } else if let Some(p) = &self.prometheus {
             format!("Prometheus {}: {}", p.url, excerpt(&p.query, 120))
+        } else if let Some(a) = &self.alertmanager {
+            format!(
+                "Alertmanager {}: alerts {{{}}}",
+                a.url,
+                excerpt(&a.matchers.join(","), 120)
+            )
         } else {
             "nothing".into()
         }
@@ -426,19 +454,20 @@ pub fn validate(
                 ),
             ));
         }
-        match (&c.kubernetes, &c.prometheus) {
-            (Some(_), Some(_)) | (None, None) => {
+        match (&c.kubernetes, &c.prometheus, &c.alertmanager) {
+            (Some(k), None, None) => validate_kubernetes(file, i, k, &at)?,
+            (None, Some(p), None) => validate_prometheus(file, i, p, &at)?,
+            (None, None, Some(a)) => validate_alertmanager(file, i, a, &at)?,
+            _ => {
                 return Err(DocumentError::at(
                     file,
                     at("name:"),
                     format!(
-                        "{} `{name}` needs exactly one of kubernetes or prometheus",
+                        "{} `{name}` needs exactly one of kubernetes, prometheus or alertmanager",
                         field("")
                     ),
                 ));
             }
-            (Some(k), None) => validate_kubernetes(file, i, k, &at)?,
-            (None, Some(p)) => validate_prometheus(file, i, p, &at)?,
         }
     }
     Ok(())
@@ -616,6 +645,71 @@ fn validate_prometheus(
     Ok(())
 }
 
+fn validate_alertmanager(
+    file: &str,
+    i: usize,
+    a: &AlertmanagerCheck,
+    at: &dyn Fn(&str) -> Option<(usize, usize)>,
+) -> Result<(), DocumentError> {
+    let field = |f: &str| format!("spec.healthChecks[{i}].alertmanager.{f}");
+    if let Err(why) = check_url(&a.url) {
+        return Err(DocumentError::at(
+            file,
+            at("url:"),
+            format!("{} `{}`: {why}", field("url"), excerpt(&a.url, 80)),
+        ));
+    }
+    if a.matchers.len() > MAX_MATCHERS {
+        return Err(DocumentError::at(
+            file,
+            at("matchers:"),
+            format!(
+                "{} has {} matchers; at most {MAX_MATCHERS} are allowed",
+                field("matchers"),
+                a.matchers.len()
+            ),
+        ));
+    }
+    for (j, m) in a.matchers.iter().enumerate() {
+        if let Err(why) = check_matcher(m) {
+            return Err(DocumentError::at(
+                file,
+                at("matchers:"),
+                format!("{}[{j}] `{}`: {why}", field("matchers"), excerpt(m, 80)),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A label matcher as Alertmanager's filter and silences take it: a label name, one of
+/// `=`, `!=`, `=~`, `!~`, and a double-quoted value (prometheus/alertmanager
+/// `pkg/labels/parse.go`). Alertmanager judges the regex itself (a 400 if it cannot).
+pub fn check_matcher(m: &str) -> Result<(), String> {
+    if m.len() > MAX_MATCHER_BYTES {
+        return Err(format!("longer than {MAX_MATCHER_BYTES} bytes"));
+    }
+    let name_end = m
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(m.len());
+    let name = &m[..name_end];
+    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+        return Err("expected a label name first, e.g. severity=\"critical\"".into());
+    }
+    let rest = &m[name_end..];
+    let value = ["=~", "!~", "!=", "="]
+        .iter()
+        .find_map(|op| rest.strip_prefix(op))
+        .ok_or("expected =, !=, =~ or !~ after the label name")?;
+    if value.len() < 2 || !value.starts_with('"') || !value.ends_with('"') {
+        return Err("expected the value in double quotes".into());
+    }
+    if value.chars().any(|c| c.is_control()) {
+        return Err("the value has a control character".into());
+    }
+    Ok(())
+}
+
 /// `http://host[:port][/path]` or https, with no credentials in it (a URL is logged; the
 /// token comes from the controller's config).
 pub fn check_url(url: &str) -> Result<(), String> {
@@ -721,7 +815,9 @@ mod tests {
             (GOOD.replace("        maxSampleAge: 2m\n", "        failureQuery: ' '\n"), 21, "failureQuery is empty"),
             (GOOD.replace("        name: main\n", ""), 11, "exactly one of name or labelSelector"),
             (GOOD.replace("        name: main\n", "        name: main\n        labelSelector: app=pg\n"), 11, "exactly one of name or labelSelector"),
-            (GOOD.replace("      prometheus:\n", "      kubernetes: {apiVersion: v1, kind: ConfigMap, name: x, expression: 'true'}\n      prometheus:\n"), 17, "exactly one of kubernetes or prometheus"),
+            (GOOD.replace("      prometheus:\n", "      kubernetes: {apiVersion: v1, kind: ConfigMap, name: x, expression: 'true'}\n      prometheus:\n"), 17, "exactly one of kubernetes, prometheus or alertmanager"),
+            (GOOD.replace("    - name: ceph-ok\n", "    - name: am\n      alertmanager: {url: 'http://am:9093', matchers: ['severity=critical']}\n    - name: ceph-ok\n"), 17, "double quotes"),
+            (GOOD.replace("    - name: ceph-ok\n", "    - name: am\n      alertmanager: {url: 'http://am:9093', matchers: ['9x=\"a\"']}\n    - name: ceph-ok\n"), 17, "label name"),
             (GOOD.replace("query: 'ceph_health_status == 0'", "query: ''"), 20, "empty"),
             (GOOD.replace("http://prometheus", "http://user:pw@prometheus"), 19, "credentials"),
             (GOOD.replace("maxSampleAge: 2m", "maxSampleAge: 0s"), 21, "zero"),

@@ -104,7 +104,20 @@ pub async fn read_check(
         }
         return ask(&p.query).await;
     }
-    Reading::fail("error: the check has neither kubernetes nor prometheus", "")
+    if let Some(a) = &check.alertmanager {
+        return match crate::prometheus::alerts(
+            &a.url,
+            &a.matchers,
+            a.include_silenced,
+            crate::prometheus::QUERY_TIMEOUT,
+        )
+        .await
+        {
+            Ok(answer) => health::judge_alerts(answer.status, &answer.body),
+            Err(why) => Reading::unknown(format!("error: {why}"), a.url.clone()),
+        };
+    }
+    Reading::fail("error: the check has no kind", "")
 }
 
 /// CEL on a blocking thread under [`CEL_BUDGET`], in one of [`CEL_SLOTS`] slots: the

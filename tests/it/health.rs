@@ -454,6 +454,176 @@ async fn a_failure_query_with_a_sample_is_failed_and_an_answer_that_cannot_judge
     Ok(())
 }
 
+// ---- Alertmanager -----------------------------------------------------------------------
+
+struct Alertmanager {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Alertmanager {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A real Alertmanager on loopback, its cluster port off, one receiver that sends nothing.
+async fn start_alertmanager() -> Result<Alertmanager, Error> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("alertmanager.yml");
+    std::fs::write(
+        &config,
+        "route:\n  receiver: nowhere\nreceivers:\n  - name: nowhere\n",
+    )?;
+    let port = free_port()?;
+    let log = std::fs::File::create(dir.path().join("alertmanager.log"))?;
+    let child = Command::new(crate::tools::ALERTMANAGER.path())
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg("--cluster.listen-address=")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()?;
+    let am = Alertmanager {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+        _dir: dir,
+    };
+    // Ready once its API answers (bounded, real time: it is a real process).
+    for _ in 0..60 {
+        if am_request(&am, "GET", "/api/v2/status", None).await.is_ok() {
+            return Ok(am);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let log = std::fs::read_to_string(am._dir.path().join("alertmanager.log")).unwrap_or_default();
+    Err(format!("Alertmanager never answered; its log ends:\n{log}").into())
+}
+
+/// One call to Alertmanager's API v2, its JSON answer.
+async fn am_request(
+    am: &Alertmanager,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> Result<Value, Error> {
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("{}{path}", am.url))
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(match body {
+            Some(b) => serde_json::to_vec(&b)?,
+            None => Vec::new(),
+        }))?;
+    let a = ichor::outbound::call(req, Duration::from_secs(5), 1 << 20).await?;
+    if a.status != 200 {
+        return Err(format!("HTTP {}: {}", a.status, String::from_utf8_lossy(&a.body)).into());
+    }
+    Ok(serde_json::from_slice(&a.body).unwrap_or(Value::Null))
+}
+
+/// Fire an alert as Prometheus would (POST /api/v2/alerts).
+async fn fire(am: &Alertmanager, labels: Value) -> TestResult {
+    am_request(
+        am,
+        "POST",
+        "/api/v2/alerts",
+        Some(json!([{"labels": labels}])),
+    )
+    .await?;
+    Ok(())
+}
+
+fn alertmanager_check(
+    url: &str,
+    matchers: &[&str],
+    include_silenced: bool,
+) -> Result<HealthCheck, Error> {
+    let list: Vec<String> = matchers.iter().map(|m| format!("'{m}'")).collect();
+    check(&format!(
+        "    - name: alerts\n      alertmanager:\n        url: {url}\n        matchers: [{}]\n        includeSilenced: {include_silenced}\n",
+        list.join(", ")
+    ))
+}
+
+#[tokio::test]
+#[ignore = "needs prometheus-alertmanager: scripts/test installs it"]
+async fn an_alertmanager_check_passes_with_no_unsilenced_matching_alert() -> TestResult {
+    use ichor::health::Outcome;
+    let s = setup(TwinConfig::default()).await?;
+    let am = start_alertmanager().await?;
+    let wall = Clock::system().now();
+    let critical = alertmanager_check(&am.url, &["severity=\"critical\""], false)?;
+    let r = ask(&s, &critical, wall).await;
+    assert_eq!(r.outcome, Outcome::Pass, "{r:?}");
+    assert_eq!(r.value, "0 alerts");
+
+    // A warning matches nothing; a critical alert fails the check, named.
+    fire(
+        &am,
+        json!({"alertname": "DiskFilling", "severity": "warning"}),
+    )
+    .await?;
+    assert!(ask(&s, &critical, wall).await.passes());
+    fire(
+        &am,
+        json!({"alertname": "KubeNodeNotReady", "severity": "critical", "node": "w-1"}),
+    )
+    .await?;
+    let r = ask(&s, &critical, wall).await;
+    assert_eq!(r.outcome, Outcome::Fail, "{r:?}");
+    assert_eq!(r.value, "1 alert firing");
+    assert!(
+        r.read.contains("KubeNodeNotReady{") && r.read.contains("node=\"w-1\""),
+        "{r:?}"
+    );
+    // Every matcher must match: another node's alerts are not this check's.
+    let other = alertmanager_check(&am.url, &["severity=\"critical\"", "node=\"w-2\""], false)?;
+    assert!(ask(&s, &other, wall).await.passes());
+
+    // Silenced: no longer firing for the check, unless it asks for silenced alerts too.
+    let now = Clock::system().now().rfc3339();
+    let later = Clock::system()
+        .now()
+        .plus(Duration::from_secs(3600))
+        .rfc3339();
+    am_request(
+        &am,
+        "POST",
+        "/api/v2/silences",
+        Some(json!({"matchers": [{"name": "node", "value": "w-1", "isRegex": false, "isEqual": true}],
+                    "startsAt": now, "endsAt": later, "createdBy": "test", "comment": "w-1 reboots"})),
+    )
+    .await?;
+    let r = ask(&s, &critical, wall).await;
+    assert_eq!(
+        r.outcome,
+        Outcome::Pass,
+        "a silenced alert does not count: {r:?}"
+    );
+    let with_silenced = alertmanager_check(&am.url, &["severity=\"critical\""], true)?;
+    assert_eq!(ask(&s, &with_silenced, wall).await.outcome, Outcome::Fail);
+
+    // A matcher Alertmanager cannot parse is cluster.yaml's error, failed at once.
+    let mut bad = critical.clone();
+    if let Some(a) = bad.alertmanager.as_mut() {
+        a.matchers = vec!["severity=~\"(\"".into()];
+    }
+    let r = ask(&s, &bad, wall).await;
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+
+    // Nobody listening: unknown, never a pass.
+    let gone = alertmanager_check(&format!("http://127.0.0.1:{}", free_port()?), &[], false)?;
+    assert_eq!(ask(&s, &gone, wall).await.outcome, Outcome::Unknown);
+    Ok(())
+}
+
 // ---- the rollout's gate -----------------------------------------------------------------
 
 /// One `between` check on the ConfigMap `db-state`, as cluster.yaml gives it.
