@@ -856,11 +856,16 @@ async fn a_check_that_cannot_judge_is_tolerated_error_limit_times_then_failing_a
 
 // ---- notifications ----------------------------------------------------------------------
 
+/// A request's path, `X-Signature` header and body.
+type Signed = (String, Option<String>, String);
+
 /// A receiver on loopback: every request's path and body, the first one refused with 500
 /// (so a retry is exercised).
 #[derive(Clone, Default)]
 struct Receiver {
     got: std::sync::Arc<std::sync::Mutex<Vec<(String, u16, String)>>>,
+    /// Each request's path, `X-Signature` header and body.
+    signed: std::sync::Arc<std::sync::Mutex<Vec<Signed>>>,
 }
 
 impl Receiver {
@@ -868,15 +873,28 @@ impl Receiver {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let got = self.got.clone();
-        let app = axum::Router::new().fallback(move |uri: axum::http::Uri, body: String| {
-            let got = got.clone();
-            async move {
-                let mut g = got.lock().unwrap_or_else(|e| e.into_inner());
-                let code = if g.is_empty() { 500 } else { 200 };
-                g.push((uri.path().to_string(), code, body));
-                axum::http::StatusCode::from_u16(code).unwrap_or(axum::http::StatusCode::OK)
-            }
-        });
+        let signed = self.signed.clone();
+        let app = axum::Router::new().fallback(
+            move |uri: axum::http::Uri, headers: axum::http::HeaderMap, body: String| {
+                let got = got.clone();
+                let signed = signed.clone();
+                async move {
+                    let sig = headers
+                        .get("x-signature")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string);
+                    signed.lock().unwrap_or_else(|e| e.into_inner()).push((
+                        uri.path().to_string(),
+                        sig,
+                        body.clone(),
+                    ));
+                    let mut g = got.lock().unwrap_or_else(|e| e.into_inner());
+                    let code = if g.is_empty() { 500 } else { 200 };
+                    g.push((uri.path().to_string(), code, body));
+                    axum::http::StatusCode::from_u16(code).unwrap_or(axum::http::StatusCode::OK)
+                }
+            },
+        );
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -920,14 +938,18 @@ async fn a_receiver_gets_each_rollout_event_once_and_no_secret() -> TestResult {
     std::fs::write(&hook, format!("http://{addr}/hook/{secret}\n"))?;
     let slack = dir.path().join("slack-url");
     std::fs::write(&slack, format!("http://{addr}/slack/{secret}"))?;
+    let key_file = dir.path().join("signing-key");
+    std::fs::write(&key_file, "shared-signing-key\n")?;
     let cfg = NotificationsConfig {
         webhook: Some(Destination {
             url_file: Some(hook),
             url_env: None,
+            signing_key_file: Some(key_file),
         }),
         slack: Some(Destination {
             url_file: Some(slack),
             url_env: None,
+            signing_key_file: None,
         }),
     };
     let metrics = std::sync::Arc::new(Metrics::default());
@@ -1023,6 +1045,26 @@ async fn a_receiver_gets_each_rollout_event_once_and_no_secret() -> TestResult {
         "{}",
         texts[2]
     );
+
+    // Each webhook body is signed with the key, as a receiver checks it; each event has its
+    // own id, and the retried one kept its id. Slack gets no signature.
+    let signed = receiver
+        .signed
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    for (path, sig, body) in &signed {
+        if path.starts_with("/hook/") {
+            let want = notify::signature(b"shared-signing-key", body.as_bytes())?;
+            assert_eq!(sig.as_deref(), Some(want.as_str()), "{body}");
+        } else {
+            assert_eq!(sig, &None, "{path}");
+        }
+    }
+    let mut ids: Vec<&str> = events.iter().filter_map(|e| e["id"].as_str()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), want.len(), "{events:#?}");
 
     // No secret in any body: not the URLs' token, not the cluster's.
     for b in receiver.all_bodies() {
