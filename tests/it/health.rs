@@ -454,6 +454,44 @@ async fn a_failure_query_with_a_sample_is_failed_and_an_answer_that_cannot_judge
     Ok(())
 }
 
+/// The query of docs/health-checks.md's `longhorn-all-healthy` example, as written there.
+fn longhorn_example_query() -> Result<String, Error> {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/health-checks.md"
+    ))?;
+    let from = doc
+        .find("name: longhorn-all-healthy")
+        .ok_or("no Longhorn example")?;
+    let line = doc[from..]
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("query: "))
+        .ok_or("the Longhorn example has no query")?;
+    Ok(line.trim_matches('\'').to_string())
+}
+
+#[tokio::test]
+#[ignore = "needs prometheus: scripts/test installs it"]
+async fn the_longhorn_example_fails_when_its_metric_is_missing() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let p = start_prometheus(&s).await?;
+    wait_for(&p, "longhorn_volume_robustness").await?;
+    let wall = || Clock::system().now();
+    let query = longhorn_example_query()?;
+    // Every volume of the twin healthy: it passes.
+    let r = ask(&s, &prometheus_check(&p.url, &query, None)?, wall()).await;
+    assert!(r.passes(), "{query}: {r:?}");
+    // The metric missing (renamed, not scraped): it does not pass.
+    let missing = query.replace(
+        "longhorn_volume_robustness",
+        "longhorn_volume_robustness_gone",
+    );
+    let r = ask(&s, &prometheus_check(&p.url, &missing, None)?, wall()).await;
+    assert!(!r.passes(), "{missing}: {r:?}");
+    assert_eq!(r.value, "0 samples");
+    Ok(())
+}
+
 // ---- Alertmanager -----------------------------------------------------------------------
 
 struct Alertmanager {
