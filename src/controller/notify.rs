@@ -6,7 +6,8 @@
 //! - `slack`: a Slack incoming-webhook message, `{"text": "…"}` (Mattermost and Discord's
 //!   Slack-compatible endpoint accept the same).
 //!
-//! Events: rollout started, paused, resumed, completed, failed, and a health check failing.
+//! Events: rollout started, paused, resumed, completed, failed, a health check failing and
+//! recovered.
 //! Each is sent once, retried with backoff on ichor's clock, from a task of its own: the
 //! rollout never waits for it. At most [`MAX_PENDING`] are under way; past that an event is
 //! dropped and counted. Every outcome is counted in `ichor_notifications_total{kind,result}`.
@@ -168,6 +169,7 @@ impl Event {
             "rollout.completed" => "rollout completed",
             "rollout.failed" => "rollout failed",
             "healthcheck.failing" => "health check failing",
+            "healthcheck.recovered" => "health check recovered",
             other => other,
         };
         let mut out = format!("ichor: {}: {what}{at}, {commit}{pr}", self.cluster);
@@ -223,6 +225,13 @@ pub fn event_of(
                 cause: Some(crate::releaseset::excerpt(&pause.reason, MAX_CAUSE)),
                 resume: Some(RESUME.into()),
                 ..base("rollout.paused")
+            },
+            Progress::HealthCheckRecovered { name, value } => Event {
+                cause: Some(crate::releaseset::excerpt(
+                    &format!("health check `{name}`: {value}"),
+                    MAX_CAUSE,
+                )),
+                ..base("healthcheck.recovered")
             },
             Progress::HealthCheckFailing { name, value } => Event {
                 cause: Some(crate::releaseset::excerpt(

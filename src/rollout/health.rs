@@ -407,11 +407,15 @@ impl Run<'_, '_> {
             let rounds: Vec<(&HealthCheck, &Reading, &Verdict)> =
                 readings.iter().map(|(c, r, v)| (*c, r, v)).collect();
             let state = gate_state(&rounds, now.since(start), e.policy.node_timeout, phase);
-            let newly_failing = self
+            let turned = self
                 .record_checks(stage, phase, &readings, &since, now)
                 .await?;
-            for (name, value) in newly_failing {
-                self.say(Progress::HealthCheckFailing { name, value });
+            for (name, value, failing) in turned {
+                self.say(if failing {
+                    Progress::HealthCheckFailing { name, value }
+                } else {
+                    Progress::HealthCheckRecovered { name, value }
+                });
             }
             if !matches!(state, StepState::Settling(_)) {
                 // Each check's state and last value, for the PR's comment and the log.
@@ -443,7 +447,8 @@ impl Run<'_, '_> {
     }
 
     /// Each check's state into the record, written only when something a reader would see
-    /// changed (not every round); the checks that just began failing, with their value.
+    /// changed (not every round); the checks that just began failing (`true`) or hold again
+    /// after failing (`false`), with their value.
     async fn record_checks(
         &self,
         stage: StageId,
@@ -451,7 +456,7 @@ impl Run<'_, '_> {
         readings: &[(&HealthCheck, Reading, Verdict)],
         since: &BTreeMap<String, health::Run>,
         now: Timestamp,
-    ) -> Flow<Vec<(String, String)>> {
+    ) -> Flow<Vec<(String, String, bool)>> {
         let mut next = self.stored.lock().await.record.health.checks.clone();
         let mut changed = false;
         let mut failing = Vec::new();
@@ -477,7 +482,10 @@ impl Run<'_, '_> {
                         && old.errors == rec.errors => {}
                 old => {
                     if rec.state == "failing" && old.is_none_or(|o| o.state != "failing") {
-                        failing.push((c.name.clone(), rec.value.clone()));
+                        failing.push((c.name.clone(), rec.value.clone(), true));
+                    }
+                    if rec.state == "holds" && old.is_some_and(|o| o.state == "failing") {
+                        failing.push((c.name.clone(), rec.value.clone(), false));
                     }
                     next.insert(c.name.clone(), rec);
                     changed = true;

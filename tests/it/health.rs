@@ -1026,6 +1026,7 @@ async fn a_receiver_gets_each_rollout_event_once_and_no_secret() -> TestResult {
         "healthcheck.failing",
         "rollout.paused",
         "rollout.resumed",
+        "healthcheck.recovered",
         "rollout.completed",
     ];
     for _ in 0..400 {
@@ -1116,7 +1117,7 @@ async fn a_receiver_gets_each_rollout_event_once_and_no_secret() -> TestResult {
             &[("kind", kind), ("result", result)],
         )
     };
-    assert_eq!(value("webhook", "sent") + value("slack", "sent"), 10.0);
+    assert_eq!(value("webhook", "sent") + value("slack", "sent"), 12.0);
     assert_eq!(value("webhook", "failed") + value("slack", "failed"), 0.0);
     Ok(())
 }
