@@ -61,6 +61,33 @@ pub async fn query(
         .map_err(|why| format!("Prometheus at {base} did not answer: {why}"))
 }
 
+/// Ask Alertmanager at `base` for the active alerts matching every one of `matchers`,
+/// leaving out the inhibited ones and, unless `include_silenced`, the silenced ones
+/// (`GET /api/v2/alerts`, prometheus/alertmanager `api/v2/openapi.yaml` `getAlerts`: one
+/// `filter` parameter per matcher). No credential goes with it.
+pub async fn alerts(
+    base: &str,
+    matchers: &[String],
+    include_silenced: bool,
+    timeout: Duration,
+) -> Result<Answer, String> {
+    let mut url = format!(
+        "{}/api/v2/alerts?active=true&inhibited=false&silenced={include_silenced}",
+        base.trim_end_matches('/')
+    );
+    for m in matchers {
+        url.push_str("&filter=");
+        url.push_str(&encode(m));
+    }
+    let req = hyper::Request::get(url.as_str())
+        .header("accept", "application/json")
+        .body(Body::empty())
+        .map_err(|e| format!("cannot build the request to {base}: {e}"))?;
+    crate::outbound::call(req, timeout, MAX_ANSWER_BYTES)
+        .await
+        .map_err(|why| format!("Alertmanager at {base} did not answer: {why}"))
+}
+
 /// A bearer token bound to the URL it belongs to (`clusters[].prometheus: {url, tokenFile}`
 /// in the controller's config, or `--prometheus-url` with `--prometheus-token-file`). A
 /// check names its own URL in cluster.yaml, which a pull request can write: the token goes

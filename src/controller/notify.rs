@@ -6,7 +6,8 @@
 //! - `slack`: a Slack incoming-webhook message, `{"text": "…"}` (Mattermost and Discord's
 //!   Slack-compatible endpoint accept the same).
 //!
-//! Events: rollout started, paused, resumed, completed, failed, and a health check failing.
+//! Events: rollout started, paused, resumed, completed, failed, a health check failing and
+//! recovered.
 //! Each is sent once, retried with backoff on ichor's clock, from a task of its own: the
 //! rollout never waits for it. At most [`MAX_PENDING`] are under way; past that an event is
 //! dropped and counted. Every outcome is counted in `ichor_notifications_total{kind,result}`.
@@ -56,6 +57,11 @@ pub struct NotificationsConfig {
 pub struct Destination {
     pub url_file: Option<PathBuf>,
     pub url_env: Option<String>,
+    /// A file holding the key each body is signed with (HMAC-SHA256, the
+    /// `X-Signature: sha256=<hex>` header, as Flux's `generic-hmac` provider sends it), so
+    /// a receiver can tell ichor's events from anyone's who learnt the URL.
+    #[serde(default)]
+    pub signing_key_file: Option<PathBuf>,
 }
 
 impl NotificationsConfig {
@@ -67,6 +73,13 @@ impl NotificationsConfig {
         }
         if let Some(f) = self.slack.as_ref().and_then(|d| d.url_file.as_deref()) {
             out.push(("notifications.slack.urlFile", f));
+        }
+        if let Some(f) = self
+            .webhook
+            .as_ref()
+            .and_then(|d| d.signing_key_file.as_deref())
+        {
+            out.push(("notifications.webhook.signingKeyFile", f));
         }
         out
     }
@@ -100,6 +113,10 @@ impl Destination {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Event {
+    /// The same for every try of one event, different for every event: a receiver drops
+    /// a repeat by it (the SHA-256 of the rest of the document, 32 hex digits).
+    #[serde(default)]
+    pub id: String,
     /// `rollout.started`, `rollout.paused`, `rollout.resumed`, `rollout.completed`,
     /// `rollout.failed`, `healthcheck.failing`.
     pub event: String,
@@ -118,8 +135,26 @@ pub struct Event {
 }
 
 impl Event {
-    /// The Slack-compatible message.
+    /// The event with its id set from its content.
+    fn with_id(mut self) -> Self {
+        use sha2::Digest;
+        self.id = String::new();
+        let doc = serde_json::to_vec(&self).unwrap_or_default();
+        let digest = sha2::Sha256::digest(&doc);
+        self.id = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+        self
+    }
+
+    /// The Slack-compatible message, escaped as Slack's `mrkdwn` asks (`&`, `<`, `>`), so
+    /// a cause quoting an object's status cannot ping `<!channel>` or hide a link.
     pub fn text(&self) -> String {
+        self.plain_text()
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    }
+
+    fn plain_text(&self) -> String {
         let commit = self.commit.get(..12).unwrap_or(&self.commit);
         let pr = self.pr.map(|n| format!(" (PR #{n})")).unwrap_or_default();
         let at = match (&self.stage, &self.node) {
@@ -134,6 +169,7 @@ impl Event {
             "rollout.completed" => "rollout completed",
             "rollout.failed" => "rollout failed",
             "healthcheck.failing" => "health check failing",
+            "healthcheck.recovered" => "health check recovered",
             other => other,
         };
         let mut out = format!("ichor: {}: {what}{at}, {commit}{pr}", self.cluster);
@@ -163,6 +199,7 @@ pub fn event_of(
     now: crate::clock::Timestamp,
 ) -> Option<Event> {
     let base = |event: &str| Event {
+        id: String::new(),
         event: event.into(),
         cluster: cluster.into(),
         commit: commit.into(),
@@ -174,29 +211,39 @@ pub fn event_of(
         eta: None,
         at: now.rfc3339(),
     };
-    Some(match p {
-        Progress::Event(Lifecycle::Started { estimate_secs }) => Event {
-            eta: Some(now.plus(Duration::from_secs(*estimate_secs)).rfc3339()),
-            ..base("rollout.started")
-        },
-        Progress::Event(Lifecycle::Resumed) => base("rollout.resumed"),
-        Progress::Event(Lifecycle::Completed) => base("rollout.completed"),
-        Progress::Event(Lifecycle::Paused(pause)) => Event {
-            stage: Some(pause.stage.clone()),
-            node: pause.node.clone(),
-            cause: Some(crate::releaseset::excerpt(&pause.reason, MAX_CAUSE)),
-            resume: Some(RESUME.into()),
-            ..base("rollout.paused")
-        },
-        Progress::HealthCheckFailing { name, value } => Event {
-            cause: Some(crate::releaseset::excerpt(
-                &format!("health check `{name}`: {value}"),
-                MAX_CAUSE,
-            )),
-            ..base("healthcheck.failing")
-        },
-        _ => return None,
-    })
+    Some(
+        match p {
+            Progress::Event(Lifecycle::Started { estimate_secs }) => Event {
+                eta: Some(now.plus(Duration::from_secs(*estimate_secs)).rfc3339()),
+                ..base("rollout.started")
+            },
+            Progress::Event(Lifecycle::Resumed) => base("rollout.resumed"),
+            Progress::Event(Lifecycle::Completed) => base("rollout.completed"),
+            Progress::Event(Lifecycle::Paused(pause)) => Event {
+                stage: Some(pause.stage.clone()),
+                node: pause.node.clone(),
+                cause: Some(crate::releaseset::excerpt(&pause.reason, MAX_CAUSE)),
+                resume: Some(RESUME.into()),
+                ..base("rollout.paused")
+            },
+            Progress::HealthCheckRecovered { name, value } => Event {
+                cause: Some(crate::releaseset::excerpt(
+                    &format!("health check `{name}`: {value}"),
+                    MAX_CAUSE,
+                )),
+                ..base("healthcheck.recovered")
+            },
+            Progress::HealthCheckFailing { name, value } => Event {
+                cause: Some(crate::releaseset::excerpt(
+                    &format!("health check `{name}`: {value}"),
+                    MAX_CAUSE,
+                )),
+                ..base("healthcheck.failing")
+            },
+            _ => return None,
+        }
+        .with_id(),
+    )
 }
 
 /// The event of a rollout that failed (an error, not a pause).
@@ -208,6 +255,7 @@ pub fn failed(
     now: crate::clock::Timestamp,
 ) -> Event {
     Event {
+        id: String::new(),
         event: "rollout.failed".into(),
         cluster: cluster.into(),
         commit: commit.into(),
@@ -219,6 +267,7 @@ pub fn failed(
         eta: None,
         at: now.rfc3339(),
     }
+    .with_id()
 }
 
 /// Send `event` to every destination the controller's config names.
@@ -273,12 +322,23 @@ async fn deliver(
         "slack" => serde_json::json!({ "text": event.text() }).to_string(),
         _ => serde_json::to_string(event).map_err(|e| e.to_string())?,
     };
+    let signature = match (&dest.signing_key_file, kind) {
+        (Some(f), "webhook") => {
+            let key = Secret::from_file(f).map_err(|e| e.to_string())?;
+            Some(signature(key.expose().trim().as_bytes(), body.as_bytes())?)
+        }
+        _ => None,
+    };
     let mut wait = Duration::from_secs(1);
     let mut last = String::new();
     for attempt in 1..=TRIES {
-        let req = hyper::Request::post(url.expose())
+        let mut req = hyper::Request::post(url.expose())
             .header("content-type", "application/json")
-            .header("user-agent", "ichor")
+            .header("user-agent", "ichor");
+        if let Some(sig) = &signature {
+            req = req.header("x-signature", sig.as_str());
+        }
+        let req = req
             .body(Body::from(body.clone()))
             // The URL is not said: it is the secret.
             .map_err(|_| "the configured URL is not a valid URL".to_string())?;
@@ -297,6 +357,19 @@ async fn deliver(
         }
     }
     Err(format!("{TRIES} tries, the last: {last}"))
+}
+
+/// `sha256=<hex>` of HMAC-SHA256 over `body` with `key`.
+pub fn signature(key: &[u8], body: &[u8]) -> Result<String, String> {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key)
+        .map_err(|_| "the signing key cannot key an HMAC".to_string())?;
+    mac.update(body);
+    let sum = mac.finalize().into_bytes();
+    Ok(format!(
+        "sha256={}",
+        sum.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    ))
 }
 
 /// The bearer token for the Prometheus of `cluster`'s health checks, bound to its URL, from
@@ -383,5 +456,38 @@ mod tests {
         .unwrap();
         assert_eq!(s.eta, Some(now.plus(Duration::from_secs(3600)).rfc3339()));
         assert!(event_of(&Progress::Note("x".into()), "h", "c", None, now).is_none());
+        // Each event its own id; the same event the same id (every try carries it).
+        assert_eq!(e.id.len(), 32);
+        assert_ne!(e.id, s.id);
+        assert_eq!(
+            e.id,
+            event_of(&p, "homelab", "0123456789abcdef", Some(7), now)
+                .unwrap()
+                .id
+        );
+    }
+
+    #[test]
+    fn slack_text_is_escaped_so_a_cause_cannot_ping_or_link() {
+        let now = Timestamp::from_millis(1_780_000_000_000);
+        let p = Progress::HealthCheckFailing {
+            name: "db".into(),
+            value: "false for <!channel> & <https://evil.example|docs>".into(),
+        };
+        let t = event_of(&p, "homelab", "c", None, now).unwrap().text();
+        assert!(
+            t.ends_with("false for &lt;!channel&gt; &amp; &lt;https://evil.example|docs&gt;"),
+            "{t}"
+        );
+        assert!(!t.contains('<') && !t.contains('>'), "{t}");
+    }
+
+    #[test]
+    fn the_signature_is_github_and_fluxs_hmac_sha256() {
+        // RFC 4231 test case 2.
+        assert_eq!(
+            signature(b"Jefe", b"what do ya want for nothing?").unwrap(),
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
     }
 }

@@ -245,7 +245,7 @@ fn render_rollout(cluster: &str, r: &RolloutSection) -> String {
         for c in &r.checks {
             let icon = match c.state.as_str() {
                 "holds" => "✅",
-                "failing" => "❌",
+                "failing" | "failed" => "❌",
                 _ => "⏳",
             };
             out.push_str(&format!(

@@ -394,6 +394,47 @@ pub fn evaluate(program: &Program, objects: &[serde_json::Value]) -> Reading {
     Reading::pass("true", excerpt(&read.join("; "), 600))
 }
 
+/// Judge a `failureExpression` over the same objects: `Failed` when it is true for any of
+/// them, `Unknown` when it cannot be judged (an error, a value that is not a bool: a check
+/// that cannot tell whether it is broken is not a pass), `None` when it is false for all.
+pub fn evaluate_failure(program: &Program, objects: &[serde_json::Value]) -> Option<Reading> {
+    let env = env();
+    for o in objects {
+        let name = object_name(o);
+        let value = match to_cel(&without_bookkeeping(o), &mut String::new()) {
+            Ok(v) => v,
+            Err(why) => return Some(Reading::fail(format!("error: {why}"), name)),
+        };
+        let mut ctx = Context::with_env(env.clone());
+        ctx.add_variable_from_value("object", value);
+        match program.execute(&ctx) {
+            Ok(Value::Bool(false)) => {}
+            Ok(Value::Bool(true)) => {
+                return Some(Reading::failed(
+                    format!("failureExpression is true for {name}"),
+                    name,
+                ))
+            }
+            Ok(other) => {
+                return Some(Reading::unknown(
+                    format!(
+                        "error: the failureExpression gave a {}, not a bool",
+                        type_name(&other)
+                    ),
+                    name,
+                ))
+            }
+            Err(e) => {
+                return Some(Reading::unknown(
+                    format!("error: failureExpression: {}", excerpt(&e.to_string(), 200)),
+                    name,
+                ))
+            }
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -425,7 +466,7 @@ mod tests {
             "!has(object.status.missing)",
         ] {
             let r = run(expr, cnpg(3));
-            assert!(r.pass, "{expr}: {r:?}");
+            assert!(r.passes(), "{expr}: {r:?}");
         }
         let r = run(
             "object.status.readyInstances == object.spec.instances",
@@ -441,10 +482,10 @@ mod tests {
     #[test]
     fn only_a_bool_passes_and_errors_are_named() {
         let r = run("object.status.readyInstances", cnpg(3));
-        assert!(!r.pass);
+        assert!(!r.passes());
         assert!(r.value.contains("gave a int, not a bool"), "{r:?}");
         let r = run("object.status.nope == 1", cnpg(3));
-        assert!(!r.pass && r.value.starts_with("error:"), "{r:?}");
+        assert!(!r.passes() && r.value.starts_with("error:"), "{r:?}");
         let r = evaluate(&compile("true").unwrap(), &[]);
         assert_eq!(r.value, "no such object");
     }
@@ -456,7 +497,7 @@ mod tests {
         other["metadata"]["name"] = json!("replica");
         let r = evaluate(&p, &[cnpg(3), other]);
         assert_eq!(r.value, "false for db/replica");
-        assert!(evaluate(&p, &[cnpg(3), cnpg(3)]).pass);
+        assert!(evaluate(&p, &[cnpg(3), cnpg(3)]).passes());
     }
 
     #[test]
@@ -475,7 +516,7 @@ mod tests {
             "object.spec.items.all(i, object.spec.items.all(j, true))",
             big,
         );
-        assert!(!r.pass && r.value.contains("5000 items"), "{r:?}");
+        assert!(!r.passes() && r.value.contains("5000 items"), "{r:?}");
     }
 
     /// Issue 46 item 2: each bypass of the old textual bound is refused on the parsed form.
@@ -535,10 +576,10 @@ mod tests {
         }
         // A string too long to read is a failure of the check, naming where it is.
         let big = json!({"metadata": {"name": "x", "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "a".repeat(20_000)}}, "data": {"blob": "a".repeat(20_000)}});
-        assert!(run("object.metadata.name == 'x'", without_blob(&big)).pass);
+        assert!(run("object.metadata.name == 'x'", without_blob(&big)).passes());
         let r = run("object.data.blob.size() > 0", big);
         assert!(
-            !r.pass && r.value.contains(".data.blob is a string of 20000 bytes"),
+            !r.passes() && r.value.contains(".data.blob is a string of 20000 bytes"),
             "{r:?}"
         );
     }

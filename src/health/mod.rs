@@ -7,6 +7,7 @@
 //! `crate::kube`, the answers through `crate::prometheus`, and the waiting is the rollout's
 //! (`crate::rollout`'s health stage).
 
+mod alertmanager_answer;
 mod cel_eval;
 mod prometheus_answer;
 
@@ -17,13 +18,19 @@ use serde::{Deserialize, Serialize};
 use crate::clock::Timestamp;
 use crate::releaseset::{excerpt, DocumentError, HumanDuration};
 
-pub use cel_eval::{compile, evaluate, CelError, MAX_COMPREHENSIONS, MAX_EXPRESSION_BYTES};
+pub use alertmanager_answer::judge as judge_alerts;
+pub use cel_eval::{
+    compile, evaluate, evaluate_failure, CelError, MAX_COMPREHENSIONS, MAX_EXPRESSION_BYTES,
+};
 pub use prometheus_answer::{judge as judge_prometheus, Sample};
 
 /// The most checks one cluster.yaml may define: each is evaluated at every gate.
 pub const MAX_CHECKS: usize = 32;
 /// The longest PromQL query accepted (Prometheus takes it in a URL).
 pub const MAX_QUERY_BYTES: usize = 4096;
+/// The most matchers one Alertmanager check may give, and the longest one.
+pub const MAX_MATCHERS: usize = 16;
+pub const MAX_MATCHER_BYTES: usize = 256;
 /// The most objects a `labelSelector` may match; more is a failure (every one is judged).
 pub const MAX_MATCHES: usize = 100;
 
@@ -49,6 +56,13 @@ impl Phase {
     }
 }
 
+/// As Argo Rollouts' `consecutiveErrorLimit`, a few blips of the network are not a failure.
+pub const DEFAULT_ERROR_LIMIT: u32 = 3;
+
+fn default_error_limit() -> u32 {
+    DEFAULT_ERROR_LIMIT
+}
+
 fn all_phases() -> Vec<Phase> {
     vec![Phase::Before, Phase::Between, Phase::After]
 }
@@ -68,10 +82,16 @@ pub struct HealthCheck {
     /// How long the check must hold before it counts.
     #[serde(default)]
     pub stable_for: HumanDuration,
+    /// How many readings in a row that could not judge (Prometheus or the API server did not
+    /// answer, a stale or NaN answer) are tolerated before the check counts as failing.
+    #[serde(default = "default_error_limit")]
+    pub error_limit: u32,
     #[serde(default)]
     pub kubernetes: Option<KubernetesCheck>,
     #[serde(default)]
     pub prometheus: Option<PrometheusCheck>,
+    #[serde(default)]
+    pub alertmanager: Option<AlertmanagerCheck>,
 }
 
 /// A CEL expression over one object, or every object a label selector matches.
@@ -88,6 +108,10 @@ pub struct KubernetesCheck {
     #[serde(default)]
     pub label_selector: Option<String>,
     pub expression: String,
+    /// True when the object is broken beyond waiting: the rollout pauses at once, without
+    /// waiting out the timeout.
+    #[serde(default)]
+    pub failure_expression: Option<String>,
 }
 
 /// A PromQL query Prometheus evaluates; it passes when the answer has a fresh sample.
@@ -98,6 +122,25 @@ pub struct PrometheusCheck {
     pub query: String,
     #[serde(default)]
     pub max_sample_age: Option<HumanDuration>,
+    /// A query whose answer has a (fresh) sample when something is broken beyond waiting:
+    /// the rollout pauses at once.
+    #[serde(default)]
+    pub failure_query: Option<String>,
+}
+
+/// Alertmanager's own view of what is firing: the check passes when no active alert
+/// matches every matcher, leaving out the silenced (unless `include_silenced`) and the
+/// inhibited ones — what Prometheus's `ALERTS` cannot say (kured#499).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AlertmanagerCheck {
+    pub url: String,
+    /// Label matchers as Alertmanager's filter takes them: `severity="critical"`,
+    /// `alertname=~"Kube.*"`, `namespace!="dev"`.
+    #[serde(default)]
+    pub matchers: Vec<String>,
+    #[serde(default)]
+    pub include_silenced: bool,
 }
 
 impl HealthCheck {
@@ -127,6 +170,12 @@ impl HealthCheck {
             format!("{} {} {at}{what}", k.api_version, k.kind)
         } else if let Some(p) = &self.prometheus {
             format!("Prometheus {}: {}", p.url, excerpt(&p.query, 120))
+        } else if let Some(a) = &self.alertmanager {
+            format!(
+                "Alertmanager {}: alerts {{{}}}",
+                a.url,
+                excerpt(&a.matchers.join(","), 120)
+            )
         } else {
             "nothing".into()
         }
@@ -137,7 +186,7 @@ impl HealthCheck {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Reading {
-    pub pass: bool,
+    pub outcome: Outcome,
     /// The value, as the check's owner reads it: `true`, `false`, `2 samples`, or what went
     /// wrong (`no such object`, `query error bad_data: …`).
     pub value: String,
@@ -145,46 +194,105 @@ pub struct Reading {
     pub read: String,
 }
 
+/// The three states a check can be in (as Argo Rollouts and Flux's `healthCheckExprs` have
+/// them), plus a reading that could not judge at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Pass,
+    /// Unhealthy now: the gate waits, up to the check's timeout.
+    Fail,
+    /// Nothing to judge by (no answer, a stale or NaN one): never a pass, tolerated
+    /// `errorLimit` times in a row, then failing.
+    Unknown,
+    /// Broken beyond waiting (a `failureExpression` or `failureQuery` holds, a query
+    /// Prometheus cannot parse): the rollout pauses at once.
+    Failed,
+}
+
 impl Reading {
-    pub fn pass(value: impl Into<String>, read: impl Into<String>) -> Self {
+    fn with(outcome: Outcome, value: impl Into<String>, read: impl Into<String>) -> Self {
         Reading {
-            pass: true,
+            outcome,
             value: value.into(),
             read: read.into(),
         }
     }
+    pub fn pass(value: impl Into<String>, read: impl Into<String>) -> Self {
+        Self::with(Outcome::Pass, value, read)
+    }
     pub fn fail(value: impl Into<String>, read: impl Into<String>) -> Self {
-        Reading {
-            pass: false,
-            value: value.into(),
-            read: read.into(),
-        }
+        Self::with(Outcome::Fail, value, read)
+    }
+    pub fn unknown(value: impl Into<String>, read: impl Into<String>) -> Self {
+        Self::with(Outcome::Unknown, value, read)
+    }
+    pub fn failed(value: impl Into<String>, read: impl Into<String>) -> Self {
+        Self::with(Outcome::Failed, value, read)
+    }
+    pub fn passes(&self) -> bool {
+        self.outcome == Outcome::Pass
     }
 }
 
-/// Whether a check counts now, given its reading and since when it has passed without a
-/// break (`passing_since`, updated here).
+/// Whether a check counts now, given its reading and its run so far ([`Run`], updated here).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     Holds,
     /// Passing, not yet for `stableFor`: how long it still needs.
     Settling(Duration),
+    /// The reading could not judge; the `errors`-th in a row, still tolerated.
+    Unknown {
+        errors: u32,
+    },
     Fails,
+    /// Broken beyond waiting: pause now.
+    Failed,
+}
+
+/// A check's history at one gate: since when it has passed without a break, and how many
+/// readings in a row could not judge.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Run {
+    pub passing_since: Option<Timestamp>,
+    pub errors: u32,
 }
 
 /// The `stableFor` rule: a pass counts once passes have been read without a failure in
-/// between for `stable_for`; any failing reading starts it over.
+/// between for `stable_for`; any failing reading starts it over. A reading that could not
+/// judge never passes: up to `error_limit` in a row neither count nor break the run, the
+/// next counts as failing.
 pub fn judge_stability(
     reading: &Reading,
-    passing_since: &mut Option<Timestamp>,
+    run: &mut Run,
     stable_for: Duration,
+    error_limit: u32,
     now: Timestamp,
 ) -> Verdict {
-    if !reading.pass {
-        *passing_since = None;
-        return Verdict::Fails;
+    match reading.outcome {
+        Outcome::Failed => {
+            *run = Run::default();
+            return Verdict::Failed;
+        }
+        Outcome::Fail => {
+            *run = Run::default();
+            return Verdict::Fails;
+        }
+        Outcome::Unknown => {
+            // Counted up to one past the limit: the record changes only when the state does.
+            run.errors = run
+                .errors
+                .saturating_add(1)
+                .min(error_limit.saturating_add(1));
+            if run.errors > error_limit {
+                run.passing_since = None;
+                return Verdict::Fails;
+            }
+            return Verdict::Unknown { errors: run.errors };
+        }
+        Outcome::Pass => run.errors = 0,
     }
-    let since = *passing_since.get_or_insert(now);
+    let since = *run.passing_since.get_or_insert(now);
     let held = now.since(since);
     if held >= stable_for {
         Verdict::Holds
@@ -263,7 +371,12 @@ fn check_lines(text: &str, count: usize) -> Vec<Option<usize>> {
 /// Validate `spec.healthChecks` as written in `text` (for lines). Every error names the
 /// check and the line; a CEL expression is compiled here, so a bad one never reaches a
 /// cluster.
-pub fn validate(file: &str, text: &str, checks: &[HealthCheck]) -> Result<(), DocumentError> {
+pub fn validate(
+    file: &str,
+    text: &str,
+    checks: &[HealthCheck],
+    node_timeout: HumanDuration,
+) -> Result<(), DocumentError> {
     let top = || crate::releaseset::locate(text, "healthChecks:", 0);
     if checks.len() > MAX_CHECKS {
         return Err(DocumentError::at(
@@ -322,32 +435,39 @@ pub fn validate(file: &str, text: &str, checks: &[HealthCheck]) -> Result<(), Do
                 ),
             ));
         }
-        if let Some(t) = c.timeout {
-            if c.stable_for > t {
-                return Err(DocumentError::at(
-                    file,
-                    at("stableFor:"),
-                    format!(
-                        "{} ({}) is longer than its timeout ({t}): the check could never count",
-                        field(".stableFor"),
-                        c.stable_for
-                    ),
-                ));
-            }
+        // A run of passes must be able to count before the timeout ends the wait.
+        let timeout = c.timeout.unwrap_or(node_timeout);
+        if !c.stable_for.0.is_zero() && c.stable_for >= timeout {
+            let whose = match c.timeout {
+                Some(t) => format!("its timeout ({t})"),
+                None => {
+                    format!("spec.rollout.nodeTimeout ({timeout}), its timeout when it gives none")
+                }
+            };
+            return Err(DocumentError::at(
+                file,
+                at("stableFor:"),
+                format!(
+                    "{} ({}) is not shorter than {whose}: the check could never count; give a longer timeout",
+                    field(".stableFor"),
+                    c.stable_for
+                ),
+            ));
         }
-        match (&c.kubernetes, &c.prometheus) {
-            (Some(_), Some(_)) | (None, None) => {
+        match (&c.kubernetes, &c.prometheus, &c.alertmanager) {
+            (Some(k), None, None) => validate_kubernetes(file, i, k, &at)?,
+            (None, Some(p), None) => validate_prometheus(file, i, p, &at)?,
+            (None, None, Some(a)) => validate_alertmanager(file, i, a, &at)?,
+            _ => {
                 return Err(DocumentError::at(
                     file,
                     at("name:"),
                     format!(
-                        "{} `{name}` needs exactly one of kubernetes or prometheus",
+                        "{} `{name}` needs exactly one of kubernetes, prometheus or alertmanager",
                         field("")
                     ),
                 ));
             }
-            (Some(k), None) => validate_kubernetes(file, i, k, &at)?,
-            (None, Some(p)) => validate_prometheus(file, i, p, &at)?,
         }
     }
     Ok(())
@@ -448,20 +568,27 @@ fn validate_kubernetes(
             ));
         }
     }
-    if let Err(e) = compile(&k.expression) {
-        let (line, col) = at("expression:").unwrap_or((1, 1));
-        // The expression's own line (a block scalar spans several) and column.
-        let (el, ec) = e.position.unwrap_or((0, 0));
-        let pos = if el > 0 {
-            Some((line + el.saturating_sub(1), if el == 1 { col } else { ec }))
-        } else {
-            Some((line, col))
-        };
-        return Err(DocumentError::at(
-            file,
-            pos,
-            format!("{}: {}", field("expression"), e.message),
-        ));
+    let exprs = [
+        ("expression", Some(&k.expression)),
+        ("failureExpression", k.failure_expression.as_ref()),
+    ];
+    for (name, expr) in exprs {
+        let Some(expr) = expr else { continue };
+        if let Err(e) = compile(expr) {
+            let (line, col) = at(&format!("{name}:")).unwrap_or((1, 1));
+            // The expression's own line (a block scalar spans several) and column.
+            let (el, ec) = e.position.unwrap_or((0, 0));
+            let pos = if el > 0 {
+                Some((line + el.saturating_sub(1), if el == 1 { col } else { ec }))
+            } else {
+                Some((line, col))
+            };
+            return Err(DocumentError::at(
+                file,
+                pos,
+                format!("{}: {}", field(name), e.message),
+            ));
+        }
     }
     Ok(())
 }
@@ -480,23 +607,30 @@ fn validate_prometheus(
             format!("{} `{}`: {why}", field("url"), excerpt(&p.url, 80)),
         ));
     }
-    if p.query.trim().is_empty() {
-        return Err(DocumentError::at(
-            file,
-            at("query:"),
-            format!("{} is empty; expected a PromQL query", field("query")),
-        ));
-    }
-    if p.query.len() > MAX_QUERY_BYTES {
-        return Err(DocumentError::at(
-            file,
-            at("query:"),
-            format!(
-                "{} is {} bytes; at most {MAX_QUERY_BYTES} are allowed",
-                field("query"),
-                p.query.len()
-            ),
-        ));
+    let queries = [
+        ("query", Some(&p.query)),
+        ("failureQuery", p.failure_query.as_ref()),
+    ];
+    for (name, query) in queries {
+        let Some(query) = query else { continue };
+        if query.trim().is_empty() {
+            return Err(DocumentError::at(
+                file,
+                at(&format!("{name}:")),
+                format!("{} is empty; expected a PromQL query", field(name)),
+            ));
+        }
+        if query.len() > MAX_QUERY_BYTES {
+            return Err(DocumentError::at(
+                file,
+                at(&format!("{name}:")),
+                format!(
+                    "{} is {} bytes; at most {MAX_QUERY_BYTES} are allowed",
+                    field(name),
+                    query.len()
+                ),
+            ));
+        }
     }
     if p.max_sample_age.is_some_and(|a| a.0.is_zero()) {
         return Err(DocumentError::at(
@@ -507,6 +641,71 @@ fn validate_prometheus(
                 field("maxSampleAge")
             ),
         ));
+    }
+    Ok(())
+}
+
+fn validate_alertmanager(
+    file: &str,
+    i: usize,
+    a: &AlertmanagerCheck,
+    at: &dyn Fn(&str) -> Option<(usize, usize)>,
+) -> Result<(), DocumentError> {
+    let field = |f: &str| format!("spec.healthChecks[{i}].alertmanager.{f}");
+    if let Err(why) = check_url(&a.url) {
+        return Err(DocumentError::at(
+            file,
+            at("url:"),
+            format!("{} `{}`: {why}", field("url"), excerpt(&a.url, 80)),
+        ));
+    }
+    if a.matchers.len() > MAX_MATCHERS {
+        return Err(DocumentError::at(
+            file,
+            at("matchers:"),
+            format!(
+                "{} has {} matchers; at most {MAX_MATCHERS} are allowed",
+                field("matchers"),
+                a.matchers.len()
+            ),
+        ));
+    }
+    for (j, m) in a.matchers.iter().enumerate() {
+        if let Err(why) = check_matcher(m) {
+            return Err(DocumentError::at(
+                file,
+                at("matchers:"),
+                format!("{}[{j}] `{}`: {why}", field("matchers"), excerpt(m, 80)),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A label matcher as Alertmanager's filter and silences take it: a label name, one of
+/// `=`, `!=`, `=~`, `!~`, and a double-quoted value (prometheus/alertmanager
+/// `pkg/labels/parse.go`). Alertmanager judges the regex itself (a 400 if it cannot).
+pub fn check_matcher(m: &str) -> Result<(), String> {
+    if m.len() > MAX_MATCHER_BYTES {
+        return Err(format!("longer than {MAX_MATCHER_BYTES} bytes"));
+    }
+    let name_end = m
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(m.len());
+    let name = &m[..name_end];
+    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+        return Err("expected a label name first, e.g. severity=\"critical\"".into());
+    }
+    let rest = &m[name_end..];
+    let value = ["=~", "!~", "!=", "="]
+        .iter()
+        .find_map(|op| rest.strip_prefix(op))
+        .ok_or("expected =, !=, =~ or !~ after the label name")?;
+    if value.len() < 2 || !value.starts_with('"') || !value.ends_with('"') {
+        return Err("expected the value in double quotes".into());
+    }
+    if value.chars().any(|c| c.is_control()) {
+        return Err("the value has a control character".into());
     }
     Ok(())
 }
@@ -608,10 +807,17 @@ mod tests {
             (GOOD.replace("when: [before, between, after]", "when: []"), 8, "when"),
             (GOOD.replace("when: [before, between, after]", "when: [during]"), 8, "unknown variant"),
             (GOOD.replace("timeout: 15m", "timeout: 15 minutes"), 9, "unit"),
-            (GOOD.replace("stableFor: 1m", "stableFor: 1h"), 10, "longer than its timeout"),
+            (GOOD.replace("stableFor: 1m", "stableFor: 1h"), 10, "not shorter than its timeout (15m)"),
+            (GOOD.replace("stableFor: 1m", "stableFor: 15m"), 10, "not shorter than its timeout (15m)"),
+            // No timeout: spec.rollout.nodeTimeout (30m by default) is the one it must beat.
+            (GOOD.replace("    - name: ceph-ok\n", "    - name: ceph-ok\n      stableFor: 30m\n"), 18, "spec.rollout.nodeTimeout (30m)"),
+            (GOOD.replace("        expression: 'object", "        failureExpression: 'object.x =='\n        expression: 'object"), 16, "failureExpression"),
+            (GOOD.replace("        maxSampleAge: 2m\n", "        failureQuery: ' '\n"), 21, "failureQuery is empty"),
             (GOOD.replace("        name: main\n", ""), 11, "exactly one of name or labelSelector"),
             (GOOD.replace("        name: main\n", "        name: main\n        labelSelector: app=pg\n"), 11, "exactly one of name or labelSelector"),
-            (GOOD.replace("      prometheus:\n", "      kubernetes: {apiVersion: v1, kind: ConfigMap, name: x, expression: 'true'}\n      prometheus:\n"), 17, "exactly one of kubernetes or prometheus"),
+            (GOOD.replace("      prometheus:\n", "      kubernetes: {apiVersion: v1, kind: ConfigMap, name: x, expression: 'true'}\n      prometheus:\n"), 17, "exactly one of kubernetes, prometheus or alertmanager"),
+            (GOOD.replace("    - name: ceph-ok\n", "    - name: am\n      alertmanager: {url: 'http://am:9093', matchers: ['severity=critical']}\n    - name: ceph-ok\n"), 17, "double quotes"),
+            (GOOD.replace("    - name: ceph-ok\n", "    - name: am\n      alertmanager: {url: 'http://am:9093', matchers: ['9x=\"a\"']}\n    - name: ceph-ok\n"), 17, "label name"),
             (GOOD.replace("query: 'ceph_health_status == 0'", "query: ''"), 20, "empty"),
             (GOOD.replace("http://prometheus", "http://user:pw@prometheus"), 19, "credentials"),
             (GOOD.replace("maxSampleAge: 2m", "maxSampleAge: 0s"), 21, "zero"),
@@ -653,32 +859,63 @@ mod tests {
         let pass = Reading::pass("true", "");
         let fail = Reading::fail("false", "");
         let need = Duration::from_secs(60);
-        let mut since = None;
+        let mut run = Run::default();
+        let judge = |r: &Reading, run: &mut Run, s| judge_stability(r, run, need, 3, at(s));
+        assert_eq!(judge(&pass, &mut run, 0), Verdict::Settling(need));
         assert_eq!(
-            judge_stability(&pass, &mut since, need, at(0)),
-            Verdict::Settling(need)
-        );
-        assert_eq!(
-            judge_stability(&pass, &mut since, need, at(30)),
+            judge(&pass, &mut run, 30),
             Verdict::Settling(Duration::from_secs(30))
         );
         // A flap starts it over.
+        assert_eq!(judge(&fail, &mut run, 40), Verdict::Fails);
+        assert_eq!(judge(&pass, &mut run, 50), Verdict::Settling(need));
+        assert_eq!(judge(&pass, &mut run, 110), Verdict::Holds);
+        let mut run = Run::default();
         assert_eq!(
-            judge_stability(&fail, &mut since, need, at(40)),
+            judge_stability(&pass, &mut run, Duration::ZERO, 3, at(0)),
+            Verdict::Holds
+        );
+    }
+
+    #[test]
+    fn a_reading_that_cannot_judge_never_passes_and_counts_as_failing_past_the_limit() {
+        let t0 = Timestamp::from_millis(1_000_000);
+        let at = |s: u64| t0.plus(Duration::from_secs(s));
+        let pass = Reading::pass("true", "");
+        let unknown = Reading::unknown("error: Prometheus did not answer", "");
+        let mut run = Run::default();
+        let judge =
+            |r: &Reading, run: &mut Run, s| judge_stability(r, run, Duration::ZERO, 3, at(s));
+        assert_eq!(judge(&pass, &mut run, 0), Verdict::Holds);
+        // Even with no stableFor, an unknown reading is never a pass.
+        for n in 1..=3 {
+            assert_eq!(
+                judge(&unknown, &mut run, n),
+                Verdict::Unknown { errors: n as u32 }
+            );
+        }
+        // Tolerated blips neither pass nor break the run; a pass clears the count.
+        assert_eq!(run.passing_since, Some(at(0)));
+        assert_eq!(judge(&pass, &mut run, 4), Verdict::Holds);
+        assert_eq!(run.errors, 0);
+        for n in 1..=3 {
+            judge(&unknown, &mut run, 4 + n);
+        }
+        // The fourth in a row counts as failing, and the run of passes is over.
+        assert_eq!(judge(&unknown, &mut run, 8), Verdict::Fails);
+        assert_eq!(run.passing_since, None);
+        // errorLimit 0: the first is failing.
+        let mut run = Run::default();
+        assert_eq!(
+            judge_stability(&unknown, &mut run, Duration::ZERO, 0, at(0)),
             Verdict::Fails
         );
+        // A failed reading pauses, whatever the run.
+        let mut run = Run::default();
+        judge(&pass, &mut run, 0);
         assert_eq!(
-            judge_stability(&pass, &mut since, need, at(50)),
-            Verdict::Settling(need)
-        );
-        assert_eq!(
-            judge_stability(&pass, &mut since, need, at(110)),
-            Verdict::Holds
-        );
-        let mut since = None;
-        assert_eq!(
-            judge_stability(&pass, &mut since, Duration::ZERO, at(0)),
-            Verdict::Holds
+            judge(&Reading::failed("failureExpression true", ""), &mut run, 1),
+            Verdict::Failed
         );
     }
 }

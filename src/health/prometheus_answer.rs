@@ -49,25 +49,31 @@ fn labels(metric: Option<&Value>) -> String {
 /// `maxSampleAge`.
 pub fn judge(status: u16, body: &[u8], now: Timestamp, max_age: Option<Duration>) -> Reading {
     let text = String::from_utf8_lossy(body);
+    // An answer that is no API document (a proxy's error page) says nothing of the cluster.
     let Ok(doc) = serde_json::from_slice::<Value>(body) else {
-        return Reading::fail(
+        return Reading::unknown(
             format!("error: Prometheus answered HTTP {status} with no API document"),
             excerpt(text.trim(), 200),
         );
     };
     let field = |k: &str| doc.get(k).and_then(Value::as_str).unwrap_or("");
     if field("status") != "success" {
-        return Reading::fail(
-            format!(
-                "query error {}: {}",
-                match field("errorType") {
-                    "" => "?",
-                    t => t,
-                },
-                excerpt(field("error"), 300)
-            ),
-            format!("HTTP {status}"),
+        let value = format!(
+            "query error {}: {}",
+            match field("errorType") {
+                "" => "?",
+                t => t,
+            },
+            excerpt(field("error"), 300)
         );
+        // bad_data: the query does not parse, which no waiting changes. Every other type
+        // (timeout, canceled, execution, unavailable, internal) is Prometheus failing to
+        // answer this time.
+        return if field("errorType") == "bad_data" {
+            Reading::failed(value, format!("HTTP {status}"))
+        } else {
+            Reading::unknown(value, format!("HTTP {status}"))
+        };
     }
     let data = doc.get("data");
     let kind = data
@@ -110,17 +116,27 @@ pub fn judge(status: u16, body: &[u8], now: Timestamp, max_age: Option<Duration>
     if samples.is_empty() {
         return Reading::fail("0 samples", "an empty result");
     }
+    // A NaN says nothing either way (Argo Rollouts judges it inconclusive, argo-rollouts#180).
+    let numbers: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| !s.value.eq_ignore_ascii_case("nan"))
+        .collect();
+    if numbers.is_empty() {
+        return Reading::unknown(format!("{}, all NaN", plural(samples.len())), shown(&all));
+    }
     let fresh: Vec<&Sample> = match max_age {
-        None => all.clone(),
-        Some(max) => samples
+        None => numbers.clone(),
+        Some(max) => numbers
             .iter()
+            .copied()
             .filter(|s| now.since(Timestamp::from_millis(s.at_ms)) <= max)
             .collect(),
     };
     if fresh.is_empty() {
         let newest = samples.iter().map(|s| s.at_ms).max().unwrap_or(0);
         let age = now.since(Timestamp::from_millis(newest));
-        return Reading::fail(
+        // Stale is an answer for another time, not about now.
+        return Reading::unknown(
             format!(
                 "stale: the newest of {} is {}s old (maxSampleAge {}s)",
                 plural(samples.len()),
@@ -144,6 +160,7 @@ fn plural(n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::health::Outcome;
 
     const NOW_MS: u64 = 1_780_000_000_000;
 
@@ -158,7 +175,7 @@ mod tests {
             NOW_MS as f64 / 1000.0 - 10.0
         );
         let r = judge(200, body.as_bytes(), now(), Some(Duration::from_secs(60)));
-        assert!(r.pass, "{r:?}");
+        assert!(r.passes(), "{r:?}");
         assert_eq!(r.value, "1 sample");
         assert!(
             r.read.contains("node=\"w-1\"") && r.read.contains(" 1 at "),
@@ -170,7 +187,7 @@ mod tests {
             r#"{{"status":"success","data":{{"resultType":"scalar","result":[{},"3"]}}}}"#,
             NOW_MS / 1000
         );
-        assert!(judge(200, scalar.as_bytes(), now(), None).pass);
+        assert!(judge(200, scalar.as_bytes(), now(), None).passes());
     }
 
     #[test]
@@ -180,21 +197,35 @@ mod tests {
             NOW_MS / 1000 - 600
         );
         let r = judge(200, body.as_bytes(), now(), Some(Duration::from_secs(120)));
-        assert!(!r.pass);
+        assert!(!r.passes());
         assert!(
             r.value.contains("stale") && r.value.contains("600s old"),
             "{r:?}"
         );
+        assert_eq!(r.outcome, Outcome::Unknown);
         let err = r#"{"status":"error","errorType":"bad_data","error":"invalid parameter \"query\": 1:5: parse error"}"#;
         let r = judge(400, err.as_bytes(), now(), None);
-        assert!(!r.pass);
+        assert!(!r.passes());
         assert!(
             r.value
                 .starts_with("query error bad_data: invalid parameter"),
             "{r:?}"
         );
+        assert_eq!(r.outcome, Outcome::Failed);
         let r = judge(502, b"<html>bad gateway</html>", now(), None);
         assert!(r.value.contains("HTTP 502"), "{r:?}");
+        assert_eq!(r.outcome, Outcome::Unknown);
+        let busy = r#"{"status":"error","errorType":"timeout","error":"query timed out"}"#;
+        assert_eq!(
+            judge(503, busy.as_bytes(), now(), None).outcome,
+            Outcome::Unknown
+        );
+        let nan = format!(
+            r#"{{"status":"success","data":{{"resultType":"vector","result":[{{"metric":{{}},"value":[{},"NaN"]}}]}}}}"#,
+            NOW_MS / 1000
+        );
+        let r = judge(200, nan.as_bytes(), now(), None);
+        assert_eq!(r.outcome, Outcome::Unknown, "{r:?}");
         let matrix = r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#;
         assert!(judge(200, matrix.as_bytes(), now(), None)
             .value

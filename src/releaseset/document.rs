@@ -668,7 +668,7 @@ impl Cluster {
         if let Some(inv) = &spec.inventory {
             validate_inventory(file, text, inv)?;
         }
-        crate::health::validate(file, text, &spec.health_checks)?;
+        crate::health::validate(file, text, &spec.health_checks, spec.rollout.node_timeout)?;
         Ok(())
     }
 

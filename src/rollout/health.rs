@@ -17,7 +17,7 @@ use super::record::{CheckRecord, HealthGate};
 use super::step::StepState;
 use super::{stage_key, Flow, Progress, Run};
 use crate::clock::Timestamp;
-use crate::health::{self, HealthCheck, Phase, Reading, Verdict};
+use crate::health::{self, HealthCheck, Outcome, Phase, Reading, Verdict};
 use crate::plan::StageId;
 
 /// The time budget of one CEL evaluation (all the objects of one check), real time: the
@@ -58,42 +58,79 @@ pub async fn read_check(
                     crate::releaseset::excerpt(&e.to_string(), 200),
                 )
             }
+            // The API server did not answer: nothing is known of the object.
             Err(e) => {
-                return Reading::fail(
+                return Reading::unknown(
                     "error: the object could not be read",
                     crate::releaseset::excerpt(&e.to_string(), 300),
                 )
             }
         };
-        return evaluate_bounded(k.expression.clone(), objects).await;
+        return evaluate_bounded(k.expression.clone(), k.failure_expression.clone(), objects).await;
     }
     if let Some(p) = &check.prometheus {
-        return match crate::prometheus::query(
-            &p.url,
-            &p.query,
-            prometheus_credential,
+        let max_age = p.max_sample_age.map(|d| d.as_duration());
+        let ask = |query: &str| {
+            let query = query.to_string();
+            async move {
+                match crate::prometheus::query(
+                    &p.url,
+                    &query,
+                    prometheus_credential,
+                    crate::prometheus::QUERY_TIMEOUT,
+                )
+                .await
+                {
+                    Ok(a) => health::judge_prometheus(a.status, &a.body, now, max_age),
+                    Err(why) => Reading::unknown(format!("error: {why}"), p.url.clone()),
+                }
+            }
+        };
+        // The failure query first: a sample in its answer means broken beyond waiting.
+        if let Some(q) = &p.failure_query {
+            let r = ask(q).await;
+            match r.outcome {
+                Outcome::Pass => {
+                    return Reading::failed(format!("failureQuery has {}", r.value), r.read)
+                }
+                Outcome::Fail => {}
+                Outcome::Unknown | Outcome::Failed => {
+                    return Reading {
+                        value: format!("failureQuery: {}", r.value),
+                        ..r
+                    }
+                }
+            }
+        }
+        return ask(&p.query).await;
+    }
+    if let Some(a) = &check.alertmanager {
+        return match crate::prometheus::alerts(
+            &a.url,
+            &a.matchers,
+            a.include_silenced,
             crate::prometheus::QUERY_TIMEOUT,
         )
         .await
         {
-            Ok(a) => health::judge_prometheus(
-                a.status,
-                &a.body,
-                now,
-                p.max_sample_age.map(|d| d.as_duration()),
-            ),
-            Err(why) => Reading::fail(format!("error: {why}"), p.url.clone()),
+            Ok(answer) => health::judge_alerts(answer.status, &answer.body),
+            Err(why) => Reading::unknown(format!("error: {why}"), a.url.clone()),
         };
     }
-    Reading::fail("error: the check has neither kubernetes nor prometheus", "")
+    Reading::fail("error: the check has no kind", "")
 }
 
-/// CEL on a blocking thread under [`CEL_BUDGET`], in one of [`CEL_SLOTS`] slots.
-async fn evaluate_bounded(expression: String, objects: Vec<serde_json::Value>) -> Reading {
+/// CEL on a blocking thread under [`CEL_BUDGET`], in one of [`CEL_SLOTS`] slots: the
+/// `failureExpression` first, then the expression.
+async fn evaluate_bounded(
+    expression: String,
+    failure: Option<String>,
+    objects: Vec<serde_json::Value>,
+) -> Reading {
     let slot = match tokio::time::timeout(CEL_BUDGET, CEL_RUNNING.acquire()).await {
         Ok(Ok(slot)) => slot,
         _ => {
-            return Reading::fail(
+            return Reading::unknown(
                 "error: every CEL evaluation slot is held by evaluations past their budget",
                 "",
             )
@@ -102,6 +139,16 @@ async fn evaluate_bounded(expression: String, objects: Vec<serde_json::Value>) -
     let task = tokio::task::spawn_blocking(move || {
         // Held until the evaluation ends, however long past the budget that is.
         let _slot = slot;
+        if let Some(f) = failure {
+            match health::compile(&f) {
+                Ok(p) => {
+                    if let Some(r) = health::evaluate_failure(&p, &objects) {
+                        return r;
+                    }
+                }
+                Err(e) => return Reading::fail(format!("error: {}", e.message), ""),
+            }
+        }
         match health::compile(&expression) {
             Ok(p) => health::evaluate(&p, &objects),
             Err(e) => Reading::fail(format!("error: {}", e.message), ""),
@@ -109,8 +156,8 @@ async fn evaluate_bounded(expression: String, objects: Vec<serde_json::Value>) -
     });
     match tokio::time::timeout(CEL_BUDGET, task).await {
         Ok(Ok(r)) => r,
-        Ok(Err(_)) => Reading::fail("error: the CEL evaluation failed", ""),
-        Err(_) => Reading::fail(
+        Ok(Err(_)) => Reading::unknown("error: the CEL evaluation failed", ""),
+        Err(_) => Reading::unknown(
             format!(
                 "error: the CEL evaluation took longer than {}s",
                 CEL_BUDGET.as_secs()
@@ -121,23 +168,31 @@ async fn evaluate_bounded(expression: String, objects: Vec<serde_json::Value>) -
 }
 
 /// Prometheus answered 400 bad_data: the query does not parse (or its parameters are
-/// wrong), which no amount of waiting changes.
-fn is_unparsable(r: &Reading) -> bool {
-    r.value.starts_with("query error bad_data:")
+/// wrong), which no amount of waiting changes. The field of cluster.yaml it names.
+fn unparsable_field(r: &Reading) -> Option<&'static str> {
+    if r.value.starts_with("query error bad_data:") {
+        Some("query")
+    } else if r.value.starts_with("failureQuery: query error bad_data:") {
+        Some("failureQuery")
+    } else {
+        None
+    }
 }
 
 /// The gate's state for one check this round.
-fn state_of(v: &Verdict) -> &'static str {
+pub fn state_of(v: &Verdict) -> &'static str {
     match v {
         Verdict::Holds => "holds",
         Verdict::Settling(_) => "settling",
+        Verdict::Unknown { .. } => "unknown",
         Verdict::Fails => "failing",
+        Verdict::Failed => "failed",
     }
 }
 
 /// One round of a gate, as the step shape says it: Done when every check holds, Settling
-/// (with what it waits on) while one does not, Failed once one has not held past its
-/// timeout.
+/// (with what it waits on) while one does not, Failed at once when one is broken beyond
+/// waiting, and once one has not held past its timeout.
 pub fn gate_state(
     rounds: &[(&HealthCheck, &Reading, &Verdict)],
     elapsed: Duration,
@@ -150,13 +205,23 @@ pub fn gate_state(
         match v {
             Verdict::Holds => continue,
             // A query Prometheus cannot parse never passes: an error of cluster.yaml, now.
-            _ if is_unparsable(r) => {
+            Verdict::Failed => {
+                if let Some(field) = unparsable_field(r) {
+                    return StepState::Failed(format!(
+                        "health check `{}` ({}): Prometheus cannot parse spec.healthChecks[name={}].prometheus.{field} in cluster.yaml: {}; fix the query in a commit, then resume",
+                        c.name,
+                        phase.key(),
+                        c.name,
+                        r.value
+                    ));
+                }
                 return StepState::Failed(format!(
-                    "health check `{}` ({}): Prometheus cannot parse spec.healthChecks[name={}].prometheus.query in cluster.yaml: {}; fix the query in a commit, then resume",
+                    "health check `{}` ({}) failed: {}; it read {}: {}; nothing waits this out: fix what it watches, then resume",
                     c.name,
                     phase.key(),
-                    c.name,
-                    r.value
+                    r.value,
+                    c.subject(),
+                    if r.read.is_empty() { "nothing" } else { &r.read },
                 ));
             }
             _ if elapsed >= timeout => {
@@ -174,6 +239,10 @@ pub fn gate_state(
             Verdict::Settling(_) => open.push(format!(
                 "health check `{}` passes, and must hold for {} (stableFor)",
                 c.name, c.stable_for
+            )),
+            Verdict::Unknown { errors } => open.push(format!(
+                "health check `{}` could not judge ({errors} of {} tolerated in a row): {}",
+                c.name, c.error_limit, r.value
             )),
             Verdict::Fails => open.push(format!("health check `{}`: {}", c.name, r.value)),
         }
@@ -200,11 +269,15 @@ pub fn live_items(readings: &[(HealthCheck, Reading)]) -> Vec<crate::policy::Che
                 format!("{}: {}", c.subject(), r.read)
             };
             let message = crate::releaseset::excerpt(&format!("{}; read {what}", r.value), 400);
-            if r.pass {
+            if r.passes() {
                 CheckItem::new(&id, &title, Status::Pass, message).source("live")
-            } else if is_unparsable(r) {
+            } else if let Some(field) = unparsable_field(r) {
                 CheckItem::new(&id, &title, Status::Fail, message)
-                    .hint(format!("an error of cluster.yaml: Prometheus cannot parse spec.healthChecks[name={}].prometheus.query; fix the query", c.name))
+                    .hint(format!("an error of cluster.yaml: Prometheus cannot parse spec.healthChecks[name={}].prometheus.{field}; fix the query", c.name))
+                    .source("live")
+            } else if r.outcome == Outcome::Failed {
+                CheckItem::new(&id, &title, Status::Fail, message)
+                    .hint("broken beyond waiting (its failureExpression or failureQuery holds): the rollout would pause at once; fix what it watches")
                     .source("live")
             } else {
                 CheckItem::new(&id, &title, Status::Wait, message)
@@ -292,12 +365,14 @@ impl Run<'_, '_> {
                         .checks
                         .iter()
                         .map(|(n, c)| {
-                            (
-                                n.clone(),
-                                c.passing_since
+                            let run = health::Run {
+                                passing_since: c
+                                    .passing_since
                                     .as_deref()
                                     .and_then(Timestamp::parse_rfc3339),
-                            )
+                                errors: c.errors,
+                            };
+                            (n.clone(), run)
                         })
                         .collect::<BTreeMap<_, _>>(),
                 ),
@@ -320,17 +395,27 @@ impl Run<'_, '_> {
             for c in &checks {
                 let r = read_check(e.kube, e.prometheus_credential.as_ref(), c, now).await;
                 let entry = since.entry(c.name.clone()).or_default();
-                let v = health::judge_stability(&r, entry, c.stable_for.as_duration(), now);
+                let v = health::judge_stability(
+                    &r,
+                    entry,
+                    c.stable_for.as_duration(),
+                    c.error_limit,
+                    now,
+                );
                 readings.push((*c, r, v));
             }
             let rounds: Vec<(&HealthCheck, &Reading, &Verdict)> =
                 readings.iter().map(|(c, r, v)| (*c, r, v)).collect();
             let state = gate_state(&rounds, now.since(start), e.policy.node_timeout, phase);
-            let newly_failing = self
+            let turned = self
                 .record_checks(stage, phase, &readings, &since, now)
                 .await?;
-            for (name, value) in newly_failing {
-                self.say(Progress::HealthCheckFailing { name, value });
+            for (name, value, failing) in turned {
+                self.say(if failing {
+                    Progress::HealthCheckFailing { name, value }
+                } else {
+                    Progress::HealthCheckRecovered { name, value }
+                });
             }
             if !matches!(state, StepState::Settling(_)) {
                 // Each check's state and last value, for the PR's comment and the log.
@@ -362,15 +447,16 @@ impl Run<'_, '_> {
     }
 
     /// Each check's state into the record, written only when something a reader would see
-    /// changed (not every round); the checks that just began failing, with their value.
+    /// changed (not every round); the checks that just began failing (`true`) or hold again
+    /// after failing (`false`), with their value.
     async fn record_checks(
         &self,
         stage: StageId,
         phase: Phase,
         readings: &[(&HealthCheck, Reading, Verdict)],
-        since: &BTreeMap<String, Option<Timestamp>>,
+        since: &BTreeMap<String, health::Run>,
         now: Timestamp,
-    ) -> Flow<Vec<(String, String)>> {
+    ) -> Flow<Vec<(String, String, bool)>> {
         let mut next = self.stored.lock().await.record.health.checks.clone();
         let mut changed = false;
         let mut failing = Vec::new();
@@ -383,19 +469,23 @@ impl Run<'_, '_> {
                 since: now.rfc3339(),
                 passing_since: since
                     .get(&c.name)
-                    .copied()
-                    .flatten()
+                    .and_then(|r| r.passing_since)
                     .map(Timestamp::rfc3339),
+                errors: since.get(&c.name).map_or(0, |r| r.errors),
             };
             match next.get(&c.name) {
                 Some(old)
                     if old.phase == rec.phase
                         && old.state == rec.state
                         && old.value == rec.value
-                        && old.passing_since == rec.passing_since => {}
+                        && old.passing_since == rec.passing_since
+                        && old.errors == rec.errors => {}
                 old => {
                     if rec.state == "failing" && old.is_none_or(|o| o.state != "failing") {
-                        failing.push((c.name.clone(), rec.value.clone()));
+                        failing.push((c.name.clone(), rec.value.clone(), true));
+                    }
+                    if rec.state == "holds" && old.is_some_and(|o| o.state == "failing") {
+                        failing.push((c.name.clone(), rec.value.clone(), false));
                     }
                     next.insert(c.name.clone(), rec);
                     changed = true;

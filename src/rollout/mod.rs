@@ -134,6 +134,11 @@ pub enum Progress {
         name: String,
         value: String,
     },
+    /// A health check that was failing holds again.
+    HealthCheckRecovered {
+        name: String,
+        value: String,
+    },
     /// A turn of the rollout's life, said once as it happens (for notifications).
     Event(Lifecycle),
 }
@@ -176,6 +181,9 @@ impl std::fmt::Display for Progress {
             ),
             Progress::HealthCheckFailing { name, value } => {
                 write!(f, "health check {name} failing: {value}")
+            }
+            Progress::HealthCheckRecovered { name, value } => {
+                write!(f, "health check {name} recovered: {value}")
             }
             Progress::Event(Lifecycle::Started { .. }) => f.write_str("rollout started"),
             Progress::Event(Lifecycle::Resumed) => f.write_str("rollout resumed"),

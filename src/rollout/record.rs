@@ -103,6 +103,10 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
 impl HealthRecord {
     pub fn is_empty(&self) -> bool {
         self.gate.is_none() && self.checks.is_empty() && self.between_passed == 0
@@ -136,6 +140,9 @@ pub struct CheckRecord {
     /// Since when it has passed without a break (what `stableFor` counts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub passing_since: Option<String>,
+    /// Readings in a row that could not judge (what `errorLimit` counts).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub errors: u32,
 }
 
 /// Why the rollout stopped for a human.

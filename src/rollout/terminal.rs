@@ -122,9 +122,10 @@ impl Terminal {
             }
             // The table is for the PR's comment; a terminal has the notes of each gate.
             Progress::HealthChecks(_) => {}
-            Progress::Note(_) | Progress::HealthCheckFailing { .. } | Progress::Event(_) => {
-                self.line(&p.to_string())
-            }
+            Progress::Note(_)
+            | Progress::HealthCheckFailing { .. }
+            | Progress::HealthCheckRecovered { .. }
+            | Progress::Event(_) => self.line(&p.to_string()),
         }
     }
 

@@ -125,7 +125,7 @@ async fn cel_reads_a_cnpg_cluster_and_a_config_map_made_with_kubectl() -> TestRe
 
     // No status yet: the field is missing, which is an error of the expression, not a pass.
     let r = read(&s, &ready).await;
-    assert!(!r.pass && r.value.starts_with("error:"), "{r:?}");
+    assert!(!r.passes() && r.value.starts_with("error:"), "{r:?}");
     let guarded = kubernetes_check(
         CNPG_MAIN,
         "has(object.status) && has(object.status.readyInstances) && object.status.readyInstances == object.spec.instances",
@@ -151,7 +151,7 @@ async fn cel_reads_a_cnpg_cluster_and_a_config_map_made_with_kubectl() -> TestRe
         )
         .await?;
         let r = read(&s, &ready).await;
-        assert_eq!(r.pass, want, "{n} ready: {r:?}");
+        assert_eq!(r.passes(), want, "{n} ready: {r:?}");
         assert!(
             r.read.contains("ichor-system/main")
                 && r.read.contains(&format!("\"readyInstances\":{n}")),
@@ -164,7 +164,7 @@ async fn cel_reads_a_cnpg_cluster_and_a_config_map_made_with_kubectl() -> TestRe
         "        apiVersion: v1\n        kind: ConfigMap\n        namespace: ichor-system\n        labelSelector: app=pg\n",
         "object.data.ok == \"true\"",
     )?;
-    assert!(read(&s, &by_label).await.pass);
+    assert!(read(&s, &by_label).await.passes());
     kubectl(&s, &["apply", "-f", "-"], Some(&config_map("false"))).await?;
     let r = read(&s, &by_label).await;
     assert_eq!(r.value, "false", "{r:?}");
@@ -180,7 +180,7 @@ async fn cel_reads_a_cnpg_cluster_and_a_config_map_made_with_kubectl() -> TestRe
         "true",
     )?;
     let r = read(&s, &no_kind).await;
-    assert!(!r.pass && r.value.contains("not served"), "{r:?}");
+    assert!(!r.passes() && r.value.contains("not served"), "{r:?}");
 
     // Only a bool passes.
     let number = kubernetes_check(CNPG_MAIN, "object.status.readyInstances")?;
@@ -198,9 +198,9 @@ async fn a_flapping_object_counts_only_after_holding_for_stable_for() -> TestRes
         "    - name: flappy\n      stableFor: 1m\n      kubernetes:\n        apiVersion: v1\n        kind: ConfigMap\n        namespace: ichor-system\n        name: db-state\n        expression: 'object.data.ok == \"true\"'\n",
     )?;
     let clock = s.twin.talos.clock().clone();
-    let mut since = None;
+    let mut run = ichor::health::Run::default();
     let mut verdict = |r: &Reading, now: Timestamp| {
-        ichor::health::judge_stability(r, &mut since, c.stable_for.as_duration(), now)
+        ichor::health::judge_stability(r, &mut run, c.stable_for.as_duration(), c.error_limit, now)
     };
     use ichor::health::Verdict;
     let r = read(&s, &c).await;
@@ -303,7 +303,7 @@ async fn wait_for(p: &Prometheus, query: &str) -> Result<(), Error> {
     for _ in 0..60 {
         if let Ok(a) = ichor::prometheus::query(&p.url, query, None, Duration::from_secs(2)).await {
             let r = ichor::health::judge_prometheus(a.status, &a.body, Clock::system().now(), None);
-            if r.pass {
+            if r.passes() {
                 return Ok(());
             }
         }
@@ -354,7 +354,7 @@ async fn promql_is_judged_from_a_real_prometheus_scraping_the_twin() -> TestResu
         Some("2m"),
     )?;
     let r = ask(&s, &ceph_ok, wall()).await;
-    assert!(r.pass, "{r:?}");
+    assert!(r.passes(), "{r:?}");
     assert_eq!(r.value, "1 sample");
 
     // The twin's state as kube-state-metrics and Longhorn export it.
@@ -367,13 +367,13 @@ async fn promql_is_judged_from_a_real_prometheus_scraping_the_twin() -> TestResu
     let r = ask(&s, &ready, wall()).await;
     assert_eq!(r.value, format!("{nodes} samples"), "{r:?}");
     let healthy = prometheus_check(&p.url, "longhorn_volume_robustness == 1", None)?;
-    assert!(ask(&s, &healthy, wall()).await.pass);
+    assert!(ask(&s, &healthy, wall()).await.passes());
 
     // Fail: the gauge moves, Prometheus scrapes it, the result is empty.
     set_gauge(&s, "ceph_health_status", json!(1)).await?;
     wait_for(&p, "ichor_twin_gauge{name=\"ceph_health_status\"} == 1").await?;
     let r = ask(&s, &ceph_ok, wall()).await;
-    assert!(!r.pass);
+    assert!(!r.passes());
     assert_eq!(r.value, "0 samples");
 
     // Stale: Prometheus stamps its answer with its wall clock; ichor's clock is 10 min on.
@@ -382,21 +382,283 @@ async fn promql_is_judged_from_a_real_prometheus_scraping_the_twin() -> TestResu
         "ichor_twin_gauge{name=\"ceph_health_status\"}",
         Some("2m"),
     )?;
-    assert!(ask(&s, &any, wall()).await.pass);
+    assert!(ask(&s, &any, wall()).await.passes());
     let r = ask(&s, &any, wall().plus(Duration::from_secs(600))).await;
-    assert!(!r.pass && r.value.starts_with("stale:"), "{r:?}");
+    assert!(!r.passes() && r.value.starts_with("stale:"), "{r:?}");
 
     // A query Prometheus cannot parse: its 400 bad_data, said as such.
     let bad = prometheus_check(&p.url, "sum(ichor_twin_gauge", None)?;
     let r = ask(&s, &bad, wall()).await;
-    assert!(!r.pass);
+    assert!(!r.passes());
     assert!(r.value.starts_with("query error bad_data:"), "{r:?}");
 
     // Nobody listening: said, not hung.
     let port = free_port()?;
     let gone = prometheus_check(&format!("http://127.0.0.1:{port}"), "up", None)?;
     let r = ask(&s, &gone, wall()).await;
-    assert!(!r.pass && r.value.contains("did not answer"), "{r:?}");
+    assert!(!r.passes() && r.value.contains("did not answer"), "{r:?}");
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs prometheus: scripts/test installs it"]
+async fn a_failure_query_with_a_sample_is_failed_and_an_answer_that_cannot_judge_is_unknown(
+) -> TestResult {
+    use ichor::health::Outcome;
+    let s = setup(TwinConfig::default()).await?;
+    set_gauge(&s, "ceph_health_status", json!(0)).await?;
+    let p = start_prometheus(&s).await?;
+    wait_for(&p, "ichor_twin_gauge{name=\"ceph_health_status\"} == 0").await?;
+    let wall = || Clock::system().now();
+    let gauge = "ichor_twin_gauge{name=\"ceph_health_status\"}";
+    let mut c = prometheus_check(&p.url, &format!("{gauge} == 0"), None)?;
+    if let Some(q) = c.prometheus.as_mut() {
+        q.failure_query = Some(format!("{gauge} == 2"));
+    }
+    // Healthy: the failure query is empty, the query has its sample.
+    let r = ask(&s, &c, wall()).await;
+    assert_eq!(r.outcome, Outcome::Pass, "{r:?}");
+
+    // Unhealthy (1): failing, worth waiting for.
+    set_gauge(&s, "ceph_health_status", json!(1)).await?;
+    wait_for(&p, &format!("{gauge} == 1")).await?;
+    let r = ask(&s, &c, wall()).await;
+    assert_eq!(r.outcome, Outcome::Fail, "{r:?}");
+
+    // Broken (2): the failure query has a sample, failed at once.
+    set_gauge(&s, "ceph_health_status", json!(2)).await?;
+    wait_for(&p, &format!("{gauge} == 2")).await?;
+    let r = ask(&s, &c, wall()).await;
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    assert!(r.value.starts_with("failureQuery has 1 sample"), "{r:?}");
+
+    // A failure query Prometheus cannot parse is the cluster.yaml's error, named so.
+    if let Some(q) = c.prometheus.as_mut() {
+        q.failure_query = Some("sum(up".into());
+    }
+    let r = ask(&s, &c, wall()).await;
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    assert!(
+        r.value.starts_with("failureQuery: query error bad_data:"),
+        "{r:?}"
+    );
+
+    // An answer for another time, or none at all: unknown, never a pass.
+    let any = prometheus_check(&p.url, gauge, Some("2m"))?;
+    let r = ask(&s, &any, wall().plus(Duration::from_secs(600))).await;
+    assert_eq!(r.outcome, Outcome::Unknown, "{r:?}");
+    let port = free_port()?;
+    let gone = prometheus_check(&format!("http://127.0.0.1:{port}"), "up", None)?;
+    let r = ask(&s, &gone, wall()).await;
+    assert_eq!(r.outcome, Outcome::Unknown, "{r:?}");
+    Ok(())
+}
+
+/// The query of docs/health-checks.md's `longhorn-all-healthy` example, as written there.
+fn longhorn_example_query() -> Result<String, Error> {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/health-checks.md"
+    ))?;
+    let from = doc
+        .find("name: longhorn-all-healthy")
+        .ok_or("no Longhorn example")?;
+    let line = doc[from..]
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("query: "))
+        .ok_or("the Longhorn example has no query")?;
+    Ok(line.trim_matches('\'').to_string())
+}
+
+#[tokio::test]
+#[ignore = "needs prometheus: scripts/test installs it"]
+async fn the_longhorn_example_fails_when_its_metric_is_missing() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let p = start_prometheus(&s).await?;
+    wait_for(&p, "longhorn_volume_robustness").await?;
+    let wall = || Clock::system().now();
+    let query = longhorn_example_query()?;
+    // Every volume of the twin healthy: it passes.
+    let r = ask(&s, &prometheus_check(&p.url, &query, None)?, wall()).await;
+    assert!(r.passes(), "{query}: {r:?}");
+    // The metric missing (renamed, not scraped): it does not pass.
+    let missing = query.replace(
+        "longhorn_volume_robustness",
+        "longhorn_volume_robustness_gone",
+    );
+    let r = ask(&s, &prometheus_check(&p.url, &missing, None)?, wall()).await;
+    assert!(!r.passes(), "{missing}: {r:?}");
+    assert_eq!(r.value, "0 samples");
+    Ok(())
+}
+
+// ---- Alertmanager -----------------------------------------------------------------------
+
+struct Alertmanager {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Alertmanager {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A real Alertmanager on loopback, its cluster port off, one receiver that sends nothing.
+async fn start_alertmanager() -> Result<Alertmanager, Error> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("alertmanager.yml");
+    std::fs::write(
+        &config,
+        "route:\n  receiver: nowhere\nreceivers:\n  - name: nowhere\n",
+    )?;
+    let port = free_port()?;
+    let log = std::fs::File::create(dir.path().join("alertmanager.log"))?;
+    let child = Command::new(crate::tools::ALERTMANAGER.path())
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg("--cluster.listen-address=")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()?;
+    let am = Alertmanager {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+        _dir: dir,
+    };
+    // Ready once its API answers (bounded, real time: it is a real process).
+    for _ in 0..60 {
+        if am_request(&am, "GET", "/api/v2/status", None).await.is_ok() {
+            return Ok(am);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let log = std::fs::read_to_string(am._dir.path().join("alertmanager.log")).unwrap_or_default();
+    Err(format!("Alertmanager never answered; its log ends:\n{log}").into())
+}
+
+/// One call to Alertmanager's API v2, its JSON answer.
+async fn am_request(
+    am: &Alertmanager,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> Result<Value, Error> {
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("{}{path}", am.url))
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(match body {
+            Some(b) => serde_json::to_vec(&b)?,
+            None => Vec::new(),
+        }))?;
+    let a = ichor::outbound::call(req, Duration::from_secs(5), 1 << 20).await?;
+    if a.status != 200 {
+        return Err(format!("HTTP {}: {}", a.status, String::from_utf8_lossy(&a.body)).into());
+    }
+    Ok(serde_json::from_slice(&a.body).unwrap_or(Value::Null))
+}
+
+/// Fire an alert as Prometheus would (POST /api/v2/alerts).
+async fn fire(am: &Alertmanager, labels: Value) -> TestResult {
+    am_request(
+        am,
+        "POST",
+        "/api/v2/alerts",
+        Some(json!([{"labels": labels}])),
+    )
+    .await?;
+    Ok(())
+}
+
+fn alertmanager_check(
+    url: &str,
+    matchers: &[&str],
+    include_silenced: bool,
+) -> Result<HealthCheck, Error> {
+    let list: Vec<String> = matchers.iter().map(|m| format!("'{m}'")).collect();
+    check(&format!(
+        "    - name: alerts\n      alertmanager:\n        url: {url}\n        matchers: [{}]\n        includeSilenced: {include_silenced}\n",
+        list.join(", ")
+    ))
+}
+
+#[tokio::test]
+#[ignore = "needs prometheus-alertmanager: scripts/test installs it"]
+async fn an_alertmanager_check_passes_with_no_unsilenced_matching_alert() -> TestResult {
+    use ichor::health::Outcome;
+    let s = setup(TwinConfig::default()).await?;
+    let am = start_alertmanager().await?;
+    let wall = Clock::system().now();
+    let critical = alertmanager_check(&am.url, &["severity=\"critical\""], false)?;
+    let r = ask(&s, &critical, wall).await;
+    assert_eq!(r.outcome, Outcome::Pass, "{r:?}");
+    assert_eq!(r.value, "0 alerts");
+
+    // A warning matches nothing; a critical alert fails the check, named.
+    fire(
+        &am,
+        json!({"alertname": "DiskFilling", "severity": "warning"}),
+    )
+    .await?;
+    assert!(ask(&s, &critical, wall).await.passes());
+    fire(
+        &am,
+        json!({"alertname": "KubeNodeNotReady", "severity": "critical", "node": "w-1"}),
+    )
+    .await?;
+    let r = ask(&s, &critical, wall).await;
+    assert_eq!(r.outcome, Outcome::Fail, "{r:?}");
+    assert_eq!(r.value, "1 alert firing");
+    assert!(
+        r.read.contains("KubeNodeNotReady{") && r.read.contains("node=\"w-1\""),
+        "{r:?}"
+    );
+    // Every matcher must match: another node's alerts are not this check's.
+    let other = alertmanager_check(&am.url, &["severity=\"critical\"", "node=\"w-2\""], false)?;
+    assert!(ask(&s, &other, wall).await.passes());
+
+    // Silenced: no longer firing for the check, unless it asks for silenced alerts too.
+    let now = Clock::system().now().rfc3339();
+    let later = Clock::system()
+        .now()
+        .plus(Duration::from_secs(3600))
+        .rfc3339();
+    am_request(
+        &am,
+        "POST",
+        "/api/v2/silences",
+        Some(json!({"matchers": [{"name": "node", "value": "w-1", "isRegex": false, "isEqual": true}],
+                    "startsAt": now, "endsAt": later, "createdBy": "test", "comment": "w-1 reboots"})),
+    )
+    .await?;
+    let r = ask(&s, &critical, wall).await;
+    assert_eq!(
+        r.outcome,
+        Outcome::Pass,
+        "a silenced alert does not count: {r:?}"
+    );
+    let with_silenced = alertmanager_check(&am.url, &["severity=\"critical\""], true)?;
+    assert_eq!(ask(&s, &with_silenced, wall).await.outcome, Outcome::Fail);
+
+    // A matcher Alertmanager cannot parse is cluster.yaml's error, failed at once.
+    let mut bad = critical.clone();
+    if let Some(a) = bad.alertmanager.as_mut() {
+        a.matchers = vec!["severity=~\"(\"".into()];
+    }
+    let r = ask(&s, &bad, wall).await;
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+
+    // Nobody listening: unknown, never a pass.
+    let gone = alertmanager_check(&format!("http://127.0.0.1:{}", free_port()?), &[], false)?;
+    assert_eq!(ask(&s, &gone, wall).await.outcome, Outcome::Unknown);
     Ok(())
 }
 
@@ -545,13 +807,103 @@ async fn a_check_that_stays_failing_pauses_the_rollout_naming_it_and_its_value()
     Ok(())
 }
 
+#[tokio::test]
+#[ignore = "needs kubectl: scripts/test installs it"]
+async fn a_failure_expression_pauses_at_once_without_waiting_out_the_timeout() -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    kubectl(&s, &["apply", "-f", "-"], Some(&config_map("true"))).await?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let mut engine = s.engine(&report);
+    let mut c = between_check("20m")?;
+    if let Some(k) = c.kubernetes.as_mut() {
+        k.failure_expression = Some("object.data.ok == 'broken'".into());
+    }
+    engine.health_checks = vec![c];
+    let clock = s.twin.talos.clock().clone();
+    let side = async {
+        first_node_upgraded(&s).await;
+        kubectl(&s, &["apply", "-f", "-"], Some(&config_map("broken"))).await?;
+        Ok::<_, Error>(clock.now())
+    };
+    let (outcome, side) = run_alongside(&s, &engine, side).await?;
+    let broken_at = side.ok_or("the side task did not finish")??;
+    let p = paused(outcome)?;
+    assert!(
+        p.reason.contains(
+            "health check `db-ready` (between) failed: failureExpression is true for ichor-system/db-state"
+        ),
+        "{}",
+        p.reason
+    );
+    // At once: far inside the 20 minutes the check may otherwise fail for.
+    let waited = clock.now().since(broken_at);
+    assert!(
+        waited < Duration::from_secs(5 * 60),
+        "paused after {waited:?}"
+    );
+    assert!(upgraded(&s) < s.twin.talos.observe().len());
+    let rec = s.record().await?;
+    assert_eq!(rec.health.checks["db-ready"].state, "failed");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_check_that_cannot_judge_is_tolerated_error_limit_times_then_failing_and_never_passes(
+) -> TestResult {
+    let s = setup(TwinConfig::default()).await?;
+    let port = free_port()?;
+    // Nobody listens: every reading is unknown.
+    let gone = check(&format!(
+        "    - name: prom\n      when: [before]\n      timeout: 2m\n      errorLimit: 2\n      prometheus:\n        url: http://127.0.0.1:{port}\n        query: up\n"
+    ))?;
+    let lines = Lines::default();
+    let report = |p| lines.push(p);
+    let mut engine = s.engine(&report);
+    engine.health_checks = vec![gone];
+    let (outcome, _) = crate::rollout::run_checked(&s, &engine, false).await?;
+    let p = paused(outcome)?;
+    assert!(
+        p.reason
+            .contains("health check `prom` (before) has not held"),
+        "{}",
+        p.reason
+    );
+    assert_eq!(upgraded(&s), 0, "an unknown check never passes");
+    // The record's states, as each change was said: two tolerated, then failing.
+    let states: Vec<String> = lines
+        .all()
+        .into_iter()
+        .filter_map(|l| l.strip_prefix("health checks: ").map(str::to_string))
+        .collect();
+    assert_eq!(
+        states,
+        vec!["prom unknown", "prom unknown", "prom failing"],
+        "{:?}",
+        lines.all()
+    );
+    // Only the reading past the limit is news: one failing notice, after the tolerated ones.
+    let failing = lines
+        .all()
+        .iter()
+        .filter(|l| l.contains("health check prom failing"))
+        .count();
+    assert_eq!(failing, 1, "{:?}", lines.all());
+    Ok(())
+}
+
 // ---- notifications ----------------------------------------------------------------------
+
+/// A request's path, `X-Signature` header and body.
+type Signed = (String, Option<String>, String);
 
 /// A receiver on loopback: every request's path and body, the first one refused with 500
 /// (so a retry is exercised).
 #[derive(Clone, Default)]
 struct Receiver {
     got: std::sync::Arc<std::sync::Mutex<Vec<(String, u16, String)>>>,
+    /// Each request's path, `X-Signature` header and body.
+    signed: std::sync::Arc<std::sync::Mutex<Vec<Signed>>>,
 }
 
 impl Receiver {
@@ -559,15 +911,28 @@ impl Receiver {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let got = self.got.clone();
-        let app = axum::Router::new().fallback(move |uri: axum::http::Uri, body: String| {
-            let got = got.clone();
-            async move {
-                let mut g = got.lock().unwrap_or_else(|e| e.into_inner());
-                let code = if g.is_empty() { 500 } else { 200 };
-                g.push((uri.path().to_string(), code, body));
-                axum::http::StatusCode::from_u16(code).unwrap_or(axum::http::StatusCode::OK)
-            }
-        });
+        let signed = self.signed.clone();
+        let app = axum::Router::new().fallback(
+            move |uri: axum::http::Uri, headers: axum::http::HeaderMap, body: String| {
+                let got = got.clone();
+                let signed = signed.clone();
+                async move {
+                    let sig = headers
+                        .get("x-signature")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string);
+                    signed.lock().unwrap_or_else(|e| e.into_inner()).push((
+                        uri.path().to_string(),
+                        sig,
+                        body.clone(),
+                    ));
+                    let mut g = got.lock().unwrap_or_else(|e| e.into_inner());
+                    let code = if g.is_empty() { 500 } else { 200 };
+                    g.push((uri.path().to_string(), code, body));
+                    axum::http::StatusCode::from_u16(code).unwrap_or(axum::http::StatusCode::OK)
+                }
+            },
+        );
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -611,14 +976,18 @@ async fn a_receiver_gets_each_rollout_event_once_and_no_secret() -> TestResult {
     std::fs::write(&hook, format!("http://{addr}/hook/{secret}\n"))?;
     let slack = dir.path().join("slack-url");
     std::fs::write(&slack, format!("http://{addr}/slack/{secret}"))?;
+    let key_file = dir.path().join("signing-key");
+    std::fs::write(&key_file, "shared-signing-key\n")?;
     let cfg = NotificationsConfig {
         webhook: Some(Destination {
             url_file: Some(hook),
             url_env: None,
+            signing_key_file: Some(key_file),
         }),
         slack: Some(Destination {
             url_file: Some(slack),
             url_env: None,
+            signing_key_file: None,
         }),
     };
     let metrics = std::sync::Arc::new(Metrics::default());
@@ -657,6 +1026,7 @@ async fn a_receiver_gets_each_rollout_event_once_and_no_secret() -> TestResult {
         "healthcheck.failing",
         "rollout.paused",
         "rollout.resumed",
+        "healthcheck.recovered",
         "rollout.completed",
     ];
     for _ in 0..400 {
@@ -715,6 +1085,26 @@ async fn a_receiver_gets_each_rollout_event_once_and_no_secret() -> TestResult {
         texts[2]
     );
 
+    // Each webhook body is signed with the key, as a receiver checks it; each event has its
+    // own id, and the retried one kept its id. Slack gets no signature.
+    let signed = receiver
+        .signed
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    for (path, sig, body) in &signed {
+        if path.starts_with("/hook/") {
+            let want = notify::signature(b"shared-signing-key", body.as_bytes())?;
+            assert_eq!(sig.as_deref(), Some(want.as_str()), "{body}");
+        } else {
+            assert_eq!(sig, &None, "{path}");
+        }
+    }
+    let mut ids: Vec<&str> = events.iter().filter_map(|e| e["id"].as_str()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), want.len(), "{events:#?}");
+
     // No secret in any body: not the URLs' token, not the cluster's.
     for b in receiver.all_bodies() {
         assert!(!b.contains(secret), "{b}");
@@ -727,7 +1117,7 @@ async fn a_receiver_gets_each_rollout_event_once_and_no_secret() -> TestResult {
             &[("kind", kind), ("result", result)],
         )
     };
-    assert_eq!(value("webhook", "sent") + value("slack", "sent"), 10.0);
+    assert_eq!(value("webhook", "sent") + value("slack", "sent"), 12.0);
     assert_eq!(value("webhook", "failed") + value("slack", "failed"), 0.0);
     Ok(())
 }
@@ -966,9 +1356,9 @@ async fn the_prometheus_token_is_sent_as_a_bearer_and_never_reported() -> TestRe
     let c = prometheus_check(&format!("http://{addr}"), "up", Some("1m"))?;
     let secret = Credential::new(&format!("http://{addr}"), ichor::secret::Secret::new(token))?;
     let r = read_check(&s.kube, Some(&secret), &c, Clock::system().now()).await;
-    assert!(r.pass, "{r:?}");
+    assert!(r.passes(), "{r:?}");
     let r = read_check(&s.kube, None, &c, Clock::system().now()).await;
-    assert!(!r.pass && r.value.contains("HTTP 401"), "{r:?}");
+    assert!(!r.passes() && r.value.contains("HTTP 401"), "{r:?}");
     assert!(!format!("{r:?}").contains(token));
     // The gate's live item reads with the token too (the controller's config, or
     // `--prometheus-url` with `--prometheus-token-file`), so a `before` check behind auth does not wait forever.
@@ -986,7 +1376,7 @@ async fn the_prometheus_token_is_sent_as_a_bearer_and_never_reported() -> TestRe
     for (t, pass) in [(Some(secret.clone()), true), (None, false)] {
         let facts = ichor::gate::live::observe(&s.kube, None, &subject(t)).await;
         let (_, r) = facts.health.first().ok_or("no reading")?;
-        assert_eq!(r.pass, pass, "{r:?}");
+        assert_eq!(r.passes(), pass, "{r:?}");
     }
     Ok(())
 }
@@ -1114,7 +1504,7 @@ async fn the_prometheus_token_goes_only_to_the_url_it_is_bound_to() -> TestResul
     // A check that names another listener: asked, without the token.
     let c = prometheus_check(&other.url, "up", None)?;
     let r = read_check(&s.kube, Some(&credential), &c, now).await;
-    assert!(!r.pass, "{r:?}");
+    assert!(!r.passes(), "{r:?}");
     let asked = other.requests();
     assert_eq!(asked.len(), 1, "{asked:?}");
     assert!(
@@ -1124,7 +1514,7 @@ async fn the_prometheus_token_goes_only_to_the_url_it_is_bound_to() -> TestResul
     // The bound Prometheus gets the token; its redirect elsewhere is an answer, not followed.
     let c = prometheus_check(&bound.url, "up", None)?;
     let r = read_check(&s.kube, Some(&credential), &c, now).await;
-    assert!(!r.pass, "{r:?}");
+    assert!(!r.passes(), "{r:?}");
     let got = bound.requests();
     assert!(
         got.len() == 1 && got[0].contains(&format!("authorization: bearer {token}")),

@@ -35,6 +35,14 @@ pub const PROMETHEUS: Tool = Tool {
     install: "apt-get install prometheus",
 };
 
+/// Alertmanager, as Debian packages it (its binary is `prometheus-alertmanager`).
+pub const ALERTMANAGER: Tool = Tool {
+    name: "prometheus-alertmanager",
+    env: Some("ICHOR_ALERTMANAGER"),
+    also_in: &[],
+    install: "apt-get install prometheus-alertmanager",
+};
+
 pub const SSHD: Tool = Tool {
     name: "sshd",
     env: None,
