@@ -59,7 +59,12 @@ impl From<GithubError> for ApiError {
         match e {
             GithubError::UnknownRepo(_)
             | GithubError::UnknownPull { .. }
-            | GithubError::UnknownComment { .. } => ApiError::not_found(),
+            | GithubError::UnknownComment { .. }
+            | GithubError::UnknownCheckRun { .. } => ApiError::not_found(),
+            GithubError::NotYourCheckRun { app_id } => ApiError::new(
+                StatusCode::FORBIDDEN,
+                &format!("Invalid app_id `{app_id}` - check run can only be modified by the GitHub App that created it."),
+            ),
             GithubError::UnknownRef { reference, .. } => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 &format!("No commit found for SHA: {reference}"),
@@ -146,6 +151,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
             put(merge_pull).get(is_merged),
         )
         .route("/repos/{owner}/{repo}/statuses/{sha}", post(create_status))
+        .route("/repos/{owner}/{repo}/check-runs", post(create_check_run))
+        .route(
+            "/repos/{owner}/{repo}/check-runs/{id}",
+            get(get_check_run).patch(update_check_run),
+        )
         .route(
             "/repos/{owner}/{repo}/commits/{*rest}",
             get(commit_statuses),
@@ -877,6 +887,9 @@ async fn commit_statuses(
     if let Some(sha) = rest.strip_suffix("/pulls") {
         return commit_pulls(&shared, &name, sha, &q);
     }
+    if let Some(reference) = rest.strip_suffix("/check-runs") {
+        return check_runs_for_ref(&shared, &name, reference, &q);
+    }
     let (reference, combined) = if let Some(r) = rest.strip_suffix("/statuses") {
         (r.to_string(), false)
     } else if let Some(r) = rest.strip_suffix("/status") {
@@ -935,6 +948,115 @@ async fn commit_statuses(
             items,
         )),
     }
+}
+
+// ----- check runs (src/sim/github/checks.rs has the rules) -----
+
+/// The App behind an installation token; anyone else is told the Checks API is for Apps
+/// (GitHub's 403 to a personal access token).
+fn checks_app(shared: &Shared, caller: &Caller) -> Result<(u64, String), ApiError> {
+    let app = match caller {
+        Caller::Installation { id, .. } => shared
+            .apps
+            .iter()
+            .find(|a| a.installations.iter().any(|i| i.id == *id)),
+        _ => None,
+    };
+    app.map(|a| (a.id, a.slug.clone())).ok_or_else(|| {
+        let mut e = ApiError::new(StatusCode::FORBIDDEN, super::checks::APP_ONLY);
+        e.body["documentation_url"] =
+            json!("https://docs.github.com/rest/checks/runs#create-a-check-run");
+        e
+    })
+}
+
+async fn create_check_run(
+    State(shared): S,
+    Extension(caller): Extension<Caller>,
+    Path((owner, repo)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let app = checks_app(&shared, &caller)?;
+    let req: super::checks::CheckRunRequest = parse_json(&body)?;
+    let name = full_name(&owner, &repo);
+    let run = shared.create_check_run(&name, (app.0, &app.1), &req)?;
+    Ok(ok(
+        StatusCode::CREATED,
+        super::checks::json(&shared.base, &name, &run),
+    ))
+}
+
+async fn update_check_run(
+    State(shared): S,
+    Extension(caller): Extension<Caller>,
+    Path((owner, repo, id)): Path<(String, String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let app = checks_app(&shared, &caller)?;
+    let id = parse_number(&id)?;
+    let req: super::checks::CheckRunRequest = parse_json(&body)?;
+    let name = full_name(&owner, &repo);
+    let run = shared.update_check_run(&name, app.0, id, &req)?;
+    Ok(ok(
+        StatusCode::OK,
+        super::checks::json(&shared.base, &name, &run),
+    ))
+}
+
+async fn get_check_run(
+    State(shared): S,
+    Path((owner, repo, id)): Path<(String, String, String)>,
+) -> ApiResult {
+    let id = parse_number(&id)?;
+    let name = full_name(&owner, &repo);
+    let v = shared.with_repo(&name, |state, _, _| {
+        state
+            .check_runs
+            .iter()
+            .find(|r| r.id == id)
+            .map(|r| super::checks::json(&shared.base, &name, r))
+            .ok_or(GithubError::UnknownCheckRun {
+                repo: name.clone(),
+                id,
+            })
+    })?;
+    Ok(ok(StatusCode::OK, v))
+}
+
+/// `GET /commits/{ref}/check-runs`: `{total_count, check_runs}`, filtered by `check_name`,
+/// `app_id` and `filter` (`latest`, the default, or `all`), paged.
+fn check_runs_for_ref(
+    shared: &Shared,
+    name: &str,
+    reference: &str,
+    q: &[(String, String)],
+) -> ApiResult {
+    let latest = query_get(q, "filter") != Some("all");
+    let app_id = query_get(q, "app_id").and_then(|a| a.parse().ok());
+    let check_name = query_get(q, "check_name");
+    let runs = shared.with_repo(name, |state, repo, _| {
+        let oid =
+            super::git::resolve_commit(repo, reference).ok_or_else(|| GithubError::UnknownRef {
+                repo: name.to_string(),
+                reference: reference.to_string(),
+            })?;
+        Ok(super::checks::for_ref(
+            &state.check_runs,
+            &oid.to_string(),
+            check_name,
+            app_id,
+            latest,
+        )
+        .into_iter()
+        .map(|r| super::checks::json(&shared.base, name, r))
+        .collect::<Vec<_>>())
+    })?;
+    let req = PageRequest::from_query(query_get(q, "per_page"), query_get(q, "page"));
+    let total = runs.len();
+    Ok(ok(
+        StatusCode::OK,
+        json!({ "total_count": total, "check_runs": req.slice(&runs).to_vec() }),
+    ))
 }
 
 /// The PRs a commit belongs to: merged PRs whose merge commit it is or whose head

@@ -99,6 +99,7 @@ pub fn token_permissions() -> Value {
         "pull_requests": "write",
         "issues": "write",
         "statuses": "write",
+        "checks": "write",
     })
 }
 
