@@ -171,17 +171,21 @@ fn key_line(text: &str, key: &str) -> Option<u64> {
 /// `kubernetes-step` names it first), the `cni:` block, or an entry `name: <subject>` and
 /// its `version:` below.
 fn component_line(text: &str, subject: &str) -> Option<u64> {
-    for key in ["talos", "kubernetes", "cni"] {
+    for key in ["talos", "kubernetes"] {
         if subject == key || subject.starts_with(&format!("{key}-")) {
             return key_line(text, key);
         }
     }
     let lines: Vec<&str> = text.lines().collect();
-    let at = lines.iter().position(|l| {
-        let t = l.trim_start().trim_start_matches("- ").trim();
-        t.strip_prefix("name:")
-            .is_some_and(|v| v.trim().trim_matches('"').trim_matches('\'') == subject)
-    })?;
+    let at = if subject == "cni" {
+        key_line(text, "cni")? as usize - 1
+    } else {
+        lines.iter().position(|l| {
+            let t = l.trim_start().trim_start_matches("- ").trim();
+            t.strip_prefix("name:")
+                .is_some_and(|v| v.trim().trim_matches('"').trim_matches('\'') == subject)
+        })?
+    };
     let version = lines[at..]
         .iter()
         .take(4)
@@ -517,7 +521,7 @@ mod tests {
             got,
             [
                 ("clusters/lab/release-set.yaml".to_string(), 3, "failure"),
-                ("clusters/lab/release-set.yaml".to_string(), 4, "warning"),
+                ("clusters/lab/release-set.yaml".to_string(), 6, "warning"),
                 ("clusters/lab/release-set.yaml".to_string(), 10, "failure"),
                 ("clusters/lab/cluster.yaml".to_string(), 2, "failure"),
             ]
