@@ -473,8 +473,9 @@ fn authenticate(shared: &Shared, headers: &HeaderMap, now: Timestamp) -> Result<
             repos: t.repos.clone(),
         });
     }
-    if super::app::looks_like_jwt(presented) && !shared.apps.is_empty() {
-        return match super::app::verify_jwt(&shared.apps, presented, now) {
+    let apps = shared.apps();
+    if super::app::looks_like_jwt(presented) && !apps.is_empty() {
+        return match super::app::verify_jwt(&apps, presented, now) {
             Ok(app) => Ok(Caller::App {
                 id: app.id,
                 login: app.bot_login(),
@@ -957,8 +958,8 @@ async fn commit_statuses(
 fn checks_app(shared: &Shared, caller: &Caller) -> Result<(u64, String), ApiError> {
     let app = match caller {
         Caller::Installation { id, .. } => shared
-            .apps
-            .iter()
+            .apps()
+            .into_iter()
             .find(|a| a.installations.iter().any(|i| i.id == *id)),
         _ => None,
     };
@@ -1203,14 +1204,11 @@ async fn update_comment(
 
 // ----- GitHub Apps and permissions -----
 
-fn calling_app<'a>(
-    shared: &'a Shared,
-    caller: &Caller,
-) -> Result<&'a super::app::GithubApp, ApiError> {
+fn calling_app(shared: &Shared, caller: &Caller) -> Result<super::app::GithubApp, ApiError> {
     match caller {
         Caller::App { id, .. } => shared
-            .apps
-            .iter()
+            .apps()
+            .into_iter()
             .find(|a| a.id == *id)
             .ok_or_else(ApiError::not_found),
         _ => Err(ApiError::new(
@@ -1232,7 +1230,7 @@ fn app_owner(app: &super::app::GithubApp) -> String {
 }
 
 async fn get_app(State(shared): S, Extension(caller): Extension<Caller>) -> ApiResult {
-    let app = calling_app(&shared, &caller)?;
+    let app = &calling_app(&shared, &caller)?;
     Ok(ok(
         StatusCode::OK,
         super::app::app_json(&shared.base, app, &app_owner(app)),
@@ -1245,7 +1243,7 @@ async fn create_installation_token(
     Path(id): Path<String>,
 ) -> ApiResult {
     let id = parse_number(&id)?;
-    let app = calling_app(&shared, &caller)?;
+    let app = &calling_app(&shared, &caller)?;
     let issued = shared
         .issue_token(app, id)
         .ok_or_else(ApiError::not_found)?;
@@ -1265,7 +1263,7 @@ async fn repo_installation(
     Extension(caller): Extension<Caller>,
     Path((owner, repo)): Path<(String, String)>,
 ) -> ApiResult {
-    let app = calling_app(&shared, &caller)?;
+    let app = &calling_app(&shared, &caller)?;
     let name = full_name(&owner, &repo).to_lowercase();
     let inst = app
         .installations

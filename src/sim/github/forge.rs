@@ -165,7 +165,8 @@ pub struct Shared {
     /// The windows of installations and Apps, which GitHub counts apart from the user's.
     caller_rates: Mutex<BTreeMap<RateKey, RateWindow>>,
     rate_limit: u64,
-    pub apps: Vec<GithubApp>,
+    /// Apps registered at start or later ([`super::GithubTwin::register_app`]).
+    pub apps: Mutex<Vec<GithubApp>>,
     /// Installation tokens handed out (expired ones are pruned as new ones are made).
     pub app_tokens: Mutex<Vec<IssuedToken>>,
     /// How many installation tokens were asked for and handed out.
@@ -269,7 +270,7 @@ impl Shared {
             anonymous_rate: Mutex::new(RateWindow::new(60, now)),
             caller_rates: Mutex::new(BTreeMap::new()),
             rate_limit,
-            apps,
+            apps: Mutex::new(apps),
             app_tokens: Mutex::new(Vec::new()),
             token_requests: std::sync::atomic::AtomicU64::new(0),
             last_user_agent: Mutex::new(Vec::new()),
@@ -300,6 +301,11 @@ impl Shared {
                 f(w)
             }
         }
+    }
+
+    /// The Apps known now.
+    pub fn apps(&self) -> Vec<GithubApp> {
+        lock(&self.apps).clone()
     }
 
     /// Hand out an installation token for installation `id` of `app`; `None` when the App

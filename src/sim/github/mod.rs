@@ -65,7 +65,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use app::{AppInstallation, GithubApp};
+pub use app::{
+    emulator_app, AppInstallation, GithubApp, EMULATOR_APP_ID, EMULATOR_APP_KEY,
+    EMULATOR_INSTALLATION_ID,
+};
 pub use checks::{Annotation, CheckRun};
 pub use forge::MergeRequest;
 pub use model::{CommitStatus, IssueComment, PullRequest, PullState, RepoSpec, Role, StatusState};
@@ -660,6 +663,13 @@ impl GithubTwin {
     pub fn statuses(&self, repo: &str, sha: &str) -> Result<Vec<CommitStatus>, GithubError> {
         self.shared
             .with_repo(repo, |state, _, _| Ok(forge::statuses_for(state, sha)))
+    }
+
+    /// Register a GitHub App (its JWTs, tokens and check runs) while the twin runs.
+    pub fn register_app(&self, app: GithubApp) {
+        let mut apps = lock(&self.shared.apps);
+        apps.retain(|a| a.id != app.id);
+        apps.push(app);
     }
 
     /// Every check run on `sha` (any App), oldest first.
