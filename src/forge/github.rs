@@ -1508,6 +1508,7 @@ impl GithubClient {
         let mut waits = 0u32;
         let mut redirects = 0u32;
         let mut token_renewed = false;
+        let mut clock_corrected = false;
         let write = method != Method::GET;
         // Once GitHub said the repository moved, its calls go straight to where it is.
         let mut path = match &*lock(&inner.moved) {
@@ -1663,6 +1664,28 @@ impl GithubClient {
             }
             let message = error_message(&answer.body);
             let what = what.to_string();
+            // A JWT refused for its times: the clocks disagree. Sign again on GitHub's
+            // time, from its `Date`, once (octokit/auth-app.js src/hook.ts does the same).
+            if status == StatusCode::UNAUTHORIZED && !clock_corrected && is_jwt_time_error(&message)
+            {
+                let github_now = answer
+                    .headers
+                    .get(http::header::DATE)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(Timestamp::parse_http_date);
+                if let (Some(at), Credentials::App { auth, .. }) = (github_now, &inner.credentials)
+                {
+                    clock_corrected = true;
+                    let skew = auth.correct_clock(at);
+                    tracing::warn!(
+                        what,
+                        skew_secs = skew,
+                        "GitHub refused the App's JWT for its times: this host's clock is off; signing on GitHub's time"
+                    );
+                    inner.retries.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            }
             return Err(match status.as_u16() {
                 401 => {
                     let is_installation = matches!(inner.credentials, Credentials::App { .. })
@@ -1753,6 +1776,12 @@ impl GithubClient {
             body,
         })
     }
+}
+
+/// GitHub's 401 texts for a JWT whose `iat` or `exp` its clock does not accept.
+fn is_jwt_time_error(message: &str) -> bool {
+    message.contains("'Expiration time' claim ('exp')")
+        || message.contains("'Issued at' claim ('iat')")
 }
 
 /// A query value with everything but unreserved characters and `/` percent-encoded.

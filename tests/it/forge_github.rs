@@ -656,6 +656,48 @@ async fn a_600_node_rollout_is_one_check_run_as_an_app_and_a_handful_of_statuses
 }
 
 #[tokio::test]
+async fn an_app_on_a_skewed_clock_signs_on_githubs_time_from_its_date() -> TestResult {
+    use ichor::clock::Timestamp;
+    assert_eq!(
+        Timestamp::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT"),
+        Some(Timestamp::from_millis(784_111_777_000))
+    );
+    assert_eq!(
+        Timestamp::from_millis(784_111_777_000).http_date(),
+        "Sun, 06 Nov 1994 08:49:37 GMT"
+    );
+    let pem = APP_KEY.to_string();
+    let fx = fixture()?;
+    let github = Clock::manual();
+    let twin = twin_with(&fx, &github, app_twin_config(&pem)?).await?;
+    // A host 15 minutes ahead (the JWT's `iat` is in GitHub's future), then one 15
+    // minutes behind (its `exp` is in GitHub's past): GitHub answers 401 to both.
+    for ahead in [true, false] {
+        let host = Clock::manual();
+        if ahead {
+            host.advance(Duration::from_secs(15 * 60));
+        } else {
+            github.advance(Duration::from_secs(15 * 60));
+        }
+        let client = GithubClient::connect(app_config(&twin, &pem), host.clone()).await?;
+        assert_eq!(client.login(), "ichor[bot]");
+        let sha = fx.bump.to_string();
+        assert!(
+            client
+                .set_status(
+                    &sha,
+                    &format!("skew/{ahead}"),
+                    StatusState::Success,
+                    "ok",
+                    None
+                )
+                .await?
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_jwt_signed_by_another_key_is_a_clear_auth_error() -> TestResult {
     let (known, other) = (APP_KEY.to_string(), OTHER_APP_KEY.to_string());
     let fx = fixture()?;

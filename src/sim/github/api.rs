@@ -295,7 +295,13 @@ async fn gate(State(shared): S, mut req: Request, next: Next) -> Response {
     };
     if let Some(e) = fault {
         let w = shared.with_window(key, |w| *w);
-        return with_rate_headers(e.into_response(), w.limit, w.used, w.reset_epoch_secs());
+        return with_rate_headers(
+            e.into_response(),
+            w.limit,
+            w.used,
+            w.reset_epoch_secs(),
+            now,
+        );
     }
     *lock(&shared.last_user_agent) = req
         .headers()
@@ -383,7 +389,7 @@ async fn gate(State(shared): S, mut req: Request, next: Next) -> Response {
     } else {
         resp
     };
-    with_rate_headers(resp, w.limit, w.used, w.reset_epoch_secs())
+    with_rate_headers(resp, w.limit, w.used, w.reset_epoch_secs(), now)
 }
 
 /// Add a strong `ETag` (sha256 of the body); answer 304 with no body when the client
@@ -420,8 +426,19 @@ async fn with_etag(resp: Response, if_none_match: Option<&HeaderValue>) -> (Resp
     )
 }
 
-fn with_rate_headers(mut resp: Response, limit: u64, used: u64, reset: u64) -> Response {
+fn with_rate_headers(
+    mut resp: Response,
+    limit: u64,
+    used: u64,
+    reset: u64,
+    now: Timestamp,
+) -> Response {
     let h = resp.headers_mut();
+    // GitHub's `Date` is its own clock: here the twin's (a client corrects a skewed JWT
+    // by it; octokit/auth-app.js src/hook.ts).
+    if let Ok(v) = HeaderValue::from_str(&now.http_date()) {
+        h.insert("date", v);
+    }
     h.insert("x-ratelimit-limit", HeaderValue::from(limit));
     h.insert(
         "x-ratelimit-remaining",
