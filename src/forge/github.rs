@@ -842,7 +842,7 @@ impl GithubClient {
             }
             Credentials::App { auth, .. } => {
                 let a = client
-                    .app_call(auth, Method::GET, "/app".into(), "GET /app")
+                    .app_call(auth, Method::GET, "/app".into(), None, "GET /app")
                     .await?;
                 let slug = a.json::<AppJson>("GET /app")?.slug;
                 // Buy the first token now, so a wrong installation id fails at start-up.
@@ -1426,6 +1426,16 @@ impl GithubClient {
             "POST access token for installation {}",
             auth.installation_id()
         );
+        // Narrowed to the one repository and what ichor does with it: an installation on
+        // a whole organisation must not hand ichor write on every repository.
+        let name = self.inner.repo.split('/').nth(1).unwrap_or_default();
+        let body = json!({
+            "repositories": [name],
+            "permissions": TOKEN_PERMISSIONS
+                .iter()
+                .map(|(k, v)| (k.to_string(), json!(v)))
+                .collect::<serde_json::Map<_, _>>(),
+        });
         let a = self
             .app_call(
                 auth,
@@ -1434,6 +1444,7 @@ impl GithubClient {
                     "/app/installations/{}/access_tokens",
                     auth.installation_id()
                 ),
+                Some(body),
                 &what,
             )
             .await?;
@@ -1460,9 +1471,10 @@ impl GithubClient {
         auth: &AppAuth,
         method: Method,
         path: String,
+        body: Option<Value>,
         what: &str,
     ) -> Result<Answer, ForgeError> {
-        self.send(method, path, None, false, what, &|| {
+        self.send(method, path, body, false, what, &|| {
             let auth = auth.clone();
             async move { Ok(auth.jwt()?) }
         })
@@ -1777,6 +1789,15 @@ impl GithubClient {
         })
     }
 }
+
+/// What an installation token is narrowed to (docs/run.md lists why each).
+pub const TOKEN_PERMISSIONS: [(&str, &str); 5] = [
+    ("checks", "write"),
+    ("pull_requests", "write"),
+    ("issues", "write"),
+    ("contents", "read"),
+    ("metadata", "read"),
+];
 
 /// GitHub's 401 texts for a JWT whose `iat` or `exp` its clock does not accept.
 fn is_jwt_time_error(message: &str) -> bool {

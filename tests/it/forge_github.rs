@@ -698,6 +698,41 @@ async fn an_app_on_a_skewed_clock_signs_on_githubs_time_from_its_date() -> TestR
 }
 
 #[tokio::test]
+async fn an_installation_token_reaches_the_one_repository_with_what_ichor_needs() -> TestResult {
+    let pem = APP_KEY.to_string();
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    // Installed on the whole organisation: two repositories.
+    let config = GithubTwinConfig {
+        apps: vec![GithubApp::from_private_key_pem(
+            1234,
+            "ichor",
+            &pem,
+            vec![AppInstallation {
+                id: 99,
+                repos: vec![REPO.to_string(), "home/other".to_string()],
+            }],
+        )?],
+        ..GithubTwinConfig::default()
+    };
+    let twin = twin_with(&fx, &clock, config).await?;
+    let client = GithubClient::connect(app_config(&twin, &pem), clock.clone()).await?;
+    assert_eq!(twin.token_repos(), vec![vec![REPO.to_string()]]);
+    // And it still does its work there.
+    let sha = fx.bump.to_string();
+    assert!(
+        client
+            .upsert_check_run(
+                &sha,
+                "ichor/gate",
+                &gate_run(RunState::Completed(Conclusion::Success), "ok", 0)
+            )
+            .await?
+    );
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_jwt_signed_by_another_key_is_a_clear_auth_error() -> TestResult {
     let (known, other) = (APP_KEY.to_string(), OTHER_APP_KEY.to_string());
     let fx = fixture()?;

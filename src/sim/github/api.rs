@@ -1254,22 +1254,75 @@ async fn get_app(State(shared): S, Extension(caller): Extension<Caller>) -> ApiR
     ))
 }
 
+#[derive(Deserialize, Default)]
+struct TokenRequest {
+    repositories: Option<Vec<String>>,
+    permissions: Option<serde_json::Map<String, Value>>,
+}
+
+/// `POST /app/installations/{id}/access_tokens`, narrowed as asked (`apps/create-
+/// installation-access-token` in github/rest-api-description): `repositories` (names)
+/// keeps those of the installation's, `permissions` at most what it was granted; asking
+/// for more is a 422.
 async fn create_installation_token(
     State(shared): S,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
+    body: Bytes,
 ) -> ApiResult {
     let id = parse_number(&id)?;
+    let req: TokenRequest = if body.is_empty() {
+        TokenRequest::default()
+    } else {
+        parse_json(&body)?
+    };
     let app = &calling_app(&shared, &caller)?;
-    let issued = shared
+    let granted = super::app::token_permissions();
+    let level = |v: &Value| match v.as_str() {
+        Some("read") => 1,
+        Some("write") => 2,
+        Some("admin") => 3,
+        _ => 9,
+    };
+    let permissions = match &req.permissions {
+        Some(asked) => {
+            for (k, v) in asked {
+                if granted.get(k).is_none_or(|g| level(v) > level(g)) {
+                    return Err(ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "The permissions requested are not granted to this installation.",
+                    ));
+                }
+            }
+            Value::Object(asked.clone())
+        }
+        None => granted,
+    };
+    let mut issued = shared
         .issue_token(app, id)
         .ok_or_else(ApiError::not_found)?;
+    if let Some(names) = &req.repositories {
+        let short = |r: &str| r.rsplit('/').next().unwrap_or_default().to_lowercase();
+        if names
+            .iter()
+            .any(|n| !issued.repos.iter().any(|r| short(r) == n.to_lowercase()))
+        {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "There is at least one repository that does not exist or is not accessible to the parent installation.",
+            ));
+        }
+        issued
+            .repos
+            .retain(|r| names.iter().any(|n| short(r) == n.to_lowercase()));
+        shared.narrow_token(&issued.token, issued.repos.clone());
+    }
     Ok(ok(
         StatusCode::CREATED,
         json!({
             "token": issued.token,
             "expires_at": issued.expires_at.rfc3339(),
-            "permissions": super::app::token_permissions(),
+            "permissions": permissions,
             "repository_selection": "selected",
         }),
     ))

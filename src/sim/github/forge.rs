@@ -328,6 +328,21 @@ impl Shared {
         Some(issued)
     }
 
+    /// Keep a token to `repos` only (the request narrowed it).
+    pub fn narrow_token(&self, token: &str, repos: Vec<String>) {
+        if let Some(t) = lock(&self.app_tokens).iter_mut().find(|t| t.token == token) {
+            t.repos = repos;
+        }
+    }
+
+    /// The repositories each installation token reaches, oldest first.
+    pub fn token_repos(&self) -> Vec<Vec<String>> {
+        lock(&self.app_tokens)
+            .iter()
+            .map(|t| t.repos.clone())
+            .collect()
+    }
+
     pub fn forge(&self) -> MutexGuard<'_, Forge> {
         lock(&self.forge)
     }

@@ -665,6 +665,11 @@ impl GithubTwin {
             .with_repo(repo, |state, _, _| Ok(forge::statuses_for(state, sha)))
     }
 
+    /// The repositories each live installation token reaches, oldest first.
+    pub fn token_repos(&self) -> Vec<Vec<String>> {
+        self.shared.token_repos()
+    }
+
     /// Register a GitHub App (its JWTs, tokens and check runs) while the twin runs.
     pub fn register_app(&self, app: GithubApp) {
         let mut apps = lock(&self.shared.apps);
