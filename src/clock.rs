@@ -90,6 +90,55 @@ impl Timestamp {
     }
 }
 
+const WEEKDAYS: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
+const MONTHS: [&str; 12] = [
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+];
+
+impl Timestamp {
+    /// HTTP's `Date` (RFC 9110 IMF-fixdate), e.g. `Sun, 06 Nov 1994 08:49:37 GMT`.
+    pub fn http_date(self) -> String {
+        let secs = self.0 / 1000;
+        let days = secs / 86_400;
+        let rem = secs % 86_400;
+        let (y, mo, d) = civil_from_days(days as i64);
+        format!(
+            "{}, {d:02} {} {y:04} {:02}:{:02}:{:02} GMT",
+            WEEKDAYS[((days + 4) % 7) as usize],
+            MONTHS[(mo - 1) as usize],
+            rem / 3600,
+            (rem % 3600) / 60,
+            rem % 60
+        )
+    }
+
+    /// Parse an IMF-fixdate (the only form a server may send).
+    pub fn parse_http_date(text: &str) -> Option<Timestamp> {
+        let parts: Vec<&str> = text.split_ascii_whitespace().collect();
+        let [_, d, mo, y, hms, "GMT"] = parts.as_slice() else {
+            return None;
+        };
+        let mo = MONTHS.iter().position(|m| m == mo)? as u32 + 1;
+        let (d, y): (u32, i64) = (d.parse().ok()?, y.parse().ok()?);
+        let t: Vec<i64> = hms
+            .split(':')
+            .map(|p| p.parse().ok())
+            .collect::<Option<_>>()?;
+        let [h, mi, s] = t.as_slice() else {
+            return None;
+        };
+        if !(1..=31).contains(&d)
+            || !(0..24).contains(h)
+            || !(0..60).contains(mi)
+            || !(0..=60).contains(s)
+        {
+            return None;
+        }
+        let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + s;
+        u64::try_from(secs).ok()?.checked_mul(1000).map(Timestamp)
+    }
+}
+
 /// (year, month, day) to days since 1970-01-01; Howard Hinnant's algorithm.
 fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };

@@ -148,6 +148,11 @@ enum Command {
         /// git repository holding the folder; the repository itself is never written.
         #[arg(long)]
         github: bool,
+        /// With --github: register a GitHub App installed on the emulated repository (its
+        /// id, installation id and private key go to <state-dir>/github-app/), so
+        /// `ichor run` can post check runs as an App.
+        #[arg(long, requires = "github")]
+        github_app: bool,
         /// Timings and faults (YAML; see docs/twin.md).
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
@@ -409,8 +414,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             speed,
             state_dir,
             github,
+            github_app,
             config,
-        } => sim(cluster, speed, state_dir, github, config),
+        } => sim(cluster, speed, state_dir, (github, github_app), config),
         Command::Demo { dir } => demo_cmd::demo(dir),
         Command::Rehearse {
             target:
@@ -474,7 +480,7 @@ fn sim(
     dir: PathBuf,
     speed: f64,
     state_dir: Option<PathBuf>,
-    github: bool,
+    (github, github_app): (bool, bool),
     config: Option<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
     use ichor::sim::twin::{ClusterFolder, Twin, TwinConfig, TwinOptions};
@@ -510,6 +516,7 @@ fn sim(
     } else {
         None
     };
+    let repo_name = github.as_ref().map(|(name, _)| name.clone());
     let options = TwinOptions { config, github };
     let runtime = runtime(None)?;
     runtime.block_on(async move {
@@ -569,6 +576,27 @@ fn sim(
                 gh.base_url(),
                 abs(&token_path).display()
             ));
+            if let (true, Some(repo)) = (github_app, &repo_name) {
+                gh.register_app(ichor::sim::github::emulator_app(repo)?);
+                let dir = state_dir.join("github-app");
+                ichor::sim::state::prepare_dir(&dir)?;
+                let id = ichor::sim::github::EMULATOR_APP_ID.to_string();
+                let installation = ichor::sim::github::EMULATOR_INSTALLATION_ID.to_string();
+                ichor::sim::state::write_private(&dir.join("app-id"), id.as_bytes())?;
+                ichor::sim::state::write_private(
+                    &dir.join("installation-id"),
+                    installation.as_bytes(),
+                )?;
+                ichor::sim::state::write_private(
+                    &dir.join("private-key.pem"),
+                    ichor::sim::github::EMULATOR_APP_KEY.as_bytes(),
+                )?;
+                out.push_str(&format!(
+                    "  GitHub App {id} (ichor[bot]), installation {installation}; for ichor run:\n    credentials.github: {{appId: {id}, installationId: {installation}, privateKeyFile: {}}}\n    credentials.git: {{tokenFile: {}}}\n",
+                    abs(&dir.join("private-key.pem")).display(),
+                    abs(&token_path).display()
+                ));
+            }
             if let Some(clone) = &twin.github_repo {
                 out.push_str(&format!(
                     "  serving a private clone (merges land there, not in your repository):\n  git push {} <branch>\n",

@@ -314,19 +314,8 @@ pub async fn gate(ctx: &Arc<Ctx>, c: &Candidate, force: bool) -> Result<Judged, 
         }
     }
     // A merge group (no PR) needs its required status as much as a PR's head does.
-    if let Some(gh) = &ctx.github {
-        for name in &untouched {
-            gh.set_status(
-                &c.head,
-                &comment::gate_context(name, several),
-                StatusState::Success,
-                &comment::description(&format!(
-                    "nothing to judge: this change leaves cluster {name} as it is"
-                )),
-                None,
-            )
-            .await?;
-        }
+    for name in &untouched {
+        ctx.reporters.untouched(&c.head, name, several).await?;
     }
     for r in &reports {
         ctx.reporters.gate(r).await?;
@@ -400,6 +389,7 @@ fn invalid(c: &Candidate, cluster: &str, error: &str, several: bool) -> GateRepo
             rollout: None,
         },
         several,
+        annotations: vec![],
     }
 }
 
@@ -487,6 +477,27 @@ async fn judge(
         },
         None => "No plan: nothing to roll out for this cluster.".into(),
     };
+    // The lines a check run's annotations point at, read at the head judged.
+    let annotations = {
+        let read = |file: &str| -> Option<String> {
+            let repo = ctx.repo().ok()?;
+            let rev = repo.resolve(&c.head).ok()?;
+            repo.read_file(&rev, &format!("clusters/{}/{file}", cluster.name))
+                .ok()
+                .flatten()
+        };
+        let wanted = ctx.github.as_ref().is_some_and(|g| g.is_app());
+        if wanted {
+            super::report::gate_annotations(
+                &cluster.name,
+                read("release-set.yaml").as_deref(),
+                read("cluster.yaml").as_deref(),
+                &verdict.items,
+            )
+        } else {
+            vec![]
+        }
+    };
     let state = match verdict.outcome {
         Outcome::Pass => StatusState::Success,
         Outcome::Waiting => StatusState::Pending,
@@ -508,6 +519,7 @@ async fn judge(
             rollout: None,
         },
         several,
+        annotations,
     }
 }
 

@@ -133,6 +133,9 @@ pub struct AppAuth {
     key: Arc<RsaKeyPair>,
     clock: Clock,
     cached: Arc<Mutex<Option<InstallationToken>>>,
+    /// GitHub's clock minus ours, in milliseconds, once GitHub refused a JWT for its
+    /// times: JWTs are signed on GitHub's time from then on (as octokit's auth-app does).
+    skew_ms: Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl std::fmt::Debug for AppAuth {
@@ -157,6 +160,7 @@ impl AppAuth {
             key: Arc::new(parse_private_key(private_key)?),
             clock,
             cached: Arc::new(Mutex::new(None)),
+            skew_ms: Arc::new(std::sync::atomic::AtomicI64::new(0)),
         })
     }
 
@@ -170,7 +174,23 @@ impl AppAuth {
 
     /// A JWT signed now (for `/app` routes and buying an installation token).
     pub fn jwt(&self) -> Result<Secret, AppAuthError> {
-        sign_jwt(&self.key, self.app_id, self.clock.now())
+        sign_jwt(&self.key, self.app_id, self.github_now())
+    }
+
+    /// Now on GitHub's clock, as far as ichor learnt it.
+    fn github_now(&self) -> Timestamp {
+        let skew = self.skew_ms.load(std::sync::atomic::Ordering::Relaxed);
+        let now = self.clock.now().as_millis() as i64;
+        Timestamp::from_millis(now.saturating_add(skew).max(0) as u64)
+    }
+
+    /// Sign on `github_now` (GitHub's `Date`) from now on; the difference found, in
+    /// seconds.
+    pub fn correct_clock(&self, github_now: Timestamp) -> i64 {
+        let skew = github_now.as_millis() as i64 - self.clock.now().as_millis() as i64;
+        self.skew_ms
+            .store(skew, std::sync::atomic::Ordering::Relaxed);
+        skew / 1000
     }
 
     /// The cached installation token while more than [`REFRESH_MARGIN`] of it remains.

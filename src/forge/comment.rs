@@ -199,7 +199,7 @@ pub fn render(s: &Sticky) -> String {
     out
 }
 
-fn render_rollout(cluster: &str, r: &RolloutSection) -> String {
+pub fn render_rollout(cluster: &str, r: &RolloutSection) -> String {
     let md = escape::md_text;
     let mut out = format!(
         "### ichor rollout — {} at `{}`\n\n",

@@ -104,6 +104,124 @@ impl StatusState {
     }
 }
 
+/// GitHub's cap on a check run's `output.title`, `summary` and `text`, each, in bytes (its
+/// 422 says "summary exceeds a maximum bytesize of 65535").
+pub const MAX_CHECK_OUTPUT_BYTES: usize = 65_535;
+/// Annotations GitHub takes in one request.
+pub const MAX_ANNOTATIONS: usize = 50;
+
+const OUTPUT_TRUNCATION_NOTE: &str =
+    "\n\n… (truncated: GitHub keeps at most 65,535 bytes here; the sticky comment and the notes have the rest)";
+
+/// How a check run ended; `None` in [`CheckRunOut::conclusion`] is a run still in
+/// progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conclusion {
+    Success,
+    Failure,
+    Neutral,
+    Skipped,
+    Cancelled,
+    /// Paused: someone has to act (Renovate and GitHub count it as not passed).
+    ActionRequired,
+}
+
+impl Conclusion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Conclusion::Success => "success",
+            Conclusion::Failure => "failure",
+            Conclusion::Neutral => "neutral",
+            Conclusion::Skipped => "skipped",
+            Conclusion::Cancelled => "cancelled",
+            Conclusion::ActionRequired => "action_required",
+        }
+    }
+}
+
+/// Where a check run stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    Queued,
+    InProgress,
+    Completed(Conclusion),
+}
+
+impl RunState {
+    fn status(self) -> &'static str {
+        match self {
+            RunState::Queued => "queued",
+            RunState::InProgress => "in_progress",
+            RunState::Completed(_) => "completed",
+        }
+    }
+
+    fn conclusion(self) -> Option<&'static str> {
+        match self {
+            RunState::Completed(c) => Some(c.as_str()),
+            _ => None,
+        }
+    }
+}
+
+/// A line of a file a check run points at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckAnnotation {
+    pub path: String,
+    pub line: u64,
+    /// notice, warning or failure.
+    pub level: &'static str,
+    pub title: String,
+    pub message: String,
+}
+
+/// A check run as ichor posts it (only a GitHub App can).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckRunOut {
+    pub state: RunState,
+    pub title: String,
+    pub summary: String,
+    pub text: String,
+    pub annotations: Vec<CheckAnnotation>,
+}
+
+impl CheckRunOut {
+    /// Cut to what GitHub takes: each output field within its byte cap, at most
+    /// [`MAX_ANNOTATIONS`] annotations.
+    fn bounded(&self) -> CheckRunOut {
+        let cut = |t: &str| {
+            if t.len() <= MAX_CHECK_OUTPUT_BYTES {
+                return t.to_string();
+            }
+            let mut out =
+                head_bytes(t, MAX_CHECK_OUTPUT_BYTES - OUTPUT_TRUNCATION_NOTE.len()).to_string();
+            out.push_str(OUTPUT_TRUNCATION_NOTE);
+            out
+        };
+        CheckRunOut {
+            state: self.state,
+            title: head_bytes(&self.title, 1000).to_string(),
+            summary: cut(&self.summary),
+            text: cut(&self.text),
+            annotations: self
+                .annotations
+                .iter()
+                .take(MAX_ANNOTATIONS)
+                .cloned()
+                .collect(),
+        }
+    }
+}
+
+/// What GitHub holds of a run ichor posted: its id and what it says.
+#[derive(Clone)]
+struct PostedRun {
+    id: u64,
+    run: CheckRunOut,
+    /// Annotations GitHub holds (from a listing only their count is known).
+    annotations: usize,
+}
+
 /// A user's role on the repository, weakest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Permission {
@@ -258,6 +376,8 @@ struct Inner {
     credentials: Credentials,
     /// (sha, lower-cased context) → what was last posted or seen there.
     statuses: Mutex<HashMap<(String, String), PostedStatus>>,
+    /// (sha, lower-cased check name) → the run this client posted there.
+    runs: Mutex<HashMap<(String, String), PostedRun>>,
     /// Request path → the last 200 answer and its ETag.
     etags: Mutex<HashMap<String, Cached>>,
     requests: AtomicU64,
@@ -318,6 +438,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 // ----- serde models of what ichor reads -----
+
+#[derive(Deserialize)]
+struct CheckRunsJson {
+    check_runs: Vec<CheckRunJson>,
+}
+
+#[derive(Deserialize)]
+struct CheckRunJson {
+    id: u64,
+    name: String,
+    status: String,
+    conclusion: Option<String>,
+    app: Option<AppIdJson>,
+    output: Option<CheckOutputJson>,
+}
+
+#[derive(Deserialize)]
+struct AppIdJson {
+    id: u64,
+}
+
+#[derive(Deserialize)]
+struct CheckOutputJson {
+    title: Option<String>,
+    summary: Option<String>,
+    text: Option<String>,
+    #[serde(default)]
+    annotations_count: usize,
+}
 
 #[derive(Deserialize)]
 struct UserJson {
@@ -671,6 +820,7 @@ impl GithubClient {
                 login: String::new(),
                 credentials,
                 statuses: Mutex::new(HashMap::new()),
+                runs: Mutex::new(HashMap::new()),
                 etags: Mutex::new(HashMap::new()),
                 requests: AtomicU64::new(0),
                 retries: AtomicU64::new(0),
@@ -692,7 +842,7 @@ impl GithubClient {
             }
             Credentials::App { auth, .. } => {
                 let a = client
-                    .app_call(auth, Method::GET, "/app".into(), "GET /app")
+                    .app_call(auth, Method::GET, "/app".into(), None, "GET /app")
                     .await?;
                 let slug = a.json::<AppJson>("GET /app")?.slug;
                 // Buy the first token now, so a wrong installation id fails at start-up.
@@ -867,6 +1017,169 @@ impl GithubClient {
             map.clear();
         }
         map.insert(key, status);
+    }
+
+    /// Authenticated as a GitHub App installation: check runs are open to it.
+    pub fn is_app(&self) -> bool {
+        matches!(self.inner.credentials, Credentials::App { .. })
+    }
+
+    /// Post the check run `name` on `sha` unless this App's newest run there already says
+    /// the same; true when something was sent. The run is edited in place (one run per
+    /// name and commit, however often it changes), except when its annotations change:
+    /// GitHub appends annotations on every update and never removes one, so new ones go on
+    /// a new run, which GitHub then shows as the check's result.
+    pub async fn upsert_check_run(
+        &self,
+        sha: &str,
+        name: &str,
+        run: &CheckRunOut,
+    ) -> Result<bool, ForgeError> {
+        check_sha(sha)?;
+        check_context(name)?;
+        let Credentials::App { auth, .. } = &self.inner.credentials else {
+            return Err(ForgeError::Config(
+                "check runs need a GitHub App (GitHub refuses them to a token)".into(),
+            ));
+        };
+        let app_id = auth.app_id();
+        let sha = sha.to_ascii_lowercase();
+        let wanted = run.bounded();
+        let key = (sha.clone(), name.to_lowercase());
+        let known = lock(&self.inner.runs).get(&key).cloned();
+        let posted = match known {
+            Some(p) => Some(p),
+            None => self.newest_run(&sha, name, app_id).await?,
+        };
+        // A listing tells only how many annotations a run holds: unless that is none and
+        // none are wanted, they count as different.
+        let same_annotations = |p: &PostedRun| {
+            p.annotations == wanted.annotations.len() && p.run.annotations == wanted.annotations
+        };
+        let mut body = json!({
+            "status": wanted.state.status(),
+            "output": {
+                "title": wanted.title,
+                "summary": wanted.summary,
+                "text": wanted.text,
+            },
+        });
+        if let Some(c) = wanted.state.conclusion() {
+            body["conclusion"] = json!(c);
+        }
+        let (method, path, what) = match &posted {
+            Some(p) if same_annotations(p) => {
+                if p.run == wanted {
+                    return Ok(false);
+                }
+                (
+                    Method::PATCH,
+                    format!("/repos/{}/check-runs/{}", self.inner.repo, p.id),
+                    format!("PATCH check run {name} on {}", &sha[..12]),
+                )
+            }
+            _ => {
+                body["name"] = json!(name);
+                body["head_sha"] = json!(sha);
+                body["output"]["annotations"] = Value::Array(
+                    wanted
+                        .annotations
+                        .iter()
+                        .map(|a| {
+                            json!({
+                                "path": a.path,
+                                "start_line": a.line,
+                                "end_line": a.line,
+                                "annotation_level": a.level,
+                                "title": head_bytes(&a.title, 255),
+                                "message": head_bytes(&a.message, 64 * 1024),
+                            })
+                        })
+                        .collect(),
+                );
+                (
+                    Method::POST,
+                    format!("/repos/{}/check-runs", self.inner.repo),
+                    format!("POST check run {name} on {}", &sha[..12]),
+                )
+            }
+        };
+        let a = self.call(method, path, Some(body), false, &what).await?;
+        let id = a.json::<CheckRunJson>(&what)?.id;
+        let annotations = wanted.annotations.len();
+        let mut map = lock(&self.inner.runs);
+        if map.len() >= MAX_CACHE_ENTRIES && !map.contains_key(&key) {
+            map.clear();
+        }
+        map.insert(
+            key,
+            PostedRun {
+                id,
+                run: wanted,
+                annotations,
+            },
+        );
+        Ok(true)
+    }
+
+    /// This App's newest run named `name` on `sha`, as GitHub lists it.
+    async fn newest_run(
+        &self,
+        sha: &str,
+        name: &str,
+        app_id: u64,
+    ) -> Result<Option<PostedRun>, ForgeError> {
+        let what = format!("GET check runs of {}", &sha[..12]);
+        let a = self
+            .call(
+                Method::GET,
+                format!(
+                    "/repos/{}/commits/{sha}/check-runs?check_name={}&app_id={app_id}&filter=latest&per_page=100",
+                    self.inner.repo,
+                    query_escape(name)
+                ),
+                None,
+                false,
+                &what,
+            )
+            .await?;
+        let list: CheckRunsJson = a.json(&what)?;
+        let Some(r) = list.check_runs.into_iter().find(|r| {
+            r.name.eq_ignore_ascii_case(name) && r.app.as_ref().is_some_and(|a| a.id == app_id)
+        }) else {
+            return Ok(None);
+        };
+        let conclusion = match r.conclusion.as_deref() {
+            Some("success") => Some(Conclusion::Success),
+            Some("failure") => Some(Conclusion::Failure),
+            Some("neutral") => Some(Conclusion::Neutral),
+            Some("skipped") => Some(Conclusion::Skipped),
+            Some("cancelled") => Some(Conclusion::Cancelled),
+            Some("action_required") => Some(Conclusion::ActionRequired),
+            _ => None,
+        };
+        let state = match (r.status.as_str(), conclusion) {
+            ("completed", Some(c)) => RunState::Completed(c),
+            ("queued", _) => RunState::Queued,
+            _ => RunState::InProgress,
+        };
+        let output = r.output.unwrap_or(CheckOutputJson {
+            title: None,
+            summary: None,
+            text: None,
+            annotations_count: 0,
+        });
+        Ok(Some(PostedRun {
+            id: r.id,
+            run: CheckRunOut {
+                state,
+                title: output.title.unwrap_or_default(),
+                summary: output.summary.unwrap_or_default(),
+                text: output.text.unwrap_or_default(),
+                annotations: vec![],
+            },
+            annotations: output.annotations_count,
+        }))
     }
 
     /// The newest status of `context` on `sha` (GitHub lists newest first).
@@ -1113,6 +1426,16 @@ impl GithubClient {
             "POST access token for installation {}",
             auth.installation_id()
         );
+        // Narrowed to the one repository and what ichor does with it: an installation on
+        // a whole organisation must not hand ichor write on every repository.
+        let name = self.inner.repo.split('/').nth(1).unwrap_or_default();
+        let body = json!({
+            "repositories": [name],
+            "permissions": TOKEN_PERMISSIONS
+                .iter()
+                .map(|(k, v)| (k.to_string(), json!(v)))
+                .collect::<serde_json::Map<_, _>>(),
+        });
         let a = self
             .app_call(
                 auth,
@@ -1121,6 +1444,7 @@ impl GithubClient {
                     "/app/installations/{}/access_tokens",
                     auth.installation_id()
                 ),
+                Some(body),
                 &what,
             )
             .await?;
@@ -1147,9 +1471,10 @@ impl GithubClient {
         auth: &AppAuth,
         method: Method,
         path: String,
+        body: Option<Value>,
         what: &str,
     ) -> Result<Answer, ForgeError> {
-        self.send(method, path, None, false, what, &|| {
+        self.send(method, path, body, false, what, &|| {
             let auth = auth.clone();
             async move { Ok(auth.jwt()?) }
         })
@@ -1195,6 +1520,7 @@ impl GithubClient {
         let mut waits = 0u32;
         let mut redirects = 0u32;
         let mut token_renewed = false;
+        let mut clock_corrected = false;
         let write = method != Method::GET;
         // Once GitHub said the repository moved, its calls go straight to where it is.
         let mut path = match &*lock(&inner.moved) {
@@ -1350,6 +1676,28 @@ impl GithubClient {
             }
             let message = error_message(&answer.body);
             let what = what.to_string();
+            // A JWT refused for its times: the clocks disagree. Sign again on GitHub's
+            // time, from its `Date`, once (octokit/auth-app.js src/hook.ts does the same).
+            if status == StatusCode::UNAUTHORIZED && !clock_corrected && is_jwt_time_error(&message)
+            {
+                let github_now = answer
+                    .headers
+                    .get(http::header::DATE)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(Timestamp::parse_http_date);
+                if let (Some(at), Credentials::App { auth, .. }) = (github_now, &inner.credentials)
+                {
+                    clock_corrected = true;
+                    let skew = auth.correct_clock(at);
+                    tracing::warn!(
+                        what,
+                        skew_secs = skew,
+                        "GitHub refused the App's JWT for its times: this host's clock is off; signing on GitHub's time"
+                    );
+                    inner.retries.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            }
             return Err(match status.as_u16() {
                 401 => {
                     let is_installation = matches!(inner.credentials, Credentials::App { .. })
@@ -1440,6 +1788,35 @@ impl GithubClient {
             body,
         })
     }
+}
+
+/// What an installation token is narrowed to (docs/run.md lists why each).
+pub const TOKEN_PERMISSIONS: [(&str, &str); 5] = [
+    ("checks", "write"),
+    ("pull_requests", "write"),
+    ("issues", "write"),
+    ("contents", "read"),
+    ("metadata", "read"),
+];
+
+/// GitHub's 401 texts for a JWT whose `iat` or `exp` its clock does not accept.
+fn is_jwt_time_error(message: &str) -> bool {
+    message.contains("'Expiration time' claim ('exp')")
+        || message.contains("'Issued at' claim ('iat')")
+}
+
+/// A query value with everything but unreserved characters and `/` percent-encoded.
+fn query_escape(v: &str) -> String {
+    let mut out = String::new();
+    for b in v.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
 }
 
 /// Redirects followed for one call.

@@ -10,7 +10,8 @@ use git2::{Oid, Repository, Signature, Time};
 
 use ichor::clock::Clock;
 use ichor::forge::github::{
-    ForgeError, GithubAuth, GithubClient, GithubConfig, Permission, StatusState,
+    CheckAnnotation, CheckRunOut, Conclusion, ForgeError, GithubAuth, GithubClient, GithubConfig,
+    Permission, RunState, StatusState,
 };
 use ichor::secret::Secret;
 use ichor::sim::github::{
@@ -369,6 +370,365 @@ async fn app_auth_end_to_end_with_token_refresh() -> TestResult {
     );
     assert_eq!(twin.installation_token_requests(), 3);
     assert_eq!(twin.comments(REPO, pr.number)?.len(), 1);
+    Ok(())
+}
+
+// ----- check runs (App mode) -----
+
+fn gate_run(state: RunState, summary: &str, annotations: usize) -> CheckRunOut {
+    CheckRunOut {
+        state,
+        title: "blocked: talos 1.13 needs kubernetes ≥ 1.31".into(),
+        summary: summary.into(),
+        text: "### The staged plan".into(),
+        annotations: (0..annotations)
+            .map(|i| CheckAnnotation {
+                path: "clusters/lab/release-set.yaml".into(),
+                line: 2 + i as u64,
+                level: "failure",
+                title: "Talos step".into(),
+                message: "talos 1.13 needs kubernetes ≥ 1.31".into(),
+            })
+            .collect(),
+    }
+}
+
+/// POST with the personal access token, as a PAT-holding workflow would.
+async fn post_as_token(
+    twin: &GithubTwin,
+    path: &str,
+    body: &str,
+) -> Result<(u16, String), Box<dyn std::error::Error>> {
+    use http_body_util::BodyExt;
+    let req = http::Request::post(format!("{}{path}", twin.base_url()))
+        .header("authorization", format!("Bearer {}", twin.token()))
+        .header("user-agent", "test")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(axum::body::Bytes::from(
+            body.to_string(),
+        )))?;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let resp = client.request(req).await?;
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+#[tokio::test]
+async fn a_check_run_is_the_apps_alone_edited_in_place_and_new_annotations_make_a_new_run(
+) -> TestResult {
+    let pem = APP_KEY.to_string();
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, app_twin_config(&pem)?).await?;
+    let app = GithubClient::connect(app_config(&twin, &pem), clock.clone()).await?;
+    let sha = fx.bump.to_string();
+
+    // Waiting: in progress, no conclusion.
+    assert!(
+        app.upsert_check_run(
+            &sha,
+            "ichor/gate",
+            &gate_run(RunState::InProgress, "judging", 0)
+        )
+        .await?
+    );
+    let runs = twin.check_runs(REPO, &sha)?;
+    assert_eq!(runs.len(), 1);
+    assert_eq!(
+        (
+            runs[0].status.as_str(),
+            runs[0].conclusion.as_deref(),
+            runs[0].app_id
+        ),
+        ("in_progress", None, 1234)
+    );
+    // The same again sends nothing.
+    let before = app.stats().requests;
+    assert!(
+        !app.upsert_check_run(
+            &sha,
+            "ichor/gate",
+            &gate_run(RunState::InProgress, "judging", 0)
+        )
+        .await?
+    );
+    assert_eq!(app.stats().requests, before);
+
+    // A verdict with an annotation: GitHub never removes an annotation, so a new run.
+    let blocked = gate_run(RunState::Completed(Conclusion::Failure), "checklist v1", 1);
+    assert!(app.upsert_check_run(&sha, "ichor/gate", &blocked).await?);
+    let runs = twin.check_runs(REPO, &sha)?;
+    assert_eq!(runs.len(), 2);
+    let newest = &runs[1];
+    assert_eq!(
+        (newest.status.as_str(), newest.conclusion.as_deref()),
+        ("completed", Some("failure"))
+    );
+    assert_eq!(newest.annotations.len(), 1);
+    assert_eq!(
+        (
+            newest.annotations[0].path.as_str(),
+            newest.annotations[0].start_line
+        ),
+        ("clusters/lab/release-set.yaml", 2)
+    );
+    // The same annotations with another checklist: edited in place, not annotated twice.
+    let edited = gate_run(RunState::Completed(Conclusion::Failure), "checklist v2", 1);
+    assert!(app.upsert_check_run(&sha, "ichor/gate", &edited).await?);
+    let runs = twin.check_runs(REPO, &sha)?;
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1].summary.as_deref(), Some("checklist v2"));
+    assert_eq!(runs[1].annotations.len(), 1);
+
+    // A summary past GitHub's 65,535 bytes is cut (on a character boundary), not refused.
+    let huge = gate_run(
+        RunState::Completed(Conclusion::Failure),
+        &"é".repeat(40_000),
+        1,
+    );
+    assert!(app.upsert_check_run(&sha, "ichor/gate", &huge).await?);
+    let summary = twin.check_runs(REPO, &sha)?[1]
+        .summary
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        summary.len() <= 65_535 && summary.contains("truncated"),
+        "{}",
+        summary.len()
+    );
+
+    // A restarted client finds its run again by listing: nothing new for the same output.
+    let rollout = gate_run(RunState::InProgress, "rolling out", 0);
+    assert!(
+        app.upsert_check_run(&sha, "ichor/rollout", &rollout)
+            .await?
+    );
+    let restarted = GithubClient::connect(app_config(&twin, &pem), clock.clone()).await?;
+    assert!(
+        !restarted
+            .upsert_check_run(&sha, "ichor/rollout", &rollout)
+            .await?
+    );
+    let done = gate_run(RunState::Completed(Conclusion::Success), "done", 0);
+    assert!(
+        restarted
+            .upsert_check_run(&sha, "ichor/rollout", &done)
+            .await?
+    );
+    let rollouts: Vec<_> = twin
+        .check_runs(REPO, &sha)?
+        .into_iter()
+        .filter(|r| r.name == "ichor/rollout")
+        .collect();
+    assert_eq!(rollouts.len(), 1, "edited in place across a restart");
+    assert_eq!(rollouts[0].conclusion.as_deref(), Some("success"));
+
+    // GitHub refuses check runs to a personal access token; ichor does not try.
+    let token = connect(&twin, &clock).await?;
+    assert!(matches!(
+        token.upsert_check_run(&sha, "ichor/gate", &edited).await,
+        Err(ForgeError::Config(_))
+    ));
+    let (status, body) = post_as_token(
+        &twin,
+        &format!("/repos/{REPO}/check-runs"),
+        &format!(r#"{{"name":"ichor/gate","head_sha":"{sha}","conclusion":"success"}}"#),
+    )
+    .await?;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.contains("You must authenticate via a GitHub App."),
+        "{body}"
+    );
+    Ok(())
+}
+
+/// A 600-node rollout's progress, as the rollout task reports it: a stage per 100 nodes,
+/// an ETA change after every node, then a pause and the end.
+async fn report_a_long_rollout(reporters: &ichor::controller::Reporters, sha: &str) -> TestResult {
+    use ichor::forge::comment::{RolloutSection, RolloutState};
+    let mut section = RolloutSection {
+        commit: sha.to_string(),
+        state: RolloutState::Queued("waiting for the lock".into()),
+        lines: vec![],
+        checks: vec![],
+    };
+    let report = |section: &RolloutSection| ichor::controller::RolloutReport {
+        cluster: "lab".into(),
+        commit: sha.to_string(),
+        pr: None,
+        section: section.clone(),
+        sticky: None,
+        several: false,
+    };
+    reporters.rollout(&report(&section)).await?;
+    for node in 0..600 {
+        section.state = RolloutState::Running {
+            stage: format!("talos: workers {}", node / 100 + 1),
+            eta: Some(format!(
+                "{node}/600 done, ends ≈ {:02}:{:02} UTC",
+                10 + node / 60,
+                node % 60
+            )),
+        };
+        section.lines.push(format!("node w-{node} upgraded"));
+        reporters.rollout(&report(&section)).await?;
+    }
+    section.state = RolloutState::Paused {
+        stage: "talos: workers 6".into(),
+        node: Some("w-599".into()),
+        reason: "PDB web allows no disruption".into(),
+    };
+    reporters.rollout(&report(&section)).await?;
+    section.state = RolloutState::Completed {
+        summary: "600 nodes on Talos v1.13.0".into(),
+    };
+    reporters.rollout(&report(&section)).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_600_node_rollout_is_one_check_run_as_an_app_and_a_handful_of_statuses_with_a_token(
+) -> TestResult {
+    let pem = APP_KEY.to_string();
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    let twin = twin_with(&fx, &clock, app_twin_config(&pem)?).await?;
+    let sha = fx.bump.to_string();
+
+    // App: one run, edited in place; a pause asks for action and says how to resume.
+    let app = GithubClient::connect(app_config(&twin, &pem), clock.clone()).await?;
+    let reporters = ichor::controller::Reporters {
+        github: Some(app),
+        notes: None,
+        clock: clock.clone(),
+    };
+    use ichor::forge::comment::{RolloutSection, RolloutState};
+    let paused = RolloutSection {
+        commit: sha.clone(),
+        state: RolloutState::Paused {
+            stage: "talos".into(),
+            node: Some("w-1".into()),
+            reason: "PDB web allows no disruption".into(),
+        },
+        lines: vec![],
+        checks: vec![],
+    };
+    reporters
+        .rollout(&ichor::controller::RolloutReport {
+            cluster: "lab".into(),
+            commit: sha.clone(),
+            pr: None,
+            section: paused,
+            sticky: None,
+            several: false,
+        })
+        .await?;
+    let run = twin.check_runs(REPO, &sha)?.pop().ok_or("no run")?;
+    assert_eq!(run.conclusion.as_deref(), Some("action_required"));
+    assert!(run.summary.unwrap_or_default().contains("`/ichor retry`"));
+    report_a_long_rollout(&reporters, &sha).await?;
+    let runs = twin.check_runs(REPO, &sha)?;
+    assert_eq!(runs.len(), 1, "one run per rollout, edited in place");
+    assert_eq!(runs[0].conclusion.as_deref(), Some("success"));
+    assert!(
+        twin.statuses(REPO, &sha)?.is_empty(),
+        "no status beside the run"
+    );
+
+    // Token: statuses only when the state or the stage changes, far below GitHub's 1,000.
+    let token = connect(&twin, &clock).await?;
+    let reporters = ichor::controller::Reporters {
+        github: Some(token),
+        notes: None,
+        clock: clock.clone(),
+    };
+    report_a_long_rollout(&reporters, &sha).await?;
+    let statuses = twin.statuses(REPO, &sha)?;
+    assert!(statuses.len() <= 10, "{} statuses", statuses.len());
+    assert_eq!(
+        statuses.last().map(|s| s.state),
+        Some(ichor::sim::github::StatusState::Success)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_app_on_a_skewed_clock_signs_on_githubs_time_from_its_date() -> TestResult {
+    use ichor::clock::Timestamp;
+    assert_eq!(
+        Timestamp::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT"),
+        Some(Timestamp::from_millis(784_111_777_000))
+    );
+    assert_eq!(
+        Timestamp::from_millis(784_111_777_000).http_date(),
+        "Sun, 06 Nov 1994 08:49:37 GMT"
+    );
+    let pem = APP_KEY.to_string();
+    let fx = fixture()?;
+    let github = Clock::manual();
+    let twin = twin_with(&fx, &github, app_twin_config(&pem)?).await?;
+    // A host 15 minutes ahead (the JWT's `iat` is in GitHub's future), then one 15
+    // minutes behind (its `exp` is in GitHub's past): GitHub answers 401 to both.
+    for ahead in [true, false] {
+        let host = Clock::manual();
+        if ahead {
+            host.advance(Duration::from_secs(15 * 60));
+        } else {
+            github.advance(Duration::from_secs(15 * 60));
+        }
+        let client = GithubClient::connect(app_config(&twin, &pem), host.clone()).await?;
+        assert_eq!(client.login(), "ichor[bot]");
+        let sha = fx.bump.to_string();
+        assert!(
+            client
+                .set_status(
+                    &sha,
+                    &format!("skew/{ahead}"),
+                    StatusState::Success,
+                    "ok",
+                    None
+                )
+                .await?
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_installation_token_reaches_the_one_repository_with_what_ichor_needs() -> TestResult {
+    let pem = APP_KEY.to_string();
+    let fx = fixture()?;
+    let clock = Clock::manual();
+    // Installed on the whole organisation: two repositories.
+    let config = GithubTwinConfig {
+        apps: vec![GithubApp::from_private_key_pem(
+            1234,
+            "ichor",
+            &pem,
+            vec![AppInstallation {
+                id: 99,
+                repos: vec![REPO.to_string(), "home/other".to_string()],
+            }],
+        )?],
+        ..GithubTwinConfig::default()
+    };
+    let twin = twin_with(&fx, &clock, config).await?;
+    let client = GithubClient::connect(app_config(&twin, &pem), clock.clone()).await?;
+    assert_eq!(twin.token_repos(), vec![vec![REPO.to_string()]]);
+    // And it still does its work there.
+    let sha = fx.bump.to_string();
+    assert!(
+        client
+            .upsert_check_run(
+                &sha,
+                "ichor/gate",
+                &gate_run(RunState::Completed(Conclusion::Success), "ok", 0)
+            )
+            .await?
+    );
     Ok(())
 }
 

@@ -1182,3 +1182,88 @@ async fn conditional_requests_answer_304_for_free() -> TestResult {
     assert_eq!(resp.status(), StatusCode::OK);
     Ok(())
 }
+
+/// `ichor sim --github --github-app` registers a GitHub App installed on the emulated
+/// repository and writes what `ichor run` needs to act as it; ichor's own client then
+/// posts a check run as that App, which a token could not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ichor_sim_with_a_github_app_lets_ichor_post_check_runs() -> TestResult {
+    use ichor::forge::github::{
+        CheckRunOut, Conclusion, GithubAuth, GithubClient, GithubConfig, RunState,
+    };
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let work = tempfile::tempdir()?;
+    let repo = work.path().join("homelab");
+    ichor::sim::fixture::Fixture::homelab().build(&repo)?;
+    let state = work.path().join("state");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ichor"))
+        .args(["sim", "--github", "--github-app", "--cluster"])
+        .arg(repo.join("clusters/homelab"))
+        .arg("--state-dir")
+        .arg(&state)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("stdout")?;
+    let (mut base, mut printed) = (String::new(), String::new());
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        printed.push_str(&line);
+        printed.push('\n');
+        if let Some(rest) = line.strip_prefix("GitHub API") {
+            base = rest.trim().to_string();
+        }
+        if line.starts_with("Serving until interrupted") {
+            break;
+        }
+    }
+    let app_dir = state.join("github-app");
+    let read = |f: &str| std::fs::read_to_string(app_dir.join(f));
+    let (app_id, installation_id) = (read("app-id")?.parse()?, read("installation-id")?.parse()?);
+    let key = read("private-key.pem")?;
+    assert!(!printed.contains("PRIVATE KEY"), "the key is never printed");
+    assert!(printed.contains("installationId"), "{printed}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(app_dir.join("private-key.pem"))?
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o077, 0, "the key is the owner's alone");
+
+    let client = GithubClient::connect(
+        GithubConfig {
+            api_url: base.clone(),
+            repo: "local/homelab".into(),
+            auth: GithubAuth::App {
+                app_id,
+                installation_id,
+                private_key: ichor::secret::Secret::new(key),
+            },
+        },
+        Clock::system(),
+    )
+    .await;
+    let result = async {
+        let client = client?;
+        assert_eq!(client.login(), "ichor[bot]");
+        let main = Repository::open(&repo)?
+            .revparse_single("main")?
+            .id()
+            .to_string();
+        let run = CheckRunOut {
+            state: RunState::Completed(Conclusion::Success),
+            title: "passed".into(),
+            summary: "### ichor gate".into(),
+            text: String::new(),
+            annotations: vec![],
+        };
+        assert!(client.upsert_check_run(&main, "ichor/gate", &run).await?);
+        Ok::<_, Box<dyn std::error::Error>>(())
+    }
+    .await;
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()?;
+    assert!(child.wait()?.success());
+    result
+}

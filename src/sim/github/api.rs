@@ -59,7 +59,12 @@ impl From<GithubError> for ApiError {
         match e {
             GithubError::UnknownRepo(_)
             | GithubError::UnknownPull { .. }
-            | GithubError::UnknownComment { .. } => ApiError::not_found(),
+            | GithubError::UnknownComment { .. }
+            | GithubError::UnknownCheckRun { .. } => ApiError::not_found(),
+            GithubError::NotYourCheckRun { app_id } => ApiError::new(
+                StatusCode::FORBIDDEN,
+                &format!("Invalid app_id `{app_id}` - check run can only be modified by the GitHub App that created it."),
+            ),
             GithubError::UnknownRef { reference, .. } => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 &format!("No commit found for SHA: {reference}"),
@@ -146,6 +151,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
             put(merge_pull).get(is_merged),
         )
         .route("/repos/{owner}/{repo}/statuses/{sha}", post(create_status))
+        .route("/repos/{owner}/{repo}/check-runs", post(create_check_run))
+        .route(
+            "/repos/{owner}/{repo}/check-runs/{id}",
+            get(get_check_run).patch(update_check_run),
+        )
         .route(
             "/repos/{owner}/{repo}/commits/{*rest}",
             get(commit_statuses),
@@ -285,7 +295,13 @@ async fn gate(State(shared): S, mut req: Request, next: Next) -> Response {
     };
     if let Some(e) = fault {
         let w = shared.with_window(key, |w| *w);
-        return with_rate_headers(e.into_response(), w.limit, w.used, w.reset_epoch_secs());
+        return with_rate_headers(
+            e.into_response(),
+            w.limit,
+            w.used,
+            w.reset_epoch_secs(),
+            now,
+        );
     }
     *lock(&shared.last_user_agent) = req
         .headers()
@@ -373,7 +389,7 @@ async fn gate(State(shared): S, mut req: Request, next: Next) -> Response {
     } else {
         resp
     };
-    with_rate_headers(resp, w.limit, w.used, w.reset_epoch_secs())
+    with_rate_headers(resp, w.limit, w.used, w.reset_epoch_secs(), now)
 }
 
 /// Add a strong `ETag` (sha256 of the body); answer 304 with no body when the client
@@ -410,8 +426,19 @@ async fn with_etag(resp: Response, if_none_match: Option<&HeaderValue>) -> (Resp
     )
 }
 
-fn with_rate_headers(mut resp: Response, limit: u64, used: u64, reset: u64) -> Response {
+fn with_rate_headers(
+    mut resp: Response,
+    limit: u64,
+    used: u64,
+    reset: u64,
+    now: Timestamp,
+) -> Response {
     let h = resp.headers_mut();
+    // GitHub's `Date` is its own clock: here the twin's (a client corrects a skewed JWT
+    // by it; octokit/auth-app.js src/hook.ts).
+    if let Ok(v) = HeaderValue::from_str(&now.http_date()) {
+        h.insert("date", v);
+    }
     h.insert("x-ratelimit-limit", HeaderValue::from(limit));
     h.insert(
         "x-ratelimit-remaining",
@@ -463,8 +490,9 @@ fn authenticate(shared: &Shared, headers: &HeaderMap, now: Timestamp) -> Result<
             repos: t.repos.clone(),
         });
     }
-    if super::app::looks_like_jwt(presented) && !shared.apps.is_empty() {
-        return match super::app::verify_jwt(&shared.apps, presented, now) {
+    let apps = shared.apps();
+    if super::app::looks_like_jwt(presented) && !apps.is_empty() {
+        return match super::app::verify_jwt(&apps, presented, now) {
             Ok(app) => Ok(Caller::App {
                 id: app.id,
                 login: app.bot_login(),
@@ -877,6 +905,9 @@ async fn commit_statuses(
     if let Some(sha) = rest.strip_suffix("/pulls") {
         return commit_pulls(&shared, &name, sha, &q);
     }
+    if let Some(reference) = rest.strip_suffix("/check-runs") {
+        return check_runs_for_ref(&shared, &name, reference, &q);
+    }
     let (reference, combined) = if let Some(r) = rest.strip_suffix("/statuses") {
         (r.to_string(), false)
     } else if let Some(r) = rest.strip_suffix("/status") {
@@ -935,6 +966,115 @@ async fn commit_statuses(
             items,
         )),
     }
+}
+
+// ----- check runs (src/sim/github/checks.rs has the rules) -----
+
+/// The App behind an installation token; anyone else is told the Checks API is for Apps
+/// (GitHub's 403 to a personal access token).
+fn checks_app(shared: &Shared, caller: &Caller) -> Result<(u64, String), ApiError> {
+    let app = match caller {
+        Caller::Installation { id, .. } => shared
+            .apps()
+            .into_iter()
+            .find(|a| a.installations.iter().any(|i| i.id == *id)),
+        _ => None,
+    };
+    app.map(|a| (a.id, a.slug.clone())).ok_or_else(|| {
+        let mut e = ApiError::new(StatusCode::FORBIDDEN, super::checks::APP_ONLY);
+        e.body["documentation_url"] =
+            json!("https://docs.github.com/rest/checks/runs#create-a-check-run");
+        e
+    })
+}
+
+async fn create_check_run(
+    State(shared): S,
+    Extension(caller): Extension<Caller>,
+    Path((owner, repo)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let app = checks_app(&shared, &caller)?;
+    let req: super::checks::CheckRunRequest = parse_json(&body)?;
+    let name = full_name(&owner, &repo);
+    let run = shared.create_check_run(&name, (app.0, &app.1), &req)?;
+    Ok(ok(
+        StatusCode::CREATED,
+        super::checks::json(&shared.base, &name, &run),
+    ))
+}
+
+async fn update_check_run(
+    State(shared): S,
+    Extension(caller): Extension<Caller>,
+    Path((owner, repo, id)): Path<(String, String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let app = checks_app(&shared, &caller)?;
+    let id = parse_number(&id)?;
+    let req: super::checks::CheckRunRequest = parse_json(&body)?;
+    let name = full_name(&owner, &repo);
+    let run = shared.update_check_run(&name, app.0, id, &req)?;
+    Ok(ok(
+        StatusCode::OK,
+        super::checks::json(&shared.base, &name, &run),
+    ))
+}
+
+async fn get_check_run(
+    State(shared): S,
+    Path((owner, repo, id)): Path<(String, String, String)>,
+) -> ApiResult {
+    let id = parse_number(&id)?;
+    let name = full_name(&owner, &repo);
+    let v = shared.with_repo(&name, |state, _, _| {
+        state
+            .check_runs
+            .iter()
+            .find(|r| r.id == id)
+            .map(|r| super::checks::json(&shared.base, &name, r))
+            .ok_or(GithubError::UnknownCheckRun {
+                repo: name.clone(),
+                id,
+            })
+    })?;
+    Ok(ok(StatusCode::OK, v))
+}
+
+/// `GET /commits/{ref}/check-runs`: `{total_count, check_runs}`, filtered by `check_name`,
+/// `app_id` and `filter` (`latest`, the default, or `all`), paged.
+fn check_runs_for_ref(
+    shared: &Shared,
+    name: &str,
+    reference: &str,
+    q: &[(String, String)],
+) -> ApiResult {
+    let latest = query_get(q, "filter") != Some("all");
+    let app_id = query_get(q, "app_id").and_then(|a| a.parse().ok());
+    let check_name = query_get(q, "check_name");
+    let runs = shared.with_repo(name, |state, repo, _| {
+        let oid =
+            super::git::resolve_commit(repo, reference).ok_or_else(|| GithubError::UnknownRef {
+                repo: name.to_string(),
+                reference: reference.to_string(),
+            })?;
+        Ok(super::checks::for_ref(
+            &state.check_runs,
+            &oid.to_string(),
+            check_name,
+            app_id,
+            latest,
+        )
+        .into_iter()
+        .map(|r| super::checks::json(&shared.base, name, r))
+        .collect::<Vec<_>>())
+    })?;
+    let req = PageRequest::from_query(query_get(q, "per_page"), query_get(q, "page"));
+    let total = runs.len();
+    Ok(ok(
+        StatusCode::OK,
+        json!({ "total_count": total, "check_runs": req.slice(&runs).to_vec() }),
+    ))
 }
 
 /// The PRs a commit belongs to: merged PRs whose merge commit it is or whose head
@@ -1081,14 +1221,11 @@ async fn update_comment(
 
 // ----- GitHub Apps and permissions -----
 
-fn calling_app<'a>(
-    shared: &'a Shared,
-    caller: &Caller,
-) -> Result<&'a super::app::GithubApp, ApiError> {
+fn calling_app(shared: &Shared, caller: &Caller) -> Result<super::app::GithubApp, ApiError> {
     match caller {
         Caller::App { id, .. } => shared
-            .apps
-            .iter()
+            .apps()
+            .into_iter()
             .find(|a| a.id == *id)
             .ok_or_else(ApiError::not_found),
         _ => Err(ApiError::new(
@@ -1110,29 +1247,82 @@ fn app_owner(app: &super::app::GithubApp) -> String {
 }
 
 async fn get_app(State(shared): S, Extension(caller): Extension<Caller>) -> ApiResult {
-    let app = calling_app(&shared, &caller)?;
+    let app = &calling_app(&shared, &caller)?;
     Ok(ok(
         StatusCode::OK,
         super::app::app_json(&shared.base, app, &app_owner(app)),
     ))
 }
 
+#[derive(Deserialize, Default)]
+struct TokenRequest {
+    repositories: Option<Vec<String>>,
+    permissions: Option<serde_json::Map<String, Value>>,
+}
+
+/// `POST /app/installations/{id}/access_tokens`, narrowed as asked (`apps/create-
+/// installation-access-token` in github/rest-api-description): `repositories` (names)
+/// keeps those of the installation's, `permissions` at most what it was granted; asking
+/// for more is a 422.
 async fn create_installation_token(
     State(shared): S,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
+    body: Bytes,
 ) -> ApiResult {
     let id = parse_number(&id)?;
-    let app = calling_app(&shared, &caller)?;
-    let issued = shared
+    let req: TokenRequest = if body.is_empty() {
+        TokenRequest::default()
+    } else {
+        parse_json(&body)?
+    };
+    let app = &calling_app(&shared, &caller)?;
+    let granted = super::app::token_permissions();
+    let level = |v: &Value| match v.as_str() {
+        Some("read") => 1,
+        Some("write") => 2,
+        Some("admin") => 3,
+        _ => 9,
+    };
+    let permissions = match &req.permissions {
+        Some(asked) => {
+            for (k, v) in asked {
+                if granted.get(k).is_none_or(|g| level(v) > level(g)) {
+                    return Err(ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "The permissions requested are not granted to this installation.",
+                    ));
+                }
+            }
+            Value::Object(asked.clone())
+        }
+        None => granted,
+    };
+    let mut issued = shared
         .issue_token(app, id)
         .ok_or_else(ApiError::not_found)?;
+    if let Some(names) = &req.repositories {
+        let short = |r: &str| r.rsplit('/').next().unwrap_or_default().to_lowercase();
+        if names
+            .iter()
+            .any(|n| !issued.repos.iter().any(|r| short(r) == n.to_lowercase()))
+        {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "There is at least one repository that does not exist or is not accessible to the parent installation.",
+            ));
+        }
+        issued
+            .repos
+            .retain(|r| names.iter().any(|n| short(r) == n.to_lowercase()));
+        shared.narrow_token(&issued.token, issued.repos.clone());
+    }
     Ok(ok(
         StatusCode::CREATED,
         json!({
             "token": issued.token,
             "expires_at": issued.expires_at.rfc3339(),
-            "permissions": super::app::token_permissions(),
+            "permissions": permissions,
             "repository_selection": "selected",
         }),
     ))
@@ -1143,7 +1333,7 @@ async fn repo_installation(
     Extension(caller): Extension<Caller>,
     Path((owner, repo)): Path<(String, String)>,
 ) -> ApiResult {
-    let app = calling_app(&shared, &caller)?;
+    let app = &calling_app(&shared, &caller)?;
     let name = full_name(&owner, &repo).to_lowercase();
     let inst = app
         .installations

@@ -74,6 +74,25 @@ fn pem_block(pem: &str) -> Option<(String, Vec<u8>)> {
     Some((label, der))
 }
 
+/// The emulator's own App for `ichor sim --github --github-app`: a fixed, published
+/// test key (testdata/keys/), good for this emulator only, never for GitHub.
+pub const EMULATOR_APP_KEY: &str = include_str!("../../../testdata/keys/github-app.pkcs1.pem");
+pub const EMULATOR_APP_ID: u64 = 1;
+pub const EMULATOR_INSTALLATION_ID: u64 = 1;
+
+/// The emulator's App, installed on `repo`.
+pub fn emulator_app(repo: &str) -> Result<GithubApp, GithubError> {
+    GithubApp::from_private_key_pem(
+        EMULATOR_APP_ID,
+        "ichor",
+        EMULATOR_APP_KEY,
+        vec![AppInstallation {
+            id: EMULATOR_INSTALLATION_ID,
+            repos: vec![repo.to_string()],
+        }],
+    )
+}
+
 /// An installation access token the twin handed out.
 #[derive(Clone, Debug)]
 pub struct IssuedToken {
@@ -99,6 +118,7 @@ pub fn token_permissions() -> Value {
         "pull_requests": "write",
         "issues": "write",
         "statuses": "write",
+        "checks": "write",
     })
 }
 

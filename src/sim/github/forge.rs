@@ -119,6 +119,7 @@ pub struct Ids {
     next_pull_id: u64,
     next_status_id: u64,
     next_comment_id: u64,
+    next_check_run_id: u64,
 }
 
 /// How a merge is asked for (the body of `PUT /pulls/{n}/merge`).
@@ -164,7 +165,8 @@ pub struct Shared {
     /// The windows of installations and Apps, which GitHub counts apart from the user's.
     caller_rates: Mutex<BTreeMap<RateKey, RateWindow>>,
     rate_limit: u64,
-    pub apps: Vec<GithubApp>,
+    /// Apps registered at start or later ([`super::GithubTwin::register_app`]).
+    pub apps: Mutex<Vec<GithubApp>>,
     /// Installation tokens handed out (expired ones are pruned as new ones are made).
     pub app_tokens: Mutex<Vec<IssuedToken>>,
     /// How many installation tokens were asked for and handed out.
@@ -241,6 +243,7 @@ impl Shared {
                     pulls: Vec::new(),
                     statuses: BTreeMap::new(),
                     comments: Vec::new(),
+                    check_runs: Vec::new(),
                     collaborators: BTreeMap::new(),
                 },
             );
@@ -259,6 +262,7 @@ impl Shared {
                     next_pull_id: 2_000_000_001,
                     next_status_id: 30_000_000_001,
                     next_comment_id: 1_500_000_001,
+                    next_check_run_id: 9_000_000_001,
                 },
             }),
             faults: Mutex::new(faults),
@@ -266,7 +270,7 @@ impl Shared {
             anonymous_rate: Mutex::new(RateWindow::new(60, now)),
             caller_rates: Mutex::new(BTreeMap::new()),
             rate_limit,
-            apps,
+            apps: Mutex::new(apps),
             app_tokens: Mutex::new(Vec::new()),
             token_requests: std::sync::atomic::AtomicU64::new(0),
             last_user_agent: Mutex::new(Vec::new()),
@@ -299,6 +303,11 @@ impl Shared {
         }
     }
 
+    /// The Apps known now.
+    pub fn apps(&self) -> Vec<GithubApp> {
+        lock(&self.apps).clone()
+    }
+
     /// Hand out an installation token for installation `id` of `app`; `None` when the App
     /// has no such installation.
     pub fn issue_token(&self, app: &GithubApp, id: u64) -> Option<IssuedToken> {
@@ -317,6 +326,21 @@ impl Shared {
         self.token_requests
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Some(issued)
+    }
+
+    /// Keep a token to `repos` only (the request narrowed it).
+    pub fn narrow_token(&self, token: &str, repos: Vec<String>) {
+        if let Some(t) = lock(&self.app_tokens).iter_mut().find(|t| t.token == token) {
+            t.repos = repos;
+        }
+    }
+
+    /// The repositories each installation token reaches, oldest first.
+    pub fn token_repos(&self) -> Vec<Vec<String>> {
+        lock(&self.app_tokens)
+            .iter()
+            .map(|t| t.repos.clone())
+            .collect()
     }
 
     pub fn forge(&self) -> MutexGuard<'_, Forge> {
@@ -1358,6 +1382,97 @@ impl Shared {
             ids.next_status_id += 1;
             state.statuses.entry(sha).or_default().push(status.clone());
             Ok(status)
+        })
+    }
+
+    /// `POST /repos/{o}/{r}/check-runs` by the App `app` (id, slug).
+    pub fn create_check_run(
+        &self,
+        full_name: &str,
+        app: (u64, &str),
+        req: &super::checks::CheckRunRequest,
+    ) -> Result<super::checks::CheckRun, GithubError> {
+        let now = self.clock.now();
+        let check = |inv: super::checks::Invalid| GithubError::Validation {
+            resource: "CheckRun",
+            field: inv.field,
+            code: inv.code,
+            message: inv.message,
+        };
+        self.with_repo(full_name, |state, repo, ids| {
+            let missing = |field: &'static str| GithubError::Validation {
+                resource: "CheckRun",
+                field,
+                code: "missing_field",
+                message: format!("{field} is missing"),
+            };
+            let name = req
+                .name
+                .clone()
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| missing("name"))?;
+            let sha = req.head_sha.clone().ok_or_else(|| missing("head_sha"))?;
+            let oid = git::resolve_commit(repo, &sha)
+                .filter(|o| o.to_string().eq_ignore_ascii_case(&sha))
+                .ok_or_else(|| GithubError::UnknownRef {
+                    repo: full_name.to_string(),
+                    reference: sha.clone(),
+                })?;
+            let mut run = super::checks::CheckRun {
+                id: ids.next_check_run_id,
+                app_id: app.0,
+                app_slug: app.1.to_string(),
+                head_sha: oid.to_string(),
+                name,
+                status: "queued".into(),
+                conclusion: None,
+                title: None,
+                summary: None,
+                text: None,
+                annotations: Vec::new(),
+                details_url: None,
+                external_id: None,
+                started_at: now,
+                completed_at: None,
+            };
+            super::checks::apply(&mut run, req, now).map_err(check)?;
+            ids.next_check_run_id += 1;
+            state.check_runs.push(run.clone());
+            super::checks::prune(&mut state.check_runs, app.0, &run.head_sha, &run.name);
+            Ok(run)
+        })
+    }
+
+    /// `PATCH /repos/{o}/{r}/check-runs/{id}`: only the App that created the run.
+    pub fn update_check_run(
+        &self,
+        full_name: &str,
+        app_id: u64,
+        id: u64,
+        req: &super::checks::CheckRunRequest,
+    ) -> Result<super::checks::CheckRun, GithubError> {
+        let now = self.clock.now();
+        self.with_repo(full_name, |state, _, _| {
+            let run = state
+                .check_runs
+                .iter_mut()
+                .find(|r| r.id == id)
+                .ok_or_else(|| GithubError::UnknownCheckRun {
+                    repo: full_name.to_string(),
+                    id,
+                })?;
+            if run.app_id != app_id {
+                return Err(GithubError::NotYourCheckRun { app_id });
+            }
+            let mut next = run.clone();
+            super::checks::apply(&mut next, req, now).map_err(|inv| GithubError::Validation {
+                resource: "CheckRun",
+                field: inv.field,
+                code: inv.code,
+                message: inv.message,
+            })?;
+            *run = next.clone();
+            Ok(next)
         })
     }
 

@@ -19,7 +19,7 @@ pub fn user_id(login: &str) -> u64 {
     h % 100_000_000 + 1
 }
 
-fn node_id(prefix: &str, id: u64) -> String {
+pub fn node_id(prefix: &str, id: u64) -> String {
     use base64::Engine as _;
     let raw = format!("0:{id}");
     format!(

@@ -34,19 +34,22 @@
 //! and a free 304 for a matching `If-None-Match`. GitHub Apps ([`GithubApp`]):
 //! installation tokens (`ghs_…`, one hour on the twin's clock) scoped to their
 //! installation's repositories, with their own rate-limit window, acting as
-//! `<slug>[bot]`. Collaborator roles ([`GithubTwin::add_collaborator`]; the token's user
+//! `<slug>[bot]`. Check runs (`checks.rs`: create, update in place by their App only,
+//! list for a ref; 65,535-byte outputs, 50 annotations per request, 1,000 runs of a
+//! name per suite; a personal access token is refused). Collaborator roles ([`GithubTwin::add_collaborator`]; the token's user
 //! and the owner are admins). PRs from forks ([`GithubTwin::push_fork_commit`],
 //! [`GithubTwin::open_fork_pull_request`]): `head.repo` is the fork, `fork: true`.
 //! Faults: 5xx bursts, secondary rate limits, dropped webhooks.
 //!
 //! Not simulated: fork repositories beyond a PR's head, drafts beyond the flag, reviews,
-//! labels, check runs, branch protection and required checks, GraphQL,
+//! labels, check suites and their webhooks, branch protection and required checks, GraphQL,
 //! `If-Modified-Since`, HTTPS, webhook redelivery, the test merge commit of an open PR
 //! (`merge_commit_sha` stays null until merged), App webhooks and token narrowing,
 //! permission checks on writes.
 
 mod api;
 mod app;
+mod checks;
 mod forge;
 mod git;
 mod json;
@@ -62,7 +65,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use app::{AppInstallation, GithubApp};
+pub use app::{
+    emulator_app, AppInstallation, GithubApp, EMULATOR_APP_ID, EMULATOR_APP_KEY,
+    EMULATOR_INSTALLATION_ID,
+};
+pub use checks::{Annotation, CheckRun};
 pub use forge::MergeRequest;
 pub use model::{CommitStatus, IssueComment, PullRequest, PullState, RepoSpec, Role, StatusState};
 pub use smart_http::MAX_GIT_BODY;
@@ -82,6 +89,10 @@ pub enum GithubError {
     UnknownPull { repo: String, number: u64 },
     #[error("{repo} has no issue comment {id}")]
     UnknownComment { repo: String, id: u64 },
+    #[error("{repo} has no check run {id}")]
+    UnknownCheckRun { repo: String, id: u64 },
+    #[error("check run belongs to another App than {app_id}")]
+    NotYourCheckRun { app_id: u64 },
     #[error("{repo} has no commit for {reference:?}")]
     UnknownRef { repo: String, reference: String },
     #[error("{resource}.{field} is invalid: {message}")]
@@ -652,6 +663,30 @@ impl GithubTwin {
     pub fn statuses(&self, repo: &str, sha: &str) -> Result<Vec<CommitStatus>, GithubError> {
         self.shared
             .with_repo(repo, |state, _, _| Ok(forge::statuses_for(state, sha)))
+    }
+
+    /// The repositories each live installation token reaches, oldest first.
+    pub fn token_repos(&self) -> Vec<Vec<String>> {
+        self.shared.token_repos()
+    }
+
+    /// Register a GitHub App (its JWTs, tokens and check runs) while the twin runs.
+    pub fn register_app(&self, app: GithubApp) {
+        let mut apps = lock(&self.shared.apps);
+        apps.retain(|a| a.id != app.id);
+        apps.push(app);
+    }
+
+    /// Every check run on `sha` (any App), oldest first.
+    pub fn check_runs(&self, repo: &str, sha: &str) -> Result<Vec<CheckRun>, GithubError> {
+        self.shared.with_repo(repo, |state, _, _| {
+            Ok(state
+                .check_runs
+                .iter()
+                .filter(|r| r.head_sha.eq_ignore_ascii_case(sha))
+                .cloned()
+                .collect())
+        })
     }
 
     /// The combined state and the latest status per context.

@@ -197,6 +197,8 @@ pub struct RepoState {
     /// Per commit sha, oldest first.
     pub statuses: BTreeMap<String, Vec<CommitStatus>>,
     pub comments: Vec<IssueComment>,
+    /// Check runs of every App, oldest first.
+    pub check_runs: Vec<super::checks::CheckRun>,
     /// Lower-cased login → (login as given, role).
     pub collaborators: BTreeMap<String, (String, Role)>,
 }
