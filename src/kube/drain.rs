@@ -41,10 +41,14 @@ pub struct PodRef {
 
 /// What a drain may evict beyond `kubectl drain`'s defaults (cluster.yaml
 /// `spec.rollout.drain`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DrainOptions {
     pub evict_unmanaged_pods: bool,
     pub delete_empty_dir_data: bool,
+    /// ichor's own pod (`namespace/name`): its `emptyDir`s are scratch (the record lives in
+    /// a ConfigMap), so they never refuse the drain of its own node, which would otherwise
+    /// refuse on every default install.
+    pub own_pod: Option<String>,
 }
 
 impl DrainOptions {
@@ -58,7 +62,8 @@ impl DrainOptions {
         if pod.unmanaged && !self.evict_unmanaged_pods {
             return Some("declares no controller, so nothing recreates it once evicted");
         }
-        if pod.empty_dir && !self.delete_empty_dir_data {
+        let own = self.own_pod.as_deref() == Some(pod.to_string().as_str());
+        if pod.empty_dir && !self.delete_empty_dir_data && !own {
             return Some("has emptyDir data, which a reboot keeps and an eviction loses");
         }
         None
@@ -573,6 +578,29 @@ fn selects(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// N14: ichor's own emptyDirs never refuse its own node's drain; another pod's do.
+    #[test]
+    fn ichors_own_pod_never_refuses_its_own_nodes_drain() {
+        let pod = |name: &str| PodRef {
+            namespace: "ichor-system".into(),
+            name: name.into(),
+            stays: false,
+            terminating: false,
+            unmanaged: false,
+            empty_dir: true,
+            finished: false,
+        };
+        let options = DrainOptions {
+            own_pod: Some("ichor-system/ichor-7d9f-abcde".into()),
+            ..Default::default()
+        };
+        assert_eq!(options.refuses(&pod("ichor-7d9f-abcde")), None);
+        assert!(options.refuses(&pod("other-7d9f-abcde")).is_some());
+        assert!(DrainOptions::default()
+            .refuses(&pod("ichor-7d9f-abcde"))
+            .is_some());
+    }
 
     /// (d) gap 3: RBAC's 403 is told apart from the Eviction API's own and admission's.
     #[test]

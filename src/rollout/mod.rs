@@ -50,11 +50,12 @@ use step::StepMarker;
 
 /// How long the lock is held without renewal.
 pub const LOCK_DURATION: Duration = Duration::from_secs(60);
-/// How long after its last renewal the lock still lets a disruptive act go (client-go's
-/// `RenewDeadline`, shorter than the lease: 10 s of 15 s by default in
-/// kubernetes/client-go@v0.33.0:tools/leaderelection/leaderelection.go). Past it another
-/// engine may have taken an expired lease, so the act waits for a renewal first; it is also
-/// each renewal's own deadline.
+/// How long after its last renewal the lock still lets a disruptive act go: client-go's
+/// `RenewDeadline`, which its leader election requires shorter than the lease
+/// (client-go tools/leaderelection/leaderelection.go `NewLeaderElector`) and Kubernetes'
+/// own components set to 10 s of 15 s (staging/src/k8s.io/component-base/config/v1alpha1/
+/// defaults.go `RecommendedDefaultLeaderElectionConfiguration`); the same two thirds here.
+/// Past it another engine may have taken an expired lease, so an act waits for a renewal.
 pub const RENEW_DEADLINE: Duration = Duration::from_secs(40);
 /// How often an act that runs for minutes (a drain) looks whether the lock is still fresh.
 const LEASE_LOOK_EVERY: Duration = Duration::from_secs(5);
@@ -263,6 +264,9 @@ pub struct Rollout<'a> {
     pub health_checks: Vec<crate::health::HealthCheck>,
     /// The bearer token for a Prometheus behind auth (the controller's config).
     pub prometheus_credential: Option<crate::prometheus::Credential>,
+    /// ichor's own pod, `namespace/name` (deploy/ sets `ICHOR_POD_NAMESPACE` and
+    /// `ICHOR_POD_NAME` from the downward API): its emptyDirs never refuse a drain.
+    pub own_pod: Option<String>,
     /// One renewal at a time: the nodes of a batch check the lock together.
     renewing: Mutex<()>,
     /// When the last renewal that found the lock ours was sent (this engine's clock).
@@ -291,6 +295,15 @@ impl<'a> Rollout<'a> {
             observe_every: Duration::from_secs(5),
             health_checks: Vec::new(),
             prometheus_credential: None,
+            own_pod: match (
+                std::env::var("ICHOR_POD_NAMESPACE"),
+                std::env::var("ICHOR_POD_NAME"),
+            ) {
+                (Ok(ns), Ok(name)) if !ns.is_empty() && !name.is_empty() => {
+                    Some(format!("{ns}/{name}"))
+                }
+                _ => None,
+            },
             renewing: Mutex::new(()),
             renewed: std::sync::Mutex::new(None),
         }

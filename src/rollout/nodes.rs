@@ -630,6 +630,7 @@ impl Run<'_, '_> {
                     DrainOptions {
                         evict_unmanaged_pods: e.policy.drain.evict_unmanaged_pods,
                         delete_empty_dir_data: e.policy.drain.delete_empty_dir_data,
+                        own_pod: e.own_pod.clone(),
                     },
                     wake,
                 )
