@@ -41,10 +41,14 @@ pub struct PodRef {
 
 /// What a drain may evict beyond `kubectl drain`'s defaults (cluster.yaml
 /// `spec.rollout.drain`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DrainOptions {
     pub evict_unmanaged_pods: bool,
     pub delete_empty_dir_data: bool,
+    /// ichor's own pod (`namespace/name`): its `emptyDir`s are scratch (the record lives in
+    /// a ConfigMap), so they never refuse the drain of its own node, which would otherwise
+    /// refuse on every default install.
+    pub own_pod: Option<String>,
 }
 
 impl DrainOptions {
@@ -58,7 +62,8 @@ impl DrainOptions {
         if pod.unmanaged && !self.evict_unmanaged_pods {
             return Some("declares no controller, so nothing recreates it once evicted");
         }
-        if pod.empty_dir && !self.delete_empty_dir_data {
+        let own = self.own_pod.as_deref() == Some(pod.to_string().as_str());
+        if pod.empty_dir && !self.delete_empty_dir_data && !own {
             return Some("has emptyDir data, which a reboot keeps and an eviction loses");
         }
         None
@@ -101,6 +106,11 @@ pub enum DrainOutcome {
     /// A pod more than one PodDisruptionBudget selects: the Eviction API refuses it for
     /// good; stop for a human at once.
     MultipleBudgets { pod: String, budgets: Vec<String> },
+    /// Pods that came onto the node after the drain's first listing (a `kubectl debug
+    /// node/…` pod, a pod placed by `nodeName`) that `kubectl drain` would refuse, each
+    /// with why: left where they are, and the drain stops for a human. kubectl evicts only
+    /// what it filtered; ichor filters every round alike.
+    Appeared { pods: Vec<(String, String)> },
     /// The drain timeout passed with pods still blocked: stop for a human.
     Blocked {
         pod: String,
@@ -144,6 +154,16 @@ fn pod_ref(p: &Pod) -> PodRef {
         empty_dir,
         finished,
     }
+}
+
+/// A 403 from the authorizer: RBAC's words (kubernetes/kubernetes@v1.33.0:
+/// staging/src/k8s.io/apiserver/pkg/endpoints/handlers/responsewriters/writers.go
+/// `forbiddenMessage`: `User "…" cannot create resource "pods/eviction" …`). The Eviction
+/// API's own 403s (pkg/registry/core/pod/storage/eviction.go `checkAndDecrement`: "pdb
+/// disruptions allowed is negative", "DisruptedPods map too big …") and NamespaceLifecycle's
+/// ("unable to create new content in namespace … because it is being terminated") are not.
+fn rbac_refusal(message: &str) -> bool {
+    message.contains(" cannot ") && message.contains(" resource \"")
 }
 
 /// `The disruption budget web-pdb needs 2 healthy pods …` → `web-pdb`.
@@ -333,6 +353,18 @@ impl KubeClient {
                 })
             }
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(EvictOutcome::Gone),
+            // A 403 that is not RBAC's is the Eviction API or an admission plugin refusing
+            // this eviction for now, not ichor's rights: waited on as a budget is, and named
+            // as what it is when the drain times out.
+            Err(kube::Error::Api(s)) if s.code == 403 && !rbac_refusal(&s.message) => {
+                Ok(EvictOutcome::Blocked {
+                    budget: None,
+                    message: format!(
+                        "the Eviction API refused it (403): {}",
+                        crate::releaseset::excerpt(&s.message, 300)
+                    ),
+                })
+            }
             Err(e) => Err(KubeError::from_kube(format!("evict pod {pod}"), e)),
         }
     }
@@ -412,6 +444,18 @@ impl KubeClient {
             let pods: Vec<PodRef> = pods.into_iter().filter(|p| !p.stays).collect();
             if pods.is_empty() {
                 return Ok(DrainOutcome::Drained { evicted });
+            }
+            // Every round is filtered as the first was, before anything of it is evicted.
+            let appeared: Vec<(String, String)> = pods
+                .iter()
+                .filter_map(|p| {
+                    options
+                        .refuses(p)
+                        .map(|why| (p.to_string(), why.to_string()))
+                })
+                .collect();
+            if !appeared.is_empty() {
+                return Ok(DrainOutcome::Appeared { pods: appeared });
             }
             let mut blocked = None;
             let mut throttled = 0;
@@ -534,6 +578,44 @@ fn selects(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// N14: ichor's own emptyDirs never refuse its own node's drain; another pod's do.
+    #[test]
+    fn ichors_own_pod_never_refuses_its_own_nodes_drain() {
+        let pod = |name: &str| PodRef {
+            namespace: "ichor-system".into(),
+            name: name.into(),
+            stays: false,
+            terminating: false,
+            unmanaged: false,
+            empty_dir: true,
+            finished: false,
+        };
+        let options = DrainOptions {
+            own_pod: Some("ichor-system/ichor-7d9f-abcde".into()),
+            ..Default::default()
+        };
+        assert_eq!(options.refuses(&pod("ichor-7d9f-abcde")), None);
+        assert!(options.refuses(&pod("other-7d9f-abcde")).is_some());
+        assert!(DrainOptions::default()
+            .refuses(&pod("ichor-7d9f-abcde"))
+            .is_some());
+    }
+
+    /// (d) gap 3: RBAC's 403 is told apart from the Eviction API's own and admission's.
+    #[test]
+    fn only_the_authorizers_403_reads_as_rbac() {
+        assert!(rbac_refusal(
+            r#"pods "web-1" is forbidden: User "system:serviceaccount:ichor-system:ichor" cannot create resource "pods/eviction" in API group "" in the namespace "default""#
+        ));
+        for not in [
+            r#"poddisruptionbudgets.policy "web" is forbidden: pdb disruptions allowed is negative"#,
+            r#"poddisruptionbudgets.policy "web" is forbidden: DisruptedPods map too big - too many evictions not confirmed by PDB controller"#,
+            r#"pods "web-1" is forbidden: unable to create new content in namespace apps because it is being terminated"#,
+        ] {
+            assert!(!rbac_refusal(not), "{not}");
+        }
+    }
 
     #[test]
     fn a_selector_selects_by_labels_and_expressions() {

@@ -191,6 +191,9 @@ impl Run<'_, '_> {
         let node = self.live_node(stage, name).await?;
         let mut marker = self.marker(&key).await;
         let mut last_settling = String::new();
+        // A step an earlier run began is judged again before its first act in this run,
+        // unless it has disrupted its node already (see `judge_again`).
+        let mut judged = marker.started_at.is_none();
         loop {
             let obs = self
                 .observe_component(stage, &node, components, &marker)
@@ -228,6 +231,17 @@ impl Run<'_, '_> {
                     // The right to start (window, hold, rules) before the first act that
                     // changes something; giving a node back needs none.
                     self.begin(stage, &key, &node, &mut marker).await?;
+                    judged = true;
+                }
+                StepState::Act(a) if !judged && a != ComponentAction::Uncordon => {
+                    judged = true;
+                    let untouched = obs
+                        .node
+                        .as_ref()
+                        .is_none_or(|n| self.undisrupted(n, &marker));
+                    if untouched {
+                        self.judge_again(stage, &key, name, &mut marker).await?;
+                    }
                 }
                 StepState::Act(ComponentAction::Cordon) => {
                     self.check_lock(stage, name).await?;

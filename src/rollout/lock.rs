@@ -4,23 +4,40 @@
 
 use std::time::Duration;
 
-use super::{Flow, Rollout, Run, Stop, LOCK_DURATION};
+use super::{Flow, Rollout, Run, Stop, LOCK_DURATION, RENEW_DEADLINE};
 use crate::gate::live::{lock_name, ICHOR_NAMESPACE};
 use crate::kube::{KubeError, LockState};
 use crate::plan::StageId;
 
 impl Rollout<'_> {
+    /// Take or renew the lock. A renewal that finds it ours is remembered from when it was
+    /// sent (the lease runs from then at the latest), one that finds another holder forgets.
     pub(super) async fn acquire(&self) -> Result<LockState, KubeError> {
         let _one = self.renewing.lock().await;
-        self.kube
+        let sent = self.clock.now();
+        let state = self
+            .kube
             .acquire_lease(
                 ICHOR_NAMESPACE,
                 &lock_name(&self.cluster),
                 &self.holder,
                 LOCK_DURATION,
-                self.clock.now(),
+                sent,
             )
-            .await
+            .await?;
+        if let Ok(mut r) = self.renewed.lock() {
+            *r = (state == LockState::Held).then_some(sent);
+        }
+        Ok(state)
+    }
+
+    /// The lock was renewed within [`RENEW_DEADLINE`]: no other engine can hold it yet.
+    pub(super) fn lease_fresh(&self) -> bool {
+        self.renewed
+            .lock()
+            .ok()
+            .and_then(|r| *r)
+            .is_some_and(|at| self.clock.now().since(at) < RENEW_DEADLINE)
     }
 
     /// Renew the lock until someone else is seen holding it; then say who. A renewal that
@@ -34,7 +51,9 @@ impl Rollout<'_> {
         let mut wait = every;
         loop {
             self.clock.sleep(wait).await;
-            match self.acquire().await {
+            // Each renewal has its own deadline: one stuck behind a dead connection must not
+            // hold the renewal mutex, and every act's renewal with it.
+            match super::answered(&self.clock, "renew the rollout lock", self.acquire()).await {
                 Ok(LockState::Held) => wait = every,
                 Ok(LockState::HeldBy { holder }) => return holder,
                 // Asked again every second, as client-go's leader election retries.

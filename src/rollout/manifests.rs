@@ -84,15 +84,10 @@ impl Run<'_, '_> {
         let key = "manifests".to_string();
         let mut marker = self.marker(&key).await;
         if marker.started_at.is_none() {
-            // Stage (c) obeys the rules of every step: a pause request, a closed window or a
-            // hold on a control plane stops it before anything is switched or applied.
-            for cp in &cps {
-                self.may_go(stage, &cp.name, false).await?;
-            }
             marker.started_at = Some(self.now());
             self.store_marker(stage, &key, &marker).await?;
         }
-        let started = marker.started_at.unwrap_or_else(|| self.now());
+        let mut started = marker.started_at.unwrap_or_else(|| self.now());
         let proxy = step.kind == StepKind::KubeProxyAndManifests;
         let timeout = e.policy.node_timeout.as_duration();
         let mut synced = false;
@@ -100,7 +95,17 @@ impl Run<'_, '_> {
         let mut last_settling = String::new();
         loop {
             let obs = self.observe_manifests(stage, &cps, proxy, synced).await?;
-            match manifests_step(&tag, &obs, self.now().since(started), timeout) {
+            let next = manifests_step(&tag, &obs, self.now().since(started), timeout);
+            // Stage (c) obeys the rules of every step before each act, a resumed stage's
+            // first included: a pause request, a closed window or a hold on a control plane
+            // stops it before the next switch or apply. A wait re-bases its deadline.
+            if matches!(next, StepState::Act(_)) && self.may_go_all(stage, &cps).await? {
+                started = self.now();
+                marker.started_at = Some(started);
+                self.store_marker(stage, &key, &marker).await?;
+                continue;
+            }
+            match next {
                 StepState::Done => {
                     if obs.kube_proxy == Some(None) {
                         self.say(Progress::Note("kube-proxy: no DaemonSet kube-system/kube-proxy in the cluster; nothing to roll".into()));
@@ -151,6 +156,16 @@ impl Run<'_, '_> {
             },
         });
         Ok(())
+    }
+
+    /// The right to go on with stage (c): every control plane's (a pause request, the
+    /// window, a hold; it takes no node down). `true`: it had to wait.
+    async fn may_go_all(&self, stage: StageId, cps: &[LiveNode]) -> Flow<bool> {
+        let mut waited = false;
+        for cp in cps {
+            waited |= self.may_go(stage, &cp.name, false).await?;
+        }
+        Ok(waited)
     }
 
     /// What [`manifests_step`] decides from, as it is now.

@@ -51,6 +51,15 @@ use step::StepMarker;
 
 /// How long the lock is held without renewal.
 pub const LOCK_DURATION: Duration = Duration::from_secs(60);
+/// How long after its last renewal the lock still lets a disruptive act go: client-go's
+/// `RenewDeadline`, which its leader election requires shorter than the lease
+/// (client-go tools/leaderelection/leaderelection.go `NewLeaderElector`) and Kubernetes'
+/// own components set to 10 s of 15 s (staging/src/k8s.io/component-base/config/v1alpha1/
+/// defaults.go `RecommendedDefaultLeaderElectionConfiguration`); the same two thirds here.
+/// Past it another engine may have taken an expired lease, so an act waits for a renewal.
+pub const RENEW_DEADLINE: Duration = Duration::from_secs(40);
+/// How often an act that runs for minutes (a drain) looks whether the lock is still fresh.
+const LEASE_LOOK_EVERY: Duration = Duration::from_secs(5);
 /// How long transient API failures (5xx, 429, a dropped connection) are retried before the
 /// rollout pauses on them.
 pub const API_PATIENCE: Duration = Duration::from_secs(300);
@@ -287,8 +296,13 @@ pub struct Rollout<'a> {
     /// Nothing outside tests sets it.
     #[doc(hidden)]
     pub planted: Option<PlantedBug>,
+    /// ichor's own pod, `namespace/name` (deploy/ sets `ICHOR_POD_NAMESPACE` and
+    /// `ICHOR_POD_NAME` from the downward API): its emptyDirs never refuse a drain.
+    pub own_pod: Option<String>,
     /// One renewal at a time: the nodes of a batch check the lock together.
     renewing: Mutex<()>,
+    /// When the last renewal that found the lock ours was sent (this engine's clock).
+    renewed: std::sync::Mutex<Option<crate::clock::Timestamp>>,
 }
 
 /// The engine bugs a test may plant ([`Rollout::planted`]): each breaks one safety rule
@@ -323,7 +337,17 @@ impl<'a> Rollout<'a> {
             health_checks: Vec::new(),
             prometheus_credential: None,
             planted: None,
+            own_pod: match (
+                std::env::var("ICHOR_POD_NAMESPACE"),
+                std::env::var("ICHOR_POD_NAME"),
+            ) {
+                (Ok(ns), Ok(name)) if !ns.is_empty() && !name.is_empty() => {
+                    Some(format!("{ns}/{name}"))
+                }
+                _ => None,
+            },
             renewing: Mutex::new(()),
+            renewed: std::sync::Mutex::new(None),
         }
     }
 
@@ -643,10 +667,18 @@ where
 {
     let mut backoff = Backoff::new(clock);
     loop {
+        let began = clock.now();
         match call().await {
             Ok(v) => return Ok(v),
             Err(e) if e.is_transient() => {
                 tracing::warn!(error = %e, "{what}: retrying");
+                // Patience counts a streak of failures: an attempt that ran past one call's
+                // deadline before it failed was answered meanwhile (a drain's rounds, minutes
+                // of waiting on a budget), so its one error starts a new streak instead of
+                // pausing on the time the drain has taken.
+                if clock.now().since(began) > KUBE_CALL_DEADLINE {
+                    backoff = Backoff::new(clock);
+                }
                 if !backoff.again().await {
                     return Err(e);
                 }
@@ -838,9 +870,11 @@ impl Run<'_, '_> {
     /// Write to the record, pausing when it cannot be written (the record is what makes a
     /// restart safe).
     async fn write(&self, stage: StageId, f: impl FnOnce(&mut RolloutRecord)) -> Flow<()> {
-        self.update(f)
-            .await
-            .map_err(|e| self.pause(stage, None, format!("cannot write the rollout record: {e}")))
+        self.update(f).await.map_err(|e| match e {
+            // Another engine wrote the record since this one read it: it holds the rollout.
+            record::RecordError::Taken { holder } => Stop::LockLost(holder),
+            e => self.pause(stage, None, format!("cannot write the rollout record: {e}")),
+        })
     }
 
     async fn marker(&self, key: &str) -> StepMarker {
@@ -1228,5 +1262,44 @@ mod tests {
         for c in [403, 404, 422] {
             assert!(!api_pause_reason("x", &api(c)).contains("kept failing"));
         }
+    }
+
+    /// N11: a drain that waited 5.5 minutes on a budget and then met one 503 is tried
+    /// again, not paused on the time the drain had taken; a streak of failures still ends
+    /// the patience.
+    #[tokio::test]
+    async fn patience_counts_a_streak_of_failures_not_the_time_a_drain_took() {
+        let clock = Clock::manual();
+        let tries = std::sync::atomic::AtomicU32::new(0);
+        let drain = || async {
+            match tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+                // The first round waits on a budget for 330 s, then one request fails.
+                0 => {
+                    clock.sleep(Duration::from_secs(330)).await;
+                    Err(api(503))
+                }
+                _ => Ok("drained"),
+            }
+        };
+        let driver = async {
+            loop {
+                tokio::task::yield_now().await;
+                clock.advance(Duration::from_secs(1));
+            }
+        };
+        let r = tokio::select! {
+            r = retried(&clock, "drain", drain) => r,
+            () = driver => unreachable!(),
+        };
+        assert_eq!(r.ok(), Some("drained"));
+        // Failures one after the other still give up after API_PATIENCE.
+        let start = clock.now();
+        let failing = || async { Err::<(), _>(api(503)) };
+        let r = tokio::select! {
+            r = retried(&clock, "drain", failing) => r,
+            () = async { loop { tokio::task::yield_now().await; clock.advance(Duration::from_secs(1)); } } => unreachable!(),
+        };
+        assert!(r.is_err());
+        assert!(clock.now().since(start) >= API_PATIENCE);
     }
 }

@@ -584,6 +584,34 @@ impl Run<'_, '_> {
         self.store_marker(stage, key, marker).await
     }
 
+    /// A step an earlier run began, seen now: whether it has disrupted nothing yet (ichor
+    /// has not cordoned its node and asked no upgrade). Such a step was only recorded (a
+    /// pause in its pre-pull or drain gives the node back, a kill can land before the
+    /// cordon), so it earns its start again as a fresh one does.
+    pub(super) fn undisrupted(&self, obs: &NodeObservation, marker: &StepMarker) -> bool {
+        marker.started_at.is_some() && !marker.upgrade_requested && !obs.cordoned_by_ichor
+    }
+
+    /// A begun but undisrupted step judged again, before its first disruptive act, by every
+    /// rule a fresh start obeys: a pause request, the window, holds, `maxUnavailable` and
+    /// the volume rule (a control plane's etcd is judged at its cordon, as always). Waiting
+    /// for the right re-bases its deadline, as a fresh start's begins once it is granted.
+    /// `true`: it had to wait (what was observed before is stale).
+    pub(super) async fn judge_again(
+        &self,
+        stage: StageId,
+        key: &str,
+        node: &str,
+        marker: &mut StepMarker,
+    ) -> Flow<bool> {
+        let waited = Box::pin(self.may_start(stage, node)).await?;
+        if waited {
+            marker.started_at = Some(self.now());
+            self.store_marker(stage, key, marker).await?;
+        }
+        Ok(waited)
+    }
+
     /// Evict what must move, or pause naming the pod and its budget. Never deletes, never
     /// forces.
     pub(super) async fn drain(
@@ -593,8 +621,8 @@ impl Run<'_, '_> {
         wake: Option<&crate::kube::changes::Changes>,
     ) -> Flow<()> {
         let e = self.engine;
-        let outcome = self
-            .kube_run(stage, Some(name), "drain", || {
+        let outcome = loop {
+            let drain = Box::pin(self.kube_run(stage, Some(name), "drain", || {
                 e.kube.drain(
                     name,
                     e.policy.drain_timeout.as_duration(),
@@ -602,11 +630,27 @@ impl Run<'_, '_> {
                     DrainOptions {
                         evict_unmanaged_pods: e.policy.drain.evict_unmanaged_pods,
                         delete_empty_dir_data: e.policy.drain.delete_empty_dir_data,
+                        own_pod: e.own_pod.clone(),
                     },
                     wake,
                 )
-            })
-            .await?;
+            }));
+            // No eviction once the lock went unrenewed past its renew deadline (another
+            // engine may hold it by now): the drain stops where it is, and goes on (it
+            // lists the node afresh) only once the lock is renewed and still ours.
+            let lapsed = async {
+                loop {
+                    e.clock.sleep(super::LEASE_LOOK_EVERY).await;
+                    if !e.lease_fresh() {
+                        return;
+                    }
+                }
+            };
+            tokio::select! {
+                r = drain => break r?,
+                () = lapsed => self.check_lock(stage, name).await?,
+            }
+        };
         match outcome {
             DrainOutcome::Refused { pods } => {
                 let unmanaged = pods.iter().any(|(_, why)| why.contains("no controller"));
@@ -644,6 +688,24 @@ impl Run<'_, '_> {
                 )));
                 Ok(())
             }
+            DrainOutcome::Appeared { pods } => {
+                let named: Vec<String> = pods
+                    .iter()
+                    .take(10)
+                    .map(|(p, why)| format!("{p} ({why})"))
+                    .collect();
+                Err(self.pause(
+                    stage,
+                    Some(name),
+                    format!(
+                        "during the drain of {name}, {}{} came onto the node, which kubectl drain refuses to evict; left where {} — move or delete {} yourself, then resume",
+                        named.join(", "),
+                        if pods.len() > 10 { format!(" and {} more", pods.len() - 10) } else { String::new() },
+                        if pods.len() == 1 { "it is" } else { "they are" },
+                        if pods.len() == 1 { "it" } else { "them" },
+                    ),
+                ))
+            }
             DrainOutcome::MultipleBudgets { pod, budgets } => Err(self.pause(
                 stage,
                 Some(name),
@@ -663,6 +725,9 @@ impl Run<'_, '_> {
                 match budget {
                     Some(b) => format!(
                         "the drain waited {waited_secs}s on {pod} (PodDisruptionBudget {b}): {message}; ichor never deletes or forces a pod — let the budget allow it (scale up, or fix the unhealthy replica), then resume"
+                    ),
+                    None if message.starts_with("the Eviction API refused it") => format!(
+                        "the drain waited {waited_secs}s on {pod}: {message}; ichor never deletes or forces a pod — fix what the refusal names (a budget the disruption controller has not caught up with, a namespace being deleted), then resume"
                     ),
                     None => format!(
                         "the drain waited {waited_secs}s on {pod}: {message}; ichor never deletes or forces a pod — stop what puts pods back on the cordoned node (a toleration of node.kubernetes.io/unschedulable, a node pinning) or let them finish terminating, then resume"

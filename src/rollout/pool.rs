@@ -214,16 +214,29 @@ impl<'r, 'a> Run<'r, 'a> {
             .iter()
             .flat_map(|s| s.nodes.iter().map(String::as_str))
             .collect();
-        // Nodes an earlier run began go first: they are out already.
-        let begun: BTreeSet<String> = {
+        // Nodes an earlier run began go first: they may be out already. Those asked to
+        // upgrade are out whatever the Node shows (a look may catch one up between its
+        // install and its reboot).
+        let (begun, asked): (BTreeSet<String>, BTreeSet<String>) = {
             let stored = self.stored.lock().await;
-            stored
+            let begun: Vec<(String, bool)> = stored
                 .record
                 .steps
                 .iter()
                 .filter(|(_, m)| m.started_at.is_some() && m.finished_at.is_none())
-                .filter_map(|(k, _)| k.strip_prefix(&prefix).map(str::to_string))
-                .collect()
+                .filter_map(|(k, m)| {
+                    k.strip_prefix(&prefix)
+                        .map(|n| (n.to_string(), m.upgrade_requested))
+                })
+                .collect();
+            (
+                begun.iter().map(|(n, _)| n.clone()).collect(),
+                begun
+                    .into_iter()
+                    .filter(|(_, a)| *a)
+                    .map(|(n, _)| n)
+                    .collect(),
+            )
         };
         queue.sort_by_key(|n| !begun.contains(*n));
         let mut running: FuturesUnordered<NodeRun<'s>> = FuturesUnordered::new();
@@ -248,7 +261,7 @@ impl<'r, 'a> Run<'r, 'a> {
             let worth_a_look = !(std::mem::take(&mut no_slot_freed) && full);
             if first.is_none() && !queue.is_empty() && !gating && worth_a_look {
                 let idle = running.len() == installing.len();
-                let look = self.startable(stage, &mut queue, &begun, &installing, idle);
+                let look = self.startable(stage, &mut queue, (&begun, &asked), &installing, idle);
                 let started = match alongside(look, &mut running, &mut finished).await {
                     Ok(started) => started,
                     Err(Stop::LockLost(h)) => return Err(Stop::LockLost(h)),
@@ -420,7 +433,7 @@ impl<'r, 'a> Run<'r, 'a> {
         &'s self,
         stage: StageId,
         queue: &mut Vec<&'s str>,
-        begun: &BTreeSet<String>,
+        (begun, asked): (&BTreeSet<String>, &BTreeSet<String>),
         busy: &BTreeSet<&'s str>,
         idle: bool,
     ) -> Flow<Vec<(&'s str, Option<LiveNode>)>> {
@@ -491,7 +504,11 @@ impl<'r, 'a> Run<'r, 'a> {
                 go.push((name, None));
                 continue;
             };
-            if begun.contains(name) {
+            // Begun by an earlier run and out by ichor's own act (its cordon, its upgrade):
+            // it goes on at once. Begun but nothing disrupted yet, it is judged as a fresh
+            // start is (its slot, its volumes, a hold): the rules may have changed while it
+            // was stopped.
+            if begun.contains(name) && (asked.contains(name) || self.ours(live)) {
                 active.insert(name.to_string());
                 outage.begin(name);
                 go.push((name, Some(live.clone())));

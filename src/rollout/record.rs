@@ -426,6 +426,9 @@ pub enum RecordError {
     Kube(#[from] KubeError),
     #[error("the rollout record {ICHOR_NAMESPACE}/{name} is not readable ({why}); ichor will not guess where a rollout stands: inspect it with `kubectl -n {ICHOR_NAMESPACE} get configmap {name} -o yaml`, and delete it to start afresh")]
     Unreadable { name: String, why: String },
+    /// Another engine wrote the record since this one read it.
+    #[error("the rollout record was written by {holder} since this engine read it")]
+    Taken { holder: String },
 }
 
 /// The record as stored, with the ConfigMap's resourceVersion for the next write.
@@ -514,8 +517,10 @@ pub fn fit(record: &mut RolloutRecord) -> String {
     text
 }
 
-/// Write the record. The caller holds the lock, so a conflict means the ConfigMap was
-/// touched by hand: re-read its version and write again, once.
+/// Write the record, over the resourceVersion it was read at. A conflict is re-read and
+/// judged: written by another holder, another engine took the rollout over (a lease that
+/// lapsed), so nothing is overwritten and the caller stops ([`RecordError::Taken`]); by
+/// this holder (a hand edit, a write whose answer was lost), written again over it, once.
 pub async fn save(kube: &KubeClient, stored: &mut Stored) -> Result<(), RecordError> {
     let name = record_name(&stored.record.cluster);
     let mut text = serde_json::to_string(&stored.record).map_err(|e| RecordError::Unreadable {
@@ -548,10 +553,22 @@ pub async fn save(kube: &KubeClient, stored: &mut Stored) -> Result<(), RecordEr
     {
         Ok(w) => w,
         Err(e) if e.is_conflict() => {
-            let current = kube
-                .config_map(ICHOR_NAMESPACE, &name)
-                .await?
-                .and_then(|c| c.metadata.resource_version);
+            let current = match load(kube, &stored.record.cluster).await {
+                Ok(Some(now)) if now.record.holder != stored.record.holder => {
+                    return Err(RecordError::Taken {
+                        holder: now.record.holder,
+                    })
+                }
+                Ok(Some(now)) => now.resource_version,
+                // Deleted meanwhile: created afresh. Unreadable: the version alone, as the
+                // record written is this engine's own.
+                Ok(None) => None,
+                Err(RecordError::Unreadable { .. }) => kube
+                    .config_map(ICHOR_NAMESPACE, &name)
+                    .await?
+                    .and_then(|c| c.metadata.resource_version),
+                Err(e) => return Err(e),
+            };
             kube.put_config_map(&cm(current)).await?
         }
         Err(e) => return Err(e.into()),

@@ -235,6 +235,16 @@ impl Run<'_, '_> {
             self.say(done(&on));
             return Ok(());
         }
+        // Begun by an earlier run and nothing disrupted yet: it earns its start again (a
+        // hold, a window, a pause, the rules may have changed while it was stopped).
+        if begun
+            && self.undisrupted(&obs.node, &marker)
+            && Box::pin(self.judge_again(stage, &key, name, &mut marker)).await?
+        {
+            obs = self
+                .observe_talos(stage, &node, &marker, Before::Unknown)
+                .await?;
+        }
         let installer = Box::pin(self.installer(stage, &node)).await?;
         let mut last_settling = String::new();
         // While it settles, the step looks when what it reads changes (its watches say so),
@@ -549,7 +559,7 @@ impl Run<'_, '_> {
             marker.install_sent_boot = Some(boot.clone());
         }
         self.store_marker(stage, key, marker).await?;
-        match self.upgrade(node, installer, &install).await? {
+        match self.upgrade(stage, node, installer, &install).await? {
             Ok(()) => {
                 marker.upgrade_confirmed = true;
                 self.say(Progress::Note(format!(
@@ -590,6 +600,7 @@ impl Run<'_, '_> {
                     class.describe(),
                     last.last().map(|l| format!(": {l}")).unwrap_or_default()
                 )));
+                self.check_lock(stage, name).await?;
                 if let Err(err) = self.engine.talos.reboot(&address(node), around(node)).await {
                     return Err(self.pause(
                         stage,
@@ -801,6 +812,7 @@ impl Run<'_, '_> {
     /// neither Talos's install nor its Reboot checks etcd, so this is the only guard.
     pub(super) async fn upgrade(
         &self,
+        stage: StageId,
         node: &LiveNode,
         installer: &str,
         install: &Install,
@@ -845,6 +857,9 @@ impl Run<'_, '_> {
         if node.role == Role::Controlplane && *install != Install::Done {
             self.etcd_ready_for(node, false).await?;
         }
+        // The install took minutes: the lock is renewed again before the reboot, so an
+        // engine whose lease lapsed meanwhile (another may hold it now) reboots nothing.
+        self.check_lock(stage, &node.name).await?;
         Ok(e.talos.reboot(&addr, around(node)).await)
     }
 

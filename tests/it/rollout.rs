@@ -872,7 +872,7 @@ async fn no_node_starts_outside_a_maintenance_window() -> TestResult {
 }
 
 /// Hold `node` with `reason` (ichor's hold annotation), or let it go (`None`).
-async fn hold(s: &Setup, node: &str, reason: Option<&str>) -> Result<(), kube::Error> {
+pub async fn hold(s: &Setup, node: &str, reason: Option<&str>) -> Result<(), kube::Error> {
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(s.raw.clone());
     let patch = json!({"metadata": {"annotations": {ichor::kube::HOLD: reason}}});
     nodes
@@ -1570,7 +1570,7 @@ async fn a_single_control_plane_cluster_upgrades_end_to_end_through_its_only_end
 /// [`setup`] from a repository (under `dir`) whose `main` runs the homelab on Talos v1.13.4
 /// and Kubernetes v1.33.5, with a Renovate PR that sets `talos` and `kubernetes` (each a
 /// `key: version` line of the release set; the current one leaves it).
-pub(crate) async fn setup_on_1_13(
+pub async fn setup_on_1_13(
     dir: &std::path::Path,
     talos: &str,
     kubernetes: &str,
@@ -1834,7 +1834,7 @@ async fn a_cni_still_rolling_out_is_waited_for_before_the_apiservers() -> TestRe
 
 /// The homelab rollout on a cluster that keeps kube-proxy (the CNI does not replace it),
 /// planned from the live nodes.
-async fn setup_keeping_kube_proxy() -> Result<Setup, Error> {
+pub async fn setup_keeping_kube_proxy() -> Result<Setup, Error> {
     let mut s = setup_edited(TwinConfig::default(), &|c| {
         c.replace("replacesKubeProxy: true", "replacesKubeProxy: false")
     })

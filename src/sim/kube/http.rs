@@ -292,6 +292,9 @@ async fn answer(
             if let Some((code, retry)) = burst {
                 return injected(code, retry);
             }
+            if segs.contains(&"leases") && sh.lock().faults.leases_unreachable {
+                return injected(503, 1);
+            }
         }
         user = Some(who);
     }

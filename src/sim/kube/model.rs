@@ -74,6 +74,9 @@ pub struct Faults {
     pub pdb_never_allows: BTreeSet<(String, String)>,
     /// Fail the next N API requests with `burst_code`.
     pub burst_remaining: u32,
+    /// Every request for a Lease fails with 503 while set: a client whose renewals cannot
+    /// get through (a stream starved, a path partitioned) while its other calls do.
+    pub leases_unreachable: bool,
     /// 500 (InternalError) or 429 (TooManyRequests, with Retry-After).
     pub burst_code: u16,
     pub retry_after_secs: u64,
@@ -1145,6 +1148,11 @@ impl Cluster {
         self.faults.burst_remaining = n;
         self.faults.burst_code = code;
         self.faults.retry_after_secs = retry_after_secs;
+    }
+
+    /// Fault: every Lease request fails with 503 while `on` (the others are answered).
+    pub fn set_leases_unreachable(&mut self, on: bool) {
+        self.faults.leases_unreachable = on;
     }
 
     /// Take one injected failure for a request, if a burst is running.
