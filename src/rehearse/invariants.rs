@@ -134,6 +134,8 @@ struct CallRules {
     paused: Vec<(Timestamp, Option<Timestamp>)>,
     /// Nodes an operator holds (`ichor.dev/hold`), since when it stands.
     holds: BTreeMap<String, Timestamp>,
+    /// Calls an operator made by hand: (node, from, until), not ichor's.
+    by_hand: Vec<(String, Timestamp, Timestamp)>,
 }
 
 /// Until `node` runs `target`, one of its boot slots must still hold `before`, the version
@@ -224,8 +226,17 @@ impl Judge {
             lease_duration: Duration::ZERO,
             paused: Vec::new(),
             holds: BTreeMap::new(),
+            by_hand: Vec::new(),
         });
         self
+    }
+
+    /// The Talos calls reaching `node` from `from` to `until` are an operator's, by hand
+    /// (`talosctl upgrade` after an A/B fallback): not judged as ichor's.
+    pub fn operator_calls(&mut self, node: &str, from: Timestamp, until: Timestamp) {
+        if let Some(c) = &mut self.calls {
+            c.by_hand.push((node.to_string(), from, until));
+        }
     }
 
     /// The rollout paused (`true`, at `now`) or was resumed (`false`): between the two no
@@ -535,6 +546,10 @@ impl CallRules {
         });
         for (node, running, slots) in slots {
             let before = self.before.entry(node.clone()).or_insert(running.clone());
+            // A node an operator upgraded by hand keeps what the operator's install left.
+            if self.by_hand.iter().any(|(n, _, _)| *n == node) {
+                continue;
+            }
             if let Some(target) = &self.target_talos {
                 out.extend(fallback_lost(&node, &running, before, target, &slots));
             }
@@ -606,6 +621,13 @@ impl CallRules {
 
     fn judge_call(&mut self, call: &TalosCall, out: &mut Vec<Violation>) {
         if !DISRUPTIVE.contains(&call.method.as_str()) {
+            return;
+        }
+        let by_hand = self
+            .by_hand
+            .iter()
+            .any(|(n, from, until)| *n == call.node && *from <= call.at && call.at <= *until);
+        if by_hand {
             return;
         }
         let what = format!("{} on {} at {}", call.method, call.node, call.at.rfc3339());
@@ -691,6 +713,7 @@ mod tests {
             lease_duration: Duration::from_secs(60),
             paused: Vec::new(),
             holds: BTreeMap::new(),
+            by_hand: Vec::new(),
         }
     }
 

@@ -578,6 +578,11 @@ impl World {
                     });
                     run.operator_reacts().await;
                     run.clear_all().await?;
+                    // After an A/B fallback ichor waits for the node to be upgraded by
+                    // hand (its pause says so): the operator does, then resumes.
+                    if let Some(node) = run.fell_back(&p, &target) {
+                        run.upgrade_by_hand(&node, &target).await?;
+                    }
                     run.judge.borrow_mut().paused(false, clock.now());
                     resume = true;
                 }
@@ -1013,6 +1018,97 @@ impl Run<'_> {
                 named || described
             })
             .map(|f| f.to_string())
+    }
+
+    /// The node a pause is about when a `bootsWrongVersion` fault explains it and the node
+    /// still runs another version than the target.
+    fn fell_back(&self, p: &crate::rollout::record::Pause, target: &Target) -> Option<String> {
+        let node = p.node.as_deref()?;
+        let host = self
+            .world
+            .twin
+            .talos
+            .observe()
+            .into_iter()
+            .find(|o| o.name == node || self.world.twin.node_name(&o.name) == node)?;
+        let explained = self.applied.borrow().iter().any(|f| {
+            f.kind == FaultKind::BootsWrongVersion && f.target.as_deref() == Some(&host.name)
+        });
+        let behind = host.talos_version.trim_start_matches('v')
+            != target.talos.to_string().trim_start_matches('v');
+        (explained && behind).then_some(host.name)
+    }
+
+    /// The remedy an A/B fallback's pause names: `talosctl upgrade` of that node by hand to
+    /// the target (legacy Upgrade on Talos ≤ 1.12; install, then reboot, from 1.13), and a
+    /// wait until it reports the target. Its calls are the operator's, not ichor's.
+    async fn upgrade_by_hand(&self, node: &str, target: &Target) -> Result<(), Error> {
+        let twin = &self.world.twin;
+        let (ip, legacy, image) = twin
+            .talos
+            .read(|m| {
+                let i = m.find(node)?;
+                let n = m.node(i);
+                let repo = n.config.installer_image()?;
+                let repo = crate::talos::machine_config::repository(&repo);
+                let legacy = !n.has_lifecycle_api();
+                Some((
+                    n.ip.to_string(),
+                    legacy,
+                    format!("{repo}:{}", target.talos.tag()),
+                ))
+            })
+            .ok_or_else(|| format!("{node}: no installer image to upgrade it by hand"))?;
+        self.say(format!("operator: talosctl upgrade {node} --image {image}"));
+        let from = twin.clock.now();
+        // talosctl waits for the legacy Upgrade's pull inside the call.
+        let opts = crate::talos::CallOptions {
+            deadline: Duration::from_secs(600),
+            ..Default::default()
+        };
+        let talos = &self.world.talos;
+        let done = async {
+            if legacy {
+                talos.upgrade_legacy(&ip, &image, opts).await.map(|_| ())
+            } else {
+                talos.upgrade_lifecycle(&ip, &image, opts).await?;
+                talos.reboot(&ip, opts).await
+            }
+        };
+        let answered = tokio::select! {
+            biased;
+            r = done => r,
+            _ = twin.drive(Duration::from_secs(2), || self.judge_now()) => unreachable!("the driver never ends"),
+        };
+        self.judge
+            .borrow_mut()
+            .operator_calls(node, from, twin.clock.now());
+        if let Err(e) = answered {
+            self.say(format!("operator: the upgrade by hand failed: {e}"));
+            return Ok(());
+        }
+        // Until it reports the target (a node that never returns is another fault's).
+        let back = async {
+            loop {
+                let at_target = twin.talos.observe().iter().any(|o| {
+                    o.name == node
+                        && o.ready
+                        && o.talos_version.trim_start_matches('v')
+                            == target.talos.to_string().trim_start_matches('v')
+                });
+                if at_target {
+                    return;
+                }
+                twin.clock.sleep(Duration::from_secs(10)).await;
+            }
+        };
+        tokio::select! {
+            biased;
+            () = back => self.say(format!("operator: {node} is back on {}", target.talos)),
+            _ = twin.clock.sleep(Duration::from_secs(1800)) => self.say(format!("operator: {node} not back on the target after 30 minutes")),
+            _ = twin.drive(Duration::from_secs(2), || self.judge_now()) => {}
+        }
+        Ok(())
     }
 
     /// A refusal is explained by a stolen lock it names.

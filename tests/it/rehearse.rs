@@ -51,6 +51,16 @@ fn fixed_seeds_over_the_homelab_hold() -> TestResult {
     Ok(())
 }
 
+/// Seeds the campaigns found not holding, each fixed since (docs/rehearse.md, "Found").
+#[test]
+fn regression_seeds_hold() -> TestResult {
+    // 122: an A/B fallback's pause, resumed without the upgrade by hand its text asks for,
+    // paused again at every resume until the run counted as stuck.
+    let reports = rehearse::rehearse_seeds(&homelab_options(), &[122], 1, &|_| {})?;
+    assert!(Summary::of(&reports).holds(), "{}", not_holding(&reports));
+    Ok(())
+}
+
 #[test]
 fn fixed_seeds_over_a_longhorn_fleet_hold() -> TestResult {
     let dir = tempfile::tempdir()?;
