@@ -318,121 +318,59 @@ pub fn draw(seed: u64, alphabet: &[FaultKind], targets: &Targets, horizon: Durat
             .chain(targets.workers.iter())
             .cloned()
             .collect();
-        let fault = match kind {
-            FaultKind::EngineKilled => Fault {
-                at,
-                kind,
-                target: None,
-                lasts: None,
-                burst: None,
-                with: None,
-            },
+        // What it strikes, how long, and its one parameter (the draws keep their order).
+        let (target, lasts, burst, with) = match kind {
+            FaultKind::EngineKilled => (None, None, None, None),
             FaultKind::ApiErrors => {
                 let n = rng.random_range(1..=20);
                 let status = if rng.random_bool(0.5) { 500 } else { 429 };
-                Fault {
-                    at,
-                    kind,
-                    target: None,
-                    lasts: None,
-                    burst: Some((n, status)),
-                    with: None,
-                }
+                (None, None, Some((n, status)), None)
             }
-            FaultKind::PdbBlocks => Fault {
-                at,
-                kind,
-                target: Some(pick(&mut rng, &targets.pdbs)),
+            FaultKind::PdbBlocks => (Some(pick(&mut rng, &targets.pdbs)), lasts, None, None),
+            FaultKind::EtcdUnhealthy => (
+                Some(pick(&mut rng, &targets.control_planes)),
                 lasts,
-                burst: None,
-                with: None,
-            },
-            FaultKind::EtcdUnhealthy => Fault {
-                at,
-                kind,
-                target: Some(pick(&mut rng, &targets.control_planes)),
-                lasts,
-                burst: None,
-                with: None,
-            },
-            FaultKind::ReplicasNeverRebuild => Fault {
-                at,
-                kind,
-                target: Some(pick(&mut rng, &targets.volumes)),
-                lasts,
-                burst: None,
-                with: None,
-            },
+                None,
+                None,
+            ),
+            FaultKind::ReplicasNeverRebuild => {
+                (Some(pick(&mut rng, &targets.volumes)), lasts, None, None)
+            }
             FaultKind::KubeletSilent
             | FaultKind::NodeNeverReturns
             | FaultKind::SlowApply
             | FaultKind::OperatorCordon
-            | FaultKind::OperatorHold => Fault {
-                at,
-                kind,
-                target: Some(pick(&mut rng, &any_node)),
-                lasts,
-                burst: None,
-                with: None,
-            },
-            FaultKind::LeaseStolen => Fault {
-                at,
-                kind,
-                target: targets.lease.clone(),
-                lasts: None,
-                burst: None,
-                with: None,
-            },
-            FaultKind::EtcdStaleMember => Fault {
-                at,
-                kind,
-                target: Some(STALE_MEMBER.to_string()),
-                lasts,
-                burst: None,
-                with: None,
-            },
-            FaultKind::BarePod => Fault {
-                at,
-                kind,
-                target: Some(pick(&mut rng, &targets.workers)),
-                lasts,
-                burst: None,
-                with: None,
-            },
+            | FaultKind::OperatorHold => (Some(pick(&mut rng, &any_node)), lasts, None, None),
+            FaultKind::LeaseStolen => (targets.lease.clone(), None, None, None),
+            FaultKind::EtcdStaleMember => (Some(STALE_MEMBER.to_string()), lasts, None, None),
+            FaultKind::BarePod => (Some(pick(&mut rng, &targets.workers)), lasts, None, None),
             FaultKind::BootsWrongVersion => {
                 let node = pick(&mut rng, &any_node);
                 let version = targets.versions.get(&node).cloned();
-                Fault {
-                    at,
-                    kind,
-                    target: Some(node),
-                    lasts,
-                    burst: None,
-                    with: version,
-                }
+                (Some(node), lasts, None, version)
             }
             FaultKind::InstallerFails => {
                 let code = rng.random_range(1..=7u8);
-                Fault {
-                    at,
-                    kind,
-                    target: Some(pick(&mut rng, &any_node)),
+                (
+                    Some(pick(&mut rng, &any_node)),
                     lasts,
-                    burst: None,
-                    with: Some(code.to_string()),
-                }
+                    None,
+                    Some(code.to_string()),
+                )
             }
             FaultKind::SlowInstallerPull => {
                 let secs = rng.random_range(30..=600u64);
-                Fault {
-                    at,
-                    kind,
-                    target: Some(pick(&mut rng, &any_node)),
-                    lasts,
-                    burst: None,
-                    with: Some(format!("{secs}s")),
-                }
+                let node = pick(&mut rng, &any_node);
+                (Some(node), lasts, None, Some(format!("{secs}s")))
             }
+        };
+        let fault = Fault {
+            at,
+            kind,
+            target,
+            lasts,
+            burst,
+            with,
         };
         // One fault per (kind, target) at a time keeps clearing simple and unambiguous.
         if !out
