@@ -20,6 +20,9 @@ const BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// With a watch on the node's pods: the least time between two lists of terminating pods,
 /// and the most without a change.
 const TERMINATING_GAP: Duration = Duration::from_secs(1);
+/// How long pods evicted in the round that reached the drain's timeout get to go (a pod's
+/// default `terminationGracePeriodSeconds` is 30 s, and kubelets report a little later).
+const LAST_EVICTIONS_GRACE: Duration = Duration::from_secs(120);
 const TERMINATING_QUIET: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -414,7 +417,11 @@ impl KubeClient {
         wake: Option<&super::changes::Changes>,
     ) -> Result<DrainOutcome, KubeError> {
         let started = clock.now();
-        let deadline = started.plus(timeout);
+        let mut deadline = started.plus(timeout);
+        // A round that evicted something just as the timeout came gets one more spell for
+        // those pods to go: found by `ichor rehearse` (a budget that allowed again in the
+        // last round paused the drain naming no pod).
+        let mut extended = false;
         let mut evicted: Vec<String> = Vec::new();
         let mut backoff = BACKOFF_FIRST;
         let first = self.pods_on(node).await?;
@@ -459,9 +466,11 @@ impl KubeClient {
             }
             let mut blocked = None;
             let mut throttled = 0;
+            let mut moved = false;
             for p in pods.iter().filter(|p| !p.terminating) {
                 match self.evict(p).await? {
                     EvictOutcome::Evicted => {
+                        moved = true;
                         if !evicted.contains(&p.to_string()) {
                             evicted.push(p.to_string());
                         }
@@ -482,6 +491,10 @@ impl KubeClient {
                 }
             }
             let now = clock.now();
+            if now >= deadline && moved && blocked.is_none() && !extended {
+                extended = true;
+                deadline = now.plus(LAST_EVICTIONS_GRACE);
+            }
             if now >= deadline {
                 // Still blocked by a budget, or still terminating past the timeout: a human
                 // decides; ichor never deletes or forces.
@@ -498,6 +511,12 @@ impl KubeClient {
                     };
                     let (terminating, back) = (named(false), named(true));
                     let mut why = Vec::new();
+                    if terminating.is_empty() && back.is_empty() {
+                        // Evicted in this very round, or their evictions throttled: named,
+                        // never an empty list.
+                        let left: Vec<String> = pods.iter().take(5).map(|p| p.to_string()).collect();
+                        why.push(format!("not gone yet: {}", left.join(", ")));
+                    }
                     if !terminating.is_empty() {
                         why.push(format!("still terminating: {}", terminating.join(", ")));
                     }
@@ -511,6 +530,7 @@ impl KubeClient {
                         .first()
                         .or(back.first())
                         .cloned()
+                        .or_else(|| pods.first().map(|p| p.to_string()))
                         .unwrap_or_default();
                     (first, None, format!("after the drain timeout, {}", why.join("; ")))
                 });
