@@ -217,8 +217,13 @@ fn render(opts: &Options, reports: &[SeedReport], s: &Summary) -> String {
                 .map(|p| format!("a pause no injected fault explains: {}", p.cause))
                 .unwrap_or_default(),
         };
+        let cluster = opts
+            .cluster
+            .as_deref()
+            .map(|c| format!(" --cluster {}", ichor::escape::terminal(c)))
+            .unwrap_or_default();
         out.push_str(&format!(
-            "seed {}: {}\n  replay: ichor rehearse --repo {} --base {} --head {} --seed {}\n",
+            "seed {}: {}\n  replay: ichor rehearse --repo {} --base {} --head {}{cluster} --seed {}\n",
             r.seed,
             ichor::escape::terminal(&what),
             ichor::escape::terminal(&opts.repo.display().to_string()),
