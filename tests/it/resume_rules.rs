@@ -25,22 +25,7 @@ async fn resumed_alongside<T>(
     engine: &Rollout<'_>,
     side: impl std::future::Future<Output = T>,
 ) -> Result<(RunOutcome, Option<T>), Error> {
-    let target = s.target();
-    let run = engine.run(&s.plan, &target, Some(&s.change), true);
-    let limit = s.twin.clock.sleep(NEVER_ENDING);
-    tokio::pin!(run);
-    tokio::pin!(side);
-    tokio::pin!(limit);
-    let mut out = None;
-    let outcome = loop {
-        tokio::select! {
-            r = &mut run => break r?,
-            v = &mut side, if out.is_none() => out = Some(v),
-            _ = s.twin.drive(Duration::from_secs(2), || {}) => unreachable!("the driver never ends"),
-            _ = &mut limit => return Err(never_ended(s).await),
-        }
-    };
-    Ok((outcome, out))
+    crate::rollout::run_alongside_as(s, engine, true, side).await
 }
 
 /// Cordon or uncordon `node` as an operator's `kubectl` does.

@@ -342,8 +342,18 @@ pub async fn run_alongside<T>(
     engine: &Rollout<'_>,
     side: impl std::future::Future<Output = T>,
 ) -> Result<(RunOutcome, Option<T>), Error> {
+    run_alongside_as(s, engine, false, side).await
+}
+
+/// [`run_alongside`], resuming a paused rollout when `resume`.
+pub async fn run_alongside_as<T>(
+    s: &Setup,
+    engine: &Rollout<'_>,
+    resume: bool,
+    side: impl std::future::Future<Output = T>,
+) -> Result<(RunOutcome, Option<T>), Error> {
     let target = s.target();
-    let run = engine.run(&s.plan, &target, Some(&s.change), false);
+    let run = engine.run(&s.plan, &target, Some(&s.change), resume);
     let limit = s.twin.clock.sleep(NEVER_ENDING);
     tokio::pin!(run);
     tokio::pin!(side);
