@@ -115,6 +115,8 @@ pub struct LeaseRule {
 #[derive(Debug)]
 struct CallRules {
     log: PathBuf,
+    /// The log, opened once it exists (the judge reads it every tick).
+    file: Option<std::fs::File>,
     /// Bytes of the log read so far (a partial last line is read again next time).
     offset: u64,
     /// Installs that reached each (node, boot id).
@@ -216,6 +218,7 @@ impl Judge {
     ) -> Judge {
         self.calls = Some(CallRules {
             log,
+            file: None,
             offset: 0,
             installs: BTreeMap::new(),
             target_talos,
@@ -558,7 +561,10 @@ impl CallRules {
 
     /// Complete lines appended to the call log since the last look.
     fn new_calls(&mut self) -> Vec<TalosCall> {
-        let Ok(mut f) = std::fs::File::open(&self.log) else {
+        if self.file.is_none() {
+            self.file = std::fs::File::open(&self.log).ok();
+        }
+        let Some(f) = &mut self.file else {
             return Vec::new();
         };
         let mut text = String::new();
@@ -699,6 +705,7 @@ mod tests {
     fn rules() -> CallRules {
         CallRules {
             log: PathBuf::new(),
+            file: None,
             offset: 0,
             installs: BTreeMap::new(),
             target_talos: None,
