@@ -333,6 +333,19 @@ impl Summary {
     }
 }
 
+/// ichor's clients on `twin` (Kubernetes, Talos, on the twin's clock) and a plain kube-rs
+/// client for what an operator does by hand: what a rehearsal and the rollout tests share.
+pub async fn clients(twin: &Twin) -> Result<(KubeClient, TalosClient, kube::Client), Error> {
+    let kube = KubeClient::connect(Some(twin.kubeconfig())).await?;
+    let clock = twin.talos.clock().clone();
+    let talos = TalosClient::new(crate::talos::config::load(twin.talosconfig(), None)?, clock);
+    let kc = kube::config::Kubeconfig::read_from(twin.kubeconfig())?;
+    let raw = kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?,
+    )?;
+    Ok((kube, talos, raw))
+}
+
 /// The twin of the cluster and ichor's clients on it, ready to roll.
 struct World {
     twin: Twin,
@@ -377,15 +390,7 @@ impl World {
         )
         .await?;
         twin.advance(Duration::from_secs(30));
-        let kube = KubeClient::connect(Some(twin.kubeconfig())).await?;
-        let clock = twin.talos.clock().clone();
-        let talos = TalosClient::new(crate::talos::config::load(twin.talosconfig(), None)?, clock);
-        let raw = {
-            let kc = kube::config::Kubeconfig::read_from(twin.kubeconfig())?;
-            kube::Client::try_from(
-                kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?,
-            )?
-        };
+        let (kube, talos, raw) = clients(&twin).await?;
         let facts = live::observe(&kube, Some(&talos), &live::Subject::of(&change)).await;
         let nodes = live::live_nodes(&facts).ok_or("the twin's nodes could not be read")?;
         let plan = gate::plan_with(&change, &PlanOptions::default(), Some(&nodes))?;

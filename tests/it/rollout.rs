@@ -176,15 +176,9 @@ async fn setup_at(config: TwinConfig, from: SetupFrom<'_>) -> Result<Setup, Erro
     )
     .await?;
     twin.advance(Duration::from_secs(30));
-    let kube = KubeClient::connect(Some(twin.kubeconfig())).await?;
-    let clock = twin.talos.clock().clone();
-    let talos = TalosClient::new(ichor::talos::config::load(twin.talosconfig(), None)?, clock);
-    let raw = {
-        let kc = kube::config::Kubeconfig::read_from(twin.kubeconfig())?;
-        kube::Client::try_from(
-            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?,
-        )?
-    };
+    let (kube, talos, raw) = ichor::rehearse::clients(&twin)
+        .await
+        .map_err(|e| -> Error { e.to_string().into() })?;
     // deploy/ creates ichor's namespace; the twin starts without it.
     let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(raw.clone());
     nss.create(
